@@ -1,0 +1,310 @@
+// Planning time and peak heap of BalanceGreedy at 32 to 4096 ranks.
+//
+// Figures only, nothing is asserted. Every case plans one replica spanning the
+// whole world (world_size == group size) with 16 mixed-resolution sequences per
+// rank, once with the default refinement and once with refine_rounds = 0 (the
+// paper's greedy exactly), so the price of refinement is visible side by side.
+//
+// Counters (measured on one extra, untimed call per case):
+//   peak_heap_MB  highest live heap above the level before the call, MiB
+//   plan_MB       bytes owned by the returned Plan (capacities), MiB
+//   chunks        chunks in the plan
+//
+//   bazel run -c opt //bench:planner_bench
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <memory>
+#include <new>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "benchmark/benchmark.h"
+#include "planner/balancer.h"
+#include "planner/cost_model.h"
+#include "planner/topology.h"
+
+// ---------------------------------------------------------------------------
+// Heap accounting. Replacing the global allocation functions is the only way
+// to see the planner's transient allocations without instrumenting it. Sizes
+// come from malloc_usable_size rather than a header in front of each block, so
+// that plain, sized and aligned forms share one bookkeeping and a block freed
+// through any delete overload is debited exactly what it was credited.
+
+namespace {
+
+std::atomic<int64_t> live_bytes{0};
+std::atomic<int64_t> peak_bytes{0};
+
+void Credit(void* p) {
+  if (p == nullptr) return;
+  const int64_t size = static_cast<int64_t>(malloc_usable_size(p));
+  const int64_t now = live_bytes.fetch_add(size, std::memory_order_relaxed) + size;
+  int64_t peak = peak_bytes.load(std::memory_order_relaxed);
+  while (now > peak &&
+         !peak_bytes.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+void Debit(void* p) {
+  if (p == nullptr) return;
+  live_bytes.fetch_sub(static_cast<int64_t>(malloc_usable_size(p)),
+                       std::memory_order_relaxed);
+}
+
+void* Allocate(std::size_t size) {
+  // malloc(0) may return nullptr; operator new must not.
+  void* p = std::malloc(size == 0 ? 1 : size);
+  Credit(p);
+  return p;
+}
+
+void* AllocateAligned(std::size_t size, std::align_val_t align) {
+  void* p = nullptr;
+  const std::size_t alignment =
+      std::max(static_cast<std::size_t>(align), sizeof(void*));
+  if (posix_memalign(&p, alignment, size == 0 ? 1 : size) != 0) return nullptr;
+  Credit(p);
+  return p;
+}
+
+void Release(void* p) {
+  Debit(p);
+  std::free(p);
+}
+
+}  // namespace
+
+void* operator new(std::size_t size) {
+  void* p = Allocate(size);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+void* operator new[](std::size_t size) {
+  void* p = Allocate(size);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept { return Allocate(size); }
+void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
+  return Allocate(size);
+}
+void* operator new(std::size_t size, std::align_val_t align) {
+  void* p = AllocateAligned(size, align);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+void* operator new[](std::size_t size, std::align_val_t align) {
+  void* p = AllocateAligned(size, align);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+void* operator new(std::size_t size, std::align_val_t align, const std::nothrow_t&) noexcept {
+  return AllocateAligned(size, align);
+}
+void* operator new[](std::size_t size, std::align_val_t align, const std::nothrow_t&) noexcept {
+  return AllocateAligned(size, align);
+}
+
+void operator delete(void* p) noexcept { Release(p); }
+void operator delete[](void* p) noexcept { Release(p); }
+void operator delete(void* p, std::size_t) noexcept { Release(p); }
+void operator delete[](void* p, std::size_t) noexcept { Release(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { Release(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { Release(p); }
+void operator delete(void* p, std::align_val_t) noexcept { Release(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { Release(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { Release(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { Release(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { Release(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+  Release(p);
+}
+
+// ---------------------------------------------------------------------------
+
+namespace knapformer {
+namespace {
+
+constexpr int64_t kSequencesPerRank = 16;
+constexpr int64_t kDModel = 3072;
+constexpr double kGamma = 0.49;
+constexpr uint64_t kSeed = 0x6b6e6170666f726dULL;  // "knapform"
+// Short enough for the whole run to stay well under a minute on 2 cores.
+// Passed as a default flag rather than MinTime() so it does not end up in the
+// benchmark names; a --benchmark_min_time given on the command line wins.
+constexpr char kDefaultMinTimeFlag[] = "--benchmark_min_time=0.2";
+constexpr double kMiB = 1024.0 * 1024.0;
+
+constexpr int64_t kRankCounts[] = {32, 256, 1024, 4096};
+constexpr int32_t kRefineRounds[] = {BalancerOptions().refine_rounds, 0};
+
+// Visual token counts of the four resolutions a mixed-resolution batch draws
+// from (256^2 .. 2048^2 pixels at 16x16 patches).
+constexpr int64_t kVisualTokens[] = {256, 1024, 4096, 16384};
+constexpr int64_t kMaxTextTokens = 392;
+
+// A tiny fixed generator so the input is the same on every platform and
+// standard library, which std::mt19937 + distributions do not guarantee.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  // U[0, 1) with 53 random bits.
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  // U{0 .. n-1}; the modulo bias is irrelevant at these n.
+  uint64_t Below(uint64_t n) { return Next() % n; }
+
+ private:
+  uint64_t state_;
+};
+
+RankLengths MixedResolutionLengths(int64_t ranks) {
+  SplitMix64 rng(kSeed);
+  RankLengths lengths(ranks);
+  for (auto& rank : lengths) {
+    rank.reserve(kSequencesPerRank);
+    for (int64_t i = 0; i < kSequencesPerRank; ++i) {
+      const int64_t visual = kVisualTokens[rng.Below(std::size(kVisualTokens))];
+      const double aspect = 0.96 + 0.08 * rng.Uniform();
+      const int64_t text = static_cast<int64_t>(rng.Below(kMaxTextTokens + 1));
+      rank.push_back(static_cast<int64_t>(static_cast<double>(visual) * aspect) + text);
+    }
+  }
+  return lengths;
+}
+
+// The three topology families at n ranks, named by their shape so the output
+// lines stay comparable across sizes; the exact spec goes in the label.
+struct Family {
+  const char* name;
+  std::string (*spec)(int64_t n);
+};
+
+const Family kFamilies[] = {
+    {"g1nN", [](int64_t n) { return absl::StrCat("g1n", n); }},
+    {"mixed",
+     [](int64_t n) { return absl::StrCat("g1n", n / 4, "+g2n", n / 8, "+g4n", n / 8); }},
+    {"g8nN", [](int64_t n) { return absl::StrCat("g8n", n / 8); }},
+};
+
+// Everything a case needs, built once at registration so neither the timed
+// loop nor the memory probe pays for input generation.
+struct Case {
+  World world;
+  CostModel cost;
+  RankLengths lengths;
+  BalancerOptions options;
+  std::string label;
+};
+
+double PlanBytes(const Plan& plan) {
+  auto bytes = [](const auto& v) {
+    using Element = typename std::decay_t<decltype(v)>::value_type;
+    return static_cast<double>(v.capacity() * sizeof(Element));
+  };
+  return static_cast<double>(sizeof(Plan)) + static_cast<double>(plan.topology.capacity()) +
+         bytes(plan.sequences) + bytes(plan.chunks) + bytes(plan.workload_before) +
+         bytes(plan.workload_after) + bytes(plan.rank_first_sequence) +
+         bytes(plan.bag_sequences) +
+         bytes(plan.bag_begin) + bytes(plan.bag_first_rank) + bytes(plan.bag_gpus);
+}
+
+void BM_Plan(benchmark::State& state, const Case* c) {
+  for (auto _ : state) {
+    absl::StatusOr<Plan> plan = BalanceGreedy(c->world, c->cost, c->lengths, c->options);
+    if (!plan.ok()) {
+      state.SkipWithError(std::string(plan.status().message()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(plan);
+  }
+
+  // Measured outside the timed loop: the probe's atomics would otherwise
+  // inflate the timings. The baseline excludes the input and whatever the
+  // benchmark library holds.
+  const int64_t baseline = live_bytes.load(std::memory_order_relaxed);
+  peak_bytes.store(baseline, std::memory_order_relaxed);
+  absl::StatusOr<Plan> plan = BalanceGreedy(c->world, c->cost, c->lengths, c->options);
+  const int64_t peak = peak_bytes.load(std::memory_order_relaxed) - baseline;
+  if (!plan.ok()) {
+    state.SkipWithError(std::string(plan.status().message()).c_str());
+    return;
+  }
+  state.counters["peak_heap_MB"] = static_cast<double>(peak) / kMiB;
+  state.counters["plan_MB"] = PlanBytes(*plan) / kMiB;
+  state.counters["chunks"] = static_cast<double>(plan->chunks.size());
+  state.SetLabel(c->label);
+}
+
+// Registers every (family, ranks, refine) case; the cases live until exit.
+bool RegisterAll(std::vector<std::unique_ptr<Case>>& cases) {
+  absl::StatusOr<CostModel> cost = CostModel::Create(kDModel, kGamma);
+  if (!cost.ok()) {
+    std::fprintf(stderr, "cost model: %s\n", std::string(cost.status().message()).c_str());
+    return false;
+  }
+  for (const Family& family : kFamilies) {
+    for (const int64_t ranks : kRankCounts) {
+      const std::string spec = family.spec(ranks);
+      absl::StatusOr<Topology> topology = Topology::Parse(spec);
+      if (!topology.ok()) {
+        std::fprintf(stderr, "%s: %s\n", spec.c_str(),
+                     std::string(topology.status().message()).c_str());
+        return false;
+      }
+      absl::StatusOr<World> world = World::Create(*topology, ranks);
+      if (!world.ok()) {
+        std::fprintf(stderr, "%s: %s\n", spec.c_str(),
+                     std::string(world.status().message()).c_str());
+        return false;
+      }
+      const RankLengths lengths = MixedResolutionLengths(ranks);
+      for (const int32_t refine : kRefineRounds) {
+        BalancerOptions options;
+        options.refine_rounds = refine;
+        cases.push_back(std::make_unique<Case>(
+            Case{*world, *cost, lengths, options, topology->spec()}));
+        benchmark::RegisterBenchmark(absl::StrCat("BM_Plan/", family.name).c_str(), BM_Plan,
+                                     cases.back().get())
+            ->Args({ranks, refine})
+            ->ArgNames({"", "refine"})
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+}  // namespace knapformer
+
+int main(int argc, char** argv) {
+  // The default goes right after argv[0]: flags are parsed in order and the
+  // last one wins, so the user's own --benchmark_min_time overrides it.
+  std::vector<char*> args(argv, argv + argc + 1);  // keeps argv's trailing nullptr
+  std::string min_time = knapformer::kDefaultMinTimeFlag;
+  args.insert(args.begin() + 1, min_time.data());
+  int args_count = argc + 1;
+  benchmark::Initialize(&args_count, args.data());
+  if (benchmark::ReportUnrecognizedArguments(args_count, args.data())) return 1;
+  std::vector<std::unique_ptr<knapformer::Case>> cases;
+  if (!knapformer::RegisterAll(cases)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

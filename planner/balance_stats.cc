@@ -1,0 +1,48 @@
+#include "planner/balance_stats.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace knapformer {
+
+BalanceStats ComputeBalanceStats(const std::vector<double>& workload) {
+  BalanceStats stats;
+  if (workload.empty()) return stats;
+  double sum = 0;
+  stats.max = workload[0];
+  stats.min = workload[0];
+  for (double w : workload) {
+    sum += w;
+    stats.max = std::max(stats.max, w);
+    stats.min = std::min(stats.min, w);
+  }
+  stats.mean = sum / static_cast<double>(workload.size());
+  if (stats.max == 0) return stats;  // nothing to do anywhere: balanced
+  stats.wir = stats.min > 0 ? stats.max / stats.min : std::numeric_limits<double>::infinity();
+  stats.max_over_mean = stats.max / stats.mean;
+  return stats;
+}
+
+double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
+                             const RankLengths& lengths) {
+  const int32_t group = world.topology().group_size();
+  const int64_t gpus = world.topology().max_bag_gpus();
+  double total = 0;
+  double bound = 0;
+  for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
+    double replica_total = 0;
+    for (int32_t rank = replica * group; rank < (replica + 1) * group; ++rank) {
+      for (int64_t length : lengths[rank]) {
+        replica_total += cost.Workload(length);
+        const int64_t largest_chunk = (length + gpus - 1) / gpus;
+        bound = std::max(bound, cost.Linear(largest_chunk) + cost.Attention(length) / gpus);
+      }
+    }
+    total += replica_total;
+    bound = std::max(bound, replica_total / group);
+  }
+  if (total == 0) return 1.0;
+  return bound / (total / world.world_size());
+}
+
+}  // namespace knapformer

@@ -1,0 +1,34 @@
+#ifndef KNAPFORMER_PLANNER_BALANCE_STATS_H_
+#define KNAPFORMER_PLANNER_BALANCE_STATS_H_
+
+#include <vector>
+
+#include "planner/balancer.h"
+#include "planner/cost_model.h"
+#include "planner/topology.h"
+
+namespace knapformer {
+
+// How balanced per-GPU workloads are. The step waits for the slowest GPU, so
+// max_over_mean is what sets step time; wir (max / min, the paper's workload
+// imbalance ratio) is +infinity when some GPU has nothing and 1 when all are 0.
+struct BalanceStats {
+  double max = 0;
+  double min = 0;
+  double mean = 0;
+  double wir = 1;
+  double max_over_mean = 1;
+};
+
+BalanceStats ComputeBalanceStats(const std::vector<double>& workload);
+
+// A lower bound on max/mean that no plan on `world` can beat: the max is at
+// least the mean of the busiest replica, and at least what the heaviest
+// sequence puts on one GPU of the largest bag (ceil(l/G) tokens of linear work
+// plus 1/G of its attention).
+double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
+                             const RankLengths& lengths);
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_PLANNER_BALANCE_STATS_H_

@@ -1,0 +1,67 @@
+#ifndef KNAPFORMER_PLANNER_BALANCER_H_
+#define KNAPFORMER_PLANNER_BALANCER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/cost_model.h"
+#include "planner/plan.h"
+#include "planner/topology.h"
+
+namespace knapformer {
+
+// Sequence lengths (tokens) per global rank: lengths[rank][seq_index].
+using RankLengths = std::vector<std::vector<int64_t>>;
+
+// Input limits. Every one has a precise InvalidArgument / ResourceExhausted
+// error naming it.
+struct BalancerLimits {
+  int64_t max_sequences = int64_t{1} << 24;  // over the whole world
+  int64_t max_chunks = int64_t{1} << 26;     // over the whole world (memory bound)
+};
+
+struct BalancerOptions {
+  BalancerLimits limits;
+  // After the paper's greedy bag assignment, up to this many rounds of local
+  // refinement (see refine.h): move or swap a sequence between the most and
+  // the least loaded bag while that lowers the larger of the two. Never makes
+  // max/mean worse; 0 gives the paper's greedy plan exactly.
+  int32_t refine_rounds = 256;
+};
+
+// The paper's greedy planner (KnapFormer section 3.3), run independently in
+// every replica of the topology:
+//  1. Bags. Sequences sorted by workload descending (ties: global id) go one by
+//     one to the eligible bag of lowest occupancy (assigned / capacity,
+//     capacity = GPUs * total/GPUs; ties: lowest bag id). Eligible: a bag whose
+//     capacity can hold the sequence and whose GPU count does not exceed its
+//     length; a sequence bigger than every eligible capacity goes to the
+//     largest eligible bags; one shorter than the smallest bag goes to the
+//     smallest bags (some of their GPUs then hold none of its tokens).
+//  2. Chunks. A sequence in a G-GPU bag is cut into G contiguous chunks, chunk
+//     i on the bag's i-th GPU, lengths differing by at most one token; the
+//     positions that get the extra tokens rotate within the bag so every GPU
+//     ends up with the same token count to within one.
+//  3. Route: every chunk goes from its source rank to its GPU in one all-to-all.
+// Then options.refine_rounds of local refinement (refine.h), and a guard: if
+// leaving every sequence in its source rank's bag has a lower maximum per-GPU
+// load, that assignment is used, so max/mean is never worse than no balancing.
+// Empty sequences get no chunk and no bag. Runs in O(S log S + S log B + C)
+// for S sequences, B bags and C chunks, plus the refinement rounds (each
+// O(sequences of two bags), bounded by options.refine_rounds per replica).
+//
+// Errors: InvalidArgument if lengths.size() != world size or a length is
+// outside [0, CostModel::kMaxLength]; ResourceExhausted past options.limits.
+absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
+                                   const RankLengths& lengths,
+                                   const BalancerOptions& options = BalancerOptions());
+
+// The plan that moves nothing: each rank computes its own sequences whole.
+// Its workload_after is the "before" figure of every report. Valid only for
+// single-GPU bags' semantics; used as the baseline, not for routing.
+std::vector<double> UnbalancedWorkload(const CostModel& cost, const RankLengths& lengths);
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_PLANNER_BALANCER_H_

@@ -1,0 +1,65 @@
+#ifndef KNAPFORMER_PLANNER_MIN_TREE_H_
+#define KNAPFORMER_PLANNER_MIN_TREE_H_
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace knapformer {
+namespace internal {
+
+// A segment tree answering "which index in [lo, hi] has the smallest key" in
+// O(log n), ties going to the lowest index; keys change in O(log n). This is
+// what turns the greedy's scan over all bags into O(log B) per sequence.
+//
+// Keys must be >= 0 (loads): the bits of a non-negative double order like the
+// double, so (key, index) packs into one 128-bit integer and every comparison
+// is a branch-free min.
+class MinTree {
+ public:
+  explicit MinTree(int32_t n) : n_(n) {
+    while (size_ < n) size_ *= 2;
+    nodes_.assign(2 * size_, ~Packed{0});  // padding past n: larger than any node
+    for (int32_t i = 0; i < n; ++i) nodes_[size_ + i] = Pack(0.0, i);
+    for (int32_t node = size_ - 1; node >= 1; --node) Pull(node);
+  }
+
+  // REQUIRES: key >= 0.
+  void Set(int32_t index, double key) {
+    int32_t node = index + size_;
+    nodes_[node] = Pack(key, index);
+    for (node /= 2; node >= 1; node /= 2) Pull(node);
+  }
+
+  // REQUIRES: 0 <= lo <= hi < n.
+  int32_t ArgMin(int32_t lo, int32_t hi) const {
+    if (lo == 0 && hi == n_ - 1) return Index(nodes_[1]);
+    Packed best = ~Packed{0};
+    for (int32_t l = lo + size_, r = hi + size_ + 1; l < r; l /= 2, r /= 2) {
+      if (l & 1) best = Min(best, nodes_[l++]);
+      if (r & 1) best = Min(best, nodes_[--r]);
+    }
+    return Index(best);
+  }
+
+ private:
+  using Packed = unsigned __int128;
+
+  static Packed Pack(double key, int32_t index) {
+    uint64_t bits;
+    std::memcpy(&bits, &key, sizeof(bits));
+    return (static_cast<Packed>(bits) << 32) | static_cast<uint32_t>(index);
+  }
+  static int32_t Index(Packed node) { return static_cast<int32_t>(static_cast<uint32_t>(node)); }
+  static Packed Min(Packed a, Packed b) { return a < b ? a : b; }
+  void Pull(int32_t node) { nodes_[node] = Min(nodes_[2 * node], nodes_[2 * node + 1]); }
+
+  int32_t n_;
+  int32_t size_ = 1;
+  std::vector<Packed> nodes_;
+};
+
+}  // namespace internal
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_PLANNER_MIN_TREE_H_

@@ -1,0 +1,115 @@
+#include "planner/refine.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+namespace knapformer {
+namespace {
+
+// A change must beat the current maximum by this relative margin, so rounding
+// noise can never make two bags trade a sequence back and forth.
+constexpr double kMinGain = 1e-12;
+
+}  // namespace
+
+void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
+                std::vector<RefineItem>& items, std::vector<double>& assigned) {
+  const int32_t num_bags = static_cast<int32_t>(gpus.size());
+  if (num_bags < 2) return;
+  std::vector<std::vector<int32_t>> members(num_bags);  // item indexes
+  for (int32_t i = 0; i < static_cast<int32_t>(items.size()); ++i) {
+    members[items[i].bag].push_back(i);
+  }
+  auto load = [&](int32_t bag) { return assigned[bag] / gpus[bag]; };
+  auto fits = [&](const RefineItem& item, int32_t bag) {
+    return gpus[bag] <= item.length || (item.length < gpus[0] && gpus[bag] == gpus[0]);
+  };
+  std::set<std::pair<double, int32_t>> order;
+  for (int32_t b = 0; b < num_bags; ++b) order.emplace(load(b), b);
+  std::vector<char> stuck(num_bags, 0);
+
+  for (int32_t round = 0; round < max_rounds; ++round) {
+    int32_t heavy = -1;
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      if (!stuck[it->second]) {
+        heavy = it->second;
+        break;
+      }
+    }
+    const int32_t light = order.begin()->second;
+    if (heavy < 0 || heavy == light) break;
+    const double heavy_load = load(heavy);
+    const double light_load = load(light);
+    const double bar = heavy_load * (1 - kMinGain);
+
+    // Best single move.
+    double best = bar;
+    int32_t move_item = -1;
+    for (int32_t i : members[heavy]) {
+      const RefineItem& item = items[i];
+      if (!fits(item, light)) continue;
+      const double peak = std::max(heavy_load - item.workload / gpus[heavy],
+                                   light_load + item.workload / gpus[light]);
+      if (peak < best || (peak == best && move_item >= 0 && item.id < items[move_item].id)) {
+        best = peak;
+        move_item = i;
+      }
+    }
+    // Best swap. peak(delta) is convex in delta = a - b and smallest when both
+    // bags end level, at delta*; so for each a only the two sequences of the
+    // light bag around a - delta* can be best: O(n log n), not O(n^2).
+    int32_t swap_heavy = -1, swap_light = -1;
+    const double level_delta = (heavy_load - light_load) / (1.0 / gpus[heavy] + 1.0 / gpus[light]);
+    std::vector<int32_t>& candidates = members[light];
+    std::sort(candidates.begin(), candidates.end(), [&](int32_t x, int32_t y) {
+      if (items[x].workload != items[y].workload) return items[x].workload < items[y].workload;
+      return items[x].id < items[y].id;
+    });
+    for (int32_t i : members[heavy]) {
+      const RefineItem& a = items[i];
+      if (!fits(a, light)) continue;
+      const double want = a.workload - level_delta;
+      auto it = std::lower_bound(candidates.begin(), candidates.end(), want,
+                                 [&](int32_t j, double w) { return items[j].workload < w; });
+      for (auto probe : {it, it == candidates.begin() ? candidates.end() : it - 1}) {
+        if (probe == candidates.end()) continue;
+        const RefineItem& b = items[*probe];
+        if (b.workload >= a.workload || !fits(b, heavy)) continue;
+        const double delta = a.workload - b.workload;
+        const double peak =
+            std::max(heavy_load - delta / gpus[heavy], light_load + delta / gpus[light]);
+        if (peak < best) {
+          best = peak;
+          swap_heavy = i;
+          swap_light = *probe;
+        }
+      }
+    }
+    if (swap_heavy < 0 && move_item < 0) {
+      stuck[heavy] = 1;
+      continue;
+    }
+
+    order.erase({heavy_load, heavy});
+    order.erase({light_load, light});
+    auto relocate = [&](int32_t i, int32_t from, int32_t to) {
+      auto& list = members[from];
+      list.erase(std::find(list.begin(), list.end(), i));
+      members[to].push_back(i);
+      items[i].bag = to;
+      assigned[from] -= items[i].workload;
+      assigned[to] += items[i].workload;
+    };
+    if (swap_heavy >= 0) {
+      relocate(swap_heavy, heavy, light);
+      relocate(swap_light, light, heavy);
+    } else {
+      relocate(move_item, heavy, light);
+    }
+    order.emplace(load(heavy), heavy);
+    order.emplace(load(light), light);
+  }
+}
+
+}  // namespace knapformer

@@ -1,0 +1,254 @@
+#include "planner/balancer.h"
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/balance_stats.h"
+#include "planner/validate.h"
+
+namespace knapformer {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+World MakeWorld(const std::string& spec, int64_t world_size) {
+  auto topology = Topology::Parse(spec);
+  EXPECT_TRUE(topology.ok()) << topology.status();
+  auto world = World::Create(*topology, world_size);
+  EXPECT_TRUE(world.ok()) << world.status();
+  return *world;
+}
+
+// d = 1, gamma = 0: workload = 24 * tokens, so hand-worked plans stay readable.
+CostModel LinearCost() { return *CostModel::Create(1, 0.0); }
+
+auto AsTuple(const Chunk& c) {
+  return std::make_tuple(c.src_rank, c.seq_index, c.offset, c.length, c.dst_rank);
+}
+std::vector<std::tuple<int32_t, int32_t, int64_t, int64_t, int32_t>> Tuples(const Plan& plan) {
+  std::vector<std::tuple<int32_t, int32_t, int64_t, int64_t, int32_t>> out;
+  for (const Chunk& c : plan.chunks) out.push_back(AsTuple(c));
+  return out;
+}
+
+Plan PlanOrDie(const World& world, const CostModel& cost, const RankLengths& lengths,
+               const BalancerOptions& options = BalancerOptions()) {
+  auto plan = BalanceGreedy(world, cost, lengths, options);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(ValidatePlan(*plan, world, lengths).ok()) << ValidatePlan(*plan, world, lengths);
+  EXPECT_TRUE(ValidateSlices(*plan, lengths).ok()) << ValidateSlices(*plan, lengths);
+  return *plan;
+}
+
+TEST(BalancerTest, HandWorkedTwoGpuPlan) {
+  const World world = MakeWorld("g1n2", 2);
+  // Sorted 30, 20, 10: 30 -> bag 0 (tie, lowest id); 20 -> bag 1; 10 -> bag 1.
+  const Plan plan = PlanOrDie(world, LinearCost(), {{30, 20, 10}, {}});
+  using T = std::tuple<int32_t, int32_t, int64_t, int64_t, int32_t>;
+  EXPECT_THAT(Tuples(plan), ElementsAre(T{0, 0, 0, 30, 0}, T{0, 1, 0, 20, 1}, T{0, 2, 0, 10, 1}));
+  EXPECT_THAT(plan.workload_after, ElementsAre(24.0 * 30, 24.0 * 30));
+  EXPECT_THAT(plan.workload_before, ElementsAre(24.0 * 60, 0.0));
+  EXPECT_EQ(plan.MovedTokens(), 30);
+  EXPECT_EQ(plan.TotalTokens(), 60);
+
+  const RankPlan rank0 = plan.Slice(0);
+  ASSERT_EQ(rank0.route.sends.size(), 3u);
+  EXPECT_EQ(rank0.route.sends[0].peer, 0);
+  EXPECT_EQ(rank0.route.sends[1].peer, 1);
+  EXPECT_EQ(rank0.route.sends[1].seq_index, 1);
+  EXPECT_EQ(rank0.route.sends[2].seq_index, 2);
+  const RankPlan rank1 = plan.Slice(1);
+  EXPECT_TRUE(rank1.route.sends.empty());
+  EXPECT_THAT(rank1.compute_chunk_lengths, ElementsAre(20, 10));
+  const Route back = ReverseRoute(rank1.route);
+  ASSERT_EQ(back.sends.size(), 2u);
+  EXPECT_EQ(back.sends[0].peer, 0);
+  EXPECT_TRUE(back.recvs.empty());
+  EXPECT_EQ(rank1.ulysses.gpus, 1);
+  EXPECT_TRUE(rank1.ulysses.sequences.empty());
+}
+
+TEST(BalancerTest, ChunksRotateTheRemainderAndFeedUlysses) {
+  const World world = MakeWorld("g4n1", 4);
+  // (0,0) l=10 -> [3,3,2,2]; (0,1) l=7 starts the extra tokens at position 2
+  // -> [2,1,2,2]; (1,0) l=2 is shorter than the bag -> [0,1,1,0].
+  const Plan plan = PlanOrDie(world, LinearCost(), {{10, 7}, {2}, {}, {}});
+  using T = std::tuple<int32_t, int32_t, int64_t, int64_t, int32_t>;
+  EXPECT_THAT(Tuples(plan),
+              ElementsAre(T{0, 0, 0, 3, 0}, T{0, 0, 3, 3, 1}, T{0, 0, 6, 2, 2}, T{0, 0, 8, 2, 3},
+                          T{0, 1, 0, 2, 0}, T{0, 1, 2, 1, 1}, T{0, 1, 3, 2, 2}, T{0, 1, 5, 2, 3},
+                          T{1, 0, 0, 1, 1}, T{1, 0, 1, 1, 2}));
+  // Tokens per GPU end within one of each other.
+  EXPECT_THAT(plan.workload_after, ElementsAre(24.0 * 5, 24.0 * 5, 24.0 * 5, 24.0 * 4));
+
+  const RankPlan rank2 = plan.Slice(2);
+  EXPECT_EQ(rank2.ulysses.first_rank, 0);
+  EXPECT_EQ(rank2.ulysses.gpus, 4);
+  EXPECT_EQ(rank2.ulysses.position, 2);
+  ASSERT_EQ(rank2.ulysses.sequences.size(), 3u);
+  EXPECT_THAT(rank2.ulysses.sequences[0].chunk_lengths, ElementsAre(3, 3, 2, 2));
+  EXPECT_THAT(rank2.ulysses.sequences[1].chunk_lengths, ElementsAre(2, 1, 2, 2));
+  EXPECT_THAT(rank2.ulysses.sequences[2].chunk_lengths, ElementsAre(0, 1, 1, 0));
+  EXPECT_EQ(rank2.ulysses.sequences[2].src_rank, 1);
+  ASSERT_EQ(rank2.route.recvs.size(), 3u);
+  EXPECT_EQ(rank2.route.recvs[2].peer, 1);
+  EXPECT_EQ(rank2.route.recvs[2].offset, 1);
+  EXPECT_THAT(rank2.compute_chunk_lengths, ElementsAre(2, 2, 1));
+  // Rank 3 holds nothing of (1,0): its receives skip it.
+  EXPECT_THAT(plan.Slice(3).compute_chunk_lengths, ElementsAre(2, 2));
+}
+
+TEST(BalancerTest, AttentionIsSharedByEveryGpuOfTheBag) {
+  const World world = MakeWorld("g2n1", 2);
+  auto cost = *CostModel::Create(8, 1.0);
+  const Plan plan = PlanOrDie(world, cost, {{5}, {}});
+  // Position 0 gets 3 tokens, position 1 gets 2; attention splits in halves.
+  EXPECT_DOUBLE_EQ(plan.workload_after[0], cost.Linear(3) + cost.Attention(5) / 2);
+  EXPECT_DOUBLE_EQ(plan.workload_after[1], cost.Linear(2) + cost.Attention(5) / 2);
+}
+
+TEST(BalancerTest, RefinementBeatsThePapersGreedyWhereLptFails) {
+  const World world = MakeWorld("g1n2", 2);
+  const RankLengths lengths = {{3, 3, 2, 2, 2}, {}};
+  BalancerOptions paper;
+  paper.refine_rounds = 0;
+  // LPT: {3,2,2} vs {3,2} -> 7 : 5.
+  const Plan greedy = PlanOrDie(world, LinearCost(), lengths, paper);
+  EXPECT_THAT(greedy.workload_after, ElementsAre(24.0 * 7, 24.0 * 5));
+  // One swap (a 3 for a 2) levels it at 6 : 6.
+  const Plan refined = PlanOrDie(world, LinearCost(), lengths);
+  EXPECT_THAT(refined.workload_after, ElementsAre(24.0 * 6, 24.0 * 6));
+}
+
+TEST(BalancerTest, NeverWorseThanLeavingTheDataWhereItIs) {
+  const World world = MakeWorld("g1n2", 2);
+  // Already optimal as it came; the paper's greedy alone would give 7 : 5.
+  const RankLengths lengths = {{3, 3}, {2, 2, 2}};
+  BalancerOptions paper;
+  paper.refine_rounds = 0;
+  const Plan plan = PlanOrDie(world, LinearCost(), lengths, paper);
+  EXPECT_EQ(plan.workload_after, plan.workload_before);
+  EXPECT_EQ(plan.MovedTokens(), 0);
+}
+
+TEST(BalancerTest, EmptyWorldsAndEmptySequencesGiveEmptyValidPlans) {
+  const World world = MakeWorld("g1n2+g2n1+g4n1", 8);
+  const RankLengths lengths = {{}, {0, 0}, {}, {}, {}, {}, {}, {0}};
+  const Plan plan = PlanOrDie(world, LinearCost(), lengths);
+  EXPECT_TRUE(plan.chunks.empty());
+  ASSERT_EQ(plan.sequences.size(), 3u);
+  for (const PlacedSequence& seq : plan.sequences) {
+    EXPECT_EQ(seq.bag, -1);
+    EXPECT_EQ(seq.num_chunks, 0);
+  }
+  const BalanceStats stats = ComputeBalanceStats(plan.workload_after);
+  EXPECT_EQ(stats.max, 0.0);
+  EXPECT_EQ(stats.wir, 1.0);
+}
+
+TEST(BalancerTest, ZeroLengthSequencesKeepTheirIndexButGetNoChunk) {
+  const World world = MakeWorld("g1n2", 2);
+  const Plan plan = PlanOrDie(world, LinearCost(), {{0, 7, 0}, {5}});
+  EXPECT_EQ(plan.sequences[0].num_chunks, 0);
+  EXPECT_EQ(plan.sequences[1].num_chunks, 1);
+  EXPECT_EQ(plan.chunks[0].seq_index, 1);
+  EXPECT_EQ(plan.sequences[2].num_chunks, 0);
+}
+
+TEST(BalancerTest, FewerSequencesThanGpusLeavesSomeIdleButValid) {
+  const World world = MakeWorld("g1n8", 8);
+  const Plan plan = PlanOrDie(world, LinearCost(), {{100}, {}, {}, {50}, {}, {}, {}, {}});
+  EXPECT_EQ(plan.chunks.size(), 2u);
+  const BalanceStats stats = ComputeBalanceStats(plan.workload_after);
+  EXPECT_DOUBLE_EQ(stats.max, 24.0 * 100);
+  EXPECT_TRUE(std::isinf(stats.wir));
+}
+
+TEST(BalancerTest, AGiantSequenceGoesToTheLargestBag) {
+  const World world = MakeWorld("g1n4+g4n1", 8);
+  RankLengths lengths(8, std::vector<int64_t>{10});
+  lengths[0].push_back(1000000);
+  const Plan plan = PlanOrDie(world, *CostModel::Create(3072, 0.49), lengths);
+  const PlacedSequence& giant = plan.sequences[1];
+  EXPECT_EQ(giant.length, 1000000);
+  EXPECT_EQ(plan.bag_gpus[giant.bag], 4);
+  EXPECT_EQ(giant.num_chunks, 4);
+  EXPECT_GE(ComputeBalanceStats(plan.workload_after).max_over_mean,
+            MaxOverMeanLowerBound(world, *CostModel::Create(3072, 0.49), lengths) * (1 - 1e-12));
+}
+
+TEST(BalancerTest, ShortSequencesPreferBagsTheyCanFill) {
+  const World world = MakeWorld("g1n1+g8n1", 9);
+  RankLengths lengths(9);
+  lengths[0] = {3, 3, 3};  // an 8-GPU bag would leave 5 of its GPUs without tokens
+  const Plan plan = PlanOrDie(world, LinearCost(), lengths);
+  for (const PlacedSequence& seq : plan.sequences) {
+    EXPECT_EQ(plan.bag_gpus[seq.bag], 1) << "a 3-token sequence went to the 8-GPU bag";
+  }
+}
+
+TEST(BalancerTest, ReplicasBalanceIndependently) {
+  const World world = MakeWorld("g1n2", 4);
+  const Plan plan = PlanOrDie(world, LinearCost(), {{10, 10}, {}, {4}, {4, 4, 4}});
+  for (const Chunk& chunk : plan.chunks) {
+    EXPECT_EQ(chunk.src_rank / 2, chunk.dst_rank / 2);
+  }
+  EXPECT_THAT(plan.workload_after, ElementsAre(24.0 * 10, 24.0 * 10, 24.0 * 8, 24.0 * 8));
+}
+
+TEST(BalancerTest, IsDeterministic) {
+  const World world = MakeWorld("g1n2+g2n1+g4n1", 16);
+  RankLengths lengths(16);
+  for (int r = 0; r < 16; ++r) {
+    for (int i = 0; i < r % 5; ++i) lengths[r].push_back(100 + (r * 37 + i * 11) % 50);
+  }
+  const Plan a = PlanOrDie(world, *CostModel::Create(3072, 0.49), lengths);
+  const Plan b = PlanOrDie(world, *CostModel::Create(3072, 0.49), lengths);
+  EXPECT_EQ(Tuples(a), Tuples(b));
+  EXPECT_EQ(a.workload_after, b.workload_after);
+}
+
+TEST(BalancerTest, RejectsInputThatDoesNotMatchTheWorld) {
+  const World world = MakeWorld("g1n2", 2);
+  auto plan = BalanceGreedy(world, LinearCost(), {{1}});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(plan.status().message()),
+              HasSubstr("ranks: got sequence lengths for 1 ranks, world_size is 2"));
+}
+
+TEST(BalancerTest, RejectsLengthsOutOfRangeNamingThem) {
+  const World world = MakeWorld("g1n2", 2);
+  auto negative = BalanceGreedy(world, LinearCost(), {{1}, {2, -3}});
+  ASSERT_FALSE(negative.ok());
+  EXPECT_THAT(std::string(negative.status().message()),
+              HasSubstr("ranks[1][1]: sequence length -3 is outside [0, 2147483648]"));
+  auto huge = BalanceGreedy(world, LinearCost(), {{CostModel::kMaxLength + 1}, {}});
+  ASSERT_FALSE(huge.ok());
+  EXPECT_THAT(std::string(huge.status().message()), HasSubstr("ranks[0][0]"));
+  EXPECT_TRUE(BalanceGreedy(world, LinearCost(), {{CostModel::kMaxLength}, {}}).ok());
+}
+
+TEST(BalancerTest, EnforcesItsLimits) {
+  const World world = MakeWorld("g4n1", 4);
+  BalancerOptions options;
+  options.limits.max_sequences = 3;
+  auto too_many = BalanceGreedy(world, LinearCost(), {{1, 1}, {1, 1}, {}, {}}, options);
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(too_many.status().message()), HasSubstr("more than 3 sequences"));
+  options = BalancerOptions();
+  options.limits.max_chunks = 7;
+  auto too_big = BalanceGreedy(world, LinearCost(), {{100, 100}, {}, {}, {}}, options);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(too_big.status().message()),
+              HasSubstr("8 chunks exceed the limit of 7"));
+}
+
+}  // namespace
+}  // namespace knapformer

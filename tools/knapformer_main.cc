@@ -1,0 +1,145 @@
+// knapformer: the command line of the planner core.
+//   knapformer plan --input FILE|- [--rank R]
+//   knapformer simulate [--data D] [--world W] [--topology T[,T...]] [--steps N]
+//                       [--seed S] [--d-model D] [--gamma G]
+// Exit codes: 0 success, 2 bad input (one line on stderr naming the field),
+// 1 internal error.
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "planner/balance_stats.h"
+#include "planner/balancer.h"
+#include "planner/cost_model.h"
+#include "planner/topology.h"
+#include "planner/validate.h"
+#include "tools/args.h"
+#include "tools/plan_json.h"
+#include "tools/simulate.h"
+
+namespace knapformer {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: knapformer <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  plan      --input FILE|-  [--rank R]\n"
+    "            Read {\"topology\", \"d_model\", \"gamma\", \"ranks\": [[lengths]...]} and\n"
+    "            print the plan as JSON (or only rank R's slice).\n"
+    "  simulate  [--data mixed-res] [--world 32] [--topology g1n32,g2n16,g4n8,g8n4]\n"
+    "            [--steps 20] [--seed 0] [--d-model 3072] [--gamma 0.49]\n"
+    "            [--refine-rounds 256]   (0 = the paper's greedy exactly)\n"
+    "            Balance the paper's synthetic data streams and print WIR before and\n"
+    "            after, max/mean, the lower bound and the planning time.\n"
+    "            --data takes low-res, mixed-res, joint or codes g{G}b{B}i{R}f{F}s{S},...\n";
+
+int Fail(const absl::Status& status) {
+  std::cerr << "knapformer: " << status.message() << "\n";
+  return status.code() == absl::StatusCode::kInvalidArgument ||
+                 status.code() == absl::StatusCode::kResourceExhausted
+             ? 2
+             : 1;
+}
+
+absl::StatusOr<std::string> ReadInput(const std::string& path) {
+  if (path == "-") {
+    return std::string(std::istreambuf_iterator<char>(std::cin), {});
+  }
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return absl::InvalidArgumentError(absl::StrCat("--input: cannot read '", path, "'"));
+  return std::string(std::istreambuf_iterator<char>(file), {});
+}
+
+int RunPlan(const std::vector<std::string>& argv) {
+  auto args = Args::Parse(argv, {"input", "rank"});
+  if (!args.ok()) return Fail(args.status());
+  if (!args->Has("input")) return Fail(absl::InvalidArgumentError("--input: required (a file or -)"));
+  auto text = ReadInput(args->GetString("input", "-"));
+  if (!text.ok()) return Fail(text.status());
+  auto request = ParsePlanRequest(*text);
+  if (!request.ok()) return Fail(request.status());
+  auto topology = Topology::Parse(request->topology);
+  if (!topology.ok()) return Fail(topology.status());
+  auto world = World::Create(*std::move(topology), static_cast<int64_t>(request->ranks.size()));
+  if (!world.ok()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "ranks: ", request->ranks.size(), " ranks is not a multiple of the group size ",
+        world.status().message().substr(world.status().message().rfind("size ") + 5))));
+  }
+  auto cost = CostModel::Create(request->d_model, request->gamma);
+  if (!cost.ok()) return Fail(cost.status());
+  auto plan = BalanceGreedy(*world, *cost, request->ranks);
+  if (!plan.ok()) return Fail(plan.status());
+  if (absl::Status valid = ValidatePlan(*plan, *world, request->ranks); !valid.ok()) {
+    return Fail(valid);
+  }
+  if (args->Has("rank")) {
+    auto rank = args->GetInt("rank", 0, 0, world->world_size() - 1);
+    if (!rank.ok()) return Fail(rank.status());
+    std::cout << RankPlanToJson(plan->Slice(static_cast<int32_t>(*rank)));
+    return 0;
+  }
+  std::cout << PlanToJson(*request, *plan,
+                          MaxOverMeanLowerBound(*world, *cost, request->ranks));
+  return 0;
+}
+
+int RunSimulate(const std::vector<std::string>& argv) {
+  auto args = Args::Parse(argv, {"data", "world", "topology", "steps", "seed", "d-model",
+                                 "gamma", "refine-rounds"});
+  if (!args.ok()) return Fail(args.status());
+  SimulateOptions options;
+  options.data = args->GetString("data", options.data);
+  auto world = args->GetInt("world", options.world, 1, 1 << 20);
+  if (!world.ok()) return Fail(world.status());
+  options.world = *world;
+  if (args->Has("topology")) {
+    options.topologies = absl::StrSplit(args->GetString("topology", ""), ',');
+  }
+  auto steps = args->GetInt("steps", options.steps, 1, 1000000);
+  if (!steps.ok()) return Fail(steps.status());
+  options.steps = *steps;
+  auto seed = args->GetInt("seed", 0, 0, INT64_MAX);
+  if (!seed.ok()) return Fail(seed.status());
+  options.seed = static_cast<uint64_t>(*seed);
+  auto d_model = args->GetInt("d-model", options.d_model, 1, CostModel::kMaxDModel);
+  if (!d_model.ok()) return Fail(d_model.status());
+  options.d_model = *d_model;
+  auto gamma = args->GetDouble("gamma", options.gamma);
+  if (!gamma.ok()) return Fail(gamma.status());
+  options.gamma = *gamma;
+  auto rounds = args->GetInt("refine-rounds", options.refine_rounds, 0, 1 << 24);
+  if (!rounds.ok()) return Fail(rounds.status());
+  options.refine_rounds = static_cast<int32_t>(*rounds);
+
+  auto results = Simulate(options);
+  if (!results.ok()) return Fail(results.status());
+  std::cout << FormatSimulation(options, *results);
+  return 0;
+}
+
+}  // namespace
+}  // namespace knapformer
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
+    std::cout << knapformer::kUsage;
+    return args.empty() ? 2 : 0;
+  }
+  const std::string command = args[0];
+  args.erase(args.begin());
+  if (command == "plan") return knapformer::RunPlan(args);
+  if (command == "simulate") return knapformer::RunSimulate(args);
+  std::cerr << "knapformer: unknown command '" << command << "' (plan, simulate, help)\n";
+  return 2;
+}

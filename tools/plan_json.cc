@@ -1,0 +1,154 @@
+#include "tools/plan_json.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "planner/balance_stats.h"
+#include "planner/cost_model.h"
+
+namespace knapformer {
+namespace {
+
+using nlohmann::json;
+
+absl::Status FieldError(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
+}
+
+// JSON has no infinity: an unbounded ratio (some GPU idle) is written as null.
+json Ratio(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
+
+json StatsJson(const BalanceStats& stats) {
+  return json{{"max", stats.max},
+              {"min", stats.min},
+              {"mean", stats.mean},
+              {"wir", Ratio(stats.wir)},
+              {"max_over_mean", Ratio(stats.max_over_mean)}};
+}
+
+}  // namespace
+
+absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
+  json root;
+  try {
+    root = json::parse(json_text.begin(), json_text.end());
+  } catch (const json::parse_error& error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input: not valid JSON (byte ", error.byte, ")"));
+  }
+  if (!root.is_object()) return FieldError("input", "must be a JSON object");
+  for (const auto& item : root.items()) {
+    const std::string& key = item.key();
+    if (key != "topology" && key != "d_model" && key != "gamma" && key != "ranks") {
+      return FieldError(key, "unknown field (expected topology, d_model, gamma, ranks)");
+    }
+  }
+  PlanRequest request;
+
+  if (!root.contains("topology")) return FieldError("topology", "missing");
+  if (!root["topology"].is_string()) return FieldError("topology", "must be a string");
+  request.topology = root["topology"].get<std::string>();
+
+  if (root.contains("d_model")) {
+    const json& d = root["d_model"];
+    if (!d.is_number_integer()) return FieldError("d_model", "must be an integer");
+    if (d.is_number_unsigned() && d.get<uint64_t>() > static_cast<uint64_t>(CostModel::kMaxDModel)) {
+      return FieldError("d_model", absl::StrCat("must be in [1, ", CostModel::kMaxDModel, "]"));
+    }
+    request.d_model = d.get<int64_t>();
+  }
+  if (root.contains("gamma")) {
+    if (!root["gamma"].is_number()) return FieldError("gamma", "must be a number");
+    request.gamma = root["gamma"].get<double>();
+  }
+
+  if (!root.contains("ranks")) return FieldError("ranks", "missing");
+  const json& ranks = root["ranks"];
+  if (!ranks.is_array()) return FieldError("ranks", "must be an array of arrays of lengths");
+  if (ranks.empty()) return FieldError("ranks", "must list at least one rank");
+  request.ranks.resize(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const json& rank = ranks[r];
+    const std::string rank_field = absl::StrCat("ranks[", r, "]");
+    if (!rank.is_array()) return FieldError(rank_field, "must be an array of lengths");
+    request.ranks[r].reserve(rank.size());
+    for (size_t i = 0; i < rank.size(); ++i) {
+      const json& length = rank[i];
+      const std::string field = absl::StrCat(rank_field, "[", i, "]");
+      if (!length.is_number_integer()) {
+        return FieldError(field, "must be an integer number of tokens");
+      }
+      if (length.is_number_unsigned()
+              ? length.get<uint64_t>() > static_cast<uint64_t>(CostModel::kMaxLength)
+              : length.get<int64_t>() < 0) {
+        return FieldError(field, absl::StrCat("sequence length ", length.dump(),
+                                              " is outside [0, ", CostModel::kMaxLength, "]"));
+      }
+      request.ranks[r].push_back(length.get<int64_t>());
+    }
+  }
+  return request;
+}
+
+std::string PlanToJson(const PlanRequest& request, const Plan& plan, double lower_bound) {
+  json chunks = json::array();
+  for (const Chunk& chunk : plan.chunks) {
+    chunks.push_back(json{{"src_rank", chunk.src_rank},
+                          {"seq_index", chunk.seq_index},
+                          {"offset", chunk.offset},
+                          {"length", chunk.length},
+                          {"dst_rank", chunk.dst_rank}});
+  }
+  json out;
+  out["topology"] = plan.topology;
+  out["world_size"] = plan.world_size;
+  out["d_model"] = request.d_model;
+  out["gamma"] = request.gamma;
+  out["chunks"] = std::move(chunks);
+  out["gpu_workload"] = plan.workload_after;
+  out["gpu_workload_before"] = plan.workload_before;
+  out["total_tokens"] = plan.TotalTokens();
+  out["moved_tokens"] = plan.MovedTokens();
+  out["before"] = StatsJson(ComputeBalanceStats(plan.workload_before));
+  out["after"] = StatsJson(ComputeBalanceStats(plan.workload_after));
+  out["lower_bound_max_over_mean"] = lower_bound;
+  return out.dump() + "\n";
+}
+
+std::string RankPlanToJson(const RankPlan& slice) {
+  auto transfers = [](const std::vector<Transfer>& list, const char* peer) {
+    json out = json::array();
+    for (const Transfer& t : list) {
+      out.push_back(json{{peer, t.peer},
+                         {"seq_index", t.seq_index},
+                         {"offset", t.offset},
+                         {"length", t.length}});
+    }
+    return out;
+  };
+  json sequences = json::array();
+  for (const UlyssesSequence& seq : slice.ulysses.sequences) {
+    sequences.push_back(json{{"src_rank", seq.src_rank},
+                             {"seq_index", seq.seq_index},
+                             {"length", seq.length},
+                             {"chunk_lengths", seq.chunk_lengths}});
+  }
+  json out;
+  out["rank"] = slice.rank;
+  out["world_size"] = slice.world_size;
+  out["sends"] = transfers(slice.route.sends, "dst_rank");
+  out["recvs"] = transfers(slice.route.recvs, "src_rank");
+  out["compute_chunk_lengths"] = slice.compute_chunk_lengths;
+  out["ulysses"] = json{{"first_rank", slice.ulysses.first_rank},
+                        {"gpus", slice.ulysses.gpus},
+                        {"position", slice.ulysses.position},
+                        {"sequences", std::move(sequences)}};
+  out["workload_before"] = slice.workload_before;
+  out["workload_after"] = slice.workload_after;
+  return out.dump() + "\n";
+}
+
+}  // namespace knapformer

@@ -1,0 +1,52 @@
+#ifndef KNAPFORMER_TOOLS_SIMULATE_H_
+#define KNAPFORMER_TOOLS_SIMULATE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace knapformer {
+
+struct SimulateOptions {
+  std::string data = "mixed-res";  // a scenario name or comma-separated data codes
+  int64_t world = 32;
+  std::vector<std::string> topologies = {"g1n32", "g2n16", "g4n8", "g8n4"};
+  int64_t steps = 20;
+  uint64_t seed = 0;
+  int64_t d_model = 3072;
+  double gamma = 0.49;
+  int32_t refine_rounds = 256;  // 0 = the paper's greedy exactly
+};
+
+// Mean, population standard deviation and maximum over steps.
+struct Summary {
+  double mean = 0;
+  double stddev = 0;
+  double max = 0;
+};
+
+struct TopologyResult {
+  std::string topology;          // canonical spec
+  Summary wir_before;            // max/min per GPU without balancing
+  Summary wir_after;             // with the greedy plan
+  Summary max_over_mean_before;
+  Summary max_over_mean_after;
+  Summary lower_bound;           // best max/mean any plan could reach
+  Summary plan_micros;           // wall time of one BalanceGreedy call
+  Summary moved_fraction;        // tokens sent to another rank / all tokens
+};
+
+// Runs the greedy planner on `steps` batches of the data stream for every
+// topology, validating each plan (an invalid plan is an Internal error).
+// InvalidArgument for a bad option, naming it.
+absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& options);
+
+// The human-readable table printed by `knapformer simulate`.
+std::string FormatSimulation(const SimulateOptions& options,
+                             const std::vector<TopologyResult>& results);
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_TOOLS_SIMULATE_H_
