@@ -69,12 +69,14 @@ int RunPlan(const std::vector<std::string>& argv) {
   if (!request.ok()) return Fail(request.status());
   auto topology = Topology::Parse(request->topology);
   if (!topology.ok()) return Fail(topology.status());
-  auto world = World::Create(*std::move(topology), static_cast<int64_t>(request->ranks.size()));
-  if (!world.ok()) {
+  const int64_t ranks = static_cast<int64_t>(request->ranks.size());
+  if (ranks % topology->group_size() != 0) {  // world = number of ranks given
     return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "ranks: ", request->ranks.size(), " ranks is not a multiple of the group size ",
-        world.status().message().substr(world.status().message().rfind("size ") + 5))));
+        "ranks: ", ranks, " ranks is not a multiple of the group size ",
+        topology->group_size(), " of topology ", topology->spec())));
   }
+  auto world = World::Create(*std::move(topology), ranks);
+  if (!world.ok()) return Fail(world.status());
   auto cost = CostModel::Create(request->d_model, request->gamma);
   if (!cost.ok()) return Fail(cost.status());
   auto plan = BalanceGreedy(*world, *cost, request->ranks);

@@ -1,0 +1,85 @@
+#!/bin/bash
+# End-to-end checks of the knapformer binary: exit codes, one-line errors
+# naming the field, and JSON that matches the input.
+set -u
+bin="$1"
+failures=0
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+expect() {  # expect NAME EXIT_CODE STDERR_SUBSTRING -- command...
+  local name="$1" code="$2" needle="$3"
+  shift 4
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local got=$?
+  if [[ $got -ne $code ]]; then
+    echo "FAIL $name: exit $got, expected $code; stderr: $(cat "$tmp/err")"
+    failures=$((failures + 1))
+  elif [[ -n "$needle" ]] && ! grep -qF -- "$needle" "$tmp/err"; then
+    echo "FAIL $name: stderr lacks '$needle': $(cat "$tmp/err")"
+    failures=$((failures + 1))
+  elif [[ $code -ne 0 && $(wc -l <"$tmp/err") -ne 1 ]]; then
+    echo "FAIL $name: error is not one line: $(cat "$tmp/err")"
+    failures=$((failures + 1))
+  else
+    echo "ok   $name"
+  fi
+}
+
+cat >"$tmp/good.json" <<'JSON'
+{"topology": "g1n2+g2n1+g4n1", "d_model": 3072, "gamma": 0.49,
+ "ranks": [[4096, 256], [1024], [], [16384, 300, 300], [512], [64], [0], [2048]]}
+JSON
+expect plan-ok 0 "" -- "$bin" plan --input "$tmp/good.json"
+# Every token of every input sequence appears exactly once in the chunks.
+python3 - "$tmp/out" "$tmp/good.json" <<'PY' || { echo "FAIL plan-coverage"; failures=$((failures + 1)); }
+import json, sys
+plan = json.load(open(sys.argv[1])); req = json.load(open(sys.argv[2]))
+covered = {}
+for c in plan["chunks"]:
+    covered.setdefault((c["src_rank"], c["seq_index"]), []).append((c["offset"], c["length"]))
+for r, lengths in enumerate(req["ranks"]):
+    for i, l in enumerate(lengths):
+        pieces = sorted(covered.pop((r, i), []))
+        pos = 0
+        for off, n in pieces:
+            assert off == pos and n > 0, (r, i, pieces)
+            pos += n
+        assert pos == l, (r, i, pos, l)
+assert not covered, covered
+assert len(plan["gpu_workload"]) == 8
+assert abs(sum(plan["gpu_workload"]) - sum(plan["gpu_workload_before"])) < 1e-6 * sum(plan["gpu_workload_before"])
+PY
+echo "ok   plan-coverage"
+expect plan-stdin 0 "" -- bash -c "\"$bin\" plan --input - < \"$tmp/good.json\""
+expect plan-rank 0 "" -- "$bin" plan --input "$tmp/good.json" --rank 3
+grep -q '"ulysses"' "$tmp/out" || { echo "FAIL plan-rank: no ulysses field"; failures=$((failures + 1)); }
+expect plan-rank-range 2 "--rank: '8' is not a whole number in [0, 7]" -- "$bin" plan --input "$tmp/good.json" --rank 8
+
+echo '{"topology": "g1n2abc", "ranks": [[1],[2]]}' >"$tmp/bad_topology.json"
+expect bad-topology 2 "topology term 'g1n2abc': unexpected trailing 'abc'" -- "$bin" plan --input "$tmp/bad_topology.json"
+echo '{"topology": "g1n2+g2n1+g4n1", "ranks": [[1],[2],[3]]}' >"$tmp/bad_world.json"
+expect bad-world 2 "ranks: 3 ranks is not a multiple of the group size 8" -- "$bin" plan --input "$tmp/bad_world.json"
+echo '{"topology": "g1n2", "ranks": [[1],[-2]]}' >"$tmp/bad_length.json"
+expect bad-length 2 "ranks[1][0]: sequence length -2" -- "$bin" plan --input "$tmp/bad_length.json"
+echo '{"topology": "g1n2", "ranks": [[1],[2]], "gamma": -1}' >"$tmp/bad_gamma.json"
+expect bad-gamma 2 "gamma: must be a finite number" -- "$bin" plan --input "$tmp/bad_gamma.json"
+echo 'not json' >"$tmp/bad_json.json"
+expect bad-json 2 "input: not valid JSON" -- "$bin" plan --input "$tmp/bad_json.json"
+expect missing-file 2 "--input: cannot read" -- "$bin" plan --input "$tmp/none.json"
+expect missing-input 2 "--input: required" -- "$bin" plan
+expect unknown-option 2 "--bogus: unknown option" -- "$bin" plan --bogus 1
+expect unknown-command 2 "unknown command 'frobnicate'" -- "$bin" frobnicate
+
+expect simulate-ok 0 "" -- "$bin" simulate --data low-res --steps 2 --topology g1n32,g8n4
+grep -q "^g8n4 " "$tmp/out" || { echo "FAIL simulate-ok: no g8n4 row"; failures=$((failures + 1)); }
+expect simulate-bad-data 2 "--data: data code 'g1b1i256f1s9': s exceeds the limit of 1" -- "$bin" simulate --data g1b1i256f1s9
+expect simulate-bad-world 2 "--world: world: 30 must be a positive multiple" -- "$bin" simulate --world 30
+expect simulate-bad-topology 2 "--topology g4n3: world_size: 32 is not a multiple of the group size 12" -- "$bin" simulate --topology g4n3
+expect simulate-bad-steps 2 "--steps: 'x' is not a whole number" -- "$bin" simulate --steps x
+expect simulate-bad-gamma 2 "--gamma: 'nan' is not a finite number" -- "$bin" simulate --gamma nan
+
+if [[ $failures -ne 0 ]]; then
+  echo "$failures failure(s)"
+  exit 1
+fi

@@ -1,0 +1,99 @@
+#include "tools/plan_json.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "planner/balancer.h"
+
+namespace knapformer {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(PlanJsonTest, ParsesAFullRequest) {
+  auto request = ParsePlanRequest(
+      R"({"topology": "g1n2+g2n1+g4n1", "d_model": 1024, "gamma": 0.3,
+          "ranks": [[10, 20], [], [0], [5], [], [], [], [2147483648]]})");
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->topology, "g1n2+g2n1+g4n1");
+  EXPECT_EQ(request->d_model, 1024);
+  EXPECT_DOUBLE_EQ(request->gamma, 0.3);
+  ASSERT_EQ(request->ranks.size(), 8u);
+  EXPECT_EQ(request->ranks[0], (std::vector<int64_t>{10, 20}));
+  EXPECT_TRUE(request->ranks[1].empty());
+  EXPECT_EQ(request->ranks[7][0], int64_t{1} << 31);
+}
+
+TEST(PlanJsonTest, DefaultsDModelAndGamma) {
+  auto request = ParsePlanRequest(R"({"topology": "g1n1", "ranks": [[1]]})");
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->d_model, 3072);
+  EXPECT_DOUBLE_EQ(request->gamma, 0.49);
+}
+
+TEST(PlanJsonTest, NamesTheBadField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"", "input: not valid JSON"},
+      {"{", "input: not valid JSON"},
+      {"[1]", "input: must be a JSON object"},
+      {R"({"ranks": [[1]]})", "topology: missing"},
+      {R"({"topology": 3, "ranks": [[1]]})", "topology: must be a string"},
+      {R"({"topology": "g1n1"})", "ranks: missing"},
+      {R"({"topology": "g1n1", "ranks": {}})", "ranks: must be an array"},
+      {R"({"topology": "g1n1", "ranks": []})", "ranks: must list at least one rank"},
+      {R"({"topology": "g1n1", "ranks": [3]})", "ranks[0]: must be an array of lengths"},
+      {R"({"topology": "g1n2", "ranks": [[1], [2, 1.5]]})", "ranks[1][1]: must be an integer"},
+      {R"({"topology": "g1n2", "ranks": [[1], [2, "3"]]})", "ranks[1][1]: must be an integer"},
+      {R"({"topology": "g1n2", "ranks": [[1], [2, -3]]})",
+       "ranks[1][1]: sequence length -3 is outside [0, 2147483648]"},
+      {R"({"topology": "g1n1", "ranks": [[2147483649]]})",
+       "ranks[0][0]: sequence length 2147483649 is outside"},
+      {R"({"topology": "g1n1", "ranks": [[99999999999999999999]]})", "ranks[0][0]"},
+      {R"({"topology": "g1n1", "d_model": 2.5, "ranks": [[1]]})", "d_model: must be an integer"},
+      {R"({"topology": "g1n1", "d_model": 99999999999, "ranks": [[1]]})",
+       "d_model: must be in [1, 65536]"},
+      {R"({"topology": "g1n1", "gamma": "x", "ranks": [[1]]})", "gamma: must be a number"},
+      {R"({"topology": "g1n1", "ranks": [[1]], "rank": 3})", "rank: unknown field"},
+  };
+  for (const auto& [text, message] : cases) {
+    auto request = ParsePlanRequest(text);
+    ASSERT_FALSE(request.ok()) << text;
+    EXPECT_EQ(request.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(std::string(request.status().message()), HasSubstr(message)) << text;
+  }
+}
+
+TEST(PlanJsonTest, WritesChunksWorkloadsAndNullForUnboundedRatios) {
+  auto topology = Topology::Parse("g1n2");
+  auto world = World::Create(*topology, 2);
+  auto cost = CostModel::Create(1, 0.0);
+  PlanRequest request;
+  request.topology = "g1n2";
+  request.d_model = 1;
+  request.gamma = 0.0;
+  request.ranks = {{7}, {}};
+  auto plan = BalanceGreedy(*world, *cost, request.ranks);
+  ASSERT_TRUE(plan.ok());
+  const auto out = nlohmann::json::parse(PlanToJson(request, *plan, 2.0));
+  ASSERT_EQ(out["chunks"].size(), 1u);
+  EXPECT_EQ(out["chunks"][0]["src_rank"], 0);
+  EXPECT_EQ(out["chunks"][0]["seq_index"], 0);
+  EXPECT_EQ(out["chunks"][0]["offset"], 0);
+  EXPECT_EQ(out["chunks"][0]["length"], 7);
+  EXPECT_EQ(out["chunks"][0]["dst_rank"], 0);
+  EXPECT_EQ(out["gpu_workload"], (std::vector<double>{24.0 * 7, 0.0}));
+  EXPECT_TRUE(out["after"]["wir"].is_null());  // one GPU idle: max/min is unbounded
+  EXPECT_DOUBLE_EQ(out["after"]["max_over_mean"].get<double>(), 2.0);
+  EXPECT_EQ(out["moved_tokens"], 0);
+  EXPECT_EQ(out["total_tokens"], 7);
+
+  const auto slice = nlohmann::json::parse(RankPlanToJson(plan->Slice(0)));
+  EXPECT_EQ(slice["sends"][0]["dst_rank"], 0);
+  EXPECT_EQ(slice["recvs"][0]["src_rank"], 0);
+  EXPECT_EQ(slice["compute_chunk_lengths"], (std::vector<int64_t>{7}));
+}
+
+}  // namespace
+}  // namespace knapformer

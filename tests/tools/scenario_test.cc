@@ -1,0 +1,78 @@
+// The paper's 12 cells (3 scenarios x 4 topologies, 32 GPUs, d = 3072,
+// gamma = 0.49, 20 steps) against the reference implementation's figures in
+// shared/notes/algorithm.md.
+
+#include <map>
+#include <string>
+#include <utility>
+
+#include "gtest/gtest.h"
+#include "tools/simulate.h"
+
+namespace knapformer {
+namespace {
+
+// Mean WIR after balancing, reference implementation, 20 batches.
+const std::map<std::pair<std::string, std::string>, double> kReferenceWir = {
+    {{"low-res", "g1n32"}, 1.0009},   {{"low-res", "g2n16"}, 1.0003},
+    {{"low-res", "g4n8"}, 1.0001},    {{"low-res", "g8n4"}, 1.0000},
+    {{"mixed-res", "g1n32"}, 4.063},  {{"mixed-res", "g2n16"}, 1.334},
+    {{"mixed-res", "g4n8"}, 1.0057},  {{"mixed-res", "g8n4"}, 1.0008},
+    {{"joint", "g1n32"}, 4.824},      {{"joint", "g2n16"}, 1.674},
+    {{"joint", "g4n8"}, 1.0038},      {{"joint", "g8n4"}, 1.0018},
+};
+
+std::vector<TopologyResult> RunScenario(const std::string& data, uint64_t seed, int32_t rounds) {
+  SimulateOptions options;
+  options.data = data;
+  options.seed = seed;
+  options.refine_rounds = rounds;
+  auto results = Simulate(options);
+  EXPECT_TRUE(results.ok()) << results.status();
+  return results.ok() ? *results : std::vector<TopologyResult>();
+}
+
+TEST(ScenarioTest, RefinedPlannerNeverLosesToThePapersGreedyOnTheSameData) {
+  for (const std::string data : {"low-res", "mixed-res", "joint"}) {
+    const auto refined = RunScenario(data, 0, 256);
+    const auto paper = RunScenario(data, 0, 0);
+    ASSERT_EQ(refined.size(), 4u);
+    ASSERT_EQ(paper.size(), 4u);
+    for (size_t t = 0; t < 4; ++t) {
+      SCOPED_TRACE(data + " " + refined[t].topology);
+      EXPECT_LE(refined[t].wir_after.mean, paper[t].wir_after.mean + 1e-9);
+      EXPECT_LE(refined[t].max_over_mean_after.mean, paper[t].max_over_mean_after.mean + 1e-9);
+      // Within 0.1% of what any plan could reach.
+      EXPECT_LE(refined[t].max_over_mean_after.mean, refined[t].lower_bound.mean * 1.001);
+    }
+  }
+}
+
+TEST(ScenarioTest, MatchesOrBeatsTheReferenceFigures) {
+  // Our data streams follow the paper's formulas but not its random numbers:
+  // a 20-step mean moves by up to ~0.5% between seeds where one unsplittable
+  // image sets the maximum (g1, g2). Averaging 5 seeds of 20 steps and
+  // allowing that 0.5% keeps the comparison about the planner, not the dice.
+  constexpr int kSeeds = 5;
+  for (const std::string data : {"low-res", "mixed-res", "joint"}) {
+    std::vector<double> sum(4, 0.0);
+    std::vector<std::string> names(4);
+    for (int seed = 0; seed < kSeeds; ++seed) {
+      const auto results = RunScenario(data, seed, 256);
+      ASSERT_EQ(results.size(), 4u);
+      for (size_t t = 0; t < 4; ++t) {
+        sum[t] += results[t].wir_after.mean;
+        names[t] = results[t].topology;
+      }
+    }
+    for (size_t t = 0; t < 4; ++t) {
+      const double reference = kReferenceWir.at({data, names[t]});
+      const double ours = sum[t] / kSeeds;
+      EXPECT_LE(ours, reference * 1.005) << data << " " << names[t] << ": " << ours
+                                         << " vs reference " << reference;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace knapformer
