@@ -47,9 +47,10 @@ struct BalancerOptions {
 // Then options.refine_rounds of local refinement (refine.h), and a guard: if
 // leaving every sequence in its source rank's bag has a lower maximum per-GPU
 // load, that assignment is used, so max/mean is never worse than no balancing.
-// Empty sequences get no chunk and no bag. Runs in O(S log S + S log B + C)
-// for S sequences, B bags and C chunks, plus the refinement rounds (each
-// O(sequences of two bags), bounded by options.refine_rounds per replica).
+// Empty sequences get no chunk and no bag. Runs in O(S + S log B + C) for S
+// sequences, B bags and C chunks (a radix sort orders the sequences), plus the
+// refinement rounds (each O(n log n) in the sequences of two bags, at most
+// options.refine_rounds per replica).
 //
 // Errors: InvalidArgument if lengths.size() != world size or a length is
 // outside [0, CostModel::kMaxLength]; ResourceExhausted past options.limits.
@@ -57,9 +58,8 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                                    const RankLengths& lengths,
                                    const BalancerOptions& options = BalancerOptions());
 
-// The plan that moves nothing: each rank computes its own sequences whole.
-// Its workload_after is the "before" figure of every report. Valid only for
-// single-GPU bags' semantics; used as the baseline, not for routing.
+// Per-rank workload without balancing (each rank computes its own sequences
+// whole): the "before" figure of every report.
 std::vector<double> UnbalancedWorkload(const CostModel& cost, const RankLengths& lengths);
 
 }  // namespace knapformer
