@@ -292,12 +292,4 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
   return plan;
 }
 
-std::vector<double> UnbalancedWorkload(const CostModel& cost, const RankLengths& lengths) {
-  std::vector<double> workload(lengths.size(), 0.0);
-  for (size_t rank = 0; rank < lengths.size(); ++rank) {
-    for (int64_t length : lengths[rank]) workload[rank] += cost.Workload(length);
-  }
-  return workload;
-}
-
 }  // namespace knapformer

@@ -58,10 +58,6 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                                    const RankLengths& lengths,
                                    const BalancerOptions& options = BalancerOptions());
 
-// Per-rank workload without balancing (each rank computes its own sequences
-// whole): the "before" figure of every report.
-std::vector<double> UnbalancedWorkload(const CostModel& cost, const RankLengths& lengths);
-
 }  // namespace knapformer
 
 #endif  // KNAPFORMER_PLANNER_BALANCER_H_
