@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "planner/balancer.h"
+#include "planner/splitmix64.h"
 #include "planner/cost_model.h"
 #include "planner/topology.h"
 
@@ -152,26 +153,6 @@ constexpr int32_t kRefineRounds[] = {BalancerOptions().refine_rounds, 0};
 constexpr int64_t kVisualTokens[] = {256, 1024, 4096, 16384};
 constexpr int64_t kMaxTextTokens = 392;
 
-// A tiny fixed generator so the input is the same on every platform and
-// standard library, which std::mt19937 + distributions do not guarantee.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  // U[0, 1) with 53 random bits.
-  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
-  // U{0 .. n-1}; the modulo bias is irrelevant at these n.
-  uint64_t Below(uint64_t n) { return Next() % n; }
-
- private:
-  uint64_t state_;
-};
 
 RankLengths MixedResolutionLengths(int64_t ranks) {
   SplitMix64 rng(kSeed);

@@ -5,36 +5,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "planner/splitmix64.h"
 
 namespace knapformer {
 namespace {
 
 constexpr int64_t kMaxCodeValue = 1 << 20;
 constexpr int64_t kMaxTextTokens = 392;
-
-// SplitMix64: a tiny, well-mixed generator whose output is fixed by its
-// definition (std::uniform_*_distribution is not, across standard libraries).
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  // Uniform in [0, n), unbiased (rejection of the short last stripe).
-  uint64_t Below(uint64_t n) {
-    const uint64_t limit = ~uint64_t{0} - (~uint64_t{0} % n);
-    uint64_t x;
-    do x = Next(); while (x >= limit);
-    return x % n;
-  }
-
- private:
-  uint64_t state_;
-};
 
 absl::StatusOr<int64_t> ConsumeField(absl::string_view& rest, char letter,
                                      absl::string_view code, int64_t min_value,
