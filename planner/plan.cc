@@ -41,8 +41,10 @@ RankPlan Plan::Slice(int32_t rank) const {
   ulysses.gpus = bag_gpus[bag];
   ulysses.position = rank - ulysses.first_rank;
 
-  // Receives: this rank's chunk of every sequence of its bag, in bag order,
-  // which is (src_rank, seq_index) order: the all-to-all's receive order.
+  // One pass over the bag's sequences, in bag order, which is (src_rank,
+  // seq_index) order: the all-to-all's receive order. Each gives this rank's
+  // receive (if it holds a chunk of it) and, in a multi-GPU bag, its Ulysses
+  // entry.
   for (int32_t i = bag_begin[bag]; i < bag_begin[bag + 1]; ++i) {
     const PlacedSequence& seq = sequences[bag_sequences[i]];
     const Chunk* mine = nullptr;
@@ -53,14 +55,11 @@ RankPlan Plan::Slice(int32_t rank) const {
         if (chunks[c].dst_rank == rank) mine = &chunks[c];
       }
     }
-    if (mine == nullptr) continue;
-    slice.route.recvs.push_back({mine->src_rank, mine->seq_index, mine->offset, mine->length});
-    slice.compute_chunk_lengths.push_back(mine->length);
-  }
-
-  if (ulysses.gpus > 1) {
-    for (int32_t i = bag_begin[bag]; i < bag_begin[bag + 1]; ++i) {
-      const PlacedSequence& seq = sequences[bag_sequences[i]];
+    if (mine != nullptr) {
+      slice.route.recvs.push_back({mine->src_rank, mine->seq_index, mine->offset, mine->length});
+      slice.compute_chunk_lengths.push_back(mine->length);
+    }
+    if (ulysses.gpus > 1) {
       UlyssesSequence entry;
       entry.src_rank = seq.src_rank;
       entry.seq_index = seq.seq_index;
