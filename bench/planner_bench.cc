@@ -29,8 +29,8 @@
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "planner/balancer.h"
-#include "planner/splitmix64.h"
 #include "planner/cost_model.h"
+#include "planner/splitmix64.h"
 #include "planner/topology.h"
 
 // ---------------------------------------------------------------------------
@@ -152,7 +152,6 @@ constexpr int32_t kRefineRounds[] = {BalancerOptions().refine_rounds, 0};
 // from (256^2 .. 2048^2 pixels at 16x16 patches).
 constexpr int64_t kVisualTokens[] = {256, 1024, 4096, 16384};
 constexpr int64_t kMaxTextTokens = 392;
-
 
 RankLengths MixedResolutionLengths(int64_t ranks) {
   SplitMix64 rng(kSeed);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "planner/balancer.h"
 
 namespace knapformer {
 
@@ -17,7 +18,8 @@ struct SimulateOptions {
   uint64_t seed = 0;
   int64_t d_model = 3072;
   double gamma = 0.49;
-  int32_t refine_rounds = 256;  // 0 = the paper's greedy exactly
+  // 0 = the paper's greedy exactly.
+  int32_t refine_rounds = BalancerOptions().refine_rounds;
 };
 
 // Mean, population standard deviation and maximum over steps.

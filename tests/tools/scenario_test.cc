@@ -34,7 +34,7 @@ std::vector<TopologyResult> RunScenario(const std::string& data, uint64_t seed, 
 
 TEST(ScenarioTest, RefinedPlannerNeverLosesToThePapersGreedyOnTheSameData) {
   for (const std::string data : {"low-res", "mixed-res", "joint"}) {
-    const auto refined = RunScenario(data, 0, 256);
+    const auto refined = RunScenario(data, 0, SimulateOptions().refine_rounds);
     const auto paper = RunScenario(data, 0, 0);
     ASSERT_EQ(refined.size(), 4u);
     ASSERT_EQ(paper.size(), 4u);
@@ -58,7 +58,7 @@ TEST(ScenarioTest, MatchesOrBeatsTheReferenceFigures) {
     std::vector<double> sum(4, 0.0);
     std::vector<std::string> names(4);
     for (int seed = 0; seed < kSeeds; ++seed) {
-      const auto results = RunScenario(data, seed, 256);
+      const auto results = RunScenario(data, seed, SimulateOptions().refine_rounds);
       ASSERT_EQ(results.size(), 4u);
       for (size_t t = 0; t < 4; ++t) {
         sum[t] += results[t].wir_after.mean;
