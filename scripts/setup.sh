@@ -11,6 +11,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev       # JSON for the CLI
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  prometheus-cpp-dev       # the planner service's /metrics
+  prometheus               # promtool checks the metrics page in tests
+  openssl                  # tests make throwaway TLS certificates
 )
 
 missing=()

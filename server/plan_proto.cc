@@ -1,0 +1,103 @@
+#include "server/plan_proto.h"
+
+#include "planner/balance_stats.h"
+
+namespace knapformer {
+namespace {
+
+void TransfersToProto(const std::vector<Transfer>& transfers, v1::Transfers* out) {
+  const int n = static_cast<int>(transfers.size());
+  out->mutable_peer()->Reserve(n);
+  out->mutable_seq_index()->Reserve(n);
+  out->mutable_offset()->Reserve(n);
+  out->mutable_length()->Reserve(n);
+  for (const Transfer& t : transfers) {
+    out->add_peer(t.peer);
+    out->add_seq_index(t.seq_index);
+    out->add_offset(t.offset);
+    out->add_length(t.length);
+  }
+}
+
+std::vector<Transfer> TransfersFromProto(const v1::Transfers& proto) {
+  std::vector<Transfer> transfers(proto.peer_size());
+  for (int i = 0; i < proto.peer_size(); ++i) {
+    transfers[i] = Transfer{proto.peer(i), proto.seq_index(i), proto.offset(i), proto.length(i)};
+  }
+  return transfers;
+}
+
+}  // namespace
+
+v1::Balance BalanceToProto(const Plan& plan, int64_t token_bytes, int64_t plan_micros) {
+  const BalanceStats before = ComputeBalanceStats(plan.workload_before);
+  const BalanceStats after = ComputeBalanceStats(plan.workload_after);
+  v1::Balance balance;
+  balance.set_wir_before(before.wir);
+  balance.set_wir_after(after.wir);
+  balance.set_max_over_mean_before(before.max_over_mean);
+  balance.set_max_over_mean_after(after.max_over_mean);
+  balance.set_total_tokens(plan.TotalTokens());
+  const int64_t moved = plan.MovedTokens();
+  balance.set_moved_tokens(moved);
+  balance.set_moved_bytes(moved * token_bytes);
+  balance.set_plan_micros(plan_micros);
+  return balance;
+}
+
+void RankPlanToProto(const RankPlan& rank_plan, v1::RankPlan* out) {
+  out->set_rank(rank_plan.rank);
+  TransfersToProto(rank_plan.route.sends, out->mutable_sends());
+  TransfersToProto(rank_plan.route.recvs, out->mutable_recvs());
+  v1::UlyssesBag* bag = out->mutable_ulysses();
+  bag->set_first_rank(rank_plan.ulysses.first_rank);
+  bag->set_gpus(rank_plan.ulysses.gpus);
+  bag->set_position(rank_plan.ulysses.position);
+  for (const UlyssesSequence& s : rank_plan.ulysses.sequences) {
+    v1::UlyssesSequence* seq = bag->add_sequences();
+    seq->set_src_rank(s.src_rank);
+    seq->set_seq_index(s.seq_index);
+    seq->set_length(s.length);
+    seq->mutable_chunk_lengths()->Add(s.chunk_lengths.begin(), s.chunk_lengths.end());
+  }
+  out->set_workload_before(rank_plan.workload_before);
+  out->set_workload_after(rank_plan.workload_after);
+}
+
+void ChunksToProto(const Plan& plan, v1::Chunks* out) {
+  const int n = static_cast<int>(plan.chunks.size());
+  out->mutable_src_rank()->Reserve(n);
+  out->mutable_seq_index()->Reserve(n);
+  out->mutable_offset()->Reserve(n);
+  out->mutable_length()->Reserve(n);
+  out->mutable_dst_rank()->Reserve(n);
+  for (const Chunk& c : plan.chunks) {
+    out->add_src_rank(c.src_rank);
+    out->add_seq_index(c.seq_index);
+    out->add_offset(c.offset);
+    out->add_length(c.length);
+    out->add_dst_rank(c.dst_rank);
+  }
+}
+
+RankPlan RankPlanFromProto(const v1::RankPlan& proto, int32_t world_size) {
+  RankPlan plan;
+  plan.rank = proto.rank();
+  plan.world_size = world_size;
+  plan.route.sends = TransfersFromProto(proto.sends());
+  plan.route.recvs = TransfersFromProto(proto.recvs());
+  for (const Transfer& t : plan.route.recvs) plan.compute_chunk_lengths.push_back(t.length);
+  plan.ulysses.first_rank = proto.ulysses().first_rank();
+  plan.ulysses.gpus = proto.ulysses().gpus();
+  plan.ulysses.position = proto.ulysses().position();
+  for (const v1::UlyssesSequence& s : proto.ulysses().sequences()) {
+    plan.ulysses.sequences.push_back(UlyssesSequence{
+        s.src_rank(), s.seq_index(), s.length(),
+        std::vector<int64_t>(s.chunk_lengths().begin(), s.chunk_lengths().end())});
+  }
+  plan.workload_before = proto.workload_before();
+  plan.workload_after = proto.workload_after();
+  return plan;
+}
+
+}  // namespace knapformer

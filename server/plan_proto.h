@@ -1,0 +1,26 @@
+#ifndef KNAPFORMER_SERVER_PLAN_PROTO_H_
+#define KNAPFORMER_SERVER_PLAN_PROTO_H_
+
+#include <cstdint>
+
+#include "knapformer/v1/planner.pb.h"
+#include "planner/plan.h"
+
+namespace knapformer {
+
+// Conversions between the planner core's plan and the v1 API messages.
+
+// `plan`'s balance figures; `token_bytes` prices the moved tokens and
+// `plan_micros` is the time spent solving.
+v1::Balance BalanceToProto(const Plan& plan, int64_t token_bytes, int64_t plan_micros);
+
+void RankPlanToProto(const RankPlan& rank_plan, v1::RankPlan* out);
+
+void ChunksToProto(const Plan& plan, v1::Chunks* out);
+
+// The inverse of RankPlanToProto, for clients and tests.
+RankPlan RankPlanFromProto(const v1::RankPlan& proto, int32_t world_size);
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_SERVER_PLAN_PROTO_H_

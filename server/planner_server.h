@@ -1,0 +1,84 @@
+#ifndef KNAPFORMER_SERVER_PLANNER_SERVER_H_
+#define KNAPFORMER_SERVER_PLANNER_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/planner_service.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+namespace prometheus {
+class Exposer;
+}  // namespace prometheus
+
+namespace knapformer {
+
+// PEM files for TLS. All empty: plaintext. cert_file and key_file: TLS.
+// client_ca_file as well: mutual TLS (clients must present a certificate
+// signed by that CA).
+struct TlsFiles {
+  std::string cert_file;
+  std::string key_file;
+  std::string client_ca_file;
+};
+
+struct PlannerServerOptions {
+  // host:port for gRPC; port 0 picks a free port (see PlannerServer::port()).
+  std::string listen_address = "127.0.0.1:50051";
+  // host:port for the Prometheus /metrics page; empty = no metrics endpoint.
+  std::string metrics_address;
+  TlsFiles tls;
+  ServiceOptions service;
+};
+
+// The planner service in a gRPC server, with the standard health service
+// (grpc.health.v1, "" and "knapformer.v1.Planner" are SERVING while up),
+// server reflection and, optionally, Prometheus metrics on their own port.
+// Embeddable: a trainer's rank 0 can host it in-process. Thread-safe.
+class PlannerServer {
+ public:
+  // Errors: InvalidArgument (unreadable or incomplete TLS files),
+  // Unavailable (an address cannot be bound, e.g. the port is in use: the
+  // server never shares a port with another process).
+  static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(
+      const PlannerServerOptions& options);
+
+  ~PlannerServer();  // Shutdown() if not done yet
+  PlannerServer(const PlannerServer&) = delete;
+  PlannerServer& operator=(const PlannerServer&) = delete;
+
+  // The bound ports (metrics_port() is 0 without a metrics endpoint).
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  // "host:port" of the gRPC listener, with the bound port.
+  std::string address() const;
+
+  // Marks health NOT_SERVING, fails waiting ranks with UNAVAILABLE, stops
+  // accepting calls, and waits up to `grace` for answers being sent (then
+  // cancels them). Idempotent; returns when the server has stopped.
+  void Shutdown(absl::Duration grace = absl::Seconds(5));
+
+  PlannerService& service() { return *service_; }
+
+ private:
+  PlannerServer() = default;
+
+  std::string host_;
+  int port_ = 0;
+  int metrics_port_ = 0;
+  std::unique_ptr<PlannerService> service_;  // outlives server_
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_SERVER_PLANNER_SERVER_H_

@@ -1,0 +1,264 @@
+#include "server/planner_service.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/log.h"
+#include "server/plan_proto.h"
+#include "server/request_check.h"
+
+namespace knapformer {
+namespace {
+
+// The job label of a request: its job_id when valid, else "".
+std::string JobLabel(const std::string& job_id) {
+  return CheckJobId(job_id).ok() ? job_id : std::string();
+}
+
+int SolverThreads(int requested) {
+  if (requested > 0) return requested;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// How often the reaper looks for new steps when none is pending (it sleeps
+// until the earliest deadline otherwise) and for idle jobs.
+constexpr absl::Duration kReapInterval = absl::Milliseconds(200);
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+// One rank's Plan call. Answered exactly once: by the fan-out of its solved
+// step, with the error of its step (timeout, drain), or at once when refused.
+// Deletes itself when gRPC is done with it.
+class PlannerService::PlanCall final : public grpc::ServerUnaryReactor, public PendingCall {
+ public:
+  PlanCall(PlannerService* service, const v1::PlanRequest* request, v1::PlanResponse* response)
+      : service_(service), request_(request), response_(response) {}
+
+  const v1::PlanRequest& request() const override { return *request_; }
+
+  void Answer(const knapformer::Plan& plan, const v1::Balance& balance) {
+    const v1::StepSpec& spec = request_->spec();
+    response_->set_job_id(spec.job_id());
+    response_->set_group_id(spec.group_id());
+    response_->set_step(spec.step());
+    RankPlanToProto(plan.Slice(request_->rank()), response_->mutable_plan());
+    *response_->mutable_balance() = balance;
+    FinishWith(absl::OkStatus());
+  }
+
+  void FinishWith(const absl::Status& status) {
+    service_->metrics_.CountRequest(JobLabel(request_->spec().job_id()), "Plan", status.code(),
+                                    absl::Now());
+    if (!status.ok() && LogEnabled(LogLevel::kDebug)) {
+      Log(LogLevel::kDebug, absl::StrCat("Plan: ", status.ToString()));
+    }
+    Finish(ToGrpcStatus(status));
+  }
+
+  void OnCancel() override {
+    if (service_->rendezvous_.Leave(this)) {
+      FinishWith(absl::CancelledError(absl::StrCat(
+          "rank ", request_->rank(), " cancelled and left step ", request_->spec().step())));
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  PlannerService* const service_;
+  const v1::PlanRequest* const request_;
+  v1::PlanResponse* const response_;
+};
+
+PlannerService::PlannerService(const ServiceOptions& options)
+    : options_(options),
+      rendezvous_(options.limits),
+      metrics_(&rendezvous_, options.limits.max_jobs),
+      pool_(SolverThreads(options.solver_threads)),
+      reaper_([this] { Reap(); }) {}
+
+PlannerService::~PlannerService() {
+  {
+    absl::MutexLock lock(&reaper_mu_);
+    stop_reaper_ = true;
+  }
+  reaper_.join();
+}
+
+grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*context*/,
+                                               const v1::PlanRequest* request,
+                                               v1::PlanResponse* response) {
+  auto* call = new PlanCall(this, request, response);
+  auto checked = CheckPlanRequest(*request, options_.limits);
+  if (!checked.ok()) {
+    call->FinishWith(checked.status());
+    return call;
+  }
+  Rendezvous::Arrival arrival = rendezvous_.Arrive(call, *std::move(checked), absl::Now());
+  if (!arrival.status.ok()) {
+    call->FinishWith(arrival.status);
+  } else if (arrival.ready != nullptr) {
+    std::shared_ptr<ReadyStep> ready = std::move(arrival.ready);
+    pool_.Schedule([this, ready] { SolveAndAnswer(ready); });
+  }
+  return call;
+}
+
+void PlannerService::SolveAndAnswer(std::shared_ptr<ReadyStep> step) {
+  const v1::StepSpec& spec = step->spec;
+  RankLengths lengths(step->calls.size());
+  for (size_t r = 0; r < step->calls.size(); ++r) {
+    const auto& field = step->calls[r]->request().sequence_lengths();
+    lengths[r].assign(field.begin(), field.end());
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<knapformer::Plan> plan =
+      BalanceGreedy(step->checked.world, step->checked.cost, lengths, options_.balancer);
+  const absl::Time solved = absl::Now();
+  if (!plan.ok()) {
+    Log(LogLevel::kWarning, absl::StrCat("job '", spec.job_id(), "' step ", spec.step(), ": ",
+                                         plan.status().ToString()));
+    for (PendingCall* call : step->calls) static_cast<PlanCall*>(call)->FinishWith(plan.status());
+    return;
+  }
+  auto balance = std::make_shared<const v1::Balance>(BalanceToProto(
+      *plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start)));
+  rendezvous_.RecordPlanned(spec, plan->topology, *balance, solved);
+  metrics_.RecordStep(spec.job_id(), *balance, absl::ToDoubleSeconds(solved - start),
+                      absl::ToDoubleSeconds(step->last_arrival - step->first_arrival), solved);
+  auto shared_plan = std::make_shared<const knapformer::Plan>(*std::move(plan));
+
+  // Slicing and sending R answers costs ~10 us each: spread them over the pool.
+  const size_t n = step->calls.size();
+  const size_t pieces = std::min<size_t>(pool_.size(), (n + 63) / 64);
+  const size_t per_piece = (n + pieces - 1) / pieces;
+  for (size_t p = 1; p < pieces; ++p) {
+    const size_t begin = p * per_piece;
+    const size_t end = std::min(n, begin + per_piece);
+    pool_.Schedule([this, shared_plan, step, balance, begin, end] {
+      AnswerRange(shared_plan, step, balance, begin, end);
+    });
+  }
+  AnswerRange(shared_plan, step, balance, 0, std::min(n, per_piece));
+}
+
+void PlannerService::AnswerRange(std::shared_ptr<const knapformer::Plan> plan,
+                                 std::shared_ptr<ReadyStep> step,
+                                 std::shared_ptr<const v1::Balance> balance, size_t begin,
+                                 size_t end) {
+  for (size_t r = begin; r < end; ++r) {
+    static_cast<PlanCall*>(step->calls[r])->Answer(*plan, *balance);
+  }
+}
+
+grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext* context,
+                                                    const v1::PlanGroupRequest* request,
+                                                    v1::PlanGroupResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto finish = [this, reactor, request](const absl::Status& status) {
+    metrics_.CountRequest(JobLabel(request->spec().job_id()), "PlanGroup", status.code(),
+                          absl::Now());
+    reactor->Finish(ToGrpcStatus(status));
+  };
+  auto checked = CheckPlanGroupRequest(*request, options_.limits);
+  absl::Status status = checked.status();
+  if (status.ok()) status = rendezvous_.Touch(request->spec(), absl::Now());
+  if (!status.ok()) {
+    finish(status);
+    return reactor;
+  }
+  auto shared_checked = std::make_shared<CheckedSpec>(*std::move(checked));
+  pool_.Schedule([this, request, response, finish, shared_checked] {
+    const v1::StepSpec& spec = request->spec();
+    RankLengths lengths(request->ranks_size());
+    for (int r = 0; r < request->ranks_size(); ++r) {
+      const auto& field = request->ranks(r).sequence_lengths();
+      lengths[r].assign(field.begin(), field.end());
+    }
+    const absl::Time start = absl::Now();
+    absl::StatusOr<knapformer::Plan> plan = BalanceGreedy(
+        shared_checked->world, shared_checked->cost, lengths, options_.balancer);
+    const absl::Time solved = absl::Now();
+    if (!plan.ok()) {
+      finish(plan.status());
+      return;
+    }
+    const v1::Balance balance =
+        BalanceToProto(*plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start));
+    rendezvous_.RecordPlanned(spec, plan->topology, balance, solved);
+    metrics_.RecordStep(spec.job_id(), balance, absl::ToDoubleSeconds(solved - start),
+                        /*wait_seconds=*/-1, solved);
+    response->set_job_id(spec.job_id());
+    response->set_group_id(spec.group_id());
+    response->set_step(spec.step());
+    *response->mutable_balance() = balance;
+    ChunksToProto(*plan, response->mutable_chunks());
+    response->mutable_workload_before()->Add(plan->workload_before.begin(),
+                                             plan->workload_before.end());
+    response->mutable_workload_after()->Add(plan->workload_after.begin(),
+                                            plan->workload_after.end());
+    if (request->include_rank_plans()) {
+      for (int32_t r = 0; r < plan->world_size; ++r) {
+        RankPlanToProto(plan->Slice(r), response->add_rank_plans());
+      }
+    }
+    finish(absl::OkStatus());
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PlannerService::GetJob(grpc::CallbackServerContext* context,
+                                                 const v1::GetJobRequest* request,
+                                                 v1::JobState* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::JobState> state = rendezvous_.GetJob(request->job_id(), absl::Now());
+  if (state.ok()) *response = *std::move(state);
+  metrics_.CountRequest(JobLabel(request->job_id()), "GetJob", state.status().code(),
+                        absl::Now());
+  reactor->Finish(ToGrpcStatus(state.status()));
+  return reactor;
+}
+
+void PlannerService::Drain() {
+  std::vector<PendingCall*> calls = rendezvous_.Close();
+  if (!calls.empty()) {
+    Log(LogLevel::kInfo,
+        absl::StrCat("shutting down: failing ", calls.size(), " waiting calls with UNAVAILABLE"));
+  }
+  for (PendingCall* call : calls) {
+    static_cast<PlanCall*>(call)->FinishWith(
+        absl::UnavailableError("the planner is shutting down; retry against its replacement"));
+  }
+}
+
+void PlannerService::Reap() {
+  absl::MutexLock lock(&reaper_mu_);
+  while (!stop_reaper_) {
+    const absl::Time now = absl::Now();
+    const absl::Time wake = std::min(rendezvous_.NextDeadline(), now + kReapInterval);
+    reaper_mu_.AwaitWithDeadline(absl::Condition(&stop_reaper_), wake);
+    if (stop_reaper_) break;
+    reaper_mu_.Unlock();
+    const absl::Time after = absl::Now();
+    for (FailedCalls& failed : rendezvous_.Expire(after)) {
+      Log(LogLevel::kWarning, failed.status.ToString());
+      metrics_.CountTimeout(failed.job_id, after);
+      for (PendingCall* call : failed.calls) static_cast<PlanCall*>(call)->FinishWith(failed.status);
+    }
+    for (const std::string& job : rendezvous_.DropIdleJobs(after)) {
+      Log(LogLevel::kInfo, absl::StrCat("forgetting idle job '", job, "'"));
+    }
+    metrics_.DropIdleJobs(after, options_.limits.job_ttl);
+    reaper_mu_.Lock();
+  }
+}
+
+}  // namespace knapformer

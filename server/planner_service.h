@@ -1,0 +1,78 @@
+#ifndef KNAPFORMER_SERVER_PLANNER_SERVICE_H_
+#define KNAPFORMER_SERVER_PLANNER_SERVICE_H_
+
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "knapformer/v1/planner.grpc.pb.h"
+#include "planner/balancer.h"
+#include "server/rendezvous.h"
+#include "server/service_limits.h"
+#include "server/service_metrics.h"
+#include "server/thread_pool.h"
+
+namespace knapformer {
+
+struct ServiceOptions {
+  ServiceLimits limits;
+  BalancerOptions balancer;
+  // Threads that solve steps and build the answers; 0 = one per core.
+  int solver_threads = 0;
+};
+
+// The knapformer.v1.Planner service on gRPC's callback API: a rank waiting in
+// a rendezvous holds no thread. Solving and answering run on the service's
+// own thread pool; a background thread expires rendezvous and idle jobs.
+// Thread-safe. Must outlive the grpc::Server it is registered with.
+class PlannerService final : public v1::Planner::CallbackService {
+ public:
+  explicit PlannerService(const ServiceOptions& options);
+  ~PlannerService() override;
+
+  grpc::ServerUnaryReactor* Plan(grpc::CallbackServerContext* context,
+                                 const v1::PlanRequest* request,
+                                 v1::PlanResponse* response) override;
+  grpc::ServerUnaryReactor* PlanGroup(grpc::CallbackServerContext* context,
+                                      const v1::PlanGroupRequest* request,
+                                      v1::PlanGroupResponse* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const v1::GetJobRequest* request,
+                                   v1::JobState* response) override;
+
+  // Fails every waiting rank with UNAVAILABLE and refuses later requests.
+  // Steps already being solved are still answered.
+  void Drain();
+
+  ServiceMetrics& metrics() { return metrics_; }
+  const Rendezvous& rendezvous() const { return rendezvous_; }
+
+ private:
+  class PlanCall;
+
+  void SolveAndAnswer(std::shared_ptr<ReadyStep> step);
+  void AnswerRange(std::shared_ptr<const knapformer::Plan> plan,
+                   std::shared_ptr<ReadyStep> step, std::shared_ptr<const v1::Balance> balance,
+                   size_t begin, size_t end);
+  void Reap();
+
+  const ServiceOptions options_;
+  Rendezvous rendezvous_;
+  ServiceMetrics metrics_;
+  ThreadPool pool_;
+
+  absl::Mutex reaper_mu_;
+  bool stop_reaper_ ABSL_GUARDED_BY(reaper_mu_) = false;
+  std::thread reaper_;
+};
+
+// absl::Status -> grpc::Status, code for code (the two enums share values).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_SERVER_PLANNER_SERVICE_H_

@@ -1,0 +1,355 @@
+#include "server/rendezvous.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/rank_ranges.h"
+
+namespace knapformer {
+namespace {
+
+std::string StepName(const v1::StepSpec& spec) {
+  return absl::StrCat("step ", spec.step(), " of job '", spec.job_id(), "' group '",
+                      spec.group_id(), "'");
+}
+
+// FailedPrecondition naming the first field where `spec` (canonical topology
+// `topology`) differs from the step's first request, or OK.
+absl::Status CompareSpecs(const v1::StepSpec& first, const std::string& first_topology,
+                          const v1::StepSpec& spec, const std::string& topology,
+                          int32_t rank) {
+  auto mismatch = [&](const char* field, const auto& got, const auto& want) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("spec.", field, ": rank ", rank, " sent ", got, " but ", StepName(first),
+                     " was opened with ", want, "; every rank of a step must agree"));
+  };
+  if (spec.world_size() != first.world_size()) {
+    return mismatch("world_size", spec.world_size(), first.world_size());
+  }
+  if (topology != first_topology) {
+    return mismatch("topology", absl::StrCat("\"", topology, "\""),
+                    absl::StrCat("\"", first_topology, "\""));
+  }
+  if (spec.d_model() != first.d_model()) {
+    return mismatch("d_model", spec.d_model(), first.d_model());
+  }
+  if (spec.gamma() != first.gamma()) {
+    return mismatch("gamma", spec.gamma(), first.gamma());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Rendezvous::Group*> Rendezvous::FindOrCreateGroup(const v1::StepSpec& spec,
+                                                                 absl::Time now) {
+  auto job_it = jobs_.find(spec.job_id());
+  if (job_it == jobs_.end()) {
+    if (static_cast<int64_t>(jobs_.size()) >= limits_.max_jobs) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("spec.job_id: the server already tracks ", jobs_.size(),
+                       " jobs, its limit (jobs are forgotten after being idle for ",
+                       absl::FormatDuration(limits_.job_ttl), ")"));
+    }
+    job_it = jobs_.emplace(spec.job_id(), Job()).first;
+  }
+  Job& job = job_it->second;
+  auto group_it = job.groups.find(spec.group_id());
+  if (group_it == job.groups.end()) {
+    if (static_cast<int64_t>(job.groups.size()) >= limits_.max_groups_per_job) {
+      if (job.groups.empty()) jobs_.erase(job_it);
+      return absl::ResourceExhaustedError(absl::StrCat("spec.group_id: job '", spec.job_id(),
+                                                       "' already has ", job.groups.size(),
+                                                       " groups, the server's limit"));
+    }
+    group_it = job.groups.emplace(spec.group_id(), Group()).first;
+  }
+  job.last_activity = now;
+  return &group_it->second;
+}
+
+Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, absl::Time now) {
+  const v1::PlanRequest& request = call->request();
+  const v1::StepSpec& spec = request.spec();
+  const int32_t rank = request.rank();
+  Arrival arrival;
+  absl::MutexLock lock(&mu_);
+  if (closed_) {
+    arrival.status = absl::UnavailableError("the planner is shutting down; retry elsewhere");
+    return arrival;
+  }
+  auto group_or = FindOrCreateGroup(spec, now);
+  if (!group_or.ok()) {
+    arrival.status = group_or.status();
+    return arrival;
+  }
+  Group& group = **group_or;
+  Job& job = jobs_[spec.job_id()];
+  if (std::find(group.answered.begin(), group.answered.end(), spec.step()) !=
+      group.answered.end()) {
+    arrival.status = absl::AlreadyExistsError(
+        absl::StrCat("rank ", rank, ": ", StepName(spec),
+                     " was already planned and every rank was answered"));
+    return arrival;
+  }
+  auto step_it = group.pending.find(spec.step());
+  if (step_it == group.pending.end()) {
+    if (pending_steps_ >= limits_.max_pending_steps) {
+      arrival.status = absl::ResourceExhaustedError(
+          absl::StrCat("spec.step: ", pending_steps_,
+                       " steps are already waiting for ranks, the server's limit; ",
+                       StepName(spec), " was not opened"));
+      return arrival;
+    }
+    if (request.sequence_lengths_size() > limits_.max_sequences_per_step) {
+      arrival.status = absl::ResourceExhaustedError(absl::StrCat(
+          "sequence_lengths: ", request.sequence_lengths_size(),
+          " sequences exceed the limit of ", limits_.max_sequences_per_step, " per step"));
+      return arrival;
+    }
+    std::string topology = checked.world.topology().spec();
+    auto step = std::make_unique<Step>(Step{spec, std::move(topology), checked, now,
+                                            std::vector<bool>(spec.world_size(), false),
+                                            {}, 0});
+    step_it = group.pending.emplace(spec.step(), std::move(step)).first;
+    ++pending_steps_;
+    ++job.pending;
+  } else {
+    const Step& step = *step_it->second;
+    arrival.status = CompareSpecs(step.spec, step.topology, spec,
+                                  checked.world.topology().spec(), rank);
+    if (!arrival.status.ok()) return arrival;
+  }
+  Step& step = *step_it->second;
+  if (step.arrived[rank]) {
+    arrival.status = absl::AlreadyExistsError(
+        absl::StrCat("rank ", rank, ": already waiting in ", StepName(spec)));
+    return arrival;
+  }
+  const int64_t sequences = request.sequence_lengths_size();
+  if (step.sequences + sequences > limits_.max_sequences_per_step) {
+    arrival.status = absl::ResourceExhaustedError(absl::StrCat(
+        "sequence_lengths: rank ", rank, " would bring ", StepName(spec), " to ",
+        step.sequences + sequences, " sequences, over the limit of ",
+        limits_.max_sequences_per_step, " per step"));
+    return arrival;
+  }
+  step.sequences += sequences;
+  step.arrived[rank] = true;
+  step.calls.push_back(call);
+
+  if (group.seen.size() < static_cast<size_t>(spec.world_size())) {
+    group.seen.resize(spec.world_size(), false);
+  }
+  if (!group.seen[rank]) {
+    group.seen[rank] = true;
+    ++group.ranks_seen;
+  }
+
+  if (static_cast<int32_t>(step.calls.size()) < spec.world_size()) return arrival;
+
+  std::vector<PendingCall*> by_rank(spec.world_size(), nullptr);
+  for (PendingCall* c : step.calls) by_rank[c->request().rank()] = c;
+  auto ready = std::make_unique<ReadyStep>(ReadyStep{std::move(step.spec),
+                                                     std::move(step.checked),
+                                                     std::move(by_rank),
+                                                     step.first_arrival, now});
+  group.pending.erase(step_it);
+  --pending_steps_;
+  --job.pending;
+  group.answered.push_back(ready->spec.step());
+  while (static_cast<int32_t>(group.answered.size()) > limits_.remembered_steps) {
+    group.answered.pop_front();
+  }
+  arrival.ready = std::move(ready);
+  return arrival;
+}
+
+bool Rendezvous::Leave(PendingCall* call) {
+  const v1::StepSpec& spec = call->request().spec();
+  absl::MutexLock lock(&mu_);
+  auto job_it = jobs_.find(spec.job_id());
+  if (job_it == jobs_.end()) return false;
+  auto group_it = job_it->second.groups.find(spec.group_id());
+  if (group_it == job_it->second.groups.end()) return false;
+  Group& group = group_it->second;
+  auto step_it = group.pending.find(spec.step());
+  if (step_it == group.pending.end()) return false;
+  Step& step = *step_it->second;
+  auto it = std::find(step.calls.begin(), step.calls.end(), call);
+  if (it == step.calls.end()) return false;
+  step.calls.erase(it);
+  step.arrived[call->request().rank()] = false;
+  step.sequences -= call->request().sequence_lengths_size();
+  if (step.calls.empty()) {
+    group.pending.erase(step_it);
+    --pending_steps_;
+    --job_it->second.pending;
+  }
+  return true;
+}
+
+std::vector<FailedCalls> Rendezvous::Expire(absl::Time now) {
+  std::vector<FailedCalls> failed;
+  absl::MutexLock lock(&mu_);
+  for (auto& [job_id, job] : jobs_) {
+    if (job.pending == 0) continue;
+    for (auto& [group_id, group] : job.groups) {
+      for (auto it = group.pending.begin(); it != group.pending.end();) {
+        Step& step = *it->second;
+        if (step.first_arrival + limits_.rendezvous_timeout > now) {
+          ++it;
+          continue;
+        }
+        const int32_t missing =
+            step.spec.world_size() - static_cast<int32_t>(step.calls.size());
+        FailedCalls f;
+        f.job_id = job_id;
+        f.calls = std::move(step.calls);
+        f.status = absl::DeadlineExceededError(absl::StrCat(
+            StepName(step.spec), ": ", missing, " of ", step.spec.world_size(),
+            " ranks did not ask within the rendezvous timeout of ",
+            absl::FormatDuration(limits_.rendezvous_timeout),
+            "; missing ranks: ", MissingRankRanges(step.arrived)));
+        failed.push_back(std::move(f));
+        it = group.pending.erase(it);
+        --pending_steps_;
+        --job.pending;
+      }
+    }
+  }
+  return failed;
+}
+
+absl::Time Rendezvous::NextDeadline() const {
+  absl::Time next = absl::InfiniteFuture();
+  absl::MutexLock lock(&mu_);
+  for (const auto& [job_id, job] : jobs_) {
+    if (job.pending == 0) continue;
+    for (const auto& [group_id, group] : job.groups) {
+      for (const auto& [step, pending] : group.pending) {
+        next = std::min(next, pending->first_arrival + limits_.rendezvous_timeout);
+      }
+    }
+  }
+  return next;
+}
+
+std::vector<PendingCall*> Rendezvous::Close() {
+  std::vector<PendingCall*> calls;
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+  for (auto& [job_id, job] : jobs_) {
+    for (auto& [group_id, group] : job.groups) {
+      for (auto& [step, pending] : group.pending) {
+        calls.insert(calls.end(), pending->calls.begin(), pending->calls.end());
+      }
+      group.pending.clear();
+    }
+    job.pending = 0;
+  }
+  pending_steps_ = 0;
+  return calls;
+}
+
+absl::Status Rendezvous::Touch(const v1::StepSpec& spec, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return absl::UnavailableError("the planner is shutting down; retry elsewhere");
+  return FindOrCreateGroup(spec, now).status();
+}
+
+void Rendezvous::RecordPlanned(const v1::StepSpec& spec, const std::string& topology,
+                               const v1::Balance& balance, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto job_it = jobs_.find(spec.job_id());
+  if (job_it == jobs_.end()) return;
+  auto group_it = job_it->second.groups.find(spec.group_id());
+  if (group_it == job_it->second.groups.end()) return;
+  Group& group = group_it->second;
+  ++group.steps_planned;
+  group.last_step = spec.step();
+  group.world_size = spec.world_size();
+  group.topology = topology;
+  group.has_balance = true;
+  group.last_balance = balance;
+  job_it->second.last_activity = now;
+}
+
+std::vector<std::string> Rendezvous::DropIdleJobs(absl::Time now) {
+  std::vector<std::string> dropped;
+  absl::MutexLock lock(&mu_);
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    if (it->second.pending == 0 && it->second.last_activity + limits_.job_ttl <= now) {
+      dropped.push_back(it->first);
+      it = jobs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return dropped;
+}
+
+absl::StatusOr<v1::JobState> Rendezvous::GetJob(const std::string& job_id,
+                                                absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  auto job_it = jobs_.find(job_id);
+  if (job_it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job_id: the server knows no job '", job_id,
+                                            "' (never seen, or idle longer than ",
+                                            absl::FormatDuration(limits_.job_ttl), ")"));
+  }
+  const Job& job = job_it->second;
+  v1::JobState state;
+  state.set_job_id(job_id);
+  state.set_idle_seconds(absl::ToDoubleSeconds(now - job.last_activity));
+  for (const auto& [group_id, group] : job.groups) {
+    v1::GroupState* g = state.add_groups();
+    g->set_group_id(group_id);
+    g->set_world_size(group.world_size);
+    g->set_topology(group.topology);
+    g->set_steps_planned(group.steps_planned);
+    g->set_last_step(group.last_step);
+    if (group.has_balance) *g->mutable_last_balance() = group.last_balance;
+    g->set_ranks_seen(group.ranks_seen);
+    for (const auto& [step_number, step] : group.pending) {
+      v1::PendingStep* p = g->add_pending();
+      p->set_step(step_number);
+      p->set_ranks_arrived(static_cast<int32_t>(step->calls.size()));
+      p->set_world_size(step->spec.world_size());
+      p->set_waiting_ms(absl::ToInt64Milliseconds(now - step->first_arrival));
+      p->set_missing_ranks(MissingRankRanges(step->arrived));
+    }
+  }
+  return state;
+}
+
+std::vector<GroupGauges> Rendezvous::Gauges() const {
+  std::vector<GroupGauges> gauges;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [job_id, job] : jobs_) {
+    for (const auto& [group_id, group] : job.groups) {
+      GroupGauges g;
+      g.job_id = job_id;
+      g.group_id = group_id;
+      g.pending_steps = static_cast<int32_t>(group.pending.size());
+      g.ranks_seen = group.ranks_seen;
+      g.has_balance = group.has_balance;
+      g.last_balance = group.last_balance;
+      gauges.push_back(std::move(g));
+    }
+  }
+  return gauges;
+}
+
+int32_t Rendezvous::pending_steps() const {
+  absl::MutexLock lock(&mu_);
+  return pending_steps_;
+}
+
+int32_t Rendezvous::jobs() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int32_t>(jobs_.size());
+}
+
+}  // namespace knapformer

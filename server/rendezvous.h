@@ -1,0 +1,156 @@
+#ifndef KNAPFORMER_SERVER_RENDEZVOUS_H_
+#define KNAPFORMER_SERVER_RENDEZVOUS_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "knapformer/v1/planner.pb.h"
+#include "server/request_check.h"
+#include "server/service_limits.h"
+
+namespace knapformer {
+
+// One rank's Plan call waiting for the rest of its group. The rendezvous never
+// answers a call itself: it hands calls back to its caller (ready, failed,
+// left or drained), each exactly once.
+class PendingCall {
+ public:
+  virtual ~PendingCall() = default;
+  virtual const v1::PlanRequest& request() const = 0;
+};
+
+// A step whose every rank has asked: the caller solves it and answers all.
+struct ReadyStep {
+  v1::StepSpec spec;  // the first arrival's
+  CheckedSpec checked;
+  std::vector<PendingCall*> calls;  // calls[rank]
+  absl::Time first_arrival;
+  absl::Time last_arrival;
+};
+
+// Calls to answer with one error.
+struct FailedCalls {
+  std::string job_id;
+  std::vector<PendingCall*> calls;
+  absl::Status status;
+};
+
+// Snapshot of one group for metrics.
+struct GroupGauges {
+  std::string job_id;
+  std::string group_id;
+  int32_t pending_steps = 0;
+  int32_t ranks_seen = 0;
+  bool has_balance = false;
+  v1::Balance last_balance;
+};
+
+// The rendezvous of every (job, group, step), and what the server remembers
+// about each job. Thread-safe; no method blocks on anything but its mutex,
+// and none calls back into a PendingCall except request().
+//
+// Memory is bounded by the limits: at most max_pending_steps steps hold calls
+// (O(ranks) each), at most max_jobs jobs of max_groups_per_job groups are
+// remembered (each a ring of remembered_steps step numbers and a bitmap of the
+// ranks seen), and jobs idle longer than job_ttl are dropped by DropIdleJobs.
+class Rendezvous {
+ public:
+  explicit Rendezvous(ServiceLimits limits) : limits_(limits) {}
+
+  struct Arrival {
+    // Not OK: the call was not added; answer it with this status.
+    absl::Status status;
+    // Set when this call completed its step: the step left the rendezvous.
+    std::unique_ptr<ReadyStep> ready;
+  };
+
+  // Adds `call`, whose request passed CheckPlanRequest (giving `checked`).
+  // Errors: AlreadyExists (rank seen for this step, or the step was answered),
+  // FailedPrecondition (spec differs from the step's first request),
+  // ResourceExhausted (pending steps, jobs, groups or sequences per step),
+  // Unavailable (after Close).
+  Arrival Arrive(PendingCall* call, CheckedSpec checked, absl::Time now);
+
+  // Takes `call` out of its step if it is still waiting there (the caller then
+  // answers it, e.g. CANCELLED); false if it was already handed back.
+  bool Leave(PendingCall* call);
+
+  // Takes out every step whose rendezvous timeout has passed at `now`, with a
+  // DeadlineExceeded status naming the missing ranks.
+  std::vector<FailedCalls> Expire(absl::Time now);
+
+  // When the next pending step expires; InfiniteFuture if none is pending.
+  absl::Time NextDeadline() const;
+
+  // Takes out every pending call; later arrivals get Unavailable.
+  std::vector<PendingCall*> Close();
+
+  // Creates the job and group if needed, for a PlanGroup request (which has
+  // no rendezvous). ResourceExhausted past max_jobs / max_groups_per_job.
+  absl::Status Touch(const v1::StepSpec& spec, absl::Time now);
+
+  // Records a solved step in its group's state (no-op if the job was dropped).
+  void RecordPlanned(const v1::StepSpec& spec, const std::string& topology,
+                     const v1::Balance& balance, absl::Time now);
+
+  // Forgets jobs without pending steps and idle for job_ttl; returns their ids.
+  std::vector<std::string> DropIdleJobs(absl::Time now);
+
+  // NotFound for an unknown job.
+  absl::StatusOr<v1::JobState> GetJob(const std::string& job_id, absl::Time now) const;
+
+  std::vector<GroupGauges> Gauges() const;
+  int32_t pending_steps() const;
+  int32_t jobs() const;
+
+ private:
+  struct Step {
+    v1::StepSpec spec;  // of the first arrival
+    std::string topology;  // canonical
+    CheckedSpec checked;
+    absl::Time first_arrival;
+    std::vector<bool> arrived;        // by rank
+    std::vector<PendingCall*> calls;  // arrival order
+    int64_t sequences = 0;
+  };
+  struct Group {
+    std::map<uint64_t, std::unique_ptr<Step>> pending;
+    std::deque<uint64_t> answered;  // most recent last
+    std::vector<bool> seen;         // ranks that have sent a Plan request
+    int32_t ranks_seen = 0;
+    uint64_t steps_planned = 0;
+    uint64_t last_step = 0;
+    int32_t world_size = 0;
+    std::string topology;
+    bool has_balance = false;
+    v1::Balance last_balance;
+  };
+  struct Job {
+    std::map<std::string, Group> groups;
+    absl::Time last_activity;
+    int32_t pending = 0;
+  };
+
+  // Finds or creates the job and group of `spec`.
+  absl::StatusOr<Group*> FindOrCreateGroup(const v1::StepSpec& spec, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ServiceLimits limits_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  int32_t pending_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_SERVER_RENDEZVOUS_H_

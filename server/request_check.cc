@@ -1,0 +1,128 @@
+#include "server/request_check.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "planner/status_macros.h"
+
+namespace knapformer {
+namespace {
+
+constexpr size_t kMaxIdLength = 128;
+
+bool IsIdChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         c == '.' || c == '_' || c == ':' || c == '/' || c == '-';
+}
+
+absl::Status CheckId(const char* field, const std::string& id, bool may_be_empty) {
+  if (id.empty() && !may_be_empty) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
+  }
+  if (id.size() > kMaxIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", id.size(),
+                                                   " characters exceed the limit of ",
+                                                   kMaxIdLength));
+  }
+  for (size_t i = 0; i < id.size(); ++i) {
+    if (!IsIdChar(id[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": character ", i, " is not one of [A-Za-z0-9._:/-]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Prefixed(const char* prefix, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+}
+
+// Lengths of one rank: count within the per-rank limit, each in [0, kMaxLength].
+template <typename Lengths>
+absl::Status CheckLengths(const std::string& field, const Lengths& lengths,
+                          const ServiceLimits& limits) {
+  if (lengths.size() > limits.max_sequences_per_rank) {
+    return absl::ResourceExhaustedError(absl::StrCat(field, ": ", lengths.size(),
+                                                     " sequences exceed the limit of ",
+                                                     limits.max_sequences_per_rank,
+                                                     " per rank"));
+  }
+  for (int i = 0; i < lengths.size(); ++i) {
+    const int64_t length = lengths.Get(i);
+    if (length < 0 || length > CostModel::kMaxLength) {
+      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "]: ", length,
+                                                     " is outside [0, ",
+                                                     CostModel::kMaxLength, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckJobId(const std::string& job_id) {
+  return CheckId("spec.job_id", job_id, /*may_be_empty=*/false);
+}
+
+absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const ServiceLimits& limits) {
+  KF_RETURN_IF_ERROR(CheckJobId(spec.job_id()));
+  KF_RETURN_IF_ERROR(CheckId("spec.group_id", spec.group_id(), /*may_be_empty=*/true));
+  if (spec.world_size() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.world_size: must be at least 1, got ", spec.world_size()));
+  }
+  if (spec.world_size() > limits.max_world_size) {
+    return absl::ResourceExhaustedError(absl::StrCat("spec.world_size: ", spec.world_size(),
+                                                     " exceeds the server's limit of ",
+                                                     limits.max_world_size, " ranks"));
+  }
+  if (spec.token_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.token_bytes: must be >= 0, got ", spec.token_bytes()));
+  }
+  auto topology = Topology::Parse(spec.topology());
+  if (!topology.ok()) return Prefixed("spec.topology: ", topology.status());
+  auto world = World::Create(*std::move(topology), spec.world_size());
+  if (!world.ok()) return Prefixed("spec.", world.status());
+  auto cost = CostModel::Create(spec.d_model(), spec.gamma());
+  if (!cost.ok()) return Prefixed("spec.", cost.status());
+  return CheckedSpec{*std::move(world), *cost};
+}
+
+absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
+                                             const ServiceLimits& limits) {
+  KF_ASSIGN_OR_RETURN(CheckedSpec checked, CheckStepSpec(request.spec(), limits));
+  if (request.rank() < 0 || request.rank() >= request.spec().world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", request.rank(),
+                                                   " is outside [0, world_size = ",
+                                                   request.spec().world_size(), ")"));
+  }
+  KF_RETURN_IF_ERROR(CheckLengths("sequence_lengths", request.sequence_lengths(), limits));
+  return checked;
+}
+
+absl::StatusOr<CheckedSpec> CheckPlanGroupRequest(const v1::PlanGroupRequest& request,
+                                                  const ServiceLimits& limits) {
+  KF_ASSIGN_OR_RETURN(CheckedSpec checked, CheckStepSpec(request.spec(), limits));
+  if (request.ranks_size() != request.spec().world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ranks: ", request.ranks_size(),
+                                                   " entries, but world_size is ",
+                                                   request.spec().world_size()));
+  }
+  int64_t sequences = 0;
+  for (int r = 0; r < request.ranks_size(); ++r) {
+    const auto& lengths = request.ranks(r).sequence_lengths();
+    KF_RETURN_IF_ERROR(
+        CheckLengths(absl::StrCat("ranks[", r, "].sequence_lengths"), lengths, limits));
+    sequences += lengths.size();
+  }
+  if (sequences > limits.max_sequences_per_step) {
+    return absl::ResourceExhaustedError(absl::StrCat("ranks: ", sequences,
+                                                     " sequences exceed the limit of ",
+                                                     limits.max_sequences_per_step,
+                                                     " per step"));
+  }
+  return checked;
+}
+
+}  // namespace knapformer

@@ -1,0 +1,42 @@
+#ifndef KNAPFORMER_SERVER_SERVICE_LIMITS_H_
+#define KNAPFORMER_SERVER_SERVICE_LIMITS_H_
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+
+namespace knapformer {
+
+// Bounds on what one planner server accepts and keeps. Each has a flag in
+// `knapformer serve`; exceeding one is RESOURCE_EXHAUSTED (a count or size)
+// or DEADLINE_EXCEEDED (the rendezvous timeout), with a message naming it.
+struct ServiceLimits {
+  // Ranks in one group. Memory per pending step is O(world_size / 8) bytes
+  // plus the requests themselves.
+  int32_t max_world_size = 16384;
+  // Sequences in one rank's request, and in one step of a group (summed
+  // over its ranks, or in one PlanGroup request).
+  int64_t max_sequences_per_rank = 1 << 16;
+  int64_t max_sequences_per_step = 1 << 22;
+  // Steps waiting for ranks, over all jobs. A client that pipelines k steps
+  // ahead holds k per group.
+  int32_t max_pending_steps = 1024;
+  // Jobs the server tracks at once (state and metric labels), and groups per job.
+  int32_t max_jobs = 256;
+  int32_t max_groups_per_job = 1024;
+  // Largest request gRPC accepts (bytes).
+  int32_t max_message_bytes = 64 << 20;
+  // A step not complete this long after its first request fails every waiting
+  // rank with DEADLINE_EXCEEDED.
+  absl::Duration rendezvous_timeout = absl::Seconds(60);
+  // A job without requests for this long, and with no pending step, is
+  // forgotten (its state and its metric series).
+  absl::Duration job_ttl = absl::Hours(1);
+  // Answered steps remembered per group, so a repeated request for one of them
+  // gets ALREADY_EXISTS instead of opening a rendezvous that never completes.
+  int32_t remembered_steps = 64;
+};
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_SERVER_SERVICE_LIMITS_H_

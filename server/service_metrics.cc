@@ -1,0 +1,215 @@
+#include "server/service_metrics.h"
+
+#include <utility>
+
+#include "prometheus/metric_family.h"
+
+namespace knapformer {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+const prometheus::Histogram::BucketBoundaries kPlanningBuckets = {
+    1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 3, 10};
+const prometheus::Histogram::BucketBoundaries kWaitBuckets = {
+    1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 3, 10, 30, 100};
+
+// Gauges read from the rendezvous at scrape time.
+class GroupGaugeCollector final : public prometheus::Collectable {
+ public:
+  explicit GroupGaugeCollector(const Rendezvous* rendezvous) : rendezvous_(rendezvous) {}
+
+  std::vector<MetricFamily> Collect() const override {
+    const std::vector<GroupGauges> groups = rendezvous_->Gauges();
+    std::vector<MetricFamily> families;
+    auto family = [&](const char* name, const char* help) -> MetricFamily& {
+      families.push_back(MetricFamily{name, help, MetricType::Gauge, {}});
+      return families.back();
+    };
+    auto add = [](MetricFamily& f, const GroupGauges& g, double value) {
+      ClientMetric m;
+      m.label = {{"group", g.group_id}, {"job", g.job_id}};
+      m.gauge.value = value;
+      f.metric.push_back(std::move(m));
+    };
+    MetricFamily& jobs = family("knapformer_planner_jobs", "Jobs the planner tracks.");
+    ClientMetric count;
+    count.gauge.value = rendezvous_->jobs();
+    jobs.metric.push_back(count);
+
+    MetricFamily& pending =
+        family("knapformer_planner_pending_steps", "Steps waiting for ranks, per group.");
+    for (const GroupGauges& g : groups) add(pending, g, g.pending_steps);
+    MetricFamily& seen = family("knapformer_planner_ranks_seen",
+                                "Distinct ranks that have sent a Plan request, per group.");
+    for (const GroupGauges& g : groups) add(seen, g, g.ranks_seen);
+
+    struct Ratio {
+      const char* name;
+      const char* help;
+      double (v1::Balance::*get)() const;
+    };
+    const Ratio ratios[] = {
+        {"knapformer_planner_wir_before_ratio",
+         "Workload imbalance ratio (max/min per GPU) of the last planned step without "
+         "balancing.",
+         &v1::Balance::wir_before},
+        {"knapformer_planner_wir_after_ratio",
+         "Workload imbalance ratio (max/min per GPU) of the last planned step's plan.",
+         &v1::Balance::wir_after},
+        {"knapformer_planner_max_over_mean_before_ratio",
+         "Max over mean per-GPU workload of the last planned step without balancing.",
+         &v1::Balance::max_over_mean_before},
+        {"knapformer_planner_max_over_mean_after_ratio",
+         "Max over mean per-GPU workload of the last planned step's plan.",
+         &v1::Balance::max_over_mean_after},
+    };
+    for (const Ratio& ratio : ratios) {
+      MetricFamily& f = family(ratio.name, ratio.help);
+      for (const GroupGauges& g : groups) {
+        if (g.has_balance) add(f, g, (g.last_balance.*ratio.get)());
+      }
+    }
+    return families;
+  }
+
+ private:
+  const Rendezvous* rendezvous_;
+};
+
+}  // namespace
+
+struct ServiceMetrics::JobSeries {
+  std::string job;
+  absl::Time last_use;
+  std::map<std::pair<std::string, absl::StatusCode>, prometheus::Counter*> requests;
+  prometheus::Counter* steps;
+  prometheus::Counter* timeouts;
+  prometheus::Counter* tokens;
+  prometheus::Counter* moved_tokens;
+  prometheus::Counter* moved_bytes;
+  prometheus::Histogram* planning_seconds;
+  prometheus::Histogram* wait_seconds;
+};
+
+ServiceMetrics::ServiceMetrics(const Rendezvous* rendezvous, int32_t max_jobs)
+    : max_jobs_(max_jobs),
+      registry_(std::make_shared<prometheus::Registry>()),
+      gauges_(std::make_shared<GroupGaugeCollector>(rendezvous)),
+      requests_(prometheus::BuildCounter()
+                    .Name("knapformer_planner_requests_total")
+                    .Help("Planner RPCs answered, by method and gRPC status code.")
+                    .Register(*registry_)),
+      steps_(prometheus::BuildCounter()
+                 .Name("knapformer_planner_steps_total")
+                 .Help("Steps planned (Plan rendezvous completed or PlanGroup answered).")
+                 .Register(*registry_)),
+      timeouts_(prometheus::BuildCounter()
+                    .Name("knapformer_planner_rendezvous_timeouts_total")
+                    .Help("Steps failed because ranks were missing at the rendezvous timeout.")
+                    .Register(*registry_)),
+      tokens_(prometheus::BuildCounter()
+                  .Name("knapformer_planner_tokens_total")
+                  .Help("Tokens in planned steps.")
+                  .Register(*registry_)),
+      moved_tokens_(prometheus::BuildCounter()
+                        .Name("knapformer_planner_moved_tokens_total")
+                        .Help("Tokens the planned routes send to another rank (the reverse "
+                              "route sends them back again).")
+                        .Register(*registry_)),
+      moved_bytes_(prometheus::BuildCounter()
+                       .Name("knapformer_planner_moved_bytes_total")
+                       .Help("Bytes the planned routes send to another rank, from the "
+                             "clients' token_bytes.")
+                       .Register(*registry_)),
+      planning_seconds_(prometheus::BuildHistogram()
+                            .Name("knapformer_planner_planning_duration_seconds")
+                            .Help("Time to solve one step's plan.")
+                            .Register(*registry_)),
+      wait_seconds_(prometheus::BuildHistogram()
+                        .Name("knapformer_planner_rendezvous_wait_seconds")
+                        .Help("Time from a step's first rank request to its last.")
+                        .Register(*registry_)) {}
+
+ServiceMetrics::~ServiceMetrics() = default;
+
+ServiceMetrics::JobSeries& ServiceMetrics::Series(const std::string& job, absl::Time now) {
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) {
+    if (!job.empty() && static_cast<int32_t>(jobs_.size()) >= max_jobs_) {
+      return Series("", now);
+    }
+    auto series = std::make_unique<JobSeries>();
+    const prometheus::Labels labels = {{"job", job}};
+    series->job = job;
+    series->steps = &steps_.Add(labels);
+    series->timeouts = &timeouts_.Add(labels);
+    series->tokens = &tokens_.Add(labels);
+    series->moved_tokens = &moved_tokens_.Add(labels);
+    series->moved_bytes = &moved_bytes_.Add(labels);
+    series->planning_seconds = &planning_seconds_.Add(labels, kPlanningBuckets);
+    series->wait_seconds = &wait_seconds_.Add(labels, kWaitBuckets);
+    it = jobs_.emplace(job, std::move(series)).first;
+  }
+  it->second->last_use = now;
+  return *it->second;
+}
+
+void ServiceMetrics::RemoveSeries(JobSeries& series) {
+  for (auto& [key, counter] : series.requests) requests_.Remove(counter);
+  steps_.Remove(series.steps);
+  timeouts_.Remove(series.timeouts);
+  tokens_.Remove(series.tokens);
+  moved_tokens_.Remove(series.moved_tokens);
+  moved_bytes_.Remove(series.moved_bytes);
+  planning_seconds_.Remove(series.planning_seconds);
+  wait_seconds_.Remove(series.wait_seconds);
+}
+
+void ServiceMetrics::CountRequest(const std::string& job, const char* method,
+                                  absl::StatusCode code, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  JobSeries& series = Series(job, now);
+  auto key = std::make_pair(std::string(method), code);
+  auto it = series.requests.find(key);
+  if (it == series.requests.end()) {
+    prometheus::Counter* counter = &requests_.Add({{"job", series.job},
+                                                   {"method", method},
+                                                   {"code", absl::StatusCodeToString(code)}});
+    it = series.requests.emplace(key, counter).first;
+  }
+  it->second->Increment();
+}
+
+void ServiceMetrics::RecordStep(const std::string& job, const v1::Balance& balance,
+                                double plan_seconds, double wait_seconds, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  JobSeries& series = Series(job, now);
+  series.steps->Increment();
+  series.tokens->Increment(static_cast<double>(balance.total_tokens()));
+  series.moved_tokens->Increment(static_cast<double>(balance.moved_tokens()));
+  series.moved_bytes->Increment(static_cast<double>(balance.moved_bytes()));
+  series.planning_seconds->Observe(plan_seconds);
+  if (wait_seconds >= 0) series.wait_seconds->Observe(wait_seconds);
+}
+
+void ServiceMetrics::CountTimeout(const std::string& job, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  Series(job, now).timeouts->Increment();
+}
+
+void ServiceMetrics::DropIdleJobs(absl::Time now, absl::Duration ttl) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    if (it->second->last_use + ttl <= now) {
+      RemoveSeries(*it->second);
+      it = jobs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace knapformer
