@@ -89,7 +89,9 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
         "--listen: cannot serve on '", options.listen_address,
         "' (malformed address, or the port is in use)"));
   }
-  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
+  health->SetServingStatus(true);
+  health->SetServingStatus(v1::Planner::service_full_name(), true);
 
   if (!options.metrics_address.empty()) {
     try {

@@ -2,6 +2,7 @@
 //   knapformer plan --input FILE|- [--rank R]
 //   knapformer simulate [--data D] [--world W] [--topology T[,T...]] [--steps N]
 //                       [--seed S] [--d-model D] [--gamma G]
+//   knapformer serve [--listen ADDR] [--metrics ADDR] ... (see tools/serve.cc)
 // Exit codes: 0 success, 2 bad input (one line on stderr naming the field),
 // 1 internal error.
 
@@ -23,6 +24,7 @@
 #include "planner/validate.h"
 #include "tools/args.h"
 #include "tools/plan_json.h"
+#include "tools/serve.h"
 #include "tools/simulate.h"
 
 namespace knapformer {
@@ -41,6 +43,9 @@ constexpr char kUsage[] =
     "            Balance the paper's synthetic data streams and print WIR before and\n"
     "            after, max/mean, the lower bound and the planning time.\n"
     "            --data takes low-res, mixed-res, joint or codes g{G}b{B}i{R}f{F}s{S},...\n";
+
+// The usage text: the planner commands, then serve's.
+void PrintUsage(std::ostream& out) { out << kUsage << kServeUsage; }
 
 int Fail(const absl::Status& status) {
   std::cerr << "knapformer: " << status.message() << "\n";
@@ -135,13 +140,14 @@ int RunSimulate(const std::vector<std::string>& argv) {
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
-    std::cout << knapformer::kUsage;
+    knapformer::PrintUsage(std::cout);
     return args.empty() ? 2 : 0;
   }
   const std::string command = args[0];
   args.erase(args.begin());
   if (command == "plan") return knapformer::RunPlan(args);
   if (command == "simulate") return knapformer::RunSimulate(args);
-  std::cerr << "knapformer: unknown command '" << command << "' (plan, simulate, help)\n";
+  if (command == "serve") return knapformer::RunServe(args);
+  std::cerr << "knapformer: unknown command '" << command << "' (plan, simulate, serve, help)\n";
   return 2;
 }

@@ -1,0 +1,824 @@
+// The planner service under load: R ranks of one group over 127.0.0.1.
+//
+// Figures only, nothing is asserted. The server (knapformer::PlannerServer)
+// runs in a child process forked before this process creates any gRPC object,
+// so that its CPU time can be read from /proc/<pid>/stat on its own. The
+// client plays every rank of one group with gRPC's callback API over 8
+// channels (8 TCP connections), each step sending the R Plan requests of the
+// paper's synthetic mixed-resolution stream and waiting for the R answers.
+//
+// Per R, after the warm-up steps:
+//   steps/s         measured steps / their summed step latency
+//   p50, p99        step latency: from just before the first request is sent
+//                   to the arrival of the last answer (building the requests
+//                   is not timed)
+//   server CPU      the child's utime+stime over the measured steps, per step
+//                   (clock-tick resolution: 1/sysconf(_SC_CLK_TCK) s in total)
+//   core solve      BalanceGreedy on the same batches in this process, median
+//   client CPU      this process's CPU over the measured steps, per step
+//   plan_micros     the server's own solve time as it reports it, median
+//
+//   bazel build -c opt //bench:service_load_bench
+//   bazel-bin/bench/service_load_bench --ranks 32,256,1024,4096 --steps 100 --warmup 5
+//
+// Defaults: ranks 32,256,1024,4096, 100 steps (30 at 4096 ranks unless
+// --steps is given), 5 warm-up steps. Exits non-zero if any call fails.
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "knapformer/v1/planner.grpc.pb.h"
+#include "planner/balancer.h"
+#include "planner/cost_model.h"
+#include "planner/data_stream.h"
+#include "planner/topology.h"
+#include "server/planner_server.h"
+
+namespace knapformer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kScenario[] = "mixed-res";
+constexpr uint64_t kStreamSeed = 0;
+constexpr int32_t kDModel = 3072;
+constexpr double kGamma = 0.49;
+constexpr int64_t kTokenBytes = int64_t{kDModel} * 2;  // bf16 hidden states
+constexpr int kChannels = 8;
+constexpr char kChannelIndexArg[] = "knapformer.channel_index";
+
+constexpr int64_t kDefaultSteps = 100;
+constexpr int64_t kDefaultStepsAt4096 = 30;
+constexpr int64_t kDefaultWarmup = 5;
+const std::vector<int64_t> kDefaultRanks = {32, 256, 1024, 4096};
+
+// Server side.
+constexpr int32_t kMaxWorldSize = 16384;
+constexpr absl::Duration kRendezvousTimeout = absl::Seconds(120);
+constexpr absl::Duration kServerShutdownGrace = absl::Seconds(2);
+
+// Bounds on every wait of the client.
+constexpr absl::Duration kCallDeadline = absl::Seconds(60);
+constexpr absl::Duration kStepWait = kCallDeadline + absl::Seconds(30);
+constexpr absl::Duration kCancelWait = absl::Seconds(30);
+constexpr int kPortWaitMs = 30000;
+constexpr int kConnectWaitSeconds = 10;
+constexpr int kChildExitWaitMs = 15000;
+
+// ---------------------------------------------------------------------------
+// Flags.
+
+struct Flags {
+  std::vector<int64_t> ranks = kDefaultRanks;
+  int64_t steps = kDefaultSteps;
+  bool steps_given = false;
+  int64_t warmup = kDefaultWarmup;
+};
+
+void PrintUsage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s [--ranks 32,256,1024,4096] [--steps 100] [--warmup 5]\n"
+               "  --ranks   comma-separated group sizes (multiples of 32)\n"
+               "  --steps   measured steps per group size (default 100, 30 at 4096 ranks)\n"
+               "  --warmup  unmeasured steps before them (default 5)\n",
+               argv0);
+}
+
+bool ParsePositive(const std::string& text, int64_t min_value, int64_t* out) {
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value < min_value) return false;
+  *out = value;
+  return true;
+}
+
+// Returns false (after printing why) on a bad command line.
+bool ParseFlags(int argc, char** argv, Flags* flags) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") return false;
+    std::string name = arg;
+    std::string value;
+    bool has_value = false;
+    const size_t eq = arg.find('=');
+    if (eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_value = true;
+    }
+    if (name != "--ranks" && name != "--steps" && name != "--warmup") {
+      std::fprintf(stderr, "unknown flag '%s'\n", arg.c_str());
+      return false;
+    }
+    if (!has_value) {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", name.c_str());
+        return false;
+      }
+      value = argv[++i];
+    }
+    if (name == "--ranks") {
+      flags->ranks.clear();
+      for (absl::string_view piece : absl::StrSplit(value, ',')) {
+        int64_t r = 0;
+        if (!ParsePositive(std::string(piece), 1, &r) || r > kMaxWorldSize) {
+          std::fprintf(stderr, "--ranks: '%s' is not a rank count in [1, %d]\n",
+                       std::string(piece).c_str(), kMaxWorldSize);
+          return false;
+        }
+        flags->ranks.push_back(r);
+      }
+    } else if (name == "--steps") {
+      if (!ParsePositive(value, 1, &flags->steps)) {
+        std::fprintf(stderr, "--steps: '%s' is not a positive integer\n", value.c_str());
+        return false;
+      }
+      flags->steps_given = true;
+    } else {
+      if (!ParsePositive(value, 0, &flags->warmup)) {
+        std::fprintf(stderr, "--warmup: '%s' is not a non-negative integer\n",
+                     value.c_str());
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// The server's child process.
+
+// Runs in the child, which has no threads yet. Never returns.
+[[noreturn]] void RunServerChild(pid_t parent, int port_fd, int stop_fd) {
+  // SIGTERM is taken through a signalfd, so it is blocked before the server
+  // starts any thread (threads inherit the mask). The parent's death is seen
+  // as EOF on stop_fd, and also turned into a SIGTERM.
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  sigprocmask(SIG_BLOCK, &term, nullptr);
+  const int signal_fd = signalfd(-1, &term, SFD_CLOEXEC);
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent) _exit(1);
+
+  PlannerServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_address.clear();
+  options.service.limits.max_world_size = kMaxWorldSize;
+  options.service.limits.rendezvous_timeout = kRendezvousTimeout;
+  absl::StatusOr<std::unique_ptr<PlannerServer>> server = PlannerServer::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "server child: %s\n", server.status().ToString().c_str());
+    _exit(1);
+  }
+  const int32_t port = (*server)->port();
+  if (write(port_fd, &port, sizeof(port)) != static_cast<ssize_t>(sizeof(port))) _exit(1);
+  close(port_fd);
+
+  while (true) {
+    pollfd fds[2] = {{stop_fd, POLLIN, 0}, {signal_fd, POLLIN, 0}};
+    const int n = poll(fds, signal_fd >= 0 ? 2 : 1, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    if (fds[1].revents != 0) break;  // SIGTERM
+    if (fds[0].revents != 0) {
+      char byte;
+      const ssize_t got = read(stop_fd, &byte, 1);
+      if (got < 0 && errno == EINTR) continue;
+      break;  // EOF (the parent closed its end or died) or anything written
+    }
+  }
+  (*server)->Shutdown(kServerShutdownGrace);
+  _exit(0);
+}
+
+std::string DescribeWaitStatus(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)),
+                        ")", WCOREDUMP(status) ? ", core dumped" : "");
+  }
+  return absl::StrCat("wait status ", status);
+}
+
+// The server child: started before any gRPC object exists in this process,
+// stopped (and reaped, killed if need be) on every way out.
+class ServerProcess {
+ public:
+  ServerProcess() = default;
+  ~ServerProcess() { Stop(); }
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+
+  // Forks the child and waits (bounded) for its port. False after printing why.
+  bool Start() {
+    int port_pipe[2];
+    int stop_pipe[2];
+    if (pipe2(port_pipe, O_CLOEXEC) != 0) {
+      std::perror("pipe");
+      return false;
+    }
+    if (pipe2(stop_pipe, O_CLOEXEC) != 0) {
+      std::perror("pipe");
+      close(port_pipe[0]);
+      close(port_pipe[1]);
+      return false;
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("fork");
+      for (int fd : {port_pipe[0], port_pipe[1], stop_pipe[0], stop_pipe[1]}) close(fd);
+      return false;
+    }
+    if (pid == 0) {
+      close(port_pipe[0]);
+      close(stop_pipe[1]);
+      RunServerChild(parent, port_pipe[1], stop_pipe[0]);
+    }
+    pid_ = pid;
+    close(port_pipe[1]);
+    close(stop_pipe[0]);
+    stop_fd_ = stop_pipe[1];
+
+    int32_t port = 0;
+    size_t have = 0;
+    const Clock::time_point until = Clock::now() + std::chrono::milliseconds(kPortWaitMs);
+    while (have < sizeof(port)) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            until - Clock::now()).count();
+      if (left <= 0) break;
+      pollfd fd = {port_pipe[0], POLLIN, 0};
+      const int n = poll(&fd, 1, static_cast<int>(left));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      const ssize_t got = read(port_pipe[0], reinterpret_cast<char*>(&port) + have,
+                               sizeof(port) - have);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) break;
+      have += static_cast<size_t>(got);
+    }
+    close(port_pipe[0]);
+    if (have != sizeof(port) || port <= 0) {
+      std::fprintf(stderr, "server child %d did not report a port within %d ms (%s)\n",
+                   static_cast<int>(pid_), kPortWaitMs, Stop().c_str());
+      return false;
+    }
+    port_ = port;
+    return true;
+  }
+
+  pid_t pid() const { return pid_; }
+  int port() const { return port_; }
+
+  // utime + stime of the child (all its threads), seconds; nullopt if gone.
+  std::optional<double> CpuSeconds() const {
+    if (pid_ <= 0 || reaped_) return std::nullopt;
+    std::ifstream in(absl::StrCat("/proc/", pid_, "/stat"));
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = text.rfind(')');
+    if (paren == std::string::npos) return std::nullopt;
+    // After "pid (comm)": field 3 (state) onwards; utime and stime are 14, 15.
+    std::istringstream fields(text.substr(paren + 1));
+    std::string skip;
+    for (int field = 3; field <= 13; ++field) fields >> skip;
+    unsigned long long utime = 0, stime = 0;
+    if (!(fields >> utime >> stime)) return std::nullopt;
+    return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+
+  // Empty while the child runs; how it ended once it has (reaping it).
+  std::string ExitIfEnded() {
+    if (pid_ <= 0) return "not started";
+    if (reaped_) return how_;
+    int status = 0;
+    const pid_t got = waitpid(pid_, &status, WNOHANG);
+    if (got == pid_) {
+      reaped_ = true;
+      how_ = DescribeWaitStatus(status);
+      return how_;
+    }
+    return "";
+  }
+
+  // Asks the child to stop (closes the pipe), waits up to kChildExitWaitMs,
+  // then kills it. Returns how it ended. Idempotent.
+  std::string Stop() {
+    if (pid_ <= 0) return "not started";
+    if (stop_fd_ >= 0) {
+      close(stop_fd_);
+      stop_fd_ = -1;
+    }
+    const Clock::time_point until = Clock::now() + std::chrono::milliseconds(kChildExitWaitMs);
+    while (!reaped_) {
+      if (!ExitIfEnded().empty()) break;
+      if (Clock::now() >= until) {
+        kill(pid_, SIGKILL);
+        int status = 0;
+        while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+        }
+        reaped_ = true;
+        how_ = absl::StrCat("did not exit within ", kChildExitWaitMs,
+                            " ms of being asked to, killed (", DescribeWaitStatus(status), ")");
+        break;
+      }
+      usleep(10 * 1000);
+    }
+    return how_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  int stop_fd_ = -1;
+  bool reaped_ = false;
+  std::string how_;
+};
+
+double SelfCpuSeconds() {
+  rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+int AvailableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+// ---------------------------------------------------------------------------
+// Statistics.
+
+// Nearest-rank percentile of unsorted samples, q in (0, 1].
+double Percentile(std::vector<double> samples, double q) {
+  if (samples.empty()) return NAN;
+  std::sort(samples.begin(), samples.end());
+  size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(samples.size())));
+  rank = std::clamp<size_t>(rank, 1, samples.size());
+  return samples[rank - 1];
+}
+
+double Median(std::vector<double> samples) {
+  if (samples.empty()) return NAN;
+  std::sort(samples.begin(), samples.end());
+  const size_t n = samples.size();
+  return n % 2 == 1 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+}
+
+// ---------------------------------------------------------------------------
+// One step: R calls in flight, answered through callbacks.
+
+struct StepCalls {
+  explicit StepCalls(size_t ranks)
+      : requests(ranks), responses(ranks), contexts(ranks), statuses(ranks) {}
+
+  std::vector<v1::PlanRequest> requests;
+  std::vector<v1::PlanResponse> responses;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<grpc::Status> statuses;  // written by each call's callback
+
+  absl::Mutex mu;
+  size_t done ABSL_GUARDED_BY(mu) = 0;
+  Clock::time_point last_answer ABSL_GUARDED_BY(mu);
+};
+
+struct StepResult {
+  bool all_done = false;  // false: calls still in flight, nothing may be freed
+  double latency_ms = 0;
+  int64_t failed = 0;
+  std::map<int, int64_t> codes;          // failed calls by status code
+  std::map<int, std::string> first_msg;  // first message per code
+  int64_t wrong_answer = 0;              // OK, but rank or step not the one asked
+  std::string first_wrong;
+  int64_t plan_micros = -1;              // server-reported solve time
+};
+
+const char* CodeName(int code) {
+  static const char* const kNames[] = {
+      "OK",           "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS",    "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",    "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",       "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  return code >= 0 && code < 17 ? kNames[code] : "?";
+}
+
+class LoadClient {
+ public:
+  explicit LoadClient(int port) {
+    const std::string target = absl::StrCat("127.0.0.1:", port);
+    for (int i = 0; i < kChannels; ++i) {
+      grpc::ChannelArguments args;
+      // Distinct arguments: a channel of its own, hence a TCP connection of its own.
+      args.SetInt(kChannelIndexArg, i);
+      args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+      channels_.push_back(
+          grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+      stubs_.push_back(v1::Planner::NewStub(channels_.back()));
+    }
+  }
+
+  // False (after printing why) unless every channel connects in time.
+  bool Connect() {
+    const auto deadline =
+        std::chrono::system_clock::now() + std::chrono::seconds(kConnectWaitSeconds);
+    for (int i = 0; i < kChannels; ++i) {
+      if (!channels_[i]->WaitForConnected(deadline)) {
+        std::fprintf(stderr, "channel %d did not connect within %d s\n", i,
+                     kConnectWaitSeconds);
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Sends every request of `calls` (already built), waits for every answer.
+  StepResult Run(StepCalls& calls, uint64_t step) {
+    const size_t n = calls.requests.size();
+    const auto deadline =
+        std::chrono::system_clock::now() + absl::ToChronoNanoseconds(kCallDeadline);
+    for (size_t r = 0; r < n; ++r) {
+      calls.contexts[r] = std::make_unique<grpc::ClientContext>();
+      calls.contexts[r]->set_deadline(deadline);
+    }
+    StepCalls* const c = &calls;
+    const Clock::time_point start = Clock::now();
+    for (size_t r = 0; r < n; ++r) {
+      stubs_[r % kChannels]->async()->Plan(calls.contexts[r].get(), &calls.requests[r],
+                                           &calls.responses[r],
+                                           [c, r, n](grpc::Status status) {
+                                             c->statuses[r] = std::move(status);
+                                             const Clock::time_point now = Clock::now();
+                                             absl::MutexLock lock(&c->mu);
+                                             if (++c->done == n) c->last_answer = now;
+                                           });
+    }
+
+    StepResult result;
+    auto all_done = [c, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) { return c->done == n; };
+    {
+      absl::MutexLock lock(&calls.mu);
+      result.all_done = calls.mu.AwaitWithTimeout(absl::Condition(&all_done), kStepWait);
+    }
+    if (!result.all_done) {
+      size_t done;
+      {
+        absl::MutexLock lock(&calls.mu);
+        done = calls.done;
+      }
+      std::fprintf(stderr,
+                   "step %llu: only %zu of %zu answers after %s; cancelling the rest\n",
+                   static_cast<unsigned long long>(step), done, n,
+                   absl::FormatDuration(kStepWait).c_str());
+      for (auto& context : calls.contexts) context->TryCancel();
+      absl::MutexLock lock(&calls.mu);
+      result.all_done = calls.mu.AwaitWithTimeout(absl::Condition(&all_done), kCancelWait);
+      if (!result.all_done) return result;
+    }
+    {
+      absl::MutexLock lock(&calls.mu);
+      result.latency_ms =
+          std::chrono::duration<double, std::milli>(calls.last_answer - start).count();
+    }
+    for (size_t r = 0; r < n; ++r) {
+      const grpc::Status& status = calls.statuses[r];
+      if (!status.ok()) {
+        ++result.failed;
+        const int code = static_cast<int>(status.error_code());
+        if (result.codes[code]++ == 0) {
+          result.first_msg[code] = absl::StrCat("rank ", r, ": ", status.error_message());
+        }
+        continue;
+      }
+      const v1::PlanResponse& response = calls.responses[r];
+      if (response.plan().rank() != static_cast<int32_t>(r) || response.step() != step) {
+        if (result.wrong_answer++ == 0) {
+          result.first_wrong = absl::StrCat("rank ", r, " step ", step, " got plan.rank ",
+                                            response.plan().rank(), " step ", response.step());
+        }
+        continue;
+      }
+      if (result.plan_micros < 0) result.plan_micros = response.balance().plan_micros();
+    }
+    return result;
+  }
+
+ private:
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<v1::Planner::Stub>> stubs_;
+};
+
+// ---------------------------------------------------------------------------
+// One group size.
+
+struct Problem {
+  int64_t ranks = 0;
+  std::string topology;
+  DataStream stream;
+  World world;
+  CostModel cost;
+};
+
+int64_t BlockGpus(const std::vector<DataCode>& codes) {
+  int64_t block = 0;
+  for (const DataCode& code : codes) block += code.gpus;
+  return block;
+}
+
+// The problem at `requested` ranks, or at the nearest valid size (printing
+// what was used) when the stream or the topology rejects it.
+absl::StatusOr<Problem> MakeProblem(const std::vector<DataCode>& codes, int64_t requested) {
+  int64_t ranks = requested;
+  // The topology g1n{R/2}+g2n{R/8}+g4n{R/16} needs R % 16 == 0; the stream a
+  // multiple of its block. Both hold at multiples of lcm(block, 16).
+  if (!DataStream::Create(codes, ranks, kStreamSeed).ok() || ranks % 16 != 0) {
+    const int64_t block = BlockGpus(codes);
+    int64_t unit = block;
+    while (unit % 16 != 0) unit += block;
+    ranks = std::max<int64_t>(unit, (requested + unit / 2) / unit * unit);
+    while (ranks > kMaxWorldSize) ranks -= unit;
+    std::printf("note: %lld ranks is not valid for %s (multiples of %lld); using %lld\n",
+                static_cast<long long>(requested), kScenario, static_cast<long long>(unit),
+                static_cast<long long>(ranks));
+    std::fflush(stdout);
+  }
+  auto stream = DataStream::Create(codes, ranks, kStreamSeed);
+  if (!stream.ok()) return stream.status();
+  const std::string spec =
+      absl::StrCat("g1n", ranks / 2, "+g2n", ranks / 8, "+g4n", ranks / 16);
+  auto topology = Topology::Parse(spec);
+  if (!topology.ok()) return topology.status();
+  auto world = World::Create(*topology, ranks);
+  if (!world.ok()) return world.status();
+  auto cost = CostModel::Create(kDModel, kGamma);
+  if (!cost.ok()) return cost.status();
+  return Problem{ranks, spec, *std::move(stream), *std::move(world), *cost};
+}
+
+void BuildRequests(const Problem& problem, const std::string& job_id, uint64_t step,
+                   StepCalls& calls) {
+  const RankLengths lengths = problem.stream.Batch(static_cast<int64_t>(step));
+  for (int64_t r = 0; r < problem.ranks; ++r) {
+    v1::PlanRequest& request = calls.requests[r];
+    v1::StepSpec* spec = request.mutable_spec();
+    spec->set_job_id(job_id);
+    spec->set_step(step);
+    spec->set_world_size(static_cast<int32_t>(problem.ranks));
+    spec->set_topology(problem.topology);
+    spec->set_d_model(kDModel);
+    spec->set_gamma(kGamma);
+    spec->set_token_bytes(kTokenBytes);
+    request.set_rank(static_cast<int32_t>(r));
+    request.mutable_sequence_lengths()->Add(lengths[r].begin(), lengths[r].end());
+  }
+}
+
+struct Row {
+  int64_t ranks = 0;
+  int64_t steps = 0;  // measured and completed
+  std::vector<double> latency_ms;
+  double server_cpu_ms_per_step = NAN;
+  double client_cpu_ms_per_step = NAN;
+  double core_solve_ms = NAN;
+  std::vector<double> plan_ms;  // server-reported
+  int64_t failed_calls = 0;
+  bool aborted = false;
+};
+
+std::string Fixed(double value, int digits) {
+  if (std::isnan(value)) return "n/a";
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.*f", digits, value);
+  return buffer;
+}
+
+void PrintRow(const Row& row) {
+  double total_ms = 0;
+  for (double ms : row.latency_ms) total_ms += ms;
+  const double steps_per_s =
+      row.latency_ms.empty() ? NAN : 1000.0 * static_cast<double>(row.latency_ms.size()) / total_ms;
+  std::printf("| %lld | %lld%s | %s | %s | %s | %s | %s | %s | %s | %s | %lld |\n",
+              static_cast<long long>(row.ranks), static_cast<long long>(row.steps),
+              row.aborted ? " (aborted)" : "", Fixed(steps_per_s, 1).c_str(),
+              Fixed(Percentile(row.latency_ms, 0.50), 2).c_str(),
+              Fixed(Percentile(row.latency_ms, 0.99), 2).c_str(),
+              Fixed(row.server_cpu_ms_per_step, 2).c_str(), Fixed(row.core_solve_ms, 3).c_str(),
+              Fixed(row.server_cpu_ms_per_step / row.core_solve_ms, 1).c_str(),
+              Fixed(row.client_cpu_ms_per_step, 2).c_str(),
+              Fixed(Median(row.plan_ms), 3).c_str(), static_cast<long long>(row.failed_calls));
+  std::fflush(stdout);
+}
+
+// Reports a failed step on stderr. Returns false if the run cannot go on
+// (calls still in flight).
+void ReportStep(int64_t ranks, uint64_t step, const StepResult& result) {
+  std::string codes;
+  for (const auto& [code, count] : result.codes) {
+    absl::StrAppend(&codes, codes.empty() ? "" : ", ", CodeName(code), " x", count,
+                    " (first: ", result.first_msg.at(code), ")");
+  }
+  std::fprintf(stderr, "R=%lld step %llu: %lld failed calls%s%s; %lld wrong answers%s%s; "
+               "step took %.1f ms\n",
+               static_cast<long long>(ranks), static_cast<unsigned long long>(step),
+               static_cast<long long>(result.failed), codes.empty() ? "" : ": ", codes.c_str(),
+               static_cast<long long>(result.wrong_answer),
+               result.first_wrong.empty() ? "" : ": ", result.first_wrong.c_str(),
+               result.latency_ms);
+  std::fflush(stderr);
+}
+
+enum class Outcome { kOk, kFailed, kStuck };
+
+// Measures one group size. kStuck: calls are still in flight (their buffers
+// cannot be freed), the run must end at once.
+Outcome MeasureRanks(LoadClient& client, ServerProcess& server, const Problem& problem,
+                     int64_t steps, int64_t warmup, Row* row) {
+  row->ranks = problem.ranks;
+  const std::string job_id = absl::StrCat("service-load-bench-r", problem.ranks);
+  const uint64_t total = static_cast<uint64_t>(warmup + steps);
+  std::optional<double> server_cpu_start;
+  double client_cpu_start = 0;
+  Outcome outcome = Outcome::kOk;
+
+  for (uint64_t step = 0; step < total; ++step) {
+    const bool measured = step >= static_cast<uint64_t>(warmup);
+    auto calls = std::make_unique<StepCalls>(static_cast<size_t>(problem.ranks));
+    BuildRequests(problem, job_id, step, *calls);
+    if (measured && step == static_cast<uint64_t>(warmup)) {
+      server_cpu_start = server.CpuSeconds();
+      client_cpu_start = SelfCpuSeconds();
+    }
+    StepResult result = client.Run(*calls, step);
+    if (!result.all_done) {
+      std::fprintf(stderr, "R=%lld step %llu: calls still in flight after cancelling\n",
+                   static_cast<long long>(problem.ranks),
+                   static_cast<unsigned long long>(step));
+      calls.release();  // gRPC may still write into them
+      row->aborted = true;
+      return Outcome::kStuck;
+    }
+    if (result.failed > 0 || result.wrong_answer > 0) {
+      ReportStep(problem.ranks, step, result);
+      row->failed_calls += result.failed + result.wrong_answer;
+      const std::string ended = server.ExitIfEnded();
+      if (!ended.empty()) std::fprintf(stderr, "server child %s\n", ended.c_str());
+      row->aborted = true;
+      outcome = Outcome::kFailed;
+      break;
+    }
+    if (measured) {
+      row->latency_ms.push_back(result.latency_ms);
+      if (result.plan_micros >= 0) row->plan_ms.push_back(1e-3 * result.plan_micros);
+      ++row->steps;
+    }
+  }
+
+  if (row->steps > 0) {
+    const std::optional<double> server_cpu_end = server.CpuSeconds();
+    const double client_cpu_end = SelfCpuSeconds();
+    if (server_cpu_start && server_cpu_end) {
+      row->server_cpu_ms_per_step =
+          1000.0 * (*server_cpu_end - *server_cpu_start) / static_cast<double>(row->steps);
+    }
+    row->client_cpu_ms_per_step =
+        1000.0 * (client_cpu_end - client_cpu_start) / static_cast<double>(row->steps);
+
+    // The planner core on the same batches, in this process (the server is idle).
+    std::vector<double> solve_ms;
+    for (int64_t i = 0; i < row->steps; ++i) {
+      const RankLengths lengths = problem.stream.Batch(warmup + i);
+      const Clock::time_point start = Clock::now();
+      absl::StatusOr<Plan> plan = BalanceGreedy(problem.world, problem.cost, lengths);
+      const Clock::time_point end = Clock::now();
+      if (!plan.ok()) {
+        std::fprintf(stderr, "R=%lld: BalanceGreedy: %s\n",
+                     static_cast<long long>(problem.ranks), plan.status().ToString().c_str());
+        break;
+      }
+      solve_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+    }
+    row->core_solve_ms = Median(solve_ms);
+  }
+  return outcome;
+}
+
+int Main(int argc, char** argv) {
+  Flags flags;
+  if (!ParseFlags(argc, argv, &flags)) {
+    PrintUsage(argv[0]);
+    return 2;
+  }
+  absl::StatusOr<std::vector<DataCode>> codes = ParseDataCodes(ScenarioCodes(kScenario));
+  if (!codes.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kScenario, codes.status().ToString().c_str());
+    return 2;
+  }
+
+  // Before any gRPC object exists in this process.
+  ServerProcess server;
+  if (!server.Start()) return 1;
+
+  std::printf("service_load_bench: nproc %d; server pid %d on 127.0.0.1:%d (in a child "
+              "process); %d channels, callback API, retries off; %s stream seed %llu, "
+              "d_model %d, gamma %.2f; %lld warm-up steps per R; server CPU at 1/%ld s "
+              "resolution over all measured steps\n",
+              AvailableCpus(), static_cast<int>(server.pid()), server.port(), kChannels,
+              kScenario, static_cast<unsigned long long>(kStreamSeed), kDModel, kGamma,
+              static_cast<long long>(flags.warmup), sysconf(_SC_CLK_TCK));
+  std::fflush(stdout);
+
+  int exit_code = 0;
+  {
+    LoadClient client(server.port());
+    if (!client.Connect()) {
+      std::fprintf(stderr, "server child: %s\n", server.Stop().c_str());
+      return 1;
+    }
+    std::printf("\n| ranks | steps | steps/s | p50 (ms) | p99 (ms) | server CPU/step (ms) "
+                "| core solve p50 (ms) | server CPU / solve | client CPU/step (ms) "
+                "| server plan_micros p50 (ms) | failed calls |\n"
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::fflush(stdout);
+    for (const int64_t requested : flags.ranks) {
+      const std::string ended = server.ExitIfEnded();
+      if (!ended.empty()) {
+        std::fprintf(stderr, "server child %s; stopping\n", ended.c_str());
+        exit_code = 1;
+        break;
+      }
+      absl::StatusOr<Problem> problem = MakeProblem(*codes, requested);
+      if (!problem.ok()) {
+        std::fprintf(stderr, "R=%lld: %s\n", static_cast<long long>(requested),
+                     problem.status().ToString().c_str());
+        exit_code = 1;
+        continue;
+      }
+      const int64_t steps = flags.steps_given || problem->ranks < 4096
+                                ? flags.steps
+                                : std::min(flags.steps, kDefaultStepsAt4096);
+      Row row;
+      const Outcome outcome =
+          MeasureRanks(client, server, *problem, steps, flags.warmup, &row);
+      PrintRow(row);
+      if (outcome != Outcome::kOk) exit_code = 1;
+      if (outcome == Outcome::kStuck) {
+        // Calls in flight still point into this process's buffers: end now,
+        // without running gRPC's destructors, after stopping the server.
+        std::fprintf(stderr, "server child: %s\n", server.Stop().c_str());
+        std::fflush(stdout);
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
+    }
+  }  // every channel is closed before the server is asked to stop
+
+  const std::string how = server.Stop();
+  if (how != "exited with status 0") {
+    std::fprintf(stderr, "server child %s\n", how.c_str());
+    exit_code = 1;
+  }
+  return exit_code;
+}
+
+}  // namespace
+}  // namespace knapformer
+
+int main(int argc, char** argv) { return knapformer::Main(argc, argv); }

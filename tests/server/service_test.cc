@@ -1,0 +1,611 @@
+// The planner service in-process over 127.0.0.1: concurrent ranks of several
+// jobs, groups and steps get exactly the planner core's slices; every error
+// status; the rendezvous timeout; cancellation; shutdown and restart; health,
+// GetJob, PlanGroup and TLS.
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "planner/balancer.h"
+#include "planner/validate.h"
+#include "server/plan_proto.h"
+#include "server/planner_server.h"
+#include "tests/server/service_test_util.h"
+
+namespace knapformer {
+namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
+using ::knapformer::testing_util::AsyncPlan;
+using ::knapformer::testing_util::LocalChannel;
+using ::knapformer::testing_util::MakeGroupRequests;
+using ::knapformer::testing_util::MakeRequest;
+using ::knapformer::testing_util::PlanConcurrently;
+using ::knapformer::testing_util::PlanResult;
+using ::knapformer::testing_util::RandomLengths;
+using ::knapformer::testing_util::StepParams;
+using ::testing::HasSubstr;
+
+PlannerServerOptions TestOptions() {
+  PlannerServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.service.solver_threads = 2;
+  options.service.limits.rendezvous_timeout = absl::Seconds(20);
+  return options;
+}
+
+std::unique_ptr<PlannerServer> StartServer(const PlannerServerOptions& options = TestOptions()) {
+  auto server = PlannerServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+// The plan the core computes for the same input.
+Plan CorePlan(const StepParams& params, const RankLengths& lengths) {
+  auto topology = Topology::Parse(params.topology);
+  EXPECT_TRUE(topology.ok());
+  auto world = World::Create(*topology, static_cast<int64_t>(lengths.size()));
+  EXPECT_TRUE(world.ok());
+  auto cost = CostModel::Create(params.d_model, params.gamma);
+  EXPECT_TRUE(cost.ok());
+  auto plan = BalanceGreedy(*world, *cost, lengths);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(ValidatePlan(*plan, *world, lengths).ok());
+  EXPECT_TRUE(ValidateSlices(*plan, lengths).ok());
+  return *std::move(plan);
+}
+
+v1::RankPlan ExpectedSlice(const Plan& plan, int32_t rank) {
+  v1::RankPlan proto;
+  RankPlanToProto(plan.Slice(rank), &proto);
+  return proto;
+}
+
+// Every send in the answers is the matching receive of its peer (a check of
+// the wire data that does not rely on the core's own Slice).
+void ExpectRoutesAgree(const std::vector<v1::RankPlan>& plans) {
+  using Item = std::tuple<int32_t, int32_t, int32_t, int64_t, int64_t>;  // src dst seq off len
+  std::vector<Item> sent, received;
+  for (const v1::RankPlan& p : plans) {
+    for (int i = 0; i < p.sends().peer_size(); ++i) {
+      sent.emplace_back(p.rank(), p.sends().peer(i), p.sends().seq_index(i), p.sends().offset(i),
+                        p.sends().length(i));
+    }
+    for (int i = 0; i < p.recvs().peer_size(); ++i) {
+      received.emplace_back(p.recvs().peer(i), p.rank(), p.recvs().seq_index(i),
+                            p.recvs().offset(i), p.recvs().length(i));
+    }
+  }
+  std::sort(sent.begin(), sent.end());
+  std::sort(received.begin(), received.end());
+  EXPECT_EQ(sent, received);
+}
+
+TEST(ServiceTest, ConcurrentJobsGroupsAndPipelinedStepsGetTheCoresSlices) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  std::vector<std::unique_ptr<v1::Planner::Stub>> stubs;
+  for (int c = 0; c < 4; ++c) stubs.push_back(v1::Planner::NewStub(LocalChannel(server->port(), c)));
+
+  struct Case {
+    StepParams params;
+    RankLengths lengths;
+  };
+  std::vector<Case> cases;
+  uint64_t seed = 1;
+  for (const std::string job : {"job-a", "job-b", "job-c"}) {
+    for (int group = 0; group < 2; ++group) {
+      for (uint64_t step = 0; step < 3; ++step) {  // all steps in flight at once
+        Case c;
+        c.params.job_id = job;
+        c.params.group_id = group == 0 ? "" : "vae";
+        c.params.step = step;
+        c.params.topology = group == 0 ? "g1n2+g2n1+g4n1" : "g2n2+g4n1";
+        c.params.token_bytes = 128;
+        c.lengths = RandomLengths(group == 0 ? 8 : 16, seed++);
+        cases.push_back(std::move(c));
+      }
+    }
+  }
+  // Every rank of every case, shuffled, over the four connections.
+  struct Sent {
+    size_t case_index;
+    std::unique_ptr<AsyncPlan> call;
+  };
+  std::vector<std::pair<size_t, v1::PlanRequest>> requests;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    for (v1::PlanRequest& r : MakeGroupRequests(cases[i].params, cases[i].lengths)) {
+      requests.emplace_back(i, std::move(r));
+    }
+  }
+  std::shuffle(requests.begin(), requests.end(), std::mt19937(7));
+  std::vector<Sent> sent;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    sent.push_back({requests[i].first,
+                    std::make_unique<AsyncPlan>(stubs[i % stubs.size()].get(), requests[i].second)});
+  }
+
+  std::map<size_t, std::vector<v1::RankPlan>> answers;
+  for (Sent& s : sent) {
+    ASSERT_TRUE(s.call->WaitFor(absl::Seconds(30)));
+    ASSERT_TRUE(s.call->status().ok()) << s.call->status().error_message();
+    const Case& c = cases[s.case_index];
+    const v1::PlanResponse& response = s.call->response();
+    EXPECT_EQ(response.job_id(), c.params.job_id);
+    EXPECT_EQ(response.group_id(), c.params.group_id);
+    EXPECT_EQ(response.step(), c.params.step);
+    answers[s.case_index].push_back(response.plan());
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Plan expected = CorePlan(cases[i].params, cases[i].lengths);
+    ASSERT_EQ(answers[i].size(), cases[i].lengths.size());
+    for (const v1::RankPlan& got : answers[i]) {
+      EXPECT_TRUE(MessageDifferencer::Equals(got, ExpectedSlice(expected, got.rank())))
+          << "case " << i << " rank " << got.rank() << "\n" << got.DebugString();
+    }
+    ExpectRoutesAgree(answers[i]);
+  }
+  // Balance figures: the same for every rank of a step and equal to the core's.
+  for (Sent& s : sent) {
+    const Case& c = cases[s.case_index];
+    const Plan expected = CorePlan(c.params, c.lengths);
+    const v1::Balance& balance = s.call->response().balance();
+    const v1::Balance core = BalanceToProto(expected, 128, 0);
+    EXPECT_EQ(balance.moved_tokens(), core.moved_tokens());
+    EXPECT_EQ(balance.moved_bytes(), core.moved_tokens() * 128);
+    EXPECT_EQ(balance.total_tokens(), core.total_tokens());
+    EXPECT_DOUBLE_EQ(balance.max_over_mean_after(), core.max_over_mean_after());
+    EXPECT_LE(balance.max_over_mean_after(), balance.max_over_mean_before() + 1e-12);
+    break;  // one is enough: every rank's copy is the same object on the server
+  }
+}
+
+TEST(ServiceTest, PlanGroupMatchesTheCoreAndThePerRankPlans) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.job_id = "group-job";
+  params.step = 3;
+  const RankLengths lengths = RandomLengths(16, 42);
+  const Plan expected = CorePlan(params, lengths);
+
+  v1::PlanGroupRequest request;
+  *request.mutable_spec() = MakeRequest(params, 16, 0, {}).spec();
+  for (const auto& rank : lengths) {
+    request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
+  }
+  request.set_include_rank_plans(true);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::PlanGroupResponse response;
+  grpc::Status status = stub->PlanGroup(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.step(), 3u);
+  ASSERT_EQ(response.chunks().src_rank_size(), static_cast<int>(expected.chunks.size()));
+  for (size_t i = 0; i < expected.chunks.size(); ++i) {
+    const Chunk& c = expected.chunks[i];
+    EXPECT_EQ(response.chunks().src_rank(i), c.src_rank);
+    EXPECT_EQ(response.chunks().seq_index(i), c.seq_index);
+    EXPECT_EQ(response.chunks().offset(i), c.offset);
+    EXPECT_EQ(response.chunks().length(i), c.length);
+    EXPECT_EQ(response.chunks().dst_rank(i), c.dst_rank);
+  }
+  ASSERT_EQ(response.workload_after_size(), 16);
+  for (int r = 0; r < 16; ++r) {
+    EXPECT_EQ(response.workload_before(r), expected.workload_before[r]);
+    EXPECT_EQ(response.workload_after(r), expected.workload_after[r]);
+  }
+  ASSERT_EQ(response.rank_plans_size(), 16);
+
+  // The same step asked rank by rank (as another step number) gives the same slices.
+  params.step = 4;
+  std::vector<PlanResult> results = PlanConcurrently(stub.get(), MakeGroupRequests(params, lengths));
+  for (const PlanResult& result : results) {
+    ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+    const int32_t rank = result.response.plan().rank();
+    EXPECT_TRUE(MessageDifferencer::Equals(result.response.plan(), response.rank_plans(rank)));
+  }
+
+  // Wrong number of ranks.
+  request.mutable_ranks()->RemoveLast();
+  grpc::ClientContext context2;
+  status = stub->PlanGroup(&context2, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("ranks: 15 entries, but world_size is 16"));
+}
+
+// A blocking Plan call.
+grpc::Status PlanOnce(v1::Planner::Stub* stub, const v1::PlanRequest& request,
+                      v1::PlanResponse* response = nullptr,
+                      absl::Duration deadline = absl::Seconds(10)) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  v1::PlanResponse ignored;
+  return stub->Plan(&context, request, response != nullptr ? response : &ignored);
+}
+
+TEST(ServiceTest, MalformedRequestsAreInvalidArgumentNamingTheField) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  struct Bad {
+    v1::PlanRequest request;
+    std::string message;
+  };
+  std::vector<Bad> bad;
+  bad.push_back({MakeRequest(params, 8, 8, {5}), "rank: 8 is outside [0, world_size = 8)"});
+  bad.push_back({MakeRequest(params, 8, 0, {5, -1}), "sequence_lengths[1]: -1 is outside"});
+  bad.push_back({MakeRequest(params, 6, 0, {5}), "spec.world_size: 6 is not a multiple"});
+  StepParams bad_topology = params;
+  bad_topology.topology = "g2x4";
+  bad.push_back({MakeRequest(bad_topology, 8, 0, {5}), "spec.topology: "});
+  StepParams no_job = params;
+  no_job.job_id = "";
+  bad.push_back({MakeRequest(no_job, 8, 0, {5}), "spec.job_id: must not be empty"});
+  StepParams bad_d = params;
+  bad_d.d_model = 0;
+  bad.push_back({MakeRequest(bad_d, 8, 0, {5}), "spec.d_model: must be in [1, 65536], got 0"});
+  for (const Bad& b : bad) {
+    grpc::Status status = PlanOnce(stub.get(), b.request);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << b.message;
+    EXPECT_THAT(status.error_message(), HasSubstr(b.message));
+  }
+}
+
+TEST(ServiceTest, RanksThatDisagreeGetFailedPreconditionAndTheStepStillCompletes) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.topology = "g1n2";
+  AsyncPlan rank0(stub.get(), MakeRequest(params, 2, 0, {10, 20}));
+  StepParams other = params;
+  other.topology = "g2n1";
+  grpc::Status status = PlanOnce(stub.get(), MakeRequest(other, 2, 1, {30}));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("spec.topology: rank 1 sent \"g2n1\" but step 0 of job 'job' group '' "
+                        "was opened with \"g1n2\""));
+  other = params;
+  other.d_model = 65;
+  status = PlanOnce(stub.get(), MakeRequest(other, 2, 1, {30}));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("spec.d_model: rank 1 sent 65"));
+  EXPECT_FALSE(rank0.WaitFor(absl::Milliseconds(50)));  // still waiting
+
+  v1::PlanResponse response;
+  status = PlanOnce(stub.get(), MakeRequest(params, 2, 1, {30}), &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_TRUE(rank0.WaitFor(absl::Seconds(10)));
+  EXPECT_TRUE(rank0.status().ok());
+  const Plan expected = CorePlan(params, {{10, 20}, {30}});
+  EXPECT_TRUE(MessageDifferencer::Equals(response.plan(), ExpectedSlice(expected, 1)));
+  EXPECT_TRUE(MessageDifferencer::Equals(rank0.response().plan(), ExpectedSlice(expected, 0)));
+}
+
+TEST(ServiceTest, TheSameRankTwiceIsAlreadyExistsWhilePendingAndAfterwards) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.topology = "g1n2";
+  AsyncPlan first(stub.get(), MakeRequest(params, 2, 0, {10}));
+  ASSERT_FALSE(first.WaitFor(absl::Milliseconds(50)));
+  grpc::Status status = PlanOnce(stub.get(), MakeRequest(params, 2, 0, {10}));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(status.error_message(), HasSubstr("rank 0: already waiting in step 0"));
+  ASSERT_TRUE(PlanOnce(stub.get(), MakeRequest(params, 2, 1, {10})).ok());
+  ASSERT_TRUE(first.WaitFor(absl::Seconds(10)));
+  EXPECT_TRUE(first.status().ok());
+  status = PlanOnce(stub.get(), MakeRequest(params, 2, 1, {10}));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(status.error_message(), HasSubstr("was already planned"));
+}
+
+TEST(ServiceTest, AnIncompleteGroupTimesOutNamingTheMissingRanks) {
+  PlannerServerOptions options = TestOptions();
+  options.service.limits.rendezvous_timeout = absl::Milliseconds(300);
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.job_id = "slow";
+  std::vector<std::unique_ptr<AsyncPlan>> calls;
+  const absl::Time start = absl::Now();
+  for (int32_t rank : {0, 1, 5}) {
+    calls.push_back(std::make_unique<AsyncPlan>(stub.get(), MakeRequest(params, 8, rank, {7})));
+  }
+  for (auto& call : calls) {
+    ASSERT_TRUE(call->WaitFor(absl::Seconds(10)));
+    EXPECT_EQ(call->status().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    EXPECT_THAT(call->status().error_message(),
+                HasSubstr("5 of 8 ranks did not ask within the rendezvous timeout of 300ms; "
+                          "missing ranks: 2-4,6-7"));
+  }
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(290));
+  EXPECT_LT(took, absl::Seconds(5));
+  // The step is gone: the same ranks can start it again.
+  EXPECT_EQ(server->service().rendezvous().pending_steps(), 0);
+}
+
+TEST(ServiceTest, ACancelledRankLeavesTheRendezvous) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.topology = "g1n2";
+  // Rank 0 gives up (its deadline) before rank 1 comes.
+  grpc::Status status = PlanOnce(stub.get(), MakeRequest(params, 2, 0, {999}), nullptr,
+                                 absl::Milliseconds(100));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  const absl::Time limit = absl::Now() + absl::Seconds(5);
+  while (server->service().rendezvous().pending_steps() != 0 && absl::Now() < limit) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(server->service().rendezvous().pending_steps(), 0);
+  // Both ranks ask again; the plan uses the new lengths, not the cancelled call's.
+  std::vector<PlanResult> results =
+      PlanConcurrently(stub.get(), MakeGroupRequests(params, {{10, 20}, {30}}));
+  const Plan expected = CorePlan(params, {{10, 20}, {30}});
+  for (const PlanResult& result : results) {
+    ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+    EXPECT_TRUE(MessageDifferencer::Equals(result.response.plan(),
+                                           ExpectedSlice(expected, result.response.plan().rank())));
+  }
+}
+
+TEST(ServiceTest, LimitsAreResourceExhausted) {
+  PlannerServerOptions options = TestOptions();
+  options.service.limits.max_pending_steps = 1;
+  options.service.limits.max_message_bytes = 4096;
+  options.service.limits.max_sequences_per_rank = 100;
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.topology = "g1n2";
+  AsyncPlan waiting(stub.get(), MakeRequest(params, 2, 0, {1}));
+  ASSERT_FALSE(waiting.WaitFor(absl::Milliseconds(50)));
+  params.step = 1;
+  grpc::Status status = PlanOnce(stub.get(), MakeRequest(params, 2, 0, {1}));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("1 steps are already waiting for ranks"));
+
+  status = PlanOnce(stub.get(), MakeRequest(params, 2, 0, std::vector<int64_t>(101, 5)));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("sequence_lengths: 101 sequences exceed the limit of 100 per rank"));
+
+  status = PlanOnce(stub.get(),
+                    MakeRequest(params, 2, 0, std::vector<int64_t>(2000, int64_t{1} << 30)));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("4096"));
+
+  // The pending step still completes.
+  params.step = 0;
+  ASSERT_TRUE(PlanOnce(stub.get(), MakeRequest(params, 2, 1, {1})).ok());
+  ASSERT_TRUE(waiting.WaitFor(absl::Seconds(10)));
+  EXPECT_TRUE(waiting.status().ok());
+}
+
+TEST(ServiceTest, ShutdownFailsWaitingRanksWithUnavailableAndARestartServesAgain) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  auto channel = LocalChannel(port);
+  auto stub = v1::Planner::NewStub(channel);
+  StepParams params;
+  params.topology = "g1n2";
+  AsyncPlan waiting(stub.get(), MakeRequest(params, 2, 0, {1}));
+  ASSERT_FALSE(waiting.WaitFor(absl::Milliseconds(50)));
+  const absl::Time start = absl::Now();
+  server->Shutdown(absl::Seconds(2));
+  ASSERT_TRUE(waiting.WaitFor(absl::Seconds(5)));
+  EXPECT_EQ(waiting.status().error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(waiting.status().error_message(), HasSubstr("shutting down"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  server.reset();
+
+  // A new server on the same port; the old channel reconnects.
+  PlannerServerOptions options = TestOptions();
+  options.listen_address = absl::StrCat("127.0.0.1:", port);
+  auto restarted = StartServer(options);
+  ASSERT_NE(restarted, nullptr);
+  EXPECT_EQ(restarted->port(), port);
+  std::vector<PlanResult> results = PlanConcurrently(stub.get(), MakeGroupRequests(params, {{1}, {2}}));
+  for (const PlanResult& result : results) {
+    EXPECT_TRUE(result.status.ok()) << result.status.error_message();
+  }
+}
+
+TEST(ServiceTest, ASecondServerOnTheSamePortFailsToStart) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  PlannerServerOptions options = TestOptions();
+  options.listen_address = absl::StrCat("127.0.0.1:", server->port());
+  auto second = PlannerServer::Start(options);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(second.status().message(), HasSubstr("--listen: cannot serve on"));
+}
+
+TEST(ServiceTest, GetJobReportsPlannedAndPendingSteps) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.job_id = "state";
+  params.step = 5;
+  std::vector<PlanResult> results =
+      PlanConcurrently(stub.get(), MakeGroupRequests(params, RandomLengths(8, 3)));
+  for (const PlanResult& result : results) ASSERT_TRUE(result.status.ok());
+  params.step = 6;
+  AsyncPlan waiting(stub.get(), MakeRequest(params, 8, 3, {4}));
+  ASSERT_FALSE(waiting.WaitFor(absl::Milliseconds(50)));
+
+  v1::GetJobRequest request;
+  request.set_job_id("state");
+  v1::JobState state;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->GetJob(&context, request, &state).ok());
+  ASSERT_EQ(state.groups_size(), 1);
+  const v1::GroupState& group = state.groups(0);
+  EXPECT_EQ(group.steps_planned(), 1u);
+  EXPECT_EQ(group.last_step(), 5u);
+  EXPECT_EQ(group.world_size(), 8);
+  EXPECT_EQ(group.topology(), "g1n2+g2n1+g4n1");
+  EXPECT_EQ(group.ranks_seen(), 8);
+  EXPECT_EQ(group.last_balance().max_over_mean_after(),
+            results[0].response.balance().max_over_mean_after());
+  ASSERT_EQ(group.pending_size(), 1);
+  EXPECT_EQ(group.pending(0).step(), 6u);
+  EXPECT_EQ(group.pending(0).ranks_arrived(), 1);
+  EXPECT_EQ(group.pending(0).missing_ranks(), "0-2,4-7");
+
+  request.set_job_id("nope");
+  grpc::ClientContext context2;
+  grpc::Status status = stub->GetJob(&context2, request, &state);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("no job 'nope'"));
+}
+
+// Reflection is tested against the `knapformer serve` process
+// (serve_process_test): its client stubs cannot share a binary with the server.
+TEST(ServiceTest, HealthIsServing) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto channel = LocalChannel(server->port());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  for (const std::string service : {"", "knapformer.v1.Planner"}) {
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(service);
+    grpc::health::v1::HealthCheckResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    ASSERT_TRUE(health->Check(&context, request, &response).ok()) << service;
+    EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING) << service;
+  }
+  {
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service("no.such.Service");
+    grpc::health::v1::HealthCheckResponse response;
+    grpc::ClientContext context;
+    EXPECT_EQ(health->Check(&context, request, &response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+
+}
+
+// TLS and mutual TLS with throwaway certificates from openssl.
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    dir_ = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/tls");
+    const std::string script = absl::StrCat(
+        "set -e; mkdir -p ", dir_, "; cd ", dir_, ";",
+        "printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext;"
+        "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca "
+        "  -keyout ca.key -out ca.pem;",
+        "openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key "
+        "  -out server.csr;",
+        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
+        "  -extfile san.ext -out server.pem;",
+        "openssl req -newkey rsa:2048 -nodes -subj /CN=rank -keyout client.key -out client.csr;",
+        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
+        "  -out client.pem;");
+    ASSERT_EQ(std::system(absl::StrCat("(", script, ") >/dev/null 2>&1").c_str()), 0)
+        << "openssl failed (scripts/setup.sh installs it)";
+  }
+
+  std::string Read(const std::string& name) {
+    std::ifstream in(absl::StrCat(dir_, "/", name));
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+  // A one-rank step over `credentials`.
+  grpc::Status PlanOver(int port, std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    auto channel =
+        grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port), credentials, args);
+    auto stub = v1::Planner::NewStub(channel);
+    StepParams params;
+    params.topology = "g1n1";
+    params.step = step_++;
+    return PlanOnce(stub.get(), MakeRequest(params, 1, 0, {3}), nullptr, absl::Seconds(5));
+  }
+
+  std::string dir_;
+  uint64_t step_ = 0;
+};
+
+TEST_F(TlsTest, MutualTlsAcceptsOnlyClientsWithACertificateFromTheCa) {
+  PlannerServerOptions options = TestOptions();
+  options.tls.cert_file = dir_ + "/server.pem";
+  options.tls.key_file = dir_ + "/server.key";
+  options.tls.client_ca_file = dir_ + "/ca.pem";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+
+  grpc::SslCredentialsOptions with_cert;
+  with_cert.pem_root_certs = Read("ca.pem");
+  with_cert.pem_private_key = Read("client.key");
+  with_cert.pem_cert_chain = Read("client.pem");
+  grpc::Status status = PlanOver(server->port(), grpc::SslCredentials(with_cert));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+
+  grpc::SslCredentialsOptions without_cert;
+  without_cert.pem_root_certs = Read("ca.pem");
+  EXPECT_EQ(PlanOver(server->port(), grpc::SslCredentials(without_cert)).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(PlanOver(server->port(), grpc::InsecureChannelCredentials()).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(TlsTest, TlsWithoutClientCaServesAnyTlsClient) {
+  PlannerServerOptions options = TestOptions();
+  options.tls.cert_file = dir_ + "/server.pem";
+  options.tls.key_file = dir_ + "/server.key";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = Read("ca.pem");
+  grpc::Status status = PlanOver(server->port(), grpc::SslCredentials(tls));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+TEST_F(TlsTest, IncompleteOrUnreadableTlsFilesAreInvalidArgument) {
+  PlannerServerOptions options = TestOptions();
+  options.tls.cert_file = dir_ + "/server.pem";
+  auto server = PlannerServer::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(server.status().message(), HasSubstr("--tls-cert and --tls-key"));
+  options.tls.key_file = dir_ + "/missing.key";
+  server = PlannerServer::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("--tls-key: cannot read"));
+  options.tls.key_file = dir_ + "/san.ext";
+  server = PlannerServer::Start(options);
+  ASSERT_FALSE(server.ok());
+  EXPECT_THAT(server.status().message(), HasSubstr("is not a PEM file"));
+}
+
+}  // namespace
+}  // namespace knapformer

@@ -1,0 +1,102 @@
+#include "tests/server/service_test_util.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace knapformer {
+namespace testing_util {
+
+std::shared_ptr<grpc::Channel> LocalChannel(int port, int index) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  args.SetInt("knapformer.test_channel_index", index);
+  return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                   grpc::InsecureChannelCredentials(), args);
+}
+
+v1::PlanRequest MakeRequest(const StepParams& params, int32_t world_size, int32_t rank,
+                            const std::vector<int64_t>& lengths) {
+  v1::PlanRequest request;
+  v1::StepSpec* spec = request.mutable_spec();
+  spec->set_job_id(params.job_id);
+  spec->set_group_id(params.group_id);
+  spec->set_step(params.step);
+  spec->set_world_size(world_size);
+  spec->set_topology(params.topology);
+  spec->set_d_model(params.d_model);
+  spec->set_gamma(params.gamma);
+  spec->set_token_bytes(params.token_bytes);
+  request.set_rank(rank);
+  request.mutable_sequence_lengths()->Add(lengths.begin(), lengths.end());
+  return request;
+}
+
+std::vector<v1::PlanRequest> MakeGroupRequests(const StepParams& params,
+                                               const RankLengths& lengths) {
+  std::vector<v1::PlanRequest> requests;
+  const int32_t world = static_cast<int32_t>(lengths.size());
+  for (int32_t r = 0; r < world; ++r) requests.push_back(MakeRequest(params, world, r, lengths[r]));
+  return requests;
+}
+
+RankLengths RandomLengths(int32_t world_size, uint64_t seed, int max_sequences,
+                          int64_t max_length) {
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&state]() {
+    state += 0x9E3779B97F4A7C15ull;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  RankLengths lengths(world_size);
+  for (auto& rank : lengths) {
+    const int n = static_cast<int>(next() % (max_sequences + 1));
+    for (int i = 0; i < n; ++i) rank.push_back(static_cast<int64_t>(next() % (max_length + 1)));
+  }
+  return lengths;
+}
+
+AsyncPlan::AsyncPlan(v1::Planner::Stub* stub, v1::PlanRequest request, absl::Duration deadline)
+    : request_(std::move(request)) {
+  context_.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  stub->async()->Plan(&context_, &request_, &response_, [this](grpc::Status status) {
+    absl::MutexLock lock(&mu_);
+    status_ = std::move(status);
+    done_ = true;
+  });
+}
+
+AsyncPlan::~AsyncPlan() {
+  if (!WaitFor(absl::ZeroDuration())) {
+    context_.TryCancel();
+    WaitFor(absl::Seconds(10));
+  }
+}
+
+bool AsyncPlan::WaitFor(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&done_), timeout);
+}
+
+std::vector<PlanResult> PlanConcurrently(v1::Planner::Stub* stub,
+                                         const std::vector<v1::PlanRequest>& requests,
+                                         absl::Duration timeout) {
+  std::vector<std::unique_ptr<AsyncPlan>> calls;
+  for (const v1::PlanRequest& request : requests) {
+    calls.push_back(std::make_unique<AsyncPlan>(stub, request, timeout));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<PlanResult> results(calls.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (calls[i]->WaitFor(deadline - absl::Now())) {
+      results[i] = PlanResult{calls[i]->status(), calls[i]->response()};
+    } else {
+      results[i].status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "test timeout");
+    }
+  }
+  return results;
+}
+
+}  // namespace testing_util
+}  // namespace knapformer

@@ -1,0 +1,80 @@
+#ifndef KNAPFORMER_TESTS_SERVER_SERVICE_TEST_UTIL_H_
+#define KNAPFORMER_TESTS_SERVER_SERVICE_TEST_UTIL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "knapformer/v1/planner.grpc.pb.h"
+#include "planner/balancer.h"
+
+namespace knapformer {
+namespace testing_util {
+
+// A plaintext channel to 127.0.0.1:port. Client retries are off (the tests
+// count every call), and `index` makes a distinct connection per value.
+std::shared_ptr<grpc::Channel> LocalChannel(int port, int index = 0);
+
+struct StepParams {
+  std::string job_id = "job";
+  std::string group_id;
+  uint64_t step = 0;
+  std::string topology = "g1n2+g2n1+g4n1";
+  int32_t d_model = 64;
+  double gamma = 0.5;
+  int64_t token_bytes = 0;
+};
+
+v1::PlanRequest MakeRequest(const StepParams& params, int32_t world_size, int32_t rank,
+                            const std::vector<int64_t>& lengths);
+
+// One request per rank of `lengths`.
+std::vector<v1::PlanRequest> MakeGroupRequests(const StepParams& params,
+                                               const RankLengths& lengths);
+
+// Up to `max_sequences` sequences per rank of 0..max_length tokens, from `seed`.
+RankLengths RandomLengths(int32_t world_size, uint64_t seed, int max_sequences = 6,
+                          int64_t max_length = 4096);
+
+// One Plan call in flight. The request is copied, so it may go away.
+class AsyncPlan {
+ public:
+  AsyncPlan(v1::Planner::Stub* stub, v1::PlanRequest request,
+            absl::Duration deadline = absl::Seconds(30));
+  ~AsyncPlan();  // cancels and waits (bounded) if still running
+
+  // True once the call has finished; waits at most `timeout`.
+  bool WaitFor(absl::Duration timeout);
+  void Cancel() { context_.TryCancel(); }
+
+  // REQUIRES: WaitFor returned true.
+  const grpc::Status& status() const { return status_; }
+  const v1::PlanResponse& response() const { return response_; }
+  const v1::PlanRequest& request() const { return request_; }
+
+ private:
+  v1::PlanRequest request_;
+  v1::PlanResponse response_;
+  grpc::ClientContext context_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_;
+};
+
+// Sends every request at once and waits (at most `timeout`) for every answer.
+// Calls not finished in time have status DEADLINE_EXCEEDED "test timeout".
+struct PlanResult {
+  grpc::Status status;
+  v1::PlanResponse response;
+};
+std::vector<PlanResult> PlanConcurrently(v1::Planner::Stub* stub,
+                                         const std::vector<v1::PlanRequest>& requests,
+                                         absl::Duration timeout = absl::Seconds(30));
+
+}  // namespace testing_util
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_TESTS_SERVER_SERVICE_TEST_UTIL_H_

@@ -1,0 +1,33 @@
+#ifndef KNAPFORMER_TOOLS_SERVE_H_
+#define KNAPFORMER_TOOLS_SERVE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/log.h"
+#include "server/planner_server.h"
+
+namespace knapformer {
+
+// `knapformer serve` flags and their defaults, for the usage text.
+extern const char kServeUsage[];
+
+struct ServeConfig {
+  PlannerServerOptions server;
+  LogLevel log_level = LogLevel::kInfo;
+  absl::Duration shutdown_grace = absl::Seconds(5);
+  std::string port_file;  // written with "<grpc port> <metrics port>\n" once serving
+};
+
+// InvalidArgument naming the flag for a bad value.
+absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv);
+
+// Runs the planner until SIGTERM or SIGINT, then shuts down (pending ranks get
+// UNAVAILABLE) and returns 0. 2 for bad flags, 1 when it cannot start.
+int RunServe(const std::vector<std::string>& argv);
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_TOOLS_SERVE_H_
