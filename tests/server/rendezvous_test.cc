@@ -345,3 +345,552 @@ TEST(RendezvousTest, NonCanonicalFirstArrivalStillMatchesCanonicalLaterOnes) {
   EXPECT_EQ(a1.ready->spec.topology(), "g1n1+g1n1");
 }
 
+TEST(RendezvousTest, LeavingRankMayArriveAgainAndTheStepCompletesWithTheNewCall) {
+  Rendezvous rendezvous{ServiceLimits()};
+  const v1::StepSpec spec = Spec(2);
+  auto r0 = Call(spec, 0);
+  auto r1 = Call(spec, 1);
+  auto r1_again = Call(spec, 1);
+  auto r2 = Call(spec, 2);
+  auto r3 = Call(spec, 3);
+  ASSERT_TRUE(Arrive(rendezvous, r0.get(), kT0).status.ok());
+  ASSERT_TRUE(Arrive(rendezvous, r1.get(), kT0).status.ok());
+  ASSERT_TRUE(Arrive(rendezvous, r2.get(), kT0).status.ok());
+
+  EXPECT_TRUE(rendezvous.Leave(r1.get()));
+  EXPECT_FALSE(rendezvous.Leave(r1.get()));  // already handed back
+  EXPECT_EQ(rendezvous.pending_steps(), 1);
+  auto job = rendezvous.GetJob("job", kT0);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->groups(0).pending_size(), 1);
+  EXPECT_EQ(job->groups(0).pending(0).ranks_arrived(), 2);
+  EXPECT_EQ(job->groups(0).pending(0).missing_ranks(), "1,3");
+
+  auto again = Arrive(rendezvous, r1_again.get(), kT0 + absl::Seconds(1));
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_EQ(again.ready, nullptr);
+  auto last = Arrive(rendezvous, r3.get(), kT0 + absl::Seconds(2));
+  ASSERT_TRUE(last.status.ok()) << last.status;
+  ASSERT_NE(last.ready, nullptr);
+  EXPECT_THAT(last.ready->calls, ElementsAre(r0.get(), r1_again.get(), r2.get(), r3.get()));
+  // The step keeps its first arrival time even though a rank left.
+  EXPECT_EQ(last.ready->first_arrival, kT0);
+}
+
+TEST(RendezvousTest, LeaveAfterCompletionReturnsFalse) {
+  Rendezvous rendezvous{ServiceLimits()};
+  auto calls = CompleteStep(rendezvous, Spec(1), kT0);
+  for (const auto& call : calls) EXPECT_FALSE(rendezvous.Leave(call.get()));
+  EXPECT_EQ(rendezvous.pending_steps(), 0);
+}
+
+TEST(RendezvousTest, LeaveOfAnUnknownCallReturnsFalse) {
+  Rendezvous rendezvous{ServiceLimits()};
+  auto stranger = Call(Spec(1), 0);
+  EXPECT_FALSE(rendezvous.Leave(stranger.get()));
+  auto r0 = Call(Spec(1), 0);
+  ASSERT_TRUE(Arrive(rendezvous, r0.get(), kT0).status.ok());
+  // Same job, group, step and rank, but another call.
+  EXPECT_FALSE(rendezvous.Leave(stranger.get()));
+  EXPECT_EQ(rendezvous.pending_steps(), 1);
+}
+
+TEST(RendezvousTest, LeavingTheOnlyCallRemovesThePendingStep) {
+  Rendezvous rendezvous{ServiceLimits()};
+  auto r2 = Call(Spec(6), 2);
+  ASSERT_TRUE(Arrive(rendezvous, r2.get(), kT0).status.ok());
+  EXPECT_EQ(rendezvous.pending_steps(), 1);
+  EXPECT_EQ(rendezvous.NextDeadline(), kT0 + ServiceLimits().rendezvous_timeout);
+
+  EXPECT_TRUE(rendezvous.Leave(r2.get()));
+  EXPECT_EQ(rendezvous.pending_steps(), 0);
+  EXPECT_EQ(rendezvous.NextDeadline(), absl::InfiniteFuture());
+  EXPECT_THAT(rendezvous.Expire(kT0 + absl::Hours(10)), IsEmpty());
+  auto job = rendezvous.GetJob("job", kT0);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->groups_size(), 1);
+  EXPECT_EQ(job->groups(0).pending_size(), 0);
+  EXPECT_EQ(rendezvous.Gauges().at(0).pending_steps, 0);
+  // With no pending step, the job can now be dropped once idle.
+  EXPECT_THAT(rendezvous.DropIdleJobs(kT0 + ServiceLimits().job_ttl), ElementsAre("job"));
+}
+
+TEST(RendezvousTest, LeaveGivesBackTheStepsSequenceBudget) {
+  ServiceLimits limits;
+  limits.max_sequences_per_step = 5;
+  Rendezvous rendezvous{limits};
+  const v1::StepSpec spec = Spec(1, 2, "job", "", "g1n2");
+  auto r0 = Call(spec, 0, {1, 2, 3});
+  auto r0_again = Call(spec, 0, {1, 2, 3});
+  auto r1 = Call(spec, 1, {4, 5});
+  ASSERT_TRUE(Arrive(rendezvous, r0.get(), kT0).status.ok());
+  ASSERT_TRUE(rendezvous.Leave(r0.get()));
+  auto keep = Call(spec, 1, {9});  // keeps the step open while rank 0 is away
+  ASSERT_TRUE(Arrive(rendezvous, keep.get(), kT0).status.ok());
+  ASSERT_TRUE(rendezvous.Leave(keep.get()));
+  ASSERT_TRUE(Arrive(rendezvous, r0_again.get(), kT0).status.ok());
+  auto last = Arrive(rendezvous, r1.get(), kT0);
+  ASSERT_TRUE(last.status.ok()) << last.status;  // 3 + 2 = 5 sequences, at the limit
+  EXPECT_NE(last.ready, nullptr);
+}
+
+TEST(RendezvousTest, ExpiresAtTheTimeoutNamingTheMissingRanks) {
+  ServiceLimits limits;
+  limits.rendezvous_timeout = absl::Seconds(30);
+  Rendezvous rendezvous{limits};
+  EXPECT_EQ(rendezvous.NextDeadline(), absl::InfiniteFuture());
+  const v1::StepSpec spec = Spec(7, 8, "job", "grp");
+  auto r0 = Call(spec, 0);
+  auto r2 = Call(spec, 2);
+  auto r6 = Call(spec, 6);
+  ASSERT_TRUE(Arrive(rendezvous, r6.get(), kT0).status.ok());
+  ASSERT_TRUE(Arrive(rendezvous, r0.get(), kT0 + absl::Seconds(5)).status.ok());
+  ASSERT_TRUE(Arrive(rendezvous, r2.get(), kT0 + absl::Seconds(10)).status.ok());
+  const absl::Time deadline = kT0 + absl::Seconds(30);
+  EXPECT_EQ(rendezvous.NextDeadline(), deadline);
+
+  EXPECT_THAT(rendezvous.Expire(deadline - absl::Nanoseconds(1)), IsEmpty());
+  EXPECT_EQ(rendezvous.pending_steps(), 1);
+
+  std::vector<FailedCalls> failed = rendezvous.Expire(deadline);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].job_id, "job");
+  EXPECT_THAT(failed[0].calls, UnorderedElementsAre(r0.get(), r2.get(), r6.get()));
+  EXPECT_EQ(failed[0].status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(Message(failed[0].status), HasSubstr("step 7 of job 'job' group 'grp'"));
+  EXPECT_THAT(Message(failed[0].status),
+              HasSubstr("5 of 8 ranks did not ask within the rendezvous timeout of 30s"));
+  EXPECT_THAT(Message(failed[0].status), HasSubstr("missing ranks: 1,3-5,7"));
+
+  EXPECT_EQ(rendezvous.pending_steps(), 0);
+  EXPECT_EQ(rendezvous.NextDeadline(), absl::InfiniteFuture());
+  EXPECT_THAT(rendezvous.Expire(deadline + absl::Hours(1)), IsEmpty());
+  EXPECT_FALSE(rendezvous.Leave(r0.get()));
+}
+
+TEST(RendezvousTest, ExpiresOnlyTheStepsWhoseDeadlinePassed) {
+  ServiceLimits limits;
+  limits.rendezvous_timeout = absl::Seconds(10);
+  Rendezvous rendezvous{limits};
+  auto early = Call(Spec(1, 4, "a"), 3);
+  auto late = Call(Spec(2, 4, "b"), 0);
+  ASSERT_TRUE(Arrive(rendezvous, late.get(), kT0 + absl::Seconds(4)).status.ok());
+  ASSERT_TRUE(Arrive(rendezvous, early.get(), kT0).status.ok());
+  EXPECT_EQ(rendezvous.NextDeadline(), kT0 + absl::Seconds(10));
+
+  auto failed = rendezvous.Expire(kT0 + absl::Seconds(12));
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].job_id, "a");
+  EXPECT_THAT(failed[0].calls, ElementsAre(early.get()));
+  EXPECT_THAT(Message(failed[0].status), HasSubstr("missing ranks: 0-2"));
+  EXPECT_EQ(rendezvous.pending_steps(), 1);
+  EXPECT_EQ(rendezvous.NextDeadline(), kT0 + absl::Seconds(14));
+
+  failed = rendezvous.Expire(kT0 + absl::Seconds(14));
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].job_id, "b");
+  EXPECT_THAT(Message(failed[0].status), HasSubstr("3 of 4 ranks"));
+  EXPECT_THAT(Message(failed[0].status), HasSubstr("missing ranks: 1-3"));
+  EXPECT_EQ(rendezvous.NextDeadline(), absl::InfiniteFuture());
+}
+
+TEST(RendezvousTest, MaxPendingStepsRefusesNewStepsButNotRanksOfOpenOnes) {
+  ServiceLimits limits;
+  limits.max_pending_steps = 2;
+  Rendezvous rendezvous{limits};
+  auto s1 = Call(Spec(1), 0);
+  auto s2 = Call(Spec(2, 4, "other"), 0);
+  auto s3 = Call(Spec(3), 0);
+  ASSERT_TRUE(Arrive(rendezvous, s1.get(), kT0).status.ok());
+  ASSERT_TRUE(Arrive(rendezvous, s2.get(), kT0).status.ok());
+  auto refused = Arrive(rendezvous, s3.get(), kT0);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(refused.status),
+              HasSubstr("spec.step: 2 steps are already waiting for ranks, the server's limit"));
+  EXPECT_THAT(Message(refused.status), HasSubstr("step 3 of job 'job' group '' was not opened"));
+  EXPECT_EQ(rendezvous.pending_steps(), 2);
+  EXPECT_FALSE(rendezvous.Leave(s3.get()));
+
+  auto s1_r1 = Call(Spec(1), 1);
+  auto more = Arrive(rendezvous, s1_r1.get(), kT0);
+  EXPECT_TRUE(more.status.ok()) << more.status;
+  EXPECT_EQ(rendezvous.pending_steps(), 2);
+
+  // Once a step leaves, a new one may open.
+  ASSERT_TRUE(rendezvous.Leave(s2.get()));
+  EXPECT_TRUE(Arrive(rendezvous, s3.get(), kT0).status.ok());
+  EXPECT_EQ(rendezvous.pending_steps(), 2);
+}
+
+TEST(RendezvousTest, MaxJobsRefusesNewJobs) {
+  ServiceLimits limits;
+  limits.max_jobs = 2;
+  limits.job_ttl = absl::Minutes(5);
+  Rendezvous rendezvous{limits};
+  auto a = Call(Spec(1, 4, "a"), 0);
+  auto b = Call(Spec(1, 4, "b"), 0);
+  auto c = Call(Spec(1, 4, "c"), 0);
+  ASSERT_TRUE(Arrive(rendezvous, a.get(), kT0).status.ok());
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "b"), kT0).ok());
+  ASSERT_TRUE(Arrive(rendezvous, b.get(), kT0).status.ok());
+  auto refused = Arrive(rendezvous, c.get(), kT0);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(refused.status),
+              HasSubstr("spec.job_id: the server already tracks 2 jobs, its limit"));
+  EXPECT_THAT(Message(refused.status), HasSubstr("idle for 5m"));
+  absl::Status touched = rendezvous.Touch(Spec(1, 4, "c"), kT0);
+  EXPECT_EQ(touched.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(touched), HasSubstr("already tracks 2 jobs"));
+  EXPECT_EQ(rendezvous.jobs(), 2);
+  EXPECT_EQ(rendezvous.GetJob("c", kT0).status().code(), absl::StatusCode::kNotFound);
+
+  // Known jobs still get new groups and steps.
+  auto a2 = Call(Spec(2, 4, "a", "g2"), 0);
+  EXPECT_TRUE(Arrive(rendezvous, a2.get(), kT0).status.ok());
+}
+
+TEST(RendezvousTest, MaxGroupsPerJobRefusesNewGroups) {
+  ServiceLimits limits;
+  limits.max_groups_per_job = 2;
+  Rendezvous rendezvous{limits};
+  auto g0 = Call(Spec(1, 4, "job", "g0"), 0);
+  auto g2 = Call(Spec(1, 4, "job", "g2"), 0);
+  ASSERT_TRUE(Arrive(rendezvous, g0.get(), kT0).status.ok());
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "job", "g1"), kT0).ok());
+  auto refused = Arrive(rendezvous, g2.get(), kT0);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(refused.status),
+              HasSubstr("spec.group_id: job 'job' already has 2 groups, the server's limit"));
+  absl::Status touched = rendezvous.Touch(Spec(1, 4, "job", "g3"), kT0);
+  EXPECT_EQ(touched.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(rendezvous.pending_steps(), 1);
+  auto job = rendezvous.GetJob("job", kT0);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->groups_size(), 2);
+  EXPECT_EQ(job->groups(0).group_id(), "g0");
+  EXPECT_EQ(job->groups(1).group_id(), "g1");
+
+  // The limit is per job.
+  auto other = Call(Spec(1, 4, "other", "g2"), 0);
+  EXPECT_TRUE(Arrive(rendezvous, other.get(), kT0).status.ok());
+  EXPECT_TRUE(rendezvous.Touch(Spec(1, 4, "job", "g1"), kT0).ok());  // existing group
+}
+
+TEST(RendezvousTest, JobRefusedForItsFirstGroupIsNotKept) {
+  ServiceLimits limits;
+  limits.max_groups_per_job = 0;
+  Rendezvous rendezvous{limits};
+  auto call = Call(Spec(1), 0);
+  auto refused = Arrive(rendezvous, call.get(), kT0);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(refused.status), HasSubstr("already has 0 groups"));
+  EXPECT_EQ(rendezvous.jobs(), 0);
+  EXPECT_EQ(rendezvous.GetJob("job", kT0).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(RendezvousTest, MaxSequencesPerStepIsSummedOverArrivals) {
+  ServiceLimits limits;
+  limits.max_sequences_per_step = 10;
+  Rendezvous rendezvous{limits};
+  const v1::StepSpec spec = Spec(1, 2, "job", "", "g1n2");
+  auto r0 = Call(spec, 0, {1, 1, 1, 1, 1, 1});
+  auto r1_big = Call(spec, 1, {1, 1, 1, 1, 1});
+  auto r1 = Call(spec, 1, {1, 1, 1, 1});
+  ASSERT_TRUE(Arrive(rendezvous, r0.get(), kT0).status.ok());
+  auto refused = Arrive(rendezvous, r1_big.get(), kT0);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(refused.status),
+              HasSubstr("sequence_lengths: rank 1 would bring step 1 of job 'job' group '' to "
+                        "11 sequences, over the limit of 10 per step"));
+  EXPECT_FALSE(rendezvous.Leave(r1_big.get()));
+
+  auto last = Arrive(rendezvous, r1.get(), kT0);
+  ASSERT_TRUE(last.status.ok()) << last.status;
+  EXPECT_NE(last.ready, nullptr);
+}
+
+TEST(RendezvousTest, MaxSequencesPerStepRefusesAnOversizedFirstArrival) {
+  ServiceLimits limits;
+  limits.max_sequences_per_step = 3;
+  Rendezvous rendezvous{limits};
+  auto big = Call(Spec(1), 0, {1, 2, 3, 4});
+  auto refused = Arrive(rendezvous, big.get(), kT0);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(refused.status),
+              HasSubstr("sequence_lengths: 4 sequences exceed the limit of 3 per step"));
+  EXPECT_EQ(rendezvous.pending_steps(), 0);
+  EXPECT_EQ(rendezvous.NextDeadline(), absl::InfiniteFuture());
+}
+
+TEST(RendezvousTest, CloseReturnsEveryWaitingCallAndRefusesLaterOnes) {
+  Rendezvous rendezvous{ServiceLimits()};
+  auto a0 = Call(Spec(1), 0);
+  auto a1 = Call(Spec(1), 1);
+  auto b0 = Call(Spec(2), 3);
+  auto c0 = Call(Spec(1, 4, "other", "grp"), 2);
+  for (FakeCall* call : {a0.get(), a1.get(), b0.get(), c0.get()}) {
+    ASSERT_TRUE(Arrive(rendezvous, call, kT0).status.ok());
+  }
+  auto done = CompleteStep(rendezvous, Spec(3), kT0);  // answered: not returned
+  EXPECT_EQ(rendezvous.pending_steps(), 3);
+
+  EXPECT_THAT(rendezvous.Close(), UnorderedElementsAre(a0.get(), a1.get(), b0.get(), c0.get()));
+  EXPECT_EQ(rendezvous.pending_steps(), 0);
+  EXPECT_EQ(rendezvous.NextDeadline(), absl::InfiniteFuture());
+  EXPECT_THAT(rendezvous.Expire(kT0 + absl::Hours(1)), IsEmpty());
+  EXPECT_FALSE(rendezvous.Leave(a0.get()));
+
+  auto late = Call(Spec(1), 2);
+  auto arrival = Arrive(rendezvous, late.get(), kT0);
+  EXPECT_EQ(arrival.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(Message(arrival.status), HasSubstr("shutting down"));
+  EXPECT_EQ(arrival.ready, nullptr);
+  absl::Status touched = rendezvous.Touch(Spec(1, 4, "new"), kT0);
+  EXPECT_EQ(touched.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(Message(touched), HasSubstr("shutting down"));
+  EXPECT_THAT(rendezvous.Close(), IsEmpty());
+}
+
+TEST(RendezvousTest, DropIdleJobsForgetsOnlyIdleJobsWithoutPendingSteps) {
+  ServiceLimits limits;
+  limits.job_ttl = absl::Minutes(10);
+  limits.rendezvous_timeout = absl::Hours(1);
+  Rendezvous rendezvous{limits};
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "idle"), kT0).ok());
+  auto busy = Call(Spec(1, 4, "busy"), 0);
+  ASSERT_TRUE(Arrive(rendezvous, busy.get(), kT0).status.ok());
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "active"), kT0).ok());
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "active"), kT0 + absl::Minutes(5)).ok());
+  EXPECT_EQ(rendezvous.jobs(), 3);
+
+  EXPECT_THAT(rendezvous.DropIdleJobs(kT0 + absl::Minutes(10) - absl::Seconds(1)), IsEmpty());
+  EXPECT_THAT(rendezvous.DropIdleJobs(kT0 + absl::Minutes(10)), ElementsAre("idle"));
+  EXPECT_EQ(rendezvous.jobs(), 2);
+  auto idle = rendezvous.GetJob("idle", kT0 + absl::Minutes(10));
+  EXPECT_EQ(idle.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(idle.status()), HasSubstr("job_id: the server knows no job 'idle'"));
+  EXPECT_THAT(Message(idle.status()), HasSubstr("idle longer than 10m"));
+  EXPECT_TRUE(rendezvous.GetJob("busy", kT0 + absl::Minutes(10)).ok());
+
+  // "active" was touched later; "busy" stays while its step is pending.
+  EXPECT_THAT(rendezvous.DropIdleJobs(kT0 + absl::Minutes(15)), ElementsAre("active"));
+  EXPECT_THAT(rendezvous.DropIdleJobs(kT0 + absl::Minutes(50)), IsEmpty());
+  EXPECT_EQ(rendezvous.jobs(), 1);
+  ASSERT_TRUE(rendezvous.Leave(busy.get()));
+  EXPECT_THAT(rendezvous.DropIdleJobs(kT0 + absl::Minutes(50)), ElementsAre("busy"));
+  EXPECT_EQ(rendezvous.jobs(), 0);
+
+  // A dropped job's results are no longer recorded.
+  rendezvous.RecordPlanned(Spec(1, 4, "busy"), "g1n4", v1::Balance(), kT0 + absl::Minutes(51));
+  EXPECT_EQ(rendezvous.GetJob("busy", kT0).status().code(), absl::StatusCode::kNotFound);
+}
+
+v1::Balance SomeBalance() {
+  v1::Balance balance;
+  balance.set_wir_before(3.5);
+  balance.set_wir_after(1.25);
+  balance.set_max_over_mean_before(2.0);
+  balance.set_max_over_mean_after(1.05);
+  balance.set_total_tokens(12345);
+  balance.set_moved_tokens(678);
+  balance.set_moved_bytes(678 * 16);
+  balance.set_plan_micros(42);
+  return balance;
+}
+
+TEST(RendezvousTest, GetJobReportsPlannedAndPendingSteps) {
+  Rendezvous rendezvous{ServiceLimits()};
+  const v1::StepSpec spec = Spec(7, 4, "job", "", "g1n2+g1n2");
+  std::vector<std::unique_ptr<FakeCall>> calls;
+  std::unique_ptr<ReadyStep> ready;
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    calls.push_back(Call(spec, rank));
+    auto arrival = Arrive(rendezvous, calls.back().get(), kT0);
+    ASSERT_TRUE(arrival.status.ok()) << arrival.status;
+    if (arrival.ready) ready = std::move(arrival.ready);
+  }
+  ASSERT_NE(ready, nullptr);
+  rendezvous.RecordPlanned(ready->spec, ready->checked.world.topology().spec(), SomeBalance(),
+                           kT0 + absl::Seconds(1));
+
+  const v1::StepSpec next = Spec(8, 4, "job", "", "g1n4");
+  auto r1 = Call(next, 1);
+  auto r3 = Call(next, 3);
+  ASSERT_TRUE(Arrive(rendezvous, r3.get(), kT0 + absl::Seconds(10)).status.ok());
+  ASSERT_TRUE(Arrive(rendezvous, r1.get(), kT0 + absl::Seconds(11)).status.ok());
+  // Another group of the same job, only touched.
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 8, "job", "aux"), kT0 + absl::Seconds(12)).ok());
+
+  auto job = rendezvous.GetJob("job", kT0 + absl::Milliseconds(14500));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->job_id(), "job");
+  EXPECT_DOUBLE_EQ(job->idle_seconds(), 2.5);
+  ASSERT_EQ(job->groups_size(), 2);  // sorted by group_id: "" < "aux"
+
+  const v1::GroupState& group = job->groups(0);
+  EXPECT_EQ(group.group_id(), "");
+  EXPECT_EQ(group.steps_planned(), 1u);
+  EXPECT_EQ(group.last_step(), 7u);
+  EXPECT_EQ(group.world_size(), 4);
+  EXPECT_EQ(group.topology(), "g1n4");
+  EXPECT_EQ(group.ranks_seen(), 4);
+  EXPECT_DOUBLE_EQ(group.last_balance().wir_before(), 3.5);
+  EXPECT_DOUBLE_EQ(group.last_balance().wir_after(), 1.25);
+  EXPECT_DOUBLE_EQ(group.last_balance().max_over_mean_before(), 2.0);
+  EXPECT_DOUBLE_EQ(group.last_balance().max_over_mean_after(), 1.05);
+  EXPECT_EQ(group.last_balance().total_tokens(), 12345);
+  EXPECT_EQ(group.last_balance().moved_tokens(), 678);
+  EXPECT_EQ(group.last_balance().moved_bytes(), 678 * 16);
+  EXPECT_EQ(group.last_balance().plan_micros(), 42);
+  ASSERT_EQ(group.pending_size(), 1);
+  EXPECT_EQ(group.pending(0).step(), 8u);
+  EXPECT_EQ(group.pending(0).ranks_arrived(), 2);
+  EXPECT_EQ(group.pending(0).world_size(), 4);
+  EXPECT_EQ(group.pending(0).waiting_ms(), 4500);
+  EXPECT_EQ(group.pending(0).missing_ranks(), "0,2");
+
+  const v1::GroupState& aux = job->groups(1);
+  EXPECT_EQ(aux.group_id(), "aux");
+  EXPECT_EQ(aux.steps_planned(), 0u);
+  EXPECT_EQ(aux.world_size(), 0);
+  EXPECT_EQ(aux.ranks_seen(), 0);
+  EXPECT_FALSE(aux.has_last_balance());
+  EXPECT_EQ(aux.pending_size(), 0);
+
+  // A second planned step accumulates.
+  rendezvous.RecordPlanned(Spec(8, 4), "g1n4", SomeBalance(), kT0 + absl::Seconds(20));
+  job = rendezvous.GetJob("job", kT0 + absl::Seconds(20));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->groups(0).steps_planned(), 2u);
+  EXPECT_EQ(job->groups(0).last_step(), 8u);
+  EXPECT_DOUBLE_EQ(job->idle_seconds(), 0.0);
+}
+
+TEST(RendezvousTest, GetJobOfAnUnknownJobIsNotFound) {
+  Rendezvous rendezvous{ServiceLimits()};
+  auto job = rendezvous.GetJob("nobody", kT0);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(job.status()), HasSubstr("the server knows no job 'nobody'"));
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "somebody"), kT0).ok());
+  EXPECT_EQ(rendezvous.GetJob("nobody", kT0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(rendezvous.GetJob("somebody", kT0).ok());
+}
+
+TEST(RendezvousTest, RanksSeenCountsDistinctRanksOverSteps) {
+  Rendezvous rendezvous{ServiceLimits()};
+  std::vector<std::unique_ptr<FakeCall>> calls;
+  for (auto [step, rank] : std::vector<std::pair<uint64_t, int32_t>>{{1, 0}, {1, 1}, {2, 1},
+                                                                     {2, 2}, {3, 0}}) {
+    calls.push_back(Call(Spec(step, 8), rank));
+    ASSERT_TRUE(Arrive(rendezvous, calls.back().get(), kT0).status.ok());
+  }
+  // Refused calls are not seen.
+  auto refused = Call(Spec(1, 8), 1);
+  ASSERT_EQ(Arrive(rendezvous, refused.get(), kT0).status.code(),
+            absl::StatusCode::kAlreadyExists);
+  auto mismatch = Call(Spec(1, 4), 3);
+  ASSERT_EQ(Arrive(rendezvous, mismatch.get(), kT0).status.code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  auto job = rendezvous.GetJob("job", kT0);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->groups(0).ranks_seen(), 3);
+  EXPECT_EQ(job->groups(0).pending_size(), 3);
+}
+
+TEST(RendezvousTest, GaugesReportEachGroup) {
+  Rendezvous rendezvous{ServiceLimits()};
+  auto a1 = Call(Spec(1, 4, "a"), 0);
+  auto a1b = Call(Spec(1, 4, "a"), 2);
+  auto a2 = Call(Spec(2, 4, "a"), 2);
+  auto b1 = Call(Spec(1, 4, "b", "x"), 3);
+  for (FakeCall* call : {a1.get(), a1b.get(), a2.get(), b1.get()}) {
+    ASSERT_TRUE(Arrive(rendezvous, call, kT0).status.ok());
+  }
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "b", "y"), kT0).ok());
+  rendezvous.RecordPlanned(Spec(0, 4, "b", "y"), "g1n4", SomeBalance(), kT0);
+
+  std::vector<GroupGauges> gauges = rendezvous.Gauges();
+  ASSERT_EQ(gauges.size(), 3u);
+  EXPECT_EQ(gauges[0].job_id, "a");
+  EXPECT_EQ(gauges[0].group_id, "");
+  EXPECT_EQ(gauges[0].pending_steps, 2);
+  EXPECT_EQ(gauges[0].ranks_seen, 2);
+  EXPECT_FALSE(gauges[0].has_balance);
+  EXPECT_EQ(gauges[1].job_id, "b");
+  EXPECT_EQ(gauges[1].group_id, "x");
+  EXPECT_EQ(gauges[1].pending_steps, 1);
+  EXPECT_EQ(gauges[1].ranks_seen, 1);
+  EXPECT_EQ(gauges[2].job_id, "b");
+  EXPECT_EQ(gauges[2].group_id, "y");
+  EXPECT_EQ(gauges[2].pending_steps, 0);
+  EXPECT_EQ(gauges[2].ranks_seen, 0);
+  EXPECT_TRUE(gauges[2].has_balance);
+  EXPECT_DOUBLE_EQ(gauges[2].last_balance.wir_after(), 1.25);
+  EXPECT_EQ(rendezvous.pending_steps(), 3);
+  EXPECT_EQ(rendezvous.jobs(), 2);
+}
+
+std::vector<bool> Present(size_t n, const std::vector<size_t>& ranks) {
+  std::vector<bool> present(n, false);
+  for (size_t r : ranks) present[r] = true;
+  return present;
+}
+
+TEST(MissingRankRangesTest, EmptyAndAllPresentGiveAnEmptyString) {
+  EXPECT_EQ(MissingRankRanges({}), "");
+  EXPECT_EQ(MissingRankRanges(std::vector<bool>(10, true)), "");
+}
+
+TEST(MissingRankRangesTest, AllMissingIsOneRange) {
+  EXPECT_EQ(MissingRankRanges(std::vector<bool>(10, false)), "0-9");
+  EXPECT_EQ(MissingRankRanges(std::vector<bool>(1, false)), "0");
+}
+
+TEST(MissingRankRangesTest, SinglesAndRanges) {
+  EXPECT_EQ(MissingRankRanges(Present(8, {0, 2, 6})), "1,3-5,7");
+  EXPECT_EQ(MissingRankRanges(Present(6, {1, 3, 5})), "0,2,4");
+  EXPECT_EQ(MissingRankRanges(Present(6, {0, 1, 2, 3, 4})), "5");
+  EXPECT_EQ(MissingRankRanges(Present(6, {1, 2, 3, 4, 5})), "0");
+  EXPECT_EQ(MissingRankRanges(Present(7, {2, 3})), "0-1,4-6");
+  EXPECT_EQ(MissingRankRanges(Present(12, {0, 5, 11})), "1-4,6-10");
+}
+
+TEST(MissingRankRangesTest, CutsAfterMaxCharsCountingTheRest) {
+  // Every even rank of 16384 is missing: 8192 singles. The ranges written
+  // are 0,2,..,8 (5 of 1 digit), 10,..,98 (45 of 2), then 3-digit ones until
+  // the text reaches 1000 characters: 9 + 45*3 = 144, + 214*4 = 1000, i.e.
+  // up to rank 526; 5 + 45 + 214 = 264 written, 8192 - 264 = 7928 more.
+  std::vector<bool> present(16384);
+  for (size_t r = 0; r < present.size(); ++r) present[r] = (r % 2 == 1);
+  const std::string ranges = MissingRankRanges(present);
+  EXPECT_THAT(ranges, ::testing::StartsWith("0,2,4,6,8,10,12,"));
+  EXPECT_THAT(ranges, ::testing::EndsWith(",524,526 and 7928 more"));
+  EXPECT_EQ(ranges.size(), 1000 + std::string(" and 7928 more").size());
+}
+
+TEST(MissingRankRangesTest, CutCountsRanksNotRanges) {
+  // 0-9 and 20-29 written (9 characters >= 8), then 40-49 and 60-99 are cut:
+  // 50 ranks in 2 ranges.
+  std::vector<bool> present(100, false);
+  for (size_t r = 10; r < 20; ++r) present[r] = true;
+  for (size_t r = 30; r < 40; ++r) present[r] = true;
+  for (size_t r = 50; r < 60; ++r) present[r] = true;
+  EXPECT_EQ(MissingRankRanges(present, 8), "0-9,20-29 and 50 more");
+  EXPECT_EQ(MissingRankRanges(present, 1000), "0-9,20-29,40-49,60-99");
+}
+
+TEST(MissingRankRangesTest, ExpiredStepOfAHugeGroupHasABoundedMessage) {
+  ServiceLimits limits;
+  limits.rendezvous_timeout = absl::Seconds(1);
+  Rendezvous rendezvous{limits};
+  auto r1 = Call(Spec(1, 16384, "job", "", "g1n1"), 1);
+  ASSERT_TRUE(Arrive(rendezvous, r1.get(), kT0).status.ok());
+  auto failed = rendezvous.Expire(kT0 + absl::Seconds(1));
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_THAT(Message(failed[0].status), HasSubstr("16383 of 16384 ranks"));
+  EXPECT_THAT(Message(failed[0].status), HasSubstr("missing ranks: 0,2-16383"));
+}
+
+}  // namespace
+}  // namespace knapformer

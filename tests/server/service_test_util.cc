@@ -1,5 +1,17 @@
 #include "tests/server/service_test_util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -96,6 +108,56 @@ std::vector<PlanResult> PlanConcurrently(v1::Planner::Stub* stub,
     }
   }
   return results;
+}
+
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket() failed");
+  timeval timeout{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to 127.0.0.1:", port));
+  }
+  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return absl::UnavailableError("short write");
+  }
+  std::string reply;
+  char buffer[65536];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) reply.append(buffer, n);
+  close(fd);
+  if (reply.compare(0, 12, "HTTP/1.1 200") != 0 && reply.compare(0, 12, "HTTP/1.0 200") != 0) {
+    return absl::UnavailableError(absl::StrCat("bad reply: ", reply.substr(0, 80)));
+  }
+  const size_t body = reply.find("\r\n\r\n");
+  if (body == std::string::npos) return absl::UnavailableError("no HTTP body");
+  return reply.substr(body + 4);
+}
+
+int RunWithInput(const std::string& command, const std::string& input, std::string* output) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string base = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/run_", getpid());
+  {
+    std::ofstream in(base + ".in", std::ios::binary);
+    in << input;
+  }
+  const std::string line =
+      absl::StrCat("(", command, ") < ", base, ".in > ", base, ".out 2>&1");
+  const int status = std::system(line.c_str());
+  std::ifstream out(base + ".out", std::ios::binary);
+  std::stringstream text;
+  text << out.rdbuf();
+  output->append(text.str());
+  if (status == -1 || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
 }
 
 }  // namespace testing_util

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
@@ -73,6 +74,14 @@ struct PlanResult {
 std::vector<PlanResult> PlanConcurrently(v1::Planner::Stub* stub,
                                          const std::vector<v1::PlanRequest>& requests,
                                          absl::Duration timeout = absl::Seconds(30));
+
+// The body of GET http://127.0.0.1:port/path (HTTP/1.0, 5 s timeout), or an
+// error naming what failed.
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
+
+// Runs `command` through /bin/sh with `input` on its stdin; returns its exit
+// status (-1 if it could not run) and appends its stdout+stderr to *output.
+int RunWithInput(const std::string& command, const std::string& input, std::string* output);
 
 }  // namespace testing_util
 }  // namespace knapformer

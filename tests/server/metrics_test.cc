@@ -1,0 +1,175 @@
+// The /metrics page of a planner that has planned, failed and timed out steps:
+// every series carries the right value, the page passes the real
+// `promtool check metrics`, and an idle job's series go away.
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/planner_server.h"
+#include "tests/server/service_test_util.h"
+
+namespace knapformer {
+namespace {
+
+using ::knapformer::testing_util::AsyncPlan;
+using ::knapformer::testing_util::HttpGet;
+using ::knapformer::testing_util::LocalChannel;
+using ::knapformer::testing_util::MakeGroupRequests;
+using ::knapformer::testing_util::MakeRequest;
+using ::knapformer::testing_util::PlanConcurrently;
+using ::knapformer::testing_util::PlanResult;
+using ::knapformer::testing_util::RandomLengths;
+using ::knapformer::testing_util::RunWithInput;
+using ::knapformer::testing_util::StepParams;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// "name{labels}" -> value for every sample line of an exposition page.
+std::map<std::string, double> ParseSamples(const std::string& page) {
+  std::map<std::string, double> samples;
+  std::istringstream lines(page);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    double value = 0;
+    if (space == std::string::npos) continue;
+    const std::string text = line.substr(space + 1);
+    if (text == "+Inf") {
+      value = std::numeric_limits<double>::infinity();
+    } else if (!absl::SimpleAtod(text, &value)) {
+      continue;
+    }
+    samples[line.substr(0, space)] = value;
+  }
+  return samples;
+}
+
+class MetricsTest : public ::testing::Test {
+ protected:
+  void StartServer(absl::Duration job_ttl) {
+    PlannerServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.metrics_address = "127.0.0.1:0";
+    options.service.solver_threads = 2;
+    options.service.limits.rendezvous_timeout = absl::Milliseconds(300);
+    options.service.limits.job_ttl = job_ttl;
+    auto server = PlannerServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ASSERT_NE(server_->metrics_port(), 0);
+    stub_ = v1::Planner::NewStub(LocalChannel(server_->port()));
+  }
+
+  std::string Scrape() {
+    auto page = HttpGet(server_->metrics_port(), "/metrics");
+    EXPECT_TRUE(page.ok()) << page.status();
+    return page.ok() ? *page : std::string();
+  }
+
+  // Plans `steps` steps of `job` (8 ranks); returns the last step's balance
+  // and adds up the moved tokens.
+  v1::Balance PlanSteps(const std::string& job, int steps, int64_t* moved_tokens) {
+    v1::Balance last;
+    for (int s = 0; s < steps; ++s) {
+      StepParams params;
+      params.job_id = job;
+      params.step = s;
+      params.token_bytes = 100;
+      std::vector<PlanResult> results =
+          PlanConcurrently(stub_.get(), MakeGroupRequests(params, RandomLengths(8, 10 + s)));
+      for (const PlanResult& r : results) EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+      last = results[0].response.balance();
+      *moved_tokens += last.moved_tokens();
+    }
+    return last;
+  }
+
+  std::unique_ptr<PlannerServer> server_;
+  std::unique_ptr<v1::Planner::Stub> stub_;
+};
+
+TEST_F(MetricsTest, EverySeriesHasTheRightValueAndThePagePassesPromtool) {
+  StartServer(absl::Hours(1));
+  int64_t moved = 0;
+  const v1::Balance last = PlanSteps("m1", 2, &moved);
+  ASSERT_GT(moved, 0);
+  // One malformed request and one step that times out (job m2, rank 1 of 2 missing).
+  StepParams params;
+  params.job_id = "m1";
+  grpc::ClientContext context;
+  v1::PlanResponse response;
+  EXPECT_EQ(stub_->Plan(&context, MakeRequest(params, 8, 9, {1}), &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  params.job_id = "m2";
+  params.topology = "g1n2";
+  AsyncPlan lonely(stub_.get(), MakeRequest(params, 2, 0, {1}));
+  ASSERT_TRUE(lonely.WaitFor(absl::Seconds(10)));
+  EXPECT_EQ(lonely.status().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+
+  const std::string page = Scrape();
+  const std::map<std::string, double> samples = ParseSamples(page);
+  auto value = [&](const std::string& key) {
+    auto it = samples.find(key);
+    EXPECT_NE(it, samples.end()) << key << " not on the page:\n" << page;
+    return it == samples.end() ? -1.0 : it->second;
+  };
+  EXPECT_EQ(value("knapformer_planner_requests_total{code=\"OK\",job=\"m1\",method=\"Plan\"}"), 16);
+  EXPECT_EQ(value("knapformer_planner_requests_total{code=\"INVALID_ARGUMENT\",job=\"m1\","
+                  "method=\"Plan\"}"),
+            1);
+  EXPECT_EQ(value("knapformer_planner_requests_total{code=\"DEADLINE_EXCEEDED\",job=\"m2\","
+                  "method=\"Plan\"}"),
+            1);
+  EXPECT_EQ(value("knapformer_planner_steps_total{job=\"m1\"}"), 2);
+  EXPECT_EQ(value("knapformer_planner_rendezvous_timeouts_total{job=\"m2\"}"), 1);
+  EXPECT_EQ(value("knapformer_planner_rendezvous_timeouts_total{job=\"m1\"}"), 0);
+  EXPECT_EQ(value("knapformer_planner_moved_tokens_total{job=\"m1\"}"), moved);
+  EXPECT_EQ(value("knapformer_planner_moved_bytes_total{job=\"m1\"}"), moved * 100);
+  EXPECT_EQ(value("knapformer_planner_planning_duration_seconds_count{job=\"m1\"}"), 2);
+  EXPECT_EQ(value("knapformer_planner_rendezvous_wait_seconds_count{job=\"m1\"}"), 2);
+  // The page prints ratios with fewer digits than a double holds.
+  EXPECT_NEAR(value("knapformer_planner_wir_after_ratio{group=\"\",job=\"m1\"}"),
+              last.wir_after(), 1e-9 * last.wir_after());
+  EXPECT_NEAR(value("knapformer_planner_max_over_mean_before_ratio{group=\"\",job=\"m1\"}"),
+              last.max_over_mean_before(), 1e-9 * last.max_over_mean_before());
+  EXPECT_NEAR(value("knapformer_planner_max_over_mean_after_ratio{group=\"\",job=\"m1\"}"),
+              last.max_over_mean_after(), 1e-9 * last.max_over_mean_after());
+  EXPECT_EQ(value("knapformer_planner_ranks_seen{group=\"\",job=\"m1\"}"), 8);
+  EXPECT_EQ(value("knapformer_planner_ranks_seen{group=\"\",job=\"m2\"}"), 1);
+  EXPECT_EQ(value("knapformer_planner_pending_steps{group=\"\",job=\"m1\"}"), 0);
+  EXPECT_EQ(value("knapformer_planner_jobs"), 2);
+
+  std::string output;
+  EXPECT_EQ(RunWithInput("promtool check metrics", page, &output), 0) << output << "\n" << page;
+
+  // The check can fail: a counter without the _total suffix is a lint error.
+  output.clear();
+  const std::string bad =
+      "# HELP knapformer_bad_requests Requests.\n# TYPE knapformer_bad_requests counter\n"
+      "knapformer_bad_requests 1\n";
+  EXPECT_NE(RunWithInput("promtool check metrics", bad, &output), 0) << output;
+}
+
+TEST_F(MetricsTest, AnIdleJobsSeriesAndStateAreDropped) {
+  StartServer(absl::Milliseconds(500));
+  int64_t moved = 0;
+  PlanSteps("short-lived", 1, &moved);
+  EXPECT_THAT(Scrape(), HasSubstr("job=\"short-lived\""));
+  const absl::Time limit = absl::Now() + absl::Seconds(10);
+  std::string page = Scrape();
+  while (page.find("short-lived") != std::string::npos && absl::Now() < limit) {
+    absl::SleepFor(absl::Milliseconds(100));
+    page = Scrape();
+  }
+  EXPECT_THAT(page, Not(HasSubstr("short-lived")));
+  EXPECT_EQ(server_->service().rendezvous().jobs(), 0);
+}
+
+}  // namespace
+}  // namespace knapformer

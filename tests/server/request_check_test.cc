@@ -1,0 +1,330 @@
+#include "server/request_check.h"
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "knapformer/v1/planner.pb.h"
+#include "server/service_limits.h"
+
+namespace knapformer {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kTwoTo31 = int64_t{1} << 31;
+
+v1::StepSpec ValidSpec() {
+  v1::StepSpec spec;
+  spec.set_job_id("run-42/stage.1:a_b");
+  spec.set_group_id("tp0");
+  spec.set_step(17);
+  spec.set_world_size(8);
+  spec.set_topology("g2n1+g1n2");
+  spec.set_d_model(1024);
+  spec.set_gamma(0.49);
+  spec.set_token_bytes(4096);
+  return spec;
+}
+
+v1::PlanRequest ValidRequest() {
+  v1::PlanRequest request;
+  *request.mutable_spec() = ValidSpec();
+  request.set_rank(5);
+  for (int64_t length : {100, 0, 4096}) request.add_sequence_lengths(length);
+  return request;
+}
+
+v1::PlanGroupRequest ValidGroupRequest() {
+  v1::PlanGroupRequest request;
+  *request.mutable_spec() = ValidSpec();
+  for (int r = 0; r < 8; ++r) {
+    v1::RankLengths* rank = request.add_ranks();
+    for (int i = 0; i <= r % 3; ++i) rank->add_sequence_lengths(100 * (r + 1) + i);
+  }
+  return request;
+}
+
+std::string Message(const absl::Status& status) { return std::string(status.message()); }
+
+// A malformed PlanRequest: `mutate` breaks ValidRequest().
+struct BadRequest {
+  const char* name;
+  std::function<void(v1::PlanRequest&, ServiceLimits&)> mutate;
+  absl::StatusCode code;
+  const char* message;
+};
+
+std::vector<BadRequest> BadRequests() {
+  using R = v1::PlanRequest;
+  using L = ServiceLimits;
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  const auto kExhausted = absl::StatusCode::kResourceExhausted;
+  return {
+      {"empty job_id", [](R& r, L&) { r.mutable_spec()->clear_job_id(); }, kInvalid,
+       "spec.job_id: must not be empty"},
+      {"long job_id", [](R& r, L&) { r.mutable_spec()->set_job_id(std::string(129, 'j')); },
+       kInvalid, "spec.job_id: 129 characters exceed the limit of 128"},
+      {"job_id with a space", [](R& r, L&) { r.mutable_spec()->set_job_id("my job"); },
+       kInvalid, "spec.job_id: character 2 is not one of [A-Za-z0-9._:/-]"},
+      {"job_id with a non-ASCII byte",
+       [](R& r, L&) { r.mutable_spec()->set_job_id("j\xc3\xb6"); }, kInvalid,
+       "spec.job_id: character 1 is not one of"},
+      {"long group_id",
+       [](R& r, L&) { r.mutable_spec()->set_group_id(std::string(129, 'g')); }, kInvalid,
+       "spec.group_id: 129 characters exceed the limit of 128"},
+      {"group_id with a bad character",
+       [](R& r, L&) { r.mutable_spec()->set_group_id("tp#0"); }, kInvalid,
+       "spec.group_id: character 2 is not one of [A-Za-z0-9._:/-]"},
+      {"world_size 0", [](R& r, L&) { r.mutable_spec()->set_world_size(0); }, kInvalid,
+       "spec.world_size: must be at least 1, got 0"},
+      {"negative world_size", [](R& r, L&) { r.mutable_spec()->set_world_size(-8); }, kInvalid,
+       "spec.world_size: must be at least 1, got -8"},
+      {"world_size over the limit",
+       [](R& r, L& l) {
+         l.max_world_size = 8;
+         r.mutable_spec()->set_world_size(12);
+       },
+       kExhausted, "spec.world_size: 12 exceeds the server's limit of 8 ranks"},
+      {"world_size not a multiple of the group",
+       [](R& r, L&) {
+         r.mutable_spec()->set_world_size(6);
+         r.set_rank(0);
+       },
+       kInvalid, "spec.world_size: 6 is not a multiple of the group size 4 of topology g1n2+g2n1"},
+      {"empty topology", [](R& r, L&) { r.mutable_spec()->clear_topology(); }, kInvalid,
+       "spec.topology: empty spec"},
+      {"bad topology", [](R& r, L&) { r.mutable_spec()->set_topology("g0n4"); }, kInvalid,
+       "spec.topology: topology term 'g0n4': G (GPUs per bag) must be at least 1"},
+      {"d_model 0", [](R& r, L&) { r.mutable_spec()->set_d_model(0); }, kInvalid,
+       "spec.d_model: must be in [1, 65536], got 0"},
+      {"d_model 65537", [](R& r, L&) { r.mutable_spec()->set_d_model(65537); }, kInvalid,
+       "spec.d_model: must be in [1, 65536], got 65537"},
+      {"negative gamma", [](R& r, L&) { r.mutable_spec()->set_gamma(-0.5); }, kInvalid,
+       "spec.gamma: must be a finite number in [0, 1e6], got -0.5"},
+      {"NaN gamma",
+       [](R& r, L&) { r.mutable_spec()->set_gamma(std::numeric_limits<double>::quiet_NaN()); },
+       kInvalid, "spec.gamma: must be a finite number"},
+      {"infinite gamma",
+       [](R& r, L&) { r.mutable_spec()->set_gamma(std::numeric_limits<double>::infinity()); },
+       kInvalid, "spec.gamma: must be a finite number"},
+      {"negative token_bytes", [](R& r, L&) { r.mutable_spec()->set_token_bytes(-1); },
+       kInvalid, "spec.token_bytes: must be >= 0, got -1"},
+      {"rank -1", [](R& r, L&) { r.set_rank(-1); }, kInvalid,
+       "rank: -1 is outside [0, world_size = 8)"},
+      {"rank == world_size", [](R& r, L&) { r.set_rank(8); }, kInvalid,
+       "rank: 8 is outside [0, world_size = 8)"},
+      {"length -1", [](R& r, L&) { r.set_sequence_lengths(2, -1); }, kInvalid,
+       "sequence_lengths[2]: -1 is outside [0, 2147483648]"},
+      {"length 2^31+1", [](R& r, L&) { r.set_sequence_lengths(0, kTwoTo31 + 1); }, kInvalid,
+       "sequence_lengths[0]: 2147483649 is outside [0, 2147483648]"},
+      {"too many sequences",
+       [](R& r, L& l) {
+         l.max_sequences_per_rank = 2;
+       },
+       kExhausted, "sequence_lengths: 3 sequences exceed the limit of 2 per rank"},
+  };
+}
+
+TEST(CheckPlanRequestTest, RejectsEachMalformedFieldNamingIt) {
+  for (const BadRequest& bad : BadRequests()) {
+    SCOPED_TRACE(bad.name);
+    v1::PlanRequest request = ValidRequest();
+    ServiceLimits limits;
+    bad.mutate(request, limits);
+    auto checked = CheckPlanRequest(request, limits);
+    ASSERT_FALSE(checked.ok()) << "accepted";
+    EXPECT_EQ(checked.status().code(), bad.code) << checked.status();
+    EXPECT_THAT(Message(checked.status()), HasSubstr(bad.message));
+  }
+}
+
+TEST(CheckPlanRequestTest, AcceptsAValidRequest) {
+  auto checked = CheckPlanRequest(ValidRequest(), ServiceLimits());
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->world.world_size(), 8);
+  EXPECT_EQ(checked->world.num_replicas(), 2);
+  EXPECT_EQ(checked->world.topology().spec(), "g1n2+g2n1");
+  EXPECT_EQ(checked->world.topology().group_size(), 4);
+  EXPECT_EQ(checked->cost.d_model(), 1024);
+  EXPECT_DOUBLE_EQ(checked->cost.gamma(), 0.49);
+}
+
+TEST(CheckPlanRequestTest, AcceptsTheBoundaryValues) {
+  v1::PlanRequest request = ValidRequest();
+  request.mutable_spec()->set_job_id(std::string(128, 'j'));
+  request.mutable_spec()->set_group_id(std::string(128, 'g'));
+  request.mutable_spec()->set_d_model(65536);
+  request.mutable_spec()->set_gamma(0.0);
+  request.mutable_spec()->set_token_bytes(0);
+  request.set_rank(7);
+  request.clear_sequence_lengths();
+  request.add_sequence_lengths(0);
+  request.add_sequence_lengths(kTwoTo31);
+  ServiceLimits limits;
+  limits.max_world_size = 8;
+  limits.max_sequences_per_rank = 2;
+  auto checked = CheckPlanRequest(request, limits);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->cost.d_model(), 65536);
+  EXPECT_EQ(checked->cost.gamma(), 0.0);
+
+  request.set_rank(0);
+  request.clear_sequence_lengths();  // a rank may have no sequences
+  EXPECT_TRUE(CheckPlanRequest(request, limits).ok());
+}
+
+TEST(CheckPlanRequestTest, AcceptsAnEmptyGroupIdAndNonCanonicalTopology) {
+  v1::PlanRequest request = ValidRequest();
+  request.mutable_spec()->clear_group_id();
+  request.mutable_spec()->set_topology("g1n1+g2n1+g1n1");
+  request.mutable_spec()->set_world_size(4);
+  request.set_rank(3);
+  auto checked = CheckPlanRequest(request, ServiceLimits());
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->world.world_size(), 4);
+  EXPECT_EQ(checked->world.num_replicas(), 1);
+  EXPECT_EQ(checked->world.topology().spec(), "g1n2+g2n1");
+}
+
+TEST(CheckPlanRequestTest, ChecksTheSpecBeforeTheRank) {
+  v1::PlanRequest request = ValidRequest();
+  request.mutable_spec()->set_d_model(0);
+  request.set_rank(-3);
+  auto checked = CheckPlanRequest(request, ServiceLimits());
+  ASSERT_FALSE(checked.ok());
+  EXPECT_THAT(Message(checked.status()), HasSubstr("spec.d_model"));
+}
+
+TEST(CheckPlanRequestTest, ReportsTheFirstBadLength) {
+  v1::PlanRequest request = ValidRequest();
+  request.set_sequence_lengths(1, -7);
+  request.set_sequence_lengths(2, -9);
+  auto checked = CheckPlanRequest(request, ServiceLimits());
+  ASSERT_FALSE(checked.ok());
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(checked.status()), HasSubstr("sequence_lengths[1]: -7 is outside"));
+}
+
+TEST(CheckJobIdTest, AcceptsTheAllowedAlphabet) {
+  EXPECT_TRUE(CheckJobId("a").ok());
+  EXPECT_TRUE(CheckJobId("AZaz09._:/-").ok());
+  EXPECT_TRUE(CheckJobId(std::string(128, 'x')).ok());
+}
+
+TEST(CheckJobIdTest, RejectsEmptyLongAndBadCharacters) {
+  absl::Status empty = CheckJobId("");
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(empty), HasSubstr("spec.job_id: must not be empty"));
+
+  absl::Status long_id = CheckJobId(std::string(129, 'x'));
+  EXPECT_EQ(long_id.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(long_id), HasSubstr("spec.job_id: 129 characters exceed the limit of 128"));
+
+  for (const char* id : {"a b", "a\tb", "a*b", "a\\b", "a@b", "a+b", "a\nb"}) {
+    absl::Status bad = CheckJobId(id);
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << id;
+    EXPECT_THAT(Message(bad), HasSubstr("spec.job_id: character 1 is not one of")) << id;
+  }
+  absl::Status nul = CheckJobId(std::string("ab\0c", 4));
+  EXPECT_EQ(nul.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(nul), HasSubstr("character 2"));
+}
+
+TEST(CheckPlanGroupRequestTest, AcceptsAValidRequest) {
+  auto checked = CheckPlanGroupRequest(ValidGroupRequest(), ServiceLimits());
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->world.world_size(), 8);
+  EXPECT_EQ(checked->world.topology().spec(), "g1n2+g2n1");
+  EXPECT_EQ(checked->cost.d_model(), 1024);
+  EXPECT_DOUBLE_EQ(checked->cost.gamma(), 0.49);
+}
+
+TEST(CheckPlanGroupRequestTest, ChecksTheSpec) {
+  v1::PlanGroupRequest request = ValidGroupRequest();
+  request.mutable_spec()->set_topology("g1n2+");
+  auto checked = CheckPlanGroupRequest(request, ServiceLimits());
+  ASSERT_FALSE(checked.ok());
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(checked.status()), HasSubstr("spec.topology: "));
+
+  request = ValidGroupRequest();
+  request.mutable_spec()->set_job_id("");
+  checked = CheckPlanGroupRequest(request, ServiceLimits());
+  ASSERT_FALSE(checked.ok());
+  EXPECT_THAT(Message(checked.status()), HasSubstr("spec.job_id: must not be empty"));
+
+  request = ValidGroupRequest();
+  ServiceLimits limits;
+  limits.max_world_size = 4;
+  checked = CheckPlanGroupRequest(request, limits);
+  ASSERT_FALSE(checked.ok());
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(checked.status()), HasSubstr("spec.world_size: 8 exceeds"));
+}
+
+TEST(CheckPlanGroupRequestTest, RejectsTheWrongNumberOfRanks) {
+  for (int ranks : {0, 7, 9}) {
+    SCOPED_TRACE(ranks);
+    v1::PlanGroupRequest request = ValidGroupRequest();
+    while (request.ranks_size() > ranks) request.mutable_ranks()->RemoveLast();
+    while (request.ranks_size() < ranks) request.add_ranks();
+    auto checked = CheckPlanGroupRequest(request, ServiceLimits());
+    ASSERT_FALSE(checked.ok());
+    EXPECT_EQ(checked.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(Message(checked.status()),
+                HasSubstr("ranks: " + std::to_string(ranks) + " entries, but world_size is 8"));
+  }
+}
+
+TEST(CheckPlanGroupRequestTest, RejectsABadLengthNamingItsRank) {
+  v1::PlanGroupRequest request = ValidGroupRequest();
+  request.mutable_ranks(2)->add_sequence_lengths(-5);  // index 3 of rank 2
+  auto checked = CheckPlanGroupRequest(request, ServiceLimits());
+  ASSERT_FALSE(checked.ok());
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(checked.status()),
+              HasSubstr("ranks[2].sequence_lengths[3]: -5 is outside [0, 2147483648]"));
+
+  request = ValidGroupRequest();
+  request.mutable_ranks(6)->set_sequence_lengths(0, kTwoTo31 + 1);
+  checked = CheckPlanGroupRequest(request, ServiceLimits());
+  ASSERT_FALSE(checked.ok());
+  EXPECT_THAT(Message(checked.status()),
+              HasSubstr("ranks[6].sequence_lengths[0]: 2147483649 is outside"));
+}
+
+TEST(CheckPlanGroupRequestTest, RejectsTooManySequencesInOneRank) {
+  v1::PlanGroupRequest request = ValidGroupRequest();
+  ServiceLimits limits;
+  limits.max_sequences_per_rank = 2;  // rank 2 has 3
+  auto checked = CheckPlanGroupRequest(request, limits);
+  ASSERT_FALSE(checked.ok());
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(checked.status()),
+              HasSubstr("ranks[2].sequence_lengths: 3 sequences exceed the limit of 2 per rank"));
+}
+
+TEST(CheckPlanGroupRequestTest, RejectsTooManySequencesInTotal) {
+  // Ranks hold 1,2,3,1,2,3,1,2 sequences: 15 in all.
+  v1::PlanGroupRequest request = ValidGroupRequest();
+  ServiceLimits limits;
+  limits.max_sequences_per_step = 14;
+  auto checked = CheckPlanGroupRequest(request, limits);
+  ASSERT_FALSE(checked.ok());
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(checked.status()),
+              HasSubstr("ranks: 15 sequences exceed the limit of 14 per step"));
+
+  limits.max_sequences_per_step = 15;
+  EXPECT_TRUE(CheckPlanGroupRequest(request, limits).ok());
+}
+
+}  // namespace
+}  // namespace knapformer

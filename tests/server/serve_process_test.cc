@@ -1,0 +1,224 @@
+// `knapformer serve` as a process: it answers, reports health, serves
+// reflection, exits 0 promptly on SIGTERM after failing waiting ranks with
+// UNAVAILABLE, and refuses bad flags and busy ports with a clear message.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "tests/server/service_test_util.h"
+
+extern char** environ;
+
+namespace knapformer {
+namespace {
+
+using ::knapformer::testing_util::AsyncPlan;
+using ::knapformer::testing_util::HttpGet;
+using ::knapformer::testing_util::LocalChannel;
+using ::knapformer::testing_util::MakeGroupRequests;
+using ::knapformer::testing_util::MakeRequest;
+using ::knapformer::testing_util::PlanConcurrently;
+using ::knapformer::testing_util::PlanResult;
+using ::knapformer::testing_util::StepParams;
+using ::testing::HasSubstr;
+
+std::string TempPath(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A `knapformer serve` child; killed and reaped by the destructor if still running.
+class ServeProcess {
+ public:
+  explicit ServeProcess(std::vector<std::string> flags) {
+    static int counter = 0;
+    const std::string id = absl::StrCat(getpid(), "_", counter++);
+    port_file_ = TempPath(absl::StrCat("ports_", id));
+    log_file_ = TempPath(absl::StrCat("serve_", id, ".log"));
+    std::vector<std::string> argv = {"tools/knapformer", "serve"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back("--port-file");
+    argv.push_back(port_file_);
+    std::vector<char*> raw;
+    for (std::string& a : argv) raw.push_back(a.data());
+    raw.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 2, log_file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    if (posix_spawn(&pid_, raw[0], &actions, nullptr, raw.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+  }
+
+  ~ServeProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // Waits (bounded) for the port file; false if the process exited first.
+  bool WaitServing(absl::Duration timeout = absl::Seconds(20)) {
+    const absl::Time limit = absl::Now() + timeout;
+    while (absl::Now() < limit) {
+      std::ifstream in(port_file_);
+      if (in >> port_ >> metrics_port_) return true;
+      if (WaitExit(absl::Milliseconds(20))) return false;
+    }
+    return false;
+  }
+
+  // True once the process has exited (within `timeout`); exit_code() then.
+  bool WaitExit(absl::Duration timeout) {
+    if (exited_) return true;
+    const absl::Time limit = absl::Now() + timeout;
+    do {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    } while (absl::Now() < limit);
+    return false;
+  }
+
+  void Signal(int signal_number) { kill(pid_, signal_number); }
+  pid_t pid() const { return pid_; }
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_port_; }
+  int exit_code() const { return exit_code_; }
+  std::string log() const { return ReadFile(log_file_); }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int exit_code_ = -1;
+  int port_ = 0;
+  int metrics_port_ = 0;
+  std::string port_file_;
+  std::string log_file_;
+};
+
+TEST(ServeProcessTest, PlansServesHealthReflectionAndMetrics) {
+  ServeProcess serve({"--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"});
+  ASSERT_GT(serve.pid(), 0);
+  ASSERT_TRUE(serve.WaitServing()) << serve.log();
+  auto channel = LocalChannel(serve.port());
+
+  auto stub = v1::Planner::NewStub(channel);
+  StepParams params;
+  params.job_id = "process";
+  std::vector<PlanResult> results =
+      PlanConcurrently(stub.get(), MakeGroupRequests(params, {{5}, {}, {7, 9}, {1}, {}, {}, {3}, {}}));
+  for (const PlanResult& r : results) ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(results[0].response.balance().total_tokens(), 25);
+
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::health::v1::HealthCheckRequest check;
+  check.set_service("knapformer.v1.Planner");
+  grpc::health::v1::HealthCheckResponse healthy;
+  grpc::ClientContext health_context;
+  ASSERT_TRUE(health->Check(&health_context, check, &healthy).ok());
+  EXPECT_EQ(healthy.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  auto stream = reflection->ServerReflectionInfo(&context);
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
+  request.set_list_services("");
+  ASSERT_TRUE(stream->Write(request));
+  grpc::reflection::v1alpha::ServerReflectionResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<std::string> services;
+  for (const auto& s : response.list_services_response().service()) services.push_back(s.name());
+  EXPECT_THAT(services, ::testing::IsSupersetOf({"knapformer.v1.Planner", "grpc.health.v1.Health"}));
+  request.set_file_containing_symbol("knapformer.v1.Planner");
+  ASSERT_TRUE(stream->Write(request));
+  ASSERT_TRUE(stream->Read(&response));
+  ASSERT_GE(response.file_descriptor_response().file_descriptor_proto_size(), 1);
+  const std::string& descriptor = response.file_descriptor_response().file_descriptor_proto(0);
+  EXPECT_THAT(descriptor, HasSubstr("knapformer/v1/planner.proto"));
+  EXPECT_THAT(descriptor, HasSubstr("PlanGroup"));
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+
+  auto page = HttpGet(serve.metrics_port(), "/metrics");
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_THAT(*page, HasSubstr("knapformer_planner_steps_total{job=\"process\"} 1"));
+}
+
+TEST(ServeProcessTest, SigtermFailsWaitingRanksWithUnavailableAndExitsZero) {
+  ServeProcess serve({"--listen", "127.0.0.1:0", "--metrics", "off"});
+  ASSERT_TRUE(serve.WaitServing()) << serve.log();
+  auto stub = v1::Planner::NewStub(LocalChannel(serve.port()));
+  StepParams params;
+  params.topology = "g1n2";
+  AsyncPlan waiting(stub.get(), MakeRequest(params, 2, 0, {1}));
+  ASSERT_FALSE(waiting.WaitFor(absl::Milliseconds(200)));
+  const absl::Time start = absl::Now();
+  serve.Signal(SIGTERM);
+  ASSERT_TRUE(waiting.WaitFor(absl::Seconds(5)));
+  EXPECT_EQ(waiting.status().error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(waiting.status().error_message(), HasSubstr("shutting down"));
+  ASSERT_TRUE(serve.WaitExit(absl::Seconds(10))) << serve.log();
+  EXPECT_EQ(serve.exit_code(), 0) << serve.log();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(serve.log(), HasSubstr("failing 1 waiting calls with UNAVAILABLE"));
+}
+
+TEST(ServeProcessTest, BadFlagsExitTwoNamingTheFlag) {
+  struct Case {
+    std::vector<std::string> flags;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--max-jobs", "0"}, "--max-jobs: '0' is not a whole number in [1, 1048576]"},
+      {{"--log-level", "loud"}, "--log-level: must be one of debug, info, warning, error"},
+      {{"--rendezvous-timeout-ms", "soon"}, "--rendezvous-timeout-ms: 'soon'"},
+      {{"--colour", "blue"}, "--colour"},
+      {{"--listen", "127.0.0.1:0", "--metrics", "off", "--tls-cert", "/nonexistent.pem"},
+       "--tls-cert and --tls-key: TLS needs both"},
+  };
+  for (const Case& c : cases) {
+    ServeProcess serve(c.flags);
+    ASSERT_TRUE(serve.WaitExit(absl::Seconds(10)));
+    EXPECT_EQ(serve.exit_code(), 2) << c.message;
+    EXPECT_THAT(serve.log(), HasSubstr(c.message));
+  }
+}
+
+TEST(ServeProcessTest, ABusyPortExitsOneNamingTheAddress) {
+  ServeProcess first({"--listen", "127.0.0.1:0", "--metrics", "off"});
+  ASSERT_TRUE(first.WaitServing()) << first.log();
+  const std::string address = absl::StrCat("127.0.0.1:", first.port());
+  ServeProcess second({"--listen", address, "--metrics", "off"});
+  ASSERT_TRUE(second.WaitExit(absl::Seconds(10)));
+  EXPECT_EQ(second.exit_code(), 1);
+  EXPECT_THAT(second.log(), HasSubstr(absl::StrCat("--listen: cannot serve on '", address)));
+}
+
+}  // namespace
+}  // namespace knapformer
