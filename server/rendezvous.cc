@@ -43,7 +43,9 @@ absl::Status CompareSpecs(const v1::StepSpec& first, const std::string& first_to
 }  // namespace
 
 absl::StatusOr<Rendezvous::Group*> Rendezvous::FindOrCreateGroup(const v1::StepSpec& spec,
-                                                                 absl::Time now) {
+                                                                 absl::Time now,
+                                                                 bool* created) {
+  if (created != nullptr) *created = false;
   auto job_it = jobs_.find(spec.job_id());
   if (job_it == jobs_.end()) {
     if (static_cast<int64_t>(jobs_.size()) >= limits_.max_jobs) {
@@ -64,9 +66,21 @@ absl::StatusOr<Rendezvous::Group*> Rendezvous::FindOrCreateGroup(const v1::StepS
                                                        " groups, the server's limit"));
     }
     group_it = job.groups.emplace(spec.group_id(), Group()).first;
+    if (created != nullptr) *created = true;
   }
   job.last_activity = now;
   return &group_it->second;
+}
+
+void Rendezvous::ForgetIfEmpty(const v1::StepSpec& spec) {
+  auto job_it = jobs_.find(spec.job_id());
+  if (job_it == jobs_.end()) return;
+  auto group_it = job_it->second.groups.find(spec.group_id());
+  if (group_it != job_it->second.groups.end() && group_it->second.pending.empty() &&
+      group_it->second.steps_planned == 0 && group_it->second.ranks_seen == 0) {
+    job_it->second.groups.erase(group_it);
+  }
+  if (job_it->second.groups.empty()) jobs_.erase(job_it);
 }
 
 Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, absl::Time now) {
@@ -79,7 +93,8 @@ Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, a
     arrival.status = absl::UnavailableError("the planner is shutting down; retry elsewhere");
     return arrival;
   }
-  auto group_or = FindOrCreateGroup(spec, now);
+  bool created = false;
+  auto group_or = FindOrCreateGroup(spec, now, &created);
   if (!group_or.ok()) {
     arrival.status = group_or.status();
     return arrival;
@@ -100,12 +115,14 @@ Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, a
           absl::StrCat("spec.step: ", pending_steps_,
                        " steps are already waiting for ranks, the server's limit; ",
                        StepName(spec), " was not opened"));
+      if (created) ForgetIfEmpty(spec);
       return arrival;
     }
     if (request.sequence_lengths_size() > limits_.max_sequences_per_step) {
       arrival.status = absl::ResourceExhaustedError(absl::StrCat(
           "sequence_lengths: ", request.sequence_lengths_size(),
           " sequences exceed the limit of ", limits_.max_sequences_per_step, " per step"));
+      if (created) ForgetIfEmpty(spec);
       return arrival;
     }
     std::string topology = checked.world.topology().spec();

@@ -140,9 +140,14 @@ class Rendezvous {
     int32_t pending = 0;
   };
 
-  // Finds or creates the job and group of `spec`.
-  absl::StatusOr<Group*> FindOrCreateGroup(const v1::StepSpec& spec, absl::Time now)
+  // Finds or creates the job and group of `spec`; *created tells whether
+  // this call created the group (and maybe its job).
+  absl::StatusOr<Group*> FindOrCreateGroup(const v1::StepSpec& spec, absl::Time now,
+                                           bool* created = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Undoes a creation by FindOrCreateGroup for a refused request, so refused
+  // requests never hold a job or group.
+  void ForgetIfEmpty(const v1::StepSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ServiceLimits limits_;
   mutable absl::Mutex mu_;

@@ -2,7 +2,9 @@
 
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "planner/status_macros.h"
 
 namespace knapformer {
@@ -81,7 +83,12 @@ absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const Servic
         absl::StrCat("spec.token_bytes: must be >= 0, got ", spec.token_bytes()));
   }
   auto topology = Topology::Parse(spec.topology());
-  if (!topology.ok()) return Prefixed("spec.topology: ", topology.status());
+  if (!topology.ok()) {
+    // The parser's messages start with "topology"; name the request field instead.
+    absl::string_view message = topology.status().message();
+    absl::ConsumePrefix(&message, "topology: ") || absl::ConsumePrefix(&message, "topology ");
+    return absl::InvalidArgumentError(absl::StrCat("spec.topology: ", message));
+  }
   auto world = World::Create(*std::move(topology), spec.world_size());
   if (!world.ok()) return Prefixed("spec.", world.status());
   auto cost = CostModel::Create(spec.d_model(), spec.gamma());

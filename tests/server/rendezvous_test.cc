@@ -218,8 +218,7 @@ TEST(RendezvousTest, ForgetsAnsweredStepsBeyondRememberedSteps) {
 
   // Steps 1 and 2 are the two remembered.
   auto again1 = Call(spec(1), 0);
-  EXPECT_EQ(Arrive(rendezvous, again1.get(), kT0).status.code(),
-            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(Arrive(rendezvous, again1.get(), kT0).status.code(), absl::StatusCode::kAlreadyExists);
 
   auto c3 = CompleteStep(rendezvous, spec(3), kT0);
   // Step 1 fell out of the ring: asking again opens (here: completes) a new
@@ -231,8 +230,7 @@ TEST(RendezvousTest, ForgetsAnsweredStepsBeyondRememberedSteps) {
   EXPECT_EQ(arrival.ready->spec.step(), 1u);
 
   auto again3 = Call(spec(3), 0);
-  EXPECT_EQ(Arrive(rendezvous, again3.get(), kT0).status.code(),
-            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(Arrive(rendezvous, again3.get(), kT0).status.code(), absl::StatusCode::kAlreadyExists);
   // Re-answering step 1 pushed step 2 out.
   auto again2 = Call(spec(2), 0);
   auto arrival2 = Arrive(rendezvous, again2.get(), kT0);
@@ -522,6 +520,26 @@ TEST(RendezvousTest, MaxPendingStepsRefusesNewStepsButNotRanksOfOpenOnes) {
   EXPECT_EQ(rendezvous.pending_steps(), 2);
 }
 
+TEST(RendezvousTest, ARefusedFirstRequestLeavesNoJobOrGroupBehind) {
+  ServiceLimits limits;
+  limits.max_pending_steps = 1;
+  Rendezvous rendezvous{limits};
+  auto open = Call(Spec(1), 0);
+  ASSERT_TRUE(Arrive(rendezvous, open.get(), kT0).status.ok());
+  auto new_job = Call(Spec(1, 4, "newcomer"), 0);
+  auto new_group = Call(Spec(1, 4, "job", "vae"), 0);
+  EXPECT_EQ(Arrive(rendezvous, new_job.get(), kT0).status.code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Arrive(rendezvous, new_group.get(), kT0).status.code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(rendezvous.jobs(), 1);
+  EXPECT_EQ(rendezvous.GetJob("newcomer", kT0).status().code(), absl::StatusCode::kNotFound);
+  auto state = rendezvous.GetJob("job", kT0);
+  ASSERT_TRUE(state.ok());
+  ASSERT_EQ(state->groups_size(), 1);
+  EXPECT_EQ(state->groups(0).group_id(), "");
+}
+
 TEST(RendezvousTest, MaxJobsRefusesNewJobs) {
   ServiceLimits limits;
   limits.max_jobs = 2;
@@ -779,15 +797,14 @@ TEST(RendezvousTest, GetJobOfAnUnknownJobIsNotFound) {
 TEST(RendezvousTest, RanksSeenCountsDistinctRanksOverSteps) {
   Rendezvous rendezvous{ServiceLimits()};
   std::vector<std::unique_ptr<FakeCall>> calls;
-  for (auto [step, rank] : std::vector<std::pair<uint64_t, int32_t>>{{1, 0}, {1, 1}, {2, 1},
-                                                                     {2, 2}, {3, 0}}) {
+  for (auto [step, rank] :
+       std::vector<std::pair<uint64_t, int32_t>>{{1, 0}, {1, 1}, {2, 1}, {2, 2}, {3, 0}}) {
     calls.push_back(Call(Spec(step, 8), rank));
     ASSERT_TRUE(Arrive(rendezvous, calls.back().get(), kT0).status.ok());
   }
   // Refused calls are not seen.
   auto refused = Call(Spec(1, 8), 1);
-  ASSERT_EQ(Arrive(rendezvous, refused.get(), kT0).status.code(),
-            absl::StatusCode::kAlreadyExists);
+  ASSERT_EQ(Arrive(rendezvous, refused.get(), kT0).status.code(), absl::StatusCode::kAlreadyExists);
   auto mismatch = Call(Spec(1, 4), 3);
   ASSERT_EQ(Arrive(rendezvous, mismatch.get(), kT0).status.code(),
             absl::StatusCode::kFailedPrecondition);

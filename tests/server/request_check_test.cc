@@ -17,6 +17,7 @@ namespace knapformer {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
 constexpr int64_t kTwoTo31 = int64_t{1} << 31;
 
@@ -58,7 +59,8 @@ struct BadRequest {
   const char* name;
   std::function<void(v1::PlanRequest&, ServiceLimits&)> mutate;
   absl::StatusCode code;
-  const char* message;
+  const char* field;    // the message starts with "<field>: "
+  const char* message;  // and contains this
 };
 
 std::vector<BadRequest> BadRequests() {
@@ -67,68 +69,63 @@ std::vector<BadRequest> BadRequests() {
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   const auto kExhausted = absl::StatusCode::kResourceExhausted;
   return {
-      {"empty job_id", [](R& r, L&) { r.mutable_spec()->clear_job_id(); }, kInvalid,
-       "spec.job_id: must not be empty"},
+      {"empty job_id", [](R& r, L&) { r.mutable_spec()->clear_job_id(); }, kInvalid, "spec.job_id",
+       "must not be empty"},
       {"long job_id", [](R& r, L&) { r.mutable_spec()->set_job_id(std::string(129, 'j')); },
-       kInvalid, "spec.job_id: 129 characters exceed the limit of 128"},
-      {"job_id with a space", [](R& r, L&) { r.mutable_spec()->set_job_id("my job"); },
-       kInvalid, "spec.job_id: character 2 is not one of [A-Za-z0-9._:/-]"},
-      {"job_id with a non-ASCII byte",
-       [](R& r, L&) { r.mutable_spec()->set_job_id("j\xc3\xb6"); }, kInvalid,
-       "spec.job_id: character 1 is not one of"},
-      {"long group_id",
-       [](R& r, L&) { r.mutable_spec()->set_group_id(std::string(129, 'g')); }, kInvalid,
-       "spec.group_id: 129 characters exceed the limit of 128"},
-      {"group_id with a bad character",
-       [](R& r, L&) { r.mutable_spec()->set_group_id("tp#0"); }, kInvalid,
-       "spec.group_id: character 2 is not one of [A-Za-z0-9._:/-]"},
+       kInvalid, "spec.job_id", "129 characters exceed the limit of 128"},
+      {"job_id with a space", [](R& r, L&) { r.mutable_spec()->set_job_id("my job"); }, kInvalid,
+       "spec.job_id", "character 2 is not one of [A-Za-z0-9._:/-]"},
+      {"job_id with a non-ASCII byte", [](R& r, L&) { r.mutable_spec()->set_job_id("j\xc3\xb6"); },
+       kInvalid, "spec.job_id", "character 1 is not one of"},
+      {"long group_id", [](R& r, L&) { r.mutable_spec()->set_group_id(std::string(129, 'g')); },
+       kInvalid, "spec.group_id", "129 characters exceed the limit of 128"},
+      {"group_id with a bad character", [](R& r, L&) { r.mutable_spec()->set_group_id("tp#0"); },
+       kInvalid, "spec.group_id", "character 2 is not one of [A-Za-z0-9._:/-]"},
       {"world_size 0", [](R& r, L&) { r.mutable_spec()->set_world_size(0); }, kInvalid,
-       "spec.world_size: must be at least 1, got 0"},
+       "spec.world_size", "must be at least 1, got 0"},
       {"negative world_size", [](R& r, L&) { r.mutable_spec()->set_world_size(-8); }, kInvalid,
-       "spec.world_size: must be at least 1, got -8"},
+       "spec.world_size", "must be at least 1, got -8"},
       {"world_size over the limit",
        [](R& r, L& l) {
          l.max_world_size = 8;
          r.mutable_spec()->set_world_size(12);
        },
-       kExhausted, "spec.world_size: 12 exceeds the server's limit of 8 ranks"},
+       kExhausted, "spec.world_size", "12 exceeds the server's limit of 8 ranks"},
       {"world_size not a multiple of the group",
        [](R& r, L&) {
          r.mutable_spec()->set_world_size(6);
          r.set_rank(0);
        },
-       kInvalid, "spec.world_size: 6 is not a multiple of the group size 4 of topology g1n2+g2n1"},
+       kInvalid, "spec.world_size",
+       "6 is not a multiple of the group size 4 of topology g1n2+g2n1"},
       {"empty topology", [](R& r, L&) { r.mutable_spec()->clear_topology(); }, kInvalid,
-       "spec.topology: empty spec"},
+       "spec.topology", "empty spec"},
       {"bad topology", [](R& r, L&) { r.mutable_spec()->set_topology("g0n4"); }, kInvalid,
-       "spec.topology: topology term 'g0n4': G (GPUs per bag) must be at least 1"},
-      {"d_model 0", [](R& r, L&) { r.mutable_spec()->set_d_model(0); }, kInvalid,
-       "spec.d_model: must be in [1, 65536], got 0"},
+       "spec.topology", "term 'g0n4': G (GPUs per bag) must be at least 1"},
+      {"d_model 0", [](R& r, L&) { r.mutable_spec()->set_d_model(0); }, kInvalid, "spec.d_model",
+       "must be in [1, 65536], got 0"},
       {"d_model 65537", [](R& r, L&) { r.mutable_spec()->set_d_model(65537); }, kInvalid,
-       "spec.d_model: must be in [1, 65536], got 65537"},
+       "spec.d_model", "must be in [1, 65536], got 65537"},
       {"negative gamma", [](R& r, L&) { r.mutable_spec()->set_gamma(-0.5); }, kInvalid,
-       "spec.gamma: must be a finite number in [0, 1e6], got -0.5"},
+       "spec.gamma", "must be a finite number in [0, 1e6], got -0.5"},
       {"NaN gamma",
        [](R& r, L&) { r.mutable_spec()->set_gamma(std::numeric_limits<double>::quiet_NaN()); },
-       kInvalid, "spec.gamma: must be a finite number"},
+       kInvalid, "spec.gamma", "must be a finite number"},
       {"infinite gamma",
        [](R& r, L&) { r.mutable_spec()->set_gamma(std::numeric_limits<double>::infinity()); },
-       kInvalid, "spec.gamma: must be a finite number"},
-      {"negative token_bytes", [](R& r, L&) { r.mutable_spec()->set_token_bytes(-1); },
-       kInvalid, "spec.token_bytes: must be >= 0, got -1"},
-      {"rank -1", [](R& r, L&) { r.set_rank(-1); }, kInvalid,
-       "rank: -1 is outside [0, world_size = 8)"},
-      {"rank == world_size", [](R& r, L&) { r.set_rank(8); }, kInvalid,
-       "rank: 8 is outside [0, world_size = 8)"},
+       kInvalid, "spec.gamma", "must be a finite number"},
+      {"negative token_bytes", [](R& r, L&) { r.mutable_spec()->set_token_bytes(-1); }, kInvalid,
+       "spec.token_bytes", "must be >= 0, got -1"},
+      {"rank -1", [](R& r, L&) { r.set_rank(-1); }, kInvalid, "rank",
+       "-1 is outside [0, world_size = 8)"},
+      {"rank == world_size", [](R& r, L&) { r.set_rank(8); }, kInvalid, "rank",
+       "8 is outside [0, world_size = 8)"},
       {"length -1", [](R& r, L&) { r.set_sequence_lengths(2, -1); }, kInvalid,
-       "sequence_lengths[2]: -1 is outside [0, 2147483648]"},
+       "sequence_lengths[2]", "-1 is outside [0, 2147483648]"},
       {"length 2^31+1", [](R& r, L&) { r.set_sequence_lengths(0, kTwoTo31 + 1); }, kInvalid,
-       "sequence_lengths[0]: 2147483649 is outside [0, 2147483648]"},
-      {"too many sequences",
-       [](R& r, L& l) {
-         l.max_sequences_per_rank = 2;
-       },
-       kExhausted, "sequence_lengths: 3 sequences exceed the limit of 2 per rank"},
+       "sequence_lengths[0]", "2147483649 is outside [0, 2147483648]"},
+      {"too many sequences", [](R&, L& l) { l.max_sequences_per_rank = 2; }, kExhausted,
+       "sequence_lengths", "3 sequences exceed the limit of 2 per rank"},
   };
 }
 
@@ -141,6 +138,7 @@ TEST(CheckPlanRequestTest, RejectsEachMalformedFieldNamingIt) {
     auto checked = CheckPlanRequest(request, limits);
     ASSERT_FALSE(checked.ok()) << "accepted";
     EXPECT_EQ(checked.status().code(), bad.code) << checked.status();
+    EXPECT_THAT(Message(checked.status()), StartsWith(std::string(bad.field) + ": "));
     EXPECT_THAT(Message(checked.status()), HasSubstr(bad.message));
   }
 }

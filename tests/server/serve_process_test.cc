@@ -177,7 +177,19 @@ TEST(ServeProcessTest, SigtermFailsWaitingRanksWithUnavailableAndExitsZero) {
   StepParams params;
   params.topology = "g1n2";
   AsyncPlan waiting(stub.get(), MakeRequest(params, 2, 0, {1}));
-  ASSERT_FALSE(waiting.WaitFor(absl::Milliseconds(200)));
+  // Wait (bounded) until the server shows the step pending.
+  bool pending = false;
+  for (const absl::Time limit = absl::Now() + absl::Seconds(10); !pending && absl::Now() < limit;) {
+    v1::GetJobRequest request;
+    request.set_job_id(params.job_id);
+    v1::JobState state;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    pending = stub->GetJob(&context, request, &state).ok() && state.groups_size() == 1 &&
+              state.groups(0).pending_size() == 1;
+    if (!pending) absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(pending);
   const absl::Time start = absl::Now();
   serve.Signal(SIGTERM);
   ASSERT_TRUE(waiting.WaitFor(absl::Seconds(5)));

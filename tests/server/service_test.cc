@@ -235,6 +235,16 @@ grpc::Status PlanOnce(v1::Planner::Stub* stub, const v1::PlanRequest& request,
   return stub->Plan(&context, request, response != nullptr ? response : &ignored);
 }
 
+// Waits (bounded) until the server holds `steps` pending steps, so that an
+// asynchronous call is known to have arrived before the test goes on.
+void AwaitPendingSteps(PlannerServer& server, int32_t steps) {
+  const absl::Time limit = absl::Now() + absl::Seconds(10);
+  while (server.service().rendezvous().pending_steps() != steps && absl::Now() < limit) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_EQ(server.service().rendezvous().pending_steps(), steps);
+}
+
 TEST(ServiceTest, MalformedRequestsAreInvalidArgumentNamingTheField) {
   auto server = StartServer();
   ASSERT_NE(server, nullptr);
@@ -271,6 +281,7 @@ TEST(ServiceTest, RanksThatDisagreeGetFailedPreconditionAndTheStepStillCompletes
   StepParams params;
   params.topology = "g1n2";
   AsyncPlan rank0(stub.get(), MakeRequest(params, 2, 0, {10, 20}));
+  AwaitPendingSteps(*server, 1);
   StepParams other = params;
   other.topology = "g2n1";
   grpc::Status status = PlanOnce(stub.get(), MakeRequest(other, 2, 1, {30}));
@@ -302,7 +313,7 @@ TEST(ServiceTest, TheSameRankTwiceIsAlreadyExistsWhilePendingAndAfterwards) {
   StepParams params;
   params.topology = "g1n2";
   AsyncPlan first(stub.get(), MakeRequest(params, 2, 0, {10}));
-  ASSERT_FALSE(first.WaitFor(absl::Milliseconds(50)));
+  AwaitPendingSteps(*server, 1);
   grpc::Status status = PlanOnce(stub.get(), MakeRequest(params, 2, 0, {10}));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
   EXPECT_THAT(status.error_message(), HasSubstr("rank 0: already waiting in step 0"));
@@ -378,7 +389,7 @@ TEST(ServiceTest, LimitsAreResourceExhausted) {
   StepParams params;
   params.topology = "g1n2";
   AsyncPlan waiting(stub.get(), MakeRequest(params, 2, 0, {1}));
-  ASSERT_FALSE(waiting.WaitFor(absl::Milliseconds(50)));
+  AwaitPendingSteps(*server, 1);
   params.step = 1;
   grpc::Status status = PlanOnce(stub.get(), MakeRequest(params, 2, 0, {1}));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
@@ -410,7 +421,7 @@ TEST(ServiceTest, ShutdownFailsWaitingRanksWithUnavailableAndARestartServesAgain
   StepParams params;
   params.topology = "g1n2";
   AsyncPlan waiting(stub.get(), MakeRequest(params, 2, 0, {1}));
-  ASSERT_FALSE(waiting.WaitFor(absl::Milliseconds(50)));
+  AwaitPendingSteps(*server, 1);
   const absl::Time start = absl::Now();
   server->Shutdown(absl::Seconds(2));
   ASSERT_TRUE(waiting.WaitFor(absl::Seconds(5)));
@@ -429,6 +440,55 @@ TEST(ServiceTest, ShutdownFailsWaitingRanksWithUnavailableAndARestartServesAgain
   for (const PlanResult& result : results) {
     EXPECT_TRUE(result.status.ok()) << result.status.error_message();
   }
+}
+
+TEST(ServiceTest, ManyStepsTimeoutsAndCancellationsLeaveNothingBehind) {
+  PlannerServerOptions options = TestOptions();
+  options.service.limits.rendezvous_timeout = absl::Milliseconds(200);
+  options.service.limits.remembered_steps = 8;
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.job_id = "soak";
+  params.topology = "g1n2+g2n1";
+  int ok = 0;
+  for (uint64_t step = 0; step < 200; ++step) {
+    params.step = step;
+    for (const PlanResult& r :
+         PlanConcurrently(stub.get(), MakeGroupRequests(params, RandomLengths(4, step)))) {
+      ok += r.status.ok() ? 1 : 0;
+    }
+  }
+  EXPECT_EQ(ok, 800);
+  // Abandoned steps: cancelled ranks and steps that time out.
+  for (uint64_t step = 200; step < 210; ++step) {
+    params.step = step;
+    AsyncPlan cancelled(stub.get(), MakeRequest(params, 4, 0, {1}));
+    cancelled.Cancel();
+    AsyncPlan timed_out(stub.get(), MakeRequest(params, 4, 1, {1}));
+    ASSERT_TRUE(cancelled.WaitFor(absl::Seconds(5)));
+    ASSERT_TRUE(timed_out.WaitFor(absl::Seconds(5)));
+    EXPECT_EQ(cancelled.status().error_code(), grpc::StatusCode::CANCELLED);
+    EXPECT_EQ(timed_out.status().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  EXPECT_EQ(server->service().rendezvous().pending_steps(), 0);
+  v1::GetJobRequest request;
+  request.set_job_id("soak");
+  v1::JobState state;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->GetJob(&context, request, &state).ok());
+  ASSERT_EQ(state.groups_size(), 1);
+  EXPECT_EQ(state.groups(0).steps_planned(), 200u);
+  EXPECT_EQ(state.groups(0).pending_size(), 0);
+  // Only the last 8 answered steps are remembered: 199 is refused, 0 opens anew.
+  params.step = 199;
+  EXPECT_EQ(PlanOnce(stub.get(), MakeRequest(params, 4, 0, {1})).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+  params.step = 0;
+  AsyncPlan reopened(stub.get(), MakeRequest(params, 4, 0, {1}));
+  ASSERT_TRUE(reopened.WaitFor(absl::Seconds(5)));
+  EXPECT_EQ(reopened.status().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
 }
 
 TEST(ServiceTest, ASecondServerOnTheSamePortFailsToStart) {
@@ -454,7 +514,7 @@ TEST(ServiceTest, GetJobReportsPlannedAndPendingSteps) {
   for (const PlanResult& result : results) ASSERT_TRUE(result.status.ok());
   params.step = 6;
   AsyncPlan waiting(stub.get(), MakeRequest(params, 8, 3, {4}));
-  ASSERT_FALSE(waiting.WaitFor(absl::Milliseconds(50)));
+  AwaitPendingSteps(*server, 1);
 
   v1::GetJobRequest request;
   request.set_job_id("state");
