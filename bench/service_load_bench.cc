@@ -168,8 +168,7 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       flags->steps_given = true;
     } else {
       if (!ParsePositive(value, 0, &flags->warmup)) {
-        std::fprintf(stderr, "--warmup: '%s' is not a non-negative integer\n",
-                     value.c_str());
+        std::fprintf(stderr, "--warmup: '%s' is not a non-negative integer\n", value.c_str());
         return false;
       }
     }
@@ -279,15 +278,15 @@ class ServerProcess {
     size_t have = 0;
     const Clock::time_point until = Clock::now() + std::chrono::milliseconds(kPortWaitMs);
     while (have < sizeof(port)) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                            until - Clock::now()).count();
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
       if (left <= 0) break;
       pollfd fd = {port_pipe[0], POLLIN, 0};
       const int n = poll(&fd, 1, static_cast<int>(left));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
-      const ssize_t got = read(port_pipe[0], reinterpret_cast<char*>(&port) + have,
-                               sizeof(port) - have);
+      const ssize_t got =
+          read(port_pipe[0], reinterpret_cast<char*>(&port) + have, sizeof(port) - have);
       if (got < 0 && errno == EINTR) continue;
       if (got <= 0) break;
       have += static_cast<size_t>(got);
@@ -429,16 +428,17 @@ struct StepResult {
   std::map<int, std::string> first_msg;  // first message per code
   int64_t wrong_answer = 0;              // OK, but rank or step not the one asked
   std::string first_wrong;
-  int64_t plan_micros = -1;              // server-reported solve time
+  int64_t plan_micros = -1;  // server-reported solve time
 };
 
 const char* CodeName(int code) {
+  // clang-format off
   static const char* const kNames[] = {
-      "OK",           "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS",    "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",    "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",       "DATA_LOSS",
+      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
       "UNAUTHENTICATED"};
+  // clang-format on
   return code >= 0 && code < 17 ? kNames[code] : "?";
 }
 
@@ -463,8 +463,7 @@ class LoadClient {
         std::chrono::system_clock::now() + std::chrono::seconds(kConnectWaitSeconds);
     for (int i = 0; i < kChannels; ++i) {
       if (!channels_[i]->WaitForConnected(deadline)) {
-        std::fprintf(stderr, "channel %d did not connect within %d s\n", i,
-                     kConnectWaitSeconds);
+        std::fprintf(stderr, "channel %d did not connect within %d s\n", i, kConnectWaitSeconds);
         return false;
       }
     }
@@ -484,8 +483,7 @@ class LoadClient {
     const Clock::time_point start = Clock::now();
     for (size_t r = 0; r < n; ++r) {
       stubs_[r % kChannels]->async()->Plan(calls.contexts[r].get(), &calls.requests[r],
-                                           &calls.responses[r],
-                                           [c, r, n](grpc::Status status) {
+                                           &calls.responses[r], [c, r, n](grpc::Status status) {
                                              c->statuses[r] = std::move(status);
                                              const Clock::time_point now = Clock::now();
                                              absl::MutexLock lock(&c->mu);
@@ -505,8 +503,7 @@ class LoadClient {
         absl::MutexLock lock(&calls.mu);
         done = calls.done;
       }
-      std::fprintf(stderr,
-                   "step %llu: only %zu of %zu answers after %s; cancelling the rest\n",
+      std::fprintf(stderr, "step %llu: only %zu of %zu answers after %s; cancelling the rest\n",
                    static_cast<unsigned long long>(step), done, n,
                    absl::FormatDuration(kStepWait).c_str());
       for (auto& context : calls.contexts) context->TryCancel();
@@ -576,15 +573,14 @@ absl::StatusOr<Problem> MakeProblem(const std::vector<DataCode>& codes, int64_t 
     while (unit % 16 != 0) unit += block;
     ranks = std::max<int64_t>(unit, (requested + unit / 2) / unit * unit);
     while (ranks > kMaxWorldSize) ranks -= unit;
-    std::printf("note: %lld ranks is not valid for %s (multiples of %lld); using %lld\n",
-                static_cast<long long>(requested), kScenario, static_cast<long long>(unit),
-                static_cast<long long>(ranks));
-    std::fflush(stdout);
+    std::fprintf(stderr, "note: %lld ranks is not valid for %s (multiples of %lld); using %lld\n",
+                 static_cast<long long>(requested), kScenario, static_cast<long long>(unit),
+                 static_cast<long long>(ranks));
+    std::fflush(stderr);
   }
   auto stream = DataStream::Create(codes, ranks, kStreamSeed);
   if (!stream.ok()) return stream.status();
-  const std::string spec =
-      absl::StrCat("g1n", ranks / 2, "+g2n", ranks / 8, "+g4n", ranks / 16);
+  const std::string spec = absl::StrCat("g1n", ranks / 2, "+g2n", ranks / 8, "+g4n", ranks / 16);
   auto topology = Topology::Parse(spec);
   if (!topology.ok()) return topology.status();
   auto world = World::Create(*topology, ranks);
@@ -613,6 +609,7 @@ void BuildRequests(const Problem& problem, const std::string& job_id, uint64_t s
 }
 
 struct Row {
+  int64_t requested = 0;  // as asked by --ranks (ranks may differ, see MakeProblem)
   int64_t ranks = 0;
   int64_t steps = 0;  // measured and completed
   std::vector<double> latency_ms;
@@ -636,15 +633,17 @@ void PrintRow(const Row& row) {
   for (double ms : row.latency_ms) total_ms += ms;
   const double steps_per_s =
       row.latency_ms.empty() ? NAN : 1000.0 * static_cast<double>(row.latency_ms.size()) / total_ms;
-  std::printf("| %lld | %lld%s | %s | %s | %s | %s | %s | %s | %s | %s | %lld |\n",
-              static_cast<long long>(row.ranks), static_cast<long long>(row.steps),
+  const std::string asked =
+      row.requested != row.ranks ? absl::StrCat(" (asked ", row.requested, ")") : "";
+  std::printf("| %lld%s | %lld%s | %s | %s | %s | %s | %s | %s | %s | %s | %lld |\n",
+              static_cast<long long>(row.ranks), asked.c_str(), static_cast<long long>(row.steps),
               row.aborted ? " (aborted)" : "", Fixed(steps_per_s, 1).c_str(),
               Fixed(Percentile(row.latency_ms, 0.50), 2).c_str(),
               Fixed(Percentile(row.latency_ms, 0.99), 2).c_str(),
               Fixed(row.server_cpu_ms_per_step, 2).c_str(), Fixed(row.core_solve_ms, 3).c_str(),
               Fixed(row.server_cpu_ms_per_step / row.core_solve_ms, 1).c_str(),
-              Fixed(row.client_cpu_ms_per_step, 2).c_str(),
-              Fixed(Median(row.plan_ms), 3).c_str(), static_cast<long long>(row.failed_calls));
+              Fixed(row.client_cpu_ms_per_step, 2).c_str(), Fixed(Median(row.plan_ms), 3).c_str(),
+              static_cast<long long>(row.failed_calls));
   std::fflush(stdout);
 }
 
@@ -655,13 +654,13 @@ void ReportStep(int64_t ranks, uint64_t step, const StepResult& result) {
     absl::StrAppend(&codes, codes.empty() ? "" : ", ", CodeName(code), " x", count,
                     " (first: ", result.first_msg.at(code), ")");
   }
-  std::fprintf(stderr, "R=%lld step %llu: %lld failed calls%s%s; %lld wrong answers%s%s; "
+  std::fprintf(stderr,
+               "R=%lld step %llu: %lld failed calls%s%s; %lld wrong answers%s%s; "
                "step took %.1f ms\n",
                static_cast<long long>(ranks), static_cast<unsigned long long>(step),
                static_cast<long long>(result.failed), codes.empty() ? "" : ": ", codes.c_str(),
-               static_cast<long long>(result.wrong_answer),
-               result.first_wrong.empty() ? "" : ": ", result.first_wrong.c_str(),
-               result.latency_ms);
+               static_cast<long long>(result.wrong_answer), result.first_wrong.empty() ? "" : ": ",
+               result.first_wrong.c_str(), result.latency_ms);
   std::fflush(stderr);
 }
 
@@ -689,8 +688,7 @@ Outcome MeasureRanks(LoadClient& client, ServerProcess& server, const Problem& p
     StepResult result = client.Run(*calls, step);
     if (!result.all_done) {
       std::fprintf(stderr, "R=%lld step %llu: calls still in flight after cancelling\n",
-                   static_cast<long long>(problem.ranks),
-                   static_cast<unsigned long long>(step));
+                   static_cast<long long>(problem.ranks), static_cast<unsigned long long>(step));
       (void)calls.release();  // gRPC may still write into them
       row->aborted = true;
       return Outcome::kStuck;
@@ -699,7 +697,11 @@ Outcome MeasureRanks(LoadClient& client, ServerProcess& server, const Problem& p
       ReportStep(problem.ranks, step, result);
       row->failed_calls += result.failed + result.wrong_answer;
       const std::string ended = server.ExitIfEnded();
-      if (!ended.empty()) std::fprintf(stderr, "server child %s\n", ended.c_str());
+      if (!ended.empty()) {
+        std::fprintf(stderr, "R=%lld step %llu: server child %s\n",
+                     static_cast<long long>(problem.ranks), static_cast<unsigned long long>(step),
+                     ended.c_str());
+      }
       row->aborted = true;
       outcome = Outcome::kFailed;
       break;
@@ -729,8 +731,8 @@ Outcome MeasureRanks(LoadClient& client, ServerProcess& server, const Problem& p
       absl::StatusOr<Plan> plan = BalanceGreedy(problem.world, problem.cost, lengths);
       const Clock::time_point end = Clock::now();
       if (!plan.ok()) {
-        std::fprintf(stderr, "R=%lld: BalanceGreedy: %s\n",
-                     static_cast<long long>(problem.ranks), plan.status().ToString().c_str());
+        std::fprintf(stderr, "R=%lld: BalanceGreedy: %s\n", static_cast<long long>(problem.ranks),
+                     plan.status().ToString().c_str());
         break;
       }
       solve_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
@@ -756,13 +758,14 @@ int Main(int argc, char** argv) {
   ServerProcess server;
   if (!server.Start()) return 1;
 
-  std::printf("service_load_bench: nproc %d; server pid %d on 127.0.0.1:%d (in a child "
-              "process); %d channels, callback API, retries off; %s stream seed %llu, "
-              "d_model %d, gamma %.2f; %lld warm-up steps per R; server CPU at 1/%ld s "
-              "resolution over all measured steps\n",
-              AvailableCpus(), static_cast<int>(server.pid()), server.port(), kChannels,
-              kScenario, static_cast<unsigned long long>(kStreamSeed), kDModel, kGamma,
-              static_cast<long long>(flags.warmup), sysconf(_SC_CLK_TCK));
+  std::printf(
+      "service_load_bench: nproc %d; server pid %d on 127.0.0.1:%d (in a child "
+      "process); %d channels, callback API, retries off; %s stream seed %llu, "
+      "d_model %d, gamma %.2f; %lld warm-up steps per R; server CPU at 1/%ld s "
+      "resolution over all measured steps\n",
+      AvailableCpus(), static_cast<int>(server.pid()), server.port(), kChannels, kScenario,
+      static_cast<unsigned long long>(kStreamSeed), kDModel, kGamma,
+      static_cast<long long>(flags.warmup), sysconf(_SC_CLK_TCK));
   std::fflush(stdout);
 
   int exit_code = 0;
@@ -772,10 +775,11 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "server child: %s\n", server.Stop().c_str());
       return 1;
     }
-    std::printf("\n| ranks | steps | steps/s | p50 (ms) | p99 (ms) | server CPU/step (ms) "
-                "| core solve p50 (ms) | server CPU / solve | client CPU/step (ms) "
-                "| server plan_micros p50 (ms) | failed calls |\n"
-                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::printf(
+        "\n| ranks | steps | steps/s | p50 (ms) | p99 (ms) | server CPU/step (ms) "
+        "| core solve p50 (ms) | server CPU / solve | client CPU/step (ms) "
+        "| server plan_micros p50 (ms) | failed calls |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     std::fflush(stdout);
     for (const int64_t requested : flags.ranks) {
       const std::string ended = server.ExitIfEnded();
@@ -795,8 +799,8 @@ int Main(int argc, char** argv) {
                                 ? flags.steps
                                 : std::min(flags.steps, kDefaultStepsAt4096);
       Row row;
-      const Outcome outcome =
-          MeasureRanks(client, server, *problem, steps, flags.warmup, &row);
+      row.requested = requested;
+      const Outcome outcome = MeasureRanks(client, server, *problem, steps, flags.warmup, &row);
       PrintRow(row);
       if (outcome != Outcome::kOk) exit_code = 1;
       if (outcome == Outcome::kStuck) {
