@@ -97,7 +97,7 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*co
                                                const v1::PlanRequest* request,
                                                v1::PlanResponse* response) {
   auto* call = new PlanCall(this, request, response);
-  auto checked = CheckPlanRequest(*request, options_.limits);
+  auto checked = CheckPlanRequest(*request, options_.limits, &worlds_);
   if (!checked.ok()) {
     call->FinishWith(checked.status());
     return call;
@@ -121,7 +121,7 @@ void PlannerService::SolveAndAnswer(std::shared_ptr<ReadyStep> step) {
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<knapformer::Plan> plan =
-      BalanceGreedy(step->checked.world, step->checked.cost, lengths, options_.balancer);
+      BalanceGreedy(*step->checked.world, step->checked.cost, lengths, options_.balancer);
   const absl::Time solved = absl::Now();
   if (!plan.ok()) {
     Log(LogLevel::kWarning, absl::StrCat("job '", spec.job_id(), "' step ", spec.step(), ": ",
@@ -168,7 +168,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
                           absl::Now());
     reactor->Finish(ToGrpcStatus(status));
   };
-  auto checked = CheckPlanGroupRequest(*request, options_.limits);
+  auto checked = CheckPlanGroupRequest(*request, options_.limits, &worlds_);
   absl::Status status = checked.status();
   if (status.ok()) status = rendezvous_.Touch(request->spec(), absl::Now());
   if (!status.ok()) {
@@ -185,7 +185,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
     }
     const absl::Time start = absl::Now();
     absl::StatusOr<knapformer::Plan> plan = BalanceGreedy(
-        shared_checked->world, shared_checked->cost, lengths, options_.balancer);
+        *shared_checked->world, shared_checked->cost, lengths, options_.balancer);
     const absl::Time solved = absl::Now();
     if (!plan.ok()) {
       finish(plan.status());

@@ -12,6 +12,7 @@
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
 #include "server/rendezvous.h"
+#include "server/request_check.h"
 #include "server/service_limits.h"
 #include "server/service_metrics.h"
 #include "server/thread_pool.h"
@@ -61,6 +62,7 @@ class PlannerService final : public v1::Planner::CallbackService {
   void Reap();
 
   const ServiceOptions options_;
+  WorldCache worlds_;
   Rendezvous rendezvous_;
   ServiceMetrics metrics_;
   ThreadPool pool_;

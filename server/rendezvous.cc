@@ -125,7 +125,7 @@ Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, a
       if (created) ForgetIfEmpty(spec);
       return arrival;
     }
-    std::string topology = checked.world.topology().spec();
+    std::string topology = checked.world->topology().spec();
     auto step = std::make_unique<Step>(Step{spec, std::move(topology), checked, now,
                                             std::vector<bool>(spec.world_size(), false),
                                             {}, 0});
@@ -135,7 +135,7 @@ Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, a
   } else {
     const Step& step = *step_it->second;
     arrival.status = CompareSpecs(step.spec, step.topology, spec,
-                                  checked.world.topology().spec(), rank);
+                                  checked.world->topology().spec(), rank);
     if (!arrival.status.ok()) return arrival;
   }
   Step& step = *step_it->second;

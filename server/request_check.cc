@@ -66,7 +66,41 @@ absl::Status CheckJobId(const std::string& job_id) {
   return CheckId("spec.job_id", job_id, /*may_be_empty=*/false);
 }
 
-absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const ServiceLimits& limits) {
+namespace {
+
+absl::StatusOr<std::shared_ptr<const World>> ParseWorld(const std::string& spec,
+                                                        int32_t world_size) {
+  auto topology = Topology::Parse(spec);
+  if (!topology.ok()) {
+    // The parser's messages start with "topology"; name the request field instead.
+    absl::string_view message = topology.status().message();
+    absl::ConsumePrefix(&message, "topology: ") || absl::ConsumePrefix(&message, "topology ");
+    return absl::InvalidArgumentError(absl::StrCat("spec.topology: ", message));
+  }
+  auto world = World::Create(*std::move(topology), world_size);
+  if (!world.ok()) return Prefixed("spec.", world.status());
+  return std::make_shared<const World>(*std::move(world));
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const World>> WorldCache::Get(const std::string& topology,
+                                                             int32_t world_size) {
+  auto key = std::make_pair(topology, world_size);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = worlds_.find(key);
+    if (it != worlds_.end()) return it->second;
+  }
+  KF_ASSIGN_OR_RETURN(std::shared_ptr<const World> world, ParseWorld(topology, world_size));
+  absl::MutexLock lock(&mu_);
+  if (worlds_.size() >= capacity_) worlds_.clear();
+  worlds_.emplace(std::move(key), world);
+  return world;
+}
+
+absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const ServiceLimits& limits,
+                                          WorldCache* cache) {
   KF_RETURN_IF_ERROR(CheckJobId(spec.job_id()));
   KF_RETURN_IF_ERROR(CheckId("spec.group_id", spec.group_id(), /*may_be_empty=*/true));
   if (spec.world_size() < 1) {
@@ -82,23 +116,17 @@ absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const Servic
     return absl::InvalidArgumentError(
         absl::StrCat("spec.token_bytes: must be >= 0, got ", spec.token_bytes()));
   }
-  auto topology = Topology::Parse(spec.topology());
-  if (!topology.ok()) {
-    // The parser's messages start with "topology"; name the request field instead.
-    absl::string_view message = topology.status().message();
-    absl::ConsumePrefix(&message, "topology: ") || absl::ConsumePrefix(&message, "topology ");
-    return absl::InvalidArgumentError(absl::StrCat("spec.topology: ", message));
-  }
-  auto world = World::Create(*std::move(topology), spec.world_size());
-  if (!world.ok()) return Prefixed("spec.", world.status());
+  auto world = cache != nullptr ? cache->Get(spec.topology(), spec.world_size())
+                               : ParseWorld(spec.topology(), spec.world_size());
+  if (!world.ok()) return world.status();
   auto cost = CostModel::Create(spec.d_model(), spec.gamma());
   if (!cost.ok()) return Prefixed("spec.", cost.status());
   return CheckedSpec{*std::move(world), *cost};
 }
 
 absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
-                                             const ServiceLimits& limits) {
-  KF_ASSIGN_OR_RETURN(CheckedSpec checked, CheckStepSpec(request.spec(), limits));
+                                             const ServiceLimits& limits, WorldCache* cache) {
+  KF_ASSIGN_OR_RETURN(CheckedSpec checked, CheckStepSpec(request.spec(), limits, cache));
   if (request.rank() < 0 || request.rank() >= request.spec().world_size()) {
     return absl::InvalidArgumentError(absl::StrCat("rank: ", request.rank(),
                                                    " is outside [0, world_size = ",
@@ -109,8 +137,9 @@ absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
 }
 
 absl::StatusOr<CheckedSpec> CheckPlanGroupRequest(const v1::PlanGroupRequest& request,
-                                                  const ServiceLimits& limits) {
-  KF_ASSIGN_OR_RETURN(CheckedSpec checked, CheckStepSpec(request.spec(), limits));
+                                                  const ServiceLimits& limits,
+                                                  WorldCache* cache) {
+  KF_ASSIGN_OR_RETURN(CheckedSpec checked, CheckStepSpec(request.spec(), limits, cache));
   if (request.ranks_size() != request.spec().world_size()) {
     return absl::InvalidArgumentError(absl::StrCat("ranks: ", request.ranks_size(),
                                                    " entries, but world_size is ",

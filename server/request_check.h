@@ -1,7 +1,14 @@
 #ifndef KNAPFORMER_SERVER_REQUEST_CHECK_H_
 #define KNAPFORMER_SERVER_REQUEST_CHECK_H_
 
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "knapformer/v1/planner.pb.h"
 #include "planner/cost_model.h"
 #include "planner/topology.h"
@@ -9,24 +16,47 @@
 
 namespace knapformer {
 
-// A StepSpec that passed every check, with its parsed planning problem.
+// A StepSpec that passed every check, with its parsed planning problem. The
+// World is shared: building one is O(world size), and every rank of a step
+// (and every step of a job) asks with the same one.
 struct CheckedSpec {
-  World world;
+  std::shared_ptr<const World> world;
   CostModel cost;
+};
+
+// Parsed worlds by (topology, world_size), so that the R requests of a step
+// parse the topology once instead of R times (O(R^2) per step). Bounded: it
+// starts over when `capacity` specs are held. Thread-safe.
+class WorldCache {
+ public:
+  explicit WorldCache(size_t capacity = 256) : capacity_(capacity) {}
+  // The world of `topology` x `world_size`, or InvalidArgument naming
+  // spec.topology / spec.world_size.
+  absl::StatusOr<std::shared_ptr<const World>> Get(const std::string& topology,
+                                                   int32_t world_size);
+
+ private:
+  const size_t capacity_;
+  absl::Mutex mu_;
+  std::map<std::pair<std::string, int32_t>, std::shared_ptr<const World>> worlds_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // Checks the fields every rank must agree on. InvalidArgument naming the
 // field ("spec.topology: ...") for malformed values; ResourceExhausted for
-// world_size over limits.max_world_size.
-absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const ServiceLimits& limits);
+// world_size over limits.max_world_size. `cache` may be null.
+absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const ServiceLimits& limits,
+                                          WorldCache* cache = nullptr);
 
 // CheckStepSpec plus the rank and its sequence lengths.
 absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
-                                             const ServiceLimits& limits);
+                                             const ServiceLimits& limits,
+                                             WorldCache* cache = nullptr);
 
 // CheckStepSpec plus one entry per rank and every length.
 absl::StatusOr<CheckedSpec> CheckPlanGroupRequest(const v1::PlanGroupRequest& request,
-                                                  const ServiceLimits& limits);
+                                                  const ServiceLimits& limits,
+                                                  WorldCache* cache = nullptr);
 
 // InvalidArgument unless `job_id` is 1-128 characters of [A-Za-z0-9._:/-].
 absl::Status CheckJobId(const std::string& job_id);

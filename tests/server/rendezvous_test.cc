@@ -112,8 +112,8 @@ TEST(RendezvousTest, CompletesOnTheLastArrivalWithCallsIndexedByRank) {
   EXPECT_EQ(ready.spec.step(), 5u);
   EXPECT_EQ(ready.spec.job_id(), "job");
   EXPECT_EQ(ready.spec.world_size(), 4);
-  EXPECT_EQ(ready.checked.world.world_size(), 4);
-  EXPECT_EQ(ready.checked.world.topology().spec(), "g1n4");
+  EXPECT_EQ(ready.checked.world->world_size(), 4);
+  EXPECT_EQ(ready.checked.world->topology().spec(), "g1n4");
   EXPECT_EQ(ready.checked.cost.d_model(), 1024);
   EXPECT_DOUBLE_EQ(ready.checked.cost.gamma(), 0.49);
   EXPECT_EQ(rendezvous.NextDeadline(), absl::InfiniteFuture());
@@ -329,7 +329,7 @@ TEST(RendezvousTest, TopologiesAreComparedInCanonicalForm) {
   ASSERT_NE(a3.ready, nullptr);
   // The ready step carries the first arrival's spec as sent.
   EXPECT_EQ(a3.ready->spec.topology(), "g1n4");
-  EXPECT_EQ(a3.ready->checked.world.topology().spec(), "g1n4");
+  EXPECT_EQ(a3.ready->checked.world->topology().spec(), "g1n4");
 }
 
 TEST(RendezvousTest, NonCanonicalFirstArrivalStillMatchesCanonicalLaterOnes) {
@@ -728,7 +728,7 @@ TEST(RendezvousTest, GetJobReportsPlannedAndPendingSteps) {
     if (arrival.ready) ready = std::move(arrival.ready);
   }
   ASSERT_NE(ready, nullptr);
-  rendezvous.RecordPlanned(ready->spec, ready->checked.world.topology().spec(), SomeBalance(),
+  rendezvous.RecordPlanned(ready->spec, ready->checked.world->topology().spec(), SomeBalance(),
                            kT0 + absl::Seconds(1));
 
   const v1::StepSpec next = Spec(8, 4, "job", "", "g1n4");

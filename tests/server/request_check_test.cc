@@ -146,10 +146,10 @@ TEST(CheckPlanRequestTest, RejectsEachMalformedFieldNamingIt) {
 TEST(CheckPlanRequestTest, AcceptsAValidRequest) {
   auto checked = CheckPlanRequest(ValidRequest(), ServiceLimits());
   ASSERT_TRUE(checked.ok()) << checked.status();
-  EXPECT_EQ(checked->world.world_size(), 8);
-  EXPECT_EQ(checked->world.num_replicas(), 2);
-  EXPECT_EQ(checked->world.topology().spec(), "g1n2+g2n1");
-  EXPECT_EQ(checked->world.topology().group_size(), 4);
+  EXPECT_EQ(checked->world->world_size(), 8);
+  EXPECT_EQ(checked->world->num_replicas(), 2);
+  EXPECT_EQ(checked->world->topology().spec(), "g1n2+g2n1");
+  EXPECT_EQ(checked->world->topology().group_size(), 4);
   EXPECT_EQ(checked->cost.d_model(), 1024);
   EXPECT_DOUBLE_EQ(checked->cost.gamma(), 0.49);
 }
@@ -186,9 +186,9 @@ TEST(CheckPlanRequestTest, AcceptsAnEmptyGroupIdAndNonCanonicalTopology) {
   request.set_rank(3);
   auto checked = CheckPlanRequest(request, ServiceLimits());
   ASSERT_TRUE(checked.ok()) << checked.status();
-  EXPECT_EQ(checked->world.world_size(), 4);
-  EXPECT_EQ(checked->world.num_replicas(), 1);
-  EXPECT_EQ(checked->world.topology().spec(), "g1n2+g2n1");
+  EXPECT_EQ(checked->world->world_size(), 4);
+  EXPECT_EQ(checked->world->num_replicas(), 1);
+  EXPECT_EQ(checked->world->topology().spec(), "g1n2+g2n1");
 }
 
 TEST(CheckPlanRequestTest, ChecksTheSpecBeforeTheRank) {
@@ -238,8 +238,8 @@ TEST(CheckJobIdTest, RejectsEmptyLongAndBadCharacters) {
 TEST(CheckPlanGroupRequestTest, AcceptsAValidRequest) {
   auto checked = CheckPlanGroupRequest(ValidGroupRequest(), ServiceLimits());
   ASSERT_TRUE(checked.ok()) << checked.status();
-  EXPECT_EQ(checked->world.world_size(), 8);
-  EXPECT_EQ(checked->world.topology().spec(), "g1n2+g2n1");
+  EXPECT_EQ(checked->world->world_size(), 8);
+  EXPECT_EQ(checked->world->topology().spec(), "g1n2+g2n1");
   EXPECT_EQ(checked->cost.d_model(), 1024);
   EXPECT_DOUBLE_EQ(checked->cost.gamma(), 0.49);
 }
@@ -322,6 +322,42 @@ TEST(CheckPlanGroupRequestTest, RejectsTooManySequencesInTotal) {
 
   limits.max_sequences_per_step = 15;
   EXPECT_TRUE(CheckPlanGroupRequest(request, limits).ok());
+}
+
+}  // namespace
+}  // namespace knapformer
+
+namespace knapformer {
+namespace {
+
+TEST(WorldCacheTest, SharesOneWorldPerTopologyAndSizeAndDoesNotCacheErrors) {
+  WorldCache cache(/*capacity=*/2);
+  auto a = cache.Get("g1n2+g2n1", 8);
+  auto b = cache.Get("g1n2+g2n1", 8);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->get(), b->get());
+  EXPECT_EQ((*a)->num_replicas(), 2);
+  auto other_size = cache.Get("g1n2+g2n1", 4);
+  ASSERT_TRUE(other_size.ok());
+  EXPECT_NE(other_size->get(), a->get());
+  EXPECT_EQ((*other_size)->num_replicas(), 1);
+
+  auto bad = cache.Get("g1n2+", 8);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("spec.topology: "));
+  auto not_multiple = cache.Get("g4n1", 6);
+  ASSERT_FALSE(not_multiple.ok());
+  EXPECT_THAT(std::string(not_multiple.status().message()),
+              HasSubstr("spec.world_size: 6 is not a multiple"));
+
+  // A third spec fills the cache past its capacity: it starts over, and
+  // the old worlds are rebuilt (new objects), still equal.
+  ASSERT_TRUE(cache.Get("g8n1", 8).ok());
+  auto again = cache.Get("g1n2+g2n1", 8);
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(again->get(), a->get());
+  EXPECT_EQ((*again)->topology().spec(), (*a)->topology().spec());
 }
 
 }  // namespace
