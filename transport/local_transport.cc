@@ -1,0 +1,126 @@
+#include "transport/local_transport.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace knapformer {
+namespace {
+
+// An all-to-all contribution: the rows per destination, then the rows.
+std::string PackRows(const void* send, const std::vector<int64_t>& send_rows, int64_t row_bytes) {
+  int64_t total = 0;
+  for (int64_t rows : send_rows) total += rows;
+  std::string blob(sizeof(int64_t) * send_rows.size() + total * row_bytes, '\0');
+  std::memcpy(blob.data(), send_rows.data(), sizeof(int64_t) * send_rows.size());
+  if (total > 0) {
+    std::memcpy(blob.data() + sizeof(int64_t) * send_rows.size(), send, total * row_bytes);
+  }
+  return blob;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> LocalHub::Exchange(uint64_t round, int rank,
+                                                            std::string mine) {
+  absl::MutexLock lock(&mu_);
+  Round& r = rounds_[round];
+  if (r.blobs.empty()) {
+    r.blobs.resize(size_);
+    r.arrived.assign(size_, false);
+  }
+  r.blobs[rank] = std::move(mine);
+  r.arrived[rank] = true;
+  ++r.count;
+  auto complete = [&r]() { return r.count == static_cast<int>(r.blobs.size()); };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&complete), timeout_)) {
+    std::vector<int> missing;
+    for (int p = 0; p < size_; ++p) {
+      if (!r.arrived[p]) missing.push_back(p);
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "local transport: rank ", rank, " waited ", absl::FormatDuration(timeout_),
+        " in collective ", round, " for ranks ", absl::StrJoin(missing, ",")));
+  }
+  std::vector<std::string> all = r.blobs;
+  if (++r.departed == size_) rounds_.erase(round);
+  return all;
+}
+
+std::shared_ptr<LocalHub> LocalHub::SubHub(const std::vector<int>& ranks) {
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<LocalHub>& hub = subhubs_[ranks];
+  if (hub == nullptr) hub = std::make_shared<LocalHub>(static_cast<int>(ranks.size()), timeout_);
+  return hub;
+}
+
+std::vector<std::unique_ptr<LocalTransport>> LocalTransport::CreateGroup(int size,
+                                                                         absl::Duration timeout) {
+  auto hub = std::make_shared<LocalHub>(size, timeout);
+  std::vector<std::unique_ptr<LocalTransport>> group;
+  for (int r = 0; r < size; ++r) group.push_back(std::make_unique<LocalTransport>(hub, r));
+  return group;
+}
+
+absl::Status LocalTransport::AllToAllRows(const void* send, const std::vector<int64_t>& send_rows,
+                                          void* recv, const std::vector<int64_t>& recv_rows,
+                                          int64_t row_bytes) {
+  const int n = size();
+  if (static_cast<int>(send_rows.size()) != n || static_cast<int>(recv_rows.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("AllToAllRows: split vectors have ",
+                                                   send_rows.size(), " and ", recv_rows.size(),
+                                                   " entries for a group of ", n));
+  }
+  if (row_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("AllToAllRows: row_bytes ", row_bytes));
+  }
+  for (int p = 0; p < n; ++p) {
+    if (send_rows[p] < 0 || recv_rows[p] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AllToAllRows: negative row count for rank ", p));
+    }
+  }
+  auto all = hub_->Exchange(round_++, rank_, PackRows(send, send_rows, row_bytes));
+  if (!all.ok()) return all.status();
+  char* out = static_cast<char*>(recv);
+  for (int p = 0; p < n; ++p) {
+    const std::string& blob = (*all)[p];
+    std::vector<int64_t> rows(n);
+    std::memcpy(rows.data(), blob.data(), sizeof(int64_t) * n);
+    if (rows[rank_] != recv_rows[p]) {
+      return absl::InvalidArgumentError(absl::StrCat("AllToAllRows: rank ", rank_, " expects ",
+                                                     recv_rows[p], " rows from rank ", p,
+                                                     ", which sends ", rows[rank_]));
+    }
+    int64_t before = 0;
+    for (int q = 0; q < rank_; ++q) before += rows[q];
+    const char* data = blob.data() + sizeof(int64_t) * n + before * row_bytes;
+    std::memcpy(out, data, recv_rows[p] * row_bytes);
+    out += recv_rows[p] * row_bytes;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> LocalTransport::AllGatherBytes(absl::string_view mine) {
+  return hub_->Exchange(round_++, rank_, std::string(mine));
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> LocalTransport::Subgroup(const std::vector<int>& ranks) {
+  int position = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= size() || (i > 0 && ranks[i] <= ranks[i - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Subgroup: ranks must be ascending ranks of the group, got ",
+                       absl::StrJoin(ranks, ",")));
+    }
+    if (ranks[i] == rank_) position = static_cast<int>(i);
+  }
+  if (position < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Subgroup: rank ", rank_, " is not in ",
+                                                   absl::StrJoin(ranks, ",")));
+  }
+  return std::unique_ptr<Transport>(new LocalTransport(hub_->SubHub(ranks), position));
+}
+
+}  // namespace knapformer

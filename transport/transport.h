@@ -1,0 +1,48 @@
+#ifndef KNAPFORMER_TRANSPORT_TRANSPORT_H_
+#define KNAPFORMER_TRANSPORT_TRANSPORT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace knapformer {
+
+// The collectives the client library needs, over one group of ranks, on
+// host or device memory depending on the backend. Like c10d, every rank of
+// the group must call the same collectives in the same order; a failed
+// collective leaves the group unusable. Implementations check what the
+// wire does not: the rows a rank expects from each peer must equal the rows
+// that peer sends it (InvalidArgument otherwise), so a plan bug is an error,
+// never uninitialised or lost rows.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Variable-split all-to-all of rows of `row_bytes` bytes. `send` holds
+  // send_rows[0] rows for rank 0, then send_rows[1] for rank 1, ...;
+  // `recv` receives recv_rows[p] rows from each rank p, in rank order. Both
+  // buffers are contiguous. REQUIRES: send_rows.size() == recv_rows.size() ==
+  // size().
+  virtual absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows,
+                                    void* recv, const std::vector<int64_t>& recv_rows,
+                                    int64_t row_bytes) = 0;
+
+  // Every rank's `mine`, by rank (small metadata: sequence lengths, flags).
+  virtual absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) = 0;
+
+  // A transport over `ranks` (ranks of this group, ascending, containing
+  // this rank), numbered 0.. in that order. Only the member ranks call it, all
+  // with the same list.
+  virtual absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) = 0;
+};
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_TRANSPORT_TRANSPORT_H_
