@@ -1,0 +1,223 @@
+#include "client/planner_client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "knapformer/v1/planner.grpc.pb.h"
+#include "planner/balance_stats.h"
+#include "planner/cost_model.h"
+#include "planner/topology.h"
+#include "server/log.h"
+#include "server/plan_proto.h"
+
+namespace knapformer {
+namespace {
+
+// What a rank tells the others after asking the service.
+enum Outcome : char {
+  kGotPlan = 0,
+  kFallBack = 1,     // the service is unavailable, slow or overloaded
+  kRefusedInput = 2  // the service refused this rank's input: an error for all
+};
+
+Outcome Classify(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return kGotPlan;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return kRefusedInput;
+    default:
+      return kFallBack;
+  }
+}
+
+std::string PackLengths(const std::string& spec, const std::vector<int64_t>& lengths) {
+  std::string blob(sizeof(uint64_t) + spec.size() + sizeof(int64_t) * lengths.size(), '\0');
+  const uint64_t spec_size = spec.size();
+  std::memcpy(blob.data(), &spec_size, sizeof(spec_size));
+  std::memcpy(blob.data() + sizeof(spec_size), spec.data(), spec.size());
+  if (!lengths.empty()) {
+    std::memcpy(blob.data() + sizeof(spec_size) + spec.size(), lengths.data(),
+                sizeof(int64_t) * lengths.size());
+  }
+  return blob;
+}
+
+// Splits a PackLengths blob; false if malformed.
+bool UnpackLengths(const std::string& blob, std::string* spec, std::vector<int64_t>* lengths) {
+  uint64_t spec_size = 0;
+  if (blob.size() < sizeof(spec_size)) return false;
+  std::memcpy(&spec_size, blob.data(), sizeof(spec_size));
+  const size_t rest = blob.size() - sizeof(spec_size);
+  if (spec_size > rest || (rest - spec_size) % sizeof(int64_t) != 0) return false;
+  spec->assign(blob.data() + sizeof(spec_size), spec_size);
+  lengths->resize((rest - spec_size) / sizeof(int64_t));
+  if (!lengths->empty()) {
+    std::memcpy(lengths->data(), blob.data() + sizeof(spec_size) + spec_size,
+                sizeof(int64_t) * lengths->size());
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* PlanSourceName(PlanSource source) {
+  return source == PlanSource::kService ? "planner service" : "local planner";
+}
+
+struct PlannerClient::Rep {
+  PlannerClientOptions options;
+  Transport* transport;
+  std::unique_ptr<v1::Planner::Stub> stub;  // null without a service
+  bool logged = false;
+  PlanSource last_source = PlanSource::kLocal;
+
+  // Asks the service, retrying UNAVAILABLE; the last status.
+  grpc::Status AskService(const v1::PlanRequest& request, v1::PlanResponse* response) {
+    absl::Duration backoff = options.initial_backoff;
+    grpc::Status status;
+    for (int attempt = 1; attempt <= std::max(1, options.max_attempts); ++attempt) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + options.call_deadline));
+      status = stub->Plan(&context, request, response);
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+          attempt == options.max_attempts) {
+        break;
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, options.max_backoff);
+    }
+    return status;
+  }
+
+  void LogSource(PlanSource source, uint64_t step, const std::string& why) {
+    if (logged && source == last_source) return;
+    logged = true;
+    last_source = source;
+    Log(source == PlanSource::kLocal && stub != nullptr ? LogLevel::kWarning : LogLevel::kInfo,
+        absl::StrCat("rank ", transport->rank(), ": planning from step ", step, " with the ",
+                     PlanSourceName(source), why.empty() ? "" : absl::StrCat(" (", why, ")")));
+  }
+
+  absl::StatusOr<StepPlan> PlanLocally(const v1::StepSpec& spec,
+                                       const std::vector<int64_t>& lengths) {
+    const std::string my_spec = spec.SerializeAsString();
+    auto all = transport->AllGatherBytes(PackLengths(my_spec, lengths));
+    if (!all.ok()) return all.status();
+    RankLengths group(all->size());
+    for (size_t r = 0; r < all->size(); ++r) {
+      std::string spec_bytes;
+      if (!UnpackLengths((*all)[r], &spec_bytes, &group[r])) {
+        return absl::InternalError(absl::StrCat("rank ", r, " sent malformed metadata"));
+      }
+      if (spec_bytes != my_spec) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "spec: rank ", r, "'s step spec differs from rank ", transport->rank(),
+            "'s; every rank of a step must send the same job, step, topology, d_model and "
+            "gamma"));
+      }
+    }
+    auto topology = Topology::Parse(spec.topology());
+    if (!topology.ok()) return topology.status();
+    auto world = World::Create(*std::move(topology), spec.world_size());
+    if (!world.ok()) return world.status();
+    auto cost = CostModel::Create(spec.d_model(), spec.gamma());
+    if (!cost.ok()) return cost.status();
+    auto plan = BalanceGreedy(*world, *cost, group, options.balancer);
+    if (!plan.ok()) return plan.status();
+    StepPlan result;
+    result.plan = plan->Slice(transport->rank());
+    result.source = PlanSource::kLocal;
+    result.max_over_mean_before = ComputeBalanceStats(plan->workload_before).max_over_mean;
+    result.max_over_mean_after = ComputeBalanceStats(plan->workload_after).max_over_mean;
+    result.total_tokens = plan->TotalTokens();
+    result.moved_tokens = plan->MovedTokens();
+    return result;
+  }
+};
+
+PlannerClient::PlannerClient(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
+PlannerClient::~PlannerClient() = default;
+
+absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClientOptions options,
+                                                                      Transport* transport) {
+  if (transport == nullptr) return absl::InvalidArgumentError("transport: must not be null");
+  if (options.max_attempts < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_attempts: must be at least 1, got ", options.max_attempts));
+  }
+  auto rep = std::make_unique<Rep>();
+  rep->transport = transport;
+  if (!options.address.empty()) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);  // this client retries itself
+    auto credentials = options.credentials != nullptr ? options.credentials
+                                                      : grpc::InsecureChannelCredentials();
+    rep->stub = v1::Planner::NewStub(grpc::CreateCustomChannel(options.address, credentials, args));
+  }
+  rep->options = std::move(options);
+  return std::unique_ptr<PlannerClient>(new PlannerClient(std::move(rep)));
+}
+
+absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
+                                             const std::vector<int64_t>& lengths) {
+  Rep& rep = *rep_;
+  if (spec.world_size() != rep.transport->size()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.world_size: ", spec.world_size(),
+                                                   " but the transport has ",
+                                                   rep.transport->size(), " ranks"));
+  }
+  if (rep.stub == nullptr) {
+    rep.LogSource(PlanSource::kLocal, spec.step(), "no planner service configured");
+    return rep.PlanLocally(spec, lengths);
+  }
+
+  v1::PlanRequest request;
+  *request.mutable_spec() = spec;
+  request.set_rank(rep.transport->rank());
+  request.mutable_sequence_lengths()->Add(lengths.begin(), lengths.end());
+  v1::PlanResponse response;
+  const grpc::Status status = rep.AskService(request, &response);
+  const Outcome outcome = Classify(status.error_code());
+  // The outcome, the status code, and the message.
+  std::string mine = {static_cast<char>(outcome), static_cast<char>(status.error_code())};
+  mine += status.error_message();
+  auto all = rep.transport->AllGatherBytes(mine);
+  if (!all.ok()) return all.status();
+
+  int32_t first_fallback = -1;
+  for (size_t r = 0; r < all->size(); ++r) {
+    const std::string& blob = (*all)[r];
+    if (blob.size() < 2) return absl::InternalError(absl::StrCat("rank ", r, ": bad outcome"));
+    const Outcome theirs = static_cast<Outcome>(blob[0]);
+    if (theirs == kRefusedInput) {
+      return absl::Status(static_cast<absl::StatusCode>(blob[1]),
+                          absl::StrCat("rank ", r, "'s request was refused by the planner: ",
+                                       blob.substr(2)));
+    }
+    if (theirs == kFallBack && first_fallback < 0) first_fallback = static_cast<int32_t>(r);
+  }
+  if (first_fallback >= 0) {
+    rep.LogSource(PlanSource::kLocal, spec.step(),
+                  absl::StrCat("rank ", first_fallback, " could not get its plan from ",
+                               rep.options.address, ": ", (*all)[first_fallback].substr(2)));
+    return rep.PlanLocally(spec, lengths);
+  }
+  rep.LogSource(PlanSource::kService, spec.step(), rep.options.address);
+  StepPlan result;
+  result.plan = RankPlanFromProto(response.plan(), spec.world_size());
+  result.source = PlanSource::kService;
+  result.max_over_mean_before = response.balance().max_over_mean_before();
+  result.max_over_mean_after = response.balance().max_over_mean_after();
+  result.total_tokens = response.balance().total_tokens();
+  result.moved_tokens = response.balance().moved_tokens();
+  return result;
+}
+
+}  // namespace knapformer

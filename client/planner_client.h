@@ -1,0 +1,81 @@
+#ifndef KNAPFORMER_CLIENT_PLANNER_CLIENT_H_
+#define KNAPFORMER_CLIENT_PLANNER_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "knapformer/v1/planner.pb.h"
+#include "planner/balancer.h"
+#include "planner/plan.h"
+#include "transport/transport.h"
+
+namespace grpc {
+class ChannelCredentials;
+}  // namespace grpc
+
+namespace knapformer {
+
+enum class PlanSource { kService, kLocal };
+const char* PlanSourceName(PlanSource source);
+
+struct PlannerClientOptions {
+  // host:port of the planner service; empty = always plan locally.
+  std::string address;
+  // Null = plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Deadline of one Plan call. Keep it longer than the server's rendezvous
+  // timeout, so that a missing rank is reported by the server (naming it).
+  absl::Duration call_deadline = absl::Seconds(90);
+  // Attempts when the service answers UNAVAILABLE (restarting, shutting
+  // down, unreachable), with exponential backoff between them.
+  int max_attempts = 3;
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(2);
+  // For local planning (the service uses its own).
+  BalancerOptions balancer;
+};
+
+// One rank's plan for one step, and how it was made.
+struct StepPlan {
+  RankPlan plan;
+  PlanSource source = PlanSource::kLocal;
+  double max_over_mean_before = 1;
+  double max_over_mean_after = 1;
+  int64_t total_tokens = 0;
+  int64_t moved_tokens = 0;
+};
+
+// Gets each step's plan for one rank: from the planner service when one is
+// configured and answers, else by all-gathering every rank's lengths over
+// the transport and solving locally with the planner core (every rank then
+// computes the identical plan). The ranks always agree on the source: after
+// asking the service, they all-gather one status byte, and if any rank did
+// not get its plan, all of them plan locally. The source is logged when it
+// changes. One client per rank; not thread-safe (one step at a time).
+class PlannerClient {
+ public:
+  // `transport` must outlive the client; its size is the group's world size.
+  static absl::StatusOr<std::unique_ptr<PlannerClient>> Create(PlannerClientOptions options,
+                                                               Transport* transport);
+  ~PlannerClient();
+
+  // Collective over the transport: every rank calls it for the same `spec`
+  // (spec.world_size == transport size), with its own sequence lengths.
+  // Errors, the same on every rank: InvalidArgument / FailedPrecondition /
+  // AlreadyExists naming the rank whose input was refused; errors of the
+  // transport.
+  absl::StatusOr<StepPlan> Plan(const v1::StepSpec& spec, const std::vector<int64_t>& lengths);
+
+ private:
+  struct Rep;
+  explicit PlannerClient(std::unique_ptr<Rep> rep);
+  std::unique_ptr<Rep> rep_;
+};
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_CLIENT_PLANNER_CLIENT_H_

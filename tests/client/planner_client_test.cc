@@ -1,0 +1,181 @@
+// The planner client on 8 in-process ranks: local planning, the service,
+// a service that is down or goes down mid-run (every rank falls back
+// together), and refused input reported the same on every rank.
+#include "client/planner_client.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "planner/balancer.h"
+#include "server/planner_server.h"
+#include "transport/local_transport.h"
+
+namespace knapformer {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kRanks = 8;
+
+RankLengths Lengths(uint64_t step) {
+  RankLengths lengths(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    for (uint64_t i = 0; i < (r + step) % 4; ++i) {
+      lengths[r].push_back(static_cast<int64_t>(1 + (r * 37 + i * 101 + step * 13) % 500));
+    }
+  }
+  lengths[static_cast<int>(step % kRanks)].push_back(1500);  // one long sequence
+  return lengths;
+}
+
+v1::StepSpec Spec(uint64_t step) {
+  v1::StepSpec spec;
+  spec.set_job_id("client-test");
+  spec.set_step(step);
+  spec.set_world_size(kRanks);
+  spec.set_topology("g1n2+g2n1+g4n1");
+  spec.set_d_model(64);
+  spec.set_gamma(0.5);
+  return spec;
+}
+
+Plan CorePlan(const RankLengths& lengths) {
+  auto world = World::Create(*Topology::Parse("g1n2+g2n1+g4n1"), kRanks);
+  auto plan = BalanceGreedy(*world, *CostModel::Create(64, 0.5), lengths);
+  EXPECT_TRUE(plan.ok());
+  return *std::move(plan);
+}
+
+void ExpectSameSlice(const RankPlan& got, const RankPlan& want) {
+  ASSERT_EQ(got.route.sends.size(), want.route.sends.size());
+  for (size_t i = 0; i < got.route.sends.size(); ++i) {
+    EXPECT_EQ(got.route.sends[i].peer, want.route.sends[i].peer);
+    EXPECT_EQ(got.route.sends[i].seq_index, want.route.sends[i].seq_index);
+    EXPECT_EQ(got.route.sends[i].offset, want.route.sends[i].offset);
+    EXPECT_EQ(got.route.sends[i].length, want.route.sends[i].length);
+  }
+  ASSERT_EQ(got.route.recvs.size(), want.route.recvs.size());
+  for (size_t i = 0; i < got.route.recvs.size(); ++i) {
+    EXPECT_EQ(got.route.recvs[i].peer, want.route.recvs[i].peer);
+    EXPECT_EQ(got.route.recvs[i].length, want.route.recvs[i].length);
+  }
+  EXPECT_EQ(got.compute_chunk_lengths, want.compute_chunk_lengths);
+  EXPECT_EQ(got.ulysses.sequences.size(), want.ulysses.sequences.size());
+  EXPECT_EQ(got.workload_after, want.workload_after);
+}
+
+// Runs `steps` steps on kRanks threads; results[step][rank].
+std::vector<std::vector<absl::StatusOr<StepPlan>>> RunSteps(
+    const PlannerClientOptions& options, uint64_t first_step, int steps,
+    std::function<void(uint64_t)> before_step = nullptr,
+    std::function<std::vector<int64_t>(uint64_t, int)> lengths_of = nullptr) {
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+  std::vector<std::vector<absl::StatusOr<StepPlan>>> results(
+      steps, std::vector<absl::StatusOr<StepPlan>>(kRanks, absl::UnknownError("not run")));
+  for (int s = 0; s < steps; ++s) {
+    if (before_step) before_step(first_step + s);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r, s] {
+        auto client = PlannerClient::Create(options, transports[r].get());
+        ASSERT_TRUE(client.ok());
+        const uint64_t step = first_step + s;
+        const std::vector<int64_t> lengths =
+            lengths_of ? lengths_of(step, r) : Lengths(step)[r];
+        results[s][r] = (*client)->Plan(Spec(step), lengths);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  return results;
+}
+
+void ExpectCorePlans(const std::vector<std::vector<absl::StatusOr<StepPlan>>>& results,
+                     uint64_t first_step, PlanSource source) {
+  for (size_t s = 0; s < results.size(); ++s) {
+    const Plan core = CorePlan(Lengths(first_step + s));
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_TRUE(results[s][r].ok()) << "step " << s << " rank " << r << ": "
+                                      << results[s][r].status();
+      EXPECT_EQ(results[s][r]->source, source) << "step " << s << " rank " << r;
+      ExpectSameSlice(results[s][r]->plan, core.Slice(r));
+      EXPECT_EQ(results[s][r]->moved_tokens, core.MovedTokens());
+    }
+  }
+}
+
+TEST(PlannerClientTest, WithoutAServiceEveryRankComputesTheCorePlan) {
+  PlannerClientOptions options;
+  ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kLocal);
+}
+
+TEST(PlannerClientTest, WithAServiceEveryRankGetsItsSliceFromIt) {
+  PlannerServerOptions server_options;
+  server_options.listen_address = "127.0.0.1:0";
+  auto server = PlannerServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  PlannerClientOptions options;
+  options.address = (*server)->address();
+  ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kService);
+}
+
+TEST(PlannerClientTest, AServiceThatIsDownOrGoesDownMidRunFallsBackOnEveryRank) {
+  PlannerServerOptions server_options;
+  server_options.listen_address = "127.0.0.1:0";
+  auto server = PlannerServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  PlannerClientOptions options;
+  options.address = (*server)->address();
+  options.max_attempts = 2;
+  options.initial_backoff = absl::Milliseconds(20);
+  const absl::Time start = absl::Now();
+  auto results = RunSteps(options, 10, 4, [&](uint64_t step) {
+    if (step == 12) (*server)->Shutdown();
+  });
+  ExpectCorePlans({results[0], results[1]}, 10, PlanSource::kService);
+  ExpectCorePlans({results[2], results[3]}, 12, PlanSource::kLocal);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+TEST(PlannerClientTest, RefusedInputIsTheSameErrorOnEveryRank) {
+  PlannerServerOptions server_options;
+  server_options.listen_address = "127.0.0.1:0";
+  server_options.service.limits.rendezvous_timeout = absl::Milliseconds(300);
+  auto server = PlannerServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (const bool with_service : {true, false}) {
+    PlannerClientOptions options;
+    if (with_service) options.address = (*server)->address();
+    auto results = RunSteps(options, 20, 1, nullptr, [](uint64_t step, int rank) {
+      std::vector<int64_t> lengths = Lengths(step)[rank];
+      if (rank == 3) lengths.push_back(-5);
+      return lengths;
+    });
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_FALSE(results[0][r].ok()) << "rank " << r;
+      EXPECT_EQ(results[0][r].status().code(), absl::StatusCode::kInvalidArgument);
+      if (with_service) {
+        EXPECT_THAT(std::string(results[0][r].status().message()),
+                    HasSubstr("rank 3's request was refused by the planner: sequence_lengths["));
+      } else {
+        EXPECT_THAT(std::string(results[0][r].status().message()), HasSubstr("-5"));
+      }
+    }
+  }
+}
+
+TEST(PlannerClientTest, AWorldSizeThatIsNotTheTransportsIsInvalidArgument) {
+  auto transports = LocalTransport::CreateGroup(2);
+  auto client = PlannerClient::Create(PlannerClientOptions(), transports[0].get());
+  ASSERT_TRUE(client.ok());
+  auto plan = (*client)->Plan(Spec(0), {1, 2});
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(plan.status().message()),
+              HasSubstr("spec.world_size: 8 but the transport has 2 ranks"));
+}
+
+}  // namespace
+}  // namespace knapformer
