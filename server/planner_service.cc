@@ -112,6 +112,23 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*co
   return call;
 }
 
+absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSpec& spec,
+                                                                const CheckedSpec& checked,
+                                                                const RankLengths& lengths,
+                                                                double wait_seconds,
+                                                                v1::Balance* balance) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<knapformer::Plan> plan =
+      BalanceGreedy(*checked.world, checked.cost, lengths, options_.balancer);
+  const absl::Time solved = absl::Now();
+  if (!plan.ok()) return plan;
+  *balance = BalanceToProto(*plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start));
+  rendezvous_.RecordPlanned(spec, plan->topology, *balance, solved);
+  metrics_.RecordStep(spec.job_id(), *balance, absl::ToDoubleSeconds(solved - start),
+                      wait_seconds, solved);
+  return plan;
+}
+
 void PlannerService::SolveAndAnswer(std::shared_ptr<ReadyStep> step) {
   const v1::StepSpec& spec = step->spec;
   RankLengths lengths(step->calls.size());
@@ -119,21 +136,18 @@ void PlannerService::SolveAndAnswer(std::shared_ptr<ReadyStep> step) {
     const auto& field = step->calls[r]->request().sequence_lengths();
     lengths[r].assign(field.begin(), field.end());
   }
-  const absl::Time start = absl::Now();
+  v1::Balance solved_balance;
   absl::StatusOr<knapformer::Plan> plan =
-      BalanceGreedy(*step->checked.world, step->checked.cost, lengths, options_.balancer);
-  const absl::Time solved = absl::Now();
+      SolveAndRecord(spec, step->checked, lengths,
+                     absl::ToDoubleSeconds(step->last_arrival - step->first_arrival),
+                     &solved_balance);
   if (!plan.ok()) {
     Log(LogLevel::kWarning, absl::StrCat("job '", spec.job_id(), "' step ", spec.step(), ": ",
                                          plan.status().ToString()));
     for (PendingCall* call : step->calls) static_cast<PlanCall*>(call)->FinishWith(plan.status());
     return;
   }
-  auto balance = std::make_shared<const v1::Balance>(BalanceToProto(
-      *plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start)));
-  rendezvous_.RecordPlanned(spec, plan->topology, *balance, solved);
-  metrics_.RecordStep(spec.job_id(), *balance, absl::ToDoubleSeconds(solved - start),
-                      absl::ToDoubleSeconds(step->last_arrival - step->first_arrival), solved);
+  auto balance = std::make_shared<const v1::Balance>(std::move(solved_balance));
   auto shared_plan = std::make_shared<const knapformer::Plan>(*std::move(plan));
 
   // Slicing and sending R answers costs ~10 us each: spread them over the pool.
@@ -183,19 +197,13 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
       const auto& field = request->ranks(r).sequence_lengths();
       lengths[r].assign(field.begin(), field.end());
     }
-    const absl::Time start = absl::Now();
-    absl::StatusOr<knapformer::Plan> plan = BalanceGreedy(
-        *shared_checked->world, shared_checked->cost, lengths, options_.balancer);
-    const absl::Time solved = absl::Now();
+    v1::Balance balance;
+    absl::StatusOr<knapformer::Plan> plan =
+        SolveAndRecord(spec, *shared_checked, lengths, /*wait_seconds=*/-1, &balance);
     if (!plan.ok()) {
       finish(plan.status());
       return;
     }
-    const v1::Balance balance =
-        BalanceToProto(*plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start));
-    rendezvous_.RecordPlanned(spec, plan->topology, balance, solved);
-    metrics_.RecordStep(spec.job_id(), balance, absl::ToDoubleSeconds(solved - start),
-                        /*wait_seconds=*/-1, solved);
     response->set_job_id(spec.job_id());
     response->set_group_id(spec.group_id());
     response->set_step(spec.step());

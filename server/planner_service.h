@@ -55,6 +55,12 @@ class PlannerService final : public v1::Planner::CallbackService {
  private:
   class PlanCall;
 
+  // Solves one step and records it in the job's state and metrics
+  // (wait_seconds < 0: no rendezvous, e.g. PlanGroup); *balance on success.
+  absl::StatusOr<knapformer::Plan> SolveAndRecord(const v1::StepSpec& spec,
+                                                  const CheckedSpec& checked,
+                                                  const RankLengths& lengths,
+                                                  double wait_seconds, v1::Balance* balance);
   void SolveAndAnswer(std::shared_ptr<ReadyStep> step);
   void AnswerRange(std::shared_ptr<const knapformer::Plan> plan,
                    std::shared_ptr<ReadyStep> step, std::shared_ptr<const v1::Balance> balance,

@@ -42,9 +42,17 @@ absl::Status CompareSpecs(const v1::StepSpec& first, const std::string& first_to
 
 }  // namespace
 
-absl::StatusOr<Rendezvous::Group*> Rendezvous::FindOrCreateGroup(const v1::StepSpec& spec,
-                                                                 absl::Time now,
-                                                                 bool* created) {
+Rendezvous::Place Rendezvous::FindGroup(const v1::StepSpec& spec) {
+  auto job_it = jobs_.find(spec.job_id());
+  if (job_it == jobs_.end()) return Place();
+  auto group_it = job_it->second.groups.find(spec.group_id());
+  if (group_it == job_it->second.groups.end()) return Place();
+  return Place{&job_it->second, &group_it->second};
+}
+
+absl::StatusOr<Rendezvous::Place> Rendezvous::FindOrCreateGroup(const v1::StepSpec& spec,
+                                                                absl::Time now,
+                                                                bool* created) {
   if (created != nullptr) *created = false;
   auto job_it = jobs_.find(spec.job_id());
   if (job_it == jobs_.end()) {
@@ -69,18 +77,17 @@ absl::StatusOr<Rendezvous::Group*> Rendezvous::FindOrCreateGroup(const v1::StepS
     if (created != nullptr) *created = true;
   }
   job.last_activity = now;
-  return &group_it->second;
+  return Place{&job, &group_it->second};
 }
 
 void Rendezvous::ForgetIfEmpty(const v1::StepSpec& spec) {
-  auto job_it = jobs_.find(spec.job_id());
-  if (job_it == jobs_.end()) return;
-  auto group_it = job_it->second.groups.find(spec.group_id());
-  if (group_it != job_it->second.groups.end() && group_it->second.pending.empty() &&
-      group_it->second.steps_planned == 0 && group_it->second.ranks_seen == 0) {
-    job_it->second.groups.erase(group_it);
+  const Place place = FindGroup(spec);
+  if (place.group == nullptr) return;
+  if (place.group->pending.empty() && place.group->steps_planned == 0 &&
+      place.group->ranks_seen == 0) {
+    place.job->groups.erase(spec.group_id());
   }
-  if (job_it->second.groups.empty()) jobs_.erase(job_it);
+  if (place.job->groups.empty()) jobs_.erase(spec.job_id());
 }
 
 Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, absl::Time now) {
@@ -94,13 +101,13 @@ Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, a
     return arrival;
   }
   bool created = false;
-  auto group_or = FindOrCreateGroup(spec, now, &created);
-  if (!group_or.ok()) {
-    arrival.status = group_or.status();
+  absl::StatusOr<Place> place = FindOrCreateGroup(spec, now, &created);
+  if (!place.ok()) {
+    arrival.status = place.status();
     return arrival;
   }
-  Group& group = **group_or;
-  Job& job = jobs_[spec.job_id()];
+  Group& group = *place->group;
+  Job& job = *place->job;
   if (std::find(group.answered.begin(), group.answered.end(), spec.step()) !=
       group.answered.end()) {
     arrival.status = absl::AlreadyExistsError(
@@ -186,11 +193,9 @@ Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, a
 bool Rendezvous::Leave(PendingCall* call) {
   const v1::StepSpec& spec = call->request().spec();
   absl::MutexLock lock(&mu_);
-  auto job_it = jobs_.find(spec.job_id());
-  if (job_it == jobs_.end()) return false;
-  auto group_it = job_it->second.groups.find(spec.group_id());
-  if (group_it == job_it->second.groups.end()) return false;
-  Group& group = group_it->second;
+  const Place place = FindGroup(spec);
+  if (place.group == nullptr) return false;
+  Group& group = *place.group;
   auto step_it = group.pending.find(spec.step());
   if (step_it == group.pending.end()) return false;
   Step& step = *step_it->second;
@@ -202,7 +207,7 @@ bool Rendezvous::Leave(PendingCall* call) {
   if (step.calls.empty()) {
     group.pending.erase(step_it);
     --pending_steps_;
-    --job_it->second.pending;
+    --place.job->pending;
   }
   return true;
 }
@@ -279,18 +284,16 @@ absl::Status Rendezvous::Touch(const v1::StepSpec& spec, absl::Time now) {
 void Rendezvous::RecordPlanned(const v1::StepSpec& spec, const std::string& topology,
                                const v1::Balance& balance, absl::Time now) {
   absl::MutexLock lock(&mu_);
-  auto job_it = jobs_.find(spec.job_id());
-  if (job_it == jobs_.end()) return;
-  auto group_it = job_it->second.groups.find(spec.group_id());
-  if (group_it == job_it->second.groups.end()) return;
-  Group& group = group_it->second;
+  const Place place = FindGroup(spec);
+  if (place.group == nullptr) return;
+  Group& group = *place.group;
   ++group.steps_planned;
   group.last_step = spec.step();
   group.world_size = spec.world_size();
   group.topology = topology;
   group.has_balance = true;
   group.last_balance = balance;
-  job_it->second.last_activity = now;
+  place.job->last_activity = now;
 }
 
 std::vector<std::string> Rendezvous::DropIdleJobs(absl::Time now) {

@@ -140,10 +140,16 @@ class Rendezvous {
     int32_t pending = 0;
   };
 
+  // Where a (job, group) lives; both null if it does not exist.
+  struct Place {
+    Job* job = nullptr;
+    Group* group = nullptr;
+  };
+  Place FindGroup(const v1::StepSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finds or creates the job and group of `spec`; *created tells whether
   // this call created the group (and maybe its job).
-  absl::StatusOr<Group*> FindOrCreateGroup(const v1::StepSpec& spec, absl::Time now,
-                                           bool* created = nullptr)
+  absl::StatusOr<Place> FindOrCreateGroup(const v1::StepSpec& spec, absl::Time now,
+                                          bool* created = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Undoes a creation by FindOrCreateGroup for a refused request, so refused
   // requests never hold a job or group.
