@@ -7,9 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -31,20 +29,10 @@ using ::knapformer::testing_util::MakeGroupRequests;
 using ::knapformer::testing_util::MakeRequest;
 using ::knapformer::testing_util::PlanConcurrently;
 using ::knapformer::testing_util::PlanResult;
+using ::knapformer::testing_util::ReadFile;
 using ::knapformer::testing_util::StepParams;
+using ::knapformer::testing_util::TempPath;
 using ::testing::HasSubstr;
-
-std::string TempPath(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // A `knapformer serve` child; killed and reaped by the destructor if still running.
 class ServeProcess {

@@ -142,9 +142,20 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
   return reply.substr(body + 4);
 }
 
-int RunWithInput(const std::string& command, const std::string& input, std::string* output) {
+std::string TempPath(const std::string& name) {
   const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string base = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/run_", getpid());
+  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+int RunWithInput(const std::string& command, const std::string& input, std::string* output) {
+  const std::string base = TempPath(absl::StrCat("run_", getpid()));
   {
     std::ofstream in(base + ".in", std::ios::binary);
     in << input;
@@ -152,10 +163,7 @@ int RunWithInput(const std::string& command, const std::string& input, std::stri
   const std::string line =
       absl::StrCat("(", command, ") < ", base, ".in > ", base, ".out 2>&1");
   const int status = std::system(line.c_str());
-  std::ifstream out(base + ".out", std::ios::binary);
-  std::stringstream text;
-  text << out.rdbuf();
-  output->append(text.str());
+  output->append(ReadFile(base + ".out"));
   if (status == -1 || !WIFEXITED(status)) return -1;
   return WEXITSTATUS(status);
 }

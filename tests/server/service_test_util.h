@@ -79,6 +79,12 @@ std::vector<PlanResult> PlanConcurrently(v1::Planner::Stub* stub,
 // error naming what failed.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
 
+// `name` under the test's temporary directory ($TEST_TMPDIR, else /tmp).
+std::string TempPath(const std::string& name);
+
+// The whole file at `path` ("" if it cannot be read).
+std::string ReadFile(const std::string& path);
+
 // Runs `command` through /bin/sh with `input` on its stdin; returns its exit
 // status (-1 if it could not run) and appends its stdout+stderr to *output.
 int RunWithInput(const std::string& command, const std::string& input, std::string* output);
