@@ -14,6 +14,7 @@ packages=(
   prometheus-cpp-dev       # the planner service's /metrics
   prometheus               # promtool checks the metrics page in tests
   openssl                  # tests make throwaway TLS certificates
+  libtorch-dev             # LibTorch (CPU) with c10d + Gloo: the client and its multi-process tests
 )
 
 missing=()

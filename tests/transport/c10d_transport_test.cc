@@ -1,0 +1,132 @@
+// The c10d transport on a real Gloo group of 4 processes.
+#include <cstring>
+#include <numeric>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/gloo_world.h"
+
+namespace knapformer {
+namespace {
+
+using testing_util::RegisterScenario;
+using testing_util::RunWorkers;
+using testing_util::Worker;
+using testing_util::WorkerRun;
+
+constexpr int kRowBytes = 3;
+
+// Rows rank `src` sends rank `dst`: uneven, some zero.
+int64_t RowsBetween(int src, int dst) { return (src * 3 + dst * 5) % 4; }
+
+// Every row says where it came from, where it goes and which it is.
+std::vector<uint8_t> SendBuffer(int rank, int size, std::vector<int64_t>* send_rows) {
+  std::vector<uint8_t> buffer;
+  for (int dst = 0; dst < size; ++dst) {
+    send_rows->push_back(RowsBetween(rank, dst));
+    for (int64_t i = 0; i < RowsBetween(rank, dst); ++i) {
+      buffer.insert(buffer.end(), {uint8_t(rank), uint8_t(dst), uint8_t(i)});
+    }
+  }
+  return buffer;
+}
+
+const bool kUneven = RegisterScenario("uneven", [](Worker& w) {
+  for (int round = 0; round < 3; ++round) {  // the group stays usable
+    std::vector<int64_t> send_rows, recv_rows;
+    std::vector<uint8_t> send = SendBuffer(w.rank, w.size, &send_rows);
+    for (int src = 0; src < w.size; ++src) recv_rows.push_back(RowsBetween(src, w.rank));
+    const int64_t total = std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0});
+    std::vector<uint8_t> recv(total * kRowBytes, 0xEE);
+    ASSERT_TRUE(w.transport->AllToAllRows(send.data(), send_rows, recv.data(), recv_rows,
+                                          kRowBytes).ok());
+    std::vector<uint8_t> expected;
+    for (int src = 0; src < w.size; ++src) {
+      for (int64_t i = 0; i < RowsBetween(src, w.rank); ++i) {
+        expected.insert(expected.end(), {uint8_t(src), uint8_t(w.rank), uint8_t(i)});
+      }
+    }
+    EXPECT_EQ(recv, expected) << "rank " << w.rank << " round " << round;
+  }
+  // Nothing at all to move is a valid exchange too.
+  std::vector<int64_t> zeros(w.size, 0);
+  EXPECT_TRUE(w.transport->AllToAllRows(nullptr, zeros, nullptr, zeros, kRowBytes).ok());
+});
+
+const bool kMismatch = RegisterScenario("mismatch", [](Worker& w) {
+  std::vector<int64_t> send_rows, recv_rows;
+  std::vector<uint8_t> send = SendBuffer(w.rank, w.size, &send_rows);
+  for (int src = 0; src < w.size; ++src) recv_rows.push_back(RowsBetween(src, w.rank));
+  if (w.rank == 1) recv_rows[2] += 1;  // rank 1 expects one row more from rank 2
+  std::vector<uint8_t> recv(64 * kRowBytes);
+  absl::Status status =
+      w.transport->AllToAllRows(send.data(), send_rows, recv.data(), recv_rows, kRowBytes);
+  // Every rank gets the same error, not only rank 1.
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(status.message(),
+            "recv_rows: rank 1 expects " + std::to_string(RowsBetween(2, 1) + 1) +
+                " rows from rank 2, which sends it " + std::to_string(RowsBetween(2, 1)));
+  // A wrong-sized count list is refused before any collective.
+  EXPECT_EQ(w.transport->AllToAllRows(send.data(), {1}, recv.data(), recv_rows, kRowBytes).code(),
+            absl::StatusCode::kInvalidArgument);
+});
+
+const bool kAllGather = RegisterScenario("all_gather", [](Worker& w) {
+  const std::string mine(w.rank * 7, static_cast<char>('a' + w.rank));  // rank 0: empty
+  auto all = w.transport->AllGatherBytes(mine);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), static_cast<size_t>(w.size));
+  for (int r = 0; r < w.size; ++r) {
+    EXPECT_EQ((*all)[r], std::string(r * 7, static_cast<char>('a' + r)));
+  }
+});
+
+const bool kSubgroups = RegisterScenario("subgroups", [](Worker& w) {
+  // Odd and even ranks, each pair its own group, twice (a new group each time).
+  const std::vector<int> members = w.rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+  for (int round = 0; round < 2; ++round) {
+    auto sub = w.transport->Subgroup(members);
+    ASSERT_TRUE(sub.ok()) << sub.status();
+    EXPECT_EQ((*sub)->size(), 2);
+    EXPECT_EQ((*sub)->rank(), w.rank / 2);
+    auto all = (*sub)->AllGatherBytes(std::to_string(w.rank));
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_THAT(*all, testing::ElementsAre(std::to_string(members[0]),
+                                           std::to_string(members[1])));
+    // One row of 8 bytes to each member: (sender, receiver).
+    int64_t send[2] = {w.rank * 10 + members[0], w.rank * 10 + members[1]};
+    int64_t recv[2] = {-1, -1};
+    ASSERT_TRUE((*sub)->AllToAllRows(send, {1, 1}, recv, {1, 1}, sizeof(int64_t)).ok());
+    EXPECT_EQ(recv[0], members[0] * 10 + w.rank);
+    EXPECT_EQ(recv[1], members[1] * 10 + w.rank);
+  }
+  EXPECT_EQ(w.transport->Subgroup({0, 1, 2, 3, 4}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(w.transport->Subgroup({(w.rank + 1) % 4}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+});
+
+void ExpectRuns(const std::string& scenario) {
+  WorkerRun run = RunWorkers(scenario, 4);
+  EXPECT_TRUE(run.ok()) << run.output;
+}
+
+TEST(C10dTransport, UnevenAllToAllMovesEveryRowToItsPlace) { ExpectRuns("uneven"); }
+TEST(C10dTransport, CountMismatchIsTheSameErrorOnEveryRank) { ExpectRuns("mismatch"); }
+TEST(C10dTransport, AllGatherOfDifferentSizes) { ExpectRuns("all_gather"); }
+TEST(C10dTransport, SubgroupsAreIndependentGroups) { ExpectRuns("subgroups"); }
+
+// The harness itself must be able to fail: a failing expectation in one
+// worker fails the run and names the rank.
+const bool kFails = RegisterScenario("fails_on_rank_2", [](Worker& w) { EXPECT_NE(w.rank, 2); });
+TEST(GlooWorld, AFailingWorkerFailsTheRun) {
+  WorkerRun run = RunWorkers("fails_on_rank_2", 4);
+  EXPECT_FALSE(run.ok());
+  EXPECT_EQ(run.exit_codes, (std::vector<int>{0, 0, 1, 0})) << run.output;
+  EXPECT_THAT(run.output, testing::HasSubstr("---- rank 2 (exit 1)"));
+}
+
+}  // namespace
+}  // namespace knapformer
+
+int main(int argc, char** argv) { return knapformer::testing_util::TestMain(argc, argv); }

@@ -1,0 +1,89 @@
+#ifndef KNAPFORMER_TRANSPORT_C10D_TRANSPORT_H_
+#define KNAPFORMER_TRANSPORT_C10D_TRANSPORT_H_
+
+// The transport over a LibTorch c10d ProcessGroup: Gloo on CPU (Debian's
+// libtorch-dev), NCCL with a CUDA build of LibTorch. The trainer passes its
+// own process group. Includes c10d's headers (~6 s per translation unit):
+// include it only where the transport is built.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "absl/status/statusor.h"
+#include "transport/transport.h"
+
+namespace knapformer {
+
+// Makes the process group of a subgroup. `global_ranks` are ranks of the
+// root group (ascending, containing this process), `rank` is this process's
+// index in them. Only the members call it, each with the same list; a list
+// may be asked for more than once (each call is a new group).
+using SubgroupFactory = std::function<c10::intrusive_ptr<c10d::ProcessGroup>(
+    const std::vector<int>& global_ranks, int rank)>;
+
+struct C10dTransportOptions {
+  // Where the buffers given to AllToAllRows live: CPU for Gloo, the rank's
+  // CUDA device for NCCL.
+  c10::Device device = c10::Device(c10::kCPU);
+  // Cross-check every all-to-all's row counts against the peers' (one small
+  // all-to-all and one all-gather of 24 bytes per rank). c10d checks none:
+  // Gloo leaves rows uninitialised on too few and aborts the process on too
+  // many. Turn off only for a plan source proven consistent.
+  bool check_counts = true;
+  // Required for Subgroup().
+  SubgroupFactory new_subgroup;
+};
+
+class C10dTransport : public Transport {
+ public:
+  // `group` is the trainer's process group (its ranks are this transport's).
+  static absl::StatusOr<std::unique_ptr<C10dTransport>> Create(
+      c10::intrusive_ptr<c10d::ProcessGroup> group, C10dTransportOptions options);
+
+  int rank() const override;
+  int size() const override;
+  absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                            const std::vector<int64_t>& recv_rows, int64_t row_bytes) override;
+  absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override;
+  absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override;
+
+  const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
+
+ private:
+  C10dTransport(c10::intrusive_ptr<c10d::ProcessGroup> group, C10dTransportOptions options,
+                std::vector<int> global_ranks);
+  absl::Status CheckCounts(const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& recv_rows);
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  C10dTransportOptions options_;
+  std::vector<int> global_ranks_;  // of the root group, by this group's rank
+};
+
+struct GlooGroupOptions {
+  // The host name or address whose interface Gloo binds ("127.0.0.1" for
+  // one machine); empty = Gloo's default device (the host's name).
+  std::string hostname;
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+};
+
+// A Gloo process group over `store` (a TCPStore shared by all ranks).
+c10::intrusive_ptr<c10d::ProcessGroup> NewGlooGroup(c10::intrusive_ptr<c10d::Store> store,
+                                                    int rank, int size,
+                                                    const GlooGroupOptions& options);
+
+// Subgroups as Gloo groups over PrefixStores of `store`, named by their rank
+// list and how many times that list was asked for.
+SubgroupFactory GlooSubgroupFactory(c10::intrusive_ptr<c10d::Store> store,
+                                    GlooGroupOptions options);
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_TRANSPORT_C10D_TRANSPORT_H_
