@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/varlen_attention.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/planner_server.h"
@@ -122,24 +123,6 @@ void CheckRoundTrip(Worker& w, const SequenceBalancer& balancer,
   (*back_half * weight).sum().backward();
   ASSERT_TRUE(half.grad().defined());
   EXPECT_TRUE(torch::equal(half.grad(), weight));
-}
-
-// softmax(q k^T / sqrt(d)) v over each sequence of `lengths` separately.
-at::Tensor VarlenAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const std::vector<int64_t>& lengths) {
-  std::vector<at::Tensor> out;
-  int64_t start = 0;
-  for (int64_t length : lengths) {
-    if (length == 0) continue;
-    at::Tensor qs = q.narrow(0, start, length).transpose(0, 1);  // [h, l, d]
-    at::Tensor ks = k.narrow(0, start, length).transpose(0, 1);
-    at::Tensor vs = v.narrow(0, start, length).transpose(0, 1);
-    at::Tensor scores = torch::matmul(qs, ks.transpose(1, 2)) / std::sqrt(double(q.size(2)));
-    out.push_back(torch::matmul(torch::softmax(scores, -1), vs).transpose(0, 1));
-    start += length;
-  }
-  if (out.empty()) return q.narrow(0, 0, 0) * 1;  // still in q's graph
-  return torch::cat(out, 0);
 }
 
 struct AttentionResult {

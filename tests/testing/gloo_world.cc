@@ -1,9 +1,5 @@
 #include "tests/testing/gloo_world.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -18,9 +14,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
-
-extern char** environ;
+#include "tools/spawn.h"
 
 namespace knapformer {
 namespace testing_util {
@@ -134,42 +130,25 @@ WorkerRun RunWorkers(const std::string& scenario, int size,
   store_options.timeout = kStoreTimeout;
   auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
 
-  // The workers' environment: ours, minus gtest's XML output (the parent
-  // writes it), plus the worker variables.
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const absl::string_view var(*e);
-    if (absl::StartsWith(var, "XML_OUTPUT_FILE=") || absl::StartsWith(var, "GTEST_OUTPUT=") ||
-        absl::StartsWith(var, "KNAPFORMER_WORKER_")) {
-      continue;
-    }
-    env.emplace_back(*e);
-  }
-  env.push_back(absl::StrCat(kScenarioVar, "=", scenario));
-  env.push_back(absl::StrCat("KNAPFORMER_WORKER_SIZE=", size));
-  env.push_back(absl::StrCat("KNAPFORMER_WORKER_PORT=", store->getPort()));
-  env.push_back(absl::StrCat("KNAPFORMER_WORKER_ARGS=", EncodeArgs(args)));
-
   std::vector<pid_t> pids(size, -1);
   std::vector<std::string> logs(size);
   for (int rank = 0; rank < size; ++rank) {
-    std::vector<std::string> my_env = env;
-    my_env.push_back(absl::StrCat("KNAPFORMER_WORKER_RANK=", rank));
-    std::vector<char*> envp;
-    for (std::string& var : my_env) envp.push_back(var.data());
-    envp.push_back(nullptr);
+    SpawnOptions spawn;
+    // The parent writes gtest's XML; the workers must not overwrite it.
+    spawn.drop_env_prefixes = {"XML_OUTPUT_FILE=", "GTEST_OUTPUT=", "KNAPFORMER_WORKER_"};
+    spawn.set_env = {absl::StrCat(kScenarioVar, "=", scenario),
+                     absl::StrCat("KNAPFORMER_WORKER_RANK=", rank),
+                     absl::StrCat("KNAPFORMER_WORKER_SIZE=", size),
+                     absl::StrCat("KNAPFORMER_WORKER_PORT=", store->getPort()),
+                     absl::StrCat("KNAPFORMER_WORKER_ARGS=", EncodeArgs(args))};
     logs[rank] = absl::StrCat(OutputDir(), "/worker_", scenario, "_", getpid(), "_", rank, ".log");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, logs[rank].c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    char self[] = "/proc/self/exe";
-    char* argv[] = {self, nullptr};
-    if (posix_spawn(&pids[rank], "/proc/self/exe", &actions, nullptr, argv, envp.data()) != 0) {
-      pids[rank] = -1;
+    spawn.log_path = logs[rank];
+    auto pid = SpawnSelf(spawn);
+    if (pid.ok()) {
+      pids[rank] = *pid;
+    } else {
+      absl::StrAppend(&run.output, "rank ", rank, " did not start: ", pid.status().ToString(), "\n");
     }
-    posix_spawn_file_actions_destroy(&actions);
   }
 
   std::thread parent_side;
@@ -180,28 +159,7 @@ WorkerRun RunWorkers(const std::string& scenario, int size,
       ADD_FAILURE() << "parent side of " << scenario << ": " << e.what();
     }
   });
-
-  run.exit_codes.assign(size, -1);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  int running = 0;
-  for (pid_t pid : pids) running += pid > 0;
-  while (running > 0 && std::chrono::steady_clock::now() < deadline) {
-    for (int rank = 0; rank < size; ++rank) {
-      if (pids[rank] <= 0) continue;
-      int status = 0;
-      if (waitpid(pids[rank], &status, WNOHANG) == pids[rank]) {
-        run.exit_codes[rank] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        pids[rank] = -1;
-        --running;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  for (int rank = 0; rank < size; ++rank) {  // past the deadline
-    if (pids[rank] <= 0) continue;
-    kill(pids[rank], SIGKILL);
-    waitpid(pids[rank], nullptr, 0);
-  }
+  run.exit_codes = WaitAll(pids, absl::Now() + absl::FromChrono(timeout));
   if (parent_side.joinable()) parent_side.join();
   for (int rank = 0; rank < size; ++rank) {
     absl::StrAppend(&run.output, "---- rank ", rank, " (exit ", run.exit_codes[rank],

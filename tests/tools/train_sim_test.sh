@@ -1,0 +1,42 @@
+#!/bin/bash
+# train-sim end to end on 4 Gloo processes: it runs, balanced and unbalanced
+# training agree (the binary exits 1 otherwise), every step's plan lowers the
+# predicted max/mean, and bad options are exit 2 naming the flag.
+set -u
+bin="$1"
+failures=0
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+if ! timeout 300 "$bin" --procs 4 --steps 3 --scale 32 >"$tmp/out" 2>"$tmp/err"; then
+  fail "train-sim exited non-zero: $(cat "$tmp/out" "$tmp/err")"
+fi
+cat "$tmp/out"
+python3 - "$tmp/out" <<'PY' || failures=$((failures + 1))
+import re, sys
+text = open(sys.argv[1]).read()
+unbalanced = re.findall(r"^\d+\s+unbalanced\s+((?:\d+ ){3}\d+)\s+[\d.]+\s+\d+\s+([\d.]+)$", text, re.M)
+balanced = re.findall(r"^\s+balanced\s+((?:\d+ ){3}\d+)\s+[\d.]+\s+\d+\s+([\d.]+) \(local planner\)$", text, re.M)
+assert len(unbalanced) == 3 and len(balanced) == 3, f"expected 3 steps of both rows:\n{text}"
+for (_, before), (_, after) in zip(unbalanced, balanced):
+    assert float(after) < float(before), f"plan did not lower max/mean: {before} -> {after}"
+match = re.search(r"largest relative loss difference ([\d.e+-]+), gradient ([\d.e+-]+)", text)
+assert match and float(match.group(1)) <= 1e-4 and float(match.group(2)) <= 1e-3, text
+assert "max per-rank compute" in text and "FAILED" not in text, text
+print("ok   train-sim output")
+PY
+
+"$bin" --procs 4 --heads 3 >"$tmp/out" 2>"$tmp/err"
+code=$?
+if [[ $code -ne 2 ]] || ! grep -qF -- "--heads: 3 heads do not divide --d-model 64" "$tmp/err"; then
+  fail "bad --heads: exit $code, $(cat "$tmp/err")"
+fi
+"$bin" --procs 3 --steps 1 >"$tmp/out" 2>"$tmp/err"
+code=$?
+if [[ $code -ne 2 ]] || ! grep -qF -- "--data/--procs" "$tmp/err"; then
+  fail "3 processes for a 4-GPU data block: exit $code, $(cat "$tmp/err")"
+fi
+
+echo "$failures failures"
+[[ $failures -eq 0 ]]

@@ -1,0 +1,391 @@
+// knapformer train-sim: N CPU processes (TCPStore + Gloo on 127.0.0.1) train
+// a small transformer block stack on the paper's synthetic data streams,
+// each step twice on the same weights and tokens: without balancing (every
+// rank on its own sequences) and with the SequenceBalancer (plan, route,
+// Ulysses attention in multi-GPU bags, reverse route, backward). It prints
+// each rank's compute time per step (thread CPU time, one intra-op thread,
+// so that processes sharing cores do not blur it), the measured WIR
+// (max/min of those times) and the planner's predicted max/mean, and checks
+// that both runs give the same loss and all-reduced gradients.
+//
+//   bazel run -c opt //tools:train_sim -- --procs 4 --steps 5
+//   (or: bash scripts/knapformer train-sim ...)
+
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/sequence_balancer.h"
+#include "client/varlen_attention.h"
+#include "planner/data_stream.h"
+#include "planner/status_macros.h"
+#include "server/log.h"
+#include "tools/args.h"
+#include "tools/spawn.h"
+#include "transport/c10d_transport.h"
+
+namespace knapformer {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: train_sim [--procs 4] [--steps 5] [--topology g1n2+g2n1]\n"
+    "                 [--data g2b4i256f1s0,g1b5i512f1s0,g1b1i2048f1s0] [--scale 8]\n"
+    "                 [--d-model 64] [--heads 4] [--layers 2] [--gamma 1] [--seed 0]\n"
+    "                 [--planner host:port] [--timeout-seconds 900]\n"
+    "  --data   the paper's data codes (a mixed-resolution stream by default; the\n"
+    "           world must be a multiple of their GPUs), or low-res/mixed-res/joint\n"
+    "           with --procs 32; --scale divides every length (CPU attention)\n"
+    "  --planner  a planner service; without it every rank plans locally\n";
+
+constexpr char kRankVar[] = "KNAPFORMER_TRAIN_SIM_RANK";
+constexpr char kPortVar[] = "KNAPFORMER_TRAIN_SIM_PORT";
+
+const std::vector<std::string> kFlags = {"procs",   "steps",  "topology", "data",
+                                         "scale",   "d-model", "heads",   "layers",
+                                         "gamma",   "seed",    "planner", "timeout-seconds"};
+
+struct SimOptions {
+  int procs = 4;
+  int steps = 5;
+  std::string topology = "g1n2+g2n1";
+  std::string data = "g2b4i256f1s0,g1b5i512f1s0,g1b1i2048f1s0";
+  int scale = 8;
+  int d_model = 64;
+  int heads = 4;
+  int layers = 2;
+  double gamma = 1.0;
+  uint64_t seed = 0;
+  std::string planner;
+  int timeout_seconds = 900;
+};
+
+absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
+  KF_ASSIGN_OR_RETURN(Args args, Args::Parse(argv, kFlags));
+  SimOptions o;
+  KF_ASSIGN_OR_RETURN(int64_t procs, args.GetInt("procs", o.procs, 1, 64));
+  KF_ASSIGN_OR_RETURN(int64_t steps, args.GetInt("steps", o.steps, 1, 1000));
+  KF_ASSIGN_OR_RETURN(int64_t scale, args.GetInt("scale", o.scale, 1, 1 << 20));
+  KF_ASSIGN_OR_RETURN(int64_t d_model, args.GetInt("d-model", o.d_model, 1, 4096));
+  KF_ASSIGN_OR_RETURN(int64_t heads, args.GetInt("heads", o.heads, 1, 256));
+  KF_ASSIGN_OR_RETURN(int64_t layers, args.GetInt("layers", o.layers, 1, 64));
+  KF_ASSIGN_OR_RETURN(int64_t seed, args.GetInt("seed", 0, 0, int64_t{1} << 62));
+  KF_ASSIGN_OR_RETURN(int64_t timeout, args.GetInt("timeout-seconds", o.timeout_seconds, 1, 86400));
+  KF_ASSIGN_OR_RETURN(o.gamma, args.GetDouble("gamma", o.gamma));
+  o.procs = static_cast<int>(procs);
+  o.steps = static_cast<int>(steps);
+  o.scale = static_cast<int>(scale);
+  o.d_model = static_cast<int>(d_model);
+  o.heads = static_cast<int>(heads);
+  o.layers = static_cast<int>(layers);
+  o.seed = static_cast<uint64_t>(seed);
+  o.timeout_seconds = static_cast<int>(timeout);
+  o.topology = args.GetString("topology", o.topology);
+  o.data = args.GetString("data", o.data);
+  const std::string scenario = ScenarioCodes(o.data);
+  if (!scenario.empty()) o.data = scenario;
+  o.planner = args.GetString("planner", o.planner);
+  if (o.d_model % o.heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--heads: ", o.heads, " heads do not divide --d-model ", o.d_model));
+  }
+  return o;
+}
+
+double ThreadCpuSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+struct Block {
+  at::Tensor w_qkv, w_out, w_up, w_down;
+};
+
+std::vector<Block> InitModel(const SimOptions& o) {
+  at::manual_seed(o.seed + 1);  // the same weights on every rank
+  const double s = 1.0 / std::sqrt(static_cast<double>(o.d_model));
+  std::vector<Block> blocks(o.layers);
+  for (Block& b : blocks) {
+    b.w_qkv = (at::randn({o.d_model, 3 * o.d_model}) * s).requires_grad_(true);
+    b.w_out = (at::randn({o.d_model, o.d_model}) * s).requires_grad_(true);
+    b.w_up = (at::randn({o.d_model, 4 * o.d_model}) * s).requires_grad_(true);
+    b.w_down = (at::randn({4 * o.d_model, o.d_model}) * s * 0.5).requires_grad_(true);
+  }
+  return blocks;
+}
+
+std::vector<at::Tensor> Parameters(const std::vector<Block>& blocks) {
+  std::vector<at::Tensor> params;
+  for (const Block& b : blocks) params.insert(params.end(), {b.w_qkv, b.w_out, b.w_up, b.w_down});
+  return params;
+}
+
+// Runs one forward and backward; `balancer` null = no balancing. Returns the
+// loss (this rank's share of the world's mean square output).
+at::Tensor Step(const SimOptions& o, const std::vector<Block>& blocks, const at::Tensor& x,
+                const std::vector<int64_t>& lengths, int64_t world_tokens,
+                const SequenceBalancer* balancer) {
+  const int64_t head_dim = o.d_model / o.heads;
+  at::Tensor h = balancer != nullptr ? balancer->Route(x).value() : x;
+  const std::vector<int64_t>& attention_lengths =
+      balancer != nullptr ? balancer->attention_lengths() : lengths;
+  for (const Block& b : blocks) {
+    std::vector<at::Tensor> qkv = at::matmul(h, b.w_qkv).reshape({-1, 3, o.heads, head_dim}).unbind(1);
+    if (balancer != nullptr) {
+      for (at::Tensor& t : qkv) t = balancer->PreAttn(t).value();
+    }
+    at::Tensor a = VarlenAttention(qkv[0], qkv[1], qkv[2], attention_lengths);
+    if (balancer != nullptr) a = balancer->PostAttn(a).value();
+    h = h + at::matmul(a.reshape({-1, o.d_model}), b.w_out);
+    h = h + at::matmul(at::gelu(at::matmul(h, b.w_up)), b.w_down);
+  }
+  at::Tensor out = balancer != nullptr ? balancer->ReverseRoute(h).value() : h;
+  at::Tensor loss = (out * out).sum() / static_cast<double>(world_tokens * o.d_model);
+  torch::autograd::backward({loss});
+  return loss.detach();
+}
+
+// The world's summed gradients, flattened; and clears them.
+at::Tensor TakeGradients(const std::vector<Block>& blocks, c10d::ProcessGroup& group) {
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& p : Parameters(blocks)) {
+    flat.push_back(p.grad().reshape({-1}).clone());
+    p.mutable_grad().zero_();
+  }
+  std::vector<at::Tensor> all = {at::cat(flat)};
+  group.allreduce(all)->wait();
+  return all[0];
+}
+
+struct RankStep {
+  double unbalanced_seconds = 0, balanced_seconds = 0;
+  double loss_difference = 0, gradient_difference = 0;
+  double tokens_before = 0, tokens_after = 0;
+};
+
+int RunWorker(const SimOptions& o, int rank, int port) {
+  at::set_num_threads(1);  // thread CPU time = this rank's compute
+  SetLogLevel(LogLevel::kWarning);
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<uint16_t>(port);
+  store_options.isServer = false;
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
+  GlooGroupOptions gloo;
+  gloo.hostname = "127.0.0.1";
+  auto group = NewGlooGroup(store, rank, o.procs, gloo);
+  C10dTransportOptions transport_options;
+  transport_options.new_subgroup = GlooSubgroupFactory(store, gloo);
+  auto transport = C10dTransport::Create(group, transport_options).value();
+
+  auto codes = ParseDataCodes(o.data);
+  if (!codes.ok()) {
+    std::cerr << "--data: " << codes.status().message() << "\n";
+    return 2;
+  }
+  auto stream = DataStream::Create(*codes, o.procs, o.seed);
+  if (!stream.ok()) {
+    std::cerr << "--data/--procs: " << stream.status().message() << "\n";
+    return 2;
+  }
+  SequenceBalancerOptions balancer_options;
+  balancer_options.job_id = "train-sim";
+  balancer_options.topology = o.topology;
+  balancer_options.d_model = o.d_model;
+  balancer_options.gamma = o.gamma;
+  balancer_options.token_bytes = o.d_model * sizeof(float);
+  balancer_options.planner.address = o.planner;
+  auto balancer = SequenceBalancer::Create(balancer_options, transport.get());
+  if (!balancer.ok()) {
+    std::cerr << "rank " << rank << ": " << balancer.status() << "\n";
+    return 2;
+  }
+  std::vector<Block> blocks = InitModel(o);
+
+  if (rank == 0) {
+    std::cout << "train-sim: " << o.procs << " processes, topology " << o.topology << ", data "
+              << o.data << " (lengths / " << o.scale << "), d_model " << o.d_model << ", "
+              << o.heads << " heads, " << o.layers << " layers, "
+              << (o.planner.empty() ? "local planning" : "planner service " + o.planner)
+              << "\ncompute = forward + backward CPU seconds of each rank (one thread); "
+                 "WIR = max/min over ranks\n\n";
+    std::cout << absl::StrFormat("%-5s %-10s %-28s %-7s %-9s %s\n", "step", "mode",
+                                 "per-rank compute (ms)", "WIR", "max (ms)",
+                                 "planned max/mean");
+  }
+  double sum_max_unbalanced = 0, sum_max_balanced = 0, sum_wir_unbalanced = 0, sum_wir_balanced = 0;
+  double worst_loss = 0, worst_gradient = 0;
+  int counted = 0;
+  for (int step = 0; step < o.steps; ++step) {
+    std::vector<int64_t> lengths = stream->Batch(step)[rank];
+    int64_t world_tokens = 0;
+    for (const auto& rank_lengths : stream->Batch(step)) {
+      for (int64_t l : rank_lengths) world_tokens += std::max<int64_t>(1, l / o.scale);
+    }
+    for (int64_t& l : lengths) l = std::max<int64_t>(1, l / o.scale);
+    int64_t tokens = 0;
+    for (int64_t l : lengths) tokens += l;
+    at::manual_seed(o.seed * 1000003 + step * 1009 + rank);
+    at::Tensor x = at::randn({tokens, o.d_model});
+
+    double start = ThreadCpuSeconds();
+    at::Tensor loss_unbalanced = Step(o, blocks, x, lengths, world_tokens, nullptr);
+    RankStep mine;
+    mine.unbalanced_seconds = ThreadCpuSeconds() - start;
+    at::Tensor grad_unbalanced = TakeGradients(blocks, *group);
+
+    start = ThreadCpuSeconds();
+    absl::Status planned = (*balancer)->PlanRouting(lengths);
+    if (!planned.ok()) {
+      std::cerr << "rank " << rank << ": step " << step << ": " << planned << "\n";
+      return 1;
+    }
+    at::Tensor loss_balanced = Step(o, blocks, x, lengths, world_tokens, balancer->get());
+    mine.balanced_seconds = ThreadCpuSeconds() - start;
+    at::Tensor grad_balanced = TakeGradients(blocks, *group);
+    mine.tokens_before = static_cast<double>(tokens);
+    mine.tokens_after = 0;
+    for (int64_t l : (*balancer)->routed_lengths()) mine.tokens_after += l;
+    mine.loss_difference = std::abs(loss_balanced.item<double>() - loss_unbalanced.item<double>()) /
+                           std::max(1e-30, std::abs(loss_unbalanced.item<double>()));
+    mine.gradient_difference = ((grad_balanced - grad_unbalanced).abs().max() /
+                                grad_unbalanced.abs().max().clamp_min(1e-30))
+                                   .item<double>();
+    {  // SGD on the (identical) gradients, so the model trains
+      at::NoGradGuard no_grad;
+      int64_t offset = 0;
+      for (const at::Tensor& p : Parameters(blocks)) {
+        p.sub_(grad_balanced.narrow(0, offset, p.numel()).view_as(p) * (0.1 / o.procs));
+        offset += p.numel();
+      }
+    }
+
+    auto all = transport->AllGatherBytes(
+        absl::string_view(reinterpret_cast<const char*>(&mine), sizeof(mine)));
+    if (!all.ok()) {
+      std::cerr << "rank " << rank << ": " << all.status() << "\n";
+      return 1;
+    }
+    if (rank != 0) continue;
+    std::vector<RankStep> ranks(o.procs);
+    for (int r = 0; r < o.procs; ++r) std::memcpy(&ranks[r], (*all)[r].data(), sizeof(RankStep));
+    double max_u = 0, min_u = 1e30, max_b = 0, min_b = 1e30;
+    std::vector<std::string> u_ms, b_ms;
+    for (const RankStep& s : ranks) {
+      max_u = std::max(max_u, s.unbalanced_seconds);
+      min_u = std::min(min_u, s.unbalanced_seconds);
+      max_b = std::max(max_b, s.balanced_seconds);
+      min_b = std::min(min_b, s.balanced_seconds);
+      u_ms.push_back(absl::StrFormat("%.0f", s.unbalanced_seconds * 1e3));
+      b_ms.push_back(absl::StrFormat("%.0f", s.balanced_seconds * 1e3));
+      worst_loss = std::max(worst_loss, s.loss_difference);
+      worst_gradient = std::max(worst_gradient, s.gradient_difference);
+    }
+    const StepPlan& plan = (*balancer)->step_plan();
+    std::cout << absl::StrFormat("%-5d %-10s %-28s %-7.2f %-9.0f %s\n", step, "unbalanced",
+                                 absl::StrJoin(u_ms, " "), max_u / min_u, max_u * 1e3,
+                                 absl::StrFormat("%.3f", plan.max_over_mean_before));
+    std::cout << absl::StrFormat("%-5s %-10s %-28s %-7.2f %-9.0f %s (%s)\n", "", "balanced",
+                                 absl::StrJoin(b_ms, " "), max_b / min_b, max_b * 1e3,
+                                 absl::StrFormat("%.3f", plan.max_over_mean_after),
+                                 PlanSourceName(plan.source));
+    if (step > 0 || o.steps == 1) {  // step 0 warms up allocators and Gloo pairs
+      sum_max_unbalanced += max_u;
+      sum_max_balanced += max_b;
+      sum_wir_unbalanced += max_u / min_u;
+      sum_wir_balanced += max_b / min_b;
+      ++counted;
+    }
+  }
+  if (rank == 0) {
+    std::cout << absl::StrFormat(
+        "\nmean over steps %s: max per-rank compute %.0f ms unbalanced, %.0f ms balanced "
+        "(%.2fx); WIR %.2f -> %.2f\n",
+        o.steps > 1 ? "1.." + std::to_string(o.steps - 1) : "0", sum_max_unbalanced / counted * 1e3,
+        sum_max_balanced / counted * 1e3, sum_max_unbalanced / sum_max_balanced,
+        sum_wir_unbalanced / counted, sum_wir_balanced / counted);
+    std::cout << absl::StrFormat(
+        "balanced vs unbalanced: largest relative loss difference %.2e, gradient %.2e\n",
+        worst_loss, worst_gradient);
+    // float32 sums in a different order differ by rounding only.
+    if (worst_loss > 1e-4 || worst_gradient > 1e-3) {
+      std::cout << "FAILED: balancing changed the loss or the gradients\n";
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int RunLauncher(const SimOptions& o, const std::vector<std::string>& argv) {
+  c10d::TCPStoreOptions store_options;
+  store_options.port = 0;
+  store_options.isServer = true;
+  store_options.waitWorkers = false;
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < o.procs; ++rank) {
+    SpawnOptions spawn;
+    spawn.argv = argv;
+    spawn.set_env = {absl::StrCat(kRankVar, "=", rank),
+                     absl::StrCat(kPortVar, "=", store->getPort())};
+    auto pid = SpawnSelf(spawn);
+    if (!pid.ok()) {
+      std::cerr << "train-sim: " << pid.status() << "\n";
+      WaitAll(pids, absl::Now());  // kills those started
+      return 1;
+    }
+    pids.push_back(*pid);
+  }
+  const std::vector<int> codes = WaitAll(pids, absl::Now() + absl::Seconds(o.timeout_seconds));
+  int worst = 0;
+  for (int rank = 0; rank < o.procs; ++rank) {
+    if (codes[rank] == 0) continue;
+    std::cerr << "train-sim: rank " << rank
+              << (codes[rank] < 0 ? " was killed at --timeout-seconds"
+                                  : " exited " + std::to_string(codes[rank]))
+              << "\n";
+    worst = std::max(worst, codes[rank] < 0 ? 1 : codes[rank]);
+  }
+  return worst;
+}
+
+}  // namespace
+}  // namespace knapformer
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && (args[0] == "help" || args[0] == "--help")) {
+    std::cout << knapformer::kUsage;
+    return 0;
+  }
+  auto options = knapformer::ParseOptions(args);
+  if (!options.ok()) {
+    std::cerr << "train-sim: " << options.status().message() << "\n" << knapformer::kUsage;
+    return 2;
+  }
+  const char* rank = std::getenv(knapformer::kRankVar);
+  const char* port = std::getenv(knapformer::kPortVar);
+  int rank_value = 0, port_value = 0;
+  if (rank != nullptr && port != nullptr && absl::SimpleAtoi(rank, &rank_value) &&
+      absl::SimpleAtoi(port, &port_value)) {
+    try {
+      return knapformer::RunWorker(*options, rank_value, port_value);
+    } catch (const std::exception& e) {
+      std::cerr << "rank " << rank_value << ": " << e.what() << "\n";
+      return 1;
+    }
+  }
+  return knapformer::RunLauncher(*options, args);
+}
