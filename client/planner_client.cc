@@ -12,7 +12,7 @@
 #include "planner/cost_model.h"
 #include "planner/topology.h"
 #include "server/log.h"
-#include "server/plan_proto.h"
+#include "proto/plan_proto.h"
 
 namespace knapformer {
 namespace {

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/log.h"
-#include "server/plan_proto.h"
+#include "proto/plan_proto.h"
 #include "server/request_check.h"
 
 namespace knapformer {

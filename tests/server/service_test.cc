@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "planner/balancer.h"
 #include "planner/validate.h"
-#include "server/plan_proto.h"
+#include "proto/plan_proto.h"
 #include "server/planner_server.h"
 #include "tests/server/service_test_util.h"
 

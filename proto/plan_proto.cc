@@ -1,4 +1,4 @@
-#include "server/plan_proto.h"
+#include "proto/plan_proto.h"
 
 #include "planner/balance_stats.h"
 

@@ -1,5 +1,5 @@
-#ifndef KNAPFORMER_SERVER_PLAN_PROTO_H_
-#define KNAPFORMER_SERVER_PLAN_PROTO_H_
+#ifndef KNAPFORMER_PROTO_PLAN_PROTO_H_
+#define KNAPFORMER_PROTO_PLAN_PROTO_H_
 
 #include <cstdint>
 
@@ -23,4 +23,4 @@ RankPlan RankPlanFromProto(const v1::RankPlan& proto, int32_t world_size);
 
 }  // namespace knapformer
 
-#endif  // KNAPFORMER_SERVER_PLAN_PROTO_H_
+#endif  // KNAPFORMER_PROTO_PLAN_PROTO_H_
