@@ -35,7 +35,8 @@ at::Tensor IndexTensor(const std::vector<int64_t>& index) {
 }
 
 // Rows of `x` (dim 0) exchanged: send_rows[p] rows to peer p, recv_rows[p]
-// from it. Byte-level, so every dtype travels (Gloo refuses bf16).
+// from it. Byte-level, so every dtype travels (Gloo refuses bf16). The
+// counts were cross-checked once for the step in PlanRouting.
 at::Tensor Exchange(const at::Tensor& x, Transport* transport,
                     const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows) {
   const at::Tensor input = x.contiguous();
@@ -44,7 +45,7 @@ at::Tensor Exchange(const at::Tensor& x, Transport* transport,
       std::accumulate(shape.begin() + 1, shape.end(), int64_t{1}, std::multiplies<int64_t>());
   shape[0] = Sum(recv_rows);
   at::Tensor output = at::empty(shape, input.options());
-  absl::Status status = transport->AllToAllRows(
+  absl::Status status = transport->AllToAllRowsPrechecked(
       input.data_ptr(), send_rows, output.data_ptr(), recv_rows,
       row_elements * static_cast<int64_t>(input.element_size()));
   if (!status.ok()) throw TransportError(std::move(status));
@@ -294,7 +295,20 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths) 
   if (!plan.ok()) return plan.status();
   r.step_plan = *std::move(plan);
   absl::Status derived = r.Derive(lengths);
-  if (!derived.ok()) return derived;
+  if (!derived.ok()) {
+    // Still take part in the collective check, with counts no peer can
+    // match, so that every rank fails this step instead of waiting for us.
+    std::vector<int64_t> impossible(r.world->size(), -1);
+    (void)r.world->CheckRowCounts(std::vector<int64_t>(r.world->size(), 0), impossible);
+    return derived;
+  }
+  // Once per step instead of per exchange: every Route, ReverseRoute,
+  // PreAttn and PostAttn of the step moves these counts or their transpose.
+  absl::Status checked = r.world->CheckRowCounts(r.send_rows, r.recv_rows);
+  if (checked.ok() && r.bag != nullptr) {
+    checked = r.bag->CheckRowCounts(r.ulysses_send_rows, r.ulysses_recv_rows);
+  }
+  if (!checked.ok()) return checked;
   r.planned = true;
   return absl::OkStatus();
 }

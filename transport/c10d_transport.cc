@@ -73,9 +73,14 @@ absl::StatusOr<std::unique_ptr<C10dTransport>> C10dTransport::Create(
 int C10dTransport::rank() const { return group_->getRank(); }
 int C10dTransport::size() const { return group_->getSize(); }
 
-absl::Status C10dTransport::CheckCounts(const std::vector<int64_t>& send_rows,
-                                        const std::vector<int64_t>& recv_rows) {
+absl::Status C10dTransport::CheckRowCounts(const std::vector<int64_t>& send_rows,
+                                           const std::vector<int64_t>& recv_rows) {
   const int n = size();
+  if (static_cast<int>(send_rows.size()) != n || static_cast<int>(recv_rows.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("send_rows/recv_rows: ", send_rows.size(), "/",
+                                                   recv_rows.size(), " entries for a group of ",
+                                                   n));
+  }
   at::Tensor sent_to_me = at::empty({n}, at::kLong);
   at::Tensor i_send = at::from_blob(const_cast<int64_t*>(send_rows.data()), {n}, at::kLong).clone();
   std::vector<int64_t> equal_splits;  // empty = n equal splits
@@ -117,6 +122,20 @@ absl::Status C10dTransport::CheckCounts(const std::vector<int64_t>& send_rows,
 absl::Status C10dTransport::AllToAllRows(const void* send, const std::vector<int64_t>& send_rows,
                                          void* recv, const std::vector<int64_t>& recv_rows,
                                          int64_t row_bytes) {
+  return AllToAll(send, send_rows, recv, recv_rows, row_bytes, options_.check_counts);
+}
+
+absl::Status C10dTransport::AllToAllRowsPrechecked(const void* send,
+                                                   const std::vector<int64_t>& send_rows,
+                                                   void* recv,
+                                                   const std::vector<int64_t>& recv_rows,
+                                                   int64_t row_bytes) {
+  return AllToAll(send, send_rows, recv, recv_rows, row_bytes, /*check_counts=*/false);
+}
+
+absl::Status C10dTransport::AllToAll(const void* send, const std::vector<int64_t>& send_rows,
+                                     void* recv, const std::vector<int64_t>& recv_rows,
+                                     int64_t row_bytes, bool check_counts) {
   const int n = size();
   if (static_cast<int>(send_rows.size()) != n || static_cast<int>(recv_rows.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat("send_rows/recv_rows: ", send_rows.size(), "/",
@@ -130,8 +149,8 @@ absl::Status C10dTransport::AllToAllRows(const void* send, const std::vector<int
           absl::StrCat("send_rows/recv_rows: negative count for rank ", p));
     }
   }
-  if (options_.check_counts) {
-    absl::Status status = CheckCounts(send_rows, recv_rows);
+  if (check_counts) {
+    absl::Status status = CheckRowCounts(send_rows, recv_rows);
     if (!status.ok()) return status;
   }
   at::Tensor input = ByteRows(const_cast<void*>(send), Sum(send_rows), row_bytes, options_.device);

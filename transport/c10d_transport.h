@@ -32,10 +32,11 @@ struct C10dTransportOptions {
   // Where the buffers given to AllToAllRows live: CPU for Gloo, the rank's
   // CUDA device for NCCL.
   c10::Device device = c10::Device(c10::kCPU);
-  // Cross-check every all-to-all's row counts against the peers' (one small
+  // Cross-check every AllToAllRows' row counts against the peers' (one small
   // all-to-all and one all-gather of 24 bytes per rank). c10d checks none:
   // Gloo leaves rows uninitialised on too few and aborts the process on too
   // many. Turn off only for a plan source proven consistent.
+  // AllToAllRowsPrechecked never checks (its caller has, once per plan).
   bool check_counts = true;
   // Required for Subgroup().
   SubgroupFactory new_subgroup;
@@ -51,6 +52,11 @@ class C10dTransport : public Transport {
   int size() const override;
   absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                             const std::vector<int64_t>& recv_rows, int64_t row_bytes) override;
+  absl::Status CheckRowCounts(const std::vector<int64_t>& send_rows,
+                              const std::vector<int64_t>& recv_rows) override;
+  absl::Status AllToAllRowsPrechecked(const void* send, const std::vector<int64_t>& send_rows,
+                                      void* recv, const std::vector<int64_t>& recv_rows,
+                                      int64_t row_bytes) override;
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override;
   absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override;
 
@@ -59,8 +65,9 @@ class C10dTransport : public Transport {
  private:
   C10dTransport(c10::intrusive_ptr<c10d::ProcessGroup> group, C10dTransportOptions options,
                 std::vector<int> global_ranks);
-  absl::Status CheckCounts(const std::vector<int64_t>& send_rows,
-                           const std::vector<int64_t>& recv_rows);
+  absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                        const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                        bool check_counts);
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   C10dTransportOptions options_;

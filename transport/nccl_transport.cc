@@ -375,6 +375,36 @@ absl::Status NcclTransport::CheckCounts(const std::vector<int64_t>& send_rows,
 absl::Status NcclTransport::AllToAllRows(const void* send, const std::vector<int64_t>& send_rows,
                                          void* recv, const std::vector<int64_t>& recv_rows,
                                          int64_t row_bytes) {
+  return AllToAll(send, send_rows, recv, recv_rows, row_bytes, options_.check_counts);
+}
+
+absl::Status NcclTransport::AllToAllRowsPrechecked(const void* send,
+                                                   const std::vector<int64_t>& send_rows,
+                                                   void* recv,
+                                                   const std::vector<int64_t>& recv_rows,
+                                                   int64_t row_bytes) {
+  return AllToAll(send, send_rows, recv, recv_rows, row_bytes, /*check_counts=*/false);
+}
+
+absl::Status NcclTransport::CheckRowCounts(const std::vector<int64_t>& send_rows,
+                                           const std::vector<int64_t>& recv_rows) {
+  KNAPFORMER_RETURN_IF_ERROR(Usable());
+  if (static_cast<int>(send_rows.size()) != size_ || static_cast<int>(recv_rows.size()) != size_) {
+    return absl::InvalidArgumentError(absl::StrCat("send_rows/recv_rows: ", send_rows.size(), "/",
+                                                   recv_rows.size(), " entries for a group of ",
+                                                   size_));
+  }
+  ScopedDevice on_device(device_);
+  KNAPFORMER_RETURN_IF_ERROR(on_device.status());
+  // Row size 0 on every rank: the verdicts compare counts only.
+  absl::Status status = CheckCounts(send_rows, recv_rows, /*row_bytes=*/0);
+  NoteFailure(status);
+  return status;
+}
+
+absl::Status NcclTransport::AllToAll(const void* send, const std::vector<int64_t>& send_rows,
+                                     void* recv, const std::vector<int64_t>& recv_rows,
+                                     int64_t row_bytes, bool check_counts) {
   KNAPFORMER_RETURN_IF_ERROR(Usable());
   const int n = size_;
   if (static_cast<int>(send_rows.size()) != n || static_cast<int>(recv_rows.size()) != n) {
@@ -393,15 +423,15 @@ absl::Status NcclTransport::AllToAllRows(const void* send, const std::vector<int
   KNAPFORMER_RETURN_IF_ERROR(CheckBuffer(recv, *recv_bytes, "recv"));
   ScopedDevice on_device(device_);
   KNAPFORMER_RETURN_IF_ERROR(on_device.status());
-  absl::Status status = DoAllToAllRows(send, send_rows, recv, recv_rows, row_bytes);
+  absl::Status status = DoAllToAllRows(send, send_rows, recv, recv_rows, row_bytes, check_counts);
   NoteFailure(status);
   return status;
 }
 
 absl::Status NcclTransport::DoAllToAllRows(const void* send, const std::vector<int64_t>& send_rows,
                                            void* recv, const std::vector<int64_t>& recv_rows,
-                                           int64_t row_bytes) {
-  if (options_.check_counts) {
+                                           int64_t row_bytes, bool check_counts) {
+  if (check_counts) {
     KNAPFORMER_RETURN_IF_ERROR(CheckCounts(send_rows, recv_rows, row_bytes));
   }
   const char* in = static_cast<const char*>(send);

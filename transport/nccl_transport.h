@@ -81,6 +81,13 @@ class NcclTransport final : public Transport {
   // non-zero count, all in one NCCL group.
   absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                             const std::vector<int64_t>& recv_rows, int64_t row_bytes) override;
+  // The count check alone (row sizes are not compared: each later call's
+  // may differ), and the all-to-all without it.
+  absl::Status CheckRowCounts(const std::vector<int64_t>& send_rows,
+                              const std::vector<int64_t>& recv_rows) override;
+  absl::Status AllToAllRowsPrechecked(const void* send, const std::vector<int64_t>& send_rows,
+                                      void* recv, const std::vector<int64_t>& recv_rows,
+                                      int64_t row_bytes) override;
   // Host strings in and out (staged through a device buffer, padded to the
   // longest, since ncclAllGather moves equal sizes).
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override;
@@ -105,8 +112,12 @@ class NcclTransport final : public Transport {
   // which every rank returns alike before moving anything).
   void NoteFailure(const absl::Status& status);
 
+  absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                        const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                        bool check_counts);
   absl::Status DoAllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
-                              const std::vector<int64_t>& recv_rows, int64_t row_bytes);
+                              const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                              bool check_counts);
   absl::StatusOr<std::vector<std::string>> DoAllGatherBytes(absl::string_view mine);
   absl::StatusOr<std::unique_ptr<Transport>> DoSubgroup(const std::vector<int>& ranks,
                                                         int my_index);

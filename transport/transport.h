@@ -34,6 +34,25 @@ class Transport {
                                     void* recv, const std::vector<int64_t>& recv_rows,
                                     int64_t row_bytes) = 0;
 
+  // Collective: checks that the rows every rank expects from each peer equal
+  // the rows that peer sends it; otherwise the same InvalidArgument, naming
+  // the receiver and the sender, on every rank. The default uses one
+  // all-to-all of counts and one all-gather of the verdicts.
+  virtual absl::Status CheckRowCounts(const std::vector<int64_t>& send_rows,
+                                      const std::vector<int64_t>& recv_rows);
+
+  // AllToAllRows for counts that CheckRowCounts has accepted on every rank
+  // (or their transpose, the way back): backends may skip their own
+  // per-call cross-check, which costs two small collectives. A caller that
+  // moves many tensors under one plan checks once. The default is
+  // AllToAllRows.
+  virtual absl::Status AllToAllRowsPrechecked(const void* send,
+                                              const std::vector<int64_t>& send_rows, void* recv,
+                                              const std::vector<int64_t>& recv_rows,
+                                              int64_t row_bytes) {
+    return AllToAllRows(send, send_rows, recv, recv_rows, row_bytes);
+  }
+
   // Every rank's `mine`, by rank (small metadata: sequence lengths, flags).
   virtual absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) = 0;
 

@@ -66,6 +66,10 @@ const bool kMismatch = RegisterScenario("mismatch", [](Worker& w) {
   EXPECT_EQ(status.message(),
             "recv_rows: rank 1 expects " + std::to_string(RowsBetween(2, 1) + 1) +
                 " rows from rank 2, which sends it " + std::to_string(RowsBetween(2, 1)));
+  // The check alone says the same; the group stays usable after it.
+  EXPECT_EQ(w.transport->CheckRowCounts(send_rows, recv_rows).message(), status.message());
+  if (w.rank == 1) recv_rows[2] -= 1;
+  EXPECT_TRUE(w.transport->CheckRowCounts(send_rows, recv_rows).ok());
   // A wrong-sized count list is refused before any collective.
   EXPECT_EQ(w.transport->AllToAllRows(send.data(), {1}, recv.data(), recv_rows, kRowBytes).code(),
             absl::StatusCode::kInvalidArgument);

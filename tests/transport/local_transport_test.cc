@@ -68,6 +68,27 @@ TEST(LocalTransportTest, ACountMismatchIsAnErrorNamingBothRanks) {
               HasSubstr("rank 1 expects 2 rows from rank 0, which sends 1"));
 }
 
+// Transport's own CheckRowCounts (built on AllToAllRows and AllGatherBytes):
+// every rank gets the first disagreement, not only the rank that saw it.
+TEST(LocalTransportTest, CheckRowCountsGivesEveryRankTheSameError) {
+  auto group = LocalTransport::CreateGroup(3);
+  std::vector<absl::Status> agree(3), disagree(3);
+  RunRanks(group, [&](int r, LocalTransport& t) {
+    // Rank r sends r + p rows to rank p.
+    std::vector<int64_t> send_rows = {r + 0, r + 1, r + 2};
+    std::vector<int64_t> recv_rows = {0 + r, 1 + r, 2 + r};
+    agree[r] = t.CheckRowCounts(send_rows, recv_rows);
+    if (r == 2) recv_rows[1] = 7;  // rank 2 expects 7 from rank 1, which sends 3
+    if (r == 1) recv_rows[0] = 9;  // and rank 1 expects 9 from rank 0, which sends 1
+    disagree[r] = t.CheckRowCounts(send_rows, recv_rows);
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(agree[r].ok()) << agree[r];
+    EXPECT_EQ(disagree[r].code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(disagree[r].message(), "recv_rows: rank 1 expects 9 rows from rank 0, which sends it 1");
+  }
+}
+
 TEST(LocalTransportTest, AllGatherAndSubgroups) {
   auto group = LocalTransport::CreateGroup(4);
   std::vector<std::vector<std::string>> gathered(4);

@@ -1,0 +1,51 @@
+#include "transport/transport.h"
+
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace knapformer {
+
+absl::Status Transport::CheckRowCounts(const std::vector<int64_t>& send_rows,
+                                       const std::vector<int64_t>& recv_rows) {
+  const int n = size();
+  if (static_cast<int>(send_rows.size()) != n || static_cast<int>(recv_rows.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat("send_rows/recv_rows: ", send_rows.size(), "/",
+                                                   recv_rows.size(), " entries for a group of ",
+                                                   n));
+  }
+  // One count to each peer: these counts agree by construction.
+  std::vector<int64_t> ones(n, 1), sent_to_me(n, 0);
+  absl::Status status = AllToAllRows(send_rows.data(), ones, sent_to_me.data(), ones,
+                                     sizeof(int64_t));
+  if (!status.ok()) return status;
+  // Everyone learns the first disagreement (smallest receiver, then sender),
+  // so that all return the same error, not only the rank that saw it.
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  int64_t verdict[3] = {kNone, 0, 0};
+  for (int p = 0; p < n; ++p) {
+    if (sent_to_me[p] != recv_rows[p]) {
+      verdict[0] = int64_t{rank()} * n + p;
+      verdict[1] = recv_rows[p];
+      verdict[2] = sent_to_me[p];
+      break;
+    }
+  }
+  auto all = AllGatherBytes(absl::string_view(reinterpret_cast<const char*>(verdict),
+                                              sizeof(verdict)));
+  if (!all.ok()) return all.status();
+  int64_t first[3] = {kNone, 0, 0};
+  for (const std::string& bytes : *all) {
+    if (bytes.size() != sizeof(verdict)) return absl::InternalError("count check: bad verdict");
+    int64_t v[3];
+    std::memcpy(v, bytes.data(), sizeof(v));
+    if (v[0] < first[0]) std::memcpy(first, v, sizeof(v));
+  }
+  if (first[0] == kNone) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("recv_rows: rank ", first[0] / n, " expects ",
+                                                 first[1], " rows from rank ", first[0] % n,
+                                                 ", which sends it ", first[2]));
+}
+
+}  // namespace knapformer
