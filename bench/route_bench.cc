@@ -43,7 +43,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -55,7 +54,7 @@
 #include "planner/status_macros.h"
 #include "server/log.h"
 #include "tools/args.h"
-#include "tools/spawn.h"
+#include "tools/local_world.h"
 #include "transport/c10d_transport.h"
 
 namespace knapformer {
@@ -63,8 +62,6 @@ namespace {
 
 constexpr char kUsage[] = "usage: route_bench [--seed 0] [--timeout-seconds 600]\n";
 
-constexpr char kRankVar[] = "KNAPFORMER_ROUTE_BENCH_RANK";
-constexpr char kPortVar[] = "KNAPFORMER_ROUTE_BENCH_PORT";
 
 constexpr int kProcs = 4;
 constexpr char kTopology[] = "g1n2+g2n1";
@@ -178,21 +175,17 @@ std::vector<int64_t> RowSplits(const std::vector<Transfer>& transfers) {
   return rows;
 }
 
-int RunWorker(const BenchOptions& o, int rank, int port) {
+int RunWorker(const BenchOptions& o) {
   at::set_num_threads(1);
   SetLogLevel(LogLevel::kWarning);
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<uint16_t>(port);
-  store_options.isServer = false;
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
-  GlooGroupOptions gloo;
-  gloo.hostname = "127.0.0.1";
-  auto group = NewGlooGroup(store, rank, kProcs, gloo);
-  // One factory for both transports: it numbers repeated subgroups, so the
-  // second balancer's bag gets its own store prefix.
-  C10dTransportOptions transport_options;
-  transport_options.new_subgroup = GlooSubgroupFactory(store, gloo);
-  auto transport = C10dTransport::Create(group, transport_options).value();
+  auto world = JoinLocalWorld(std::chrono::seconds(o.timeout_seconds));
+  if (!world.ok()) {
+    std::cerr << "route_bench: " << world.status() << "\n";
+    return 1;
+  }
+  const int rank = world->rank;
+  c10d::ProcessGroup* group = world->group.get();
+  C10dTransport* transport = world->transport.get();
 
   SequenceBalancerOptions balancer_options;
   balancer_options.job_id = "route-bench";
@@ -200,7 +193,7 @@ int RunWorker(const BenchOptions& o, int rank, int port) {
   balancer_options.d_model = kDModel;
   balancer_options.gamma = 1.0;
   balancer_options.token_bytes = kRowBytes;
-  auto created = SequenceBalancer::Create(balancer_options, transport.get());
+  auto created = SequenceBalancer::Create(balancer_options, transport);
   if (!created.ok()) Fail(rank, absl::StrCat("balancer: ", created.status().ToString()));
   SequenceBalancer* const balancers[1] = {created->get()};
 
@@ -380,39 +373,6 @@ int RunWorker(const BenchOptions& o, int rank, int port) {
   return 0;
 }
 
-int RunLauncher(const BenchOptions& o, const std::vector<std::string>& argv) {
-  c10d::TCPStoreOptions store_options;
-  store_options.port = 0;
-  store_options.isServer = true;
-  store_options.waitWorkers = false;
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < kProcs; ++rank) {
-    SpawnOptions spawn;
-    spawn.argv = argv;
-    spawn.set_env = {absl::StrCat(kRankVar, "=", rank),
-                     absl::StrCat(kPortVar, "=", store->getPort())};
-    auto pid = SpawnSelf(spawn);
-    if (!pid.ok()) {
-      std::cerr << "route_bench: " << pid.status() << "\n";
-      WaitAll(pids, absl::Now());  // kills those started
-      return 1;
-    }
-    pids.push_back(*pid);
-  }
-  const std::vector<int> codes = WaitAll(pids, absl::Now() + absl::Seconds(o.timeout_seconds));
-  int worst = 0;
-  for (int rank = 0; rank < kProcs; ++rank) {
-    if (codes[rank] == 0) continue;
-    std::cerr << "route_bench: rank " << rank
-              << (codes[rank] < 0 ? " was killed at --timeout-seconds"
-                                  : " exited " + std::to_string(codes[rank]))
-              << "\n";
-    worst = std::max(worst, codes[rank] < 0 ? 1 : codes[rank]);
-  }
-  return worst;
-}
-
 }  // namespace
 }  // namespace knapformer
 
@@ -427,17 +387,14 @@ int main(int argc, char** argv) {
     std::cerr << "route_bench: " << options.status().message() << "\n" << knapformer::kUsage;
     return 2;
   }
-  const char* rank = std::getenv(knapformer::kRankVar);
-  const char* port = std::getenv(knapformer::kPortVar);
-  int rank_value = 0, port_value = 0;
-  if (rank != nullptr && port != nullptr && absl::SimpleAtoi(rank, &rank_value) &&
-      absl::SimpleAtoi(port, &port_value)) {
+  if (knapformer::IsLocalWorker()) {
     try {
-      return knapformer::RunWorker(*options, rank_value, port_value);
+      return knapformer::RunWorker(*options);
     } catch (const std::exception& e) {
-      std::cerr << "route_bench: rank " << rank_value << ": " << e.what() << "\n";
+      std::cerr << "route_bench: " << e.what() << "\n";
       return 1;
     }
   }
-  return knapformer::RunLauncher(*options, args);
+  return knapformer::RunLocalWorld("route_bench", knapformer::kProcs, args,
+                                   absl::Seconds(options->timeout_seconds));
 }

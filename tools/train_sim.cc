@@ -22,20 +22,19 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "absl/strings/numbers.h"
+#include "absl/time/time.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/sequence_balancer.h"
 #include "client/varlen_attention.h"
 #include "planner/data_stream.h"
+#include "planner/topology.h"
 #include "planner/status_macros.h"
 #include "server/log.h"
 #include "tools/args.h"
-#include "tools/spawn.h"
-#include "transport/c10d_transport.h"
+#include "tools/local_world.h"
 
 namespace knapformer {
 namespace {
@@ -49,9 +48,6 @@ constexpr char kUsage[] =
     "           world must be a multiple of their GPUs), or low-res/mixed-res/joint\n"
     "           with --procs 32; --scale divides every length (CPU attention)\n"
     "  --planner  a planner service; without it every rank plans locally\n";
-
-constexpr char kRankVar[] = "KNAPFORMER_TRAIN_SIM_RANK";
-constexpr char kPortVar[] = "KNAPFORMER_TRAIN_SIM_PORT";
 
 const std::vector<std::string> kFlags = {"procs",   "steps",  "topology", "data",
                                          "scale",   "d-model", "heads",   "layers",
@@ -100,6 +96,27 @@ absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
   if (o.d_model % o.heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--heads: ", o.heads, " heads do not divide --d-model ", o.d_model));
+  }
+  // Checked here, once, rather than in every worker.
+  auto codes = ParseDataCodes(o.data);
+  if (!codes.ok()) return absl::InvalidArgumentError(absl::StrCat("--data: ", codes.status().message()));
+  auto stream = DataStream::Create(*codes, o.procs, o.seed);
+  if (!stream.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--data/--procs: ", stream.status().message()));
+  }
+  auto topology = Topology::Parse(o.topology);
+  if (!topology.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--topology: ", topology.status().message()));
+  }
+  auto world = World::Create(*topology, o.procs);
+  if (!world.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--topology/--procs: ", world.status().message()));
+  }
+  for (const Bag& bag : topology->bags()) {
+    if (o.heads % bag.gpus != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--heads: ", o.heads, " heads do not split over ",
+                                                     "a bag of ", bag.gpus, " GPUs of --topology"));
+    }
   }
   return o;
 }
@@ -176,30 +193,20 @@ struct RankStep {
   double tokens_before = 0, tokens_after = 0;
 };
 
-int RunWorker(const SimOptions& o, int rank, int port) {
+int RunWorker(const SimOptions& o) {
   at::set_num_threads(1);  // thread CPU time = this rank's compute
   SetLogLevel(LogLevel::kWarning);
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<uint16_t>(port);
-  store_options.isServer = false;
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
-  GlooGroupOptions gloo;
-  gloo.hostname = "127.0.0.1";
-  auto group = NewGlooGroup(store, rank, o.procs, gloo);
-  C10dTransportOptions transport_options;
-  transport_options.new_subgroup = GlooSubgroupFactory(store, gloo);
-  auto transport = C10dTransport::Create(group, transport_options).value();
+  auto world = JoinLocalWorld(std::chrono::seconds(o.timeout_seconds));
+  if (!world.ok()) {
+    std::cerr << world.status() << "\n";
+    return 1;
+  }
+  const int rank = world->rank;
+  c10d::ProcessGroup* group = world->group.get();
+  Transport* transport = world->transport.get();
 
-  auto codes = ParseDataCodes(o.data);
-  if (!codes.ok()) {
-    std::cerr << "--data: " << codes.status().message() << "\n";
-    return 2;
-  }
-  auto stream = DataStream::Create(*codes, o.procs, o.seed);
-  if (!stream.ok()) {
-    std::cerr << "--data/--procs: " << stream.status().message() << "\n";
-    return 2;
-  }
+  // ParseOptions checked both.
+  auto stream = DataStream::Create(*ParseDataCodes(o.data), o.procs, o.seed);
   SequenceBalancerOptions balancer_options;
   balancer_options.job_id = "train-sim";
   balancer_options.topology = o.topology;
@@ -207,7 +214,7 @@ int RunWorker(const SimOptions& o, int rank, int port) {
   balancer_options.gamma = o.gamma;
   balancer_options.token_bytes = o.d_model * sizeof(float);
   balancer_options.planner.address = o.planner;
-  auto balancer = SequenceBalancer::Create(balancer_options, transport.get());
+  auto balancer = SequenceBalancer::Create(balancer_options, transport);
   if (!balancer.ok()) {
     std::cerr << "rank " << rank << ": " << balancer.status() << "\n";
     return 2;
@@ -328,39 +335,6 @@ int RunWorker(const SimOptions& o, int rank, int port) {
   return 0;
 }
 
-int RunLauncher(const SimOptions& o, const std::vector<std::string>& argv) {
-  c10d::TCPStoreOptions store_options;
-  store_options.port = 0;
-  store_options.isServer = true;
-  store_options.waitWorkers = false;
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < o.procs; ++rank) {
-    SpawnOptions spawn;
-    spawn.argv = argv;
-    spawn.set_env = {absl::StrCat(kRankVar, "=", rank),
-                     absl::StrCat(kPortVar, "=", store->getPort())};
-    auto pid = SpawnSelf(spawn);
-    if (!pid.ok()) {
-      std::cerr << "train-sim: " << pid.status() << "\n";
-      WaitAll(pids, absl::Now());  // kills those started
-      return 1;
-    }
-    pids.push_back(*pid);
-  }
-  const std::vector<int> codes = WaitAll(pids, absl::Now() + absl::Seconds(o.timeout_seconds));
-  int worst = 0;
-  for (int rank = 0; rank < o.procs; ++rank) {
-    if (codes[rank] == 0) continue;
-    std::cerr << "train-sim: rank " << rank
-              << (codes[rank] < 0 ? " was killed at --timeout-seconds"
-                                  : " exited " + std::to_string(codes[rank]))
-              << "\n";
-    worst = std::max(worst, codes[rank] < 0 ? 1 : codes[rank]);
-  }
-  return worst;
-}
-
 }  // namespace
 }  // namespace knapformer
 
@@ -375,17 +349,14 @@ int main(int argc, char** argv) {
     std::cerr << "train-sim: " << options.status().message() << "\n" << knapformer::kUsage;
     return 2;
   }
-  const char* rank = std::getenv(knapformer::kRankVar);
-  const char* port = std::getenv(knapformer::kPortVar);
-  int rank_value = 0, port_value = 0;
-  if (rank != nullptr && port != nullptr && absl::SimpleAtoi(rank, &rank_value) &&
-      absl::SimpleAtoi(port, &port_value)) {
+  if (knapformer::IsLocalWorker()) {
     try {
-      return knapformer::RunWorker(*options, rank_value, port_value);
+      return knapformer::RunWorker(*options);
     } catch (const std::exception& e) {
-      std::cerr << "rank " << rank_value << ": " << e.what() << "\n";
+      std::cerr << "train-sim: " << e.what() << "\n";
       return 1;
     }
   }
-  return knapformer::RunLauncher(*options, args);
+  return knapformer::RunLocalWorld("train-sim", options->procs, args,
+                                   absl::Seconds(options->timeout_seconds));
 }

@@ -188,8 +188,12 @@ const bool kBalance = RegisterScenario("balance", [](Worker& w) {
   auto balancer = SequenceBalancer::Create(Options(w), w.transport.get());
   ASSERT_TRUE(balancer.ok()) << balancer.status();
   int steps = 3, stop_after = -1;
-  if (w.args.count("steps")) ASSERT_TRUE(absl::SimpleAtoi(w.args.at("steps"), &steps));
-  if (w.args.count("stop_after")) ASSERT_TRUE(absl::SimpleAtoi(w.args.at("stop_after"), &stop_after));
+  if (w.args.count("steps")) {
+    ASSERT_TRUE(absl::SimpleAtoi(w.args.at("steps"), &steps));
+  }
+  if (w.args.count("stop_after")) {
+    ASSERT_TRUE(absl::SimpleAtoi(w.args.at("stop_after"), &stop_after));
+  }
   for (int step = 0; step < steps; ++step) {
     if (step == stop_after) {
       if (w.rank == 0) w.store->set("stop_planner", {1});

@@ -8,10 +8,7 @@
 #include <sstream>
 #include <thread>
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -51,44 +48,21 @@ std::map<std::string, std::string> DecodeArgs(const char* text) {
   return args;
 }
 
-int EnvInt(const char* name) {
-  int value = -1;
-  const char* text = std::getenv(name);
-  if (text == nullptr || !absl::SimpleAtoi(text, &value)) {
-    std::cerr << "worker: " << name << " is not set\n";
-    std::exit(2);
-  }
-  return value;
-}
-
 int RunAsWorker(const std::string& name) {
   auto it = Scenarios().find(name);
   if (it == Scenarios().end()) {
     std::cerr << "worker: no scenario named " << name << "\n";
     return 2;
   }
+  auto world = JoinLocalWorld(kStoreTimeout);
+  if (!world.ok()) {
+    std::cerr << "worker: " << world.status() << "\n";
+    return 1;
+  }
   Worker worker;
-  worker.rank = EnvInt("KNAPFORMER_WORKER_RANK");
-  worker.size = EnvInt("KNAPFORMER_WORKER_SIZE");
+  static_cast<LocalWorld&>(worker) = *std::move(world);
   worker.args = DecodeArgs(std::getenv("KNAPFORMER_WORKER_ARGS"));
   try {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = static_cast<uint16_t>(EnvInt("KNAPFORMER_WORKER_PORT"));
-    store_options.isServer = false;
-    store_options.timeout = kStoreTimeout;
-    worker.store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
-    GlooGroupOptions gloo;
-    gloo.hostname = "127.0.0.1";
-    gloo.timeout = std::chrono::seconds(60);
-    worker.group = NewGlooGroup(worker.store, worker.rank, worker.size, gloo);
-    C10dTransportOptions options;
-    options.new_subgroup = GlooSubgroupFactory(worker.store, gloo);
-    auto transport = C10dTransport::Create(worker.group, options);
-    if (!transport.ok()) {
-      std::cerr << "worker: " << transport.status() << "\n";
-      return 1;
-    }
-    worker.transport = *std::move(transport);
     it->second(worker);
   } catch (const std::exception& e) {
     std::cerr << "rank " << worker.rank << ": exception: " << e.what() << "\n";
@@ -123,24 +97,17 @@ WorkerRun RunWorkers(const std::string& scenario, int size,
                      const std::map<std::string, std::string>& args, std::chrono::seconds timeout,
                      const std::function<void(c10d::Store&)>& while_running) {
   WorkerRun run;
-  c10d::TCPStoreOptions store_options;
-  store_options.port = 0;
-  store_options.isServer = true;
-  store_options.waitWorkers = false;
-  store_options.timeout = kStoreTimeout;
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
+  auto store = StartLocalStore(kStoreTimeout);
 
   std::vector<pid_t> pids(size, -1);
   std::vector<std::string> logs(size);
   for (int rank = 0; rank < size; ++rank) {
     SpawnOptions spawn;
     // The parent writes gtest's XML; the workers must not overwrite it.
-    spawn.drop_env_prefixes = {"XML_OUTPUT_FILE=", "GTEST_OUTPUT=", "KNAPFORMER_WORKER_"};
-    spawn.set_env = {absl::StrCat(kScenarioVar, "=", scenario),
-                     absl::StrCat("KNAPFORMER_WORKER_RANK=", rank),
-                     absl::StrCat("KNAPFORMER_WORKER_SIZE=", size),
-                     absl::StrCat("KNAPFORMER_WORKER_PORT=", store->getPort()),
-                     absl::StrCat("KNAPFORMER_WORKER_ARGS=", EncodeArgs(args))};
+    spawn.drop_env_prefixes = {"XML_OUTPUT_FILE=", "GTEST_OUTPUT=", "KNAPFORMER_"};
+    spawn.set_env = LocalWorldEnv(*store, rank, size);
+    spawn.set_env.push_back(absl::StrCat(kScenarioVar, "=", scenario));
+    spawn.set_env.push_back(absl::StrCat("KNAPFORMER_WORKER_ARGS=", EncodeArgs(args)));
     logs[rank] = absl::StrCat(OutputDir(), "/worker_", scenario, "_", getpid(), "_", rank, ".log");
     spawn.log_path = logs[rank];
     auto pid = SpawnSelf(spawn);

@@ -19,18 +19,13 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "absl/status/status.h"
-#include "transport/c10d_transport.h"
+#include "tools/local_world.h"
 
 namespace knapformer {
 namespace testing_util {
 
-struct Worker {
-  int rank = 0;
-  int size = 0;
-  c10::intrusive_ptr<c10d::Store> store;          // shared with the parent
-  c10::intrusive_ptr<c10d::ProcessGroup> group;  // Gloo over all workers
-  std::unique_ptr<C10dTransport> transport;       // over `group`, with subgroups
-  std::map<std::string, std::string> args;        // from RunWorkers
+struct Worker : LocalWorld {
+  std::map<std::string, std::string> args;  // from RunWorkers
 };
 
 using Scenario = std::function<void(Worker&)>;

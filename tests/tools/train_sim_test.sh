@@ -34,8 +34,18 @@ if [[ $code -ne 2 ]] || ! grep -qF -- "--heads: 3 heads do not divide --d-model 
 fi
 "$bin" --procs 3 --steps 1 >"$tmp/out" 2>"$tmp/err"
 code=$?
-if [[ $code -ne 2 ]] || ! grep -qF -- "--data/--procs" "$tmp/err"; then
+if [[ $code -ne 2 ]] || ! grep -qF -- "--data/--procs: world: 3 must be a positive multiple" "$tmp/err"; then
   fail "3 processes for a 4-GPU data block: exit $code, $(cat "$tmp/err")"
+fi
+"$bin" --procs 4 --topology g4n1 --heads 2 --d-model 64 >"$tmp/out" 2>"$tmp/err"
+code=$?
+if [[ $code -ne 2 ]] || ! grep -qF -- "--heads: 2 heads do not split over a bag of 4 GPUs" "$tmp/err"; then
+  fail "2 heads over a bag of 4: exit $code, $(cat "$tmp/err")"
+fi
+"$bin" --procs 4 --topology g3n1 >"$tmp/out" 2>"$tmp/err"
+code=$?
+if [[ $code -ne 2 ]] || ! grep -qF -- "--topology/--procs:" "$tmp/err"; then
+  fail "a 3-GPU topology for 4 processes: exit $code, $(cat "$tmp/err")"
 fi
 
 echo "$failures failures"
