@@ -161,10 +161,13 @@ absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) 
   std::vector<int64_t> send_index;
   send_index.reserve(input_rows);
   for (const Transfer& t : plan.route.sends) {
-    if (t.seq_index < 0 || t.seq_index >= static_cast<int32_t>(lengths.size()) ||
-        t.offset < 0 || t.offset + t.length > lengths[t.seq_index]) {
+    // A plan from the service is data from the network: check before indexing.
+    if (t.peer < 0 || t.peer >= n || t.seq_index < 0 ||
+        t.seq_index >= static_cast<int32_t>(lengths.size()) || t.offset < 0 || t.length < 0 ||
+        t.offset + t.length > lengths[t.seq_index]) {
       return absl::InternalError(absl::StrCat("plan: rank ", world->rank(), " is asked to send ",
-                                              "tokens outside sequence ", t.seq_index));
+                                              "tokens outside sequence ", t.seq_index,
+                                              " or to rank ", t.peer));
     }
     send_rows[t.peer] += t.length;
     for (int64_t row = 0; row < t.length; ++row) {
@@ -182,7 +185,13 @@ absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) 
     if (seen[row]) return absl::InternalError("plan: a token is sent twice");
     seen[row] = true;
   }
-  for (const Transfer& t : plan.route.recvs) recv_rows[t.peer] += t.length;
+  for (const Transfer& t : plan.route.recvs) {
+    if (t.peer < 0 || t.peer >= n || t.length < 0) {
+      return absl::InternalError(
+          absl::StrCat("plan: rank ", world->rank(), " is to receive from rank ", t.peer));
+    }
+    recv_rows[t.peer] += t.length;
+  }
   to_send_order.Set(send_index);
   from_send_order.Set(Inverse(send_index));
   routed_lengths = plan.compute_chunk_lengths;
@@ -208,6 +217,11 @@ absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) 
   ulysses_recv_rows.assign(bag_gpus, 0);
   attention_lengths.clear();
   for (const UlyssesSequence& seq : ulysses.sequences) {
+    if (static_cast<int>(seq.chunk_lengths.size()) != bag_gpus) {
+      return absl::InternalError(absl::StrCat("plan: a sequence of rank ", world->rank(),
+                                              "'s bag has ", seq.chunk_lengths.size(),
+                                              " chunk lengths for ", bag_gpus, " GPUs"));
+    }
     attention_lengths.push_back(seq.length);
     for (int p = 0; p < bag_gpus; ++p) ulysses_recv_rows[p] += seq.chunk_lengths[p];
   }

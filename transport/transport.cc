@@ -15,10 +15,11 @@ absl::Status Transport::CheckRowCounts(const std::vector<int64_t>& send_rows,
                                                    recv_rows.size(), " entries for a group of ",
                                                    n));
   }
-  // One count to each peer: these counts agree by construction.
+  // One count to each peer: these counts agree by construction (and a
+  // checking AllToAllRows would call back here).
   std::vector<int64_t> ones(n, 1), sent_to_me(n, 0);
-  absl::Status status = AllToAllRows(send_rows.data(), ones, sent_to_me.data(), ones,
-                                     sizeof(int64_t));
+  absl::Status status = AllToAllRowsPrechecked(send_rows.data(), ones, sent_to_me.data(), ones,
+                                               sizeof(int64_t));
   if (!status.ok()) return status;
   // Everyone learns the first disagreement (smallest receiver, then sender),
   // so that all return the same error, not only the rank that saw it.
