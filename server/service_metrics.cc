@@ -30,7 +30,7 @@ class GroupGaugeCollector final : public prometheus::Collectable {
     };
     auto add = [](MetricFamily& f, const GroupGauges& g, double value) {
       ClientMetric m;
-      m.label = {{"group", g.group_id}, {"job", g.job_id}};
+      m.label = {{"group", g.group_id}, {"job_id", g.job_id}};
       m.gauge.value = value;
       f.metric.push_back(std::move(m));
     };
@@ -142,7 +142,7 @@ ServiceMetrics::JobSeries& ServiceMetrics::Series(const std::string& job, absl::
       return Series("", now);
     }
     auto series = std::make_unique<JobSeries>();
-    const prometheus::Labels labels = {{"job", job}};
+    const prometheus::Labels labels = {{"job_id", job}};
     series->job = job;
     series->steps = &steps_.Add(labels);
     series->timeouts = &timeouts_.Add(labels);
@@ -175,7 +175,7 @@ void ServiceMetrics::CountRequest(const std::string& job, const char* method,
   auto key = std::make_pair(std::string(method), code);
   auto it = series.requests.find(key);
   if (it == series.requests.end()) {
-    prometheus::Counter* counter = &requests_.Add({{"job", series.job},
+    prometheus::Counter* counter = &requests_.Add({{"job_id", series.job},
                                                    {"method", method},
                                                    {"code", absl::StatusCodeToString(code)}});
     it = series.requests.emplace(key, counter).first;

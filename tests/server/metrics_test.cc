@@ -119,30 +119,30 @@ TEST_F(MetricsTest, EverySeriesHasTheRightValueAndThePagePassesPromtool) {
     EXPECT_NE(it, samples.end()) << key << " not on the page:\n" << page;
     return it == samples.end() ? -1.0 : it->second;
   };
-  EXPECT_EQ(value("knapformer_planner_requests_total{code=\"OK\",job=\"m1\",method=\"Plan\"}"), 16);
-  EXPECT_EQ(value("knapformer_planner_requests_total{code=\"INVALID_ARGUMENT\",job=\"m1\","
+  EXPECT_EQ(value("knapformer_planner_requests_total{code=\"OK\",job_id=\"m1\",method=\"Plan\"}"), 16);
+  EXPECT_EQ(value("knapformer_planner_requests_total{code=\"INVALID_ARGUMENT\",job_id=\"m1\","
                   "method=\"Plan\"}"),
             1);
-  EXPECT_EQ(value("knapformer_planner_requests_total{code=\"DEADLINE_EXCEEDED\",job=\"m2\","
+  EXPECT_EQ(value("knapformer_planner_requests_total{code=\"DEADLINE_EXCEEDED\",job_id=\"m2\","
                   "method=\"Plan\"}"),
             1);
-  EXPECT_EQ(value("knapformer_planner_steps_total{job=\"m1\"}"), 2);
-  EXPECT_EQ(value("knapformer_planner_rendezvous_timeouts_total{job=\"m2\"}"), 1);
-  EXPECT_EQ(value("knapformer_planner_rendezvous_timeouts_total{job=\"m1\"}"), 0);
-  EXPECT_EQ(value("knapformer_planner_moved_tokens_total{job=\"m1\"}"), moved);
-  EXPECT_EQ(value("knapformer_planner_moved_bytes_total{job=\"m1\"}"), moved * 100);
-  EXPECT_EQ(value("knapformer_planner_planning_duration_seconds_count{job=\"m1\"}"), 2);
-  EXPECT_EQ(value("knapformer_planner_rendezvous_wait_seconds_count{job=\"m1\"}"), 2);
+  EXPECT_EQ(value("knapformer_planner_steps_total{job_id=\"m1\"}"), 2);
+  EXPECT_EQ(value("knapformer_planner_rendezvous_timeouts_total{job_id=\"m2\"}"), 1);
+  EXPECT_EQ(value("knapformer_planner_rendezvous_timeouts_total{job_id=\"m1\"}"), 0);
+  EXPECT_EQ(value("knapformer_planner_moved_tokens_total{job_id=\"m1\"}"), moved);
+  EXPECT_EQ(value("knapformer_planner_moved_bytes_total{job_id=\"m1\"}"), moved * 100);
+  EXPECT_EQ(value("knapformer_planner_planning_duration_seconds_count{job_id=\"m1\"}"), 2);
+  EXPECT_EQ(value("knapformer_planner_rendezvous_wait_seconds_count{job_id=\"m1\"}"), 2);
   // The page prints ratios with fewer digits than a double holds.
-  EXPECT_NEAR(value("knapformer_planner_wir_after_ratio{group=\"\",job=\"m1\"}"),
+  EXPECT_NEAR(value("knapformer_planner_wir_after_ratio{group=\"\",job_id=\"m1\"}"),
               last.wir_after(), 1e-9 * last.wir_after());
-  EXPECT_NEAR(value("knapformer_planner_max_over_mean_before_ratio{group=\"\",job=\"m1\"}"),
+  EXPECT_NEAR(value("knapformer_planner_max_over_mean_before_ratio{group=\"\",job_id=\"m1\"}"),
               last.max_over_mean_before(), 1e-9 * last.max_over_mean_before());
-  EXPECT_NEAR(value("knapformer_planner_max_over_mean_after_ratio{group=\"\",job=\"m1\"}"),
+  EXPECT_NEAR(value("knapformer_planner_max_over_mean_after_ratio{group=\"\",job_id=\"m1\"}"),
               last.max_over_mean_after(), 1e-9 * last.max_over_mean_after());
-  EXPECT_EQ(value("knapformer_planner_ranks_seen{group=\"\",job=\"m1\"}"), 8);
-  EXPECT_EQ(value("knapformer_planner_ranks_seen{group=\"\",job=\"m2\"}"), 1);
-  EXPECT_EQ(value("knapformer_planner_pending_steps{group=\"\",job=\"m1\"}"), 0);
+  EXPECT_EQ(value("knapformer_planner_ranks_seen{group=\"\",job_id=\"m1\"}"), 8);
+  EXPECT_EQ(value("knapformer_planner_ranks_seen{group=\"\",job_id=\"m2\"}"), 1);
+  EXPECT_EQ(value("knapformer_planner_pending_steps{group=\"\",job_id=\"m1\"}"), 0);
   EXPECT_EQ(value("knapformer_planner_jobs"), 2);
 
   std::string output;
@@ -160,7 +160,7 @@ TEST_F(MetricsTest, AnIdleJobsSeriesAndStateAreDropped) {
   StartServer(absl::Milliseconds(500));
   int64_t moved = 0;
   PlanSteps("short-lived", 1, &moved);
-  EXPECT_THAT(Scrape(), HasSubstr("job=\"short-lived\""));
+  EXPECT_THAT(Scrape(), HasSubstr("job_id=\"short-lived\""));
   const absl::Time limit = absl::Now() + absl::Seconds(10);
   std::string page = Scrape();
   while (page.find("short-lived") != std::string::npos && absl::Now() < limit) {

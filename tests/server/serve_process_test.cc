@@ -155,7 +155,7 @@ TEST(ServeProcessTest, PlansServesHealthReflectionAndMetrics) {
 
   auto page = HttpGet(serve.metrics_port(), "/metrics");
   ASSERT_TRUE(page.ok()) << page.status();
-  EXPECT_THAT(*page, HasSubstr("knapformer_planner_steps_total{job=\"process\"} 1"));
+  EXPECT_THAT(*page, HasSubstr("knapformer_planner_steps_total{job_id=\"process\"} 1"));
 }
 
 TEST(ServeProcessTest, SigtermFailsWaitingRanksWithUnavailableAndExitsZero) {
