@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/environment.h"
 #include "client/sequence_balancer.h"
 #include "client/varlen_attention.h"
 #include "planner/data_stream.h"
@@ -47,7 +48,8 @@ constexpr char kUsage[] =
     "  --data   the paper's data codes (a mixed-resolution stream by default; the\n"
     "           world must be a multiple of their GPUs), or low-res/mixed-res/joint\n"
     "           with --procs 32; --scale divides every length (CPU attention)\n"
-    "  --planner  a planner service; without it every rank plans locally\n";
+    "  --planner  a planner service (default: $KNAPFORMER_PLANNER_ADDRESS); without\n"
+    "             one every rank plans locally\n";
 
 const std::vector<std::string> kFlags = {"procs",   "steps",  "topology", "data",
                                          "scale",   "d-model", "heads",   "layers",
@@ -213,7 +215,14 @@ int RunWorker(const SimOptions& o) {
   balancer_options.d_model = o.d_model;
   balancer_options.gamma = o.gamma;
   balancer_options.token_bytes = o.d_model * sizeof(float);
-  balancer_options.planner.address = o.planner;
+  // The deployment's environment (deploy/k8s), then --planner over it.
+  absl::Status environment = ApplyClientEnvironment(
+      &balancer_options.planner, &balancer_options.job_id, &balancer_options.group_id);
+  if (!environment.ok()) {
+    std::cerr << environment << "\n";
+    return 2;
+  }
+  if (!o.planner.empty()) balancer_options.planner.address = o.planner;
   auto balancer = SequenceBalancer::Create(balancer_options, transport);
   if (!balancer.ok()) {
     std::cerr << "rank " << rank << ": " << balancer.status() << "\n";
@@ -225,7 +234,9 @@ int RunWorker(const SimOptions& o) {
     std::cout << "train-sim: " << o.procs << " processes, topology " << o.topology << ", data "
               << o.data << " (lengths / " << o.scale << "), d_model " << o.d_model << ", "
               << o.heads << " heads, " << o.layers << " layers, "
-              << (o.planner.empty() ? "local planning" : "planner service " + o.planner)
+              << (balancer_options.planner.address.empty()
+                      ? "local planning"
+                      : "planner service " + balancer_options.planner.address)
               << "\ncompute = forward + backward CPU seconds of each rank (one thread); "
                  "WIR = max/min over ranks\n\n";
     std::cout << absl::StrFormat("%-5s %-10s %-28s %-7s %-9s %s\n", "step", "mode",

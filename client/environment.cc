@@ -1,0 +1,35 @@
+#include "client/environment.h"
+
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace knapformer {
+
+absl::Status ApplyClientEnvironment(PlannerClientOptions* planner, std::string* job_id,
+                                    std::string* group_id, const Getenv& getenv) {
+  const Getenv get = getenv ? getenv : [](const char* name) { return std::getenv(name); };
+  PlannerClientOptions new_planner = *planner;
+  std::string new_job = *job_id, new_group = *group_id;
+  if (const char* address = get("KNAPFORMER_PLANNER_ADDRESS")) new_planner.address = address;
+  if (const char* job = get("KNAPFORMER_JOB_ID")) {
+    if (*job == '\0') return absl::InvalidArgumentError("KNAPFORMER_JOB_ID: set but empty");
+    new_job = job;
+  }
+  if (const char* group = get("KNAPFORMER_GROUP_ID")) new_group = group;
+  if (const char* text = get("KNAPFORMER_PLANNER_DEADLINE_SECONDS")) {
+    double seconds = 0;
+    if (!absl::SimpleAtod(text, &seconds) || !(seconds > 0) || seconds > 86400) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KNAPFORMER_PLANNER_DEADLINE_SECONDS: '", text, "' is not a number of seconds in (0, 86400]"));
+    }
+    new_planner.call_deadline = absl::Seconds(seconds);
+  }
+  *planner = std::move(new_planner);
+  *job_id = std::move(new_job);
+  *group_id = std::move(new_group);
+  return absl::OkStatus();
+}
+
+}  // namespace knapformer

@@ -1,0 +1,30 @@
+#ifndef KNAPFORMER_CLIENT_ENVIRONMENT_H_
+#define KNAPFORMER_CLIENT_ENVIRONMENT_H_
+
+// The trainer-side environment (set by deploy/k8s): where the planner is and
+// which job this is, so that a trainer needs no flags of its own for them.
+//   KNAPFORMER_PLANNER_ADDRESS           host:port of the planner service;
+//                                        unset or empty = plan locally
+//   KNAPFORMER_JOB_ID                    the job (the service's key)
+//   KNAPFORMER_GROUP_ID                  the balancing group within the job
+//   KNAPFORMER_PLANNER_DEADLINE_SECONDS  deadline of one Plan call, > 0
+
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "client/planner_client.h"
+
+namespace knapformer {
+
+// Where a variable comes from (std::getenv by default; tests pass a map).
+using Getenv = std::function<const char*(const char*)>;
+
+// Overrides the fields whose variables are set. InvalidArgument naming the
+// variable when one is malformed; nothing is changed then.
+absl::Status ApplyClientEnvironment(PlannerClientOptions* planner, std::string* job_id,
+                                    std::string* group_id, const Getenv& getenv = nullptr);
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_CLIENT_ENVIRONMENT_H_

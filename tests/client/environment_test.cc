@@ -1,0 +1,57 @@
+// The trainer-side environment variables.
+#include "client/environment.h"
+
+#include <map>
+
+#include "gtest/gtest.h"
+
+namespace knapformer {
+namespace {
+
+Getenv From(const std::map<std::string, std::string>& vars) {
+  return [vars](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+}
+
+TEST(ClientEnvironment, SetVariablesOverrideAndUnsetOnesLeaveDefaults) {
+  PlannerClientOptions planner;
+  std::string job = "default", group;
+  ASSERT_TRUE(ApplyClientEnvironment(&planner, &job, &group,
+                                     From({{"KNAPFORMER_PLANNER_ADDRESS", "planner:50051"},
+                                           {"KNAPFORMER_JOB_ID", "train-7"},
+                                           {"KNAPFORMER_PLANNER_DEADLINE_SECONDS", "2.5"}}))
+                  .ok());
+  EXPECT_EQ(planner.address, "planner:50051");
+  EXPECT_EQ(job, "train-7");
+  EXPECT_EQ(group, "");
+  EXPECT_EQ(planner.call_deadline, absl::Milliseconds(2500));
+  EXPECT_EQ(planner.max_attempts, PlannerClientOptions().max_attempts);
+
+  // An empty address means: plan locally.
+  ASSERT_TRUE(
+      ApplyClientEnvironment(&planner, &job, &group, From({{"KNAPFORMER_PLANNER_ADDRESS", ""}}))
+          .ok());
+  EXPECT_EQ(planner.address, "");
+}
+
+TEST(ClientEnvironment, MalformedVariablesAreErrorsNamingThemAndChangeNothing) {
+  PlannerClientOptions planner;
+  std::string job = "default", group = "g";
+  for (const char* bad : {"0", "-1", "soon", "1e9"}) {
+    absl::Status status = ApplyClientEnvironment(
+        &planner, &job, &group,
+        From({{"KNAPFORMER_PLANNER_DEADLINE_SECONDS", bad}, {"KNAPFORMER_JOB_ID", "x"}}));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(status.message().substr(0, 36), "KNAPFORMER_PLANNER_DEADLINE_SECONDS:") << bad;
+  }
+  EXPECT_EQ(job, "default");
+  EXPECT_EQ(planner.call_deadline, PlannerClientOptions().call_deadline);
+  EXPECT_EQ(ApplyClientEnvironment(&planner, &job, &group, From({{"KNAPFORMER_JOB_ID", ""}}))
+                .message(),
+            "KNAPFORMER_JOB_ID: set but empty");
+}
+
+}  // namespace
+}  // namespace knapformer
