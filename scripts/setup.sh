@@ -15,7 +15,14 @@ packages=(
   prometheus               # promtool checks the metrics page in tests
   openssl                  # tests make throwaway TLS certificates
   libtorch-dev             # LibTorch (CPU) with c10d + Gloo: the client and its multi-process tests
+  python3-yaml             # the deploy checks read YAML (tests/deploy)
 )
+
+# Node.js for the deploy type checks: the image's own if it has one (Debian's
+# nodejs would clash with it), else Debian's.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  packages+=(nodejs npm)
+fi
 
 missing=()
 for package in "${packages[@]}"; do
@@ -23,14 +30,31 @@ for package in "${packages[@]}"; do
     missing+=("$package")
   fi
 done
-if [[ ${#missing[@]} -eq 0 ]]; then
-  exit 0
+if [[ ${#missing[@]} -gt 0 ]]; then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "setup: missing packages (${missing[*]}); run as root or install them" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-if [[ $(id -u) -ne 0 ]]; then
-  echo "setup: missing packages (${missing[*]}); run as root or install them" >&2
+
+# kubectl (for `kubectl kustomize`) is not a Debian package; the machine
+# image provides it.
+if ! command -v kubectl >/dev/null; then
+  echo "setup: kubectl is missing (tests/deploy renders the manifests with kubectl kustomize)" >&2
   exit 1
 fi
-echo "setup: installing ${missing[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq "${missing[@]}" >/dev/null
+
+# The pinned npm packages of the deploy type checks (package-lock.json),
+# installed again only when the lock file changes.
+checks="$(cd "$(dirname "${BASH_SOURCE[0]}")/../deploy/checks" && pwd)"
+stamp="$checks/node_modules/.package-lock.sha256"
+want="$(sha256sum "$checks/package-lock.json" | cut -d' ' -f1)"
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+  echo "setup: npm ci in deploy/checks" >&2
+  (cd "$checks" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  echo "$want" >"$stamp"
+fi

@@ -1,0 +1,84 @@
+// Drives a running planner so that every metric the dashboard and the rules
+// read has data:
+//   drive_planner PORT JOB STEPS   STEPS complete steps of JOB (8 ranks,
+//                                  mixed lengths), numbered from 0
+//   drive_planner PORT JOB faults  one refused request (INVALID_ARGUMENT)
+//                                  and one step that times out waiting for
+//                                  ranks (give the server a short
+//                                  --rendezvous-timeout-ms)
+// Two calls, so that Prometheus can see a job's counters at 0 before the
+// faults raise them (increase() needs two samples). Exit 0 when every call
+// answered as expected, 1 otherwise (naming it).
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "tests/server/service_test_util.h"
+
+namespace knapformer {
+namespace {
+
+using testing_util::MakeGroupRequests;
+using testing_util::MakeRequest;
+using testing_util::PlanConcurrently;
+using testing_util::RandomLengths;
+using testing_util::StepParams;
+
+constexpr int kRanks = 8;
+
+constexpr uint64_t kFaultSteps = 1000000;  // step numbers no run of steps reaches
+
+int DriveSteps(v1::Planner::Stub* stub, const std::string& job, int steps) {
+  StepParams params;
+  params.job_id = job;
+  params.token_bytes = 1024;
+  for (int step = 0; step < steps; ++step) {
+    params.step = step;
+    auto results = PlanConcurrently(stub, MakeGroupRequests(params, RandomLengths(kRanks, step)));
+    for (size_t r = 0; r < results.size(); ++r) {
+      if (!results[r].status.ok()) {
+        std::cerr << "step " << step << " rank " << r << ": " << results[r].status.error_message()
+                  << "\n";
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+int DriveFaults(v1::Planner::Stub* stub, const std::string& job) {
+  StepParams params;
+  params.job_id = job;
+  // A refused request: a negative length.
+  params.step = kFaultSteps;
+  auto refused = PlanConcurrently(stub, {MakeRequest(params, kRanks, 0, {-5})});
+  if (refused[0].status.error_code() != grpc::StatusCode::INVALID_ARGUMENT) {
+    std::cerr << "a negative length was not refused: " << refused[0].status.error_message() << "\n";
+    return 1;
+  }
+  // A step only rank 0 asks for: it times out on the server.
+  params.step = kFaultSteps + 1;
+  auto lonely = PlanConcurrently(stub, {MakeRequest(params, kRanks, 0, {100})},
+                                 absl::Seconds(30));
+  if (lonely[0].status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+    std::cerr << "a step with 7 missing ranks did not time out: "
+              << lonely[0].status.error_message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace knapformer
+
+int main(int argc, char** argv) {
+  int port = 0, steps = 0;
+  const bool faults = argc == 4 && std::string(argv[3]) == "faults";
+  if (argc != 4 || !absl::SimpleAtoi(argv[1], &port) ||
+      (!faults && !absl::SimpleAtoi(argv[3], &steps))) {
+    std::cerr << "usage: drive_planner PORT JOB STEPS|faults\n";
+    return 2;
+  }
+  auto stub = knapformer::v1::Planner::NewStub(knapformer::testing_util::LocalChannel(port));
+  return faults ? knapformer::DriveFaults(stub.get(), argv[2])
+                : knapformer::DriveSteps(stub.get(), argv[2], steps);
+}
