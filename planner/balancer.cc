@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "planner/locality.h"
 #include "planner/min_tree.h"
 #include "planner/refine.h"
 
@@ -114,57 +115,109 @@ void AssignBags(const Topology& topology, const CostModel& cost,
     }
     class_last.back() = b;
   }
-  std::vector<double> assigned(num_bags, 0.0);
-  internal::MinTree occupancy(num_bags);  // key: assigned / gpus, all 0 at first
-
-  for (const Item& item : items) {
-    const int64_t length = length_of[item.id - first_id];
-    // Classes not larger than the sequence form a prefix [0, hi], those with
-    // enough capacity a suffix [lo, k).
-    int32_t hi = static_cast<int32_t>(std::upper_bound(class_gpus.begin(), class_gpus.end(),
-                                                       length) -
-                                      class_gpus.begin()) -
-                 1;
-    int32_t lo;
-    if (hi < 0) {
-      lo = hi = 0;  // shorter than the smallest bag: use the smallest bags
-    } else {
-      lo = static_cast<int32_t>(
-          std::partition_point(class_gpus.begin(), class_gpus.end(),
-                               [&](int32_t g) { return g * target < item.workload; }) -
-          class_gpus.begin());
-      if (lo > hi) lo = hi;  // too big for any: the largest usable bags
-    }
-    const int32_t bag = occupancy.ArgMin(class_first[lo], class_last[hi]);
-    assigned[bag] += item.workload;
-    occupancy.Set(bag, assigned[bag] / gpus[bag]);
-    bag_of[item.id] = bag;
-  }
-  if (options.refine_rounds > 0) {
-    std::vector<RefineItem> refine_items;
-    refine_items.reserve(items.size());
+  // The paper's greedy (home_cap 0): every sequence to the eligible bag of
+  // lowest occupancy. Home-first (home_cap > 0): to its home bag while that
+  // is eligible and stays at or under home_cap per GPU, else the same.
+  // Then refinement. Fills `bags` (by global id) and `assigned`.
+  auto pack = [&](double home_cap, std::vector<int32_t>& bags, std::vector<double>& assigned) {
+    assigned.assign(num_bags, 0.0);
+    internal::MinTree occupancy(num_bags);  // key: assigned / gpus, all 0 at first
     for (const Item& item : items) {
-      refine_items.push_back({item.workload, item.id, length_of[item.id - first_id],
-                              bag_of[item.id]});
+      const int64_t length = length_of[item.id - first_id];
+      // Classes not larger than the sequence form a prefix [0, hi], those with
+      // enough capacity a suffix [lo, k).
+      int32_t hi = static_cast<int32_t>(std::upper_bound(class_gpus.begin(), class_gpus.end(),
+                                                         length) -
+                                        class_gpus.begin()) -
+                   1;
+      int32_t lo;
+      if (hi < 0) {
+        lo = hi = 0;  // shorter than the smallest bag: use the smallest bags
+      } else {
+        lo = static_cast<int32_t>(
+            std::partition_point(class_gpus.begin(), class_gpus.end(),
+                                 [&](int32_t g) { return g * target < item.workload; }) -
+            class_gpus.begin());
+        if (lo > hi) lo = hi;  // too big for any: the largest usable bags
+      }
+      int32_t bag = -1;
+      if (home_cap > 0) {
+        const int32_t home = item.home_bag;
+        if (home >= class_first[lo] && home <= class_last[hi] &&
+            (assigned[home] + item.workload) / gpus[home] <= home_cap) {
+          bag = home;
+        }
+      }
+      if (bag < 0) bag = occupancy.ArgMin(class_first[lo], class_last[hi]);
+      assigned[bag] += item.workload;
+      occupancy.Set(bag, assigned[bag] / gpus[bag]);
+      bags[item.id - first_id] = bag;
     }
-    RefineBags(gpus, options.refine_rounds, refine_items, assigned);
-    for (const RefineItem& item : refine_items) bag_of[item.id] = item.bag;
-  }
+    if (options.refine_rounds > 0) {
+      std::vector<RefineItem> refine_items;
+      refine_items.reserve(items.size());
+      for (const Item& item : items) {
+        refine_items.push_back({item.workload, item.id, length_of[item.id - first_id],
+                                bags[item.id - first_id]});
+      }
+      RefineBags(gpus, options.refine_rounds, refine_items, assigned);
+      for (const RefineItem& item : refine_items) bags[item.id - first_id] = item.bag;
+    }
+  };
+  auto max_per_gpu = [&](const std::vector<double>& assigned) {
+    double worst = 0;
+    for (int32_t b = 0; b < num_bags; ++b) worst = std::max(worst, assigned[b] / gpus[b]);
+    return worst;
+  };
+  auto moved_tokens = [&](const std::vector<int32_t>& bags) {
+    int64_t moved = 0;
+    for (const Item& item : items) {
+      const int64_t length = length_of[item.id - first_id];
+      const int32_t bag = bags[item.id - first_id];
+      moved += bag == item.home_bag ? length - length / gpus[bag] : length;
+    }
+    return moved;
+  };
 
+  std::vector<int32_t> chosen(length_of.size(), -1);  // by id - first_id
+  std::vector<double> assigned;
+  pack(0, chosen, assigned);
+  double planned_max = max_per_gpu(assigned);
   // Greedy packing can lose to the data as it came (LPT is only a 4/3
   // approximation). Leaving every sequence in its source rank's bag never
   // exceeds the unbalanced maximum (a bag's GPUs share its ranks' work), so
   // fall back to it when it is strictly better: never worse than no balancing.
   std::vector<double> home(num_bags, 0.0);
   for (const Item& item : items) home[item.home_bag] += item.workload;
-  double planned_max = 0, home_max = 0;
-  for (int32_t b = 0; b < num_bags; ++b) {
-    planned_max = std::max(planned_max, assigned[b] / gpus[b]);
-    home_max = std::max(home_max, home[b] / gpus[b]);
+  if (max_per_gpu(home) < planned_max) {
+    for (const Item& item : items) chosen[item.id - first_id] = item.home_bag;
+    planned_max = max_per_gpu(home);
   }
-  if (home_max < planned_max) {
-    for (const Item& item : items) bag_of[item.id] = item.home_bag;
+
+  if (options.locality) {
+    // Candidates that keep more tokens home, accepted when within the slack
+    // of the balanced maximum and moving fewer tokens: home-first packing
+    // capped at that maximum, and shedding from a home placement.
+    const double limit = planned_max * (1 + options.locality_slack);
+    int64_t best_moved = moved_tokens(chosen);
+    std::vector<int32_t> near_home(length_of.size(), -1);
+    std::vector<double> near_assigned;
+    pack(planned_max, near_home, near_assigned);
+    if (max_per_gpu(near_assigned) <= limit && moved_tokens(near_home) < best_moved) {
+      chosen.swap(near_home);
+      best_moved = moved_tokens(chosen);
+    }
+    std::vector<LocalityItem> shed;
+    shed.reserve(items.size());
+    for (const Item& item : items) {
+      shed.push_back({item.workload, item.id, length_of[item.id - first_id], item.home_bag,
+                      chosen[item.id - first_id]});
+    }
+    if (PlaceNearHome(gpus, limit, shed)) {
+      for (const LocalityItem& item : shed) chosen[item.id - first_id] = item.bag;
+    }
   }
+  for (const Item& item : items) bag_of[item.id] = chosen[item.id - first_id];
 }
 
 }  // namespace

@@ -28,6 +28,12 @@ struct BalancerOptions {
   // the least loaded bag while that lowers the larger of the two. Never makes
   // max/mean worse; 0 gives the paper's greedy plan exactly.
   int32_t refine_rounds = 256;
+  // Locality-aware placement (locality.h) after the above: keep sequences
+  // in their source rank's bag where that costs nothing, and move as few
+  // tokens as possible, at a per-GPU maximum within `locality_slack`
+  // (relative) of the balanced plan's. Off = the balanced plan as is.
+  bool locality = true;
+  double locality_slack = 0.0005;
 };
 
 // The paper's greedy planner (KnapFormer section 3.3), run independently in
@@ -47,6 +53,9 @@ struct BalancerOptions {
 // Then options.refine_rounds of local refinement (refine.h), and a guard: if
 // leaving every sequence in its source rank's bag has a lower maximum per-GPU
 // load, that assignment is used, so max/mean is never worse than no balancing.
+// Then, with options.locality, the placement that moves the fewest tokens
+// within options.locality_slack of that maximum (locality.h), when it moves
+// fewer than the balanced one.
 // Empty sequences get no chunk and no bag. Runs in O(S + S log B + C) for S
 // sequences, B bags and C chunks (a radix sort orders the sequences), plus the
 // refinement rounds (each O(n log n) in the sequences of two bags, at most

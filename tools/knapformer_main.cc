@@ -34,12 +34,14 @@ constexpr char kUsage[] =
     "usage: knapformer <command> [options]\n"
     "\n"
     "commands:\n"
-    "  plan      --input FILE|-  [--rank R]\n"
+    "  plan      --input FILE|-  [--rank R] [--locality on|off]\n"
     "            Read {\"topology\", \"d_model\", \"gamma\", \"ranks\": [[lengths]...]} and\n"
     "            print the plan as JSON (or only rank R's slice).\n"
     "  simulate  [--data mixed-res] [--world 32] [--topology g1n32,g2n16,g4n8,g8n4]\n"
     "            [--steps 20] [--seed 0] [--d-model 3072] [--gamma 0.49]\n"
-    "            [--refine-rounds 256]   (0 = the paper's greedy exactly)\n"
+    "            [--refine-rounds 256]   (0 = the paper's greedy, with --locality off)\n"
+    "            [--locality on|off]     (on: move as few tokens as possible at the\n"
+    "                                     same max/mean, within 0.05%)\n"
     "            Balance the paper's synthetic data streams and print WIR before and\n"
     "            after, max/mean, the lower bound and the planning time.\n"
     "            --data takes low-res, mixed-res, joint or codes g{G}b{B}i{R}f{F}s{S},...\n";
@@ -64,9 +66,23 @@ absl::StatusOr<std::string> ReadInput(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(file), {});
 }
 
+// --locality on|off (default on).
+absl::StatusOr<bool> Locality(const Args& args) {
+  const std::string value = args.GetString("locality", "on");
+  if (value != "on" && value != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--locality: must be on or off, got '", value, "'"));
+  }
+  return value == "on";
+}
+
 int RunPlan(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv, {"input", "rank"});
+  auto args = Args::Parse(argv, {"input", "rank", "locality"});
   if (!args.ok()) return Fail(args.status());
+  auto locality = Locality(*args);
+  if (!locality.ok()) return Fail(locality.status());
+  BalancerOptions balancer;
+  balancer.locality = *locality;
   if (!args->Has("input")) return Fail(absl::InvalidArgumentError("--input: required (a file or -)"));
   auto text = ReadInput(args->GetString("input", "-"));
   if (!text.ok()) return Fail(text.status());
@@ -84,7 +100,7 @@ int RunPlan(const std::vector<std::string>& argv) {
   if (!world.ok()) return Fail(world.status());
   auto cost = CostModel::Create(request->d_model, request->gamma);
   if (!cost.ok()) return Fail(cost.status());
-  auto plan = BalanceGreedy(*world, *cost, request->ranks);
+  auto plan = BalanceGreedy(*world, *cost, request->ranks, balancer);
   if (!plan.ok()) return Fail(plan.status());
   if (absl::Status valid = ValidatePlan(*plan, *world, request->ranks); !valid.ok()) {
     return Fail(valid);
@@ -102,9 +118,12 @@ int RunPlan(const std::vector<std::string>& argv) {
 
 int RunSimulate(const std::vector<std::string>& argv) {
   auto args = Args::Parse(argv, {"data", "world", "topology", "steps", "seed", "d-model",
-                                 "gamma", "refine-rounds"});
+                                 "gamma", "refine-rounds", "locality"});
   if (!args.ok()) return Fail(args.status());
   SimulateOptions options;
+  auto locality = Locality(*args);
+  if (!locality.ok()) return Fail(locality.status());
+  options.locality = *locality;
   options.data = args->GetString("data", options.data);
   auto world = args->GetInt("world", options.world, 1, 1 << 20);
   if (!world.ok()) return Fail(world.status());

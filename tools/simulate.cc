@@ -82,6 +82,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
 
   BalancerOptions balancer_options;
   balancer_options.refine_rounds = options.refine_rounds;
+  balancer_options.locality = options.locality;
   struct Samples {
     std::vector<double> wir_before, wir_after, mom_before, mom_after, bound, micros, moved;
   };
@@ -133,7 +134,9 @@ std::string FormatSimulation(const SimulateOptions& options,
       "data ", options.data, codes.empty() ? "" : absl::StrCat(" (", codes, ")"),
       "\nworld ", options.world, ", ", options.steps, " steps, seed ", options.seed,
       ", d_model ", options.d_model, ", gamma ", options.gamma, ", refine rounds ",
-      options.refine_rounds, options.refine_rounds == 0 ? " (the paper's greedy)" : "", "\n",
+      options.refine_rounds,
+      options.refine_rounds == 0 && !options.locality ? " (the paper's greedy)" : "",
+      ", locality ", options.locality ? "on" : "off", "\n",
       "figures: mean ±std ^max over steps; WIR = max/min per-GPU workload; "
       "bound = lowest max/mean any plan can reach\n\n");
   absl::StrAppend(&out, absl::StrFormat("%-16s %-30s %-30s %-10s %-10s %-8s %-8s %-12s\n",

@@ -20,6 +20,7 @@ struct SimulateOptions {
   double gamma = 0.49;
   // 0 = the paper's greedy exactly.
   int32_t refine_rounds = BalancerOptions().refine_rounds;
+  bool locality = BalancerOptions().locality;
 };
 
 // Mean, population standard deviation and maximum over steps.

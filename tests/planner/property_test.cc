@@ -67,7 +67,7 @@ Case RandomCase(std::mt19937_64& rng) {
 TEST(PlannerPropertyTest, RandomWorldsGiveValidDeterministicNeverWorsePlans) {
   std::mt19937_64 rng(20260508);
   constexpr int kCases = 3000;
-  int multi_gpu_bags = 0, short_sequences = 0, idle_gpus = 0;
+  int multi_gpu_bags = 0, short_sequences = 0, idle_gpus = 0, fewer_moved = 0;
   for (int n = 0; n < kCases; ++n) {
     const Case c = RandomCase(rng);
     SCOPED_TRACE(absl::StrCat("case ", n, ": ", c.spec, " world ", c.world_size, " d ",
@@ -102,7 +102,12 @@ TEST(PlannerPropertyTest, RandomWorldsGiveValidDeterministicNeverWorsePlans) {
     const double bound = MaxOverMeanLowerBound(*world, cost, c.lengths);
     EXPECT_GE(after.max_over_mean, bound * (1 - 1e-9)) << "below the lower bound";
 
-    BalancerOptions paper;
+    BalancerOptions balanced;  // without locality
+    balanced.locality = false;
+    auto refined = BalanceGreedy(*world, cost, c.lengths, balanced);
+    ASSERT_TRUE(refined.ok());
+    ASSERT_TRUE(ValidatePlan(*refined, *world, c.lengths).ok());
+    BalancerOptions paper = balanced;
     paper.refine_rounds = 0;
     auto greedy = BalanceGreedy(*world, cost, c.lengths, paper);
     ASSERT_TRUE(greedy.ok());
@@ -110,7 +115,13 @@ TEST(PlannerPropertyTest, RandomWorldsGiveValidDeterministicNeverWorsePlans) {
     // Refinement lowers the bag-level maximum; per-GPU figures may differ by
     // the one-token rounding of chunks inside a bag.
     const double slack = cost.Linear(1) * 1.000001;
-    EXPECT_LE(after.max, ComputeBalanceStats(greedy->workload_after).max + slack);
+    const double refined_max = ComputeBalanceStats(refined->workload_after).max;
+    EXPECT_LE(refined_max, ComputeBalanceStats(greedy->workload_after).max + slack);
+    // Locality (the default) stays within its 0.05% of the balanced maximum
+    // (plus that rounding) and never moves more tokens.
+    EXPECT_LE(after.max, refined_max * (1 + BalancerOptions().locality_slack) + slack);
+    EXPECT_LE(plan->MovedTokens(), refined->MovedTokens());
+    fewer_moved += plan->MovedTokens() < refined->MovedTokens();
 
     multi_gpu_bags += topology->max_bag_gpus() > 1;
     for (const PlacedSequence& s : plan->sequences) {
@@ -122,6 +133,7 @@ TEST(PlannerPropertyTest, RandomWorldsGiveValidDeterministicNeverWorsePlans) {
   EXPECT_GT(multi_gpu_bags, kCases / 2);
   EXPECT_GT(short_sequences, 50);
   EXPECT_GT(idle_gpus, 50);
+  EXPECT_GT(fewer_moved, kCases / 4);  // locality does something
 }
 
 }  // namespace
