@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <memory>
+#include <utility>
 #include <new>
 #include <string>
 #include <type_traits>
@@ -146,7 +147,12 @@ constexpr char kDefaultMinTimeFlag[] = "--benchmark_min_time=0.2";
 constexpr double kMiB = 1024.0 * 1024.0;
 
 constexpr int64_t kRankCounts[] = {32, 256, 1024, 4096};
-constexpr int32_t kRefineRounds[] = {BalancerOptions().refine_rounds, 0};
+// (refine rounds, locality): the default; without locality; the paper's greedy.
+constexpr std::pair<int32_t, bool> kVariants[] = {
+    {BalancerOptions().refine_rounds, true},
+    {BalancerOptions().refine_rounds, false},
+    {0, false},
+};
 
 // Visual token counts of the four resolutions a mixed-resolution batch draws
 // from (256^2 .. 2048^2 pixels at 16x16 patches).
@@ -228,10 +234,12 @@ void BM_Plan(benchmark::State& state, const Case* c) {
   state.counters["peak_heap_MB"] = static_cast<double>(peak) / kMiB;
   state.counters["plan_MB"] = PlanBytes(*plan) / kMiB;
   state.counters["chunks"] = static_cast<double>(plan->chunks.size());
+  state.counters["moved_pct"] =
+      100.0 * static_cast<double>(plan->MovedTokens()) / static_cast<double>(plan->TotalTokens());
   state.SetLabel(c->label);
 }
 
-// Registers every (family, ranks, refine) case; the cases live until exit.
+// Registers every (family, ranks, variant) case; the cases live until exit.
 bool RegisterAll(std::vector<std::unique_ptr<Case>>& cases) {
   absl::StatusOr<CostModel> cost = CostModel::Create(kDModel, kGamma);
   if (!cost.ok()) {
@@ -254,15 +262,16 @@ bool RegisterAll(std::vector<std::unique_ptr<Case>>& cases) {
         return false;
       }
       const RankLengths lengths = MixedResolutionLengths(ranks);
-      for (const int32_t refine : kRefineRounds) {
+      for (const auto& [refine, locality] : kVariants) {
         BalancerOptions options;
         options.refine_rounds = refine;
+        options.locality = locality;
         cases.push_back(std::make_unique<Case>(
             Case{*world, *cost, lengths, options, topology->spec()}));
         benchmark::RegisterBenchmark(absl::StrCat("BM_Plan/", family.name).c_str(), BM_Plan,
                                      cases.back().get())
-            ->Args({ranks, refine})
-            ->ArgNames({"", "refine"})
+            ->Args({ranks, refine, locality})
+            ->ArgNames({"", "refine", "locality"})
             ->Unit(benchmark::kMicrosecond);
       }
     }

@@ -119,6 +119,17 @@ void AssignBags(const Topology& topology, const CostModel& cost,
   // lowest occupancy. Home-first (home_cap > 0): to its home bag while that
   // is eligible and stays at or under home_cap per GPU, else the same.
   // Then refinement. Fills `bags` (by global id) and `assigned`.
+  auto refine = [&](std::vector<int32_t>& bags, std::vector<double>& assigned) {
+    if (options.refine_rounds <= 0) return;
+    std::vector<RefineItem> refine_items;
+    refine_items.reserve(items.size());
+    for (const Item& item : items) {
+      refine_items.push_back({item.workload, item.id, length_of[item.id - first_id],
+                              bags[item.id - first_id]});
+    }
+    RefineBags(gpus, options.refine_rounds, refine_items, assigned);
+    for (const RefineItem& item : refine_items) bags[item.id - first_id] = item.bag;
+  };
   auto pack = [&](double home_cap, std::vector<int32_t>& bags, std::vector<double>& assigned) {
     assigned.assign(num_bags, 0.0);
     internal::MinTree occupancy(num_bags);  // key: assigned / gpus, all 0 at first
@@ -153,16 +164,6 @@ void AssignBags(const Topology& topology, const CostModel& cost,
       occupancy.Set(bag, assigned[bag] / gpus[bag]);
       bags[item.id - first_id] = bag;
     }
-    if (options.refine_rounds > 0) {
-      std::vector<RefineItem> refine_items;
-      refine_items.reserve(items.size());
-      for (const Item& item : items) {
-        refine_items.push_back({item.workload, item.id, length_of[item.id - first_id],
-                                bags[item.id - first_id]});
-      }
-      RefineBags(gpus, options.refine_rounds, refine_items, assigned);
-      for (const RefineItem& item : refine_items) bags[item.id - first_id] = item.bag;
-    }
   };
   auto max_per_gpu = [&](const std::vector<double>& assigned) {
     double worst = 0;
@@ -182,6 +183,7 @@ void AssignBags(const Topology& topology, const CostModel& cost,
   std::vector<int32_t> chosen(length_of.size(), -1);  // by id - first_id
   std::vector<double> assigned;
   pack(0, chosen, assigned);
+  refine(chosen, assigned);
   double planned_max = max_per_gpu(assigned);
   // Greedy packing can lose to the data as it came (LPT is only a 4/3
   // approximation). Leaving every sequence in its source rank's bag never
@@ -195,17 +197,22 @@ void AssignBags(const Topology& topology, const CostModel& cost,
   }
 
   if (options.locality) {
-    // Candidates that keep more tokens home, accepted when within the slack
-    // of the balanced maximum and moving fewer tokens: home-first packing
-    // capped at that maximum, and shedding from a home placement.
+    // Candidates that keep more tokens home: home-first packing with homes
+    // capped at the fair share and at the balanced maximum (refined only
+    // when over the limit), and shedding from a home placement. The one
+    // moving the fewest tokens within the slack of the balanced maximum wins.
     const double limit = planned_max * (1 + options.locality_slack);
     int64_t best_moved = moved_tokens(chosen);
     std::vector<int32_t> near_home(length_of.size(), -1);
     std::vector<double> near_assigned;
-    pack(planned_max, near_home, near_assigned);
-    if (max_per_gpu(near_assigned) <= limit && moved_tokens(near_home) < best_moved) {
-      chosen.swap(near_home);
-      best_moved = moved_tokens(chosen);
+    for (const double home_cap : {target, planned_max}) {
+      pack(home_cap, near_home, near_assigned);
+      if (max_per_gpu(near_assigned) > limit) refine(near_home, near_assigned);
+      const int64_t moved = moved_tokens(near_home);
+      if (max_per_gpu(near_assigned) <= limit && moved < best_moved) {
+        chosen = near_home;
+        best_moved = moved;
+      }
     }
     std::vector<LocalityItem> shed;
     shed.reserve(items.size());
@@ -213,7 +220,7 @@ void AssignBags(const Topology& topology, const CostModel& cost,
       shed.push_back({item.workload, item.id, length_of[item.id - first_id], item.home_bag,
                       chosen[item.id - first_id]});
     }
-    if (PlaceNearHome(gpus, limit, shed)) {
+    if (PlaceNearHome(gpus, limit, shed)) {  // only when it moves fewer than `chosen`
       for (const LocalityItem& item : shed) chosen[item.id - first_id] = item.bag;
     }
   }

@@ -20,7 +20,7 @@ const char kServeUsage[] =
     "            [--max-sequences-per-step 4194304] [--max-pending-steps 1024]\n"
     "            [--max-jobs 256] [--max-groups-per-job 1024]\n"
     "            [--max-message-bytes 67108864] [--remembered-steps 64]\n"
-    "            [--refine-rounds 256] [--solver-threads 0 (= cores)]\n"
+    "            [--refine-rounds 256] [--locality on|off] [--solver-threads 0 (= cores)]\n"
     "            [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
     "            [--log-level info] [--shutdown-grace-ms 5000] [--port-file FILE]\n"
     "            Run the gRPC planner service (knapformer.v1.Planner, health,\n"
@@ -32,7 +32,7 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
       Args::Parse(argv, {"listen", "metrics", "rendezvous-timeout-ms", "job-ttl-s",
                          "max-world-size", "max-sequences-per-rank", "max-sequences-per-step",
                          "max-pending-steps", "max-jobs", "max-groups-per-job",
-                         "max-message-bytes", "remembered-steps", "refine-rounds",
+                         "max-message-bytes", "remembered-steps", "refine-rounds", "locality",
                          "solver-threads", "tls-cert", "tls-key", "tls-client-ca",
                          "log-level", "shutdown-grace-ms", "port-file"}));
   ServeConfig config;
@@ -70,6 +70,12 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
   KF_ASSIGN_OR_RETURN(server.service.balancer.refine_rounds,
                       args.GetInt("refine-rounds", server.service.balancer.refine_rounds, 0,
                                   1 << 20));
+  const std::string locality = args.GetString("locality", "on");
+  if (locality != "on" && locality != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--locality: must be on or off, got '", locality, "'"));
+  }
+  server.service.balancer.locality = locality == "on";
   KF_ASSIGN_OR_RETURN(server.service.solver_threads, args.GetInt("solver-threads", 0, 0, 1024));
   server.tls.cert_file = args.GetString("tls-cert", "");
   server.tls.key_file = args.GetString("tls-key", "");

@@ -72,6 +72,42 @@ TEST(BalancerTest, HandWorkedTwoGpuPlan) {
   EXPECT_TRUE(rank1.ulysses.sequences.empty());
 }
 
+// Locality, worked by hand with a linear cost (workload = 24 * length).
+TEST(BalancerTest, LocalityKeepsTokensHomeAtTheSameMaximum) {
+  const World world = MakeWorld("g1n2", 2);
+  BalancerOptions greedy;
+  greedy.locality = false;
+  // Already balanced (60 | 60). The greedy deals 30 (rank 0) -> GPU 0,
+  // 30 (rank 1) -> GPU 1, 30 (rank 1) -> GPU 0, then rank 0's 10s -> GPU 1:
+  // 60 tokens move. Locality leaves everything where it is.
+  const RankLengths even = {{30, 10, 10, 10}, {30, 30}};
+  EXPECT_EQ(PlanOrDie(world, LinearCost(), even, greedy).MovedTokens(), 60);
+  const Plan kept = PlanOrDie(world, LinearCost(), even);
+  EXPECT_EQ(kept.MovedTokens(), 0);
+  EXPECT_THAT(kept.workload_after, ElementsAre(24.0 * 60, 24.0 * 60));
+
+  // 80 | 20; the best maximum is 60. The greedy: 40 -> 0, 20 -> 1, 20 -> 1,
+  // rank 1's 20 -> 0 (moving 60). Home-first under 60: rank 0 keeps 40 + 20
+  // and sends one 20; rank 1 keeps its own.
+  const RankLengths heavy = {{40, 20, 20}, {20}};
+  EXPECT_EQ(PlanOrDie(world, LinearCost(), heavy, greedy).MovedTokens(), 60);
+  const Plan one = PlanOrDie(world, LinearCost(), heavy);
+  EXPECT_EQ(one.MovedTokens(), 20);
+  EXPECT_THAT(one.workload_after, ElementsAre(24.0 * 60, 24.0 * 40));
+}
+
+// In a multi-GPU bag the source rank keeps its own chunk.
+TEST(BalancerTest, LocalityKeepsTheSourcesChunkInItsOwnBag) {
+  const World world = MakeWorld("g2n2", 4);
+  // Bag 0 = ranks 0-1, bag 1 = ranks 2-3; each bag's own sequences balance.
+  const Plan plan = PlanOrDie(world, LinearCost(), {{40}, {40}, {40}, {40}});
+  // Every sequence stays in its bag: half of it (its chunk on the other GPU) moves.
+  EXPECT_EQ(plan.MovedTokens(), 4 * 20);
+  for (const PlacedSequence& seq : plan.sequences) {
+    EXPECT_EQ(seq.bag, seq.src_rank / 2) << "sequence of rank " << seq.src_rank;
+  }
+}
+
 TEST(BalancerTest, ChunksRotateTheRemainderAndFeedUlysses) {
   const World world = MakeWorld("g4n1", 4);
   // (0,0) l=10 -> [3,3,2,2]; (0,1) l=7 starts the extra tokens at position 2

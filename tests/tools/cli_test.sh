@@ -54,6 +54,8 @@ echo "ok   plan-coverage"
 expect plan-stdin 0 "" -- bash -c "\"$bin\" plan --input - < \"$tmp/good.json\""
 expect plan-rank 0 "" -- "$bin" plan --input "$tmp/good.json" --rank 3
 grep -q '"ulysses"' "$tmp/out" || { echo "FAIL plan-rank: no ulysses field"; failures=$((failures + 1)); }
+expect plan-locality-off 0 "" -- "$bin" plan --input "$tmp/good.json" --locality off
+expect plan-locality-bad 2 "--locality: must be on or off, got 'maybe'" -- "$bin" plan --input "$tmp/good.json" --locality maybe
 expect plan-rank-range 2 "--rank: '8' is not a whole number in [0, 7]" -- "$bin" plan --input "$tmp/good.json" --rank 8
 
 echo '{"topology": "g1n2abc", "ranks": [[1],[2]]}' >"$tmp/bad_topology.json"
