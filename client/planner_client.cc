@@ -129,7 +129,9 @@ struct PlannerClient::Rep {
     if (!world.ok()) return world.status();
     auto cost = CostModel::Create(spec.d_model(), spec.gamma());
     if (!cost.ok()) return cost.status();
-    auto plan = BalanceGreedy(*world, *cost, group, options.balancer);
+    BalancerOptions balancer = options.balancer;
+    balancer.max_tokens_per_gpu = spec.max_tokens_per_gpu();
+    auto plan = BalanceGreedy(*world, *cost, group, balancer);
     if (!plan.ok()) return plan.status();
     StepPlan result;
     result.plan = plan->Slice(transport->rank());

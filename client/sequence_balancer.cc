@@ -282,6 +282,7 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
   rep->spec.set_d_model(options.d_model);
   rep->spec.set_gamma(options.gamma);
   rep->spec.set_token_bytes(options.token_bytes);
+  rep->spec.set_max_tokens_per_gpu(options.max_tokens_per_gpu);
 
   const RankLocation here = layout->Locate(world->rank());
   const Bag& bag = layout->topology().bag(here.bag);

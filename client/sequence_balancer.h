@@ -35,6 +35,10 @@ struct SequenceBalancerOptions {
   // Bytes per token of the routed tensors, for the service's moved-bytes
   // figures only; 0 = unknown.
   int64_t token_bytes = 0;
+  // Memory: at most this many tokens on any GPU after routing; 0 = no cap.
+  // PlanRouting fails (ResourceExhausted, on every rank) when no placement
+  // meets it.
+  int64_t max_tokens_per_gpu = 0;
   // The first PlanRouting is this step; each call takes the next one. All
   // ranks must start at the same step (e.g. the trainer's step on resume).
   uint64_t first_step = 0;

@@ -68,9 +68,22 @@ void SortByLengthDescending(std::vector<T>& items, KeyFn key) {
 
 // Phase 1 for one replica: picks a group-relative bag id for every non-empty
 // sequence of ranks [first_rank, first_rank + group).
-void AssignBags(const Topology& topology, const CostModel& cost,
-                const BalancerOptions& options, const RankLengths& lengths, int32_t first_rank,
-                const std::vector<int32_t>& first_sequence, std::vector<int32_t>& bag_of) {
+// ResourceExhausted naming the sequence that fits under no bag's token cap.
+absl::Status CapError(const std::vector<int32_t>& first_sequence, int32_t id, int64_t length,
+                      int64_t cap, int64_t used, int64_t room) {
+  const int32_t rank = static_cast<int32_t>(
+      std::upper_bound(first_sequence.begin(), first_sequence.end(), id) -
+      first_sequence.begin() - 1);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "max_tokens_per_gpu: sequence ", id - first_sequence[rank], " of rank ", rank, " (", length,
+      " tokens) fits in no bag under the cap of ", cap, " tokens per GPU (its replica holds ",
+      used, " tokens in ", room, " tokens of capacity)"));
+}
+
+absl::Status AssignBags(const Topology& topology, const CostModel& cost,
+                        const BalancerOptions& options, const RankLengths& lengths,
+                        int32_t first_rank, const std::vector<int32_t>& first_sequence,
+                        std::vector<int32_t>& bag_of) {
   const int32_t group = topology.group_size();
   const int32_t num_bags = topology.num_bags();
   // 16 bytes, so the sort moves little; the length is looked up by id.
@@ -95,7 +108,7 @@ void AssignBags(const Topology& topology, const CostModel& cost,
       length_of[first_sequence[rank] + i - first_id] = length;
     }
   }
-  if (items.empty()) return;
+  if (items.empty()) return absl::OkStatus();
   // Workload grows strictly with length, so (workload desc, id asc) is
   // (length desc, id asc): a stable radix sort on lengths of items already in
   // id order gives it in O(S), several times faster than std::sort here.
@@ -115,12 +128,29 @@ void AssignBags(const Topology& topology, const CostModel& cost,
     }
     class_last.back() = b;
   }
+  // A hard cap on tokens per GPU: chunking spreads a bag's tokens over its
+  // GPUs to within one token, so a bag of G GPUs may hold cap * G tokens.
+  const int64_t cap = options.max_tokens_per_gpu;
+  auto fits_cap = [&](const std::vector<int32_t>& bags) {
+    if (cap <= 0) return true;
+    std::vector<int64_t> tokens(num_bags, 0);
+    for (const Item& item : items) {
+      tokens[bags[item.id - first_id]] += length_of[item.id - first_id];
+    }
+    for (int32_t b = 0; b < num_bags; ++b) {
+      if (tokens[b] > cap * gpus[b]) return false;
+    }
+    return true;
+  };
   // The paper's greedy (home_cap 0): every sequence to the eligible bag of
   // lowest occupancy. Home-first (home_cap > 0): to its home bag while that
   // is eligible and stays at or under home_cap per GPU, else the same.
   // Then refinement. Fills `bags` (by global id) and `assigned`.
   auto refine = [&](std::vector<int32_t>& bags, std::vector<double>& assigned) {
     if (options.refine_rounds <= 0) return;
+    // Refinement balances workload only: under a cap, undo it if it broke one.
+    std::vector<int32_t> bags_before = cap > 0 ? bags : std::vector<int32_t>();
+    std::vector<double> assigned_before = cap > 0 ? assigned : std::vector<double>();
     std::vector<RefineItem> refine_items;
     refine_items.reserve(items.size());
     for (const Item& item : items) {
@@ -129,9 +159,19 @@ void AssignBags(const Topology& topology, const CostModel& cost,
     }
     RefineBags(gpus, options.refine_rounds, refine_items, assigned);
     for (const RefineItem& item : refine_items) bags[item.id - first_id] = item.bag;
+    if (cap > 0 && !fits_cap(bags)) {
+      bags.swap(bags_before);
+      assigned.swap(assigned_before);
+    }
   };
+  int32_t unplaced = -1;  // the first item a pack could not place under the cap
+  // Returns false (setting `unplaced`) when a sequence fits no bag's cap.
   auto pack = [&](double home_cap, std::vector<int32_t>& bags, std::vector<double>& assigned) {
     assigned.assign(num_bags, 0.0);
+    std::vector<int64_t> tokens(cap > 0 ? num_bags : 0, 0);
+    auto room_for = [&](int32_t b, int64_t length) {
+      return cap <= 0 || tokens[b] + length <= cap * gpus[b];
+    };
     internal::MinTree occupancy(num_bags);  // key: assigned / gpus, all 0 at first
     for (const Item& item : items) {
       const int64_t length = length_of[item.id - first_id];
@@ -155,15 +195,32 @@ void AssignBags(const Topology& topology, const CostModel& cost,
       if (home_cap > 0) {
         const int32_t home = item.home_bag;
         if (home >= class_first[lo] && home <= class_last[hi] &&
-            (assigned[home] + item.workload) / gpus[home] <= home_cap) {
+            (assigned[home] + item.workload) / gpus[home] <= home_cap &&
+            room_for(home, length)) {
           bag = home;
         }
       }
       if (bag < 0) bag = occupancy.ArgMin(class_first[lo], class_last[hi]);
+      if (!room_for(bag, length)) {
+        // Under a cap: the least occupied bag of any usable size with room
+        // (a scan, but only when the cap binds).
+        bag = -1;
+        for (int32_t b = 0; b <= class_last[hi]; ++b) {
+          if (room_for(b, length) && (bag < 0 || assigned[b] / gpus[b] < assigned[bag] / gpus[bag])) {
+            bag = b;
+          }
+        }
+        if (bag < 0) {
+          unplaced = static_cast<int32_t>(&item - items.data());
+          return false;
+        }
+      }
+      if (cap > 0) tokens[bag] += length;
       assigned[bag] += item.workload;
       occupancy.Set(bag, assigned[bag] / gpus[bag]);
       bags[item.id - first_id] = bag;
     }
+    return true;
   };
   auto max_per_gpu = [&](const std::vector<double>& assigned) {
     double worst = 0;
@@ -182,7 +239,13 @@ void AssignBags(const Topology& topology, const CostModel& cost,
 
   std::vector<int32_t> chosen(length_of.size(), -1);  // by id - first_id
   std::vector<double> assigned;
-  pack(0, chosen, assigned);
+  if (!pack(0, chosen, assigned)) {
+    int64_t used = 0;
+    for (const Item& item : items) used += length_of[item.id - first_id];
+    const Item& item = items[unplaced];
+    return CapError(first_sequence, item.id, length_of[item.id - first_id], cap, used,
+                    cap * group);
+  }
   refine(chosen, assigned);
   double planned_max = max_per_gpu(assigned);
   // Greedy packing can lose to the data as it came (LPT is only a 4/3
@@ -191,7 +254,9 @@ void AssignBags(const Topology& topology, const CostModel& cost,
   // fall back to it when it is strictly better: never worse than no balancing.
   std::vector<double> home(num_bags, 0.0);
   for (const Item& item : items) home[item.home_bag] += item.workload;
-  if (max_per_gpu(home) < planned_max) {
+  std::vector<int32_t> home_bags(length_of.size(), -1);
+  for (const Item& item : items) home_bags[item.id - first_id] = item.home_bag;
+  if (max_per_gpu(home) < planned_max && fits_cap(home_bags)) {
     for (const Item& item : items) chosen[item.id - first_id] = item.home_bag;
     planned_max = max_per_gpu(home);
   }
@@ -206,7 +271,7 @@ void AssignBags(const Topology& topology, const CostModel& cost,
     std::vector<int32_t> near_home(length_of.size(), -1);
     std::vector<double> near_assigned;
     for (const double home_cap : {target, planned_max}) {
-      pack(home_cap, near_home, near_assigned);
+      if (!pack(home_cap, near_home, near_assigned)) continue;
       if (max_per_gpu(near_assigned) > limit) refine(near_home, near_assigned);
       const int64_t moved = moved_tokens(near_home);
       if (max_per_gpu(near_assigned) <= limit && moved < best_moved) {
@@ -221,10 +286,12 @@ void AssignBags(const Topology& topology, const CostModel& cost,
                       chosen[item.id - first_id]});
     }
     if (PlaceNearHome(gpus, limit, shed)) {  // only when it moves fewer than `chosen`
-      for (const LocalityItem& item : shed) chosen[item.id - first_id] = item.bag;
+      for (const LocalityItem& item : shed) near_home[item.id - first_id] = item.bag;
+      if (fits_cap(near_home)) chosen.swap(near_home);
     }
   }
   for (const Item& item : items) bag_of[item.id] = chosen[item.id - first_id];
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -258,7 +325,9 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
   // Phase 1: group-relative bag per sequence.
   std::vector<int32_t> bag_of(num_sequences, -1);
   for (int32_t replica = 0; replica < replicas; ++replica) {
-    AssignBags(topology, cost, options, lengths, replica * group, plan.rank_first_sequence, bag_of);
+    absl::Status assigned = AssignBags(topology, cost, options, lengths, replica * group,
+                                       plan.rank_first_sequence, bag_of);
+    if (!assigned.ok()) return assigned;
   }
 
   // Global bags.

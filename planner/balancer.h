@@ -34,6 +34,11 @@ struct BalancerOptions {
   // (relative) of the balanced plan's. Off = the balanced plan as is.
   bool locality = true;
   double locality_slack = 0.0005;
+  // A hard limit on the tokens any GPU computes on after routing (memory);
+  // 0 = none. Every placement considered respects it; when the planner
+  // finds none, ResourceExhausted names the sequence, its rank and tokens,
+  // and the cap.
+  int64_t max_tokens_per_gpu = 0;
 };
 
 // The paper's greedy planner (KnapFormer section 3.3), run independently in

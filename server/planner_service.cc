@@ -118,8 +118,10 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
                                                                 double wait_seconds,
                                                                 v1::Balance* balance) {
   const absl::Time start = absl::Now();
+  BalancerOptions balancer = options_.balancer;
+  balancer.max_tokens_per_gpu = spec.max_tokens_per_gpu();
   absl::StatusOr<knapformer::Plan> plan =
-      BalanceGreedy(*checked.world, checked.cost, lengths, options_.balancer);
+      BalanceGreedy(*checked.world, checked.cost, lengths, balancer);
   const absl::Time solved = absl::Now();
   if (!plan.ok()) return plan;
   *balance = BalanceToProto(*plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start));

@@ -37,6 +37,9 @@ absl::Status CompareSpecs(const v1::StepSpec& first, const std::string& first_to
   if (spec.gamma() != first.gamma()) {
     return mismatch("gamma", spec.gamma(), first.gamma());
   }
+  if (spec.max_tokens_per_gpu() != first.max_tokens_per_gpu()) {
+    return mismatch("max_tokens_per_gpu", spec.max_tokens_per_gpu(), first.max_tokens_per_gpu());
+  }
   return absl::OkStatus();
 }
 

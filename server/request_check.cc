@@ -116,6 +116,10 @@ absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const Servic
     return absl::InvalidArgumentError(
         absl::StrCat("spec.token_bytes: must be >= 0, got ", spec.token_bytes()));
   }
+  if (spec.max_tokens_per_gpu() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.max_tokens_per_gpu: must be >= 0 (0 = no cap), got ", spec.max_tokens_per_gpu()));
+  }
   auto world = cache != nullptr ? cache->Get(spec.topology(), spec.world_size())
                                : ParseWorld(spec.topology(), spec.world_size());
   if (!world.ok()) return world.status();

@@ -35,6 +35,7 @@ constexpr char kUsage[] =
     "\n"
     "commands:\n"
     "  plan      --input FILE|-  [--rank R] [--locality on|off]\n"
+    "            [--max-tokens-per-gpu N]   (0 = no cap)\n"
     "            Read {\"topology\", \"d_model\", \"gamma\", \"ranks\": [[lengths]...]} and\n"
     "            print the plan as JSON (or only rank R's slice).\n"
     "  simulate  [--data mixed-res] [--world 32] [--topology g1n32,g2n16,g4n8,g8n4]\n"
@@ -77,12 +78,15 @@ absl::StatusOr<bool> Locality(const Args& args) {
 }
 
 int RunPlan(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv, {"input", "rank", "locality"});
+  auto args = Args::Parse(argv, {"input", "rank", "locality", "max-tokens-per-gpu"});
   if (!args.ok()) return Fail(args.status());
   auto locality = Locality(*args);
   if (!locality.ok()) return Fail(locality.status());
   BalancerOptions balancer;
   balancer.locality = *locality;
+  auto cap = args->GetInt("max-tokens-per-gpu", 0, 0, INT64_MAX);
+  if (!cap.ok()) return Fail(cap.status());
+  balancer.max_tokens_per_gpu = *cap;
   if (!args->Has("input")) return Fail(absl::InvalidArgumentError("--input: required (a file or -)"));
   auto text = ReadInput(args->GetString("input", "-"));
   if (!text.ok()) return Fail(text.status());

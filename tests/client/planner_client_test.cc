@@ -71,7 +71,8 @@ void ExpectSameSlice(const RankPlan& got, const RankPlan& want) {
 std::vector<std::vector<absl::StatusOr<StepPlan>>> RunSteps(
     const PlannerClientOptions& options, uint64_t first_step, int steps,
     std::function<void(uint64_t)> before_step = nullptr,
-    std::function<std::vector<int64_t>(uint64_t, int)> lengths_of = nullptr) {
+    std::function<std::vector<int64_t>(uint64_t, int)> lengths_of = nullptr,
+    int64_t max_tokens_per_gpu = 0) {
   auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
   std::vector<std::vector<absl::StatusOr<StepPlan>>> results(
       steps, std::vector<absl::StatusOr<StepPlan>>(kRanks, absl::UnknownError("not run")));
@@ -85,7 +86,9 @@ std::vector<std::vector<absl::StatusOr<StepPlan>>> RunSteps(
         const uint64_t step = first_step + s;
         const std::vector<int64_t> lengths =
             lengths_of ? lengths_of(step, r) : Lengths(step)[r];
-        results[s][r] = (*client)->Plan(Spec(step), lengths);
+        v1::StepSpec spec = Spec(step);
+        spec.set_max_tokens_per_gpu(max_tokens_per_gpu);
+        results[s][r] = (*client)->Plan(spec, lengths);
       });
     }
     for (std::thread& t : threads) t.join();
@@ -164,6 +167,35 @@ TEST(PlannerClientTest, RefusedInputIsTheSameErrorOnEveryRank) {
         EXPECT_THAT(std::string(results[0][r].status().message()), HasSubstr("-5"));
       }
     }
+  }
+}
+
+// A token cap no placement can meet (a 1500-token sequence, 1000 per GPU):
+// every rank gets the same error naming it, from the service or locally.
+TEST(PlannerClientTest, AnImpossibleTokenCapIsTheSameErrorOnEveryRank) {
+  PlannerServerOptions server_options;
+  server_options.listen_address = "127.0.0.1:0";
+  auto server = PlannerServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (const bool with_service : {true, false}) {
+    PlannerClientOptions options;
+    if (with_service) options.address = (*server)->address();
+    auto results = RunSteps(options, 30, 1, nullptr, nullptr, /*max_tokens_per_gpu=*/300);
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_FALSE(results[0][r].ok()) << "rank " << r;
+      EXPECT_EQ(results[0][r].status().code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_THAT(std::string(results[0][r].status().message()),
+                  HasSubstr("(1500 tokens) fits in no bag under the cap of 300 tokens per GPU"));
+    }
+  }
+  // A cap it can meet: every GPU within it.
+  PlannerClientOptions options;
+  auto results = RunSteps(options, 31, 1, nullptr, nullptr, /*max_tokens_per_gpu=*/2000);
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(results[0][r].ok()) << results[0][r].status();
+    int64_t tokens = 0;
+    for (int64_t l : results[0][r]->plan.compute_chunk_lengths) tokens += l;
+    EXPECT_LE(tokens, 2000) << "rank " << r;
   }
 }
 

@@ -13,6 +13,7 @@ namespace knapformer {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::UnorderedElementsAre;
 using ::testing::HasSubstr;
 
 World MakeWorld(const std::string& spec, int64_t world_size) {
@@ -94,6 +95,24 @@ TEST(BalancerTest, LocalityKeepsTokensHomeAtTheSameMaximum) {
   const Plan one = PlanOrDie(world, LinearCost(), heavy);
   EXPECT_EQ(one.MovedTokens(), 20);
   EXPECT_THAT(one.workload_after, ElementsAre(24.0 * 60, 24.0 * 40));
+}
+
+TEST(BalancerTest, TheTokenCapIsHardAndAnImpossibleOneIsAnError) {
+  const World world = MakeWorld("g1n2", 2);
+  BalancerOptions options;
+  // 300 tokens in sequences of 100 on 2 GPUs: 200 per GPU is possible.
+  options.max_tokens_per_gpu = 200;
+  const Plan plan = PlanOrDie(world, LinearCost(), {{100, 100, 100}, {}}, options);
+  std::vector<int64_t> tokens(2, 0);
+  for (const Chunk& chunk : plan.chunks) tokens[chunk.dst_rank] += chunk.length;
+  EXPECT_THAT(tokens, UnorderedElementsAre(200, 100));
+  // 150 per GPU is not.
+  options.max_tokens_per_gpu = 150;
+  auto refused = BalanceGreedy(world, LinearCost(), {{100, 100, 100}, {}}, options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.status().message(),
+            "max_tokens_per_gpu: sequence 2 of rank 0 (100 tokens) fits in no bag under the cap "
+            "of 150 tokens per GPU (its replica holds 300 tokens in 300 tokens of capacity)");
 }
 
 // In a multi-GPU bag the source rank keeps its own chunk.

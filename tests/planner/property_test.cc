@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/balance_stats.h"
 #include "planner/balancer.h"
@@ -134,6 +135,53 @@ TEST(PlannerPropertyTest, RandomWorldsGiveValidDeterministicNeverWorsePlans) {
   EXPECT_GT(short_sequences, 50);
   EXPECT_GT(idle_gpus, 50);
   EXPECT_GT(fewer_moved, kCases / 4);  // locality does something
+}
+
+std::vector<int64_t> TokensPerGpu(const Plan& plan) {
+  std::vector<int64_t> tokens(plan.world_size, 0);
+  for (const Chunk& chunk : plan.chunks) tokens[chunk.dst_rank] += chunk.length;
+  return tokens;
+}
+
+// A cap below what the uncapped plan needs is either met on every GPU or
+// refused with an error naming it; never exceeded.
+TEST(PlannerPropertyTest, TheTokenCapIsNeverExceeded) {
+  std::mt19937_64 rng(20261122);
+  constexpr int kCases = 1500;
+  int met = 0, refused = 0, binding = 0;
+  for (int n = 0; n < kCases; ++n) {
+    const Case c = RandomCase(rng);
+    SCOPED_TRACE(absl::StrCat("case ", n, ": ", c.spec, " world ", c.world_size));
+    auto world = World::Create(*Topology::Parse(c.spec), c.world_size);
+    ASSERT_TRUE(world.ok());
+    const CostModel cost = *CostModel::Create(c.d_model, c.gamma);
+    auto free_plan = BalanceGreedy(*world, cost, c.lengths);
+    ASSERT_TRUE(free_plan.ok());
+    const std::vector<int64_t> free_tokens = TokensPerGpu(*free_plan);
+    const int64_t most = *std::max_element(free_tokens.begin(), free_tokens.end());
+    if (most < 2) continue;
+    BalancerOptions options;
+    options.max_tokens_per_gpu = std::max<int64_t>(1, most * (50 + n % 50) / 100);
+    auto plan = BalanceGreedy(*world, cost, c.lengths, options);
+    if (!plan.ok()) {
+      EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
+      EXPECT_THAT(std::string(plan.status().message()),
+                  ::testing::HasSubstr(absl::StrCat("under the cap of ",
+                                                    options.max_tokens_per_gpu,
+                                                    " tokens per GPU")));
+      ++refused;
+      continue;
+    }
+    ASSERT_TRUE(ValidatePlan(*plan, *world, c.lengths).ok()) << ValidatePlan(*plan, *world, c.lengths);
+    for (int64_t tokens : TokensPerGpu(*plan)) {
+      ASSERT_LE(tokens, options.max_tokens_per_gpu);
+    }
+    ++met;
+    binding += options.max_tokens_per_gpu < most;
+  }
+  EXPECT_GT(met, 100);
+  EXPECT_GT(refused, 100);
+  EXPECT_GT(binding, 100);  // caps below the free plan's peak that were met
 }
 
 }  // namespace

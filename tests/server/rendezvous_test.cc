@@ -281,6 +281,12 @@ std::vector<MismatchCase> MismatchCases() {
     spec.set_gamma(0.5);
     cases.push_back({"gamma", spec, "spec.gamma: rank 1 sent 0.5 but step 4"});
   }
+  {
+    v1::StepSpec spec = Spec(4, 8);
+    spec.set_max_tokens_per_gpu(4096);
+    cases.push_back({"max_tokens_per_gpu", spec,
+                     "spec.max_tokens_per_gpu: rank 1 sent 4096 but step 4"});
+  }
   return cases;
 }
 

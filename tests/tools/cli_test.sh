@@ -55,6 +55,8 @@ expect plan-stdin 0 "" -- bash -c "\"$bin\" plan --input - < \"$tmp/good.json\""
 expect plan-rank 0 "" -- "$bin" plan --input "$tmp/good.json" --rank 3
 grep -q '"ulysses"' "$tmp/out" || { echo "FAIL plan-rank: no ulysses field"; failures=$((failures + 1)); }
 expect plan-locality-off 0 "" -- "$bin" plan --input "$tmp/good.json" --locality off
+expect plan-cap-ok 0 "" -- "$bin" plan --input "$tmp/good.json" --max-tokens-per-gpu 20000
+expect plan-cap-impossible 2 "max_tokens_per_gpu: sequence 0 of rank 3 (16384 tokens) fits in no bag under the cap of 1000 tokens per GPU" -- "$bin" plan --input "$tmp/good.json" --max-tokens-per-gpu 1000
 expect plan-locality-bad 2 "--locality: must be on or off, got 'maybe'" -- "$bin" plan --input "$tmp/good.json" --locality maybe
 expect plan-rank-range 2 "--rank: '8' is not a whole number in [0, 7]" -- "$bin" plan --input "$tmp/good.json" --rank 8
 
