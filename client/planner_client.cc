@@ -127,7 +127,9 @@ struct PlannerClient::Rep {
     if (!topology.ok()) return topology.status();
     auto world = World::Create(*std::move(topology), spec.world_size());
     if (!world.ok()) return world.status();
-    auto cost = CostModel::Create(spec.d_model(), spec.gamma());
+    auto kind = CostKindFromProto(spec.cost_model());
+    if (!kind.ok()) return kind.status();
+    auto cost = CostModel::Create(spec.d_model(), spec.gamma(), *kind);
     if (!cost.ok()) return cost.status();
     BalancerOptions balancer = options.balancer;
     balancer.max_tokens_per_gpu = spec.max_tokens_per_gpu();

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "planner/topology.h"
+#include "proto/plan_proto.h"
 
 namespace knapformer {
 namespace {
@@ -283,6 +284,7 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
   rep->spec.set_gamma(options.gamma);
   rep->spec.set_token_bytes(options.token_bytes);
   rep->spec.set_max_tokens_per_gpu(options.max_tokens_per_gpu);
+  rep->spec.set_cost_model(CostKindToProto(options.cost_model));
 
   const RankLocation here = layout->Locate(world->rank());
   const Bag& bag = layout->topology().bag(here.bag);

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/planner_client.h"
+#include "planner/cost_model.h"
 #include "transport/transport.h"
 
 namespace knapformer {
@@ -29,7 +30,9 @@ struct SequenceBalancerOptions {
   // Compute bags of one replica, e.g. "g1n2+g2n1+g4n1"; the world is
   // transport size / GPUs of the topology replicas of it.
   std::string topology;
-  // The cost model 24*l*d^2 + gamma*4*l^2*d.
+  // The cost model: transformer 24*l*d^2 + gamma*4*l^2*d (d_model and gamma
+  // are checked whatever the kind), uniform or linear (planner/cost_model.h).
+  CostKind cost_model = CostKind::kTransformer;
   int32_t d_model = 0;
   double gamma = 1.0;
   // Bytes per token of the routed tensors, for the service's moved-bytes

@@ -1,8 +1,36 @@
 #include "proto/plan_proto.h"
 
+#include "absl/strings/str_cat.h"
+
 #include "planner/balance_stats.h"
 
 namespace knapformer {
+
+absl::StatusOr<CostKind> CostKindFromProto(int value) {
+  switch (value) {
+    case v1::COST_MODEL_TRANSFORMER:
+      return CostKind::kTransformer;
+    case v1::COST_MODEL_UNIFORM:
+      return CostKind::kUniform;
+    case v1::COST_MODEL_LINEAR:
+      return CostKind::kLinear;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.cost_model: unknown value ", value, " (0 transformer, 1 uniform, 2 linear)"));
+  }
+}
+
+v1::CostModel CostKindToProto(CostKind kind) {
+  switch (kind) {
+    case CostKind::kUniform:
+      return v1::COST_MODEL_UNIFORM;
+    case CostKind::kLinear:
+      return v1::COST_MODEL_LINEAR;
+    case CostKind::kTransformer:
+      break;
+  }
+  return v1::COST_MODEL_TRANSFORMER;
+}
 namespace {
 
 void TransfersToProto(const std::vector<Transfer>& transfers, v1::Transfers* out) {

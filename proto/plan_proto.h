@@ -4,11 +4,17 @@
 #include <cstdint>
 
 #include "knapformer/v1/planner.pb.h"
+#include "absl/status/statusor.h"
+#include "planner/cost_model.h"
 #include "planner/plan.h"
 
 namespace knapformer {
 
 // Conversions between the planner core's plan and the v1 API messages.
+
+// InvalidArgument naming spec.cost_model for a value this build does not know.
+absl::StatusOr<CostKind> CostKindFromProto(int value);
+v1::CostModel CostKindToProto(CostKind kind);
 
 // `plan`'s balance figures; `token_bytes` prices the moved tokens and
 // `plan_micros` is the time spent solving.

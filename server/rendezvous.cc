@@ -37,6 +37,10 @@ absl::Status CompareSpecs(const v1::StepSpec& first, const std::string& first_to
   if (spec.gamma() != first.gamma()) {
     return mismatch("gamma", spec.gamma(), first.gamma());
   }
+  if (spec.cost_model() != first.cost_model()) {
+    return mismatch("cost_model", v1::CostModel_Name(spec.cost_model()),
+                    v1::CostModel_Name(first.cost_model()));
+  }
   if (spec.max_tokens_per_gpu() != first.max_tokens_per_gpu()) {
     return mismatch("max_tokens_per_gpu", spec.max_tokens_per_gpu(), first.max_tokens_per_gpu());
   }

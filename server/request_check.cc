@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "planner/status_macros.h"
+#include "proto/plan_proto.h"
 
 namespace knapformer {
 namespace {
@@ -123,7 +124,9 @@ absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const Servic
   auto world = cache != nullptr ? cache->Get(spec.topology(), spec.world_size())
                                : ParseWorld(spec.topology(), spec.world_size());
   if (!world.ok()) return world.status();
-  auto cost = CostModel::Create(spec.d_model(), spec.gamma());
+  auto kind = CostKindFromProto(spec.cost_model());
+  if (!kind.ok()) return kind.status();
+  auto cost = CostModel::Create(spec.d_model(), spec.gamma(), *kind);
   if (!cost.ok()) return Prefixed("spec.", cost.status());
   return CheckedSpec{*std::move(world), *cost};
 }

@@ -36,11 +36,13 @@ constexpr char kUsage[] =
     "commands:\n"
     "  plan      --input FILE|-  [--rank R] [--locality on|off]\n"
     "            [--max-tokens-per-gpu N]   (0 = no cap)\n"
+    "            [--cost-model transformer|uniform|linear]\n"
     "            Read {\"topology\", \"d_model\", \"gamma\", \"ranks\": [[lengths]...]} and\n"
     "            print the plan as JSON (or only rank R's slice).\n"
     "  simulate  [--data mixed-res] [--world 32] [--topology g1n32,g2n16,g4n8,g8n4]\n"
     "            [--steps 20] [--seed 0] [--d-model 3072] [--gamma 0.49]\n"
     "            [--refine-rounds 256]   (0 = the paper's greedy, with --locality off)\n"
+    "            [--cost-model transformer|uniform|linear]\n"
     "            [--locality on|off]     (on: move as few tokens as possible at the\n"
     "                                     same max/mean, within 0.05%)\n"
     "            Balance the paper's synthetic data streams and print WIR before and\n"
@@ -78,7 +80,7 @@ absl::StatusOr<bool> Locality(const Args& args) {
 }
 
 int RunPlan(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv, {"input", "rank", "locality", "max-tokens-per-gpu"});
+  auto args = Args::Parse(argv, {"input", "rank", "locality", "max-tokens-per-gpu", "cost-model"});
   if (!args.ok()) return Fail(args.status());
   auto locality = Locality(*args);
   if (!locality.ok()) return Fail(locality.status());
@@ -102,7 +104,9 @@ int RunPlan(const std::vector<std::string>& argv) {
   }
   auto world = World::Create(*std::move(topology), ranks);
   if (!world.ok()) return Fail(world.status());
-  auto cost = CostModel::Create(request->d_model, request->gamma);
+  auto kind = ParseCostKind(args->GetString("cost-model", "transformer"), "--cost-model");
+  if (!kind.ok()) return Fail(kind.status());
+  auto cost = CostModel::Create(request->d_model, request->gamma, *kind);
   if (!cost.ok()) return Fail(cost.status());
   auto plan = BalanceGreedy(*world, *cost, request->ranks, balancer);
   if (!plan.ok()) return Fail(plan.status());
@@ -122,12 +126,15 @@ int RunPlan(const std::vector<std::string>& argv) {
 
 int RunSimulate(const std::vector<std::string>& argv) {
   auto args = Args::Parse(argv, {"data", "world", "topology", "steps", "seed", "d-model",
-                                 "gamma", "refine-rounds", "locality"});
+                                 "gamma", "refine-rounds", "locality", "cost-model"});
   if (!args.ok()) return Fail(args.status());
   SimulateOptions options;
   auto locality = Locality(*args);
   if (!locality.ok()) return Fail(locality.status());
   options.locality = *locality;
+  auto kind = ParseCostKind(args->GetString("cost-model", "transformer"), "--cost-model");
+  if (!kind.ok()) return Fail(kind.status());
+  options.cost_model = *kind;
   options.data = args->GetString("data", options.data);
   auto world = args->GetInt("world", options.world, 1, 1 << 20);
   if (!world.ok()) return Fail(world.status());

@@ -61,7 +61,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
   if (!stream.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--world: ", stream.status().message()));
   }
-  auto cost = CostModel::Create(options.d_model, options.gamma);
+  auto cost = CostModel::Create(options.d_model, options.gamma, options.cost_model);
   if (!cost.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--", cost.status().message()));
   }
@@ -133,7 +133,8 @@ std::string FormatSimulation(const SimulateOptions& options,
   std::string out = absl::StrCat(
       "data ", options.data, codes.empty() ? "" : absl::StrCat(" (", codes, ")"),
       "\nworld ", options.world, ", ", options.steps, " steps, seed ", options.seed,
-      ", d_model ", options.d_model, ", gamma ", options.gamma, ", refine rounds ",
+      ", cost model ", CostKindName(options.cost_model), ", d_model ", options.d_model,
+      ", gamma ", options.gamma, ", refine rounds ",
       options.refine_rounds,
       options.refine_rounds == 0 && !options.locality ? " (the paper's greedy)" : "",
       ", locality ", options.locality ? "on" : "off", "\n",

@@ -21,6 +21,7 @@ struct SimulateOptions {
   // 0 = the paper's greedy exactly.
   int32_t refine_rounds = BalancerOptions().refine_rounds;
   bool locality = BalancerOptions().locality;
+  CostKind cost_model = CostKind::kTransformer;
 };
 
 // Mean, population standard deviation and maximum over steps.

@@ -97,6 +97,26 @@ TEST(BalancerTest, LocalityKeepsTokensHomeAtTheSameMaximum) {
   EXPECT_THAT(one.workload_after, ElementsAre(24.0 * 60, 24.0 * 40));
 }
 
+// Uniform: every sequence costs the same, whatever its length (a padded text
+// encoder), so each GPU gets the same number of sequences.
+TEST(BalancerTest, UniformCostBalancesSequenceCounts) {
+  const World world = MakeWorld("g1n2", 2);
+  const CostModel uniform = *CostModel::Create(1, 0.0, CostKind::kUniform);
+  const Plan plan = PlanOrDie(world, uniform, {{1, 1000, 5, 7, 300, 2}, {}});
+  std::vector<int> count(2, 0);
+  for (const PlacedSequence& seq : plan.sequences) ++count[seq.bag];
+  EXPECT_THAT(count, ElementsAre(3, 3));
+  EXPECT_THAT(plan.workload_after, ElementsAre(3.0, 3.0));
+}
+
+// Linear: tokens are the cost.
+TEST(BalancerTest, LinearCostBalancesTokens) {
+  const World world = MakeWorld("g1n2", 2);
+  const CostModel linear = *CostModel::Create(1, 0.0, CostKind::kLinear);
+  const Plan plan = PlanOrDie(world, linear, {{600, 200, 200, 100, 100}, {}});
+  EXPECT_THAT(plan.workload_after, UnorderedElementsAre(600.0, 600.0));
+}
+
 TEST(BalancerTest, TheTokenCapIsHardAndAnImpossibleOneIsAnError) {
   const World world = MakeWorld("g1n2", 2);
   BalancerOptions options;

@@ -51,5 +51,33 @@ TEST(CostModelTest, RejectsParametersOutOfRange) {
   EXPECT_TRUE(CostModel::Create(1, 0.0).ok());
 }
 
+TEST(CostModelTest, UniformAndLinearKinds) {
+  auto uniform = CostModel::Create(3072, 0.49, CostKind::kUniform);
+  ASSERT_TRUE(uniform.ok());
+  EXPECT_EQ(uniform->Workload(1), 1.0);
+  EXPECT_EQ(uniform->Workload(100000), 1.0);
+  EXPECT_EQ(uniform->Workload(0), 0.0);  // an empty sequence costs nothing
+  EXPECT_EQ(uniform->Linear(500), 0.0);  // the item is shared, not split by tokens
+  EXPECT_EQ(uniform->Attention(7), 1.0);
+
+  auto linear = CostModel::Create(3072, 0.49, CostKind::kLinear);
+  ASSERT_TRUE(linear.ok());
+  EXPECT_EQ(linear->Workload(123), 123.0);
+  EXPECT_EQ(linear->Linear(40), 40.0);
+  EXPECT_EQ(linear->Attention(1 << 20), 0.0);
+
+  auto transformer = CostModel::Create(64, 0.5);
+  ASSERT_TRUE(transformer.ok());
+  EXPECT_EQ(transformer->kind(), CostKind::kTransformer);
+  EXPECT_EQ(transformer->Workload(10), 24.0 * 10 * 64 * 64 + 0.5 * 4 * 10 * 10 * 64);
+
+  EXPECT_EQ(*ParseCostKind("uniform", "x"), CostKind::kUniform);
+  EXPECT_EQ(*ParseCostKind("linear", "x"), CostKind::kLinear);
+  EXPECT_EQ(*ParseCostKind("transformer", "x"), CostKind::kTransformer);
+  EXPECT_EQ(ParseCostKind("quadratic", "--cost-model").status().message(),
+            "--cost-model: unknown cost model 'quadratic' (transformer, uniform or linear)");
+  EXPECT_STREQ(CostKindName(CostKind::kLinear), "linear");
+}
+
 }  // namespace
 }  // namespace knapformer

@@ -283,6 +283,12 @@ std::vector<MismatchCase> MismatchCases() {
   }
   {
     v1::StepSpec spec = Spec(4, 8);
+    spec.set_cost_model(v1::COST_MODEL_UNIFORM);
+    cases.push_back({"cost_model", spec,
+                     "spec.cost_model: rank 1 sent COST_MODEL_UNIFORM but step 4"});
+  }
+  {
+    v1::StepSpec spec = Spec(4, 8);
     spec.set_max_tokens_per_gpu(4096);
     cases.push_back({"max_tokens_per_gpu", spec,
                      "spec.max_tokens_per_gpu: rank 1 sent 4096 but step 4"});
