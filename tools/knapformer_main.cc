@@ -23,6 +23,7 @@
 #include "planner/topology.h"
 #include "planner/validate.h"
 #include "tools/args.h"
+#include "tools/calibrate.h"
 #include "tools/plan_json.h"
 #include "tools/serve.h"
 #include "tools/simulate.h"
@@ -50,7 +51,7 @@ constexpr char kUsage[] =
     "            --data takes low-res, mixed-res, joint or codes g{G}b{B}i{R}f{F}s{S},...\n";
 
 // The usage text: the planner commands, then serve's.
-void PrintUsage(std::ostream& out) { out << kUsage << kServeUsage; }
+void PrintUsage(std::ostream& out) { out << kUsage << kCalibrateUsage << kServeUsage; }
 
 int Fail(const absl::Status& status) {
   std::cerr << "knapformer: " << status.message() << "\n";
@@ -178,6 +179,7 @@ int main(int argc, char** argv) {
   if (command == "plan") return knapformer::RunPlan(args);
   if (command == "simulate") return knapformer::RunSimulate(args);
   if (command == "serve") return knapformer::RunServe(args);
-  std::cerr << "knapformer: unknown command '" << command << "' (plan, simulate, serve, help)\n";
+  if (command == "calibrate") return knapformer::RunCalibrate(args);
+  std::cerr << "knapformer: unknown command '" << command << "' (plan, simulate, calibrate, serve, help)\n";
   return 2;
 }

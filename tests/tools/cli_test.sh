@@ -86,6 +86,31 @@ expect simulate-bad-topology 2 "--topology g4n3: world_size: 32 is not a multipl
 expect simulate-bad-steps 2 "--steps: 'x' is not a whole number" -- "$bin" simulate --steps x
 expect simulate-bad-gamma 2 "--gamma: 'nan' is not a finite number" -- "$bin" simulate --gamma nan
 
+# calibrate: times made from a known gamma (0.49) with 2% noise come back as it.
+python3 - >"$tmp/times.csv" <<'PY'
+import random
+random.seed(3)
+d, k, gamma = 3072, 2.5e-15, 0.49
+print("length,seconds")
+for length in [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]:
+    for _ in range(5):
+        seconds = k * (24 * length * d * d + gamma * 4 * length * length * d)
+        print(f"{length},{seconds * (1 + random.gauss(0, 0.02)):.9g}")
+PY
+expect calibrate-ok 0 "" -- "$bin" calibrate --input "$tmp/times.csv" --d-model 3072
+python3 - "$tmp/out" <<'PY' || { echo "FAIL calibrate-gamma"; failures=$((failures + 1)); }
+import re, sys
+text = open(sys.argv[1]).read()
+gamma = float(re.search(r"^gamma\s+([\d.]+)$", text, re.M).group(1))
+assert abs(gamma - 0.49) < 0.025, text
+assert "40 samples" in text, text
+PY
+printf 'length,seconds\n256,0.001\n512,soon\n' >"$tmp/bad_times.csv"
+expect calibrate-bad-line 2 "--input: line 3: expected \"length,seconds\", got \"512,soon\"" -- "$bin" calibrate --input "$tmp/bad_times.csv" --d-model 64
+printf '512,0.001\n512,0.0011\n' >"$tmp/one_length.csv"
+expect calibrate-one-length 2 "time at least two different lengths" -- "$bin" calibrate --input "$tmp/one_length.csv" --d-model 64
+expect calibrate-no-d 2 "--d-model: required" -- "$bin" calibrate --input "$tmp/one_length.csv"
+
 if [[ $failures -ne 0 ]]; then
   echo "$failures failure(s)"
   exit 1

@@ -1,0 +1,84 @@
+#include "planner/calibration.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace knapformer {
+
+WorkSample SequenceSample(int64_t length, int64_t d_model, double seconds) {
+  const double l = static_cast<double>(length);
+  const double d = static_cast<double>(d_model);
+  return {24.0 * l * d * d, 4.0 * l * l * d, seconds};
+}
+
+absl::StatusOr<CostFit> FitCostModel(const std::vector<WorkSample>& samples) {
+  if (samples.size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("samples: need at least 2 to fit k and gamma, got ", samples.size()));
+  }
+  // Columns scaled to their largest value, so that the 2x2 normal equations
+  // stay well conditioned (the raw terms reach 1e20).
+  double scale_linear = 0, scale_attention = 0;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const WorkSample& s = samples[i];
+    if (!std::isfinite(s.linear) || !std::isfinite(s.attention) || !std::isfinite(s.seconds) ||
+        s.linear < 0 || s.attention < 0 || s.seconds < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("samples[", i, "]: values must be finite and >= 0"));
+    }
+    scale_linear = std::max(scale_linear, s.linear);
+    scale_attention = std::max(scale_attention, s.attention);
+  }
+  if (scale_linear == 0 || scale_attention == 0) {
+    return absl::InvalidArgumentError("samples: no work in one of the two terms");
+  }
+  // Relative least squares (each residual divided by its time): timing
+  // noise is proportional to the time, and plain least squares would let
+  // the longest sequences decide alone. A zero time gets weight 1.
+  double xx = 0, xy = 0, yy = 0, xt = 0, yt = 0;
+  for (const WorkSample& s : samples) {
+    const double w = s.seconds > 0 ? 1.0 / (s.seconds * s.seconds) : 1.0;
+    const double x = s.linear / scale_linear, y = s.attention / scale_attention;
+    xx += w * x * x;
+    xy += w * x * y;
+    yy += w * y * y;
+    xt += w * x * s.seconds;
+    yt += w * y * s.seconds;
+  }
+  const double det = xx * yy - xy * xy;
+  if (!(det > 1e-12 * xx * yy)) {
+    return absl::InvalidArgumentError(
+        "samples: the linear and attention terms are proportional (e.g. a single sequence "
+        "length); time at least two different lengths");
+  }
+  const double a = (xt * yy - yt * xy) / det / scale_linear;     // seconds per linear unit
+  const double b = (yt * xx - xt * xy) / det / scale_attention;  // seconds per attention unit
+  if (!(a > 0) || b < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fit: k = ", a, ", k * gamma = ", b,
+        "; the times do not grow with the work as 24*l*d^2 + gamma*4*l^2*d says"));
+  }
+  CostFit fit;
+  fit.k = a;
+  fit.gamma = b / a;
+  fit.samples = static_cast<int64_t>(samples.size());
+  double sse = 0, mean = 0;
+  for (const WorkSample& s : samples) mean += s.seconds;
+  mean /= static_cast<double>(samples.size());
+  double sst = 0;
+  for (const WorkSample& s : samples) {
+    const double residual = s.seconds - (a * s.linear + b * s.attention);
+    sse += residual * residual;
+    sst += (s.seconds - mean) * (s.seconds - mean);
+    if (s.seconds > 0) {
+      fit.max_relative_error = std::max(fit.max_relative_error, std::abs(residual) / s.seconds);
+    }
+  }
+  fit.rmse_seconds = std::sqrt(sse / static_cast<double>(samples.size()));
+  fit.r_squared = sst > 0 ? 1 - sse / sst : 1;
+  return fit;
+}
+
+}  // namespace knapformer

@@ -1,0 +1,45 @@
+#ifndef KNAPFORMER_PLANNER_CALIBRATION_H_
+#define KNAPFORMER_PLANNER_CALIBRATION_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace knapformer {
+
+// One measurement: a rank computed `linear` + `attention` units of work (the
+// cost model's two terms with k = 1 and gamma = 1: 24*l*d^2 per token and
+// 4*l^2*d per sequence, shared in a bag) in `seconds`.
+struct WorkSample {
+  double linear = 0;
+  double attention = 0;
+  double seconds = 0;
+};
+
+// The sample of one sequence of `length` tokens timed alone (the paper's
+// calibration: latency of a transformer block per sequence length).
+WorkSample SequenceSample(int64_t length, int64_t d_model, double seconds);
+
+// seconds ~= k * (linear + gamma * attention), by least squares (the paper's
+// fit), relative: each residual is divided by its measured time, since
+// timing noise grows with the time. k converts cost units to seconds; gamma
+// weighs attention.
+struct CostFit {
+  double k = 0;
+  double gamma = 0;
+  int64_t samples = 0;
+  double rmse_seconds = 0;       // root mean square residual
+  double r_squared = 0;          // 1 - SSE / SST (of seconds around their mean)
+  double max_relative_error = 0;  // max |residual| / seconds
+};
+
+// InvalidArgument with fewer than 2 samples, a negative or non-finite value,
+// or samples that cannot tell the two terms apart (collinear, e.g. one
+// length only); FailedPrecondition when the fit gives k <= 0 or gamma < 0
+// (the times do not grow with the work as the model says).
+absl::StatusOr<CostFit> FitCostModel(const std::vector<WorkSample>& samples);
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_PLANNER_CALIBRATION_H_
