@@ -170,7 +170,8 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
 }
 
 absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
-                                             const std::vector<int64_t>& lengths) {
+                                             const std::vector<int64_t>& lengths,
+                                             const v1::StepTiming* previous) {
   Rep& rep = *rep_;
   if (spec.world_size() != rep.transport->size()) {
     return absl::InvalidArgumentError(absl::StrCat("spec.world_size: ", spec.world_size(),
@@ -186,6 +187,7 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
   *request.mutable_spec() = spec;
   request.set_rank(rep.transport->rank());
   request.mutable_sequence_lengths()->Add(lengths.begin(), lengths.end());
+  if (previous != nullptr) *request.mutable_previous() = *previous;
   v1::PlanResponse response;
   const grpc::Status status = rep.AskService(request, &response);
   const Outcome outcome = Classify(status.error_code());

@@ -68,7 +68,10 @@ class PlannerClient {
   // Errors, the same on every rank: InvalidArgument / FailedPrecondition /
   // AlreadyExists naming the rank whose input was refused; errors of the
   // transport.
-  absl::StatusOr<StepPlan> Plan(const v1::StepSpec& spec, const std::vector<int64_t>& lengths);
+  // `previous` (optional) is this rank's measured compute time of an
+  // earlier step, for the service's gamma fit.
+  absl::StatusOr<StepPlan> Plan(const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
+                                const v1::StepTiming* previous = nullptr);
 
  private:
   struct Rep;

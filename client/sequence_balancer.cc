@@ -128,6 +128,8 @@ struct SequenceBalancer::Rep {
   uint64_t next_step = 0;
   bool planned = false;
   v1::StepSpec spec;
+  bool has_timing = false;
+  v1::StepTiming timing;  // of the current step, sent with the next plan
 
   // The current step.
   StepPlan step_plan;
@@ -285,6 +287,7 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
   rep->spec.set_token_bytes(options.token_bytes);
   rep->spec.set_max_tokens_per_gpu(options.max_tokens_per_gpu);
   rep->spec.set_cost_model(CostKindToProto(options.cost_model));
+  rep->spec.set_use_fitted_gamma(options.use_fitted_gamma);
 
   const RankLocation here = layout->Locate(world->rank());
   const Bag& bag = layout->topology().bag(here.bag);
@@ -308,7 +311,8 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths) 
   Rep& r = *rep_;
   r.planned = false;
   r.spec.set_step(r.next_step++);
-  auto plan = r.planner->Plan(r.spec, lengths);
+  auto plan = r.planner->Plan(r.spec, lengths, r.has_timing ? &r.timing : nullptr);
+  r.has_timing = false;
   if (!plan.ok()) return plan.status();
   r.step_plan = *std::move(plan);
   absl::Status derived = r.Derive(lengths);
@@ -328,6 +332,13 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths) 
   if (!checked.ok()) return checked;
   r.planned = true;
   return absl::OkStatus();
+}
+
+void SequenceBalancer::RecordComputeSeconds(double seconds) {
+  if (!rep_->planned || !(seconds > 0)) return;
+  rep_->timing.set_step(rep_->spec.step());
+  rep_->timing.set_compute_seconds(seconds);
+  rep_->has_timing = true;
 }
 
 const StepPlan& SequenceBalancer::step_plan() const { return rep_->step_plan; }

@@ -45,6 +45,9 @@ struct SequenceBalancerOptions {
   // The first PlanRouting is this step; each call takes the next one. All
   // ranks must start at the same step (e.g. the trainer's step on resume).
   uint64_t first_step = 0;
+  // Plan with the gamma the planner service fits to this job's step timings
+  // (RecordComputeSeconds) once it has one; `gamma` until then.
+  bool use_fitted_gamma = false;
   PlannerClientOptions planner;
 };
 
@@ -61,6 +64,10 @@ class SequenceBalancer {
   // lengths in the order they are packed (zero-length sequences and no
   // sequences at all are fine).
   absl::Status PlanRouting(const std::vector<int64_t>& lengths);
+
+  // This rank's measured compute time (forward + backward) of the current
+  // step; sent with the next PlanRouting for the service's gamma fit.
+  void RecordComputeSeconds(double seconds);
 
   // The step's plan and where it came from (service or local).
   const StepPlan& step_plan() const;

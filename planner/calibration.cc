@@ -13,6 +13,22 @@ WorkSample SequenceSample(int64_t length, int64_t d_model, double seconds) {
   return {24.0 * l * d * d, 4.0 * l * l * d, seconds};
 }
 
+std::vector<WorkSample> RankWork(const Plan& plan, int64_t d_model) {
+  const double d = static_cast<double>(d_model);
+  std::vector<WorkSample> work(plan.world_size);
+  for (const Chunk& chunk : plan.chunks) {
+    work[chunk.dst_rank].linear += 24.0 * static_cast<double>(chunk.length) * d * d;
+  }
+  for (const PlacedSequence& seq : plan.sequences) {
+    if (seq.bag < 0) continue;
+    const double l = static_cast<double>(seq.length);
+    const int32_t gpus = plan.bag_gpus[seq.bag];
+    const double share = 4.0 * l * l * d / gpus;
+    for (int32_t p = 0; p < gpus; ++p) work[plan.bag_first_rank[seq.bag] + p].attention += share;
+  }
+  return work;
+}
+
 absl::StatusOr<CostFit> FitCostModel(const std::vector<WorkSample>& samples) {
   if (samples.size() < 2) {
     return absl::InvalidArgumentError(

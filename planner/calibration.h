@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "planner/plan.h"
 
 namespace knapformer {
 
@@ -20,6 +21,10 @@ struct WorkSample {
 // The sample of one sequence of `length` tokens timed alone (the paper's
 // calibration: latency of a transformer block per sequence length).
 WorkSample SequenceSample(int64_t length, int64_t d_model, double seconds);
+
+// The work a plan gives each rank, by rank (seconds 0): linear units of the
+// tokens it computes on, and its share of its bag's attention units.
+std::vector<WorkSample> RankWork(const Plan& plan, int64_t d_model);
 
 // seconds ~= k * (linear + gamma * attention), by least squares (the paper's
 // fit), relative: each residual is divided by its measured time, since

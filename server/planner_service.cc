@@ -1,12 +1,15 @@
 #include "server/planner_service.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "server/log.h"
+#include "planner/calibration.h"
+#include "planner/cost_model.h"
 #include "proto/plan_proto.h"
+#include "server/log.h"
 #include "server/request_check.h"
 
 namespace knapformer {
@@ -102,6 +105,9 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*co
     call->FinishWith(checked.status());
     return call;
   }
+  if (request->previous().compute_seconds() > 0) {
+    rendezvous_.AddTiming(request->spec(), request->rank(), request->previous());
+  }
   Rendezvous::Arrival arrival = rendezvous_.Arrive(call, *std::move(checked), absl::Now());
   if (!arrival.status.ok()) {
     call->FinishWith(arrival.status);
@@ -120,12 +126,20 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   const absl::Time start = absl::Now();
   BalancerOptions balancer = options_.balancer;
   balancer.max_tokens_per_gpu = spec.max_tokens_per_gpu();
-  absl::StatusOr<knapformer::Plan> plan =
-      BalanceGreedy(*checked.world, checked.cost, lengths, balancer);
+  CostModel cost = checked.cost;
+  if (spec.use_fitted_gamma() && cost.kind() == CostKind::kTransformer) {
+    if (std::optional<CostFit> fit = rendezvous_.FittedCost(spec.job_id())) {
+      absl::StatusOr<CostModel> fitted = CostModel::Create(cost.d_model(), fit->gamma);
+      if (fitted.ok()) cost = *fitted;
+    }
+  }
+  absl::StatusOr<knapformer::Plan> plan = BalanceGreedy(*checked.world, cost, lengths, balancer);
   const absl::Time solved = absl::Now();
   if (!plan.ok()) return plan;
   *balance = BalanceToProto(*plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start));
-  rendezvous_.RecordPlanned(spec, plan->topology, *balance, solved);
+  std::vector<WorkSample> rank_work;
+  if (rendezvous_.WantsWork(spec.job_id())) rank_work = RankWork(*plan, cost.d_model());
+  rendezvous_.RecordPlanned(spec, plan->topology, *balance, solved, std::move(rank_work));
   metrics_.RecordStep(spec.job_id(), *balance, absl::ToDoubleSeconds(solved - start),
                       wait_seconds, solved);
   return plan;

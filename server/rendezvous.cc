@@ -37,6 +37,9 @@ absl::Status CompareSpecs(const v1::StepSpec& first, const std::string& first_to
   if (spec.gamma() != first.gamma()) {
     return mismatch("gamma", spec.gamma(), first.gamma());
   }
+  if (spec.use_fitted_gamma() != first.use_fitted_gamma()) {
+    return mismatch("use_fitted_gamma", spec.use_fitted_gamma(), first.use_fitted_gamma());
+  }
   if (spec.cost_model() != first.cost_model()) {
     return mismatch("cost_model", v1::CostModel_Name(spec.cost_model()),
                     v1::CostModel_Name(first.cost_model()));
@@ -289,11 +292,17 @@ absl::Status Rendezvous::Touch(const v1::StepSpec& spec, absl::Time now) {
 }
 
 void Rendezvous::RecordPlanned(const v1::StepSpec& spec, const std::string& topology,
-                               const v1::Balance& balance, absl::Time now) {
+                               const v1::Balance& balance, absl::Time now,
+                               std::vector<WorkSample> rank_work) {
   absl::MutexLock lock(&mu_);
   const Place place = FindGroup(spec);
   if (place.group == nullptr) return;
   Group& group = *place.group;
+  if (!rank_work.empty() && limits_.timed_steps > 0) {
+    group.work.emplace_back(spec.step(), std::move(rank_work));
+    while (static_cast<int32_t>(group.work.size()) > limits_.timed_steps) group.work.pop_front();
+  }
+  Refit(*place.job);  // once per step, so the exported gamma keeps up
   ++group.steps_planned;
   group.last_step = spec.step();
   group.world_size = spec.world_size();
@@ -301,6 +310,48 @@ void Rendezvous::RecordPlanned(const v1::StepSpec& spec, const std::string& topo
   group.has_balance = true;
   group.last_balance = balance;
   place.job->last_activity = now;
+}
+
+void Rendezvous::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing) {
+  absl::MutexLock lock(&mu_);
+  const Place place = FindGroup(spec);
+  if (place.group == nullptr) return;
+  place.job->timed = true;
+  for (const auto& [step, work] : place.group->work) {
+    if (step != timing.step() || rank < 0 || rank >= static_cast<int32_t>(work.size())) continue;
+    WorkSample sample = work[rank];
+    sample.seconds = timing.compute_seconds();
+    std::deque<WorkSample>& timings = place.job->timings;
+    timings.push_back(sample);
+    while (static_cast<int32_t>(timings.size()) > limits_.timing_window) timings.pop_front();
+    place.job->timings_changed = true;
+    return;
+  }
+}
+
+bool Rendezvous::WantsWork(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  return it != jobs_.end() && it->second.timed;
+}
+
+void Rendezvous::Refit(Job& job) const {
+  if (!job.timings_changed) return;
+  job.timings_changed = false;
+  job.fit.reset();
+  if (static_cast<int32_t>(job.timings.size()) >= limits_.min_timing_samples) {
+    absl::StatusOr<CostFit> fit =
+        FitCostModel(std::vector<WorkSample>(job.timings.begin(), job.timings.end()));
+    if (fit.ok()) job.fit = *fit;
+  }
+}
+
+std::optional<CostFit> Rendezvous::FittedCost(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return std::nullopt;
+  Refit(it->second);
+  return it->second.fit;
 }
 
 std::vector<std::string> Rendezvous::DropIdleJobs(absl::Time now) {
@@ -363,6 +414,8 @@ std::vector<GroupGauges> Rendezvous::Gauges() const {
       g.ranks_seen = group.ranks_seen;
       g.has_balance = group.has_balance;
       g.last_balance = group.last_balance;
+      g.has_fitted_gamma = job.fit.has_value();
+      g.fitted_gamma = job.fit.has_value() ? job.fit->gamma : 0;
       gauges.push_back(std::move(g));
     }
   }

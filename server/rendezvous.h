@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "knapformer/v1/planner.pb.h"
+#include "planner/calibration.h"
 #include "server/request_check.h"
 #include "server/service_limits.h"
 
@@ -52,6 +54,8 @@ struct GroupGauges {
   int32_t ranks_seen = 0;
   bool has_balance = false;
   v1::Balance last_balance;
+  bool has_fitted_gamma = false;  // the job's
+  double fitted_gamma = 0;
 };
 
 // The rendezvous of every (job, group, step), and what the server remembers
@@ -98,9 +102,24 @@ class Rendezvous {
   // no rendezvous). ResourceExhausted past max_jobs / max_groups_per_job.
   absl::Status Touch(const v1::StepSpec& spec, absl::Time now);
 
-  // Records a solved step in its group's state (no-op if the job was dropped).
+  // Records a solved step in its group's state (no-op if the job was
+  // dropped), with the work its plan gives each rank (for the gamma fit; may
+  // be empty).
   void RecordPlanned(const v1::StepSpec& spec, const std::string& topology,
-                     const v1::Balance& balance, absl::Time now);
+                     const v1::Balance& balance, absl::Time now,
+                     std::vector<WorkSample> rank_work = {});
+
+  // Pairs a rank's measured compute time of an earlier step with the work
+  // that step's plan gave it, as a sample of its job's gamma fit. Ignored
+  // when the step's work is no longer (or not yet) known.
+  void AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing);
+
+  // Whether the job's ranks send timings (so its steps' work is worth keeping).
+  bool WantsWork(const std::string& job_id) const;
+
+  // The job's fit from its timing samples, refitted when new samples came;
+  // nullopt without enough samples or a usable fit.
+  std::optional<CostFit> FittedCost(const std::string& job_id);
 
   // Forgets jobs without pending steps and idle for job_ttl; returns their ids.
   std::vector<std::string> DropIdleJobs(absl::Time now);
@@ -133,11 +152,17 @@ class Rendezvous {
     std::string topology;
     bool has_balance = false;
     v1::Balance last_balance;
+    // (step, per-rank work) of the last timed_steps planned steps.
+    std::deque<std::pair<uint64_t, std::vector<WorkSample>>> work;
   };
   struct Job {
     std::map<std::string, Group> groups;
     absl::Time last_activity;
     int32_t pending = 0;
+    bool timed = false;              // a rank has sent a timing
+    std::deque<WorkSample> timings;  // the last timing_window samples
+    bool timings_changed = false;
+    std::optional<CostFit> fit;
   };
 
   // Where a (job, group) lives; both null if it does not exist.
@@ -154,6 +179,8 @@ class Rendezvous {
   // Undoes a creation by FindOrCreateGroup for a refused request, so refused
   // requests never hold a job or group.
   void ForgetIfEmpty(const v1::StepSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Refits the job's gamma if new timings came (O(timing_window)).
+  void Refit(Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ServiceLimits limits_;
   mutable absl::Mutex mu_;

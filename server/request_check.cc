@@ -140,6 +140,11 @@ absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
                                                    request.spec().world_size(), ")"));
   }
   KF_RETURN_IF_ERROR(CheckLengths("sequence_lengths", request.sequence_lengths(), limits));
+  const double seconds = request.previous().compute_seconds();
+  if (!std::isfinite(seconds) || seconds < 0 || seconds > 1e6) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "previous.compute_seconds: must be a finite number in [0, 1e6], got ", seconds));
+  }
   return checked;
 }
 

@@ -35,6 +35,12 @@ struct ServiceLimits {
   // Answered steps remembered per group, so a repeated request for one of them
   // gets ALREADY_EXISTS instead of opening a rendezvous that never completes.
   int32_t remembered_steps = 64;
+  // Online gamma fit: steps per group whose per-rank work is kept to pair
+  // with timings that arrive later, and timing samples kept per job (the
+  // most recent). A fit needs at least min_timing_samples.
+  int32_t timed_steps = 8;
+  int32_t timing_window = 4096;
+  int32_t min_timing_samples = 16;
 };
 
 }  // namespace knapformer

@@ -72,6 +72,11 @@ class GroupGaugeCollector final : public prometheus::Collectable {
         if (g.has_balance) add(f, g, (g.last_balance.*ratio.get)());
       }
     }
+    MetricFamily& gamma = family("knapformer_planner_fitted_gamma",
+                                 "Gamma fitted to the job's step timings (PlanRequest.previous).");
+    for (const GroupGauges& g : groups) {
+      if (g.has_fitted_gamma) add(gamma, g, g.fitted_gamma);
+    }
     return families;
   }
 

@@ -2,14 +2,18 @@
 // every series carries the right value, the page passes the real
 // `promtool check metrics`, and an idle job's series go away.
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/balancer.h"
+#include "planner/calibration.h"
 #include "server/planner_server.h"
 #include "tests/server/service_test_util.h"
 
@@ -154,6 +158,75 @@ TEST_F(MetricsTest, EverySeriesHasTheRightValueAndThePagePassesPromtool) {
       "# HELP knapformer_bad_requests Requests.\n# TYPE knapformer_bad_requests counter\n"
       "knapformer_bad_requests 1\n";
   EXPECT_NE(RunWithInput("promtool check metrics", bad, &output), 0) << output;
+}
+
+// Ranks report their compute time of the previous step; the service pairs it
+// with the work that step's plan gave them, fits gamma per job, exports it,
+// and plans with it when a step asks for use_fitted_gamma.
+TEST_F(MetricsTest, GammaIsFittedFromStepTimingsAndUsedWhenAsked) {
+  StartServer(absl::Hours(1));
+  constexpr double kTrueGamma = 2.0, kSecondsPerUnit = 1e-12;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> noise(0.0, 0.01);
+  StepParams params;
+  params.job_id = "fit";  // d_model 64, gamma 0.5 (what the spec claims)
+  auto world = World::Create(*Topology::Parse(params.topology), 8);
+  ASSERT_TRUE(world.ok());
+  const CostModel spec_cost = *CostModel::Create(params.d_model, params.gamma);
+  std::vector<WorkSample> previous_work;
+  for (int s = 0; s < 30; ++s) {
+    params.step = s;
+    const RankLengths lengths = RandomLengths(8, 100 + s);
+    std::vector<v1::PlanRequest> requests = MakeGroupRequests(params, lengths);
+    for (int r = 0; r < 8 && s > 0; ++r) {
+      const WorkSample& w = previous_work[r];
+      const double seconds =
+          kSecondsPerUnit * (w.linear + kTrueGamma * w.attention) * (1 + noise(rng));
+      requests[r].mutable_previous()->set_step(s - 1);
+      requests[r].mutable_previous()->set_compute_seconds(std::max(0.0, seconds));
+    }
+    for (const PlanResult& result : PlanConcurrently(stub_.get(), requests)) {
+      ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+    }
+    // The service's plan is the core's (same default options).
+    auto plan = BalanceGreedy(*world, spec_cost, lengths);
+    ASSERT_TRUE(plan.ok());
+    previous_work = RankWork(*plan, params.d_model);
+  }
+  double fitted = 0;
+  for (const auto& [name, value] : ParseSamples(Scrape())) {
+    if (absl::StartsWith(name, "knapformer_planner_fitted_gamma{") &&
+        absl::StrContains(name, "job_id=\"fit\"")) {
+      fitted = value;
+    }
+  }
+  EXPECT_NEAR(fitted, kTrueGamma, 0.05 * kTrueGamma);
+
+  // A step that asks for it is planned with the fitted gamma: each rank's
+  // workload before balancing is priced with it, not with the spec's 0.5.
+  params.step = 30;
+  v1::StepSpec spec;
+  const RankLengths lengths = RandomLengths(8, 200);
+  std::vector<v1::PlanRequest> requests = MakeGroupRequests(params, lengths);
+  for (v1::PlanRequest& request : requests) request.mutable_spec()->set_use_fitted_gamma(true);
+  std::vector<PlanResult> results = PlanConcurrently(stub_.get(), requests);
+  const CostModel fitted_cost = *CostModel::Create(params.d_model, fitted);
+  int busy_ranks = 0;
+  for (int r = 0; r < 8; ++r) {
+    ASSERT_TRUE(results[r].status.ok()) << results[r].status.error_message();
+    double with_fit = 0, with_spec = 0;
+    for (int64_t l : lengths[r]) {
+      with_fit += fitted_cost.Workload(l);
+      with_spec += spec_cost.Workload(l);
+    }
+    if (with_spec == 0) continue;
+    ++busy_ranks;
+    const double got = results[r].response.plan().workload_before();
+    // The exported gauge has ~10 significant digits.
+    EXPECT_NEAR(got, with_fit, 1e-6 * with_fit) << "rank " << r;
+    EXPECT_GT(std::abs(got - with_spec), 1e-3 * with_spec) << "rank " << r;
+  }
+  EXPECT_GT(busy_ranks, 3);
 }
 
 TEST_F(MetricsTest, AnIdleJobsSeriesAndStateAreDropped) {

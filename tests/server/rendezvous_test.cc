@@ -283,6 +283,12 @@ std::vector<MismatchCase> MismatchCases() {
   }
   {
     v1::StepSpec spec = Spec(4, 8);
+    spec.set_use_fitted_gamma(true);
+    cases.push_back({"use_fitted_gamma", spec,
+                     "spec.use_fitted_gamma: rank 1 sent 1 but step 4"});
+  }
+  {
+    v1::StepSpec spec = Spec(4, 8);
     spec.set_cost_model(v1::COST_MODEL_UNIFORM);
     cases.push_back({"cost_model", spec,
                      "spec.cost_model: rank 1 sent COST_MODEL_UNIFORM but step 4"});

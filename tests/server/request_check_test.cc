@@ -122,6 +122,14 @@ std::vector<BadRequest> BadRequests() {
       {"negative max_tokens_per_gpu",
        [](R& r, L&) { r.mutable_spec()->set_max_tokens_per_gpu(-5); }, kInvalid,
        "spec.max_tokens_per_gpu", "must be >= 0 (0 = no cap), got -5"},
+      {"negative compute_seconds",
+       [](R& r, L&) { r.mutable_previous()->set_compute_seconds(-1); }, kInvalid,
+       "previous.compute_seconds", "must be a finite number in [0, 1e6], got -1"},
+      {"NaN compute_seconds",
+       [](R& r, L&) {
+         r.mutable_previous()->set_compute_seconds(std::numeric_limits<double>::quiet_NaN());
+       },
+       kInvalid, "previous.compute_seconds", "must be a finite number"},
       {"rank -1", [](R& r, L&) { r.set_rank(-1); }, kInvalid, "rank",
        "-1 is outside [0, world_size = 8)"},
       {"rank == world_size", [](R& r, L&) { r.set_rank(8); }, kInvalid, "rank",
