@@ -20,6 +20,7 @@ const char kServeUsage[] =
     "            [--max-sequences-per-step 4194304] [--max-pending-steps 1024]\n"
     "            [--max-jobs 256] [--max-groups-per-job 1024]\n"
     "            [--max-message-bytes 67108864] [--remembered-steps 64]\n"
+    "            [--timed-steps 8] [--timing-window 4096] [--min-timing-samples 16]\n"
     "            [--refine-rounds 256] [--locality on|off] [--solver-threads 0 (= cores)]\n"
     "            [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
     "            [--log-level info] [--shutdown-grace-ms 5000] [--port-file FILE]\n"
@@ -33,6 +34,7 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
                          "max-world-size", "max-sequences-per-rank", "max-sequences-per-step",
                          "max-pending-steps", "max-jobs", "max-groups-per-job",
                          "max-message-bytes", "remembered-steps", "refine-rounds", "locality",
+                         "timed-steps", "timing-window", "min-timing-samples",
                          "solver-threads", "tls-cert", "tls-key", "tls-client-ca",
                          "log-level", "shutdown-grace-ms", "port-file"}));
   ServeConfig config;
@@ -67,6 +69,11 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
                                   kInt32Max));
   KF_ASSIGN_OR_RETURN(limits.remembered_steps,
                       args.GetInt("remembered-steps", limits.remembered_steps, 0, 1 << 16));
+  KF_ASSIGN_OR_RETURN(limits.timed_steps, args.GetInt("timed-steps", limits.timed_steps, 0, 1024));
+  KF_ASSIGN_OR_RETURN(limits.timing_window,
+                      args.GetInt("timing-window", limits.timing_window, 1, 1 << 20));
+  KF_ASSIGN_OR_RETURN(limits.min_timing_samples,
+                      args.GetInt("min-timing-samples", limits.min_timing_samples, 2, 1 << 20));
   KF_ASSIGN_OR_RETURN(server.service.balancer.refine_rounds,
                       args.GetInt("refine-rounds", server.service.balancer.refine_rounds, 0,
                                   1 << 20));
