@@ -142,10 +142,7 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
     }
     return true;
   };
-  // The paper's greedy (home_cap 0): every sequence to the eligible bag of
-  // lowest occupancy. Home-first (home_cap > 0): to its home bag while that
-  // is eligible and stays at or under home_cap per GPU, else the same.
-  // Then refinement. Fills `bags` (by global id) and `assigned`.
+  // Local refinement of a packing (refine.h), in place.
   auto refine = [&](std::vector<int32_t>& bags, std::vector<double>& assigned) {
     if (options.refine_rounds <= 0) return;
     // Refinement balances workload only: under a cap, undo it if it broke one.
@@ -165,7 +162,11 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
     }
   };
   int32_t unplaced = -1;  // the first item a pack could not place under the cap
-  // Returns false (setting `unplaced`) when a sequence fits no bag's cap.
+  // The paper's greedy (home_cap 0): every sequence to the eligible bag of
+  // lowest occupancy. Home-first (home_cap > 0): to its home bag while that
+  // is eligible and stays at or under home_cap per GPU, else the same. Fills
+  // `bags` (by id - first_id) and `assigned`; false (setting `unplaced`) when
+  // a sequence fits no bag's token cap.
   auto pack = [&](double home_cap, std::vector<int32_t>& bags, std::vector<double>& assigned) {
     assigned.assign(num_bags, 0.0);
     std::vector<int64_t> tokens(cap > 0 ? num_bags : 0, 0);
