@@ -76,10 +76,8 @@ int C10dTransport::size() const { return group_->getSize(); }
 absl::Status C10dTransport::CheckRowCounts(const std::vector<int64_t>& send_rows,
                                            const std::vector<int64_t>& recv_rows) {
   const int n = size();
-  if (static_cast<int>(send_rows.size()) != n || static_cast<int>(recv_rows.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("send_rows/recv_rows: ", send_rows.size(), "/",
-                                                   recv_rows.size(), " entries for a group of ",
-                                                   n));
+  if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
+    return sizes;
   }
   at::Tensor sent_to_me = at::empty({n}, at::kLong);
   at::Tensor i_send = at::from_blob(const_cast<int64_t*>(send_rows.data()), {n}, at::kLong).clone();
@@ -137,10 +135,8 @@ absl::Status C10dTransport::AllToAll(const void* send, const std::vector<int64_t
                                      void* recv, const std::vector<int64_t>& recv_rows,
                                      int64_t row_bytes, bool check_counts) {
   const int n = size();
-  if (static_cast<int>(send_rows.size()) != n || static_cast<int>(recv_rows.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("send_rows/recv_rows: ", send_rows.size(), "/",
-                                                   recv_rows.size(), " entries for a group of ",
-                                                   n));
+  if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
+    return sizes;
   }
   if (row_bytes < 0) return absl::InvalidArgumentError("row_bytes: must be >= 0");
   for (int p = 0; p < n; ++p) {

@@ -67,10 +67,8 @@ absl::Status LocalTransport::AllToAllRows(const void* send, const std::vector<in
                                           void* recv, const std::vector<int64_t>& recv_rows,
                                           int64_t row_bytes) {
   const int n = size();
-  if (static_cast<int>(send_rows.size()) != n || static_cast<int>(recv_rows.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("AllToAllRows: split vectors have ",
-                                                   send_rows.size(), " and ", recv_rows.size(),
-                                                   " entries for a group of ", n));
+  if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
+    return sizes;
   }
   if (row_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat("AllToAllRows: row_bytes ", row_bytes));

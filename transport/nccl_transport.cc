@@ -389,11 +389,7 @@ absl::Status NcclTransport::AllToAllRowsPrechecked(const void* send,
 absl::Status NcclTransport::CheckRowCounts(const std::vector<int64_t>& send_rows,
                                            const std::vector<int64_t>& recv_rows) {
   KNAPFORMER_RETURN_IF_ERROR(Usable());
-  if (static_cast<int>(send_rows.size()) != size_ || static_cast<int>(recv_rows.size()) != size_) {
-    return absl::InvalidArgumentError(absl::StrCat("send_rows/recv_rows: ", send_rows.size(), "/",
-                                                   recv_rows.size(), " entries for a group of ",
-                                                   size_));
-  }
+  KNAPFORMER_RETURN_IF_ERROR(CheckRowVectorSizes(send_rows, recv_rows, size_));
   ScopedDevice on_device(device_);
   KNAPFORMER_RETURN_IF_ERROR(on_device.status());
   // Row size 0 on every rank: the verdicts compare counts only.
@@ -407,11 +403,7 @@ absl::Status NcclTransport::AllToAll(const void* send, const std::vector<int64_t
                                      int64_t row_bytes, bool check_counts) {
   KNAPFORMER_RETURN_IF_ERROR(Usable());
   const int n = size_;
-  if (static_cast<int>(send_rows.size()) != n || static_cast<int>(recv_rows.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("send_rows/recv_rows: ", send_rows.size(), "/",
-                                                   recv_rows.size(), " entries for a group of ",
-                                                   n));
-  }
+  KNAPFORMER_RETURN_IF_ERROR(CheckRowVectorSizes(send_rows, recv_rows, n));
   if (row_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat("row_bytes: ", row_bytes, "; must be >= 0"));
   }

@@ -7,13 +7,22 @@
 
 namespace knapformer {
 
+absl::Status CheckRowVectorSizes(const std::vector<int64_t>& send_rows,
+                                 const std::vector<int64_t>& recv_rows, int group_size) {
+  if (static_cast<int>(send_rows.size()) != group_size ||
+      static_cast<int>(recv_rows.size()) != group_size) {
+    return absl::InvalidArgumentError(absl::StrCat("send_rows/recv_rows: ", send_rows.size(), "/",
+                                                   recv_rows.size(), " entries for a group of ",
+                                                   group_size));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Transport::CheckRowCounts(const std::vector<int64_t>& send_rows,
                                        const std::vector<int64_t>& recv_rows) {
   const int n = size();
-  if (static_cast<int>(send_rows.size()) != n || static_cast<int>(recv_rows.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("send_rows/recv_rows: ", send_rows.size(), "/",
-                                                   recv_rows.size(), " entries for a group of ",
-                                                   n));
+  if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
+    return sizes;
   }
   // One count to each peer: these counts agree by construction (and a
   // checking AllToAllRows would call back here).

@@ -18,6 +18,11 @@ namespace knapformer {
 // wire does not: the rows a rank expects from each peer must equal the rows
 // that peer sends it (InvalidArgument otherwise), so a plan bug is an error,
 // never uninitialised or lost rows.
+// InvalidArgument unless send_rows and recv_rows both have one entry per
+// rank of a group of `group_size`: every backend's first check.
+absl::Status CheckRowVectorSizes(const std::vector<int64_t>& send_rows,
+                                 const std::vector<int64_t>& recv_rows, int group_size);
+
 class Transport {
  public:
   virtual ~Transport() = default;
