@@ -119,7 +119,6 @@ struct Permutation {
 }  // namespace
 
 struct SequenceBalancer::Rep {
-  SequenceBalancerOptions options;
   Transport* world = nullptr;
   std::unique_ptr<Transport> bag;  // null in a single-GPU bag
   int bag_gpus = 1;
@@ -303,7 +302,6 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
   auto planner = PlannerClient::Create(options.planner, world);
   if (!planner.ok()) return planner.status();
   rep->planner = *std::move(planner);
-  rep->options = std::move(options);
   return std::unique_ptr<SequenceBalancer>(new SequenceBalancer(std::move(rep)));
 }
 

@@ -231,9 +231,8 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
   auto moved_tokens = [&](const std::vector<int32_t>& bags) {
     int64_t moved = 0;
     for (const Item& item : items) {
-      const int64_t length = length_of[item.id - first_id];
-      const int32_t bag = bags[item.id - first_id];
-      moved += bag == item.home_bag ? length - length / gpus[bag] : length;
+      moved += MovedTokens(length_of[item.id - first_id], item.home_bag,
+                           bags[item.id - first_id], gpus);
     }
     return moved;
   };

@@ -19,10 +19,6 @@ bool HeavierFirst(const LocalityItem* a, const LocalityItem* b) {
 
 }  // namespace
 
-int64_t MovedTokens(const LocalityItem& item, int32_t bag, const std::vector<int32_t>& gpus) {
-  return bag == item.home_bag ? item.length - item.length / gpus[bag] : item.length;
-}
-
 bool PlaceNearHome(const std::vector<int32_t>& gpus, double limit_per_gpu,
                    std::vector<LocalityItem>& items) {
   const int32_t num_bags = static_cast<int32_t>(gpus.size());
@@ -91,11 +87,14 @@ bool PlaceNearHome(const std::vector<int32_t>& gpus, double limit_per_gpu,
 
   // 4. Only if it moves fewer tokens than the current placement.
   int64_t before = 0, after = 0;
-  for (const LocalityItem& item : items) before += MovedTokens(item, item.bag, gpus);
+  auto moved = [&](const LocalityItem& item, int32_t bag) {
+    return MovedTokens(item.length, item.home_bag, bag, gpus);
+  };
+  for (const LocalityItem& item : items) before += moved(item, item.bag);
   for (int32_t b = 0; b < num_bags; ++b) {
-    for (const LocalityItem* item : at_home[b]) after += MovedTokens(*item, b, gpus);
+    for (const LocalityItem* item : at_home[b]) after += moved(*item, b);
   }
-  for (const auto& [item, b] : moves) after += MovedTokens(*item, b, gpus);
+  for (const auto& [item, b] : moves) after += moved(*item, b);
   if (after >= before) return false;
   for (int32_t b = 0; b < num_bags; ++b) {
     for (LocalityItem* item : at_home[b]) item->bag = b;

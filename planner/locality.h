@@ -14,9 +14,13 @@ struct LocalityItem {
   int32_t bag = 0;       // the balancer's choice; rewritten when a better one is found
 };
 
-// Tokens a sequence sends to other ranks when computed in `bag`: all of them,
-// except in its home bag, where its source rank keeps about its 1/G share.
-int64_t MovedTokens(const LocalityItem& item, int32_t bag, const std::vector<int32_t>& gpus);
+// Tokens a sequence of `length` tokens sends to other ranks when computed in
+// `bag` (gpus[bag] GPUs): all of them, except in its home bag, where its
+// source rank keeps about its 1/G share.
+inline int64_t MovedTokens(int64_t length, int32_t home_bag, int32_t bag,
+                           const std::vector<int32_t>& gpus) {
+  return bag == home_bag ? length - length / gpus[bag] : length;
+}
 
 // Locality-aware placement of one replica's sequences. Keeps every sequence
 // in its home bag where the bag may hold it, then sheds from each bag whose
