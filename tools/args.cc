@@ -77,4 +77,14 @@ absl::StatusOr<double> Args::GetDouble(const std::string& name, double fallback)
   return value;
 }
 
+absl::StatusOr<bool> Args::GetOnOff(const std::string& name, bool fallback) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  if (it->second != "on" && it->second != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": must be on or off, got '", it->second, "'"));
+  }
+  return it->second == "on";
+}
+
 }  // namespace knapformer

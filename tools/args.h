@@ -24,6 +24,8 @@ class Args {
   absl::StatusOr<int64_t> GetInt(const std::string& name, int64_t fallback, int64_t min,
                                  int64_t max) const;
   absl::StatusOr<double> GetDouble(const std::string& name, double fallback) const;
+  // "on" or "off"; InvalidArgument "--name: must be on or off, got '...'".
+  absl::StatusOr<bool> GetOnOff(const std::string& name, bool fallback) const;
 
  private:
   std::map<std::string, std::string> values_;

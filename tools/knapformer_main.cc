@@ -70,20 +70,10 @@ absl::StatusOr<std::string> ReadInput(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(file), {});
 }
 
-// --locality on|off (default on).
-absl::StatusOr<bool> Locality(const Args& args) {
-  const std::string value = args.GetString("locality", "on");
-  if (value != "on" && value != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--locality: must be on or off, got '", value, "'"));
-  }
-  return value == "on";
-}
-
 int RunPlan(const std::vector<std::string>& argv) {
   auto args = Args::Parse(argv, {"input", "rank", "locality", "max-tokens-per-gpu", "cost-model"});
   if (!args.ok()) return Fail(args.status());
-  auto locality = Locality(*args);
+  auto locality = args->GetOnOff("locality", BalancerOptions().locality);
   if (!locality.ok()) return Fail(locality.status());
   BalancerOptions balancer;
   balancer.locality = *locality;
@@ -130,7 +120,7 @@ int RunSimulate(const std::vector<std::string>& argv) {
                                  "gamma", "refine-rounds", "locality", "cost-model"});
   if (!args.ok()) return Fail(args.status());
   SimulateOptions options;
-  auto locality = Locality(*args);
+  auto locality = args->GetOnOff("locality", BalancerOptions().locality);
   if (!locality.ok()) return Fail(locality.status());
   options.locality = *locality;
   auto kind = ParseCostKind(args->GetString("cost-model", "transformer"), "--cost-model");

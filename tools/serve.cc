@@ -77,12 +77,8 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
   KF_ASSIGN_OR_RETURN(server.service.balancer.refine_rounds,
                       args.GetInt("refine-rounds", server.service.balancer.refine_rounds, 0,
                                   1 << 20));
-  const std::string locality = args.GetString("locality", "on");
-  if (locality != "on" && locality != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--locality: must be on or off, got '", locality, "'"));
-  }
-  server.service.balancer.locality = locality == "on";
+  KF_ASSIGN_OR_RETURN(server.service.balancer.locality,
+                      args.GetOnOff("locality", server.service.balancer.locality));
   KF_ASSIGN_OR_RETURN(server.service.solver_threads, args.GetInt("solver-threads", 0, 0, 1024));
   server.tls.cert_file = args.GetString("tls-cert", "");
   server.tls.key_file = args.GetString("tls-key", "");
