@@ -387,14 +387,7 @@ int main(int argc, char** argv) {
     std::cerr << "route_bench: " << options.status().message() << "\n" << knapformer::kUsage;
     return 2;
   }
-  if (knapformer::IsLocalWorker()) {
-    try {
-      return knapformer::RunWorker(*options);
-    } catch (const std::exception& e) {
-      std::cerr << "route_bench: " << e.what() << "\n";
-      return 1;
-    }
-  }
-  return knapformer::RunLocalWorld("route_bench", knapformer::kProcs, args,
-                                   absl::Seconds(options->timeout_seconds));
+  return knapformer::RunAsLocalWorld("route_bench", knapformer::kProcs, args,
+                                     absl::Seconds(options->timeout_seconds),
+                                     [&] { return knapformer::RunWorker(*options); });
 }

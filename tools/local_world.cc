@@ -96,4 +96,15 @@ int RunLocalWorld(const std::string& name, int size, const std::vector<std::stri
   return worst;
 }
 
+int RunAsLocalWorld(const std::string& name, int size, const std::vector<std::string>& argv,
+                    absl::Duration timeout, const std::function<int()>& worker) {
+  if (!IsLocalWorker()) return RunLocalWorld(name, size, argv, timeout);
+  try {
+    return worker();
+  } catch (const std::exception& e) {
+    std::cerr << name << ": " << e.what() << "\n";
+    return 1;
+  }
+}
+
 }  // namespace knapformer

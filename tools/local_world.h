@@ -7,6 +7,7 @@
 // benchmark and the multi-process tests run on it.
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +49,12 @@ absl::StatusOr<LocalWorld> JoinLocalWorld(std::chrono::milliseconds timeout);
 // for a kill or a copy that could not start).
 int RunLocalWorld(const std::string& name, int size, const std::vector<std::string>& argv,
                   absl::Duration timeout);
+
+// The rest of a main() that is its own launcher: in a worker, returns
+// `worker()` (an exception is exit 1, reported on stderr as "<name>: ...");
+// in the launcher, RunLocalWorld.
+int RunAsLocalWorld(const std::string& name, int size, const std::vector<std::string>& argv,
+                    absl::Duration timeout, const std::function<int()>& worker);
 
 }  // namespace knapformer
 

@@ -360,14 +360,7 @@ int main(int argc, char** argv) {
     std::cerr << "train-sim: " << options.status().message() << "\n" << knapformer::kUsage;
     return 2;
   }
-  if (knapformer::IsLocalWorker()) {
-    try {
-      return knapformer::RunWorker(*options);
-    } catch (const std::exception& e) {
-      std::cerr << "train-sim: " << e.what() << "\n";
-      return 1;
-    }
-  }
-  return knapformer::RunLocalWorld("train-sim", options->procs, args,
-                                   absl::Seconds(options->timeout_seconds));
+  return knapformer::RunAsLocalWorld("train-sim", options->procs, args,
+                                     absl::Seconds(options->timeout_seconds),
+                                     [&] { return knapformer::RunWorker(*options); });
 }
