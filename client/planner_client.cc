@@ -119,21 +119,17 @@ struct PlannerClient::Rep {
       if (spec_bytes != my_spec) {
         return absl::FailedPreconditionError(absl::StrCat(
             "spec: rank ", r, "'s step spec differs from rank ", transport->rank(),
-            "'s; every rank of a step must send the same job, step, topology, d_model and "
-            "gamma"));
+            "'s; every rank of a step must send the same spec (job, step, topology, cost "
+            "model, token cap)"));
       }
     }
     auto topology = Topology::Parse(spec.topology());
     if (!topology.ok()) return topology.status();
     auto world = World::Create(*std::move(topology), spec.world_size());
     if (!world.ok()) return world.status();
-    auto kind = CostKindFromProto(spec.cost_model());
-    if (!kind.ok()) return kind.status();
-    auto cost = CostModel::Create(spec.d_model(), spec.gamma(), *kind);
+    auto cost = CostModelFromSpec(spec);
     if (!cost.ok()) return cost.status();
-    BalancerOptions balancer = options.balancer;
-    balancer.max_tokens_per_gpu = spec.max_tokens_per_gpu();
-    auto plan = BalanceGreedy(*world, *cost, group, balancer);
+    auto plan = BalanceGreedy(*world, *cost, group, BalancerOptionsForSpec(options.balancer, spec));
     if (!plan.ok()) return plan.status();
     StepPlan result;
     result.plan = plan->Slice(transport->rank());

@@ -20,6 +20,21 @@ absl::StatusOr<CostKind> CostKindFromProto(int value) {
   }
 }
 
+absl::StatusOr<CostModel> CostModelFromSpec(const v1::StepSpec& spec) {
+  absl::StatusOr<CostKind> kind = CostKindFromProto(spec.cost_model());
+  if (!kind.ok()) return kind.status();
+  absl::StatusOr<CostModel> cost = CostModel::Create(spec.d_model(), spec.gamma(), *kind);
+  if (!cost.ok()) {
+    return absl::Status(cost.status().code(), absl::StrCat("spec.", cost.status().message()));
+  }
+  return cost;
+}
+
+BalancerOptions BalancerOptionsForSpec(BalancerOptions base, const v1::StepSpec& spec) {
+  base.max_tokens_per_gpu = spec.max_tokens_per_gpu();
+  return base;
+}
+
 v1::CostModel CostKindToProto(CostKind kind) {
   switch (kind) {
     case CostKind::kUniform:

@@ -5,6 +5,7 @@
 
 #include "knapformer/v1/planner.pb.h"
 #include "absl/status/statusor.h"
+#include "planner/balancer.h"
 #include "planner/cost_model.h"
 #include "planner/plan.h"
 
@@ -15,6 +16,13 @@ namespace knapformer {
 // InvalidArgument naming spec.cost_model for a value this build does not know.
 absl::StatusOr<CostKind> CostKindFromProto(int value);
 v1::CostModel CostKindToProto(CostKind kind);
+
+// The cost model a step spec names; InvalidArgument naming the spec field
+// (spec.cost_model, spec.d_model, spec.gamma).
+absl::StatusOr<CostModel> CostModelFromSpec(const v1::StepSpec& spec);
+
+// `base` with the spec's per-step options (the token cap).
+BalancerOptions BalancerOptionsForSpec(BalancerOptions base, const v1::StepSpec& spec);
 
 // `plan`'s balance figures; `token_bytes` prices the moved tokens and
 // `plan_micros` is the time spent solving.

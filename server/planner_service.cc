@@ -124,8 +124,7 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
                                                                 double wait_seconds,
                                                                 v1::Balance* balance) {
   const absl::Time start = absl::Now();
-  BalancerOptions balancer = options_.balancer;
-  balancer.max_tokens_per_gpu = spec.max_tokens_per_gpu();
+  const BalancerOptions balancer = BalancerOptionsForSpec(options_.balancer, spec);
   CostModel cost = checked.cost;
   if (spec.use_fitted_gamma() && cost.kind() == CostKind::kTransformer) {
     if (std::optional<CostFit> fit = rendezvous_.FittedCost(spec.job_id())) {

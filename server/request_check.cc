@@ -124,10 +124,8 @@ absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const Servic
   auto world = cache != nullptr ? cache->Get(spec.topology(), spec.world_size())
                                : ParseWorld(spec.topology(), spec.world_size());
   if (!world.ok()) return world.status();
-  auto kind = CostKindFromProto(spec.cost_model());
-  if (!kind.ok()) return kind.status();
-  auto cost = CostModel::Create(spec.d_model(), spec.gamma(), *kind);
-  if (!cost.ok()) return Prefixed("spec.", cost.status());
+  auto cost = CostModelFromSpec(spec);
+  if (!cost.ok()) return cost.status();
   return CheckedSpec{*std::move(world), *cost};
 }
 
