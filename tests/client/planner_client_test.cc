@@ -110,33 +110,41 @@ void ExpectCorePlans(const std::vector<std::vector<absl::StatusOr<StepPlan>>>& r
   }
 }
 
+// A planner server on 127.0.0.1 (a free port); null, with a failure, if it
+// does not start.
+std::unique_ptr<PlannerServer> StartServer(
+    absl::Duration rendezvous_timeout = ServiceLimits().rendezvous_timeout) {
+  PlannerServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.service.limits.rendezvous_timeout = rendezvous_timeout;
+  auto server = PlannerServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
 TEST(PlannerClientTest, WithoutAServiceEveryRankComputesTheCorePlan) {
   PlannerClientOptions options;
   ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kLocal);
 }
 
 TEST(PlannerClientTest, WithAServiceEveryRankGetsItsSliceFromIt) {
-  PlannerServerOptions server_options;
-  server_options.listen_address = "127.0.0.1:0";
-  auto server = PlannerServer::Start(server_options);
-  ASSERT_TRUE(server.ok()) << server.status();
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
   PlannerClientOptions options;
-  options.address = (*server)->address();
+  options.address = server->address();
   ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kService);
 }
 
 TEST(PlannerClientTest, AServiceThatIsDownOrGoesDownMidRunFallsBackOnEveryRank) {
-  PlannerServerOptions server_options;
-  server_options.listen_address = "127.0.0.1:0";
-  auto server = PlannerServer::Start(server_options);
-  ASSERT_TRUE(server.ok()) << server.status();
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
   PlannerClientOptions options;
-  options.address = (*server)->address();
+  options.address = server->address();
   options.max_attempts = 2;
   options.initial_backoff = absl::Milliseconds(20);
   const absl::Time start = absl::Now();
   auto results = RunSteps(options, 10, 4, [&](uint64_t step) {
-    if (step == 12) (*server)->Shutdown();
+    if (step == 12) server->Shutdown();
   });
   ExpectCorePlans({results[0], results[1]}, 10, PlanSource::kService);
   ExpectCorePlans({results[2], results[3]}, 12, PlanSource::kLocal);
@@ -144,14 +152,11 @@ TEST(PlannerClientTest, AServiceThatIsDownOrGoesDownMidRunFallsBackOnEveryRank) 
 }
 
 TEST(PlannerClientTest, RefusedInputIsTheSameErrorOnEveryRank) {
-  PlannerServerOptions server_options;
-  server_options.listen_address = "127.0.0.1:0";
-  server_options.service.limits.rendezvous_timeout = absl::Milliseconds(300);
-  auto server = PlannerServer::Start(server_options);
-  ASSERT_TRUE(server.ok()) << server.status();
+  auto server = StartServer(absl::Milliseconds(300));
+  ASSERT_NE(server, nullptr);
   for (const bool with_service : {true, false}) {
     PlannerClientOptions options;
-    if (with_service) options.address = (*server)->address();
+    if (with_service) options.address = server->address();
     auto results = RunSteps(options, 20, 1, nullptr, [](uint64_t step, int rank) {
       std::vector<int64_t> lengths = Lengths(step)[rank];
       if (rank == 3) lengths.push_back(-5);
@@ -173,13 +178,11 @@ TEST(PlannerClientTest, RefusedInputIsTheSameErrorOnEveryRank) {
 // A token cap no placement can meet (a 1500-token sequence, 1000 per GPU):
 // every rank gets the same error naming it, from the service or locally.
 TEST(PlannerClientTest, AnImpossibleTokenCapIsTheSameErrorOnEveryRank) {
-  PlannerServerOptions server_options;
-  server_options.listen_address = "127.0.0.1:0";
-  auto server = PlannerServer::Start(server_options);
-  ASSERT_TRUE(server.ok()) << server.status();
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
   for (const bool with_service : {true, false}) {
     PlannerClientOptions options;
-    if (with_service) options.address = (*server)->address();
+    if (with_service) options.address = server->address();
     auto results = RunSteps(options, 30, 1, nullptr, nullptr, /*max_tokens_per_gpu=*/300);
     for (int r = 0; r < kRanks; ++r) {
       ASSERT_FALSE(results[0][r].ok()) << "rank " << r;
