@@ -254,11 +254,13 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
   // fall back to it when it is strictly better: never worse than no balancing.
   std::vector<double> home(num_bags, 0.0);
   for (const Item& item : items) home[item.home_bag] += item.workload;
-  std::vector<int32_t> home_bags(length_of.size(), -1);
-  for (const Item& item : items) home_bags[item.id - first_id] = item.home_bag;
-  if (max_per_gpu(home) < planned_max && fits_cap(home_bags)) {
-    for (const Item& item : items) chosen[item.id - first_id] = item.home_bag;
-    planned_max = max_per_gpu(home);
+  if (max_per_gpu(home) < planned_max) {
+    std::vector<int32_t> home_bags(length_of.size(), -1);
+    for (const Item& item : items) home_bags[item.id - first_id] = item.home_bag;
+    if (fits_cap(home_bags)) {
+      chosen.swap(home_bags);
+      planned_max = max_per_gpu(home);
+    }
   }
 
   if (options.locality) {
