@@ -1,105 +1,116 @@
 #include "planner/locality.h"
 
 #include <algorithm>
+#include <functional>
 #include <iterator>
 #include <set>
-#include <tuple>
 #include <utility>
+
+#include "planner/bag_members.h"
 
 namespace knapformer {
 namespace {
 
-bool Eligible(int64_t length, int32_t bag_gpus, int32_t smallest_gpus) {
-  return bag_gpus <= length || bag_gpus == smallest_gpus;
-}
-
-bool HeavierFirst(const LocalityItem* a, const LocalityItem* b) {
-  return std::tie(b->workload, a->id) < std::tie(a->workload, b->id);
-}
+// Moves and swaps one over bag may take before the repair gives up on it.
+constexpr int32_t kMaxActionsPerBag = 8;
 
 }  // namespace
 
-bool PlaceNearHome(const std::vector<int32_t>& gpus, double limit_per_gpu,
-                   std::vector<LocalityItem>& items) {
+bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu, int32_t partners,
+                   std::vector<LocalityItem>& items, std::vector<double>& assigned) {
   const int32_t num_bags = static_cast<int32_t>(gpus.size());
-  if (num_bags == 0 || items.empty()) return false;
-  const int32_t smallest = gpus.front();
-  std::vector<double> load(num_bags, 0.0), cap(num_bags);
-  for (int32_t b = 0; b < num_bags; ++b) cap[b] = limit_per_gpu * gpus[b];
-
-  // 1. Home where allowed.
-  std::vector<int32_t> placed(items.size(), -1);
-  std::vector<std::vector<LocalityItem*>> at_home(num_bags);
-  std::vector<LocalityItem*> shed;
-  for (LocalityItem& item : items) {
-    if (Eligible(item.length, gpus[item.home_bag], smallest)) {
-      at_home[item.home_bag].push_back(&item);
-      load[item.home_bag] += item.workload;
-    } else {
-      shed.push_back(&item);
-    }
-  }
-
-  // 2. Shed from overloaded bags, as few tokens as possible.
+  const int32_t n = static_cast<int32_t>(items.size());
+  std::vector<double> cap(num_bags);
+  std::vector<int32_t> over;
   for (int32_t b = 0; b < num_bags; ++b) {
-    if (load[b] <= cap[b]) continue;
-    std::vector<LocalityItem*>& here = at_home[b];
-    std::sort(here.begin(), here.end(), [](const LocalityItem* x, const LocalityItem* y) {
-      return std::tie(x->workload, x->id) < std::tie(y->workload, y->id);
-    });
-    while (load[b] > cap[b] && !here.empty()) {
-      const double excess = load[b] - cap[b];
-      auto it = std::lower_bound(here.begin(), here.end(), excess,
-                                 [](const LocalityItem* x, double w) { return x->workload < w; });
-      if (it == here.end()) it = std::prev(here.end());  // none covers it alone: the largest
-      load[b] -= (*it)->workload;
-      shed.push_back(*it);
-      here.erase(it);
-    }
+    cap[b] = limit_per_gpu * gpus[b];
+    if (assigned[b] > cap[b]) over.push_back(b);
   }
-
-  // 3. Best fit for what was shed, heaviest first. Per size class, bags by
-  // (room, id): the fitting bag with the least room is a lower_bound.
-  std::vector<int32_t> class_gpus, class_of(num_bags);
-  for (int32_t b = 0; b < num_bags; ++b) {
-    if (b == 0 || gpus[b] != gpus[b - 1]) class_gpus.push_back(gpus[b]);
-    class_of[b] = static_cast<int32_t>(class_gpus.size()) - 1;
-  }
-  std::vector<std::set<std::pair<double, int32_t>>> room(class_gpus.size());
-  for (int32_t b = 0; b < num_bags; ++b) room[class_of[b]].insert({cap[b] - load[b], b});
-  std::sort(shed.begin(), shed.end(), HeavierFirst);
-  std::vector<std::pair<LocalityItem*, int32_t>> moves;
-  moves.reserve(shed.size());
-  for (LocalityItem* item : shed) {
-    std::pair<double, int32_t> best = {0, -1};
-    for (size_t c = 0; c < class_gpus.size(); ++c) {
-      if (!Eligible(item->length, class_gpus[c], smallest)) break;  // classes ascend
-      auto it = room[c].lower_bound({item->workload, -1});
-      if (it != room[c].end() && (best.second < 0 || *it < best)) best = *it;
-    }
-    if (best.second < 0) return false;  // does not fit under the limit
-    const int32_t b = best.second;
-    room[class_of[b]].erase(best);
-    load[b] += item->workload;
-    room[class_of[b]].insert({cap[b] - load[b], b});
-    moves.push_back({item, b});
-  }
-
-  // 4. Only if it moves fewer tokens than the current placement.
-  int64_t before = 0, after = 0;
-  auto moved = [&](const LocalityItem& item, int32_t bag) {
-    return MovedTokens(item.length, item.home_bag, bag, gpus);
+  if (over.empty()) return true;
+  auto fits = [&](const LocalityItem& item, int32_t bag) {
+    return gpus[bag] <= item.length || (item.length < gpus[0] && gpus[bag] == gpus[0]);
   };
-  for (const LocalityItem& item : items) before += moved(item, item.bag);
+  auto moved = [&](int32_t i, int32_t bag) {
+    return MovedTokens(items[i].length, items[i].home_bag, bag, gpus);
+  };
+  // Every list in increasing position: heaviest first, by the caller's order.
+  internal::BagMembers members(num_bags, n, [&](int32_t i) { return items[i].bag; });
+  std::set<std::pair<double, int32_t>> by_room;  // (-room, bag), the most room first
   for (int32_t b = 0; b < num_bags; ++b) {
-    for (const LocalityItem* item : at_home[b]) after += moved(*item, b);
+    if (assigned[b] < cap[b]) by_room.emplace(assigned[b] - cap[b], b);
   }
-  for (const auto& [item, b] : moves) after += moved(*item, b);
-  if (after >= before) return false;
-  for (int32_t b = 0; b < num_bags; ++b) {
-    for (LocalityItem* item : at_home[b]) item->bag = b;
+  // The worst excess first, while the rooms are widest.
+  std::sort(over.begin(), over.end(), [&](int32_t x, int32_t y) {
+    const double ex = assigned[x] - cap[x], ey = assigned[y] - cap[y];
+    return ex > ey || (ex == ey && x < y);
+  });
+
+  auto relocate = [&](int32_t i, int32_t from, int32_t to) {
+    members.Remove(from, i);
+    members.Insert(to, i, std::less<int32_t>());
+    items[i].bag = to;
+    assigned[from] -= items[i].workload;
+    assigned[to] += items[i].workload;
+  };
+  for (const int32_t heavy : over) {
+    for (int32_t action = 0; action < kMaxActionsPerBag; ++action) {
+      const double excess = assigned[heavy] - cap[heavy];
+      if (excess <= 0) break;
+      // The action: `out` leaves `heavy` for `partner`, `back` (or -1)
+      // comes the other way. One that ends the excess and adds the fewest
+      // moved tokens; else the one that cuts the excess most.
+      struct Action {
+        int32_t out = -1, back = -1, partner = -1;
+        double cut = 0;
+        int64_t cost = 0;
+      };
+      Action best;
+      auto consider = [&](int32_t out, int32_t back, int32_t partner, double cut) {
+        int64_t cost = moved(out, partner) - moved(out, heavy);
+        if (back >= 0) cost += moved(back, heavy) - moved(back, partner);
+        const bool ends = cut >= excess;
+        const bool best_ends = best.out >= 0 && best.cut >= excess;
+        if (best.out < 0 || (ends && !best_ends) || (ends && best_ends && cost < best.cost) ||
+            (!ends && !best_ends && cut > best.cut)) {
+          best = {out, back, partner, cut, cost};
+        }
+      };
+      int32_t tried = 0;
+      // Partners by room, until one ends the excess adding no moved tokens.
+      for (auto it = by_room.begin();
+           it != by_room.end() && tried < partners &&
+           !(best.out >= 0 && best.cut >= excess && best.cost <= 0);
+           ++it, ++tried) {
+        const int32_t partner = it->second;
+        const double room = -it->first;
+        // Lightest first.
+        const auto theirs_begin = std::make_reverse_iterator(members.Get(partner).end());
+        const auto theirs_end = std::make_reverse_iterator(members.Get(partner).begin());
+        for (const int32_t out : members.Get(heavy)) {
+          if (!fits(items[out], partner)) continue;
+          const double w = items[out].workload;
+          if (w <= room) consider(out, -1, partner, w);
+          // Swaps cut w - w_back: at most the room, and positive.
+          auto back = std::lower_bound(theirs_begin, theirs_end, w - room,
+                                       [&](int32_t j, double x) { return items[j].workload < x; });
+          for (; back != theirs_end && items[*back].workload < w; ++back) {
+            const double cut = w - items[*back].workload;
+            if (fits(items[*back], heavy)) consider(out, *back, partner, cut);
+            if (cut < excess) break;  // the largest cut short of the excess: smaller follow
+          }
+        }
+      }
+      if (best.out < 0) return false;
+      by_room.erase({assigned[best.partner] - cap[best.partner], best.partner});
+      relocate(best.out, heavy, best.partner);
+      if (best.back >= 0) relocate(best.back, best.partner, heavy);
+      if (assigned[best.partner] < cap[best.partner]) {
+        by_room.emplace(assigned[best.partner] - cap[best.partner], best.partner);
+      }
+    }
+    if (assigned[heavy] > cap[heavy]) return false;
+    by_room.emplace(assigned[heavy] - cap[heavy], heavy);
   }
-  for (const auto& [item, b] : moves) item->bag = b;
   return true;
 }
 

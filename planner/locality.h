@@ -11,7 +11,7 @@ struct LocalityItem {
   int32_t id = 0;        // global sequence id: the deterministic tie-break
   int64_t length = 0;    // tokens
   int32_t home_bag = 0;  // the bag of its source rank
-  int32_t bag = 0;       // the balancer's choice; rewritten when a better one is found
+  int32_t bag = 0;       // where it is placed; updated in place
 };
 
 // Tokens a sequence of `length` tokens sends to other ranks when computed in
@@ -22,21 +22,26 @@ inline int64_t MovedTokens(int64_t length, int32_t home_bag, int32_t bag,
   return bag == home_bag ? length - length / gpus[bag] : length;
 }
 
-// Locality-aware placement of one replica's sequences. Keeps every sequence
-// in its home bag where the bag may hold it, then sheds from each bag whose
-// per-GPU load exceeds `limit_per_gpu` (per bag, the fewest tokens: the
-// smallest sequence that covers the excess, else the largest and again), and
-// places what was shed, heaviest first, in the eligible bag with the least
-// room that still fits (best fit keeps large gaps for large sequences).
-// Eligible bags are the balancer's: at most the sequence's length in GPUs,
-// or the smallest bags for a shorter one.
+// Brings every bag to at most `limit_per_gpu` per GPU (assigned[b] <=
+// limit_per_gpu * gpus[b]), for a placement that is over it in some bags
+// (a home-first packing): per bag over the limit, worst first, up to 8
+// moves or swaps, each with one of the `partners` bags that have the most
+// room, keeping the partner under the limit. Each step takes an action that
+// ends the bag's excess adding the fewest moved tokens, else the one that
+// cuts the excess most. Refinement (refine.h) levels the heaviest bag
+// against the lightest only, and moves home sequences away for balance no
+// one asked for; here any bag with room can take the difference.
 //
-// Succeeds, rewriting each item's bag, only when every sequence fits under
-// the limit and the placement moves fewer tokens than the items' current
-// bags; otherwise leaves the items alone and returns false. O(S log S + S
-// log B). `gpus[b]` is the size of bag b, ascending.
-bool PlaceNearHome(const std::vector<int32_t>& gpus, double limit_per_gpu,
-                   std::vector<LocalityItem>& items);
+// Returns true, with `items[i].bag` and `assigned` updated, when every bag
+// ends under the limit; false when one cannot be brought under it (`items`
+// and `assigned` are then partly changed: the caller drops them). A
+// sequence only goes to a bag of at most its length in GPUs (or, shorter
+// than the smallest bag, to the smallest bags), as in refinement.
+// REQUIRES: `items` heaviest first (workload descending); `gpus[b]` is the
+// size of bag b, ascending. O(S + B log B + A * P * s log s) for S
+// sequences, B bags, A actions, P partners and s sequences per bag.
+bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu, int32_t partners,
+                   std::vector<LocalityItem>& items, std::vector<double>& assigned);
 
 }  // namespace knapformer
 

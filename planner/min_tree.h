@@ -17,18 +17,29 @@ namespace internal {
 // is a branch-free min.
 class MinTree {
  public:
-  explicit MinTree(int32_t n) : n_(n) {
-    while (size_ < n) size_ *= 2;
+  // n keys, all 0.
+  explicit MinTree(int32_t n) : MinTree(std::vector<double>(n, 0.0)) {}
+
+  // REQUIRES: every key >= 0. O(n).
+  explicit MinTree(const std::vector<double>& keys) : n_(static_cast<int32_t>(keys.size())) {
+    while (size_ < n_) size_ *= 2;
     nodes_.assign(2 * size_, ~Packed{0});  // padding past n: larger than any node
-    for (int32_t i = 0; i < n; ++i) nodes_[size_ + i] = Pack(0.0, i);
+    for (int32_t i = 0; i < n_; ++i) nodes_[size_ + i] = Pack(keys[i], i);
     for (int32_t node = size_ - 1; node >= 1; --node) Pull(node);
   }
 
   // REQUIRES: key >= 0.
   void Set(int32_t index, double key) {
+    // The new minimum of each ancestor is carried in a register: only the
+    // siblings are loaded, and their addresses do not depend on the
+    // comparisons, so the loads overlap instead of waiting on each store.
     int32_t node = index + size_;
-    nodes_[node] = Pack(key, index);
-    for (node /= 2; node >= 1; node /= 2) Pull(node);
+    Packed value = Pack(key, index);
+    nodes_[node] = value;
+    for (; node > 1; node /= 2) {
+      value = Min(value, nodes_[node ^ 1]);
+      nodes_[node / 2] = value;
+    }
   }
 
   // REQUIRES: 0 <= lo <= hi < n.

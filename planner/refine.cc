@@ -4,6 +4,8 @@
 #include <set>
 #include <utility>
 
+#include "planner/bag_members.h"
+
 namespace knapformer {
 namespace {
 
@@ -17,16 +19,17 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
                 std::vector<RefineItem>& items, std::vector<double>& assigned) {
   const int32_t num_bags = static_cast<int32_t>(gpus.size());
   if (num_bags < 2) return;
-  std::vector<std::vector<int32_t>> members(num_bags);  // item indexes
-  for (int32_t i = 0; i < static_cast<int32_t>(items.size()); ++i) {
-    members[items[i].bag].push_back(i);
-  }
+  internal::BagMembers members(num_bags, static_cast<int32_t>(items.size()),
+                               [&](int32_t i) { return items[i].bag; });
   auto load = [&](int32_t bag) { return assigned[bag] / gpus[bag]; };
   auto fits = [&](const RefineItem& item, int32_t bag) {
     return gpus[bag] <= item.length || (item.length < gpus[0] && gpus[bag] == gpus[0]);
   };
-  std::set<std::pair<double, int32_t>> order;
-  for (int32_t b = 0; b < num_bags; ++b) order.emplace(load(b), b);
+  // Built from a sorted vector: linear, where inserting bag by bag is not.
+  std::vector<std::pair<double, int32_t>> by_load(num_bags);
+  for (int32_t b = 0; b < num_bags; ++b) by_load[b] = {load(b), b};
+  std::sort(by_load.begin(), by_load.end());
+  std::set<std::pair<double, int32_t>> order(by_load.begin(), by_load.end());
   std::vector<char> stuck(num_bags, 0);
 
   for (int32_t round = 0; round < max_rounds; ++round) {
@@ -46,7 +49,7 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
     // Best single move.
     double best = bar;
     int32_t move_item = -1;
-    for (int32_t i : members[heavy]) {
+    for (int32_t i : members.Get(heavy)) {
       const RefineItem& item = items[i];
       if (!fits(item, light)) continue;
       const double peak = std::max(heavy_load - item.workload / gpus[heavy],
@@ -61,12 +64,12 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
     // light bag around a - delta* can be best: O(n log n), not O(n^2).
     int32_t swap_heavy = -1, swap_light = -1;
     const double level_delta = (heavy_load - light_load) / (1.0 / gpus[heavy] + 1.0 / gpus[light]);
-    std::vector<int32_t>& candidates = members[light];
+    std::vector<int32_t>& candidates = members.Mutable(light);
     std::sort(candidates.begin(), candidates.end(), [&](int32_t x, int32_t y) {
       if (items[x].workload != items[y].workload) return items[x].workload < items[y].workload;
       return items[x].id < items[y].id;
     });
-    for (int32_t i : members[heavy]) {
+    for (int32_t i : members.Get(heavy)) {
       const RefineItem& a = items[i];
       if (!fits(a, light)) continue;
       const double want = a.workload - level_delta;
@@ -94,9 +97,8 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
     order.erase({heavy_load, heavy});
     order.erase({light_load, light});
     auto relocate = [&](int32_t i, int32_t from, int32_t to) {
-      auto& list = members[from];
-      list.erase(std::find(list.begin(), list.end(), i));
-      members[to].push_back(i);
+      members.Remove(from, i);
+      members.Mutable(to).push_back(i);
       items[i].bag = to;
       assigned[from] -= items[i].workload;
       assigned[to] += items[i].workload;
