@@ -26,7 +26,8 @@ struct BalancerOptions {
   // After the paper's greedy bag assignment, up to this many rounds of local
   // refinement (see refine.h): move or swap a sequence between the most and
   // the least loaded bag while that lowers the larger of the two. Never makes
-  // max/mean worse; 0 gives the paper's greedy plan exactly.
+  // max/mean worse; 0 gives the paper's greedy plan exactly (still subject to
+  // the guard against doing worse than no balancing, below).
   int32_t refine_rounds = 256;
   // Locality-aware placement (locality.h) after the above: keep sequences
   // in their source rank's bag where that costs nothing, and move as few

@@ -4,6 +4,7 @@
 // better than the lower bound, and the refinement never loses to the paper's
 // greedy on max/mean.
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -135,6 +136,104 @@ TEST(PlannerPropertyTest, RandomWorldsGiveValidDeterministicNeverWorsePlans) {
   EXPECT_GT(short_sequences, 50);
   EXPECT_GT(idle_gpus, 50);
   EXPECT_GT(fewer_moved, kCases / 4);  // locality does something
+}
+
+// The paper's greedy as balancer.h words it, by a scan over every bag per
+// sequence (O(S * B), nothing shared with the planner's segment tree, lazy
+// updates or size-class ranges), then the guard against doing worse than
+// leaving the data where it is.
+std::vector<int32_t> NaiveGreedyBags(const World& world, const CostModel& cost,
+                                     const RankLengths& lengths) {
+  const Topology& topology = world.topology();
+  const int32_t group = topology.group_size();
+  const int32_t num_bags = topology.num_bags();
+  std::vector<int32_t> bags;  // global bag per sequence, -1 for empty ones
+  int32_t smallest = topology.bag(0).gpus;
+  for (int32_t first = 0; first < world.world_size(); first += group) {
+    struct Seq {
+      double workload;
+      int64_t length;
+      size_t index;  // in `bags`
+    };
+    std::vector<Seq> seqs;
+    double total = 0;
+    for (int32_t rank = first; rank < first + group; ++rank) {
+      for (int64_t length : lengths[rank]) {
+        bags.push_back(-1);
+        if (length == 0) continue;
+        seqs.push_back({cost.Workload(length), length, bags.size() - 1});
+        total += cost.Workload(length);
+      }
+    }
+    std::stable_sort(seqs.begin(), seqs.end(),
+                     [](const Seq& a, const Seq& b) { return a.workload > b.workload; });
+    const double target = total / group;
+    std::vector<double> assigned(num_bags, 0.0);
+    for (const Seq& seq : seqs) {
+      // Not more GPUs than tokens (or the smallest bags for a shorter one);
+      // among those, capacity for it, else the largest of them.
+      int32_t max_gpus = 0;
+      for (const Bag& bag : topology.bags()) {
+        if (bag.gpus <= seq.length) max_gpus = std::max(max_gpus, bag.gpus);
+      }
+      if (max_gpus == 0) max_gpus = smallest;
+      int32_t min_gpus = max_gpus;
+      for (const Bag& bag : topology.bags()) {
+        if (bag.gpus <= max_gpus && bag.gpus * target >= seq.workload) {
+          min_gpus = std::min(min_gpus, bag.gpus);
+        }
+      }
+      int32_t best = -1;
+      for (const Bag& bag : topology.bags()) {
+        if (bag.gpus < min_gpus || bag.gpus > max_gpus) continue;
+        if (best < 0 || assigned[bag.id] / bag.gpus < assigned[best] / topology.bag(best).gpus) {
+          best = bag.id;
+        }
+      }
+      assigned[best] += seq.workload;
+      bags[seq.index] = first / group * num_bags + best;
+    }
+    // The guard: every sequence in its source rank's bag, when that has the
+    // lower maximum per GPU.
+    std::vector<double> home(num_bags, 0.0);
+    std::vector<int32_t> home_bags;
+    for (int32_t rank = first; rank < first + group; ++rank) {
+      for (int64_t length : lengths[rank]) {
+        const int32_t bag = topology.BagOfRank(rank - first);
+        home[bag] += cost.Workload(length);
+        home_bags.push_back(length == 0 ? -1 : first / group * num_bags + bag);
+      }
+    }
+    double greedy_max = 0, home_max = 0;
+    for (const Bag& bag : topology.bags()) {
+      greedy_max = std::max(greedy_max, assigned[bag.id] / bag.gpus);
+      home_max = std::max(home_max, home[bag.id] / bag.gpus);
+    }
+    if (home_max < greedy_max) {
+      std::copy(home_bags.begin(), home_bags.end(), bags.end() - home_bags.size());
+    }
+  }
+  return bags;
+}
+
+TEST(PlannerPropertyTest, ThePapersGreedyIsExactlyTheDocumentedRule) {
+  std::mt19937_64 rng(20261123);
+  BalancerOptions paper;
+  paper.refine_rounds = 0;
+  paper.locality = false;
+  for (int n = 0; n < 1000; ++n) {
+    const Case c = RandomCase(rng);
+    SCOPED_TRACE(absl::StrCat("case ", n, ": ", c.spec, " world ", c.world_size));
+    const World world = *World::Create(*Topology::Parse(c.spec), c.world_size);
+    const CostModel cost = *CostModel::Create(c.d_model, c.gamma);
+    auto plan = BalanceGreedy(world, cost, c.lengths, paper);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const std::vector<int32_t> expected = NaiveGreedyBags(world, cost, c.lengths);
+    ASSERT_EQ(plan->sequences.size(), expected.size());
+    for (size_t s = 0; s < expected.size(); ++s) {
+      ASSERT_EQ(plan->sequences[s].bag, expected[s]) << "sequence " << s;
+    }
+  }
 }
 
 std::vector<int64_t> TokensPerGpu(const Plan& plan) {
