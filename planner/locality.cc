@@ -35,10 +35,14 @@ bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu, int32
   };
   // Every list in increasing position: heaviest first, by the caller's order.
   internal::BagMembers members(num_bags, n, [&](int32_t i) { return items[i].bag; });
-  std::set<std::pair<double, int32_t>> by_room;  // (-room, bag), the most room first
+  // (-room, bag), the most room first; built from a sorted vector in linear
+  // time, where inserting bag by bag is not.
+  std::vector<std::pair<double, int32_t>> rooms;
   for (int32_t b = 0; b < num_bags; ++b) {
-    if (assigned[b] < cap[b]) by_room.emplace(assigned[b] - cap[b], b);
+    if (assigned[b] < cap[b]) rooms.emplace_back(assigned[b] - cap[b], b);
   }
+  std::sort(rooms.begin(), rooms.end());
+  std::set<std::pair<double, int32_t>> by_room(rooms.begin(), rooms.end());
   // The worst excess first, while the rooms are widest.
   std::sort(over.begin(), over.end(), [&](int32_t x, int32_t y) {
     const double ex = assigned[x] - cap[x], ey = assigned[y] - cap[y];

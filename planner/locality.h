@@ -6,9 +6,9 @@
 
 namespace knapformer {
 
+// 24 bytes: the repair reads every sequence once to index the bags.
 struct LocalityItem {
   double workload = 0;
-  int32_t id = 0;        // global sequence id: the deterministic tie-break
   int64_t length = 0;    // tokens
   int32_t home_bag = 0;  // the bag of its source rank
   int32_t bag = 0;       // where it is placed; updated in place

@@ -14,8 +14,8 @@ namespace {
 using ::testing::ElementsAre;
 
 // Heaviest first, as the balancer passes them.
-LocalityItem Item(int32_t id, int64_t length, int32_t home, int32_t bag) {
-  return LocalityItem{static_cast<double>(length), id, length, home, bag};
+LocalityItem Item(int64_t length, int32_t home, int32_t bag) {
+  return LocalityItem{static_cast<double>(length), length, home, bag};
 }
 
 std::vector<double> Loads(const std::vector<LocalityItem>& items, int32_t num_bags) {
@@ -38,8 +38,8 @@ TEST(RepairToLimitTest, TakesTheSwapThatAddsTheFewestMovedTokens) {
   //   5 <-> 3: +5 +3 = 8    5 <-> 4: +5 -4 = 1   (bag 2 offers none)
   // so 5 goes to bag 1 and bag 0's own 4 comes home.
   const std::vector<int32_t> gpus = {1, 1, 1};
-  std::vector<LocalityItem> items = {Item(0, 8, 2, 2), Item(1, 6, 0, 0), Item(2, 5, 0, 0),
-                                     Item(3, 4, 0, 1), Item(4, 3, 1, 1)};
+  std::vector<LocalityItem> items = {Item(8, 2, 2), Item(6, 0, 0), Item(5, 0, 0),
+                                     Item(4, 0, 1), Item(3, 1, 1)};
   std::vector<double> assigned = Loads(items, 3);
   ASSERT_TRUE(RepairToLimit(gpus, 10.0, 8, items, assigned));
   EXPECT_THAT(Bags(items), ElementsAre(2, 0, 1, 0, 1));
@@ -52,8 +52,8 @@ TEST(RepairToLimitTest, OnlyTriesTheBagsWithTheMostRoom) {
   // room 2) takes the 5 for a 4 (9 more tokens moved; the 6 for a 4 would be
   // 10). One partner (bag 1) is not enough, two are.
   const std::vector<int32_t> gpus = {1, 1, 1};
-  const std::vector<LocalityItem> start = {Item(0, 7, 1, 1), Item(1, 6, 0, 0), Item(2, 5, 0, 0),
-                                           Item(3, 4, 2, 2), Item(4, 4, 2, 2)};
+  const std::vector<LocalityItem> start = {Item(7, 1, 1), Item(6, 0, 0), Item(5, 0, 0),
+                                           Item(4, 2, 2), Item(4, 2, 2)};
   std::vector<LocalityItem> items = start;
   std::vector<double> assigned = Loads(items, 3);
   EXPECT_FALSE(RepairToLimit(gpus, 10.0, 1, items, assigned));
@@ -70,8 +70,8 @@ TEST(RepairToLimitTest, CutsAnExcessNoSingleActionEnds) {
   // (room 2). No move or swap cuts 3 at once: one 2 goes to bag 1, then one
   // to bag 2.
   const std::vector<int32_t> gpus = {1, 1, 1};
-  std::vector<LocalityItem> items = {Item(7, 9, 1, 1), Item(8, 9, 2, 2)};
-  for (int32_t i = 0; i < 7; ++i) items.push_back(Item(i, 2, 0, 0));
+  std::vector<LocalityItem> items = {Item(9, 1, 1), Item(9, 2, 2)};
+  items.insert(items.end(), 7, Item(2, 0, 0));
   std::vector<double> assigned = Loads(items, 3);
   ASSERT_TRUE(RepairToLimit(gpus, 11.0, 8, items, assigned));
   EXPECT_THAT(assigned, ElementsAre(10.0, 11.0, 11.0));
@@ -81,12 +81,12 @@ TEST(RepairToLimitTest, CutsAnExcessNoSingleActionEnds) {
 TEST(RepairToLimitTest, FailsWhenNothingFitsAndLeavesALevelPlacementAlone) {
   const std::vector<int32_t> gpus = {1, 1};
   // One sequence above the limit on its own: nowhere to put it.
-  std::vector<LocalityItem> items = {Item(0, 12, 0, 0), Item(1, 2, 1, 1)};
+  std::vector<LocalityItem> items = {Item(12, 0, 0), Item(2, 1, 1)};
   std::vector<double> assigned = Loads(items, 2);
   EXPECT_FALSE(RepairToLimit(gpus, 10.0, 8, items, assigned));
 
   // Nothing over the limit: nothing changes.
-  items = {Item(0, 9, 0, 1), Item(1, 8, 1, 0)};
+  items = {Item(9, 0, 1), Item(8, 1, 0)};
   assigned = Loads(items, 2);
   ASSERT_TRUE(RepairToLimit(gpus, 10.0, 8, items, assigned));
   EXPECT_THAT(Bags(items), ElementsAre(1, 0));
@@ -97,11 +97,11 @@ TEST(RepairToLimitTest, KeepsSequencesOutOfBagsWiderThanThem) {
   // 11 + 1 (excess 2); bag 1 holds 14 (room 6). The 1-token sequence cannot
   // go to 2 GPUs, the 11 can, and does; bag 1's 14 is too big to come back.
   const std::vector<int32_t> gpus = {1, 2};
-  std::vector<LocalityItem> items = {Item(0, 14, 1, 1), Item(1, 11, 0, 0), Item(2, 1, 0, 0)};
+  std::vector<LocalityItem> items = {Item(14, 1, 1), Item(11, 0, 0), Item(1, 0, 0)};
   std::vector<double> assigned = Loads(items, 2);
   EXPECT_FALSE(RepairToLimit(gpus, 10.0, 8, items, assigned));  // 11 exceeds bag 1's room
 
-  items = {Item(0, 10, 1, 1), Item(1, 6, 0, 0), Item(2, 5, 0, 0), Item(3, 1, 0, 0)};
+  items = {Item(10, 1, 1), Item(6, 0, 0), Item(5, 0, 0), Item(1, 0, 0)};
   assigned = Loads(items, 2);  // bag 0: 12, excess 2; bag 1: 10, room 10
   ASSERT_TRUE(RepairToLimit(gpus, 10.0, 8, items, assigned));
   // Moving the 1 would not end the excess and may not go there anyway;
