@@ -8,6 +8,7 @@
 #include "planner/locality.h"
 #include "planner/min_tree.h"
 #include "planner/refine.h"
+#include "planner/sequence_table.h"
 
 namespace knapformer {
 namespace {
@@ -118,10 +119,25 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
   // (length desc, id asc): a stable radix sort on lengths of items already in
   // id order gives it in O(S), several times faster than std::sort here.
   SortByLengthDescending(items, [&](const Item& item) { return length_of[item.id - first_id]; });
-  // From here on every per-sequence vector is indexed by position in `items`.
+  // From here on every per-sequence vector is indexed by position in this
+  // order: the table's.
   const int32_t n = static_cast<int32_t>(items.size());
-  std::vector<int64_t> length(n);
-  for (int32_t k = 0; k < n; ++k) length[k] = length_of[items[k].id - first_id];
+  SequenceTable table;
+  table.workload.resize(n);
+  table.length.resize(n);
+  table.id.resize(n);
+  table.home_bag.resize(n);
+  for (int32_t k = 0; k < n; ++k) {
+    table.workload[k] = items[k].workload;
+    table.length[k] = length_of[items[k].id - first_id];
+    table.id[k] = items[k].id;
+    table.home_bag[k] = items[k].home_bag;
+  }
+  std::vector<Item>().swap(items);
+  std::vector<int64_t>().swap(length_of);
+  const std::vector<double>& workload = table.workload;
+  const std::vector<int64_t>& length = table.length;
+  const std::vector<int32_t>& home_bag = table.home_bag;
 
   const double target = total / group;  // fair share of one GPU
   std::vector<int32_t> gpus(num_bags);
@@ -151,7 +167,7 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
     } else {
       lo = static_cast<int32_t>(
           std::partition_point(class_gpus.begin(), class_gpus.end(),
-                               [&](int32_t g) { return g * target < items[k].workload; }) -
+                               [&](int32_t g) { return g * target < workload[k]; }) -
           class_gpus.begin());
       if (lo > hi) lo = hi;  // too big for any: the largest usable bags
     }
@@ -182,12 +198,7 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
     // Refinement balances workload only: under a cap, undo it if it broke one.
     std::vector<int32_t> bags_before = cap > 0 ? bags : std::vector<int32_t>();
     std::vector<double> assigned_before = cap > 0 ? assigned : std::vector<double>();
-    std::vector<RefineItem> refine_items(n);
-    for (int32_t k = 0; k < n; ++k) {
-      refine_items[k] = {items[k].workload, items[k].id, length[k], bags[k]};
-    }
-    RefineBags(gpus, options.refine_rounds, refine_items, assigned);
-    for (int32_t k = 0; k < n; ++k) bags[k] = refine_items[k].bag;
+    RefineBags(gpus, options.refine_rounds, table, bags, assigned);
     if (cap > 0 && !fits_cap(bags)) {
       bags.swap(bags_before);
       assigned.swap(assigned_before);
@@ -220,12 +231,11 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
     std::vector<char> stale(num_bags, 0);
     for (int32_t k = 0; k < n; ++k) {
       if (bags[k] >= 0) continue;
-      const Item& item = items[k];
       int32_t bag = -1;
       if (home_cap > 0) {
-        const int32_t home = item.home_bag;
+        const int32_t home = home_bag[k];
         if (home >= first_usable[k] && home <= last_usable[k] &&
-            (assigned[home] + item.workload) / gpus[home] <= home_cap &&
+            (assigned[home] + workload[k]) / gpus[home] <= home_cap &&
             room_for(home, length[k])) {
           bag = home;
         }
@@ -252,7 +262,7 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
         }
       }
       if (cap > 0) tokens[bag] += length[k];
-      assigned[bag] += item.workload;
+      assigned[bag] += workload[k];
       stale[bag] = 1;
       bags[k] = bag;
     }
@@ -266,7 +276,7 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
   auto moved_tokens = [&](const std::vector<int32_t>& bags) {
     int64_t moved = 0;
     for (int32_t k = 0; k < n; ++k) {
-      moved += MovedTokens(length[k], items[k].home_bag, bags[k], gpus);
+      moved += MovedTokens(length[k], home_bag[k], bags[k], gpus);
     }
     return moved;
   };
@@ -276,7 +286,7 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
   if (!pack(0, chosen, assigned)) {
     int64_t used = 0;
     for (int32_t k = 0; k < n; ++k) used += length[k];
-    return CapError(first_sequence, items[unplaced].id, length[unplaced], cap, used,
+    return CapError(first_sequence, table.id[unplaced], length[unplaced], cap, used,
                     cap * group);
   }
   refine(chosen, assigned);
@@ -286,10 +296,10 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
   // exceeds the unbalanced maximum (a bag's GPUs share its ranks' work), so
   // fall back to it when it is strictly better: never worse than no balancing.
   std::vector<double> home(num_bags, 0.0);
-  for (const Item& item : items) home[item.home_bag] += item.workload;
+  for (int32_t k = 0; k < n; ++k) home[home_bag[k]] += workload[k];
   if (max_per_gpu(home) < planned_max) {
     std::vector<int32_t> home_bags(n);
-    for (int32_t k = 0; k < n; ++k) home_bags[k] = items[k].home_bag;
+    for (int32_t k = 0; k < n; ++k) home_bags[k] = home_bag[k];
     if (fits_cap(home_bags)) {
       chosen.swap(home_bags);
       planned_max = max_per_gpu(home);
@@ -310,20 +320,13 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
     std::vector<double> near_assigned(num_bags, 0.0);
     if (pack(planned_max, near_home, near_assigned)) {
       bool within = max_per_gpu(near_assigned) <= limit;
-      if (!within) {
-        std::vector<LocalityItem> repair(n);
-        for (int32_t k = 0; k < n; ++k) {
-          repair[k] = {items[k].workload, length[k], items[k].home_bag, near_home[k]};
-        }
-        if (RepairToLimit(gpus, limit, kRepairPartners, repair, near_assigned)) {
-          for (int32_t k = 0; k < n; ++k) near_home[k] = repair[k].bag;
-          within = max_per_gpu(near_assigned) <= limit && fits_cap(near_home);
-        }
+      if (!within && RepairToLimit(gpus, limit, kRepairPartners, table, near_home, near_assigned)) {
+        within = max_per_gpu(near_assigned) <= limit && fits_cap(near_home);
       }
       if (within && moved_tokens(near_home) < moved_tokens(chosen)) chosen.swap(near_home);
     }
   }
-  for (int32_t k = 0; k < n; ++k) bag_of[items[k].id] = chosen[k];
+  for (int32_t k = 0; k < n; ++k) bag_of[table.id[k]] = chosen[k];
   return absl::OkStatus();
 }
 

@@ -13,13 +13,18 @@ namespace {
 
 // Moves and swaps one over bag may take before the repair gives up on it.
 constexpr int32_t kMaxActionsPerBag = 8;
+// Once an action ends the excess, partners past this many are not searched
+// for a cheaper one: on the benchmark's 4096 ranks that search cost 0.9 ms
+// and saved 0.3% of the tokens.
+constexpr int32_t kEnoughPartners = 2;
 
 }  // namespace
 
 bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu, int32_t partners,
-                   std::vector<LocalityItem>& items, std::vector<double>& assigned) {
+                   const SequenceTable& sequences, std::vector<int32_t>& bag,
+                   std::vector<double>& assigned) {
   const int32_t num_bags = static_cast<int32_t>(gpus.size());
-  const int32_t n = static_cast<int32_t>(items.size());
+  const std::vector<double>& workload = sequences.workload;
   std::vector<double> cap(num_bags);
   std::vector<int32_t> over;
   for (int32_t b = 0; b < num_bags; ++b) {
@@ -27,14 +32,15 @@ bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu, int32
     if (assigned[b] > cap[b]) over.push_back(b);
   }
   if (over.empty()) return true;
-  auto fits = [&](const LocalityItem& item, int32_t bag) {
-    return gpus[bag] <= item.length || (item.length < gpus[0] && gpus[bag] == gpus[0]);
+  auto fits = [&](int32_t i, int32_t b) {
+    const int64_t length = sequences.length[i];
+    return gpus[b] <= length || (length < gpus[0] && gpus[b] == gpus[0]);
   };
-  auto moved = [&](int32_t i, int32_t bag) {
-    return MovedTokens(items[i].length, items[i].home_bag, bag, gpus);
+  auto moved = [&](int32_t i, int32_t b) {
+    return MovedTokens(sequences.length[i], sequences.home_bag[i], b, gpus);
   };
-  // Every list in increasing position: heaviest first, by the caller's order.
-  internal::BagMembers members(num_bags, n, [&](int32_t i) { return items[i].bag; });
+  // Every list in increasing position: heaviest first.
+  internal::BagMembers members(num_bags, sequences.size(), [&](int32_t i) { return bag[i]; });
   // (-room, bag), the most room first; built from a sorted vector in linear
   // time, where inserting bag by bag is not.
   std::vector<std::pair<double, int32_t>> rooms;
@@ -52,9 +58,9 @@ bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu, int32
   auto relocate = [&](int32_t i, int32_t from, int32_t to) {
     members.Remove(from, i);
     members.Insert(to, i, std::less<int32_t>());
-    items[i].bag = to;
-    assigned[from] -= items[i].workload;
-    assigned[to] += items[i].workload;
+    bag[i] = to;
+    assigned[from] -= workload[i];
+    assigned[to] += workload[i];
   };
   for (const int32_t heavy : over) {
     for (int32_t action = 0; action < kMaxActionsPerBag; ++action) {
@@ -80,10 +86,12 @@ bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu, int32
         }
       };
       int32_t tried = 0;
-      // Partners by room, until one ends the excess adding no moved tokens.
+      // Partners by room, until an action that ends the excess adds no
+      // moved tokens or has been compared across kEnoughPartners.
       for (auto it = by_room.begin();
            it != by_room.end() && tried < partners &&
-           !(best.out >= 0 && best.cut >= excess && best.cost <= 0);
+           !(best.out >= 0 && best.cut >= excess &&
+             (best.cost <= 0 || tried >= kEnoughPartners));
            ++it, ++tried) {
         const int32_t partner = it->second;
         const double room = -it->first;
@@ -91,15 +99,15 @@ bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu, int32
         const auto theirs_begin = std::make_reverse_iterator(members.Get(partner).end());
         const auto theirs_end = std::make_reverse_iterator(members.Get(partner).begin());
         for (const int32_t out : members.Get(heavy)) {
-          if (!fits(items[out], partner)) continue;
-          const double w = items[out].workload;
+          if (!fits(out, partner)) continue;
+          const double w = workload[out];
           if (w <= room) consider(out, -1, partner, w);
           // Swaps cut w - w_back: at most the room, and positive.
           auto back = std::lower_bound(theirs_begin, theirs_end, w - room,
-                                       [&](int32_t j, double x) { return items[j].workload < x; });
-          for (; back != theirs_end && items[*back].workload < w; ++back) {
-            const double cut = w - items[*back].workload;
-            if (fits(items[*back], heavy)) consider(out, *back, partner, cut);
+                                       [&](int32_t j, double x) { return workload[j] < x; });
+          for (; back != theirs_end && workload[*back] < w; ++back) {
+            const double cut = w - workload[*back];
+            if (fits(*back, heavy)) consider(out, *back, partner, cut);
             if (cut < excess) break;  // the largest cut short of the excess: smaller follow
           }
         }

@@ -4,15 +4,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace knapformer {
+#include "planner/sequence_table.h"
 
-// 24 bytes: the repair reads every sequence once to index the bags.
-struct LocalityItem {
-  double workload = 0;
-  int64_t length = 0;    // tokens
-  int32_t home_bag = 0;  // the bag of its source rank
-  int32_t bag = 0;       // where it is placed; updated in place
-};
+namespace knapformer {
 
 // Tokens a sequence of `length` tokens sends to other ranks when computed in
 // `bag` (gpus[bag] GPUs): all of them, except in its home bag, where its
@@ -27,21 +21,23 @@ inline int64_t MovedTokens(int64_t length, int32_t home_bag, int32_t bag,
 // (a home-first packing): per bag over the limit, worst first, up to 8
 // moves or swaps, each with one of the `partners` bags that have the most
 // room, keeping the partner under the limit. Each step takes an action that
-// ends the bag's excess adding the fewest moved tokens, else the one that
-// cuts the excess most. Refinement (refine.h) levels the heaviest bag
+// ends the bag's excess adding the fewest moved tokens (compared across the
+// first two partners that offer one), else the one that cuts the excess
+// most. Refinement (refine.h) levels the heaviest bag
 // against the lightest only, and moves home sequences away for balance no
 // one asked for; here any bag with room can take the difference.
 //
-// Returns true, with `items[i].bag` and `assigned` updated, when every bag
-// ends under the limit; false when one cannot be brought under it (`items`
-// and `assigned` are then partly changed: the caller drops them). A
+// `bag[i]` is the bag of sequence i of `sequences`. Returns true, with `bag`
+// and `assigned` updated, when every bag ends under the limit; false when
+// one cannot be brought under it (`bag` and `assigned` are then partly
+// changed: the caller drops them). A
 // sequence only goes to a bag of at most its length in GPUs (or, shorter
 // than the smallest bag, to the smallest bags), as in refinement.
-// REQUIRES: `items` heaviest first (workload descending); `gpus[b]` is the
-// size of bag b, ascending. O(S + B log B + A * P * s log s) for S
+// `gpus[b]` is the size of bag b, ascending. O(S + B log B + A * P * s log s) for S
 // sequences, B bags, A actions, P partners and s sequences per bag.
 bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu, int32_t partners,
-                   std::vector<LocalityItem>& items, std::vector<double>& assigned);
+                   const SequenceTable& sequences, std::vector<int32_t>& bag,
+                   std::vector<double>& assigned);
 
 }  // namespace knapformer
 

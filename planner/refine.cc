@@ -16,14 +16,17 @@ constexpr double kMinGain = 1e-12;
 }  // namespace
 
 void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
-                std::vector<RefineItem>& items, std::vector<double>& assigned) {
+                const SequenceTable& sequences, std::vector<int32_t>& bag,
+                std::vector<double>& assigned) {
   const int32_t num_bags = static_cast<int32_t>(gpus.size());
   if (num_bags < 2) return;
-  internal::BagMembers members(num_bags, static_cast<int32_t>(items.size()),
-                               [&](int32_t i) { return items[i].bag; });
+  const std::vector<double>& workload = sequences.workload;
+  const std::vector<int32_t>& id = sequences.id;
+  internal::BagMembers members(num_bags, sequences.size(), [&](int32_t i) { return bag[i]; });
   auto load = [&](int32_t bag) { return assigned[bag] / gpus[bag]; };
-  auto fits = [&](const RefineItem& item, int32_t bag) {
-    return gpus[bag] <= item.length || (item.length < gpus[0] && gpus[bag] == gpus[0]);
+  auto fits = [&](int32_t i, int32_t b) {
+    const int64_t length = sequences.length[i];
+    return gpus[b] <= length || (length < gpus[0] && gpus[b] == gpus[0]);
   };
   // Built from a sorted vector: linear, where inserting bag by bag is not.
   std::vector<std::pair<double, int32_t>> by_load(num_bags);
@@ -50,11 +53,10 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
     double best = bar;
     int32_t move_item = -1;
     for (int32_t i : members.Get(heavy)) {
-      const RefineItem& item = items[i];
-      if (!fits(item, light)) continue;
-      const double peak = std::max(heavy_load - item.workload / gpus[heavy],
-                                   light_load + item.workload / gpus[light]);
-      if (peak < best || (peak == best && move_item >= 0 && item.id < items[move_item].id)) {
+      if (!fits(i, light)) continue;
+      const double peak = std::max(heavy_load - workload[i] / gpus[heavy],
+                                   light_load + workload[i] / gpus[light]);
+      if (peak < best || (peak == best && move_item >= 0 && id[i] < id[move_item])) {
         best = peak;
         move_item = i;
       }
@@ -66,26 +68,25 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
     const double level_delta = (heavy_load - light_load) / (1.0 / gpus[heavy] + 1.0 / gpus[light]);
     std::vector<int32_t>& candidates = members.Mutable(light);
     std::sort(candidates.begin(), candidates.end(), [&](int32_t x, int32_t y) {
-      if (items[x].workload != items[y].workload) return items[x].workload < items[y].workload;
-      return items[x].id < items[y].id;
+      if (workload[x] != workload[y]) return workload[x] < workload[y];
+      return id[x] < id[y];
     });
     for (int32_t i : members.Get(heavy)) {
-      const RefineItem& a = items[i];
-      if (!fits(a, light)) continue;
-      const double want = a.workload - level_delta;
+      if (!fits(i, light)) continue;
+      const double want = workload[i] - level_delta;
       auto it = std::lower_bound(candidates.begin(), candidates.end(), want,
-                                 [&](int32_t j, double w) { return items[j].workload < w; });
+                                 [&](int32_t j, double w) { return workload[j] < w; });
       for (auto probe : {it, it == candidates.begin() ? candidates.end() : it - 1}) {
         if (probe == candidates.end()) continue;
-        const RefineItem& b = items[*probe];
-        if (b.workload >= a.workload || !fits(b, heavy)) continue;
-        const double delta = a.workload - b.workload;
+        const int32_t j = *probe;
+        if (workload[j] >= workload[i] || !fits(j, heavy)) continue;
+        const double delta = workload[i] - workload[j];
         const double peak =
             std::max(heavy_load - delta / gpus[heavy], light_load + delta / gpus[light]);
         if (peak < best) {
           best = peak;
           swap_heavy = i;
-          swap_light = *probe;
+          swap_light = j;
         }
       }
     }
@@ -99,9 +100,9 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
     auto relocate = [&](int32_t i, int32_t from, int32_t to) {
       members.Remove(from, i);
       members.Mutable(to).push_back(i);
-      items[i].bag = to;
-      assigned[from] -= items[i].workload;
-      assigned[to] += items[i].workload;
+      bag[i] = to;
+      assigned[from] -= workload[i];
+      assigned[to] += workload[i];
     };
     if (swap_heavy >= 0) {
       relocate(swap_heavy, heavy, light);

@@ -4,14 +4,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace knapformer {
+#include "planner/sequence_table.h"
 
-struct RefineItem {
-  double workload = 0;
-  int32_t id = 0;       // global sequence id: the deterministic tie-break
-  int64_t length = 0;   // tokens
-  int32_t bag = 0;      // group-relative bag; updated in place
-};
+namespace knapformer {
 
 // Local refinement of a bag assignment, per-GPU load = assigned / gpus.
 // Each round takes the most loaded bag H that is not yet known to be stuck and
@@ -22,10 +17,13 @@ struct RefineItem {
 // (sequences shorter than the smallest bag stay among the smallest bags).
 // The sorted vector of loads only decreases, so max/mean never gets worse.
 //
-// `gpus[b]` is the size of bag b (ascending); `assigned[b]` its workload, kept
-// up to date. Deterministic: ties go to the lowest sequence ids and bag ids.
+// `bag[i]` is the bag of sequence i of `sequences`, updated in place;
+// `gpus[b]` is the size of bag b (ascending); `assigned[b]` its workload,
+// kept up to date. Deterministic: ties go to the lowest sequence ids and bag
+// ids.
 void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
-                std::vector<RefineItem>& items, std::vector<double>& assigned);
+                const SequenceTable& sequences, std::vector<int32_t>& bag,
+                std::vector<double>& assigned);
 
 }  // namespace knapformer
 

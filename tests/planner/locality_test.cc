@@ -7,28 +7,44 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/sequence_table.h"
 
 namespace knapformer {
 namespace {
 
 using ::testing::ElementsAre;
 
-// Heaviest first, as the balancer passes them.
-LocalityItem Item(int64_t length, int32_t home, int32_t bag) {
-  return LocalityItem{static_cast<double>(length), length, home, bag};
-}
+struct Seq {
+  int64_t length;
+  int32_t home;
+  int32_t bag;
+};
 
-std::vector<double> Loads(const std::vector<LocalityItem>& items, int32_t num_bags) {
-  std::vector<double> loads(num_bags, 0.0);
-  for (const LocalityItem& item : items) loads[item.bag] += item.workload;
-  return loads;
-}
+// A placement of sequences given heaviest first, as the balancer keeps them.
+struct Placement {
+  explicit Placement(const std::vector<Seq>& seqs) {
+    for (const Seq& seq : seqs) {
+      table.workload.push_back(static_cast<double>(seq.length));
+      table.length.push_back(seq.length);
+      table.id.push_back(table.size() - 1);
+      table.home_bag.push_back(seq.home);
+      bag.push_back(seq.bag);
+    }
+  }
+  std::vector<double> Loads(int32_t num_bags) const {
+    std::vector<double> loads(num_bags, 0.0);
+    for (int32_t i = 0; i < table.size(); ++i) loads[bag[i]] += table.workload[i];
+    return loads;
+  }
+  bool Repair(const std::vector<int32_t>& gpus, double limit, int32_t partners) {
+    assigned = Loads(static_cast<int32_t>(gpus.size()));
+    return RepairToLimit(gpus, limit, partners, table, bag, assigned);
+  }
 
-std::vector<int32_t> Bags(const std::vector<LocalityItem>& items) {
-  std::vector<int32_t> bags;
-  for (const LocalityItem& item : items) bags.push_back(item.bag);
-  return bags;
-}
+  SequenceTable table;
+  std::vector<int32_t> bag;
+  std::vector<double> assigned;
+};
 
 TEST(RepairToLimitTest, TakesTheSwapThatAddsTheFewestMovedTokens) {
   // Limit 10. Bag 0 holds 6 + 5 = 11 of its own (excess 1); bag 1 holds its
@@ -38,12 +54,10 @@ TEST(RepairToLimitTest, TakesTheSwapThatAddsTheFewestMovedTokens) {
   //   5 <-> 3: +5 +3 = 8    5 <-> 4: +5 -4 = 1   (bag 2 offers none)
   // so 5 goes to bag 1 and bag 0's own 4 comes home.
   const std::vector<int32_t> gpus = {1, 1, 1};
-  std::vector<LocalityItem> items = {Item(8, 2, 2), Item(6, 0, 0), Item(5, 0, 0),
-                                     Item(4, 0, 1), Item(3, 1, 1)};
-  std::vector<double> assigned = Loads(items, 3);
-  ASSERT_TRUE(RepairToLimit(gpus, 10.0, 8, items, assigned));
-  EXPECT_THAT(Bags(items), ElementsAre(2, 0, 1, 0, 1));
-  EXPECT_THAT(assigned, ElementsAre(10.0, 8.0, 8.0));
+  Placement p({{8, 2, 2}, {6, 0, 0}, {5, 0, 0}, {4, 0, 1}, {3, 1, 1}});
+  ASSERT_TRUE(p.Repair(gpus, 10.0, 8));
+  EXPECT_THAT(p.bag, ElementsAre(2, 0, 1, 0, 1));
+  EXPECT_THAT(p.assigned, ElementsAre(10.0, 8.0, 8.0));
 }
 
 TEST(RepairToLimitTest, OnlyTriesTheBagsWithTheMostRoom) {
@@ -52,17 +66,14 @@ TEST(RepairToLimitTest, OnlyTriesTheBagsWithTheMostRoom) {
   // room 2) takes the 5 for a 4 (9 more tokens moved; the 6 for a 4 would be
   // 10). One partner (bag 1) is not enough, two are.
   const std::vector<int32_t> gpus = {1, 1, 1};
-  const std::vector<LocalityItem> start = {Item(7, 1, 1), Item(6, 0, 0), Item(5, 0, 0),
-                                           Item(4, 2, 2), Item(4, 2, 2)};
-  std::vector<LocalityItem> items = start;
-  std::vector<double> assigned = Loads(items, 3);
-  EXPECT_FALSE(RepairToLimit(gpus, 10.0, 1, items, assigned));
+  const std::vector<Seq> start = {{7, 1, 1}, {6, 0, 0}, {5, 0, 0}, {4, 2, 2}, {4, 2, 2}};
+  Placement one(start);
+  EXPECT_FALSE(one.Repair(gpus, 10.0, 1));
 
-  items = start;
-  assigned = Loads(items, 3);
-  ASSERT_TRUE(RepairToLimit(gpus, 10.0, 2, items, assigned));
-  EXPECT_THAT(Bags(items), ElementsAre(1, 0, 2, 2, 0));
-  EXPECT_THAT(assigned, ElementsAre(10.0, 7.0, 9.0));
+  Placement two(start);
+  ASSERT_TRUE(two.Repair(gpus, 10.0, 2));
+  EXPECT_THAT(two.bag, ElementsAre(1, 0, 2, 2, 0));
+  EXPECT_THAT(two.assigned, ElementsAre(10.0, 7.0, 9.0));
 }
 
 TEST(RepairToLimitTest, CutsAnExcessNoSingleActionEnds) {
@@ -70,26 +81,24 @@ TEST(RepairToLimitTest, CutsAnExcessNoSingleActionEnds) {
   // (room 2). No move or swap cuts 3 at once: one 2 goes to bag 1, then one
   // to bag 2.
   const std::vector<int32_t> gpus = {1, 1, 1};
-  std::vector<LocalityItem> items = {Item(9, 1, 1), Item(9, 2, 2)};
-  items.insert(items.end(), 7, Item(2, 0, 0));
-  std::vector<double> assigned = Loads(items, 3);
-  ASSERT_TRUE(RepairToLimit(gpus, 11.0, 8, items, assigned));
-  EXPECT_THAT(assigned, ElementsAre(10.0, 11.0, 11.0));
-  EXPECT_THAT(Bags(items), ElementsAre(1, 2, 1, 2, 0, 0, 0, 0, 0));
+  std::vector<Seq> seqs = {{9, 1, 1}, {9, 2, 2}};
+  seqs.insert(seqs.end(), 7, Seq{2, 0, 0});
+  Placement p(seqs);
+  ASSERT_TRUE(p.Repair(gpus, 11.0, 8));
+  EXPECT_THAT(p.assigned, ElementsAre(10.0, 11.0, 11.0));
+  EXPECT_THAT(p.bag, ElementsAre(1, 2, 1, 2, 0, 0, 0, 0, 0));
 }
 
 TEST(RepairToLimitTest, FailsWhenNothingFitsAndLeavesALevelPlacementAlone) {
   const std::vector<int32_t> gpus = {1, 1};
   // One sequence above the limit on its own: nowhere to put it.
-  std::vector<LocalityItem> items = {Item(12, 0, 0), Item(2, 1, 1)};
-  std::vector<double> assigned = Loads(items, 2);
-  EXPECT_FALSE(RepairToLimit(gpus, 10.0, 8, items, assigned));
+  Placement too_big({{12, 0, 0}, {2, 1, 1}});
+  EXPECT_FALSE(too_big.Repair(gpus, 10.0, 8));
 
   // Nothing over the limit: nothing changes.
-  items = {Item(9, 0, 1), Item(8, 1, 0)};
-  assigned = Loads(items, 2);
-  ASSERT_TRUE(RepairToLimit(gpus, 10.0, 8, items, assigned));
-  EXPECT_THAT(Bags(items), ElementsAre(1, 0));
+  Placement level({{9, 0, 1}, {8, 1, 0}});
+  ASSERT_TRUE(level.Repair(gpus, 10.0, 8));
+  EXPECT_THAT(level.bag, ElementsAre(1, 0));
 }
 
 TEST(RepairToLimitTest, KeepsSequencesOutOfBagsWiderThanThem) {
@@ -97,17 +106,15 @@ TEST(RepairToLimitTest, KeepsSequencesOutOfBagsWiderThanThem) {
   // 11 + 1 (excess 2); bag 1 holds 14 (room 6). The 1-token sequence cannot
   // go to 2 GPUs, the 11 can, and does; bag 1's 14 is too big to come back.
   const std::vector<int32_t> gpus = {1, 2};
-  std::vector<LocalityItem> items = {Item(14, 1, 1), Item(11, 0, 0), Item(1, 0, 0)};
-  std::vector<double> assigned = Loads(items, 2);
-  EXPECT_FALSE(RepairToLimit(gpus, 10.0, 8, items, assigned));  // 11 exceeds bag 1's room
+  Placement stuck({{14, 1, 1}, {11, 0, 0}, {1, 0, 0}});
+  EXPECT_FALSE(stuck.Repair(gpus, 10.0, 8));  // 11 exceeds bag 1's room
 
-  items = {Item(10, 1, 1), Item(6, 0, 0), Item(5, 0, 0), Item(1, 0, 0)};
-  assigned = Loads(items, 2);  // bag 0: 12, excess 2; bag 1: 10, room 10
-  ASSERT_TRUE(RepairToLimit(gpus, 10.0, 8, items, assigned));
+  Placement p({{10, 1, 1}, {6, 0, 0}, {5, 0, 0}, {1, 0, 0}});  // bag 0: 12; bag 1: 10 of 20
+  ASSERT_TRUE(p.Repair(gpus, 10.0, 8));
   // Moving the 1 would not end the excess and may not go there anyway;
   // 6 and 5 both end it; 5 adds fewer moved tokens.
-  EXPECT_THAT(Bags(items), ElementsAre(1, 0, 1, 0));
-  EXPECT_THAT(assigned, ElementsAre(7.0, 15.0));
+  EXPECT_THAT(p.bag, ElementsAre(1, 0, 1, 0));
+  EXPECT_THAT(p.assigned, ElementsAre(7.0, 15.0));
 }
 
 }  // namespace
