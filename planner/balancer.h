@@ -29,10 +29,11 @@ struct BalancerOptions {
   // max/mean worse; 0 gives the paper's greedy plan exactly (still subject to
   // the guard against doing worse than no balancing, below).
   int32_t refine_rounds = 256;
-  // Locality-aware placement (locality.h) after the above: keep sequences
-  // in their source rank's bag where that costs nothing, and move as few
-  // tokens as possible, at a per-GPU maximum within `locality_slack`
-  // (relative) of the balanced plan's. Off = the balanced plan as is.
+  // Locality-aware placement after the above: a home-first packing (a
+  // sequence stays in its source rank's bag while that bag stays under the
+  // balanced plan's maximum) repaired down to a per-GPU maximum within
+  // `locality_slack` (relative) of the balanced plan's (locality.h), taken
+  // when it moves fewer tokens. Off = the balanced plan as is.
   bool locality = true;
   double locality_slack = 0.0005;
   // A hard limit on the tokens any GPU computes on after routing (memory);
@@ -59,13 +60,14 @@ struct BalancerOptions {
 // Then options.refine_rounds of local refinement (refine.h), and a guard: if
 // leaving every sequence in its source rank's bag has a lower maximum per-GPU
 // load, that assignment is used, so max/mean is never worse than no balancing.
-// Then, with options.locality, the placement that moves the fewest tokens
-// within options.locality_slack of that maximum (locality.h), when it moves
-// fewer than the balanced one.
+// Then, with options.locality, a home-first packing repaired to within
+// options.locality_slack of that maximum (locality.h), when it moves fewer
+// tokens than the balanced one.
 // Empty sequences get no chunk and no bag. Runs in O(S + S log B + C) for S
 // sequences, B bags and C chunks (a radix sort orders the sequences), plus the
 // refinement rounds (each O(n log n) in the sequences of two bags, at most
-// options.refine_rounds per replica).
+// options.refine_rounds per replica) and, with locality, one more packing
+// and the repair (locality.h).
 //
 // Errors: InvalidArgument if lengths.size() != world size or a length is
 // outside [0, CostModel::kMaxLength]; ResourceExhausted past options.limits.
