@@ -225,9 +225,10 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
     std::vector<double> keys(num_bags);
     for (int32_t b = 0; b < num_bags; ++b) keys[b] = occupancy_of(b);
     internal::MinTree occupancy(keys);
-    // A sequence kept home raises its bag's key lazily: keys only grow, so
-    // a stale key is a lower bound, and a minimum whose key is current is
-    // the true minimum. Most sequences stay home, so most updates are saved.
+    // A placement marks its bag stale instead of updating the tree: keys
+    // only grow, so a stale key is a lower bound, and a minimum whose key is
+    // current is the true minimum. A bag is updated when it surfaces as the
+    // minimum, once for however many sequences it took in the meantime.
     std::vector<char> stale(num_bags, 0);
     for (int32_t k = 0; k < n; ++k) {
       if (bags[k] >= 0) continue;
@@ -320,7 +321,8 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
     std::vector<double> near_assigned(num_bags, 0.0);
     if (pack(planned_max, near_home, near_assigned)) {
       bool within = max_per_gpu(near_assigned) <= limit;
-      if (!within && RepairToLimit(gpus, limit, kRepairPartners, table, near_home, near_assigned)) {
+      if (!within &&
+          RepairToLimit(gpus, limit, cap, kRepairPartners, table, near_home, near_assigned)) {
         within = max_per_gpu(near_assigned) <= limit && fits_cap(near_home);
       }
       if (within && moved_tokens(near_home) < moved_tokens(chosen)) chosen.swap(near_home);

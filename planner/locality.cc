@@ -20,9 +20,9 @@ constexpr int32_t kEnoughPartners = 2;
 
 }  // namespace
 
-bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu, int32_t partners,
-                   const SequenceTable& sequences, std::vector<int32_t>& bag,
-                   std::vector<double>& assigned) {
+bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu,
+                   int64_t max_tokens_per_gpu, int32_t partners, const SequenceTable& sequences,
+                   std::vector<int32_t>& bag, std::vector<double>& assigned) {
   const int32_t num_bags = static_cast<int32_t>(gpus.size());
   const std::vector<double>& workload = sequences.workload;
   std::vector<double> cap(num_bags);
@@ -55,7 +55,20 @@ bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu, int32
     return ex > ey || (ex == ey && x < y);
   });
 
+  // Tokens per bag, kept only under a token cap.
+  std::vector<int64_t> tokens(max_tokens_per_gpu > 0 ? num_bags : 0, 0);
+  if (max_tokens_per_gpu > 0) {
+    for (int32_t i = 0; i < sequences.size(); ++i) tokens[bag[i]] += sequences.length[i];
+  }
+  auto tokens_fit = [&](int32_t b, int64_t added) {
+    return max_tokens_per_gpu <= 0 || added <= 0 ||
+           tokens[b] + added <= max_tokens_per_gpu * gpus[b];
+  };
   auto relocate = [&](int32_t i, int32_t from, int32_t to) {
+    if (max_tokens_per_gpu > 0) {
+      tokens[from] -= sequences.length[i];
+      tokens[to] += sequences.length[i];
+    }
     members.Remove(from, i);
     members.Insert(to, i, std::less<int32_t>());
     bag[i] = to;
@@ -76,6 +89,8 @@ bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu, int32
       };
       Action best;
       auto consider = [&](int32_t out, int32_t back, int32_t partner, double cut) {
+        const int64_t shifted = sequences.length[out] - (back >= 0 ? sequences.length[back] : 0);
+        if (!tokens_fit(partner, shifted) || !tokens_fit(heavy, -shifted)) return;
         int64_t cost = moved(out, partner) - moved(out, heavy);
         if (back >= 0) cost += moved(back, heavy) - moved(back, partner);
         const bool ends = cut >= excess;

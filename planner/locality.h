@@ -32,12 +32,14 @@ inline int64_t MovedTokens(int64_t length, int32_t home_bag, int32_t bag,
 // one cannot be brought under it (`bag` and `assigned` are then partly
 // changed: the caller drops them). A
 // sequence only goes to a bag of at most its length in GPUs (or, shorter
-// than the smallest bag, to the smallest bags), as in refinement.
+// than the smallest bag, to the smallest bags), as in refinement, and with
+// max_tokens_per_gpu > 0 no action adds tokens to a bag of G GPUs beyond
+// G * max_tokens_per_gpu.
 // `gpus[b]` is the size of bag b, ascending. O(S + B log B + A * P * s log s) for S
 // sequences, B bags, A actions, P partners and s sequences per bag.
-bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu, int32_t partners,
-                   const SequenceTable& sequences, std::vector<int32_t>& bag,
-                   std::vector<double>& assigned);
+bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu,
+                   int64_t max_tokens_per_gpu, int32_t partners, const SequenceTable& sequences,
+                   std::vector<int32_t>& bag, std::vector<double>& assigned);
 
 }  // namespace knapformer
 

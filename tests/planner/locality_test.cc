@@ -36,9 +36,10 @@ struct Placement {
     for (int32_t i = 0; i < table.size(); ++i) loads[bag[i]] += table.workload[i];
     return loads;
   }
-  bool Repair(const std::vector<int32_t>& gpus, double limit, int32_t partners) {
+  bool Repair(const std::vector<int32_t>& gpus, double limit, int32_t partners,
+              int64_t max_tokens_per_gpu = 0) {
     assigned = Loads(static_cast<int32_t>(gpus.size()));
-    return RepairToLimit(gpus, limit, partners, table, bag, assigned);
+    return RepairToLimit(gpus, limit, max_tokens_per_gpu, partners, table, bag, assigned);
   }
 
   SequenceTable table;
@@ -58,6 +59,20 @@ TEST(RepairToLimitTest, TakesTheSwapThatAddsTheFewestMovedTokens) {
   ASSERT_TRUE(p.Repair(gpus, 10.0, 8));
   EXPECT_THAT(p.bag, ElementsAre(2, 0, 1, 0, 1));
   EXPECT_THAT(p.assigned, ElementsAre(10.0, 8.0, 8.0));
+}
+
+TEST(RepairToLimitTest, NeverTakesAnActionThatBreaksTheTokenCap) {
+  // The first test's placement: its only actions put 8 or more tokens in bag
+  // 1 (the cheapest, 5 <-> 4, leaves 3 + 5). A cap of 8 tokens per GPU
+  // allows that one; a cap of 7 allows none, and the repair fails rather
+  // than exceed it.
+  const std::vector<int32_t> gpus = {1, 1, 1};
+  const std::vector<Seq> start = {{8, 2, 2}, {6, 0, 0}, {5, 0, 0}, {4, 0, 1}, {3, 1, 1}};
+  Placement eight(start);
+  ASSERT_TRUE(eight.Repair(gpus, 10.0, 8, /*max_tokens_per_gpu=*/8));
+  EXPECT_THAT(eight.bag, ElementsAre(2, 0, 1, 0, 1));
+  Placement seven(start);
+  EXPECT_FALSE(seven.Repair(gpus, 10.0, 8, /*max_tokens_per_gpu=*/7));
 }
 
 TEST(RepairToLimitTest, OnlyTriesTheBagsWithTheMostRoom) {
