@@ -17,9 +17,6 @@ namespace internal {
 // is a branch-free min.
 class MinTree {
  public:
-  // n keys, all 0.
-  explicit MinTree(int32_t n) : MinTree(std::vector<double>(n, 0.0)) {}
-
   // REQUIRES: every key >= 0. O(n).
   explicit MinTree(const std::vector<double>& keys) : n_(static_cast<int32_t>(keys.size())) {
     while (size_ < n_) size_ *= 2;

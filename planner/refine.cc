@@ -23,7 +23,7 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
   const std::vector<double>& workload = sequences.workload;
   const std::vector<int32_t>& id = sequences.id;
   internal::BagMembers members(num_bags, sequences.size(), [&](int32_t i) { return bag[i]; });
-  auto load = [&](int32_t bag) { return assigned[bag] / gpus[bag]; };
+  auto load = [&](int32_t b) { return assigned[b] / gpus[b]; };
   auto fits = [&](int32_t i, int32_t b) {
     const int64_t length = sequences.length[i];
     return gpus[b] <= length || (length < gpus[0] && gpus[b] == gpus[0]);
