@@ -15,6 +15,7 @@ packages=(
   prometheus               # promtool checks the metrics page in tests
   openssl                  # tests make throwaway TLS certificates
   libtorch-dev             # LibTorch (CPU) with c10d + Gloo: the client and its multi-process tests
+  libgloo-dev              # gloo/ headers that c10d's ProcessGroupGloo.hpp includes (libtorch-dev does not pull them in)
   python3-yaml             # the deploy checks read YAML (tests/deploy)
 )
 
