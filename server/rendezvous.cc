@@ -299,7 +299,8 @@ void Rendezvous::RecordPlanned(const v1::StepSpec& spec, const std::string& topo
   if (place.group == nullptr) return;
   Group& group = *place.group;
   if (!rank_work.empty() && limits_.timed_steps > 0) {
-    group.work.emplace_back(spec.step(), std::move(rank_work));
+    const size_t ranks = rank_work.size();
+    group.work.push_back({spec.step(), std::move(rank_work), std::vector<bool>(ranks, false)});
     while (static_cast<int32_t>(group.work.size()) > limits_.timed_steps) group.work.pop_front();
   }
   Refit(*place.job);  // once per step, so the exported gamma keeps up
@@ -317,9 +318,17 @@ void Rendezvous::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::Ste
   const Place place = FindGroup(spec);
   if (place.group == nullptr) return;
   place.job->timed = true;
-  for (const auto& [step, work] : place.group->work) {
-    if (step != timing.step() || rank < 0 || rank >= static_cast<int32_t>(work.size())) continue;
-    WorkSample sample = work[rank];
+  // The most recent plan of that step number (a restarted job plans its
+  // numbers again).
+  for (auto it = place.group->work.rbegin(); it != place.group->work.rend(); ++it) {
+    Group::PlannedWork& planned = *it;
+    if (planned.step != timing.step()) continue;
+    if (rank < 0 || rank >= static_cast<int32_t>(planned.rank_work.size()) ||
+        planned.timed[rank]) {
+      return;
+    }
+    planned.timed[rank] = true;
+    WorkSample sample = planned.rank_work[rank];
     sample.seconds = timing.compute_seconds();
     std::deque<WorkSample>& timings = place.job->timings;
     timings.push_back(sample);
@@ -338,7 +347,6 @@ bool Rendezvous::WantsWork(const std::string& job_id) const {
 void Rendezvous::Refit(Job& job) const {
   if (!job.timings_changed) return;
   job.timings_changed = false;
-  job.fit.reset();
   if (static_cast<int32_t>(job.timings.size()) >= limits_.min_timing_samples) {
     absl::StatusOr<CostFit> fit =
         FitCostModel(std::vector<WorkSample>(job.timings.begin(), job.timings.end()));

@@ -111,14 +111,17 @@ class Rendezvous {
 
   // Pairs a rank's measured compute time of an earlier step with the work
   // that step's plan gave it, as a sample of its job's gamma fit. Ignored
-  // when the step's work is no longer (or not yet) known.
+  // when the step's work is no longer (or not yet) known, and when the rank
+  // already sent a timing for that step (a retried request).
   void AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing);
 
   // Whether the job's ranks send timings (so its steps' work is worth keeping).
   bool WantsWork(const std::string& job_id) const;
 
   // The job's fit from its timing samples, refitted when new samples came;
-  // nullopt without enough samples or a usable fit.
+  // nullopt until a refit succeeds. A refit that fails (say, a window of one
+  // sequence length, which cannot tell the two terms apart) keeps the last
+  // good fit: the hardware did not change, the data just stopped showing it.
   std::optional<CostFit> FittedCost(const std::string& job_id);
 
   // Forgets jobs without pending steps and idle for job_ttl; returns their ids.
@@ -152,8 +155,15 @@ class Rendezvous {
     std::string topology;
     bool has_balance = false;
     v1::Balance last_balance;
-    // (step, per-rank work) of the last timed_steps planned steps.
-    std::deque<std::pair<uint64_t, std::vector<WorkSample>>> work;
+    // The last timed_steps planned steps, with the work their plans gave
+    // each rank and which ranks have already sent their timing for them (a
+    // retried request must not count twice).
+    struct PlannedWork {
+      uint64_t step = 0;
+      std::vector<WorkSample> rank_work;
+      std::vector<bool> timed;
+    };
+    std::deque<PlannedWork> work;
   };
   struct Job {
     std::map<std::string, Group> groups;
@@ -179,7 +189,8 @@ class Rendezvous {
   // Undoes a creation by FindOrCreateGroup for a refused request, so refused
   // requests never hold a job or group.
   void ForgetIfEmpty(const v1::StepSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Refits the job's gamma if new timings came (O(timing_window)).
+  // Refits the job's gamma if new timings came (O(timing_window)); keeps the
+  // previous fit when the refit fails.
   void Refit(Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ServiceLimits limits_;

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "knapformer/v1/planner.pb.h"
+#include "planner/calibration.h"
 #include "server/rank_ranges.h"
 #include "server/request_check.h"
 #include "server/service_limits.h"
@@ -864,6 +866,85 @@ TEST(RendezvousTest, GaugesReportEachGroup) {
   EXPECT_DOUBLE_EQ(gauges[2].last_balance.wir_after(), 1.25);
   EXPECT_EQ(rendezvous.pending_steps(), 3);
   EXPECT_EQ(rendezvous.jobs(), 2);
+}
+
+// Per-rank work of a 4-rank plan whose two terms vary independently over the
+// ranks, so four timings determine k and gamma.
+std::vector<WorkSample> DistinctWork(double scale) {
+  std::vector<WorkSample> work(4);
+  for (int r = 0; r < 4; ++r) {
+    work[r].linear = scale * 1e9 * (r + 1);
+    work[r].attention = scale * 1e8 * (r + 1) * (r + 1);
+  }
+  return work;
+}
+
+v1::StepTiming Timing(uint64_t step, const WorkSample& work, double gamma) {
+  v1::StepTiming timing;
+  timing.set_step(step);
+  timing.set_compute_seconds(1e-12 * (work.linear + gamma * work.attention));
+  return timing;
+}
+
+TEST(RendezvousTest, ARetriedTimingOfTheSameStepAndRankCountsOnce) {
+  ServiceLimits limits;
+  limits.min_timing_samples = 4;
+  Rendezvous rendezvous{limits};
+  ASSERT_TRUE(rendezvous.Touch(Spec(0), kT0).ok());
+  for (uint64_t step = 0; step < 2; ++step) {
+    const std::vector<WorkSample> work = DistinctWork(step + 1);
+    rendezvous.RecordPlanned(Spec(step), "g1n4", SomeBalance(), kT0, work);
+    for (int32_t rank = 0; rank < 4; ++rank) {
+      rendezvous.AddTiming(Spec(step + 1), rank, Timing(step, work[rank], 2.0));
+    }
+  }
+  std::optional<CostFit> fit = rendezvous.FittedCost("job");
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_EQ(fit->samples, 8);
+  EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
+
+  // The same (step, rank) again, as a retried request would send it, with a
+  // time that would pull gamma far off if it counted.
+  rendezvous.AddTiming(Spec(2), 1, Timing(1, DistinctWork(2)[1], 50.0));
+  fit = rendezvous.FittedCost("job");
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_EQ(fit->samples, 8);
+  EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
+
+  // A timing of a step whose work is unknown (never planned) is no sample.
+  rendezvous.AddTiming(Spec(9), 0, Timing(7, DistinctWork(1)[0], 50.0));
+  EXPECT_EQ(rendezvous.FittedCost("job")->samples, 8);
+}
+
+TEST(RendezvousTest, AFailedRefitKeepsTheLastGoodFit) {
+  ServiceLimits limits;
+  limits.min_timing_samples = 4;
+  limits.timing_window = 4;
+  Rendezvous rendezvous{limits};
+  ASSERT_TRUE(rendezvous.Touch(Spec(0), kT0).ok());
+  const std::vector<WorkSample> distinct = DistinctWork(1);
+  rendezvous.RecordPlanned(Spec(0), "g1n4", SomeBalance(), kT0, distinct);
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    rendezvous.AddTiming(Spec(1), rank, Timing(0, distinct[rank], 2.0));
+  }
+  ASSERT_TRUE(rendezvous.FittedCost("job").has_value());
+
+  // Every rank gets the same work: a window of four equal samples cannot
+  // tell the terms apart, and the refit fails.
+  const std::vector<WorkSample> same(4, distinct[2]);
+  rendezvous.RecordPlanned(Spec(1), "g1n4", SomeBalance(), kT0, same);
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    rendezvous.AddTiming(Spec(2), rank, Timing(1, same[rank], 7.0));
+  }
+  ASSERT_FALSE(FitCostModel({same.begin(), same.end()}).ok());
+  std::optional<CostFit> fit = rendezvous.FittedCost("job");
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
+  EXPECT_EQ(fit->samples, 4);
+  std::vector<GroupGauges> gauges = rendezvous.Gauges();
+  ASSERT_EQ(gauges.size(), 1u);
+  EXPECT_TRUE(gauges[0].has_fitted_gamma);
+  EXPECT_NEAR(gauges[0].fitted_gamma, 2.0, 1e-6);
 }
 
 std::vector<bool> Present(size_t n, const std::vector<size_t>& ranks) {
