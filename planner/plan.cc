@@ -1,6 +1,7 @@
 #include "planner/plan.h"
 
 #include <algorithm>
+#include <limits>
 #include <tuple>
 
 namespace knapformer {
@@ -80,6 +81,15 @@ int64_t Plan::MovedTokens() const {
     if (chunk.src_rank != chunk.dst_rank) moved += chunk.length;
   }
   return moved;
+}
+
+int64_t Plan::MovedBytes(int64_t token_bytes) const {
+  if (token_bytes <= 0) return 0;
+  const int64_t moved = MovedTokens();
+  if (moved > std::numeric_limits<int64_t>::max() / token_bytes) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return moved * token_bytes;
 }
 
 int64_t Plan::TotalTokens() const {

@@ -106,6 +106,9 @@ struct Plan {
   // and reverse).
   int64_t MovedTokens() const;
   int64_t TotalTokens() const;
+  // MovedTokens() * token_bytes (the bytes one token occupies in the
+  // route's all-to-all), saturating at INT64_MAX; 0 when token_bytes <= 0.
+  int64_t MovedBytes(int64_t token_bytes) const;
 };
 
 }  // namespace knapformer

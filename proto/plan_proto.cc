@@ -81,9 +81,8 @@ v1::Balance BalanceToProto(const Plan& plan, int64_t token_bytes, int64_t plan_m
   balance.set_max_over_mean_before(before.max_over_mean);
   balance.set_max_over_mean_after(after.max_over_mean);
   balance.set_total_tokens(plan.TotalTokens());
-  const int64_t moved = plan.MovedTokens();
-  balance.set_moved_tokens(moved);
-  balance.set_moved_bytes(moved * token_bytes);
+  balance.set_moved_tokens(plan.MovedTokens());
+  balance.set_moved_bytes(plan.MovedBytes(token_bytes));
   balance.set_plan_micros(plan_micros);
   return balance;
 }

@@ -1,7 +1,8 @@
 // knapformer: the command line of the planner core.
-//   knapformer plan --input FILE|- [--rank R]
+//   knapformer plan --input FILE|- [--rank R] [--locality on|off] ...
 //   knapformer simulate [--data D] [--world W] [--topology T[,T...]] [--steps N]
-//                       [--seed S] [--d-model D] [--gamma G]
+//                       [--seed S] [--d-model D] [--gamma G] ...
+//   knapformer calibrate --input FILE|- --d-model D
 //   knapformer serve [--listen ADDR] [--metrics ADDR] ... (see tools/serve.cc)
 // Exit codes: 0 success, 2 bad input (one line on stderr naming the field),
 // 1 internal error.
@@ -38,16 +39,21 @@ constexpr char kUsage[] =
     "  plan      --input FILE|-  [--rank R] [--locality on|off]\n"
     "            [--max-tokens-per-gpu N]   (0 = no cap)\n"
     "            [--cost-model transformer|uniform|linear]\n"
-    "            Read {\"topology\", \"d_model\", \"gamma\", \"ranks\": [[lengths]...]} and\n"
-    "            print the plan as JSON (or only rank R's slice).\n"
+    "            Read {\"topology\", \"d_model\", \"gamma\", \"token_bytes\",\n"
+    "            \"ranks\": [[lengths]...]} and print the plan as JSON (or only rank R's\n"
+    "            slice).\n"
     "  simulate  [--data mixed-res] [--world 32] [--topology g1n32,g2n16,g4n8,g8n4]\n"
     "            [--steps 20] [--seed 0] [--d-model 3072] [--gamma 0.49]\n"
     "            [--refine-rounds 256]   (0 = the paper's greedy, with --locality off)\n"
     "            [--cost-model transformer|uniform|linear]\n"
     "            [--locality on|off]     (on: move as few tokens as possible at the\n"
     "                                     same max/mean, within 0.05%)\n"
+    "            [--max-tokens-per-gpu N]   (0 = no cap)\n"
+    "            [--token-bytes B]       (bytes a routed token occupies; default\n"
+    "                                     2 x d-model, a bf16 hidden state)\n"
     "            Balance the paper's synthetic data streams and print WIR before and\n"
-    "            after, max/mean, the lower bound and the planning time.\n"
+    "            after, max/mean, the lower bound, the tokens and bytes moved per step\n"
+    "            and the planning time.\n"
     "            --data takes low-res, mixed-res, joint or codes g{G}b{B}i{R}f{F}s{S},...\n";
 
 // The usage text: the planner commands, then serve's.
@@ -117,7 +123,8 @@ int RunPlan(const std::vector<std::string>& argv) {
 
 int RunSimulate(const std::vector<std::string>& argv) {
   auto args = Args::Parse(argv, {"data", "world", "topology", "steps", "seed", "d-model",
-                                 "gamma", "refine-rounds", "locality", "cost-model"});
+                                 "gamma", "refine-rounds", "locality", "cost-model",
+                                 "max-tokens-per-gpu", "token-bytes"});
   if (!args.ok()) return Fail(args.status());
   SimulateOptions options;
   auto locality = args->GetOnOff("locality", BalancerOptions().locality);
@@ -148,6 +155,14 @@ int RunSimulate(const std::vector<std::string>& argv) {
   auto rounds = args->GetInt("refine-rounds", options.refine_rounds, 0, 1 << 24);
   if (!rounds.ok()) return Fail(rounds.status());
   options.refine_rounds = static_cast<int32_t>(*rounds);
+  auto cap = args->GetInt("max-tokens-per-gpu", 0, 0, INT64_MAX);
+  if (!cap.ok()) return Fail(cap.status());
+  options.max_tokens_per_gpu = *cap;
+  if (args->Has("token-bytes")) {
+    auto token_bytes = args->GetInt("token-bytes", 0, 0, PlanRequest::kMaxTokenBytes);
+    if (!token_bytes.ok()) return Fail(token_bytes.status());
+    options.token_bytes = *token_bytes;
+  }
 
   auto results = Simulate(options);
   if (!results.ok()) return Fail(results.status());

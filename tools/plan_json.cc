@@ -42,8 +42,10 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
   if (!root.is_object()) return FieldError("input", "must be a JSON object");
   for (const auto& item : root.items()) {
     const std::string& key = item.key();
-    if (key != "topology" && key != "d_model" && key != "gamma" && key != "ranks") {
-      return FieldError(key, "unknown field (expected topology, d_model, gamma, ranks)");
+    if (key != "topology" && key != "d_model" && key != "gamma" && key != "token_bytes" &&
+        key != "ranks") {
+      return FieldError(key,
+                        "unknown field (expected topology, d_model, gamma, token_bytes, ranks)");
     }
   }
   PlanRequest request;
@@ -63,6 +65,18 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
   if (root.contains("gamma")) {
     if (!root["gamma"].is_number()) return FieldError("gamma", "must be a number");
     request.gamma = root["gamma"].get<double>();
+  }
+  request.token_bytes = 2 * request.d_model;
+  if (root.contains("token_bytes")) {
+    const json& bytes = root["token_bytes"];
+    const std::string range = absl::StrCat("must be in [0, ", PlanRequest::kMaxTokenBytes, "]");
+    if (!bytes.is_number_integer()) return FieldError("token_bytes", "must be an integer");
+    if (bytes.is_number_unsigned()
+            ? bytes.get<uint64_t>() > static_cast<uint64_t>(PlanRequest::kMaxTokenBytes)
+            : bytes.get<int64_t>() < 0) {
+      return FieldError("token_bytes", range);
+    }
+    request.token_bytes = bytes.get<int64_t>();
   }
 
   if (!root.contains("ranks")) return FieldError("ranks", "missing");
@@ -112,6 +126,8 @@ std::string PlanToJson(const PlanRequest& request, const Plan& plan, double lowe
   out["gpu_workload_before"] = plan.workload_before;
   out["total_tokens"] = plan.TotalTokens();
   out["moved_tokens"] = plan.MovedTokens();
+  out["token_bytes"] = request.token_bytes;
+  out["moved_bytes"] = plan.MovedBytes(request.token_bytes);
   out["before"] = StatsJson(ComputeBalanceStats(plan.workload_before));
   out["after"] = StatsJson(ComputeBalanceStats(plan.workload_after));
   out["lower_bound_max_over_mean"] = lower_bound;

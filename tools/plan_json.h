@@ -13,12 +13,19 @@ namespace knapformer {
 
 // The input of `knapformer plan`:
 //   {"topology": "g1n2+g2n1+g4n1", "d_model": 3072, "gamma": 0.49,
-//    "ranks": [[l, l, ...], ...]}
-// topology and ranks are required; d_model defaults to 3072 and gamma to 0.49.
+//    "token_bytes": 6144, "ranks": [[l, l, ...], ...]}
+// topology and ranks are required; d_model defaults to 3072, gamma to 0.49
+// and token_bytes (what one token occupies in the route, for moved_bytes)
+// to 2 * d_model: one bf16 hidden state per token.
 struct PlanRequest {
+  // The largest token_bytes accepted: 16 MiB a token is far past any model
+  // (d_model 65536 in float64 is 512 KiB), and keeps the products in range.
+  static constexpr int64_t kMaxTokenBytes = int64_t{1} << 24;
+
   std::string topology;
   int64_t d_model = 3072;
   double gamma = 0.49;
+  int64_t token_bytes = 2 * 3072;
   RankLengths ranks;
 };
 
@@ -26,9 +33,10 @@ struct PlanRequest {
 // ...") for malformed JSON, a missing or unknown field, or a wrong type or value.
 absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text);
 
-// The plan as JSON: topology, world_size, d_model, gamma, chunks
+// The plan as JSON: topology, world_size, d_model, gamma, token_bytes, chunks
 // [{src_rank, seq_index, offset, length, dst_rank}], gpu_workload and
-// gpu_workload_before per rank, moved_tokens, total_tokens and balance figures.
+// gpu_workload_before per rank, total_tokens, moved_tokens, moved_bytes and
+// balance figures.
 std::string PlanToJson(const PlanRequest& request, const Plan& plan, double lower_bound);
 
 // One rank's slice as JSON: sends, recvs, compute_chunk_lengths, ulysses.

@@ -2,6 +2,7 @@
 #define KNAPFORMER_TOOLS_SIMULATE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,13 @@ struct SimulateOptions {
   // 0 = the paper's greedy exactly.
   int32_t refine_rounds = BalancerOptions().refine_rounds;
   bool locality = BalancerOptions().locality;
+  int64_t max_tokens_per_gpu = 0;  // 0 = no cap
   CostKind cost_model = CostKind::kTransformer;
+  // Bytes one token occupies in the route's all-to-all, for the moved-bytes
+  // figures; unset = 2 * d_model (one bf16 hidden state per token).
+  std::optional<int64_t> token_bytes;
+
+  int64_t TokenBytes() const { return token_bytes.value_or(2 * d_model); }
 };
 
 // Mean, population standard deviation and maximum over steps.
@@ -40,11 +47,14 @@ struct TopologyResult {
   Summary lower_bound;           // best max/mean any plan could reach
   Summary plan_micros;           // wall time of one BalanceGreedy call
   Summary moved_fraction;        // tokens sent to another rank / all tokens
+  Summary moved_tokens;          // tokens sent to another rank, per step
+  Summary moved_bytes;           // moved_tokens * token bytes, per step (one way)
 };
 
 // Runs the greedy planner on `steps` batches of the data stream for every
 // topology, validating each plan (an invalid plan is an Internal error).
-// InvalidArgument for a bad option, naming it.
+// InvalidArgument for a bad option, naming it; a planner error (a token cap
+// no placement meets) names the step and topology.
 absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& options);
 
 // The human-readable table printed by `knapformer simulate`.

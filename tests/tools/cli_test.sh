@@ -51,6 +51,16 @@ assert len(plan["gpu_workload"]) == 8
 assert abs(sum(plan["gpu_workload"]) - sum(plan["gpu_workload_before"])) < 1e-6 * sum(plan["gpu_workload_before"])
 PY
 echo "ok   plan-coverage"
+# Moved bytes price the moved tokens at 2 x d_model bytes (a bf16 hidden
+# state) unless the request says otherwise.
+if python3 - "$tmp/out" <<'PY'; then echo "ok   plan-moved-bytes"; else echo "FAIL plan-moved-bytes"; failures=$((failures + 1)); fi
+import json, sys
+plan = json.load(open(sys.argv[1]))
+moved = sum(c["length"] for c in plan["chunks"] if c["src_rank"] != c["dst_rank"])
+assert plan["moved_tokens"] == moved > 0, (plan["moved_tokens"], moved)
+assert plan["token_bytes"] == 2 * 3072, plan["token_bytes"]
+assert plan["moved_bytes"] == moved * 2 * 3072, plan["moved_bytes"]
+PY
 expect plan-stdin 0 "" -- bash -c "\"$bin\" plan --input - < \"$tmp/good.json\""
 expect plan-rank 0 "" -- "$bin" plan --input "$tmp/good.json" --rank 3
 grep -q '"ulysses"' "$tmp/out" || { echo "FAIL plan-rank: no ulysses field"; failures=$((failures + 1)); }
@@ -85,6 +95,26 @@ expect simulate-bad-world 2 "--world: world: 30 must be a positive multiple" -- 
 expect simulate-bad-topology 2 "--topology g4n3: world_size: 32 is not a multiple of the group size 12" -- "$bin" simulate --topology g4n3
 expect simulate-bad-steps 2 "--steps: 'x' is not a whole number" -- "$bin" simulate --steps x
 expect simulate-bad-gamma 2 "--gamma: 'nan' is not a finite number" -- "$bin" simulate --gamma nan
+# Moved tokens and bytes per step: bytes = tokens x --token-bytes.
+expect simulate-moved 0 "" -- "$bin" simulate --data low-res --steps 2 --topology g8n4 --token-bytes 1000
+if python3 - "$tmp/out" <<'PY'; then echo "ok   simulate-moved-figures"; else echo "FAIL simulate-moved-figures: $(cat "$tmp/out")"; failures=$((failures + 1)); fi
+import re, sys
+text = open(sys.argv[1]).read()
+assert "token bytes 1000;" in text, text
+row = next(line for line in text.splitlines() if line.startswith("g8n4 "))
+share, tokens, nbytes = re.search(r"(\d+\.\d)% +(\S+) +(\S+) +\d+/\d+$", row.rstrip()).groups()
+unit = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+def value(s):
+    m = re.fullmatch(r"([\d.]+)([kMGT]?)", s)
+    return float(m.group(1)) * unit[m.group(2)]
+# g8 bags: at least 7/8 of every token moves; low-res has 1024 samples of
+# 256 visual and 0-392 text tokens a step (~463k).
+assert 80 < float(share) < 100, share
+assert 3e5 < value(tokens) < 5e5, tokens
+assert abs(value(nbytes) / value(tokens) - 1000) < 10, (tokens, nbytes)
+PY
+expect simulate-bad-token-bytes 2 "--token-bytes: '-1' is not a whole number in [0, 16777216]" -- "$bin" simulate --token-bytes -1
+expect simulate-cap-impossible 2 "step 0, topology g1n32: max_tokens_per_gpu: sequence" -- "$bin" simulate --data low-res --steps 1 --topology g1n32 --max-tokens-per-gpu 100
 
 # calibrate: times made from a known gamma (0.49) with 2% noise come back as it.
 python3 - >"$tmp/times.csv" <<'PY'

@@ -31,6 +31,21 @@ TEST(PlanJsonTest, DefaultsDModelAndGamma) {
   ASSERT_TRUE(request.ok()) << request.status();
   EXPECT_EQ(request->d_model, 3072);
   EXPECT_DOUBLE_EQ(request->gamma, 0.49);
+  EXPECT_EQ(request->token_bytes, 2 * 3072);
+}
+
+TEST(PlanJsonTest, TokenBytesDefaultsToABf16HiddenStateOfTheRequestsDModel) {
+  auto request = ParsePlanRequest(R"({"topology": "g1n1", "d_model": 1000, "ranks": [[1]]})");
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->token_bytes, 2000);
+  request = ParsePlanRequest(
+      R"({"topology": "g1n1", "d_model": 1000, "token_bytes": 0, "ranks": [[1]]})");
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->token_bytes, 0);
+  request = ParsePlanRequest(
+      R"({"topology": "g1n1", "token_bytes": 16777216, "ranks": [[1]]})");
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->token_bytes, 16777216);
 }
 
 TEST(PlanJsonTest, NamesTheBadField) {
@@ -55,6 +70,12 @@ TEST(PlanJsonTest, NamesTheBadField) {
       {R"({"topology": "g1n1", "d_model": 99999999999, "ranks": [[1]]})",
        "d_model: must be in [1, 65536]"},
       {R"({"topology": "g1n1", "gamma": "x", "ranks": [[1]]})", "gamma: must be a number"},
+      {R"({"topology": "g1n1", "token_bytes": 1.5, "ranks": [[1]]})",
+       "token_bytes: must be an integer"},
+      {R"({"topology": "g1n1", "token_bytes": -1, "ranks": [[1]]})",
+       "token_bytes: must be in [0, 16777216]"},
+      {R"({"topology": "g1n1", "token_bytes": 16777217, "ranks": [[1]]})",
+       "token_bytes: must be in [0, 16777216]"},
       {R"({"topology": "g1n1", "ranks": [[1]], "rank": 3})", "rank: unknown field"},
   };
   for (const auto& [text, message] : cases) {
@@ -87,12 +108,34 @@ TEST(PlanJsonTest, WritesChunksWorkloadsAndNullForUnboundedRatios) {
   EXPECT_TRUE(out["after"]["wir"].is_null());  // one GPU idle: max/min is unbounded
   EXPECT_DOUBLE_EQ(out["after"]["max_over_mean"].get<double>(), 2.0);
   EXPECT_EQ(out["moved_tokens"], 0);
+  EXPECT_EQ(out["moved_bytes"], 0);
   EXPECT_EQ(out["total_tokens"], 7);
 
   const auto slice = nlohmann::json::parse(RankPlanToJson(plan->Slice(0)));
   EXPECT_EQ(slice["sends"][0]["dst_rank"], 0);
   EXPECT_EQ(slice["recvs"][0]["src_rank"], 0);
   EXPECT_EQ(slice["compute_chunk_lengths"], (std::vector<int64_t>{7}));
+}
+
+TEST(PlanJsonTest, MovedBytesAreMovedTokensTimesTokenBytes) {
+  auto world = World::Create(*Topology::Parse("g1n2"), 2);
+  auto cost = CostModel::Create(1, 0.0);
+  PlanRequest request;
+  request.topology = "g1n2";
+  request.d_model = 1;
+  request.gamma = 0.0;
+  request.token_bytes = 10;
+  // All 30 tokens sit on rank 0; balancing sends one of the two 15-token
+  // sequences to rank 1.
+  request.ranks = {{15, 15}, {}};
+  auto plan = BalanceGreedy(*world, *cost, request.ranks);
+  ASSERT_TRUE(plan.ok());
+  const auto out = nlohmann::json::parse(PlanToJson(request, *plan, 1.0));
+  EXPECT_EQ(out["moved_tokens"], 15);
+  EXPECT_EQ(out["token_bytes"], 10);
+  EXPECT_EQ(out["moved_bytes"], 150);
+  EXPECT_EQ(plan->MovedBytes(0), 0);
+  EXPECT_EQ(plan->MovedBytes(int64_t{1} << 62), INT64_MAX);  // saturates, never wraps
 }
 
 }  // namespace
