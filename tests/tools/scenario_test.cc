@@ -2,11 +2,19 @@
 // gamma = 0.49, 20 steps) against the reference implementation's figures in
 // shared/notes/algorithm.md.
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "planner/balance_stats.h"
+#include "planner/balancer.h"
+#include "planner/cost_model.h"
+#include "planner/data_stream.h"
+#include "planner/topology.h"
+#include "planner/validate.h"
 #include "tools/simulate.h"
 
 namespace knapformer {
@@ -79,25 +87,77 @@ TEST(ScenarioTest, MatchesOrBeatsTheReferenceFigures) {
   }
 }
 
-// Issue 6's bar: at the same max/mean (within 0.1%), the locality-aware
-// planner moves fewer tokens than the balanced planner in every cell, and at
-// most 30% on low-res g1n32.
-TEST(ScenarioTest, LocalityMovesFewerTokensAtTheSameMaxOverMean) {
+// Per-step figures of one planner on one cell.
+struct StepFigures {
+  double max_over_mean = 0;
+  int64_t moved = 0;
+  int64_t total = 0;
+};
+
+std::vector<StepFigures> PlanSteps(const std::string& data, const std::string& topology,
+                                   const BalancerOptions& options) {
+  std::vector<StepFigures> steps;
+  auto codes = ParseDataCodes(ScenarioCodes(data));
+  auto stream = DataStream::Create(*codes, 32, /*seed=*/0);
+  auto world = World::Create(*Topology::Parse(topology), 32);
+  auto cost = CostModel::Create(3072, 0.49);
+  EXPECT_TRUE(codes.ok() && stream.ok() && world.ok() && cost.ok());
+  if (!stream.ok() || !world.ok() || !cost.ok()) return steps;
+  for (int64_t step = 0; step < SimulateOptions().steps; ++step) {
+    const RankLengths lengths = stream->Batch(step);
+    auto plan = BalanceGreedy(*world, *cost, lengths, options);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    if (!plan.ok()) return steps;
+    EXPECT_TRUE(ValidatePlan(*plan, *world, lengths).ok());
+    steps.push_back({ComputeBalanceStats(plan->workload_after).max_over_mean,
+                     plan->MovedTokens(), plan->TotalTokens()});
+  }
+  return steps;
+}
+
+// Issue 6's bar: in each of the 12 cells and in every step, the
+// locality-aware planner (the default) reaches the max/mean of the paper's
+// greedy and of the balanced plan (greedy + refinement) within 0.1%, and
+// over the steps moves fewer tokens than either; at most 30% of the tokens
+// on low-res g1n32. It never moves more than the balanced plan in a step
+// (it is only taken when it moves fewer), but may move a little more than
+// the paper's greedy in a step where that greedy is less balanced (joint
+// g4n8 and g8n4: by at most 0.4%, at 1.0005 max/mean against 1.0024).
+TEST(ScenarioTest, LocalityMovesFewerTokensAtTheSameMaxOverMeanInEveryStep) {
+  BalancerOptions paper;
+  paper.refine_rounds = 0;
+  paper.locality = false;
+  BalancerOptions balanced;
+  balanced.locality = false;
+  const BalancerOptions local;
+  ASSERT_TRUE(local.locality);
   for (const std::string data : {"low-res", "mixed-res", "joint"}) {
-    const auto greedy = RunScenario(data, 0, SimulateOptions().refine_rounds, false);
-    const auto local = RunScenario(data, 0, SimulateOptions().refine_rounds, true);
-    ASSERT_EQ(greedy.size(), 4u);
-    ASSERT_EQ(local.size(), 4u);
-    for (size_t t = 0; t < 4; ++t) {
-      SCOPED_TRACE(data + " " + local[t].topology);
-      // Per step, not only on average.
-      EXPECT_LE(local[t].max_over_mean_after.max, greedy[t].max_over_mean_after.max * 1.001);
-      EXPECT_LE(local[t].max_over_mean_after.mean, greedy[t].max_over_mean_after.mean * 1.001);
-      EXPECT_LT(local[t].moved_fraction.mean, greedy[t].moved_fraction.mean);
-      EXPECT_LE(local[t].moved_fraction.max, greedy[t].moved_fraction.max);
-    }
-    if (data == "low-res") {
-      EXPECT_LE(local[0].moved_fraction.mean, 0.30) << local[0].topology;
+    for (const std::string topology : {"g1n32", "g2n16", "g4n8", "g8n4"}) {
+      SCOPED_TRACE(data + " " + topology);
+      const std::vector<StepFigures> with_locality = PlanSteps(data, topology, local);
+      int64_t moved = 0, total = 0;
+      for (const StepFigures& step : with_locality) {
+        moved += step.moved;
+        total += step.total;
+      }
+      for (const BalancerOptions& baseline : {paper, balanced}) {
+        SCOPED_TRACE(baseline.refine_rounds == 0 ? "against the paper's greedy"
+                                                 : "against the balanced plan");
+        const std::vector<StepFigures> base = PlanSteps(data, topology, baseline);
+        ASSERT_EQ(base.size(), with_locality.size());
+        int64_t base_moved = 0;
+        for (size_t s = 0; s < base.size(); ++s) {
+          EXPECT_LE(with_locality[s].max_over_mean, base[s].max_over_mean * 1.001) << "step " << s;
+          if (baseline.refine_rounds > 0) {
+            EXPECT_LE(with_locality[s].moved, base[s].moved) << "step " << s;
+          }
+          base_moved += base[s].moved;
+        }
+        EXPECT_LT(moved, base_moved);
+      }
+      if (data == "low-res" && topology == "g1n32") {
+        EXPECT_LE(static_cast<double>(moved) / total, 0.30);
+      }
     }
   }
 }
