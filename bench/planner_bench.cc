@@ -10,7 +10,12 @@
 //   plan_MB       bytes owned by the returned Plan (capacities), MiB
 //   chunks        chunks in the plan
 //
-//   bazel run -c opt //bench:planner_bench
+//   bazel run -c opt //bench:planner_bench [-- --malloc=retain|default]
+//
+// --malloc=retain (default) runs with the malloc settings of `knapformer
+// serve` (tools/malloc_policy.h: freed memory stays for the next plan);
+// --malloc=default with glibc's own, where the pages of a plan may go back
+// to the kernel after every call and fault in again on the next.
 
 #include <malloc.h>
 
@@ -27,12 +32,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "planner/balancer.h"
 #include "planner/cost_model.h"
 #include "planner/splitmix64.h"
 #include "planner/topology.h"
+#include "tools/malloc_policy.h"
 
 // ---------------------------------------------------------------------------
 // Heap accounting. Replacing the global allocation functions is the only way
@@ -288,7 +295,30 @@ int main(int argc, char** argv) {
   std::vector<char*> args(argv, argv + argc + 1);  // keeps argv's trailing nullptr
   std::string min_time = knapformer::kDefaultMinTimeFlag;
   args.insert(args.begin() + 1, min_time.data());
-  int args_count = argc + 1;
+  // --malloc retain (the default: what `knapformer serve` runs with) or
+  // default (glibc's own thresholds, as in a process that does not choose).
+  std::string malloc_policy = "retain";
+  for (auto it = args.begin() + 1; *it != nullptr;) {
+    const std::string arg = *it;
+    if (arg.rfind("--malloc=", 0) == 0) {
+      malloc_policy = arg.substr(9);
+      it = args.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (malloc_policy == "retain") {
+    if (absl::Status retained = knapformer::RetainFreedMemory(); !retained.ok()) {
+      std::fprintf(stderr, "--malloc=retain: %s\n", std::string(retained.message()).c_str());
+      return 1;
+    }
+  } else if (malloc_policy != "default") {
+    std::fprintf(stderr, "--malloc: must be retain or default, got '%s'\n",
+                 malloc_policy.c_str());
+    return 1;
+  }
+  benchmark::AddCustomContext("malloc", malloc_policy);
+  int args_count = static_cast<int>(args.size()) - 1;
   benchmark::Initialize(&args_count, args.data());
   if (benchmark::ReportUnrecognizedArguments(args_count, args.data())) return 1;
   std::vector<std::unique_ptr<knapformer::Case>> cases;

@@ -66,6 +66,7 @@
 #include "planner/data_stream.h"
 #include "planner/topology.h"
 #include "server/planner_server.h"
+#include "tools/malloc_policy.h"
 
 namespace knapformer {
 namespace {
@@ -827,7 +828,14 @@ int Main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   // As `knapformer serve` does: Debian's abseil checks every lock for
-  // deadlock cycles (gRPC's too), ~5% of the server's CPU.
+  // deadlock cycles (gRPC's too), ~5% of the server's CPU; and malloc keeps
+  // freed memory for the next plan (tools/malloc_policy.h). The server child
+  // is forked from here and inherits both; so does the core solve measured
+  // in this process.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  if (absl::Status retained = knapformer::RetainFreedMemory(); !retained.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(retained.message()).c_str());
+    return 1;
+  }
   return knapformer::Main(argc, argv);
 }

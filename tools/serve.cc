@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "planner/status_macros.h"
 #include "tools/args.h"
+#include "tools/malloc_policy.h"
 
 namespace knapformer {
 
@@ -24,6 +25,8 @@ const char kServeUsage[] =
     "            [--refine-rounds 256] [--locality on|off] [--solver-threads 0 (= cores)]\n"
     "            [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
     "            [--log-level info] [--shutdown-grace-ms 5000] [--port-file FILE]\n"
+    "            [--retain-freed-memory on|off]  (on: malloc keeps freed memory\n"
+    "                                              for the next plan)\n"
     "            Run the gRPC planner service (knapformer.v1.Planner, health,\n"
     "            reflection) and its Prometheus metrics until SIGTERM.\n";
 
@@ -36,7 +39,8 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
                          "max-message-bytes", "remembered-steps", "refine-rounds", "locality",
                          "timed-steps", "timing-window", "min-timing-samples",
                          "solver-threads", "tls-cert", "tls-key", "tls-client-ca",
-                         "log-level", "shutdown-grace-ms", "port-file"}));
+                         "log-level", "shutdown-grace-ms", "port-file",
+                         "retain-freed-memory"}));
   ServeConfig config;
   PlannerServerOptions& server = config.server;
   ServiceLimits& limits = server.service.limits;
@@ -87,6 +91,8 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
   KF_ASSIGN_OR_RETURN(int64_t grace_ms, args.GetInt("shutdown-grace-ms", 5000, 0, 600000));
   config.shutdown_grace = absl::Milliseconds(grace_ms);
   config.port_file = args.GetString("port-file", "");
+  KF_ASSIGN_OR_RETURN(config.retain_freed_memory,
+                      args.GetOnOff("retain-freed-memory", config.retain_freed_memory));
   return config;
 }
 
@@ -102,6 +108,11 @@ int RunServe(const std::vector<std::string>& argv) {
   // the server's CPU under load. A process-wide choice, so it is made here
   // and not in the embeddable server.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  if (config->retain_freed_memory) {
+    if (absl::Status retained = RetainFreedMemory(); !retained.ok()) {
+      Log(LogLevel::kWarning, absl::StrCat("--retain-freed-memory: ", retained.message()));
+    }
+  }
 
   // Block the stop signals in every thread (gRPC's inherit this mask) so that
   // only sigwait below sees them.

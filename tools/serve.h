@@ -19,6 +19,8 @@ struct ServeConfig {
   LogLevel log_level = LogLevel::kInfo;
   absl::Duration shutdown_grace = absl::Seconds(5);
   std::string port_file;  // written with "<grpc port> <metrics port>\n" once serving
+  // glibc malloc keeps freed memory for the next plan (tools/malloc_policy.h).
+  bool retain_freed_memory = true;
 };
 
 // InvalidArgument naming the flag for a bad value.

@@ -87,6 +87,7 @@ expect unknown-command 2 "unknown command 'frobnicate'" -- "$bin" frobnicate
 expect help 0 "" -- "$bin" help
 grep -q "^  serve " "$tmp/out" || { echo "FAIL help: no serve in the usage"; failures=$((failures + 1)); }
 expect serve-bad-flag 2 "--max-pending-steps: '0' is not a whole number" -- "$bin" serve --max-pending-steps 0
+expect serve-bad-retain 2 "--retain-freed-memory: must be on or off, got 'yes'" -- "$bin" serve --retain-freed-memory yes
 
 expect simulate-ok 0 "" -- "$bin" simulate --data low-res --steps 2 --topology g1n32,g8n4
 grep -q "^g8n4 " "$tmp/out" || { echo "FAIL simulate-ok: no g8n4 row"; failures=$((failures + 1)); }
