@@ -37,21 +37,29 @@ struct BalancerOptions {
   bool locality = true;
   double locality_slack = 0.0005;
   // A hard limit on the tokens any GPU computes on after routing (memory);
-  // 0 = none. Every placement considered respects it; when the planner
-  // finds none, ResourceExhausted names the sequence, its rank and tokens,
-  // and the cap.
+  // 0 = none. A bag of G GPUs may hold G times it. Every placement
+  // considered respects it: the greedy only takes bags with room (see
+  // below), refinement is undone if it broke it, the guard and the locality
+  // candidate are only taken when they respect it. When the greedy finds no
+  // bag with room for a sequence, ResourceExhausted names the sequence, its
+  // rank and tokens, and the cap (the greedy is not exhaustive: a refusal
+  // means it found no placement, not that none exists).
   int64_t max_tokens_per_gpu = 0;
 };
 
 // The paper's greedy planner (KnapFormer section 3.3), run independently in
 // every replica of the topology:
-//  1. Bags. Sequences sorted by workload descending (ties: global id) go one by
-//     one to the eligible bag of lowest occupancy (assigned / capacity,
-//     capacity = GPUs * total/GPUs; ties: lowest bag id). Eligible: a bag whose
-//     capacity can hold the sequence and whose GPU count does not exceed its
-//     length; a sequence bigger than every eligible capacity goes to the
-//     largest eligible bags; one shorter than the smallest bag goes to the
-//     smallest bags (some of their GPUs then hold none of its tokens).
+//  1. Bags. Sequences sorted by length descending (so by workload; ties:
+//     global id) go one by one to the eligible bag of lowest occupancy
+//     (assigned / capacity, capacity = GPUs * total/GPUs; ties: lowest bag
+//     id). Eligible: a bag whose capacity can hold the sequence and whose GPU
+//     count does not exceed its length; a sequence bigger than every eligible
+//     capacity goes to the largest eligible bags; one shorter than the
+//     smallest bag goes to the smallest bags (some of their GPUs then hold
+//     none of its tokens). Under max_tokens_per_gpu only bags with room for
+//     the sequence's tokens count: the eligible one of lowest occupancy with
+//     room, else the bag of lowest occupancy with room among all of at most
+//     its largest eligible size.
 //  2. Chunks. A sequence in a G-GPU bag is cut into G contiguous chunks, chunk
 //     i on the bag's i-th GPU, lengths differing by at most one token; the
 //     positions that get the extra tokens rotate within the bag so every GPU
@@ -61,10 +69,11 @@ struct BalancerOptions {
 // leaving every sequence in its source rank's bag has a lower maximum per-GPU
 // load, that assignment is used, so max/mean is never worse than no balancing.
 // Then, with options.locality, a home-first packing repaired to within
-// options.locality_slack of that maximum (locality.h), when it moves fewer
-// tokens than the balanced one.
+// options.locality_slack of that maximum and to at most the all-home maximum
+// (locality.h), when it surely moves fewer tokens than the balanced one.
 // Empty sequences get no chunk and no bag. Runs in O(S + S log B + C) for S
-// sequences, B bags and C chunks (a radix sort orders the sequences), plus the
+// sequences, B bags and C chunks (a radix sort orders the sequences; under a
+// cap, O((S + B) log B) for the packing), plus the
 // refinement rounds (each O(n log n) in the sequences of two bags, at most
 // options.refine_rounds per replica) and, with locality, one more packing
 // and the repair (locality.h).

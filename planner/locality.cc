@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "planner/bag_members.h"
+#include "planner/token_cap.h"
 
 namespace knapformer {
 namespace {
@@ -62,7 +63,7 @@ bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu,
   }
   auto tokens_fit = [&](int32_t b, int64_t added) {
     return max_tokens_per_gpu <= 0 || added <= 0 ||
-           tokens[b] + added <= max_tokens_per_gpu * gpus[b];
+           tokens[b] + added <= TokenCapOfBag(max_tokens_per_gpu, gpus[b]);
   };
   auto relocate = [&](int32_t i, int32_t from, int32_t to) {
     if (max_tokens_per_gpu > 0) {
@@ -121,8 +122,9 @@ bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu,
           auto back = std::lower_bound(theirs_begin, theirs_end, w - room,
                                        [&](int32_t j, double x) { return workload[j] < x; });
           for (; back != theirs_end && workload[*back] < w; ++back) {
+            if (!fits(*back, heavy)) continue;
             const double cut = w - workload[*back];
-            if (fits(*back, heavy)) consider(out, *back, partner, cut);
+            consider(out, *back, partner, cut);
             if (cut < excess) break;  // the largest cut short of the excess: smaller follow
           }
         }

@@ -21,9 +21,9 @@ inline int64_t MovedTokens(int64_t length, int32_t home_bag, int32_t bag,
 // (a home-first packing): per bag over the limit, worst first, up to 8
 // moves or swaps, each with one of the `partners` bags that have the most
 // room, keeping the partner under the limit. Each step takes an action that
-// ends the bag's excess adding the fewest moved tokens (compared across the
-// first two partners that offer one), else the one that cuts the excess
-// most. Refinement (refine.h) levels the heaviest bag
+// ends the bag's excess adding the fewest moved tokens (once one is found,
+// the search stops at the second partner searched, or at once if it adds
+// none), else the one that cuts the excess most. Refinement (refine.h) levels the heaviest bag
 // against the lightest only, and moves home sequences away for balance no
 // one asked for; here any bag with room can take the difference.
 //

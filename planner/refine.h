@@ -19,8 +19,9 @@ namespace knapformer {
 //
 // `bag[i]` is the bag of sequence i of `sequences`, updated in place;
 // `gpus[b]` is the size of bag b (ascending); `assigned[b]` its workload,
-// kept up to date. Deterministic: ties go to the lowest sequence ids and bag
-// ids.
+// kept up to date. Deterministic: the same input gives the same rounds; the
+// heaviest and lightest bags tie by bag id, moves by sequence id, and swaps
+// go to the first found in the bags' member order.
 void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
                 const SequenceTable& sequences, std::vector<int32_t>& bag,
                 std::vector<double>& assigned);

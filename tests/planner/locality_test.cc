@@ -116,6 +116,20 @@ TEST(RepairToLimitTest, FailsWhenNothingFitsAndLeavesALevelPlacementAlone) {
   EXPECT_THAT(level.bag, ElementsAre(1, 0));
 }
 
+TEST(RepairToLimitTest, RepairsTheWorstBagFirstAndThenUsesItAsAPartner) {
+  // Limit 10. Bag 0 holds its own 7 + 5 (excess 2, repaired first); bag 1
+  // its own 8 and bag 0's 3 (excess 1); bag 2 its own 2 (room 8).
+  // Bag 0: moving its 5 to bag 2 adds 5 moved tokens, the least of any
+  // action (the 7: 7; swaps with the 2: 9 and 7); bag 0 then has room 3 and
+  // ranks first among partners (ties by bag id). Bag 1: bag 0's 3 goes
+  // home, which takes 3 moved tokens away, and the search stops there.
+  const std::vector<int32_t> gpus = {1, 1, 1};
+  Placement p({{8, 1, 1}, {7, 0, 0}, {5, 0, 0}, {3, 0, 1}, {2, 2, 2}});
+  ASSERT_TRUE(p.Repair(gpus, 10.0, 8));
+  EXPECT_THAT(p.bag, ElementsAre(1, 0, 2, 0, 2));
+  EXPECT_THAT(p.assigned, ElementsAre(10.0, 8.0, 7.0));
+}
+
 TEST(RepairToLimitTest, KeepsSequencesOutOfBagsWiderThanThem) {
   // Bags of 1 and 2 GPUs, limit 10 per GPU (10 and 20 in all). Bag 0 holds
   // 11 + 1 (excess 2); bag 1 holds 14 (room 6). The 1-token sequence cannot

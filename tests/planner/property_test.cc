@@ -5,6 +5,7 @@
 // greedy on max/mean.
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -140,10 +141,13 @@ TEST(PlannerPropertyTest, RandomWorldsGiveValidDeterministicNeverWorsePlans) {
 
 // The paper's greedy as balancer.h words it, by a scan over every bag per
 // sequence (O(S * B), nothing shared with the planner's segment tree, lazy
-// updates or size-class ranges), then the guard against doing worse than
-// leaving the data where it is.
-std::vector<int32_t> NaiveGreedyBags(const World& world, const CostModel& cost,
-                                     const RankLengths& lengths) {
+// updates, parking or size-class ranges), then the guard against doing
+// worse than leaving the data where it is. Under a token cap (cap > 0) only
+// bags with room count: the usable ones first, then every bag of at most
+// the sequence's usable size; nullopt when a sequence fits nowhere.
+std::optional<std::vector<int32_t>> NaiveGreedyBags(const World& world, const CostModel& cost,
+                                                    const RankLengths& lengths,
+                                                    int64_t cap = 0) {
   const Topology& topology = world.topology();
   const int32_t group = topology.group_size();
   const int32_t num_bags = topology.num_bags();
@@ -169,6 +173,10 @@ std::vector<int32_t> NaiveGreedyBags(const World& world, const CostModel& cost,
                      [](const Seq& a, const Seq& b) { return a.workload > b.workload; });
     const double target = total / group;
     std::vector<double> assigned(num_bags, 0.0);
+    std::vector<int64_t> tokens(num_bags, 0);
+    auto room_for = [&](const Bag& bag, int64_t length) {
+      return cap <= 0 || tokens[bag.id] + length <= cap * bag.gpus;
+    };
     for (const Seq& seq : seqs) {
       // Not more GPUs than tokens (or the smallest bags for a shorter one);
       // among those, capacity for it, else the largest of them.
@@ -184,13 +192,19 @@ std::vector<int32_t> NaiveGreedyBags(const World& world, const CostModel& cost,
         }
       }
       int32_t best = -1;
-      for (const Bag& bag : topology.bags()) {
-        if (bag.gpus < min_gpus || bag.gpus > max_gpus) continue;
-        if (best < 0 || assigned[bag.id] / bag.gpus < assigned[best] / topology.bag(best).gpus) {
-          best = bag.id;
+      for (const int32_t lowest : {min_gpus, 0}) {
+        for (const Bag& bag : topology.bags()) {
+          if (bag.gpus < lowest || bag.gpus > max_gpus || !room_for(bag, seq.length)) continue;
+          if (best < 0 ||
+              assigned[bag.id] / bag.gpus < assigned[best] / topology.bag(best).gpus) {
+            best = bag.id;
+          }
         }
+        if (best >= 0) break;
       }
+      if (best < 0) return std::nullopt;
       assigned[best] += seq.workload;
+      tokens[best] += seq.length;
       bags[seq.index] = first / group * num_bags + best;
     }
     // The guard: every sequence in its source rank's bag, when that has the
@@ -204,12 +218,18 @@ std::vector<int32_t> NaiveGreedyBags(const World& world, const CostModel& cost,
         home_bags.push_back(length == 0 ? -1 : first / group * num_bags + bag);
       }
     }
+    std::vector<int64_t> home_tokens(num_bags, 0);
+    for (int32_t rank = first; rank < first + group; ++rank) {
+      for (int64_t length : lengths[rank]) home_tokens[topology.BagOfRank(rank - first)] += length;
+    }
     double greedy_max = 0, home_max = 0;
+    bool home_fits = true;
     for (const Bag& bag : topology.bags()) {
       greedy_max = std::max(greedy_max, assigned[bag.id] / bag.gpus);
       home_max = std::max(home_max, home[bag.id] / bag.gpus);
+      home_fits = home_fits && (cap <= 0 || home_tokens[bag.id] <= cap * bag.gpus);
     }
-    if (home_max < greedy_max) {
+    if (home_max < greedy_max && home_fits) {
       std::copy(home_bags.begin(), home_bags.end(), bags.end() - home_bags.size());
     }
   }
@@ -228,7 +248,7 @@ TEST(PlannerPropertyTest, ThePapersGreedyIsExactlyTheDocumentedRule) {
     const CostModel cost = *CostModel::Create(c.d_model, c.gamma);
     auto plan = BalanceGreedy(world, cost, c.lengths, paper);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    const std::vector<int32_t> expected = NaiveGreedyBags(world, cost, c.lengths);
+    const std::vector<int32_t> expected = *NaiveGreedyBags(world, cost, c.lengths);
     ASSERT_EQ(plan->sequences.size(), expected.size());
     for (size_t s = 0; s < expected.size(); ++s) {
       ASSERT_EQ(plan->sequences[s].bag, expected[s]) << "sequence " << s;
@@ -236,10 +256,63 @@ TEST(PlannerPropertyTest, ThePapersGreedyIsExactlyTheDocumentedRule) {
   }
 }
 
+// No cap under a replica's tokens spread evenly over its GPUs can be met.
+int64_t EvenTokensPerGpu(const World& world, const RankLengths& lengths) {
+  const int32_t group = world.topology().group_size();
+  int64_t floor = 1;
+  for (int64_t first = 0; first < world.world_size(); first += group) {
+    int64_t tokens = 0;
+    for (int64_t rank = first; rank < first + group; ++rank) {
+      for (int64_t length : lengths[rank]) tokens += length;
+    }
+    floor = std::max(floor, (tokens + group - 1) / group);
+  }
+  return floor;
+}
+
 std::vector<int64_t> TokensPerGpu(const Plan& plan) {
   std::vector<int64_t> tokens(plan.world_size, 0);
   for (const Chunk& chunk : plan.chunks) tokens[chunk.dst_rank] += chunk.length;
   return tokens;
+}
+
+// Under a token cap, the paper's greedy is the same scan restricted to bags
+// with room: the planner's parked bags (a heap by room beside the segment
+// tree) must give exactly the bags, and refuse exactly when, the scan does.
+TEST(PlannerPropertyTest, ThePapersGreedyUnderACapIsExactlyTheDocumentedRule) {
+  std::mt19937_64 rng(20261124);
+  BalancerOptions paper;
+  paper.refine_rounds = 0;
+  paper.locality = false;
+  int met = 0, refused = 0;
+  for (int n = 0; n < 1500; ++n) {
+    const Case c = RandomCase(rng);
+    SCOPED_TRACE(absl::StrCat("case ", n, ": ", c.spec, " world ", c.world_size));
+    const World world = *World::Create(*Topology::Parse(c.spec), c.world_size);
+    const CostModel cost = *CostModel::Create(c.d_model, c.gamma);
+    auto free_plan = BalanceGreedy(world, cost, c.lengths, paper);
+    ASSERT_TRUE(free_plan.ok());
+    const std::vector<int64_t> free_tokens = TokensPerGpu(*free_plan);
+    const int64_t most = *std::max_element(free_tokens.begin(), free_tokens.end());
+    const int64_t floor = EvenTokensPerGpu(world, c.lengths);
+    if (floor >= most) continue;
+    BalancerOptions capped = paper;
+    capped.max_tokens_per_gpu = floor + (most - floor) * (n % 50) / 50;
+    auto plan = BalanceGreedy(world, cost, c.lengths, capped);
+    const auto expected = NaiveGreedyBags(world, cost, c.lengths, capped.max_tokens_per_gpu);
+    ASSERT_EQ(plan.ok(), expected.has_value()) << plan.status();
+    if (!plan.ok()) {
+      ++refused;
+      continue;
+    }
+    ++met;
+    ASSERT_EQ(plan->sequences.size(), expected->size());
+    for (size_t s = 0; s < expected->size(); ++s) {
+      ASSERT_EQ(plan->sequences[s].bag, (*expected)[s]) << "sequence " << s;
+    }
+  }
+  EXPECT_GT(met, 100);
+  EXPECT_GT(refused, 100);
 }
 
 // A cap below what the uncapped plan needs is either met on every GPU or
@@ -259,17 +332,8 @@ TEST(PlannerPropertyTest, TheTokenCapIsNeverExceeded) {
     const std::vector<int64_t> free_tokens = TokensPerGpu(*free_plan);
     const int64_t most = *std::max_element(free_tokens.begin(), free_tokens.end());
     if (most < 2) continue;
-    // No cap under a replica's tokens spread evenly can be met: caps from
-    // there up to the free plan's peak.
-    const int32_t group = world->topology().group_size();
-    int64_t floor = 1;
-    for (int64_t first = 0; first < c.world_size; first += group) {
-      int64_t tokens = 0;
-      for (int64_t rank = first; rank < first + group; ++rank) {
-        for (int64_t length : c.lengths[rank]) tokens += length;
-      }
-      floor = std::max(floor, (tokens + group - 1) / group);
-    }
+    // Caps from the tokens spread evenly up to the free plan's peak.
+    const int64_t floor = EvenTokensPerGpu(*world, c.lengths);
     if (floor >= most) continue;
     BalancerOptions options;
     options.max_tokens_per_gpu = floor + (most - floor) * (n % 50) / 50;
