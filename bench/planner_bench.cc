@@ -154,6 +154,8 @@ constexpr char kDefaultMinTimeFlag[] = "--benchmark_min_time=0.2";
 constexpr double kMiB = 1024.0 * 1024.0;
 
 constexpr int64_t kRankCounts[] = {32, 256, 1024, 4096};
+// Where the default planner also runs under a binding token cap.
+constexpr int64_t kCappedRanks = 4096;
 // (refine rounds, locality): the default; without locality; the paper's greedy.
 constexpr std::pair<int32_t, bool> kVariants[] = {
     {BalancerOptions().refine_rounds, true},
@@ -269,6 +271,31 @@ bool RegisterAll(std::vector<std::unique_ptr<Case>>& cases) {
         return false;
       }
       const RankLengths lengths = MixedResolutionLengths(ranks);
+      if (ranks == kCappedRanks) {
+        // A binding token cap: a fifth of the way from the tokens every GPU
+        // would hold if spread evenly (no cap below can be met) up to the
+        // uncapped plan's most loaded GPU.
+        absl::StatusOr<Plan> free = BalanceGreedy(*world, *cost, lengths);
+        if (!free.ok()) {
+          std::fprintf(stderr, "%s: %s\n", spec.c_str(),
+                       std::string(free.status().message()).c_str());
+          return false;
+        }
+        std::vector<int64_t> tokens(ranks, 0);
+        for (const Chunk& chunk : free->chunks) tokens[chunk.dst_rank] += chunk.length;
+        const int64_t peak = *std::max_element(tokens.begin(), tokens.end());
+        const int64_t floor = (free->TotalTokens() + ranks - 1) / ranks;
+        BalancerOptions options;
+        options.max_tokens_per_gpu = floor + (peak - floor) / 5;
+        cases.push_back(std::make_unique<Case>(Case{
+            *world, *cost, lengths, options,
+            absl::StrCat(topology->spec(), " cap ", options.max_tokens_per_gpu, " (uncapped peak ",
+                         peak, ", even ", floor, ")")}));
+        benchmark::RegisterBenchmark(absl::StrCat("BM_PlanCapped/", family.name).c_str(),
+                                     BM_Plan, cases.back().get())
+            ->Arg(ranks)
+            ->Unit(benchmark::kMicrosecond);
+      }
       for (const auto& [refine, locality] : kVariants) {
         BalancerOptions options;
         options.refine_rounds = refine;
