@@ -23,9 +23,10 @@ inline int64_t MovedTokens(int64_t length, int32_t home_bag, int32_t bag,
 // room, keeping the partner under the limit. Each step takes an action that
 // ends the bag's excess adding the fewest moved tokens (once one is found,
 // the search stops at the second partner searched, or at once if it adds
-// none), else the one that cuts the excess most. Refinement (refine.h) levels the heaviest bag
-// against the lightest only, and moves home sequences away for balance no
-// one asked for; here any bag with room can take the difference.
+// none), else the one that cuts the excess most. Refinement (refine.h)
+// levels the heaviest bag against the lightest only, and moves home
+// sequences away for balance no one asked for; here any bag with room can
+// take the difference.
 //
 // `bag[i]` is the bag of sequence i of `sequences`. Returns true, with `bag`
 // and `assigned` updated, when every bag ends under the limit; false when
