@@ -301,19 +301,16 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
   };
   // Tokens a placement sends to other ranks, bounded both ways: in its home
   // bag a sequence's source rank keeps floor(l/G) or ceil(l/G) of its
-  // tokens, as the chunk rotation (phase 2) decides.
-  auto moved_at_most = [&](const std::vector<int32_t>& bags) {
-    int64_t moved = 0;
-    for (int32_t k = 0; k < n; ++k) {
-      moved += MovedTokens(length[k], home_bag[k], bags[k], gpus);
-    }
-    return moved;
-  };
-  auto moved_at_least = [&](const std::vector<int32_t>& bags) {
+  // tokens, as the chunk rotation (phase 2) decides; the bound is the most
+  // moved with `at_least` false, the least with it true.
+  auto moved_tokens = [&](const std::vector<int32_t>& bags, bool at_least) {
     int64_t moved = 0;
     for (int32_t k = 0; k < n; ++k) {
       const int32_t g = gpus[bags[k]];
-      moved += bags[k] == home_bag[k] ? length[k] - (length[k] + g - 1) / g : length[k];
+      const int64_t kept = bags[k] != home_bag[k] ? 0
+                           : at_least             ? (length[k] + g - 1) / g
+                                                  : length[k] / g;
+      moved += length[k] - kept;
     }
     return moved;
   };
@@ -367,7 +364,10 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
           RepairToLimit(gpus, limit, cap, kRepairPartners, table, near_home, near_assigned)) {
         within = max_per_gpu(near_assigned) <= limit && fits_cap(near_home);
       }
-      if (within && moved_at_most(near_home) < moved_at_least(chosen)) chosen.swap(near_home);
+      if (within && moved_tokens(near_home, /*at_least=*/false) <
+                        moved_tokens(chosen, /*at_least=*/true)) {
+        chosen.swap(near_home);
+      }
     }
   }
   for (int32_t k = 0; k < n; ++k) bag_of[table.id[k]] = chosen[k];
