@@ -281,8 +281,7 @@ bool RegisterAll(std::vector<std::unique_ptr<Case>>& cases) {
                        std::string(free.status().message()).c_str());
           return false;
         }
-        std::vector<int64_t> tokens(ranks, 0);
-        for (const Chunk& chunk : free->chunks) tokens[chunk.dst_rank] += chunk.length;
+        const std::vector<int64_t> tokens = free->TokensPerRank();
         const int64_t peak = *std::max_element(tokens.begin(), tokens.end());
         const int64_t floor = (free->TotalTokens() + ranks - 1) / ranks;
         BalancerOptions options;

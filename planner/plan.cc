@@ -92,6 +92,12 @@ int64_t Plan::MovedBytes(int64_t token_bytes) const {
   return moved * token_bytes;
 }
 
+std::vector<int64_t> Plan::TokensPerRank() const {
+  std::vector<int64_t> tokens(world_size, 0);
+  for (const Chunk& chunk : chunks) tokens[chunk.dst_rank] += chunk.length;
+  return tokens;
+}
+
 int64_t Plan::TotalTokens() const {
   int64_t total = 0;
   for (const PlacedSequence& seq : sequences) total += seq.length;

@@ -106,6 +106,8 @@ struct Plan {
   // and reverse).
   int64_t MovedTokens() const;
   int64_t TotalTokens() const;
+  // Tokens each rank computes on after routing, by rank.
+  std::vector<int64_t> TokensPerRank() const;
   // MovedTokens() * token_bytes (the bytes one token occupies in the
   // route's all-to-all), saturating at INT64_MAX; 0 when token_bytes <= 0.
   int64_t MovedBytes(int64_t token_bytes) const;

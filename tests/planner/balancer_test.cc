@@ -123,9 +123,7 @@ TEST(BalancerTest, TheTokenCapIsHardAndAnImpossibleOneIsAnError) {
   // 300 tokens in sequences of 100 on 2 GPUs: 200 per GPU is possible.
   options.max_tokens_per_gpu = 200;
   const Plan plan = PlanOrDie(world, LinearCost(), {{100, 100, 100}, {}}, options);
-  std::vector<int64_t> tokens(2, 0);
-  for (const Chunk& chunk : plan.chunks) tokens[chunk.dst_rank] += chunk.length;
-  EXPECT_THAT(tokens, UnorderedElementsAre(200, 100));
+  EXPECT_THAT(plan.TokensPerRank(), UnorderedElementsAre(200, 100));
   // 150 per GPU is not.
   options.max_tokens_per_gpu = 150;
   auto refused = BalanceGreedy(world, LinearCost(), {{100, 100, 100}, {}}, options);

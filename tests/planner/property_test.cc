@@ -236,6 +236,22 @@ std::optional<std::vector<int32_t>> NaiveGreedyBags(const World& world, const Co
   return bags;
 }
 
+// Whether `plan` puts every sequence in the bag the naive scan gives it.
+::testing::AssertionResult SameBags(const Plan& plan, const std::vector<int32_t>& expected) {
+  if (plan.sequences.size() != expected.size()) {
+    return ::testing::AssertionFailure() << plan.sequences.size() << " sequences, the scan has "
+                                         << expected.size();
+  }
+  for (size_t s = 0; s < expected.size(); ++s) {
+    if (plan.sequences[s].bag != expected[s]) {
+      return ::testing::AssertionFailure() << "sequence " << s << ": bag "
+                                           << plan.sequences[s].bag << ", the scan gives "
+                                           << expected[s];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 TEST(PlannerPropertyTest, ThePapersGreedyIsExactlyTheDocumentedRule) {
   std::mt19937_64 rng(20261123);
   BalancerOptions paper;
@@ -248,16 +264,21 @@ TEST(PlannerPropertyTest, ThePapersGreedyIsExactlyTheDocumentedRule) {
     const CostModel cost = *CostModel::Create(c.d_model, c.gamma);
     auto plan = BalanceGreedy(world, cost, c.lengths, paper);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    const std::vector<int32_t> expected = *NaiveGreedyBags(world, cost, c.lengths);
-    ASSERT_EQ(plan->sequences.size(), expected.size());
-    for (size_t s = 0; s < expected.size(); ++s) {
-      ASSERT_EQ(plan->sequences[s].bag, expected[s]) << "sequence " << s;
-    }
+    ASSERT_TRUE(SameBags(*plan, *NaiveGreedyBags(world, cost, c.lengths)));
   }
 }
 
-// No cap under a replica's tokens spread evenly over its GPUs can be met.
-int64_t EvenTokensPerGpu(const World& world, const RankLengths& lengths) {
+// Tokens on the most loaded GPU of `plan`.
+int64_t PeakTokens(const Plan& plan) {
+  const std::vector<int64_t> tokens = plan.TokensPerRank();
+  return *std::max_element(tokens.begin(), tokens.end());
+}
+
+// A cap the (n % 50)-th fiftieth of the way from the tokens of a replica
+// spread evenly over its GPUs (no cap below can be met) up to `peak`;
+// nullopt when the even spread already reaches it.
+std::optional<int64_t> CapTowardPeak(const World& world, const RankLengths& lengths, int64_t peak,
+                                     int n) {
   const int32_t group = world.topology().group_size();
   int64_t floor = 1;
   for (int64_t first = 0; first < world.world_size(); first += group) {
@@ -267,13 +288,8 @@ int64_t EvenTokensPerGpu(const World& world, const RankLengths& lengths) {
     }
     floor = std::max(floor, (tokens + group - 1) / group);
   }
-  return floor;
-}
-
-std::vector<int64_t> TokensPerGpu(const Plan& plan) {
-  std::vector<int64_t> tokens(plan.world_size, 0);
-  for (const Chunk& chunk : plan.chunks) tokens[chunk.dst_rank] += chunk.length;
-  return tokens;
+  if (floor >= peak) return std::nullopt;
+  return floor + (peak - floor) * (n % 50) / 50;
 }
 
 // Under a token cap, the paper's greedy is the same scan restricted to bags
@@ -292,12 +308,10 @@ TEST(PlannerPropertyTest, ThePapersGreedyUnderACapIsExactlyTheDocumentedRule) {
     const CostModel cost = *CostModel::Create(c.d_model, c.gamma);
     auto free_plan = BalanceGreedy(world, cost, c.lengths, paper);
     ASSERT_TRUE(free_plan.ok());
-    const std::vector<int64_t> free_tokens = TokensPerGpu(*free_plan);
-    const int64_t most = *std::max_element(free_tokens.begin(), free_tokens.end());
-    const int64_t floor = EvenTokensPerGpu(world, c.lengths);
-    if (floor >= most) continue;
+    const std::optional<int64_t> cap = CapTowardPeak(world, c.lengths, PeakTokens(*free_plan), n);
+    if (!cap) continue;
     BalancerOptions capped = paper;
-    capped.max_tokens_per_gpu = floor + (most - floor) * (n % 50) / 50;
+    capped.max_tokens_per_gpu = *cap;
     auto plan = BalanceGreedy(world, cost, c.lengths, capped);
     const auto expected = NaiveGreedyBags(world, cost, c.lengths, capped.max_tokens_per_gpu);
     ASSERT_EQ(plan.ok(), expected.has_value()) << plan.status();
@@ -306,10 +320,7 @@ TEST(PlannerPropertyTest, ThePapersGreedyUnderACapIsExactlyTheDocumentedRule) {
       continue;
     }
     ++met;
-    ASSERT_EQ(plan->sequences.size(), expected->size());
-    for (size_t s = 0; s < expected->size(); ++s) {
-      ASSERT_EQ(plan->sequences[s].bag, (*expected)[s]) << "sequence " << s;
-    }
+    ASSERT_TRUE(SameBags(*plan, *expected));
   }
   EXPECT_GT(met, 100);
   EXPECT_GT(refused, 100);
@@ -329,14 +340,11 @@ TEST(PlannerPropertyTest, TheTokenCapIsNeverExceeded) {
     const CostModel cost = *CostModel::Create(c.d_model, c.gamma);
     auto free_plan = BalanceGreedy(*world, cost, c.lengths);
     ASSERT_TRUE(free_plan.ok());
-    const std::vector<int64_t> free_tokens = TokensPerGpu(*free_plan);
-    const int64_t most = *std::max_element(free_tokens.begin(), free_tokens.end());
-    if (most < 2) continue;
-    // Caps from the tokens spread evenly up to the free plan's peak.
-    const int64_t floor = EvenTokensPerGpu(*world, c.lengths);
-    if (floor >= most) continue;
+    const int64_t most = PeakTokens(*free_plan);
+    const std::optional<int64_t> cap = CapTowardPeak(*world, c.lengths, most, n);
+    if (!cap) continue;
     BalancerOptions options;
-    options.max_tokens_per_gpu = floor + (most - floor) * (n % 50) / 50;
+    options.max_tokens_per_gpu = *cap;
     auto plan = BalanceGreedy(*world, cost, c.lengths, options);
     if (!plan.ok()) {
       EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted) << plan.status();
@@ -348,7 +356,7 @@ TEST(PlannerPropertyTest, TheTokenCapIsNeverExceeded) {
       continue;
     }
     ASSERT_TRUE(ValidatePlan(*plan, *world, c.lengths).ok()) << ValidatePlan(*plan, *world, c.lengths);
-    for (int64_t tokens : TokensPerGpu(*plan)) {
+    for (int64_t tokens : plan->TokensPerRank()) {
       ASSERT_LE(tokens, options.max_tokens_per_gpu);
     }
     ++met;
