@@ -120,7 +120,7 @@ struct PlannerClient::Rep {
         return absl::FailedPreconditionError(absl::StrCat(
             "spec: rank ", r, "'s step spec differs from rank ", transport->rank(),
             "'s; every rank of a step must send the same spec (job, step, topology, cost "
-            "model, token cap)"));
+            "model, token cap, locality)"));
       }
     }
     auto topology = Topology::Parse(spec.topology());
@@ -129,6 +129,7 @@ struct PlannerClient::Rep {
     if (!world.ok()) return world.status();
     auto cost = CostModelFromSpec(spec);
     if (!cost.ok()) return cost.status();
+    if (absl::Status locality = CheckLocality(spec); !locality.ok()) return locality;
     auto plan = BalanceGreedy(*world, *cost, group, BalancerOptionsForSpec(options.balancer, spec));
     if (!plan.ok()) return plan.status();
     StepPlan result;
@@ -138,6 +139,8 @@ struct PlannerClient::Rep {
     result.max_over_mean_after = ComputeBalanceStats(plan->workload_after).max_over_mean;
     result.total_tokens = plan->TotalTokens();
     result.moved_tokens = plan->MovedTokens();
+    result.workload_before = std::move(plan->workload_before);
+    result.workload_after = std::move(plan->workload_after);
     return result;
   }
 };
@@ -187,16 +190,26 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
   v1::PlanResponse response;
   const grpc::Status status = rep.AskService(request, &response);
   const Outcome outcome = Classify(status.error_code());
-  // The outcome, the status code, and the message.
+  // The outcome and the status code, then the rank's workloads under the
+  // plan it got (so that every rank learns every rank's in the same
+  // exchange) or the service's message.
   std::string mine = {static_cast<char>(outcome), static_cast<char>(status.error_code())};
-  mine += status.error_message();
+  if (outcome == kGotPlan) {
+    const double workloads[2] = {response.plan().workload_before(),
+                                 response.plan().workload_after()};
+    mine.append(reinterpret_cast<const char*>(workloads), sizeof(workloads));
+  } else {
+    mine += status.error_message();
+  }
   auto all = rep.transport->AllGatherBytes(mine);
   if (!all.ok()) return all.status();
 
   int32_t first_fallback = -1;
   for (size_t r = 0; r < all->size(); ++r) {
     const std::string& blob = (*all)[r];
-    if (blob.size() < 2) return absl::InternalError(absl::StrCat("rank ", r, ": bad outcome"));
+    if (blob.size() < 2 || (blob[0] == kGotPlan && blob.size() != 2 + 2 * sizeof(double))) {
+      return absl::InternalError(absl::StrCat("rank ", r, ": bad outcome"));
+    }
     const Outcome theirs = static_cast<Outcome>(blob[0]);
     if (theirs == kRefusedInput) {
       return absl::Status(static_cast<absl::StatusCode>(blob[1]),
@@ -219,6 +232,14 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
   result.max_over_mean_after = response.balance().max_over_mean_after();
   result.total_tokens = response.balance().total_tokens();
   result.moved_tokens = response.balance().moved_tokens();
+  result.workload_before.resize(all->size());
+  result.workload_after.resize(all->size());
+  for (size_t r = 0; r < all->size(); ++r) {
+    double workloads[2];
+    std::memcpy(workloads, (*all)[r].data() + 2, sizeof(workloads));
+    result.workload_before[r] = workloads[0];
+    result.workload_after[r] = workloads[1];
+  }
   return result;
 }
 

@@ -47,6 +47,10 @@ struct StepPlan {
   double max_over_mean_after = 1;
   int64_t total_tokens = 0;
   int64_t moved_tokens = 0;
+  // Every rank's cost-model workload (by rank of the group) without
+  // balancing and under this plan: what WIR and max/mean are computed from.
+  std::vector<double> workload_before;
+  std::vector<double> workload_after;
 };
 
 // Gets each step's plan for one rank: from the planner service when one is

@@ -31,54 +31,169 @@ int64_t Sum(const std::vector<int64_t>& values) {
   return std::accumulate(values.begin(), values.end(), int64_t{0});
 }
 
-at::Tensor IndexTensor(const std::vector<int64_t>& index) {
-  return at::tensor(index, at::kLong);
+bool IsIdentity(const std::vector<int64_t>& index) {
+  for (size_t i = 0; i < index.size(); ++i) {
+    if (index[i] != static_cast<int64_t>(i)) return false;
+  }
+  return true;
 }
 
-// Rows of `x` (dim 0) exchanged: send_rows[p] rows to peer p, recv_rows[p]
-// from it. Byte-level, so every dtype travels (Gloo refuses bf16). The
-// counts were cross-checked once for the step in PlanRouting.
-at::Tensor Exchange(const at::Tensor& x, Transport* transport,
-                    const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows) {
-  const at::Tensor input = x.contiguous();
-  std::vector<int64_t> shape = input.sizes().vec();
-  const int64_t row_elements =
-      std::accumulate(shape.begin() + 1, shape.end(), int64_t{1}, std::multiplies<int64_t>());
-  shape[0] = Sum(recv_rows);
-  at::Tensor output = at::empty(shape, input.options());
-  absl::Status status = transport->AllToAllRowsPrechecked(
-      input.data_ptr(), send_rows, output.data_ptr(), recv_rows,
-      row_elements * static_cast<int64_t>(input.element_size()));
+// A row order (gather: row i of the result is row index[i] of the source)
+// and its inverse; both undefined when it is the identity, which then costs
+// nothing.
+struct RowOrder {
+  at::Tensor index;
+  at::Tensor inverse;
+
+  static RowOrder Of(const std::vector<int64_t>& rows) {
+    if (IsIdentity(rows)) return {};
+    std::vector<int64_t> inverse(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) inverse[rows[i]] = static_cast<int64_t>(i);
+    return {at::tensor(rows, at::kLong), at::tensor(inverse, at::kLong)};
+  }
+  RowOrder Inverted() const { return {inverse, index}; }
+};
+
+// One exchange of rows: the input's rows in `before` order are sent,
+// send_rows[p] to peer p, recv_rows[p] come from each peer, and the result
+// is the received rows in `after` order. Counts were cross-checked once for
+// the step in PlanRouting.
+struct RowMove {
+  Transport* transport = nullptr;
+  const std::vector<int64_t>* send_rows = nullptr;
+  const std::vector<int64_t>* recv_rows = nullptr;
+  RowOrder before;
+  RowOrder after;
+};
+
+int64_t RowElements(const at::Tensor& x) {
+  return std::accumulate(x.sizes().begin() + 1, x.sizes().end(), int64_t{1},
+                         std::multiplies<int64_t>());
+}
+
+at::Tensor Reordered(const at::Tensor& x, const at::Tensor& index) {
+  return index.defined() ? x.index_select(0, index.to(x.device())) : x;
+}
+
+// Every tensor's rows exchanged with one all-to-all. One tensor moves as it
+// is; several are packed side by side as bytes (so each keeps its dtype,
+// bit for bit, and Gloo's refusal of bf16 does not matter) and unpacked.
+std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
+  const int64_t send_count = Sum(*move.send_rows);
+  const int64_t recv_count = Sum(*move.recv_rows);
+  if (xs.size() == 1) {
+    const at::Tensor send = Reordered(xs[0].contiguous(), move.before.index).contiguous();
+    std::vector<int64_t> shape = send.sizes().vec();
+    shape[0] = recv_count;
+    at::Tensor received = at::empty(shape, send.options());
+    absl::Status status = move.transport->AllToAllRowsPrechecked(
+        send.data_ptr(), *move.send_rows, received.data_ptr(), *move.recv_rows,
+        RowElements(send) * static_cast<int64_t>(send.element_size()));
+    if (!status.ok()) throw TransportError(std::move(status));
+    return {Reordered(received, move.after.index)};
+  }
+  std::vector<at::Tensor> bytes;  // each [rows, its row bytes]
+  int64_t row_bytes = 0;
+  for (const at::Tensor& x : xs) {
+    bytes.push_back(x.contiguous().reshape({x.size(0), RowElements(x)}).view(at::kByte));
+    row_bytes += bytes.back().size(1);
+  }
+  at::Tensor send = at::empty({send_count, row_bytes}, bytes[0].options());
+  int64_t column = 0;
+  for (const at::Tensor& b : bytes) {
+    at::Tensor slot = send.narrow(1, column, b.size(1));
+    if (move.before.index.defined()) {
+      at::index_select_out(slot, b, 0, move.before.index.to(b.device()));
+    } else {
+      slot.copy_(b);
+    }
+    column += b.size(1);
+  }
+  at::Tensor received = at::empty({recv_count, row_bytes}, send.options());
+  absl::Status status = move.transport->AllToAllRowsPrechecked(
+      send.data_ptr(), *move.send_rows, received.data_ptr(), *move.recv_rows, row_bytes);
   if (!status.ok()) throw TransportError(std::move(status));
-  return output;
+  std::vector<at::Tensor> outputs;
+  column = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    at::Tensor slot = received.narrow(1, column, bytes[i].size(1));
+    column += bytes[i].size(1);
+    // Each output is a tensor of its own, not a view of the receive buffer,
+    // which is freed here instead of living as long as any one output.
+    std::vector<int64_t> shape = xs[i].sizes().vec();
+    shape[0] = recv_count;
+    at::Tensor out = at::empty(shape, xs[i].options());
+    at::Tensor out_bytes = out.view({recv_count, RowElements(out)}).view(at::kByte);
+    if (move.after.index.defined()) {
+      at::index_select_out(out_bytes, slot, 0, move.after.index.to(slot.device()));
+    } else {
+      out_bytes.copy_(slot);
+    }
+    outputs.push_back(std::move(out));
+  }
+  return outputs;
 }
 
-// The exchange as an autograd node: its backward sends each gradient row
-// back the way its row came.
-class ExchangeRows : public torch::autograd::Function<ExchangeRows> {
+// MoveRows as an autograd node: its backward sends each gradient row back
+// the way its row came, for the tensors that required grad (the same set on
+// every rank, so the backward exchange matches on every rank too). Callers
+// pass an at::TensorList: autograd only tracks the tensors of an argument of
+// that type (a std::vector would silently be a non-tensor argument).
+class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
  public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            Transport* transport, const std::vector<int64_t>& send_rows,
-                            const std::vector<int64_t>& recv_rows) {
-    ctx->saved_data["transport"] = reinterpret_cast<int64_t>(transport);
-    ctx->saved_data["send_rows"] = send_rows;
-    ctx->saved_data["recv_rows"] = recv_rows;
-    return Exchange(x, transport, send_rows, recv_rows);
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                at::TensorList xs, const RowMove* move) {
+    std::vector<int64_t> differentiable;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (xs[i].requires_grad()) differentiable.push_back(static_cast<int64_t>(i));
+    }
+    ctx->saved_data["differentiable"] = differentiable;
+    ctx->saved_data["inputs"] = static_cast<int64_t>(xs.size());
+    ctx->saved_data["transport"] = reinterpret_cast<int64_t>(move->transport);
+    ctx->saved_data["send_rows"] = *move->send_rows;
+    ctx->saved_data["recv_rows"] = *move->recv_rows;
+    // Backward gathers with the inverses, in the opposite order.
+    ctx->saved_data["back_before"] = move->after.inverse;
+    ctx->saved_data["back_before_inverse"] = move->after.index;
+    ctx->saved_data["back_after"] = move->before.inverse;
+    ctx->saved_data["back_after_inverse"] = move->before.index;
+    std::vector<at::Tensor> outputs = MoveRows(xs, *move);
+    torch::autograd::variable_list non_differentiable;  // one call: each call replaces the set
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (!xs[i].requires_grad()) non_differentiable.push_back(outputs[i]);
+    }
+    ctx->mark_non_differentiable(non_differentiable);
+    return outputs;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto* transport = reinterpret_cast<Transport*>(ctx->saved_data["transport"].toInt());
-    at::Tensor grad = Exchange(grads[0], transport, ctx->saved_data["recv_rows"].toIntVector(),
-                               ctx->saved_data["send_rows"].toIntVector());
-    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+    const std::vector<int64_t> differentiable = ctx->saved_data["differentiable"].toIntVector();
+    const std::vector<int64_t> send_rows = ctx->saved_data["recv_rows"].toIntVector();
+    const std::vector<int64_t> recv_rows = ctx->saved_data["send_rows"].toIntVector();
+    RowMove back;
+    back.transport = reinterpret_cast<Transport*>(ctx->saved_data["transport"].toInt());
+    back.send_rows = &send_rows;
+    back.recv_rows = &recv_rows;
+    auto tensor = [&](const char* key) {
+      const at::IValue& value = ctx->saved_data[key];
+      return value.isTensor() ? value.toTensor() : at::Tensor();
+    };
+    back.before = {tensor("back_before"), tensor("back_before_inverse")};
+    back.after = {tensor("back_after"), tensor("back_after_inverse")};
+    std::vector<at::Tensor> to_send;
+    for (int64_t i : differentiable) to_send.push_back(grads[i]);
+    std::vector<at::Tensor> moved = MoveRows(to_send, back);
+    torch::autograd::variable_list result(ctx->saved_data["inputs"].toInt() + 1);
+    for (size_t j = 0; j < differentiable.size(); ++j) result[differentiable[j]] = moved[j];
+    return result;
   }
 };
 
 // Runs a tensor operation; transport failures and torch's own errors
 // (wrong device, dtype...) become a status.
 template <typename Op>
-absl::StatusOr<at::Tensor> Guarded(Op&& op) {
+auto Guarded(Op&& op) -> absl::StatusOr<decltype(op())> {
   try {
     return op();
   } catch (const TransportError& e) {
@@ -88,33 +203,10 @@ absl::StatusOr<at::Tensor> Guarded(Op&& op) {
   }
 }
 
-bool IsIdentity(const std::vector<int64_t>& index) {
-  for (size_t i = 0; i < index.size(); ++i) {
-    if (index[i] != static_cast<int64_t>(i)) return false;
-  }
-  return true;
+absl::StatusOr<at::Tensor> Only(absl::StatusOr<std::vector<at::Tensor>> tensors) {
+  if (!tensors.ok()) return tensors.status();
+  return std::move((*tensors)[0]);
 }
-
-std::vector<int64_t> Inverse(const std::vector<int64_t>& permutation) {
-  std::vector<int64_t> inverse(permutation.size());
-  for (size_t i = 0; i < permutation.size(); ++i) inverse[permutation[i]] = static_cast<int64_t>(i);
-  return inverse;
-}
-
-// A row permutation applied with index_select (differentiable), skipped
-// when it is the identity.
-struct Permutation {
-  bool identity = true;
-  at::Tensor index;
-
-  void Set(const std::vector<int64_t>& rows) {
-    identity = IsIdentity(rows);
-    index = identity ? at::Tensor() : IndexTensor(rows);
-  }
-  at::Tensor Apply(const at::Tensor& x) const {
-    return identity ? x : x.index_select(0, index.to(x.device()));
-  }
-};
 
 }  // namespace
 
@@ -123,32 +215,41 @@ struct SequenceBalancer::Rep {
   std::unique_ptr<Transport> bag;  // null in a single-GPU bag
   int bag_gpus = 1;
   int bag_first_rank = 0;
+  int heads_multiple = 1;
   std::unique_ptr<PlannerClient> planner;
   uint64_t next_step = 0;
   bool planned = false;
+  int32_t default_d_model = 0;
+  int64_t default_token_bytes = 0;
+  int64_t routed_token_bytes = 0;  // of the last RouteTensors
   v1::StepSpec spec;
   bool has_timing = false;
   v1::StepTiming timing;  // of the current step, sent with the next plan
 
   // The current step.
   StepPlan step_plan;
+  std::vector<int64_t> input_lengths;
   int64_t input_rows = 0;
   std::vector<int64_t> send_rows, recv_rows;  // route, per world rank
-  Permutation to_send_order;                  // packed input -> send buffer
-  Permutation from_send_order;                // its inverse
+  RowOrder send_order;                        // packed input -> send buffer
   std::vector<int64_t> routed_lengths;
   int64_t routed_rows = 0;
   // Ulysses, per bag position: rows this rank sends each (its routed rows,
   // one head slice each) and receives from each.
   std::vector<int64_t> ulysses_send_rows, ulysses_recv_rows;
-  Permutation to_sequence_order;    // received (position, sequence) -> (sequence, position)
-  Permutation from_sequence_order;  // its inverse
+  RowOrder sequence_order;  // received (position, sequence) -> (sequence, position)
   std::vector<int64_t> attention_lengths;
   int64_t attention_rows = 0;
 
   absl::Status Derive(const std::vector<int64_t>& lengths);
-  absl::Status CheckRows(const at::Tensor& x, int64_t rows, const char* what,
+  absl::Status CheckRows(const std::vector<at::Tensor>& xs, int64_t rows, const char* what,
                          const char* expected) const;
+  absl::Status CheckHeads(const std::vector<at::Tensor>& xs, const char* what,
+                          bool whole_heads) const;
+  RowMove Move(Transport* transport, const std::vector<int64_t>& send,
+               const std::vector<int64_t>& recv, RowOrder before, RowOrder after) const {
+    return {transport, &send, &recv, std::move(before), std::move(after)};
+  }
 };
 
 absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) {
@@ -194,8 +295,7 @@ absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) 
     }
     recv_rows[t.peer] += t.length;
   }
-  to_send_order.Set(send_index);
-  from_send_order.Set(Inverse(send_index));
+  send_order = RowOrder::Of(send_index);
   routed_lengths = plan.compute_chunk_lengths;
   routed_rows = Sum(routed_lengths);
 
@@ -211,8 +311,7 @@ absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) 
     attention_rows = routed_rows;
     ulysses_send_rows.clear();
     ulysses_recv_rows.clear();
-    to_sequence_order.Set({});
-    from_sequence_order.Set({});
+    sequence_order = {};
     return absl::OkStatus();
   }
   ulysses_send_rows.assign(bag_gpus, routed_rows);
@@ -241,24 +340,60 @@ absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) 
       block_start[p] += seq.chunk_lengths[p];
     }
   }
-  to_sequence_order.Set(order);
-  from_sequence_order.Set(Inverse(order));
+  sequence_order = RowOrder::Of(order);
   return absl::OkStatus();
 }
 
-absl::Status SequenceBalancer::Rep::CheckRows(const at::Tensor& x, int64_t rows, const char* what,
-                                              const char* expected) const {
+absl::Status SequenceBalancer::Rep::CheckRows(const std::vector<at::Tensor>& xs, int64_t rows,
+                                              const char* what, const char* expected) const {
   if (!planned) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": call PlanRouting before moving tensors"));
   }
-  if (!x.defined() || x.dim() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": needs a tensor of >= 1 dimension"));
+  if (xs.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": no tensors given"));
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const std::string name = xs.size() == 1 ? "" : absl::StrCat("tensor ", i, ": ");
+    if (!xs[i].defined() || xs[i].dim() < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", name, "needs a tensor of >= 1 dimension"));
+    }
+    if (xs[i].size(0) != rows) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, xs[i].size(0),
+                                                     " rows, rank ", world->rank(), " expects ",
+                                                     rows, " (", expected, ") at step ",
+                                                     spec.step()));
+    }
+    if (xs[i].device() != xs[0].device()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, "on ",
+                                                     xs[i].device().str(), ", tensor 0 on ",
+                                                     xs[0].device().str()));
+    }
   }
-  if (x.size(0) != rows) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", x.size(0), " rows, rank ",
-                                                   world->rank(), " expects ", rows, " (",
-                                                   expected, ") at step ", spec.step()));
+  return absl::OkStatus();
+}
+
+absl::Status SequenceBalancer::Rep::CheckHeads(const std::vector<at::Tensor>& xs,
+                                               const char* what, bool whole_heads) const {
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const std::string name = xs.size() == 1 ? "" : absl::StrCat("tensor ", i, ": ");
+    if (xs[i].dim() < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", name, "needs [tokens, heads, ...], got ", xs[i].dim(),
+                       " dimension", xs[i].dim() == 1 ? "" : "s"));
+    }
+    if (xs[i].size(1) != xs[0].size(1)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, xs[i].size(1),
+                                                     " heads, tensor 0 has ", xs[0].size(1)));
+    }
+  }
+  // Checked against every bag size, not only this rank's bag: a mistake is
+  // then the same error on every rank instead of some bags failing while
+  // the others wait for them in the next exchange.
+  if (whole_heads && xs[0].size(1) % heads_multiple != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", xs[0].size(1), " heads (dimension 1) do not split over the bags of ",
+        spec.topology(), "; heads must be a multiple of ", heads_multiple,
+        " (every bag size of the topology)"));
   }
   return absl::OkStatus();
 }
@@ -273,10 +408,16 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
   if (!topology.ok()) return topology.status();
   auto layout = World::Create(*topology, world->size());
   if (!layout.ok()) return layout.status();
+  if (options.token_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_bytes: must be >= 0 (0 = learn it from Route), got ", options.token_bytes));
+  }
 
   auto rep = std::make_unique<Rep>();
   rep->world = world;
   rep->next_step = options.first_step;
+  rep->default_d_model = options.d_model;
+  rep->default_token_bytes = options.token_bytes;
   rep->spec.set_job_id(options.job_id);
   rep->spec.set_group_id(options.group_id);
   rep->spec.set_world_size(world->size());
@@ -287,6 +428,12 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
   rep->spec.set_max_tokens_per_gpu(options.max_tokens_per_gpu);
   rep->spec.set_cost_model(CostKindToProto(options.cost_model));
   rep->spec.set_use_fitted_gamma(options.use_fitted_gamma);
+  if (options.locality.has_value()) {
+    rep->spec.set_locality(*options.locality ? v1::LOCALITY_ON : v1::LOCALITY_OFF);
+  }
+  for (const Bag& bag : topology->bags()) {
+    rep->heads_multiple = std::lcm(rep->heads_multiple, bag.gpus);
+  }
 
   const RankLocation here = layout->Locate(world->rank());
   const Bag& bag = layout->topology().bag(here.bag);
@@ -305,14 +452,20 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
   return std::unique_ptr<SequenceBalancer>(new SequenceBalancer(std::move(rep)));
 }
 
-absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths) {
+absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
+                                           const StepOverrides& overrides) {
   Rep& r = *rep_;
   r.planned = false;
   r.spec.set_step(r.next_step++);
+  r.spec.set_d_model(overrides.d_model != 0 ? overrides.d_model : r.default_d_model);
+  r.spec.set_token_bytes(overrides.token_bytes >= 0 ? overrides.token_bytes
+                         : r.default_token_bytes > 0 ? r.default_token_bytes
+                                                     : r.routed_token_bytes);
   auto plan = r.planner->Plan(r.spec, lengths, r.has_timing ? &r.timing : nullptr);
   r.has_timing = false;
   if (!plan.ok()) return plan.status();
   r.step_plan = *std::move(plan);
+  r.input_lengths = lengths;
   absl::Status derived = r.Derive(lengths);
   if (!derived.ok()) {
     // Still take part in the collective check, with counts no peer can
@@ -341,76 +494,104 @@ void SequenceBalancer::RecordComputeSeconds(double seconds) {
 
 const StepPlan& SequenceBalancer::step_plan() const { return rep_->step_plan; }
 uint64_t SequenceBalancer::step() const { return rep_->spec.step(); }
+const v1::StepSpec& SequenceBalancer::spec() const { return rep_->spec; }
 const std::vector<int64_t>& SequenceBalancer::routed_lengths() const {
   return rep_->routed_lengths;
+}
+const std::vector<int64_t>& SequenceBalancer::input_lengths() const {
+  return rep_->input_lengths;
 }
 const std::vector<int64_t>& SequenceBalancer::attention_lengths() const {
   return rep_->attention_lengths;
 }
 int SequenceBalancer::bag_gpus() const { return rep_->bag_gpus; }
+int SequenceBalancer::heads_multiple() const { return rep_->heads_multiple; }
+int64_t SequenceBalancer::routed_token_bytes() const { return rep_->routed_token_bytes; }
 
-absl::StatusOr<at::Tensor> SequenceBalancer::Route(const at::Tensor& x) const {
-  const Rep& r = *rep_;
-  absl::Status ok = r.CheckRows(x, r.input_rows, "route", "the sum of its sequence lengths");
+absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::RouteTensors(
+    const std::vector<at::Tensor>& xs) const {
+  Rep& r = *rep_;
+  absl::Status ok = r.CheckRows(xs, r.input_rows, "route", "the sum of its sequence lengths");
   if (!ok.ok()) return ok;
-  return Guarded([&] {
-    return ExchangeRows::apply(r.to_send_order.Apply(x), r.world, r.send_rows, r.recv_rows);
-  });
+  int64_t token_bytes = 0;
+  for (const at::Tensor& x : xs) token_bytes += RowElements(x) * x.element_size();
+  r.routed_token_bytes = token_bytes;
+  const RowMove move = r.Move(r.world, r.send_rows, r.recv_rows, r.send_order, {});
+  return Guarded([&] { return MoveRowsFunction::apply(at::TensorList(xs), &move); });
 }
 
-absl::StatusOr<at::Tensor> SequenceBalancer::ReverseRoute(const at::Tensor& y) const {
+absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::ReverseRouteTensors(
+    const std::vector<at::Tensor>& ys) const {
   const Rep& r = *rep_;
-  absl::Status ok = r.CheckRows(y, r.routed_rows, "reverse_route", "the sum of routed_lengths");
+  absl::Status ok = r.CheckRows(ys, r.routed_rows, "reverse_route", "the sum of routed_lengths");
   if (!ok.ok()) return ok;
-  return Guarded([&] {
-    return r.from_send_order.Apply(ExchangeRows::apply(y, r.world, r.recv_rows, r.send_rows));
-  });
+  const RowMove move =
+      r.Move(r.world, r.recv_rows, r.send_rows, {}, r.send_order.Inverted());
+  return Guarded([&] { return MoveRowsFunction::apply(at::TensorList(ys), &move); });
 }
 
-absl::StatusOr<at::Tensor> SequenceBalancer::PreAttn(const at::Tensor& x) const {
+absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PreAttnTensors(
+    const std::vector<at::Tensor>& xs) const {
   const Rep& r = *rep_;
-  absl::Status ok = r.CheckRows(x, r.routed_rows, "pre_attn", "the sum of routed_lengths");
+  absl::Status ok = r.CheckRows(xs, r.routed_rows, "pre_attn", "the sum of routed_lengths");
+  if (ok.ok()) ok = r.CheckHeads(xs, "pre_attn", /*whole_heads=*/true);
   if (!ok.ok()) return ok;
-  if (r.bag_gpus == 1) return x;
-  if (x.dim() < 2 || x.size(1) % r.bag_gpus != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pre_attn: ", x.dim() < 2 ? 0 : x.size(1), " heads (dimension 1) do not split over the ",
-        r.bag_gpus, " GPUs of rank ", r.world->rank(), "'s bag; heads must be a multiple of every "
-        "bag size of the topology"));
-  }
+  if (r.bag_gpus == 1) return xs;
   return Guarded([&] {
     // [T, heads, ...] -> [bag, T, heads/bag, ...]: position p's head slice of
     // every routed row, contiguous, is what goes to position p.
-    std::vector<int64_t> split = x.sizes().vec();
-    split[1] /= r.bag_gpus;
-    split.insert(split.begin() + 1, r.bag_gpus);
-    at::Tensor by_position = x.reshape(split).transpose(0, 1).contiguous();
-    std::vector<int64_t> rows = split;
-    rows.erase(rows.begin());
-    rows[0] = r.bag_gpus * r.routed_rows;
-    at::Tensor received = ExchangeRows::apply(by_position.reshape(rows), r.bag.get(),
-                                              r.ulysses_send_rows, r.ulysses_recv_rows);
-    return r.to_sequence_order.Apply(received);
+    std::vector<at::Tensor> by_position;
+    for (const at::Tensor& x : xs) {
+      std::vector<int64_t> split = x.sizes().vec();
+      split[1] /= r.bag_gpus;
+      split.insert(split.begin() + 1, r.bag_gpus);
+      std::vector<int64_t> rows = split;
+      rows.erase(rows.begin());
+      rows[0] = r.bag_gpus * r.routed_rows;
+      by_position.push_back(x.reshape(split).transpose(0, 1).contiguous().reshape(rows));
+    }
+    const RowMove move = r.Move(r.bag.get(), r.ulysses_send_rows, r.ulysses_recv_rows, {},
+                                r.sequence_order);
+    return MoveRowsFunction::apply(at::TensorList(by_position), &move);
   });
 }
 
-absl::StatusOr<at::Tensor> SequenceBalancer::PostAttn(const at::Tensor& y) const {
+absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PostAttnTensors(
+    const std::vector<at::Tensor>& ys) const {
   const Rep& r = *rep_;
-  absl::Status ok = r.CheckRows(y, r.attention_rows, "post_attn", "the sum of attention_lengths");
+  absl::Status ok = r.CheckRows(ys, r.attention_rows, "post_attn", "the sum of attention_lengths");
+  if (ok.ok()) ok = r.CheckHeads(ys, "post_attn", /*whole_heads=*/false);
   if (!ok.ok()) return ok;
-  if (r.bag_gpus == 1) return y;
-  if (y.dim() < 2) return absl::InvalidArgumentError("post_attn: needs [tokens, heads, ...]");
+  if (r.bag_gpus == 1) return ys;
   return Guarded([&] {
-    at::Tensor by_position = ExchangeRows::apply(r.from_sequence_order.Apply(y), r.bag.get(),
-                                                 r.ulysses_recv_rows, r.ulysses_send_rows);
-    std::vector<int64_t> split = y.sizes().vec();  // [bag, T, heads/bag, ...]
-    split[0] = r.routed_rows;
-    split.insert(split.begin(), r.bag_gpus);
-    std::vector<int64_t> merged = y.sizes().vec();  // [T, heads, ...]
-    merged[0] = r.routed_rows;
-    merged[1] *= r.bag_gpus;
-    return by_position.reshape(split).transpose(0, 1).reshape(merged);
+    const RowMove move = r.Move(r.bag.get(), r.ulysses_recv_rows, r.ulysses_send_rows,
+                                r.sequence_order.Inverted(), {});
+    std::vector<at::Tensor> by_position = MoveRowsFunction::apply(at::TensorList(ys), &move);
+    std::vector<at::Tensor> outputs;
+    for (size_t i = 0; i < ys.size(); ++i) {
+      std::vector<int64_t> split = ys[i].sizes().vec();  // [bag, T, heads/bag, ...]
+      split[0] = r.routed_rows;
+      split.insert(split.begin(), r.bag_gpus);
+      std::vector<int64_t> merged = ys[i].sizes().vec();  // [T, heads, ...]
+      merged[0] = r.routed_rows;
+      merged[1] *= r.bag_gpus;
+      outputs.push_back(by_position[i].reshape(split).transpose(0, 1).reshape(merged));
+    }
+    return outputs;
   });
+}
+
+absl::StatusOr<at::Tensor> SequenceBalancer::Route(const at::Tensor& x) const {
+  return Only(RouteTensors({x}));
+}
+absl::StatusOr<at::Tensor> SequenceBalancer::ReverseRoute(const at::Tensor& y) const {
+  return Only(ReverseRouteTensors({y}));
+}
+absl::StatusOr<at::Tensor> SequenceBalancer::PreAttn(const at::Tensor& x) const {
+  return Only(PreAttnTensors({x}));
+}
+absl::StatusOr<at::Tensor> SequenceBalancer::PostAttn(const at::Tensor& y) const {
+  return Only(PostAttnTensors({y}));
 }
 
 }  // namespace knapformer

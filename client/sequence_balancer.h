@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,7 +49,22 @@ struct SequenceBalancerOptions {
   // Plan with the gamma the planner service fits to this job's step timings
   // (RecordComputeSeconds) once it has one; `gamma` until then.
   bool use_fitted_gamma = false;
+  // Locality-aware planning (planner/balancer.h): the plan may trade WIR,
+  // never max/mean, for fewer moved tokens. Unset = the planner's default
+  // (the service's --locality flag; on when planning locally).
+  std::optional<bool> locality;
   PlannerClientOptions planner;
+};
+
+// What one step may set beyond its lengths.
+struct StepOverrides {
+  // The cost model's d_model for this step (e.g. the hidden size of the
+  // tensors about to be routed); 0 = SequenceBalancerOptions::d_model.
+  int32_t d_model = 0;
+  // Bytes per routed token for the service's moved-bytes figures; < 0 =
+  // SequenceBalancerOptions::token_bytes, or when that is 0, what the
+  // previous step's Route moved per token.
+  int64_t token_bytes = -1;
 };
 
 class SequenceBalancer {
@@ -62,8 +78,11 @@ class SequenceBalancer {
 
   // Collective: plans the next step. `lengths` are this rank's sequence
   // lengths in the order they are packed (zero-length sequences and no
-  // sequences at all are fine).
-  absl::Status PlanRouting(const std::vector<int64_t>& lengths);
+  // sequences at all are fine). Errors are the same on every rank: every
+  // rank learns of a refused input, a planner failure or an inconsistent
+  // plan in the same collectives.
+  absl::Status PlanRouting(const std::vector<int64_t>& lengths,
+                           const StepOverrides& overrides = {});
 
   // This rank's measured compute time (forward + backward) of the current
   // step; sent with the next PlanRouting for the service's gamma fit.
@@ -75,27 +94,48 @@ class SequenceBalancer {
 
   // Collective. [sum(lengths), ...] packed in this rank's order ->
   // [sum(routed_lengths()), ...]: the chunks this rank computes on, in
-  // routed_lengths() order. Any dtype, any trailing shape; call it once per
-  // per-token tensor (hidden states, positions, masks...).
+  // routed_lengths() order. Any dtype, any trailing shape, differentiable
+  // (floating tensors that require grad get their gradients back exactly).
+  // Every rank must pass the same dtypes and trailing shapes.
   absl::StatusOr<at::Tensor> Route(const at::Tensor& x) const;
+  // Several per-token tensors (hidden states, positions, masks...) in one
+  // exchange: each keeps its own dtype and shape, bit for bit.
+  absl::StatusOr<std::vector<at::Tensor>> RouteTensors(const std::vector<at::Tensor>& xs) const;
   // Collective. The inverse of Route: back to [sum(lengths), ...].
   absl::StatusOr<at::Tensor> ReverseRoute(const at::Tensor& y) const;
+  absl::StatusOr<std::vector<at::Tensor>> ReverseRouteTensors(
+      const std::vector<at::Tensor>& ys) const;
   // Tokens of each chunk this rank computes on (a whole sequence in a
   // single-GPU bag, its share of one in a multi-GPU bag).
   const std::vector<int64_t>& routed_lengths() const;
+  // This step's lengths as given to PlanRouting (ReverseRoute's output).
+  const std::vector<int64_t>& input_lengths() const;
 
   // Collective within the bag (Ulysses). [sum(routed_lengths()), heads, ...]
   // -> [sum(attention_lengths()), heads / bag_gpus(), ...]: whole sequences,
-  // a slice of the heads. InvalidArgument unless heads % bag_gpus() == 0.
-  // Identity in a single-GPU bag.
+  // a slice of the heads. Identity in a single-GPU bag. InvalidArgument on
+  // every rank alike unless heads is a multiple of every bag size of the
+  // topology (heads_multiple()), so that no bag fails while others go on.
   absl::StatusOr<at::Tensor> PreAttn(const at::Tensor& x) const;
+  // q, k and v (same rows and heads; any dtypes and head dims) in one
+  // exchange.
+  absl::StatusOr<std::vector<at::Tensor>> PreAttnTensors(const std::vector<at::Tensor>& xs) const;
   // Collective within the bag: the inverse of PreAttn.
   absl::StatusOr<at::Tensor> PostAttn(const at::Tensor& y) const;
+  absl::StatusOr<std::vector<at::Tensor>> PostAttnTensors(const std::vector<at::Tensor>& ys) const;
   // Full lengths of the sequences attention sees on this rank (for varlen
   // attention), in PreAttn's output order.
   const std::vector<int64_t>& attention_lengths() const;
 
   int bag_gpus() const;
+  // The least common multiple of the topology's bag sizes: PreAttn needs
+  // heads to be a multiple of it.
+  int heads_multiple() const;
+  // Bytes per token the last RouteTensors moved (summed over its tensors);
+  // 0 before the first.
+  int64_t routed_token_bytes() const;
+  // The spec of the current step (job, step, topology, cost model...).
+  const v1::StepSpec& spec() const;
 
  private:
   struct Rep;

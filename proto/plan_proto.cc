@@ -30,8 +30,23 @@ absl::StatusOr<CostModel> CostModelFromSpec(const v1::StepSpec& spec) {
   return cost;
 }
 
+absl::Status CheckLocality(const v1::StepSpec& spec) {
+  switch (spec.locality()) {
+    case v1::LOCALITY_PLANNER_DEFAULT:
+    case v1::LOCALITY_ON:
+    case v1::LOCALITY_OFF:
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("spec.locality: unknown value ",
+                                                     spec.locality(),
+                                                     " (0 planner default, 1 on, 2 off)"));
+  }
+}
+
 BalancerOptions BalancerOptionsForSpec(BalancerOptions base, const v1::StepSpec& spec) {
   base.max_tokens_per_gpu = spec.max_tokens_per_gpu();
+  if (spec.locality() == v1::LOCALITY_ON) base.locality = true;
+  if (spec.locality() == v1::LOCALITY_OFF) base.locality = false;
   return base;
 }
 

@@ -21,7 +21,11 @@ v1::CostModel CostKindToProto(CostKind kind);
 // (spec.cost_model, spec.d_model, spec.gamma).
 absl::StatusOr<CostModel> CostModelFromSpec(const v1::StepSpec& spec);
 
-// `base` with the spec's per-step options (the token cap).
+// InvalidArgument naming spec.locality for a value this build does not know.
+absl::Status CheckLocality(const v1::StepSpec& spec);
+
+// `base` with the spec's per-step options (the token cap, locality unless
+// the spec leaves it to the planner). REQUIRES: CheckLocality(spec) is OK.
 BalancerOptions BalancerOptionsForSpec(BalancerOptions base, const v1::StepSpec& spec);
 
 // `plan`'s balance figures; `token_bytes` prices the moved tokens and

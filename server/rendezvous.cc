@@ -44,6 +44,10 @@ absl::Status CompareSpecs(const v1::StepSpec& first, const std::string& first_to
     return mismatch("cost_model", v1::CostModel_Name(spec.cost_model()),
                     v1::CostModel_Name(first.cost_model()));
   }
+  if (spec.locality() != first.locality()) {
+    return mismatch("locality", v1::Locality_Name(spec.locality()),
+                    v1::Locality_Name(first.locality()));
+  }
   if (spec.max_tokens_per_gpu() != first.max_tokens_per_gpu()) {
     return mismatch("max_tokens_per_gpu", spec.max_tokens_per_gpu(), first.max_tokens_per_gpu());
   }

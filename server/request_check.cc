@@ -126,6 +126,7 @@ absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const Servic
   if (!world.ok()) return world.status();
   auto cost = CostModelFromSpec(spec);
   if (!cost.ok()) return cost.status();
+  KF_RETURN_IF_ERROR(CheckLocality(spec));
   return CheckedSpec{*std::move(world), *cost};
 }
 

@@ -11,11 +11,13 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "planner/balance_stats.h"
@@ -87,37 +89,26 @@ int RunPlan(const std::vector<std::string>& argv) {
   if (!cap.ok()) return Fail(cap.status());
   balancer.max_tokens_per_gpu = *cap;
   if (!args->Has("input")) return Fail(absl::InvalidArgumentError("--input: required (a file or -)"));
-  auto text = ReadInput(args->GetString("input", "-"));
-  if (!text.ok()) return Fail(text.status());
-  auto request = ParsePlanRequest(*text);
-  if (!request.ok()) return Fail(request.status());
-  auto topology = Topology::Parse(request->topology);
-  if (!topology.ok()) return Fail(topology.status());
-  const int64_t ranks = static_cast<int64_t>(request->ranks.size());
-  if (ranks % topology->group_size() != 0) {  // world = number of ranks given
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "ranks: ", ranks, " ranks is not a multiple of the group size ",
-        topology->group_size(), " of topology ", topology->spec())));
-  }
-  auto world = World::Create(*std::move(topology), ranks);
-  if (!world.ok()) return Fail(world.status());
   auto kind = ParseCostKind(args->GetString("cost-model", "transformer"), "--cost-model");
   if (!kind.ok()) return Fail(kind.status());
-  auto cost = CostModel::Create(request->d_model, request->gamma, *kind);
-  if (!cost.ok()) return Fail(cost.status());
-  auto plan = BalanceGreedy(*world, *cost, request->ranks, balancer);
-  if (!plan.ok()) return Fail(plan.status());
-  if (absl::Status valid = ValidatePlan(*plan, *world, request->ranks); !valid.ok()) {
-    return Fail(valid);
-  }
+  std::optional<int64_t> rank;
   if (args->Has("rank")) {
-    auto rank = args->GetInt("rank", 0, 0, world->world_size() - 1);
-    if (!rank.ok()) return Fail(rank.status());
-    std::cout << RankPlanToJson(plan->Slice(static_cast<int32_t>(*rank)));
-    return 0;
+    auto parsed = args->GetInt("rank", 0, 0, INT32_MAX);
+    if (!parsed.ok()) return Fail(parsed.status());
+    rank = *parsed;
   }
-  std::cout << PlanToJson(*request, *plan,
-                          MaxOverMeanLowerBound(*world, *cost, request->ranks));
+  auto text = ReadInput(args->GetString("input", "-"));
+  if (!text.ok()) return Fail(text.status());
+  auto json = PlanRequestToJson(*text, *kind, balancer, rank);
+  if (!json.ok()) {
+    // The world size is only known from the request: name the flag.
+    if (absl::StartsWith(json.status().message(), "rank: ")) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--", json.status().message())));
+    }
+    return Fail(json.status());
+  }
+  std::cout << *json;
   return 0;
 }
 

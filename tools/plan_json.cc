@@ -8,6 +8,9 @@
 #include "nlohmann/json.hpp"
 #include "planner/balance_stats.h"
 #include "planner/cost_model.h"
+#include "planner/status_macros.h"
+#include "planner/topology.h"
+#include "planner/validate.h"
 
 namespace knapformer {
 namespace {
@@ -165,6 +168,30 @@ std::string RankPlanToJson(const RankPlan& slice) {
   out["workload_before"] = slice.workload_before;
   out["workload_after"] = slice.workload_after;
   return out.dump() + "\n";
+}
+
+absl::StatusOr<std::string> PlanRequestToJson(absl::string_view request_json, CostKind cost_kind,
+                                              const BalancerOptions& options,
+                                              std::optional<int64_t> rank) {
+  KF_ASSIGN_OR_RETURN(PlanRequest request, ParsePlanRequest(request_json));
+  KF_ASSIGN_OR_RETURN(Topology topology, Topology::Parse(request.topology));
+  const int64_t ranks = static_cast<int64_t>(request.ranks.size());
+  if (ranks % topology.group_size() != 0) {  // world = number of ranks given
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ranks: ", ranks, " ranks is not a multiple of the group size ", topology.group_size(),
+        " of topology ", topology.spec()));
+  }
+  KF_ASSIGN_OR_RETURN(World world, World::Create(std::move(topology), ranks));
+  if (rank.has_value() && (*rank < 0 || *rank >= world.world_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: '", *rank,
+                                                   "' is not a whole number in [0, ",
+                                                   world.world_size() - 1, "]"));
+  }
+  KF_ASSIGN_OR_RETURN(CostModel cost, CostModel::Create(request.d_model, request.gamma, cost_kind));
+  KF_ASSIGN_OR_RETURN(Plan plan, BalanceGreedy(world, cost, request.ranks, options));
+  KF_RETURN_IF_ERROR(ValidatePlan(plan, world, request.ranks));
+  if (rank.has_value()) return RankPlanToJson(plan.Slice(static_cast<int32_t>(*rank)));
+  return PlanToJson(request, plan, MaxOverMeanLowerBound(world, cost, request.ranks));
 }
 
 }  // namespace knapformer

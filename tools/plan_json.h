@@ -2,11 +2,13 @@
 #define KNAPFORMER_TOOLS_PLAN_JSON_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "planner/balancer.h"
+#include "planner/cost_model.h"
 #include "planner/plan.h"
 
 namespace knapformer {
@@ -41,6 +43,16 @@ std::string PlanToJson(const PlanRequest& request, const Plan& plan, double lowe
 
 // One rank's slice as JSON: sends, recvs, compute_chunk_lengths, ulysses.
 std::string RankPlanToJson(const RankPlan& slice);
+
+// `knapformer plan` (and knapformer.plan in Python): parses the request,
+// plans it under `cost_kind` and `options`, validates the plan, and returns
+// PlanToJson, or RankPlanToJson of `rank` when one is given. InvalidArgument
+// naming the field for a bad request (e.g. "ranks: 3 ranks is not a
+// multiple of the group size 8 ..."), or "rank: ..." for a rank outside the
+// world; the planner's errors otherwise.
+absl::StatusOr<std::string> PlanRequestToJson(absl::string_view request_json, CostKind cost_kind,
+                                              const BalancerOptions& options,
+                                              std::optional<int64_t> rank = std::nullopt);
 
 }  // namespace knapformer
 

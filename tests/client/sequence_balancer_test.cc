@@ -123,6 +123,32 @@ void CheckRoundTrip(Worker& w, const SequenceBalancer& balancer,
   (*back_half * weight).sum().backward();
   ASSERT_TRUE(half.grad().defined());
   EXPECT_TRUE(torch::equal(half.grad(), weight));
+
+  // Several tensors of different dtypes and shapes in one exchange: each
+  // comes back bit for bit with its own dtype, the one that requires grad
+  // gets its gradient back exactly, the others get none.
+  at::Tensor hidden = torch::randn({rows, 3}, torch::kDouble).requires_grad_(true);
+  at::Tensor flags = torch::randint(0, 2, {rows}, torch::kLong).to(torch::kBool);
+  at::Tensor hidden_weight = torch::randn({rows, 3}, torch::kDouble);
+  auto routed_all = balancer.RouteTensors({hidden, ids, half.detach(), flags});
+  ASSERT_TRUE(routed_all.ok()) << routed_all.status();
+  ASSERT_EQ(routed_all->size(), 4u);
+  EXPECT_TRUE(torch::equal((*routed_all)[1], *routed_ids));
+  EXPECT_EQ((*routed_all)[2].scalar_type(), torch::kBFloat16);
+  EXPECT_EQ((*routed_all)[3].scalar_type(), torch::kBool);
+  EXPECT_EQ((*routed_all)[3].dim(), 1);
+  EXPECT_TRUE((*routed_all)[0].requires_grad());
+  EXPECT_FALSE((*routed_all)[2].requires_grad());
+  EXPECT_EQ(balancer.routed_token_bytes(), 3 * 8 + 8 + 4 * 2 + 1);
+  auto back_all = balancer.ReverseRouteTensors(*routed_all);
+  ASSERT_TRUE(back_all.ok()) << back_all.status();
+  EXPECT_TRUE(torch::equal((*back_all)[0].detach(), hidden.detach()));
+  EXPECT_TRUE(torch::equal((*back_all)[1], ids));
+  EXPECT_TRUE(torch::equal((*back_all)[2], half.detach()));
+  EXPECT_TRUE(torch::equal((*back_all)[3], flags));
+  ((*back_all)[0] * hidden_weight).sum().backward();
+  ASSERT_TRUE(hidden.grad().defined());
+  EXPECT_TRUE(torch::equal(hidden.grad(), hidden_weight));
 }
 
 struct AttentionResult {
@@ -147,7 +173,12 @@ AttentionResult Attention(Worker& w, const SequenceBalancer* balancer,
   std::vector<at::Tensor> qkv = torch::matmul(h, w_qkv).reshape({-1, 3, kHeads, kHeadDim}).unbind(1);
   std::vector<int64_t> attention_lengths = lengths;
   if (balancer != nullptr) {
-    for (at::Tensor& t : qkv) t = balancer->PreAttn(t).value();
+    // q, k and v in one exchange (PreAttnTensors) or one each (PreAttn).
+    if (seed % 2 == 0) {
+      qkv = balancer->PreAttnTensors(qkv).value();
+    } else {
+      for (at::Tensor& t : qkv) t = balancer->PreAttn(t).value();
+    }
     attention_lengths = balancer->attention_lengths();
   }
   at::Tensor o = VarlenAttention(qkv[0], qkv[1], qkv[2], attention_lengths);
@@ -229,12 +260,12 @@ const bool kErrors = RegisterScenario("errors", [](Worker& w) {
                                  " expects 8"));
   auto routed = (*balancer)->Route(torch::ones({8, 6}));
   ASSERT_TRUE(routed.ok());
-  if ((*balancer)->bag_gpus() > 1) {  // 6 heads do not split over a bag of 4
-    auto heads = (*balancer)->PreAttn(routed->reshape({-1, 6, 1}));
-    EXPECT_EQ(heads.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(heads.status().message()),
-                testing::HasSubstr("6 heads (dimension 1) do not split over the 4 GPUs"));
-  }
+  // 6 heads do not split over a bag of 4: the same error on every rank.
+  auto heads = (*balancer)->PreAttn(routed->reshape({-1, 6, 1}));
+  EXPECT_EQ(heads.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(heads.status().message()),
+              testing::HasSubstr("6 heads (dimension 1) do not split over the bags of g4n1; "
+                                 "heads must be a multiple of 4"));
   // A refused input is the same error on every rank, naming the rank.
   std::vector<int64_t> bad = {3};
   if (w.rank == 2) bad = {-1};

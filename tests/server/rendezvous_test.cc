@@ -297,6 +297,13 @@ std::vector<MismatchCase> MismatchCases() {
   }
   {
     v1::StepSpec spec = Spec(4, 8);
+    spec.set_locality(v1::LOCALITY_OFF);
+    cases.push_back({"locality", spec,
+                     "spec.locality: rank 1 sent LOCALITY_OFF but step 4 of job 'job' group '' "
+                     "was opened with LOCALITY_PLANNER_DEFAULT"});
+  }
+  {
+    v1::StepSpec spec = Spec(4, 8);
     spec.set_max_tokens_per_gpu(4096);
     cases.push_back({"max_tokens_per_gpu", spec,
                      "spec.max_tokens_per_gpu: rank 1 sent 4096 but step 4"});

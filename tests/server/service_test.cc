@@ -49,14 +49,15 @@ std::unique_ptr<PlannerServer> StartServer(const PlannerServerOptions& options =
 }
 
 // The plan the core computes for the same input.
-Plan CorePlan(const StepParams& params, const RankLengths& lengths) {
+Plan CorePlan(const StepParams& params, const RankLengths& lengths,
+              const BalancerOptions& options = BalancerOptions()) {
   auto topology = Topology::Parse(params.topology);
   EXPECT_TRUE(topology.ok());
   auto world = World::Create(*topology, static_cast<int64_t>(lengths.size()));
   EXPECT_TRUE(world.ok());
   auto cost = CostModel::Create(params.d_model, params.gamma);
   EXPECT_TRUE(cost.ok());
-  auto plan = BalanceGreedy(*world, *cost, lengths);
+  auto plan = BalanceGreedy(*world, *cost, lengths, options);
   EXPECT_TRUE(plan.ok()) << plan.status();
   EXPECT_TRUE(ValidatePlan(*plan, *world, lengths).ok());
   EXPECT_TRUE(ValidateSlices(*plan, lengths).ok());
@@ -219,6 +220,51 @@ TEST(ServiceTest, PlanGroupMatchesTheCoreAndThePerRankPlans) {
   status = stub->PlanGroup(&context2, request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("ranks: 15 entries, but world_size is 16"));
+}
+
+// StepSpec.locality overrides the service's --locality setting, either way.
+TEST(ServiceTest, TheSpecsLocalityOverridesTheServersSetting) {
+  for (bool server_locality : {true, false}) {
+    PlannerServerOptions options = TestOptions();
+    options.service.balancer.locality = server_locality;
+    auto server = StartServer(options);
+    ASSERT_NE(server, nullptr);
+    auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+    StepParams params;
+    params.job_id = "locality-job";
+    const RankLengths lengths = RandomLengths(16, 7);
+    int64_t moved[3] = {0, 0, 0};
+    for (v1::Locality locality : {v1::LOCALITY_PLANNER_DEFAULT, v1::LOCALITY_ON, v1::LOCALITY_OFF}) {
+      SCOPED_TRACE(absl::StrCat("server locality ", server_locality, ", spec ",
+                                v1::Locality_Name(locality)));
+      v1::PlanGroupRequest request;
+      *request.mutable_spec() = MakeRequest(params, 16, 0, {}).spec();
+      request.mutable_spec()->set_step(params.step++);
+      request.mutable_spec()->set_locality(locality);
+      for (const auto& rank : lengths) {
+        request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
+      }
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      v1::PlanGroupResponse response;
+      grpc::Status status = stub->PlanGroup(&context, request, &response);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      BalancerOptions core;
+      core.locality = locality == v1::LOCALITY_PLANNER_DEFAULT ? server_locality
+                                                               : locality == v1::LOCALITY_ON;
+      const Plan expected = CorePlan(params, lengths, core);
+      ASSERT_EQ(response.chunks().src_rank_size(), static_cast<int>(expected.chunks.size()));
+      for (size_t i = 0; i < expected.chunks.size(); ++i) {
+        EXPECT_EQ(response.chunks().dst_rank(i), expected.chunks[i].dst_rank) << "chunk " << i;
+        EXPECT_EQ(response.chunks().length(i), expected.chunks[i].length) << "chunk " << i;
+      }
+      moved[locality] = response.balance().moved_tokens();
+    }
+    // The data is such that locality matters, so the test can tell them apart.
+    EXPECT_LT(moved[v1::LOCALITY_ON], moved[v1::LOCALITY_OFF]);
+    EXPECT_EQ(moved[v1::LOCALITY_PLANNER_DEFAULT],
+              moved[server_locality ? v1::LOCALITY_ON : v1::LOCALITY_OFF]);
+  }
 }
 
 // A blocking Plan call.
