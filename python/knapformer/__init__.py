@@ -1,0 +1,27 @@
+"""knapformer: online load balancing of sequences for distributed transformer training.
+
+A drop-in for the KnapFormer reference implementation's ``SequenceBalancer``
+(change the import, keep the calls), backed by knapformer's C++ planner,
+planner service client and differentiable exchanges:
+
+    import knapformer
+    balancer = knapformer.SequenceBalancer("g1n2+g2n1+g4n1", gamma=0.49)
+    balancer.plan_routing(seq_lens, token_dim=d_model)
+    chunk_lens, x, features = balancer.route(x, [positions])
+    seq_lens, q, k, v = balancer.pre_attn(q, k, v)      # inside attention
+    chunk_lens, o = balancer.post_attn(o)
+    seq_lens, x, features = balancer.reverse_route(x, features)
+
+Also: ``plan`` (the planner on lists of lengths), ``PlannerServer`` (the
+planner service inside this process) and ``synthetic_lengths`` (the paper's
+synthetic data streams).
+"""
+
+import torch  # noqa: F401  (first: the extension uses torch's Python types)
+
+from knapformer import _C
+from knapformer.planner import PlannerServer, plan, synthetic_lengths
+from knapformer.sequence_balancer import SequenceBalancer
+
+__version__ = "0.1.0"
+__all__ = ["SequenceBalancer", "PlannerServer", "plan", "synthetic_lengths", "__version__"]

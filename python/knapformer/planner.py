@@ -1,0 +1,105 @@
+"""The planner core and the planner service from Python."""
+
+import json
+import operator
+
+import torch
+
+from knapformer import _C
+
+
+def _lengths_json(value):
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    try:
+        return operator.index(value)  # numpy integers and the like
+    except TypeError:
+        raise TypeError(f"{type(value).__name__} is not a sequence length") from None
+
+
+def plan(ranks, topology, d_model=3072, gamma=0.49, *, token_bytes=None, locality=True,
+         max_tokens_per_gpu=0, cost_model="transformer", refine_rounds=256, rank=None):
+    """Plans one step for a whole world, like ``knapformer plan``.
+
+    ``ranks[r]`` lists rank r's sequence lengths (a list of ints or a 1-D
+    integer tensor); the world size is ``len(ranks)``. Returns the plan as a
+    dict: ``chunks`` (the chunk table: ``src_rank, seq_index, offset, length,
+    dst_rank`` per chunk), per-rank ``gpu_workload`` and
+    ``gpu_workload_before``, ``before``/``after`` balance figures, tokens and
+    bytes moved. With ``rank``, only that rank's slice (sends, recvs,
+    compute_chunk_lengths, ulysses). Raises ValueError naming the field for
+    bad input (e.g. ``ranks[1][0]: sequence length -2 is outside ...``).
+    """
+    request = {"topology": topology, "d_model": d_model, "gamma": gamma,
+               "ranks": [r.tolist() if isinstance(r, torch.Tensor) else r for r in ranks]}
+    if token_bytes is not None:
+        request["token_bytes"] = token_bytes
+    text = _C._plan_json(json.dumps(request, default=_lengths_json), cost_model, bool(locality),
+                         max_tokens_per_gpu, refine_rounds, rank)
+    return json.loads(text)
+
+
+def synthetic_lengths(data, world_size, seed=0, step=0):
+    """Every rank's sequence lengths at ``step`` of the paper's synthetic data
+    stream (section 4.1): ``data`` is a scenario (``low-res``, ``mixed-res``,
+    ``joint``) or data codes ``g{G}b{B}i{R}f{F}s{S},...``. Reproducible: step s
+    of rank r depends only on (seed, s, r)."""
+    return _C.synthetic_lengths(data, world_size, seed, step)
+
+
+def _flag_value(name, value):
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    raise TypeError(f"{name}: {type(value).__name__} is not a flag value")
+
+
+class PlannerServer:
+    """The planner service (gRPC, health, reflection, Prometheus metrics) in
+    this process, e.g. hosted by a trainer's rank 0.
+
+    ``listen`` is host:port (port 0 picks a free one: see ``address`` and
+    ``port``); ``metrics`` is host:port of the /metrics page or None for
+    none. Other keyword arguments are ``knapformer serve`` flags with
+    underscores, e.g. ``rendezvous_timeout_ms=30000, locality=False``
+    (see docs/service.md). Bad flags raise ValueError naming the flag. Stop it
+    with ``shutdown()`` or use it as a context manager.
+    """
+
+    def __init__(self, listen="127.0.0.1:0", metrics=None, **flags):
+        argv = ["--listen", listen, "--metrics", metrics if metrics else "off"]
+        for name, value in flags.items():
+            argv += ["--" + name.replace("_", "-"), _flag_value(name, value)]
+        self._server = _C._PlannerServer(argv)
+
+    @property
+    def address(self):
+        """host:port the service listens on (with the bound port)."""
+        return self._server.address
+
+    @property
+    def port(self):
+        return self._server.port
+
+    @property
+    def metrics_port(self):
+        """The /metrics port, 0 without a metrics endpoint."""
+        return self._server.metrics_port
+
+    @property
+    def running(self):
+        return self._server.running
+
+    def shutdown(self, grace=None):
+        """Stops serving: waiting ranks get UNAVAILABLE (and plan locally);
+        answers being sent get ``grace`` seconds (the shutdown_grace_ms flag
+        by default). Idempotent."""
+        self._server.shutdown(grace)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        return False

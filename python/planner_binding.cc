@@ -1,0 +1,90 @@
+// knapformer.plan, the topology's bag layout and the paper's synthetic data
+// streams: the planner core from Python, without torch.
+#include "python/bindings.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include "absl/strings/str_cat.h"
+#include "planner/balancer.h"
+#include "planner/cost_model.h"
+#include "planner/data_stream.h"
+#include "planner/topology.h"
+#include "python/status_exception.h"
+#include "tools/plan_json.h"
+
+namespace knapformer {
+namespace python {
+namespace {
+
+namespace py = pybind11;
+
+std::string PlanJson(const std::string& request_json, const std::string& cost_model,
+                     bool locality, int64_t max_tokens_per_gpu, int32_t refine_rounds,
+                     std::optional<int64_t> rank) {
+  CostKind kind = ValueOrThrow(ParseCostKind(cost_model, "cost_model"));
+  if (max_tokens_per_gpu < 0) {
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+        "max_tokens_per_gpu: must be >= 0 (0 = no cap), got ", max_tokens_per_gpu)));
+  }
+  if (refine_rounds < 0) {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat("refine_rounds: must be >= 0, got ", refine_rounds)));
+  }
+  BalancerOptions options;
+  options.locality = locality;
+  options.max_tokens_per_gpu = max_tokens_per_gpu;
+  options.refine_rounds = refine_rounds;
+  py::gil_scoped_release no_gil;  // a large world takes milliseconds
+  return ValueOrThrow(PlanRequestToJson(request_json, kind, options, rank));
+}
+
+// Rank lists (ascending) of every multi-GPU bag of every replica, in bag
+// order: the subgroups a balancer over this world needs.
+std::vector<std::vector<int>> MultiGpuBags(const std::string& topology, int64_t world_size) {
+  Topology parsed = ValueOrThrow(Topology::Parse(topology));
+  World world = ValueOrThrow(World::Create(std::move(parsed), world_size));
+  std::vector<std::vector<int>> bags;
+  for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
+    for (const Bag& bag : world.topology().bags()) {
+      if (bag.gpus < 2) continue;
+      std::vector<int> ranks;
+      for (int32_t p = 0; p < bag.gpus; ++p) ranks.push_back(world.RankOf({replica, bag.id, p}));
+      bags.push_back(std::move(ranks));
+    }
+  }
+  return bags;
+}
+
+RankLengths SyntheticLengths(const std::string& data, int64_t world_size, uint64_t seed,
+                             int64_t step) {
+  const std::string scenario = ScenarioCodes(data);
+  std::vector<DataCode> codes = ValueOrThrow(ParseDataCodes(scenario.empty() ? data : scenario));
+  DataStream stream = ValueOrThrow(DataStream::Create(std::move(codes), world_size, seed));
+  if (step < 0) {
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", step)));
+  }
+  return stream.Batch(step);
+}
+
+}  // namespace
+
+void BindPlanner(py::module_& m) {
+  m.def("_plan_json", &PlanJson, py::arg("request_json"), py::arg("cost_model"),
+        py::arg("locality"), py::arg("max_tokens_per_gpu"), py::arg("refine_rounds"),
+        py::arg("rank"));
+  m.def("multi_gpu_bags", &MultiGpuBags, py::arg("topology"), py::arg("world_size"),
+        "Rank lists of every multi-GPU bag of every replica of `topology` over "
+        "`world_size` ranks, in bag order.");
+  m.def("synthetic_lengths", &SyntheticLengths, py::arg("data"), py::arg("world_size"),
+        py::arg("seed"), py::arg("step"),
+        "Sequence lengths of every rank at `step` of the paper's synthetic data "
+        "stream: a scenario name (low-res, mixed-res, joint) or data codes "
+        "g{G}b{B}i{R}f{F}s{S},...");
+}
+
+}  // namespace python
+}  // namespace knapformer

@@ -1,0 +1,125 @@
+"""knapformer.plan, synthetic_lengths and PlannerServer in one process."""
+import json
+import subprocess
+import urllib.request
+
+import pytest
+import torch
+
+import knapformer
+
+RANKS = [[4096, 256], [1024], [], [16384, 300, 300], [512], [64], [0], [2048]]
+TOPOLOGY = "g1n2+g2n1+g4n1"
+
+
+def test_plan_covers_every_token_exactly_once_and_balances():
+    plan = knapformer.plan(RANKS, TOPOLOGY, d_model=3072, gamma=0.49)
+    covered = {}
+    for c in plan["chunks"]:
+        covered.setdefault((c["src_rank"], c["seq_index"]), []).append((c["offset"], c["length"]))
+    for rank, lengths in enumerate(RANKS):
+        for index, length in enumerate(lengths):
+            pieces = sorted(covered.pop((rank, index), []))
+            start = 0
+            for offset, size in pieces:
+                assert offset == start
+                start += size
+            assert start == length, (rank, index)
+    assert not covered
+    assert plan["after"]["max_over_mean"] < plan["before"]["max_over_mean"]
+    assert plan["total_tokens"] == sum(map(sum, RANKS))
+    assert plan["token_bytes"] == 2 * 3072
+    assert plan["moved_bytes"] == plan["moved_tokens"] * 2 * 3072
+
+
+def test_plan_equals_the_command_line(tmp_path):
+    """The Python API and `knapformer plan` share one code path: same JSON."""
+    binary = "tools/knapformer"
+    request = {"topology": TOPOLOGY, "d_model": 3072, "gamma": 0.49, "ranks": RANKS}
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    for flags, kwargs in [([], {}), (["--locality", "off"], {"locality": False}),
+                          (["--rank", "3"], {"rank": 3}),
+                          (["--max-tokens-per-gpu", "9000"], {"max_tokens_per_gpu": 9000})]:
+        cli = subprocess.run([binary, "plan", "--input", str(tmp_path / "request.json")] + flags,
+                             capture_output=True, text=True, timeout=60, check=True)
+        assert json.loads(cli.stdout) == knapformer.plan(RANKS, TOPOLOGY, **kwargs), flags
+
+
+def test_plan_takes_tensors_and_locality_moves_fewer_tokens():
+    ranks = [torch.tensor(r, dtype=torch.int64) for r in RANKS]
+    with_locality = knapformer.plan(ranks, TOPOLOGY)
+    without = knapformer.plan(RANKS, TOPOLOGY, locality=False)
+    assert with_locality["moved_tokens"] <= without["moved_tokens"]
+    assert with_locality["after"]["max_over_mean"] == pytest.approx(
+        without["after"]["max_over_mean"], rel=1e-3)
+
+
+@pytest.mark.parametrize("call,kind,text", [
+    (lambda: knapformer.plan([[5], [-3]], "g1n2"), ValueError,
+     "ranks[1][0]: sequence length -3 is outside [0, 2147483648]"),
+    (lambda: knapformer.plan([[5], [3.5]], "g1n2"), ValueError, "ranks[1][0]"),
+    (lambda: knapformer.plan([[5], [3], [1]], "g1n2"), ValueError,
+     "ranks: 3 ranks is not a multiple of the group size 2 of topology g1n2"),
+    (lambda: knapformer.plan([[5]], "g1n1x"), ValueError, "unexpected trailing 'x'"),
+    (lambda: knapformer.plan([[5], [3]], "g1n2", rank=2), ValueError,
+     "rank: '2' is not a whole number in [0, 1]"),
+    (lambda: knapformer.plan([[5], [3]], "g1n2", cost_model="cubic"), ValueError,
+     "cost_model: unknown cost model 'cubic'"),
+    (lambda: knapformer.plan([[5], [3]], "g1n2", d_model=0), ValueError, "d_model"),
+    (lambda: knapformer.plan([[5], [3]], "g1n2", max_tokens_per_gpu=-1), ValueError,
+     "max_tokens_per_gpu: must be >= 0"),
+    (lambda: knapformer.plan([[50], [3]], "g1n2", max_tokens_per_gpu=10), RuntimeError,
+     "RESOURCE_EXHAUSTED: max_tokens_per_gpu: sequence 0 of rank 0 (50 tokens)"),
+    (lambda: knapformer.plan([[5], [object()]], "g1n2"), TypeError, "object is not a sequence"),
+])
+def test_plan_errors_name_the_field(call, kind, text):
+    with pytest.raises(kind) as raised:
+        call()
+    assert text in str(raised.value)
+
+
+def test_synthetic_lengths_follow_the_papers_streams():
+    batch = knapformer.synthetic_lengths("mixed-res", 32, seed=0, step=3)
+    assert len(batch) == 32
+    assert batch == knapformer.synthetic_lengths("mixed-res", 32, seed=0, step=3)
+    assert batch != knapformer.synthetic_lengths("mixed-res", 32, seed=0, step=4)
+    # g16b4i256: 4 samples of 256 visual tokens (x0.96..1.04) + 0..392 text tokens.
+    assert all(len(r) == 4 and all(245 <= n <= 266 + 392 for n in r) for r in batch[:16])
+    # g8b1i2048: one 16384-token image.
+    assert all(len(r) == 1 and 15728 <= r[0] <= 17039 + 392 for r in batch[24:])
+    with pytest.raises(ValueError, match="must be a positive multiple of the data codes. 32 GPUs"):
+        knapformer.synthetic_lengths("mixed-res", 30)
+    with pytest.raises(ValueError):
+        knapformer.synthetic_lengths("g4b1q256", 4)
+
+
+def test_planner_server_serves_health_and_metrics_and_stops():
+    with knapformer.PlannerServer("127.0.0.1:0", metrics="127.0.0.1:0",
+                                  rendezvous_timeout_ms=5000, locality=False) as server:
+        assert server.running and server.port > 0 and server.metrics_port > 0
+        assert server.address == f"127.0.0.1:{server.port}"
+        page = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                      timeout=10).read().decode()
+        assert "knapformer_planner" in page
+    assert not server.running
+    with pytest.raises(RuntimeError, match="shut down"):
+        server.port
+    server.shutdown()  # idempotent
+
+
+@pytest.mark.parametrize("kwargs,text", [
+    ({"bogus_flag": 1}, "--bogus-flag: unknown option"),
+    ({"rendezvous_timeout_ms": 0}, "--rendezvous-timeout-ms"),
+    ({"locality": "sometimes"}, "--locality: must be on or off"),
+    ({"port_file": "/tmp/x"}, "port-file: a setting of the `knapformer serve` process"),
+])
+def test_planner_server_flags_are_checked(kwargs, text):
+    with pytest.raises(ValueError) as raised:
+        knapformer.PlannerServer(**kwargs)
+    assert text in str(raised.value)
+
+
+def test_a_taken_port_is_an_error():
+    with knapformer.PlannerServer() as first:
+        with pytest.raises(RuntimeError, match="UNAVAILABLE"):
+            knapformer.PlannerServer(first.address)

@@ -1,0 +1,295 @@
+"""knapformer.SequenceBalancer on real Gloo process groups (4 and 8 spawned
+processes on 127.0.0.1): exact round trips, attention and gradients equal to
+unbalanced attention, the planner service hosted in rank 0 and the local
+fallback, the summary, and every misuse raising on every rank."""
+import math
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from world import run_world
+
+D_MODEL = 8
+HEADS = 8  # a multiple of every bag size below
+HEAD_DIM = 2
+
+
+def lengths_at(rank, size, step):
+    """Ordinary (step 0), awkward (1: a rank with nothing, zero-length
+    sequences, a sequence shorter than a bag) and sparse (2: two sequences for
+    the whole world) lengths."""
+    g = torch.Generator().manual_seed(rank * 1000 + step)
+    kind = step % 3
+    if kind == 0:
+        lens = [int(v) for v in torch.randint(1, 48, (int(torch.randint(1, 5, (1,), generator=g)),),
+                                              generator=g)]
+        return lens + [150] if rank == 0 else lens
+    if kind == 1:
+        if rank == 1:
+            return []
+        lens = [0, int(torch.randint(1, 30, (1,), generator=g)), 0]
+        return lens + [3] if rank == size - 1 else lens
+    return [5, 77] if rank == 0 else []
+
+
+def token_ids(rank, lens):
+    return torch.tensor([(rank << 40) | (s << 20) | t for s, n in enumerate(lens) for t in range(n)],
+                        dtype=torch.int64)
+
+
+def all_lengths(lens):
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, lens)
+    return gathered
+
+
+def varlen_attention(q, k, v, seq_lens):
+    """Plain attention of each sequence on its own: [tokens, heads, dim]."""
+    outs, start = [], 0
+    for n in seq_lens:
+        n = int(n)
+        qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
+        weights = torch.softmax(qs @ ks.transpose(1, 2) / math.sqrt(q.shape[-1]), dim=-1)
+        outs.append((weights @ vs).transpose(0, 1))
+        start += n
+    return torch.cat(outs) if outs else q[:0] * 0  # no sequences: still in the graph
+
+
+def attention_layer(balancer, lens, seed):
+    """One attention layer over this rank's tokens; balancer None = each rank
+    on its own sequences. Returns the output and the gradients."""
+    torch.manual_seed(seed)  # the same weights on every rank
+    w_qkv = torch.randn(D_MODEL, 3 * HEADS * HEAD_DIM, dtype=torch.float64, requires_grad=True)
+    w_out = torch.randn(HEADS * HEAD_DIM, D_MODEL, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(seed * 100 + dist.get_rank() + 1)  # this rank's tokens
+    x = torch.randn(sum(lens), D_MODEL, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(sum(lens), D_MODEL, dtype=torch.float64)
+    h, seq_lens = x, lens
+    if balancer is not None:
+        _, h, _ = balancer.route(x)
+    q, k, v = (h @ w_qkv).reshape(-1, 3, HEADS, HEAD_DIM).unbind(1)
+    if balancer is not None:
+        seq_lens, q, k, v = balancer.pre_attn(q, k, v)
+        assert seq_lens.dtype == torch.int32
+    o = varlen_attention(q, k, v, seq_lens)
+    if balancer is not None:
+        _, o = balancer.post_attn(o)
+    out = o.reshape(-1, HEADS * HEAD_DIM) @ w_out
+    if balancer is not None:
+        _, out, _ = balancer.reverse_route(out)
+    (out * upstream).sum().backward()
+    grads = [w_qkv.grad.clone(), w_out.grad.clone()]
+    for grad in grads:  # weight gradients are partial sums per rank
+        dist.all_reduce(grad)
+    return out.detach(), x.grad, grads
+
+
+def check_step(balancer, rank, size, step, topology, gamma):
+    lens = lengths_at(rank, size, step)
+    balancer.plan_routing(lens, token_dim=D_MODEL)
+    rows = sum(lens)
+
+    # The routed rows are exactly the tokens the planner core assigns here.
+    expected = __import__("knapformer").plan(all_lengths(lens), topology, d_model=D_MODEL,
+                                             gamma=gamma)
+    mine = [c for c in expected["chunks"] if c["dst_rank"] == rank]
+    want_ids = torch.tensor([(c["src_rank"] << 40) | (c["seq_index"] << 20) | (c["offset"] + t)
+                             for c in mine for t in range(c["length"])], dtype=torch.int64)
+
+    ids = token_ids(rank, lens)
+    hidden = torch.randn(rows, D_MODEL, requires_grad=True)
+    half = torch.randn(rows, 4).to(torch.bfloat16)
+    flags = torch.arange(rows) % 3 == 0
+    chunk_lens, routed, features = balancer.route(hidden, [ids, half, flags])
+    assert chunk_lens.dtype == torch.int32 and chunk_lens.device == hidden.device
+    assert chunk_lens.tolist() == [c["length"] for c in mine]
+    assert torch.equal(features[0], want_ids), f"step {step}: routed token ids"
+    assert [f.dtype for f in features] == [torch.int64, torch.bfloat16, torch.bool]
+    assert routed.requires_grad and not features[1].requires_grad
+    seq_lens, back, back_features = balancer.reverse_route(routed, features)
+    assert seq_lens.tolist() == lens and seq_lens.dtype == torch.int32
+    assert torch.equal(back.detach(), hidden.detach())
+    assert torch.equal(back_features[0], ids)
+    assert torch.equal(back_features[1], half)
+    assert torch.equal(back_features[2], flags)
+    weight = torch.randn(rows, D_MODEL)
+    (back * weight).sum().backward()
+    assert torch.equal(hidden.grad, weight), "gradients come back exactly"
+
+    # Without features: features is None, and a bf16 tensor comes back bit for bit.
+    _, routed_half, none = balancer.route(half)
+    assert none is None
+    assert torch.equal(balancer.reverse_route(routed_half)[1], half)
+
+    summary = balancer.get_routing_plan_summary()
+    assert summary["step"] == step and summary["source"] == "local planner"
+    assert summary["workload_before"] == expected["gpu_workload_before"]
+    assert summary["workload_after"] == expected["gpu_workload"]
+    assert summary["max_over_mean_after"] == pytest.approx(expected["after"]["max_over_mean"])
+    assert summary["moved_tokens"] == expected["moved_tokens"]
+    assert summary["total_tokens"] == expected["total_tokens"]
+    assert summary["token_bytes"] == 2 * 4  # the last route: 4 bf16 per token
+    assert summary["moved_bytes"] == expected["moved_tokens"] * 8
+    assert summary["seq_lens"] == lens and summary["chunk_lens"] == chunk_lens.tolist()
+
+    # Attention through the balancer equals attention without it.
+    balanced = attention_layer(balancer, lens, step + 7)
+    plain = attention_layer(None, lens, step + 7)
+    for got, want, what in [(balanced[0], plain[0], "output"), (balanced[1], plain[1], "input grad"),
+                            (balanced[2][0], plain[2][0], "qkv weight grad"),
+                            (balanced[2][1], plain[2][1], "out weight grad")]:
+        assert got.shape == want.shape, what
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-12), \
+            f"step {step} {what}: max difference {(got - want).abs().max().item()}"
+    return summary
+
+
+def balance_world(rank, size, topology):
+    import knapformer
+
+    balancer = knapformer.SequenceBalancer(topology, gamma=0.49)
+    return [check_step(balancer, rank, size, step, topology, 0.49) for step in range(3)]
+
+
+@pytest.mark.parametrize("topology,size", [
+    ("g1n4", 4),
+    ("g2n2", 4),
+    ("g1n2+g2n1+g4n1", 8),
+    ("g1n2+g2n1", 8),  # two replicas
+])
+def test_round_trip_attention_and_gradients_are_exact(topology, size):
+    summaries = run_world(balance_world, size, topology)
+    # Every rank reports the same group figures.
+    for step in range(3):
+        figures = {(s[step]["moved_tokens"], tuple(s[step]["workload_after"])) for s in summaries}
+        assert len(figures) == 1
+
+
+def service_world(rank, size):
+    import knapformer
+
+    server = knapformer.PlannerServer("127.0.0.1:0") if rank == 0 else None
+    address = [server.address if server else None]
+    dist.broadcast_object_list(address, src=0)
+    balancer = knapformer.SequenceBalancer("g1n2+g2n1", gamma=0.49, planner_address=address[0],
+                                           job_id="python-service", planner_deadline=20)
+    sources = []
+    for step in range(3):
+        if step == 2:  # the service goes away: every rank falls back together
+            dist.barrier()
+            if server:
+                server.shutdown(grace=1)
+            dist.barrier()
+        lens = lengths_at(rank, size, step)
+        balancer.plan_routing(lens, token_dim=D_MODEL)
+        x = torch.randn(sum(lens), D_MODEL)
+        _, routed, _ = balancer.route(x)
+        assert torch.equal(balancer.reverse_route(routed)[1], x)
+        sources.append(balancer.get_routing_plan_summary()["source"])
+    # The planner address from the environment, as the deploy manifests set it.
+    os.environ["KNAPFORMER_PLANNER_ADDRESS"] = "127.0.0.1:1"  # nothing listens there
+    from_env = knapformer.SequenceBalancer("g1n4", job_id="python-env", planner_deadline=5)
+    from_env.plan_routing([3, 4], token_dim=D_MODEL)
+    sources.append(from_env.get_routing_plan_summary()["source"])
+    return sources
+
+
+def test_planner_service_in_rank_0_then_local_fallback():
+    for sources in run_world(service_world, 4):
+        assert sources == ["planner service", "planner service", "local planner", "local planner"]
+
+
+def caught(call):
+    try:
+        call()
+    except (ValueError, RuntimeError) as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+def misuse_world(rank, size):
+    import knapformer
+
+    outcomes = {}
+    outcomes["topology"] = caught(lambda: knapformer.SequenceBalancer("g1n2abc"))
+    outcomes["world"] = caught(lambda: knapformer.SequenceBalancer("g4n3"))
+    outcomes["cost_model"] = caught(lambda: knapformer.SequenceBalancer("g1n4", cost_model="quad"))
+    balancer = knapformer.SequenceBalancer("g1n2+g2n1")
+    outcomes["no_token_dim"] = caught(lambda: balancer.plan_routing([3]))
+    outcomes["before_plan"] = caught(lambda: balancer.route(torch.zeros(3, 4)))
+    outcomes["negative_on_rank_1"] = caught(
+        lambda: balancer.plan_routing([-1] if rank == 1 else [3], token_dim=8))
+    outcomes["float_on_rank_2"] = caught(
+        lambda: balancer.plan_routing([3, 2.5] if rank == 2 else [3], token_dim=8))
+    outcomes["token_dim"] = caught(lambda: balancer.plan_routing([3], token_dim=0))
+    outcomes["d_model_differs"] = caught(
+        lambda: balancer.plan_routing([3], token_dim=16 if rank == 3 else 8))
+    outcomes["cap"] = caught(lambda: knapformer.SequenceBalancer(
+        "g1n4", max_tokens_per_gpu=10).plan_routing([40], token_dim=8))
+    balancer.plan_routing([3, 5], token_dim=8)  # still usable after all of that
+    outcomes["rows"] = caught(lambda: balancer.route(torch.zeros(7, 4)))
+    outcomes["feature_rows"] = caught(lambda: balancer.route(torch.zeros(8, 4), [torch.zeros(6)]))
+    _, routed, _ = balancer.route(torch.ones(8, 6))
+    q = routed.reshape(-1, 3, 2)
+    outcomes["heads"] = caught(lambda: balancer.pre_attn(q, q, q))
+    back = balancer.reverse_route(routed)[1]
+    assert torch.equal(back, torch.ones(8, 6))
+    return outcomes
+
+
+EXPECTED_MISUSE = {
+    "topology": ("ValueError", "topology term 'g1n2abc': unexpected trailing 'abc'"),
+    "world": ("ValueError", "4 is not a multiple of the group size 12"),
+    "cost_model": ("ValueError", "cost_model: 'quad' is not one of"),
+    "no_token_dim": ("ValueError", "token_dim is required"),
+    "before_plan": ("RuntimeError", "FAILED_PRECONDITION: route: no plan for this step yet"),
+    "negative_on_rank_1": ("ValueError", "ranks[1][0]: sequence length -1"),
+    "token_dim": ("ValueError", "token_dim: 0 is outside [1, 65536]"),
+    "d_model_differs": ("RuntimeError", "FAILED_PRECONDITION: spec: rank"),
+    "cap": ("RuntimeError", "RESOURCE_EXHAUSTED: max_tokens_per_gpu"),
+    "feature_rows": ("ValueError", "route: packed_features[0] has 6 rows, packed_seqs 8"),
+    "heads": ("ValueError", "3 heads (dimension 1) do not split over the bags of g1n2+g2n1; "
+                            "heads must be a multiple of 2"),
+}
+
+
+def test_every_misuse_raises_on_every_rank():
+    results = run_world(misuse_world, 4)
+    for rank, outcomes in enumerate(results):
+        for name, (kind, text) in EXPECTED_MISUSE.items():
+            assert outcomes[name] is not None, f"rank {rank}: {name} raised nothing"
+            assert outcomes[name][0] == kind and text in outcomes[name][1], \
+                f"rank {rank}: {name}: {outcomes[name]}"
+        assert outcomes["rows"][0] == "ValueError"
+        assert f"route: 7 rows, rank {rank} expects 8" in outcomes["rows"][1]
+        # The rank whose lengths were unreadable says why; the others name it.
+        kind, text = outcomes["float_on_rank_2"]
+        assert kind == "ValueError"
+        if rank == 2:
+            assert "local_seq_lens[1]: 2.5 is not an integer" in text
+        else:
+            assert "ranks[2][0]: sequence length -1" in text
+
+
+def lone_misuse_world(rank, size):
+    import knapformer
+
+    balancer = knapformer.SequenceBalancer("g1n4")
+    balancer.plan_routing([4, 4], token_dim=8)
+    try:
+        balancer.route(torch.zeros(7 if rank == 1 else 8, 4))
+    except (ValueError, RuntimeError) as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+def test_a_lone_misuse_fails_its_rank_and_its_exit_frees_the_others():
+    """A wrong tensor on one rank is caught before that rank's exchange; the
+    others, already in it, fail as soon as that process exits (as a trainer
+    does on an uncaught exception) instead of waiting forever."""
+    results = run_world(lone_misuse_world, 4, timeout=120, group_timeout=90)
+    assert results[1][0] == "ValueError" and "route: 7 rows, rank 1 expects 8" in results[1][1]
+    for rank in (0, 2, 3):
+        assert results[rank] is not None and results[rank][0] == "RuntimeError", results[rank]

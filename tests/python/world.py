@@ -1,0 +1,101 @@
+"""N processes on one TCPStore and a Gloo process group over 127.0.0.1, for
+the Python package's multi-process tests.
+
+run_world(fn, size, *args) starts `size` spawned processes, runs
+fn(rank, size, *args) in each after torch.distributed.init_process_group,
+and returns every rank's result. Every wait is bounded: a world that does
+not finish within `timeout` seconds is killed and the test fails naming the
+ranks that were still running; a rank that raises fails the test with its
+traceback.
+"""
+import datetime
+import multiprocessing
+import queue
+import time
+import traceback
+
+
+class WorldFailure(AssertionError):
+    pass
+
+
+def _worker(rank, size, port, fn, args, results, group_timeout):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # two cores shared by up to 8 ranks
+    try:
+        store = dist.TCPStore("127.0.0.1", port, size, False,
+                              timeout=datetime.timedelta(seconds=group_timeout))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
+                                timeout=datetime.timedelta(seconds=group_timeout))
+        value = fn(rank, size, *args)
+        results.put(("ok", rank, value))
+    except BaseException:  # noqa: BLE001  (report everything to the parent)
+        results.put(("error", rank, traceback.format_exc()))
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def run_world(fn, size, *args, timeout=240, group_timeout=60, allow_errors=False):
+    """fn's result by rank. With allow_errors, a rank that raised gives
+    ("error", traceback) instead of failing the run."""
+    import torch.distributed as dist
+
+    context = multiprocessing.get_context("spawn")
+    store = dist.TCPStore("127.0.0.1", 0, size + 1, True,
+                          timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
+    results = context.Queue()
+    processes = [context.Process(target=_worker,
+                                 args=(r, size, store.port, fn, args, results, group_timeout),
+                                 daemon=True)
+                 for r in range(size)]
+    for p in processes:
+        p.start()
+    outcomes = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(outcomes) < size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(size)) - set(outcomes))
+                raise WorldFailure(f"ranks {missing} did not finish within {timeout} s; "
+                                   f"finished: {sorted(outcomes)}")
+            try:
+                kind, rank, value = results.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(processes)
+                        if not p.is_alive() and r not in outcomes and p.exitcode not in (0, None)]
+                if dead:
+                    # Give the queue a moment: a rank's report may still be in flight.
+                    time.sleep(1.0)
+                    while True:
+                        try:
+                            kind, rank, value = results.get_nowait()
+                            outcomes[rank] = (kind, value)
+                        except queue.Empty:
+                            break
+                    dead = [r for r in dead if r not in outcomes]
+                    if dead:
+                        raise WorldFailure(f"ranks {dead} died without a report (exit codes "
+                                           f"{[processes[r].exitcode for r in dead]})")
+                continue
+            outcomes[rank] = (kind, value)
+    finally:
+        for p in processes:
+            p.join(timeout=max(0.0, min(10.0, deadline - time.monotonic())))
+        for p in processes:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        del store
+    errors = {r: v for r, (k, v) in outcomes.items() if k == "error"}
+    if errors and not allow_errors:
+        raise WorldFailure("\n".join(f"---- rank {r}\n{tb}" for r, tb in sorted(errors.items())))
+    if allow_errors:
+        return [outcomes[r] for r in range(size)]
+    return [outcomes[r][1] for r in range(size)]
+
