@@ -17,6 +17,10 @@ packages=(
   libtorch-dev             # LibTorch (CPU) with c10d + Gloo: the client and its multi-process tests
   libgloo-dev              # gloo/ headers that c10d's ProcessGroupGloo.hpp includes (libtorch-dev does not pull them in)
   python3-yaml             # the deploy checks read YAML (tests/deploy)
+  python3-dev pybind11-dev # the knapformer Python extension (python/)
+  python3-torch            # torch for /usr/bin/python3: the Python package and its tests
+  python3-pytest           # the Python package's tests
+  python3-venv             # the wheel's install test (a venv with --system-site-packages)
 )
 
 # Node.js for the deploy type checks: the image's own if it has one (Debian's

@@ -206,10 +206,11 @@ class SequenceBalancer:
             shares = " ".join(f"{r}: {w / mean:.2f}" if mean > 0 else f"{r}: 0"
                               for r, w in enumerate(workloads))
             lines.append(f"{tag} - per_gpu_capacity={mean:.4g} - {shares}")
+        moved_bytes = f" ({s['moved_bytes']} bytes)" if s["token_bytes"] else ""
         lines.append(f"max/min workload ratio: {s['wir_before']:.4f} ---> {s['wir_after']:.4f}; "
                      f"max/mean {s['max_over_mean_before']:.4f} ---> "
                      f"{s['max_over_mean_after']:.4f}; moved {s['moved_tokens']} of "
-                     f"{s['total_tokens']} tokens ({s['moved_bytes']} bytes); step {s['step']} "
+                     f"{s['total_tokens']} tokens{moved_bytes}; step {s['step']} "
                      f"from the {s['source']}")
         return "\n".join(lines)
 
