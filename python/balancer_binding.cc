@@ -2,6 +2,7 @@
 // trainer's torch.distributed process group. The Python class of the same
 // name (knapformer/sequence_balancer.py) makes the bag subgroups and shapes
 // the results like the reference implementation's.
+#include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
@@ -235,6 +236,22 @@ class BalancerBinding {
     return summary;
   }
 
+  // For bench/python_route_bench.py: Route + ReverseRoute called from C++,
+  // as a C++ trainer calls them, timed in C++ (seconds).
+  double TimeRouteAndReverseInCpp(const at::Tensor& x) const {
+    absl::StatusOr<at::Tensor> back;
+    std::chrono::steady_clock::time_point start, end;
+    {
+      py::gil_scoped_release no_gil;
+      start = std::chrono::steady_clock::now();
+      absl::StatusOr<at::Tensor> routed = balancer_->Route(x);
+      back = routed.ok() ? balancer_->ReverseRoute(*routed) : routed;
+      end = std::chrono::steady_clock::now();
+    }
+    ThrowIfError(back.status());
+    return std::chrono::duration<double>(end - start).count();
+  }
+
   void RecordComputeSeconds(double seconds) { balancer_->RecordComputeSeconds(seconds); }
   int rank() const { return world_->rank(); }
   int world_size() const { return world_->size(); }
@@ -300,6 +317,8 @@ void BindBalancer(py::module_& m) {
       .def("lengths", &BalancerBinding::Lengths, py::arg("which"), py::arg("device"))
       .def("summary", &BalancerBinding::Summary)
       .def("record_compute_seconds", &BalancerBinding::RecordComputeSeconds, py::arg("seconds"))
+      .def("_time_route_and_reverse_in_cpp", &BalancerBinding::TimeRouteAndReverseInCpp,
+           py::arg("x"))
       .def_property_readonly("rank", &BalancerBinding::rank)
       .def_property_readonly("world_size", &BalancerBinding::world_size)
       .def_property_readonly("bag_gpus", &BalancerBinding::bag_gpus)
