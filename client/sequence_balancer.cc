@@ -348,7 +348,8 @@ absl::Status SequenceBalancer::Rep::CheckRows(const std::vector<at::Tensor>& xs,
                                               const char* what, const char* expected) const {
   if (!planned) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what, ": call PlanRouting before moving tensors"));
+        absl::StrCat(what, ": no plan for this step yet; call PlanRouting (plan_routing in "
+                     "Python) first"));
   }
   if (xs.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": no tensors given"));
   for (size_t i = 0; i < xs.size(); ++i) {

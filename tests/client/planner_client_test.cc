@@ -106,6 +106,9 @@ void ExpectCorePlans(const std::vector<std::vector<absl::StatusOr<StepPlan>>>& r
       EXPECT_EQ(results[s][r]->source, source) << "step " << s << " rank " << r;
       ExpectSameSlice(results[s][r]->plan, core.Slice(r));
       EXPECT_EQ(results[s][r]->moved_tokens, core.MovedTokens());
+      // Every rank knows every rank's workloads, from either source.
+      EXPECT_EQ(results[s][r]->workload_before, core.workload_before) << "step " << s;
+      EXPECT_EQ(results[s][r]->workload_after, core.workload_after) << "step " << s;
     }
   }
 }

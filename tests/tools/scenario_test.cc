@@ -1,6 +1,6 @@
 // The paper's 12 cells (3 scenarios x 4 topologies, 32 GPUs, d = 3072,
 // gamma = 0.49, 20 steps) against the reference implementation's figures in
-// shared/notes/algorithm.md.
+// docs/background.md.
 
 #include <cstdint>
 #include <map>
