@@ -107,7 +107,11 @@ struct PlannerClient::Rep {
 
   absl::StatusOr<StepPlan> PlanLocally(const v1::StepSpec& spec,
                                        const std::vector<int64_t>& lengths) {
-    const std::string my_spec = spec.SerializeAsString();
+    // token_bytes only prices the moved tokens (the service takes the first
+    // rank's): ranks need not agree on it, here as there.
+    v1::StepSpec compared = spec;
+    compared.clear_token_bytes();
+    const std::string my_spec = compared.SerializeAsString();
     auto all = transport->AllGatherBytes(PackLengths(my_spec, lengths));
     if (!all.ok()) return all.status();
     RankLengths group(all->size());

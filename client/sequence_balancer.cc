@@ -60,15 +60,39 @@ struct RowOrder {
 // the step in PlanRouting.
 struct RowMove {
   Transport* transport = nullptr;
+  // A 0-element tensor owning the transport (OwnerTensor), or undefined when
+  // the caller owns it. Saved in the autograd node, so a backward pass can
+  // run after the balancer is gone.
+  at::Tensor owner;
   const std::vector<int64_t>* send_rows = nullptr;
   const std::vector<int64_t>* recv_rows = nullptr;
   RowOrder before;
   RowOrder after;
 };
 
+at::Tensor OwnerTensor(std::shared_ptr<Transport> transport) {
+  auto* held = new std::shared_ptr<Transport>(std::move(transport));
+  return at::from_blob(
+      held, {0}, [held](void*) { delete held; }, at::TensorOptions().dtype(at::kByte));
+}
+
 int64_t RowElements(const at::Tensor& x) {
   return std::accumulate(x.sizes().begin() + 1, x.sizes().end(), int64_t{1},
                          std::multiplies<int64_t>());
+}
+
+// x as [rows, bytes per row] of kByte, sharing x's memory when it can. A
+// tensor torch calls contiguous may still have odd strides where a size is 0
+// or 1 (an expanded gradient of zero rows, say), which a byte view refuses:
+// those are copied to plain strides first.
+at::Tensor ByteRows(const at::Tensor& x) {
+  const int64_t rows = x.size(0);
+  const int64_t elements = RowElements(x);
+  at::Tensor flat = x.resolve_conj().resolve_neg().contiguous().reshape({rows, elements});
+  if (flat.stride(1) != 1 || (elements > 1 && flat.stride(0) != elements)) {
+    flat = at::empty({rows, elements}, flat.options()).copy_(flat);
+  }
+  return flat.view(at::kByte);
 }
 
 at::Tensor Reordered(const at::Tensor& x, const at::Tensor& index) {
@@ -82,7 +106,10 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
   const int64_t send_count = Sum(*move.send_rows);
   const int64_t recv_count = Sum(*move.recv_rows);
   if (xs.size() == 1) {
-    const at::Tensor send = Reordered(xs[0].contiguous(), move.before.index).contiguous();
+    // Conjugate and negative views are lazy bits on the tensor, not in its
+    // bytes: resolve them before the bytes travel.
+    const at::Tensor send =
+        Reordered(xs[0].resolve_conj().resolve_neg().contiguous(), move.before.index).contiguous();
     std::vector<int64_t> shape = send.sizes().vec();
     shape[0] = recv_count;
     at::Tensor received = at::empty(shape, send.options());
@@ -95,7 +122,7 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
   std::vector<at::Tensor> bytes;  // each [rows, its row bytes]
   int64_t row_bytes = 0;
   for (const at::Tensor& x : xs) {
-    bytes.push_back(x.contiguous().reshape({x.size(0), RowElements(x)}).view(at::kByte));
+    bytes.push_back(ByteRows(x));
     row_bytes += bytes.back().size(1);
   }
   at::Tensor send = at::empty({send_count, row_bytes}, bytes[0].options());
@@ -136,9 +163,11 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
 
 // MoveRows as an autograd node: its backward sends each gradient row back
 // the way its row came, for the tensors that required grad (the same set on
-// every rank, so the backward exchange matches on every rank too). Callers
-// pass an at::TensorList: autograd only tracks the tensors of an argument of
-// that type (a std::vector would silently be a non-tensor argument).
+// every rank, so the backward exchange matches on every rank too). The
+// backward is this node again, reversed, so it is differentiable as well
+// (double backward). Callers pass an at::TensorList: autograd only tracks
+// the tensors of an argument of that type (a std::vector would silently be a
+// non-tensor argument).
 class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
@@ -150,6 +179,7 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
     ctx->saved_data["differentiable"] = differentiable;
     ctx->saved_data["inputs"] = static_cast<int64_t>(xs.size());
     ctx->saved_data["transport"] = reinterpret_cast<int64_t>(move->transport);
+    ctx->saved_data["owner"] = move->owner;
     ctx->saved_data["send_rows"] = *move->send_rows;
     ctx->saved_data["recv_rows"] = *move->recv_rows;
     // Backward gathers with the inverses, in the opposite order.
@@ -172,18 +202,21 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
     const std::vector<int64_t> send_rows = ctx->saved_data["recv_rows"].toIntVector();
     const std::vector<int64_t> recv_rows = ctx->saved_data["send_rows"].toIntVector();
     RowMove back;
-    back.transport = reinterpret_cast<Transport*>(ctx->saved_data["transport"].toInt());
-    back.send_rows = &send_rows;
-    back.recv_rows = &recv_rows;
     auto tensor = [&](const char* key) {
       const at::IValue& value = ctx->saved_data[key];
       return value.isTensor() ? value.toTensor() : at::Tensor();
     };
+    back.transport = reinterpret_cast<Transport*>(ctx->saved_data["transport"].toInt());
+    back.owner = tensor("owner");
+    back.send_rows = &send_rows;
+    back.recv_rows = &recv_rows;
     back.before = {tensor("back_before"), tensor("back_before_inverse")};
     back.after = {tensor("back_after"), tensor("back_after_inverse")};
     std::vector<at::Tensor> to_send;
     for (int64_t i : differentiable) to_send.push_back(grads[i]);
-    std::vector<at::Tensor> moved = MoveRows(to_send, back);
+    // A node of its own only when the backward itself is being recorded
+    // (create_graph); otherwise apply runs the exchange and records nothing.
+    std::vector<at::Tensor> moved = MoveRowsFunction::apply(at::TensorList(to_send), &back);
     torch::autograd::variable_list result(ctx->saved_data["inputs"].toInt() + 1);
     for (size_t j = 0; j < differentiable.size(); ++j) result[differentiable[j]] = moved[j];
     return result;
@@ -212,7 +245,10 @@ absl::StatusOr<at::Tensor> Only(absl::StatusOr<std::vector<at::Tensor>> tensors)
 
 struct SequenceBalancer::Rep {
   Transport* world = nullptr;
-  std::unique_ptr<Transport> bag;  // null in a single-GPU bag
+  std::shared_ptr<Transport> bag;  // null in a single-GPU bag
+  // OwnerTensor of the world (when the balancer shares its ownership) and of
+  // the bag, kept by every autograd node that moves over them.
+  at::Tensor world_owner, bag_owner;
   int bag_gpus = 1;
   int bag_first_rank = 0;
   int heads_multiple = 1;
@@ -246,9 +282,13 @@ struct SequenceBalancer::Rep {
                          const char* expected) const;
   absl::Status CheckHeads(const std::vector<at::Tensor>& xs, const char* what,
                           bool whole_heads) const;
-  RowMove Move(Transport* transport, const std::vector<int64_t>& send,
-               const std::vector<int64_t>& recv, RowOrder before, RowOrder after) const {
-    return {transport, &send, &recv, std::move(before), std::move(after)};
+  RowMove WorldMove(const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
+                    RowOrder before, RowOrder after) const {
+    return {world, world_owner, &send, &recv, std::move(before), std::move(after)};
+  }
+  RowMove BagMove(const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
+                  RowOrder before, RowOrder after) const {
+    return {bag.get(), bag_owner, &send, &recv, std::move(before), std::move(after)};
   }
 };
 
@@ -446,11 +486,19 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
     auto subgroup = world->Subgroup(members);
     if (!subgroup.ok()) return subgroup.status();
     rep->bag = *std::move(subgroup);
+    rep->bag_owner = OwnerTensor(rep->bag);
   }
   auto planner = PlannerClient::Create(options.planner, world);
   if (!planner.ok()) return planner.status();
   rep->planner = *std::move(planner);
   return std::unique_ptr<SequenceBalancer>(new SequenceBalancer(std::move(rep)));
+}
+
+absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
+    SequenceBalancerOptions options, std::shared_ptr<Transport> world) {
+  auto balancer = Create(std::move(options), world.get());
+  if (balancer.ok()) (*balancer)->rep_->world_owner = OwnerTensor(std::move(world));
+  return balancer;
 }
 
 absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
@@ -517,7 +565,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::RouteTensors(
   int64_t token_bytes = 0;
   for (const at::Tensor& x : xs) token_bytes += RowElements(x) * x.element_size();
   r.routed_token_bytes = token_bytes;
-  const RowMove move = r.Move(r.world, r.send_rows, r.recv_rows, r.send_order, {});
+  const RowMove move = r.WorldMove(r.send_rows, r.recv_rows, r.send_order, {});
   return Guarded([&] { return MoveRowsFunction::apply(at::TensorList(xs), &move); });
 }
 
@@ -526,8 +574,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::ReverseRouteTensors(
   const Rep& r = *rep_;
   absl::Status ok = r.CheckRows(ys, r.routed_rows, "reverse_route", "the sum of routed_lengths");
   if (!ok.ok()) return ok;
-  const RowMove move =
-      r.Move(r.world, r.recv_rows, r.send_rows, {}, r.send_order.Inverted());
+  const RowMove move = r.WorldMove(r.recv_rows, r.send_rows, {}, r.send_order.Inverted());
   return Guarded([&] { return MoveRowsFunction::apply(at::TensorList(ys), &move); });
 }
 
@@ -551,8 +598,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PreAttnTensors(
       rows[0] = r.bag_gpus * r.routed_rows;
       by_position.push_back(x.reshape(split).transpose(0, 1).contiguous().reshape(rows));
     }
-    const RowMove move = r.Move(r.bag.get(), r.ulysses_send_rows, r.ulysses_recv_rows, {},
-                                r.sequence_order);
+    const RowMove move = r.BagMove(r.ulysses_send_rows, r.ulysses_recv_rows, {}, r.sequence_order);
     return MoveRowsFunction::apply(at::TensorList(by_position), &move);
   });
 }
@@ -565,8 +611,8 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PostAttnTensors(
   if (!ok.ok()) return ok;
   if (r.bag_gpus == 1) return ys;
   return Guarded([&] {
-    const RowMove move = r.Move(r.bag.get(), r.ulysses_recv_rows, r.ulysses_send_rows,
-                                r.sequence_order.Inverted(), {});
+    const RowMove move =
+        r.BagMove(r.ulysses_recv_rows, r.ulysses_send_rows, r.sequence_order.Inverted(), {});
     std::vector<at::Tensor> by_position = MoveRowsFunction::apply(at::TensorList(ys), &move);
     std::vector<at::Tensor> outputs;
     for (size_t i = 0; i < ys.size(); ++i) {

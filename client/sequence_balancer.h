@@ -71,9 +71,15 @@ class SequenceBalancer {
  public:
   // Collective over `world` (every rank calls it): a rank of a multi-GPU bag
   // builds its bag's subgroup. `world` must outlive the balancer and every
-  // backward pass through tensors it produced.
+  // backward pass through tensors it produced (the bag's subgroup is kept
+  // alive by those backward passes themselves).
   static absl::StatusOr<std::unique_ptr<SequenceBalancer>> Create(SequenceBalancerOptions options,
                                                                  Transport* world);
+  // The same, sharing ownership of `world`: the balancer and every autograd
+  // node it creates keep it alive, so a backward pass may run after the
+  // balancer is destroyed (what a garbage-collected language needs).
+  static absl::StatusOr<std::unique_ptr<SequenceBalancer>> Create(
+      SequenceBalancerOptions options, std::shared_ptr<Transport> world);
   ~SequenceBalancer();
 
   // Collective: plans the next step. `lengths` are this rank's sequence

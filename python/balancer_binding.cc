@@ -48,48 +48,97 @@ struct BalancerArgs {
   bool use_fitted_gamma = false;
 };
 
-// A Python list/tuple of ints or a 1-D integer tensor, as lengths.
+// A Python list/tuple of ints or a 1-D integer tensor, as lengths. Never
+// throws: whatever the object does (a failing __index__ or __len__), the
+// rank gets a status and still joins the step.
 absl::StatusOr<std::vector<int64_t>> LengthsFrom(const py::handle& object) {
-  if (THPVariable_Check(object.ptr())) {
-    const at::Tensor& t = THPVariable_Unpack(object.ptr());
-    if (t.dim() != 1 || at::isFloatingType(t.scalar_type()) ||
-        at::isComplexType(t.scalar_type()) || t.scalar_type() == at::kBool) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "local_seq_lens: needs a 1-D integer tensor, got ", t.dim(), "-D ",
-          c10::toString(t.scalar_type())));
+  try {
+    if (THPVariable_Check(object.ptr())) {
+      const at::Tensor& t = THPVariable_Unpack(object.ptr());
+      if (t.dim() != 1 || at::isFloatingType(t.scalar_type()) ||
+          at::isComplexType(t.scalar_type()) || t.scalar_type() == at::kBool) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "local_seq_lens: needs a 1-D integer tensor, got ", t.dim(), "-D ",
+            c10::toString(t.scalar_type())));
+      }
+      at::Tensor longs = t.to(at::kCPU, at::kLong).contiguous();
+      const int64_t* data = longs.data_ptr<int64_t>();
+      return std::vector<int64_t>(data, data + longs.numel());
     }
-    at::Tensor longs = t.to(at::kCPU, at::kLong).contiguous();
-    const int64_t* data = longs.data_ptr<int64_t>();
-    return std::vector<int64_t>(data, data + longs.numel());
-  }
-  if (!py::isinstance<py::sequence>(object) || py::isinstance<py::str>(object)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("local_seq_lens: needs a list of ints or a 1-D integer tensor, got ",
-                     std::string(py::str(object.get_type().attr("__name__")))));
-  }
-  std::vector<int64_t> lengths;
-  py::sequence items = py::reinterpret_borrow<py::sequence>(object);
-  for (size_t i = 0; i < items.size(); ++i) {
-    py::object item = items[i];
-    // Integers only (bool is not a length); numpy and 0-d tensors work through __index__.
-    if (py::isinstance<py::bool_>(item) || !PyIndex_Check(item.ptr())) {
-      return absl::InvalidArgumentError(absl::StrCat("local_seq_lens[", i, "]: ",
-                                                     std::string(py::repr(item)),
-                                                     " is not an integer"));
+    if (!py::isinstance<py::sequence>(object) || py::isinstance<py::str>(object)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("local_seq_lens: needs a list of ints or a 1-D integer tensor, got ",
+                       std::string(py::str(object.get_type().attr("__name__")))));
     }
-    py::int_ value = py::reinterpret_steal<py::int_>(PyNumber_Index(item.ptr()));
-    int overflow = 0;
-    const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-    if (overflow != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("local_seq_lens[", i, "]: ",
-                                                     std::string(py::repr(item)),
-                                                     " is outside [0, ", CostModel::kMaxLength,
-                                                     "]"));
+    std::vector<int64_t> lengths;
+    py::sequence items = py::reinterpret_borrow<py::sequence>(object);
+    for (size_t i = 0; i < items.size(); ++i) {
+      py::object item = items[i];
+      const std::string where = absl::StrCat("local_seq_lens[", i, "]: ");
+      // Integers only (bool is not a length); numpy integers and 0-d integer
+      // tensors work through __index__.
+      PyObject* index = py::isinstance<py::bool_>(item) ? nullptr : PyNumber_Index(item.ptr());
+      if (index == nullptr) {
+        PyErr_Clear();
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, std::string(py::repr(item)), " is not an integer"));
+      }
+      int overflow = 0;
+      const long long value = PyLong_AsLongLongAndOverflow(index, &overflow);
+      Py_DECREF(index);
+      if (overflow != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(where, std::string(py::repr(item)),
+                                                       " is outside [0, ", CostModel::kMaxLength,
+                                                       "]"));
+      }
+      lengths.push_back(value);
     }
-    lengths.push_back(v);
+    return lengths;
+  } catch (const py::error_already_set& e) {
+    return absl::InvalidArgumentError(absl::StrCat("local_seq_lens: ", e.what()));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("local_seq_lens: ", e.what()));
   }
-  return lengths;
 }
+
+// plan_routing's token_dim as the cost model's d_model; a status for
+// anything else (the rank still joins the step).
+absl::StatusOr<int32_t> TokenDimFrom(const py::handle& token_dim) {
+  if (token_dim.is_none()) {
+    return absl::InvalidArgumentError(
+        "plan_routing: token_dim is required (the cost model's d_model) unless the "
+        "SequenceBalancer was given d_model");
+  }
+  PyObject* index = py::isinstance<py::bool_>(token_dim) ? nullptr : PyNumber_Index(token_dim.ptr());
+  if (index == nullptr) {
+    PyErr_Clear();
+    return absl::InvalidArgumentError(
+        absl::StrCat("token_dim: ", std::string(py::repr(token_dim)), " is not an integer"));
+  }
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(index, &overflow);
+  Py_DECREF(index);
+  if (overflow != 0 || value < 1 || value > CostModel::kMaxDModel) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_dim: ", std::string(py::repr(token_dim)), " is outside [1, ", CostModel::kMaxDModel,
+        "] (it is the cost model's d_model; pass d_model= to the SequenceBalancer to fix it)"));
+  }
+  return static_cast<int32_t>(value);
+}
+
+// What get_routing_plan_summary reports: taken when a step is planned, so a
+// later step that fails does not mix into it.
+struct PlannedStep {
+  uint64_t step = 0;
+  std::string source;
+  std::string topology;
+  int32_t d_model = 0;
+  double gamma = 0;
+  int64_t spec_token_bytes = 0;
+  std::vector<double> workload_before, workload_after;
+  int64_t total_tokens = 0, moved_tokens = 0;
+  std::vector<int64_t> seq_lens, chunk_lens, attention_seq_lens;
+};
 
 class BalancerBinding {
  public:
@@ -137,24 +186,18 @@ class BalancerBinding {
     };
     py::gil_scoped_release no_gil;
     world_ = ValueOrThrow(C10dTransport::Create(std::move(group), std::move(transport)));
-    balancer_ = ValueOrThrow(SequenceBalancer::Create(std::move(options), world_.get()));
+    balancer_ = ValueOrThrow(SequenceBalancer::Create(std::move(options), world_));
   }
 
-  // Collective. A rank whose lengths cannot be read still joins the step
-  // with a length no planner accepts, so every rank fails it together; that
-  // rank raises the precise reason.
-  void PlanRouting(const py::handle& local_seq_lens, int64_t token_dim) {
+  // Collective. A rank whose lengths or token_dim cannot be read still
+  // joins the step, with a length or d_model no planner accepts, so every
+  // rank fails it together; that rank raises the precise reason.
+  void PlanRouting(const py::handle& local_seq_lens, const py::handle& token_dim) {
     absl::StatusOr<std::vector<int64_t>> lengths = LengthsFrom(local_seq_lens);
+    absl::StatusOr<int32_t> d_model = fixed_d_model_ ? absl::StatusOr<int32_t>(0)
+                                                     : TokenDimFrom(token_dim);
     StepOverrides overrides;
-    if (!fixed_d_model_) {
-      if (token_dim < 1 || token_dim > CostModel::kMaxDModel) {
-        // The same on every rank that passes it; a rank that differs is
-        // refused as a spec mismatch by the planner.
-        overrides.d_model = -1;
-      } else {
-        overrides.d_model = static_cast<int32_t>(token_dim);
-      }
-    }
+    overrides.d_model = d_model.ok() ? *d_model : -1;
     lengths_cache_.clear();
     absl::Status status;
     {
@@ -163,24 +206,39 @@ class BalancerBinding {
                                       overrides);
     }
     ThrowIfError(lengths.status());
-    if (!status.ok() && overrides.d_model == -1) {
-      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
-          "token_dim: ", token_dim, " is outside [1, ", CostModel::kMaxDModel,
-          "] (it is the cost model's d_model; pass d_model= to the SequenceBalancer to fix it)")));
-    }
+    ThrowIfError(d_model.status());
     ThrowIfError(status);
+    const StepPlan& plan = balancer_->step_plan();
+    const v1::StepSpec& spec = balancer_->spec();
+    planned_ = PlannedStep{balancer_->step(),
+                           PlanSourceName(plan.source),
+                           spec.topology(),
+                           spec.d_model(),
+                           spec.gamma(),
+                           spec.token_bytes(),
+                           plan.workload_before,
+                           plan.workload_after,
+                           plan.total_tokens,
+                           plan.moved_tokens,
+                           balancer_->input_lengths(),
+                           balancer_->routed_lengths(),
+                           balancer_->attention_lengths()};
   }
 
   std::vector<at::Tensor> Route(const std::vector<at::Tensor>& xs) const {
+    CheckDevices("route", xs);
     return Call([&] { return balancer_->RouteTensors(xs); });
   }
   std::vector<at::Tensor> ReverseRoute(const std::vector<at::Tensor>& ys) const {
+    CheckDevices("reverse_route", ys);
     return Call([&] { return balancer_->ReverseRouteTensors(ys); });
   }
   std::vector<at::Tensor> PreAttn(const std::vector<at::Tensor>& xs) const {
+    CheckDevices("pre_attn", xs);
     return Call([&] { return balancer_->PreAttnTensors(xs); });
   }
   std::vector<at::Tensor> PostAttn(const std::vector<at::Tensor>& ys) const {
+    CheckDevices("post_attn", ys);
     return Call([&] { return balancer_->PostAttnTensors(ys); });
   }
 
@@ -202,37 +260,41 @@ class BalancerBinding {
   }
 
   py::dict Summary() const {
-    const StepPlan& step = balancer_->step_plan();
-    const v1::StepSpec& spec = balancer_->spec();
-    const BalanceStats before = ComputeBalanceStats(step.workload_before);
-    const BalanceStats after = ComputeBalanceStats(step.workload_after);
-    const int64_t token_bytes =
-        balancer_->routed_token_bytes() > 0 ? balancer_->routed_token_bytes() : spec.token_bytes();
+    if (!planned_.has_value()) {
+      ThrowIfError(absl::FailedPreconditionError(
+          "get_routing_plan_summary: no step has been planned yet; call plan_routing first"));
+    }
+    const PlannedStep& p = *planned_;
+    const BalanceStats before = ComputeBalanceStats(p.workload_before);
+    const BalanceStats after = ComputeBalanceStats(p.workload_after);
+    // What this step's route moved per token, once it has run.
+    const int64_t token_bytes = balancer_->step() == p.step && balancer_->routed_token_bytes() > 0
+                                    ? balancer_->routed_token_bytes()
+                                    : p.spec_token_bytes;
     py::dict summary;
-    summary["step"] = balancer_->step();
-    summary["source"] = PlanSourceName(step.source);
+    summary["step"] = p.step;
+    summary["source"] = p.source;
     summary["rank"] = world_->rank();
     summary["world_size"] = world_->size();
-    summary["topology"] = spec.topology();
+    summary["topology"] = p.topology;
     summary["bag_gpus"] = balancer_->bag_gpus();
-    summary["d_model"] = spec.d_model();
-    summary["gamma"] = spec.gamma();
-    summary["workload_before"] = step.workload_before;
-    summary["workload_after"] = step.workload_after;
+    summary["d_model"] = p.d_model;
+    summary["gamma"] = p.gamma;
+    summary["workload_before"] = p.workload_before;
+    summary["workload_after"] = p.workload_after;
     summary["wir_before"] = before.wir;
     summary["wir_after"] = after.wir;
     summary["max_over_mean_before"] = before.max_over_mean;
     summary["max_over_mean_after"] = after.max_over_mean;
-    summary["total_tokens"] = step.total_tokens;
-    summary["moved_tokens"] = step.moved_tokens;
+    summary["total_tokens"] = p.total_tokens;
+    summary["moved_tokens"] = p.moved_tokens;
     summary["token_bytes"] = token_bytes;
-    summary["moved_bytes"] =
-        token_bytes > 0 && step.moved_tokens > INT64_MAX / token_bytes
-            ? INT64_MAX
-            : step.moved_tokens * token_bytes;
-    summary["seq_lens"] = balancer_->input_lengths();
-    summary["chunk_lens"] = balancer_->routed_lengths();
-    summary["attention_seq_lens"] = balancer_->attention_lengths();
+    summary["moved_bytes"] = token_bytes > 0 && p.moved_tokens > INT64_MAX / token_bytes
+                                 ? INT64_MAX
+                                 : p.moved_tokens * token_bytes;
+    summary["seq_lens"] = p.seq_lens;
+    summary["chunk_lens"] = p.chunk_lens;
+    summary["attention_seq_lens"] = p.attention_seq_lens;
     return summary;
   }
 
@@ -269,6 +331,20 @@ class BalancerBinding {
     }
   }
 
+  // Tensors the process group cannot move (a CUDA tensor on a Gloo group, a
+  // CPU one on NCCL) would hand the wrong memory to the collective.
+  void CheckDevices(const char* what, const std::vector<at::Tensor>& xs) const {
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (!xs[i].defined()) continue;
+      const c10::Device device = xs[i].device();
+      if (device.type() != device_.type() || (device_.has_index() && device != device_)) {
+        ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+            what, ": tensor ", i, " is on ", device.str(), ", but the process group moves ",
+            device_.str(), " tensors")));
+      }
+    }
+  }
+
   template <typename Op>
   std::vector<at::Tensor> Call(Op&& op) const {
     absl::StatusOr<std::vector<at::Tensor>> result;
@@ -281,7 +357,8 @@ class BalancerBinding {
 
   c10::Device device_;
   bool fixed_d_model_ = false;
-  std::unique_ptr<Transport> world_;
+  std::optional<PlannedStep> planned_;
+  std::shared_ptr<Transport> world_;
   std::unique_ptr<SequenceBalancer> balancer_;
   std::map<std::string, at::Tensor> lengths_cache_;
 };

@@ -47,13 +47,28 @@ class EmbeddedServer {
   int metrics_port() const { return Server().metrics_port(); }
   bool running() const { return server_ != nullptr; }
 
+  // Taken out of the object while the GIL is held, so that another thread
+  // sees a stopped server, not one being destroyed.
   void Shutdown(std::optional<double> grace_seconds) {
-    if (server_ == nullptr) return;
+    std::unique_ptr<PlannerServer> server = std::move(server_);
+    if (server == nullptr) return;
     const absl::Duration grace =
         grace_seconds.has_value() ? absl::Seconds(*grace_seconds) : shutdown_grace_;
     py::gil_scoped_release no_gil;
-    server_->Shutdown(grace);
-    server_.reset();
+    server->Shutdown(grace);
+  }
+
+  // Garbage collection or interpreter exit: stop without holding the GIL
+  // for the grace period (gRPC's threads never need it), unless the
+  // interpreter is finalizing and the GIL must not be let go.
+  ~EmbeddedServer() {
+    std::unique_ptr<PlannerServer> server = std::move(server_);
+    if (server == nullptr) return;
+    if (Py_IsInitialized() && !_Py_IsFinalizing() && PyGILState_Check()) {
+      py::gil_scoped_release no_gil;
+      server->Shutdown(shutdown_grace_);
+      server.reset();
+    }
   }
 
  private:

@@ -86,9 +86,15 @@ class SequenceBalancer:
         group = process_group if process_group is not None else \
             dist.distributed_c10d._get_default_group()
         backend = dist.get_backend(group)
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"process_group: backend '{backend}' is not supported (gloo with "
+                             "CPU tensors, nccl with CUDA tensors)")
         device = "cpu" if backend == "gloo" else f"cuda:{torch.cuda.current_device()}"
         bags = _C.multi_gpu_bags(bag_specs, group.size())
-        bag_groups = _make_bag_groups(group, bags, backend) if bags else {}
+        default = dist.distributed_c10d._get_default_group()
+        # Over a group other than the default one, every process takes part in
+        # making every group's bags, bags of its own or not.
+        bag_groups = _make_bag_groups(group, bags, backend) if bags or group is not default else {}
 
         args = _C._BalancerArgs()
         args.device = device
@@ -108,7 +114,6 @@ class SequenceBalancer:
             raise ValueError(f"d_model: {d_model} is outside [1, 65536]")
         self.bag_specs = bag_specs
         self.gamma = gamma
-        self._has_d_model = d_model is not None
         self._impl = _C._SequenceBalancer(group, bag_groups, args)
 
     # -- planning ---------------------------------------------------------
@@ -119,10 +124,9 @@ class SequenceBalancer:
         tensor; empty and zero-length are fine). ``token_dim`` is the hidden
         size: the cost model's d_model unless one was given at construction.
         A bad input on any rank raises on every rank."""
-        if token_dim is None and not self._has_d_model:
-            raise ValueError("plan_routing: token_dim is required (the cost model's d_model) "
-                             "unless the SequenceBalancer was given d_model")
-        self._impl.plan_routing(local_seq_lens, 0 if token_dim is None else int(token_dim))
+        # Checked in C++ after this rank has joined the step, so that a rank
+        # that gets it wrong alone fails the step on every rank, not a hang.
+        self._impl.plan_routing(local_seq_lens, token_dim)
 
     def record_compute_seconds(self, seconds):
         """This rank's measured compute time of the current step, sent with
@@ -187,7 +191,8 @@ class SequenceBalancer:
     # -- reporting ----------------------------------------------------------
 
     def get_routing_plan_summary(self):
-        """This step's plan (local, no communication): step, source
+        """The last planned step (local, no communication; RuntimeError
+        before the first plan_routing): step, source
         ("planner service" or "local planner"), every rank's workload before
         and after (``workload_before``/``workload_after``), ``wir_*``,
         ``max_over_mean_*``, ``total_tokens``, ``moved_tokens``,

@@ -118,6 +118,21 @@ def check_step(balancer, rank, size, step, topology, gamma):
     (back * weight).sum().backward()
     assert torch.equal(hidden.grad, weight), "gradients come back exactly"
 
+    # Several tensors that all require grad, of different dtypes, one of them
+    # zero-width: gradients come back exactly, and the backward is itself
+    # differentiable (second derivatives through the exchanges).
+    a = torch.randn(rows, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(rows, 2).to(torch.bfloat16).requires_grad_(True)
+    empty = torch.zeros(rows, 0, requires_grad=True)
+    _, ra, (rb, re) = balancer.route(a, [b, empty])
+    assert re.shape == (int(chunk_lens.sum()), 0)
+    _, ba, (bb, be) = balancer.reverse_route(ra * 2, [rb * 3, re])
+    (grad_a,) = torch.autograd.grad((ba ** 2).sum(), a, create_graph=True)
+    assert torch.equal(grad_a.detach(), 8 * a.detach())  # d/da (2a)^2
+    (grad_a.sum() + bb.float().sum()).backward()
+    assert torch.equal(a.grad, torch.full_like(a, 8.0))
+    assert torch.equal(b.grad, torch.full_like(b, 3.0))
+
     # Without features: features is None, and a bf16 tensor comes back bit for bit.
     _, routed_half, none = balancer.route(half)
     assert none is None
@@ -167,6 +182,37 @@ def test_round_trip_attention_and_gradients_are_exact(topology, size):
         assert len(figures) == 1
 
 
+def subgroup_world(rank, size):
+    """Two independent balancers, one per half of the world, each over its
+    own process group with 2-GPU bags: every process makes every bag's group
+    (torch's new_group rule) and each balancer moves only its half's tokens."""
+    import knapformer
+
+    halves = [dist.new_group([0, 1, 2, 3]), dist.new_group([4, 5, 6, 7])]
+    mine = halves[rank // 4]
+    balancer = knapformer.SequenceBalancer("g2n1", process_group=mine, job_id=f"half-{rank // 4}")
+    lens = [[5, 40], [3], [], [64, 1]][rank % 4]
+    balancer.plan_routing(lens, D_MODEL)
+    ids = token_ids(rank, lens)
+    chunk_lens, routed, _ = balancer.route(ids)
+    assert all(int(i) >> 40 in range(rank // 4 * 4, rank // 4 * 4 + 4) for i in routed), \
+        "a token crossed to the other half"
+    assert torch.equal(balancer.reverse_route(routed)[1], ids)
+    q = torch.randn(int(chunk_lens.sum()), 4, 2, dtype=torch.float64)
+    seq_lens, q2, _, _ = balancer.pre_attn(q, q, q)
+    assert q2.shape[1] == 2 and int(seq_lens.sum()) == q2.shape[0]
+    assert torch.equal(balancer.post_attn(q2)[1], q)
+    summary = balancer.get_routing_plan_summary()
+    return summary["world_size"], summary["total_tokens"], summary["rank"]
+
+
+def test_a_balancer_over_a_subgroup_of_the_job():
+    results = run_world(subgroup_world, 8)
+    for rank, (world_size, total_tokens, group_rank) in enumerate(results):
+        assert world_size == 4 and group_rank == rank % 4
+        assert total_tokens == 5 + 40 + 3 + 64 + 1
+
+
 def service_world(rank, size):
     import knapformer
 
@@ -175,6 +221,10 @@ def service_world(rank, size):
     dist.broadcast_object_list(address, src=0)
     balancer = knapformer.SequenceBalancer("g1n2+g2n1", gamma=0.49, planner_address=address[0],
                                            job_id="python-service", planner_deadline=20)
+    # The address from the environment, as the deploy manifests set it.
+    os.environ["KNAPFORMER_PLANNER_ADDRESS"] = address[0]
+    from_env = knapformer.SequenceBalancer("g1n4", job_id="python-env", planner_deadline=20)
+    del os.environ["KNAPFORMER_PLANNER_ADDRESS"]
     sources = []
     for step in range(3):
         if step == 2:  # the service goes away: every rank falls back together
@@ -188,17 +238,16 @@ def service_world(rank, size):
         _, routed, _ = balancer.route(x)
         assert torch.equal(balancer.reverse_route(routed)[1], x)
         sources.append(balancer.get_routing_plan_summary()["source"])
-    # The planner address from the environment, as the deploy manifests set it.
-    os.environ["KNAPFORMER_PLANNER_ADDRESS"] = "127.0.0.1:1"  # nothing listens there
-    from_env = knapformer.SequenceBalancer("g1n4", job_id="python-env", planner_deadline=5)
-    from_env.plan_routing([3, 4], token_dim=D_MODEL)
-    sources.append(from_env.get_routing_plan_summary()["source"])
+        if step == 0:
+            from_env.plan_routing([3, 4], token_dim=D_MODEL)
+            sources.append(from_env.get_routing_plan_summary()["source"])
     return sources
 
 
 def test_planner_service_in_rank_0_then_local_fallback():
     for sources in run_world(service_world, 4):
-        assert sources == ["planner service", "planner service", "local planner", "local planner"]
+        # step 0, the balancer configured from the environment, steps 1 and 2
+        assert sources == ["planner service", "planner service", "planner service", "local planner"]
 
 
 def caught(call):
@@ -219,6 +268,7 @@ def misuse_world(rank, size):
     balancer = knapformer.SequenceBalancer("g1n2+g2n1")
     outcomes["no_token_dim"] = caught(lambda: balancer.plan_routing([3]))
     outcomes["before_plan"] = caught(lambda: balancer.route(torch.zeros(3, 4)))
+    outcomes["summary_before_plan"] = caught(balancer.get_routing_plan_summary)
     outcomes["negative_on_rank_1"] = caught(
         lambda: balancer.plan_routing([-1] if rank == 1 else [3], token_dim=8))
     outcomes["float_on_rank_2"] = caught(
@@ -228,7 +278,10 @@ def misuse_world(rank, size):
         lambda: balancer.plan_routing([3], token_dim=16 if rank == 3 else 8))
     outcomes["cap"] = caught(lambda: knapformer.SequenceBalancer(
         "g1n4", max_tokens_per_gpu=10).plan_routing([40], token_dim=8))
+    outcomes["bad_index_on_rank_2"] = caught(
+        lambda: balancer.plan_routing([torch.tensor(3.0)] if rank == 2 else [3], token_dim=8))
     balancer.plan_routing([3, 5], token_dim=8)  # still usable after all of that
+    outcomes["device"] = caught(lambda: balancer.route(torch.empty(8, 4, device="meta")))
     outcomes["rows"] = caught(lambda: balancer.route(torch.zeros(7, 4)))
     outcomes["feature_rows"] = caught(lambda: balancer.route(torch.zeros(8, 4), [torch.zeros(6)]))
     _, routed, _ = balancer.route(torch.ones(8, 6))
@@ -236,6 +289,19 @@ def misuse_world(rank, size):
     outcomes["heads"] = caught(lambda: balancer.pre_attn(q, q, q))
     back = balancer.reverse_route(routed)[1]
     assert torch.equal(back, torch.ones(8, 6))
+
+    # A backward pass after the balancer is gone still finds its transports.
+    x = torch.randn(8, 4, dtype=torch.float64, requires_grad=True)
+    _, routed, _ = balancer.route(x)
+    q = routed.reshape(-1, 2, 2)
+    _, q, k, v = balancer.pre_attn(q, q * 2, q * 3)
+    _, o = balancer.post_attn(q + k + v)
+    _, out, _ = balancer.reverse_route(o.reshape(-1, 4))
+    del balancer, routed, q, k, v, o
+    import gc
+    gc.collect()
+    out.sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 6.0))
     return outcomes
 
 
@@ -245,11 +311,14 @@ EXPECTED_MISUSE = {
     "cost_model": ("ValueError", "cost_model: 'quad' is not one of"),
     "no_token_dim": ("ValueError", "token_dim is required"),
     "before_plan": ("RuntimeError", "FAILED_PRECONDITION: route: no plan for this step yet"),
+    "summary_before_plan": ("RuntimeError", "FAILED_PRECONDITION: get_routing_plan_summary: "
+                                            "no step has been planned yet"),
     "negative_on_rank_1": ("ValueError", "ranks[1][0]: sequence length -1"),
     "token_dim": ("ValueError", "token_dim: 0 is outside [1, 65536]"),
     "d_model_differs": ("RuntimeError", "FAILED_PRECONDITION: spec: rank"),
     "cap": ("RuntimeError", "RESOURCE_EXHAUSTED: max_tokens_per_gpu"),
     "feature_rows": ("ValueError", "route: packed_features[0] has 6 rows, packed_seqs 8"),
+    "device": ("ValueError", "route: tensor 0 is on meta, but the process group moves cpu tensors"),
     "heads": ("ValueError", "3 heads (dimension 1) do not split over the bags of g1n2+g2n1; "
                             "heads must be a multiple of 2"),
 }
@@ -265,12 +334,11 @@ def test_every_misuse_raises_on_every_rank():
         assert outcomes["rows"][0] == "ValueError"
         assert f"route: 7 rows, rank {rank} expects 8" in outcomes["rows"][1]
         # The rank whose lengths were unreadable says why; the others name it.
-        kind, text = outcomes["float_on_rank_2"]
-        assert kind == "ValueError"
-        if rank == 2:
-            assert "local_seq_lens[1]: 2.5 is not an integer" in text
-        else:
-            assert "ranks[2][0]: sequence length -1" in text
+        for name, why in [("float_on_rank_2", "local_seq_lens[1]: 2.5 is not an integer"),
+                          ("bad_index_on_rank_2", "local_seq_lens[0]: tensor(3.) is not an integer")]:
+            kind, text = outcomes[name]
+            assert kind == "ValueError", (rank, name, text)
+            assert (why if rank == 2 else "ranks[2][0]: sequence length -1") in text, (rank, text)
 
 
 def lone_misuse_world(rank, size):
