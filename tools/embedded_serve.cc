@@ -1,0 +1,52 @@
+#include "tools/embedded_serve.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/log.h"
+#include "server/planner_server.h"
+#include "tools/serve.h"
+
+namespace knapformer {
+namespace {
+
+// Flags of `knapformer serve` that act on the whole process or only make
+// sense for a process of its own.
+constexpr const char* kProcessFlags[] = {"--port-file", "--retain-freed-memory"};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EmbeddedServe>> EmbeddedServe::Start(
+    const std::vector<std::string>& flags) {
+  for (const std::string& flag : flags) {
+    for (const char* process_flag : kProcessFlags) {
+      if (absl::StartsWith(flag, process_flag)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            process_flag + 2,
+            ": a setting of the `knapformer serve` process; an embedded server does not take it"));
+      }
+    }
+  }
+  absl::StatusOr<ServeConfig> config = ParseServeArgs(flags);
+  if (!config.ok()) return config.status();
+  SetLogLevel(config->log_level);
+  absl::StatusOr<std::unique_ptr<PlannerServer>> server = PlannerServer::Start(config->server);
+  if (!server.ok()) return server.status();
+  return std::unique_ptr<EmbeddedServe>(
+      new EmbeddedServe(*std::move(server), config->shutdown_grace));
+}
+
+EmbeddedServe::EmbeddedServe(std::unique_ptr<PlannerServer> server,
+                             absl::Duration shutdown_grace)
+    : server_(std::move(server)), shutdown_grace_(shutdown_grace) {}
+
+EmbeddedServe::~EmbeddedServe() { Shutdown(); }
+
+std::string EmbeddedServe::address() const { return server_->address(); }
+int EmbeddedServe::port() const { return server_->port(); }
+int EmbeddedServe::metrics_port() const { return server_->metrics_port(); }
+
+void EmbeddedServe::Shutdown(std::optional<absl::Duration> grace) {
+  server_->Shutdown(grace.value_or(shutdown_grace_));
+}
+
+}  // namespace knapformer

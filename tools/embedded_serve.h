@@ -1,0 +1,47 @@
+#ifndef KNAPFORMER_TOOLS_EMBEDDED_SERVE_H_
+#define KNAPFORMER_TOOLS_EMBEDDED_SERVE_H_
+
+// The planner service inside another process (a trainer's rank 0, the Python
+// package's PlannerServer), configured with `knapformer serve`'s flags less
+// the two that act on a whole process of its own (--port-file,
+// --retain-freed-memory). Keeps server/ behind tools/: callers see no server
+// header.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace knapformer {
+
+class PlannerServer;
+
+class EmbeddedServe {
+ public:
+  // Parses `flags` as ParseServeArgs does (InvalidArgument naming the flag),
+  // applies --log-level and starts serving (Unavailable for a taken port).
+  static absl::StatusOr<std::unique_ptr<EmbeddedServe>> Start(
+      const std::vector<std::string>& flags);
+  ~EmbeddedServe();  // Shutdown() with the configured grace if not done yet
+
+  std::string address() const;
+  int port() const;
+  int metrics_port() const;
+
+  // Stops serving: waiting ranks get UNAVAILABLE, answers being sent get
+  // `grace` (default: --shutdown-grace-ms). Returns when stopped.
+  void Shutdown(std::optional<absl::Duration> grace = std::nullopt);
+
+ private:
+  EmbeddedServe(std::unique_ptr<PlannerServer> server, absl::Duration shutdown_grace);
+
+  std::unique_ptr<PlannerServer> server_;
+  absl::Duration shutdown_grace_;
+};
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_TOOLS_EMBEDDED_SERVE_H_
