@@ -83,13 +83,16 @@ int64_t Plan::MovedTokens() const {
   return moved;
 }
 
-int64_t Plan::MovedBytes(int64_t token_bytes) const {
+int64_t MovedBytes(int64_t moved_tokens, int64_t token_bytes) {
   if (token_bytes <= 0) return 0;
-  const int64_t moved = MovedTokens();
-  if (moved > std::numeric_limits<int64_t>::max() / token_bytes) {
+  if (moved_tokens > std::numeric_limits<int64_t>::max() / token_bytes) {
     return std::numeric_limits<int64_t>::max();
   }
-  return moved * token_bytes;
+  return moved_tokens * token_bytes;
+}
+
+int64_t Plan::MovedBytes(int64_t token_bytes) const {
+  return knapformer::MovedBytes(MovedTokens(), token_bytes);
 }
 
 std::vector<int64_t> Plan::TokensPerRank() const {

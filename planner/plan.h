@@ -46,6 +46,10 @@ struct Route {
   std::vector<Transfer> recvs;
 };
 
+// moved_tokens * token_bytes, saturating at INT64_MAX; 0 when token_bytes
+// <= 0 (unknown).
+int64_t MovedBytes(int64_t moved_tokens, int64_t token_bytes);
+
 // The route that undoes `forward`: each rank sends every received chunk back to
 // its source, which puts it back at (seq_index, offset).
 Route ReverseRoute(const Route& forward);

@@ -20,6 +20,7 @@
 #include "client/sequence_balancer.h"
 #include "planner/balance_stats.h"
 #include "planner/cost_model.h"
+#include "planner/plan.h"
 #include "python/bindings.h"
 #include "python/status_exception.h"
 #include "transport/c10d_transport.h"
@@ -48,6 +49,24 @@ struct BalancerArgs {
   bool use_fitted_gamma = false;
 };
 
+// An integer through __index__ (Python ints, numpy integers, 0-d integer
+// tensors; not bool), as a status naming `what` when it is not one; with
+// `overflow` set when it does not fit 64 bits. Leaves no Python error set.
+absl::StatusOr<int64_t> IntegerFrom(const py::handle& value, const std::string& what,
+                                    bool* overflow) {
+  PyObject* index = py::isinstance<py::bool_>(value) ? nullptr : PyNumber_Index(value.ptr());
+  if (index == nullptr) {
+    PyErr_Clear();
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", std::string(py::repr(value)), " is not an integer"));
+  }
+  int overflowed = 0;
+  const long long result = PyLong_AsLongLongAndOverflow(index, &overflowed);
+  Py_DECREF(index);
+  *overflow = overflowed != 0;
+  return static_cast<int64_t>(result);
+}
+
 // A Python list/tuple of ints or a 1-D integer tensor, as lengths. Never
 // throws: whatever the object does (a failing __index__ or __len__), the
 // rank gets a status and still joins the step.
@@ -74,24 +93,16 @@ absl::StatusOr<std::vector<int64_t>> LengthsFrom(const py::handle& object) {
     py::sequence items = py::reinterpret_borrow<py::sequence>(object);
     for (size_t i = 0; i < items.size(); ++i) {
       py::object item = items[i];
-      const std::string where = absl::StrCat("local_seq_lens[", i, "]: ");
-      // Integers only (bool is not a length); numpy integers and 0-d integer
-      // tensors work through __index__.
-      PyObject* index = py::isinstance<py::bool_>(item) ? nullptr : PyNumber_Index(item.ptr());
-      if (index == nullptr) {
-        PyErr_Clear();
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, std::string(py::repr(item)), " is not an integer"));
-      }
-      int overflow = 0;
-      const long long value = PyLong_AsLongLongAndOverflow(index, &overflow);
-      Py_DECREF(index);
-      if (overflow != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(where, std::string(py::repr(item)),
+      const std::string what = absl::StrCat("local_seq_lens[", i, "]");
+      bool overflow = false;
+      absl::StatusOr<int64_t> value = IntegerFrom(item, what, &overflow);
+      if (!value.ok()) return value.status();
+      if (overflow) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", std::string(py::repr(item)),
                                                        " is outside [0, ", CostModel::kMaxLength,
                                                        "]"));
       }
-      lengths.push_back(value);
+      lengths.push_back(*value);
     }
     return lengths;
   } catch (const py::error_already_set& e) {
@@ -109,21 +120,15 @@ absl::StatusOr<int32_t> TokenDimFrom(const py::handle& token_dim) {
         "plan_routing: token_dim is required (the cost model's d_model) unless the "
         "SequenceBalancer was given d_model");
   }
-  PyObject* index = py::isinstance<py::bool_>(token_dim) ? nullptr : PyNumber_Index(token_dim.ptr());
-  if (index == nullptr) {
-    PyErr_Clear();
-    return absl::InvalidArgumentError(
-        absl::StrCat("token_dim: ", std::string(py::repr(token_dim)), " is not an integer"));
-  }
-  int overflow = 0;
-  const long long value = PyLong_AsLongLongAndOverflow(index, &overflow);
-  Py_DECREF(index);
-  if (overflow != 0 || value < 1 || value > CostModel::kMaxDModel) {
+  bool overflow = false;
+  absl::StatusOr<int64_t> value = IntegerFrom(token_dim, "token_dim", &overflow);
+  if (!value.ok()) return value.status();
+  if (overflow || *value < 1 || *value > CostModel::kMaxDModel) {
     return absl::InvalidArgumentError(absl::StrCat(
         "token_dim: ", std::string(py::repr(token_dim)), " is outside [1, ", CostModel::kMaxDModel,
         "] (it is the cost model's d_model; pass d_model= to the SequenceBalancer to fix it)"));
   }
-  return static_cast<int32_t>(value);
+  return static_cast<int32_t>(*value);
 }
 
 // What get_routing_plan_summary reports: taken when a step is planned, so a
@@ -226,20 +231,16 @@ class BalancerBinding {
   }
 
   std::vector<at::Tensor> Route(const std::vector<at::Tensor>& xs) const {
-    CheckDevices("route", xs);
-    return Call([&] { return balancer_->RouteTensors(xs); });
+    return Call("route", xs, &SequenceBalancer::RouteTensors);
   }
   std::vector<at::Tensor> ReverseRoute(const std::vector<at::Tensor>& ys) const {
-    CheckDevices("reverse_route", ys);
-    return Call([&] { return balancer_->ReverseRouteTensors(ys); });
+    return Call("reverse_route", ys, &SequenceBalancer::ReverseRouteTensors);
   }
   std::vector<at::Tensor> PreAttn(const std::vector<at::Tensor>& xs) const {
-    CheckDevices("pre_attn", xs);
-    return Call([&] { return balancer_->PreAttnTensors(xs); });
+    return Call("pre_attn", xs, &SequenceBalancer::PreAttnTensors);
   }
   std::vector<at::Tensor> PostAttn(const std::vector<at::Tensor>& ys) const {
-    CheckDevices("post_attn", ys);
-    return Call([&] { return balancer_->PostAttnTensors(ys); });
+    return Call("post_attn", ys, &SequenceBalancer::PostAttnTensors);
   }
 
   // int32 lengths on `device`, made once per step and device: "chunk"
@@ -289,9 +290,7 @@ class BalancerBinding {
     summary["total_tokens"] = p.total_tokens;
     summary["moved_tokens"] = p.moved_tokens;
     summary["token_bytes"] = token_bytes;
-    summary["moved_bytes"] = token_bytes > 0 && p.moved_tokens > INT64_MAX / token_bytes
-                                 ? INT64_MAX
-                                 : p.moved_tokens * token_bytes;
+    summary["moved_bytes"] = MovedBytes(p.moved_tokens, token_bytes);
     summary["seq_lens"] = p.seq_lens;
     summary["chunk_lens"] = p.chunk_lens;
     summary["attention_seq_lens"] = p.attention_seq_lens;
@@ -345,12 +344,17 @@ class BalancerBinding {
     }
   }
 
-  template <typename Op>
-  std::vector<at::Tensor> Call(Op&& op) const {
+  // One of the balancer's tensor calls, after the device check, with the
+  // GIL let go while the collectives run.
+  using TensorCall = absl::StatusOr<std::vector<at::Tensor>> (SequenceBalancer::*)(
+      const std::vector<at::Tensor>&) const;
+  std::vector<at::Tensor> Call(const char* what, const std::vector<at::Tensor>& xs,
+                               TensorCall call) const {
+    CheckDevices(what, xs);
     absl::StatusOr<std::vector<at::Tensor>> result;
     {
       py::gil_scoped_release no_gil;
-      result = op();
+      result = (balancer_.get()->*call)(xs);
     }
     return ValueOrThrow(std::move(result));
   }
