@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+import knapformer
 from knapformer import SequenceBalancer
 
 # The paper's synthetic data codes (section 4.1), g{G}b{B}i{R}f{F}s{S}: a stream
@@ -37,42 +38,14 @@ from knapformer import SequenceBalancer
 MIXED_RES_4_GPUS = "g2b4i256f1s0,g1b5i512f1s0,g1b1i2048f1s0"
 
 
-def parse_codes(codes):
-    streams = []
-    for code in codes.split(","):
-        fields = {}
-        for key in "gbifs":
-            code = code[1:] if code.startswith(key) else code
-            digits = ""
-            while code and code[0].isdigit():
-                digits, code = digits + code[0], code[1:]
-            if not digits or (code and code[0] not in "gbifs"):
-                raise SystemExit(f"--data: malformed code (g{{G}}b{{B}}i{{R}}f{{F}}s{{S}})")
-            fields[key] = int(digits)
-        streams.append(fields)
-    return streams
-
-
-def rank_lengths(streams, world_size, rank, step, seed, scale):
-    """This rank's sequence lengths at `step`: visual tokens
-    floor(R/16)^2 * T (T = F, or max(int(F/3.4), 1) under temporal compression)
-    times one aspect factor m ~ U[0.96, 1.04] per rank and step, plus 0..392
-    text tokens per sample; divided by `scale` for CPU attention."""
-    group = sum(s["g"] for s in streams)
-    if world_size % group:
-        raise SystemExit(f"--data: the world ({world_size}) must be a multiple of the codes' "
-                         f"{group} GPUs")
-    offset = rank % group
-    for s in streams:
-        if offset < s["g"]:
-            break
-        offset -= s["g"]
-    frames = max(int(s["f"] / 3.4), 1) if s["s"] else s["f"]
-    visual = (s["i"] // 16) ** 2 * frames
-    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 4099 + rank)
-    m = 0.96 + 0.08 * torch.rand(1, generator=g).item()
-    text = torch.randint(0, 393, (s["b"],), generator=g).tolist()
-    return [max(1, (int(visual * m) + t) // scale) for t in text]
+def rank_lengths(data, world_size, rank, step, seed, scale):
+    """This rank's sequence lengths at `step` of the paper's stream (the same
+    generator as `knapformer simulate` and train-sim: floor(R/16)^2 * T
+    visual tokens times one aspect factor m ~ U[0.96, 1.04] per rank and
+    step, plus 0..392 text tokens per sample), divided by `scale` for CPU
+    attention."""
+    lengths = knapformer.synthetic_lengths(data, world_size, seed, step)[rank]
+    return [max(1, n // scale) for n in lengths]
 
 
 def timestep_embedding(t, dim):
@@ -207,7 +180,10 @@ def main():
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if args.planner:
         os.environ["KNAPFORMER_PLANNER_ADDRESS"] = args.planner
-    streams = parse_codes(args.data)
+    try:
+        rank_lengths(args.data, world_size, rank, 0, args.seed, args.scale)
+    except ValueError as e:
+        raise SystemExit(f"--data: {e}")
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = DiT(args.d_model, args.heads, args.layers).to(device)
@@ -218,7 +194,7 @@ def main():
     worst_grad_diff = 0.0
     ok = True
     for step in range(args.steps):
-        lengths = rank_lengths(streams, world_size, rank, step, args.seed, args.scale)
+        lengths = rank_lengths(args.data, world_size, rank, step, args.seed, args.scale)
         batch = [t.to(device) for t in make_batch(lengths, args.d_model, args.seed, step, rank)]
         world_tokens = torch.tensor([float(sum(lengths))], device=device)
         dist.all_reduce(world_tokens)
