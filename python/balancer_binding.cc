@@ -145,6 +145,26 @@ struct PlannedStep {
   std::vector<int64_t> seq_lens, chunk_lens, attention_seq_lens;
 };
 
+// Whether this thread may let go of the GIL to destroy something.
+bool HoldsReleasableGil() {
+  return Py_IsInitialized() && !_Py_IsFinalizing() && PyGILState_Check();
+}
+
+// A process group joins its worker threads when destroyed, and a worker may
+// be freeing a tensor that has a Python object, which takes the GIL: with
+// the GIL held here, both wait forever (seen at exit after
+// destroy_process_group, when the balancer held the last references).
+// Transports are therefore destroyed without it, as torch's own
+// ProcessGroup bindings do.
+void DeleteWithoutGil(Transport* transport) {
+  if (HoldsReleasableGil()) {
+    py::gil_scoped_release no_gil;
+    delete transport;
+  } else {
+    delete transport;
+  }
+}
+
 class BalancerBinding {
  public:
   BalancerBinding(ProcessGroupPtr group, BagGroups bag_groups, BalancerArgs args)
@@ -190,8 +210,20 @@ class BalancerBinding {
       return it->second;
     };
     py::gil_scoped_release no_gil;
-    world_ = ValueOrThrow(C10dTransport::Create(std::move(group), std::move(transport)));
+    world_ = std::shared_ptr<Transport>(
+        ValueOrThrow(C10dTransport::Create(std::move(group), std::move(transport))).release(),
+        DeleteWithoutGil);
     balancer_ = ValueOrThrow(SequenceBalancer::Create(std::move(options), world_));
+  }
+
+  // The bag transports (and the world's, unless autograd nodes still hold
+  // it) go with the balancer: without the GIL, see DeleteWithoutGil.
+  ~BalancerBinding() {
+    if (HoldsReleasableGil()) {
+      py::gil_scoped_release no_gil;
+      balancer_.reset();
+      world_.reset();
+    }
   }
 
   // Collective. A rank whose lengths or token_dim cannot be read still
