@@ -5,12 +5,15 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "planner/topology.h"
 #include "proto/plan_proto.h"
+#include "transport/agreement.h"
 
 namespace knapformer {
 namespace {
@@ -60,6 +63,7 @@ struct RowOrder {
 // the step in PlanRouting.
 struct RowMove {
   Transport* transport = nullptr;
+  const char* what = "";  // the entry point, for errors
   // A 0-element tensor owning the transport (OwnerTensor), or undefined when
   // the caller owns it. Saved in the autograd node, so a backward pass can
   // run after the balancer is gone.
@@ -99,49 +103,69 @@ at::Tensor Reordered(const at::Tensor& x, const at::Tensor& index) {
   return index.defined() ? x.index_select(0, index.to(x.device())) : x;
 }
 
+// A torch error while preparing an exchange, as a status.
+absl::Status FromTorchError(const c10::Error& e, const char* what) {
+  const std::string message = absl::StrCat(what, ": ", e.what_without_backtrace());
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) {
+    return absl::ResourceExhaustedError(message);
+  }
+  return absl::InvalidArgumentError(message);
+}
+
 // Every tensor's rows exchanged with one all-to-all. One tensor moves as it
 // is; several are packed side by side as bytes (so each keeps its dtype,
 // bit for bit, and Gloo's refusal of bf16 does not matter) and unpacked.
+// Everything that can fail on one rank alone (packing, allocating the
+// receive buffer, a row size that differs from the peers') is decided before
+// the exchange and agreed on by every rank of the group, so a rank never
+// enters the all-to-all that another has given up on.
 std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
   const int64_t send_count = Sum(*move.send_rows);
   const int64_t recv_count = Sum(*move.recv_rows);
-  if (xs.size() == 1) {
-    // Conjugate and negative views are lazy bits on the tensor, not in its
-    // bytes: resolve them before the bytes travel.
-    const at::Tensor send =
-        Reordered(xs[0].resolve_conj().resolve_neg().contiguous(), move.before.index).contiguous();
-    std::vector<int64_t> shape = send.sizes().vec();
-    shape[0] = recv_count;
-    at::Tensor received = at::empty(shape, send.options());
-    absl::Status status = move.transport->AllToAllRowsPrechecked(
-        send.data_ptr(), *move.send_rows, received.data_ptr(), *move.recv_rows,
-        RowElements(send) * static_cast<int64_t>(send.element_size()));
-    if (!status.ok()) throw TransportError(std::move(status));
-    return {Reordered(received, move.after.index)};
-  }
-  std::vector<at::Tensor> bytes;  // each [rows, its row bytes]
+  const bool single = xs.size() == 1;
+  at::Tensor send, received;
+  std::vector<at::Tensor> bytes;  // several tensors: each [rows, its row bytes]
   int64_t row_bytes = 0;
-  for (const at::Tensor& x : xs) {
-    bytes.push_back(ByteRows(x));
-    row_bytes += bytes.back().size(1);
-  }
-  at::Tensor send = at::empty({send_count, row_bytes}, bytes[0].options());
-  int64_t column = 0;
-  for (const at::Tensor& b : bytes) {
-    at::Tensor slot = send.narrow(1, column, b.size(1));
-    if (move.before.index.defined()) {
-      at::index_select_out(slot, b, 0, move.before.index.to(b.device()));
+  absl::Status prepared;
+  try {
+    if (single) {
+      // Conjugate and negative views are lazy bits on the tensor, not in its
+      // bytes: resolve them before the bytes travel.
+      send = Reordered(xs[0].resolve_conj().resolve_neg().contiguous(), move.before.index)
+                 .contiguous();
+      std::vector<int64_t> shape = send.sizes().vec();
+      shape[0] = recv_count;
+      received = at::empty(shape, send.options());
+      row_bytes = RowElements(send) * static_cast<int64_t>(send.element_size());
     } else {
-      slot.copy_(b);
+      for (const at::Tensor& x : xs) {
+        bytes.push_back(ByteRows(x));
+        row_bytes += bytes.back().size(1);
+      }
+      send = at::empty({send_count, row_bytes}, bytes[0].options());
+      int64_t column = 0;
+      for (const at::Tensor& b : bytes) {
+        at::Tensor slot = send.narrow(1, column, b.size(1));
+        if (move.before.index.defined()) {
+          at::index_select_out(slot, b, 0, move.before.index.to(b.device()));
+        } else {
+          slot.copy_(b);
+        }
+        column += b.size(1);
+      }
+      received = at::empty({recv_count, row_bytes}, send.options());
     }
-    column += b.size(1);
+  } catch (const c10::Error& e) {
+    prepared = FromTorchError(e, move.what);
   }
-  at::Tensor received = at::empty({recv_count, row_bytes}, send.options());
+  absl::Status agreed = AgreeOnStatus(*move.transport, prepared, row_bytes);
+  if (!agreed.ok()) throw TransportError(std::move(agreed));
   absl::Status status = move.transport->AllToAllRowsPrechecked(
       send.data_ptr(), *move.send_rows, received.data_ptr(), *move.recv_rows, row_bytes);
   if (!status.ok()) throw TransportError(std::move(status));
+  if (single) return {Reordered(received, move.after.index)};
   std::vector<at::Tensor> outputs;
-  column = 0;
+  int64_t column = 0;
   for (size_t i = 0; i < xs.size(); ++i) {
     at::Tensor slot = received.narrow(1, column, bytes[i].size(1));
     column += bytes[i].size(1);
@@ -168,17 +192,32 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
 // (double backward). Callers pass an at::TensorList: autograd only tracks
 // the tensors of an argument of that type (a std::vector would silently be a
 // non-tensor argument).
+//
+// Backward order. Autograd runs independent nodes in whatever order they
+// become ready, and ranks' graphs differ (a loss that uses one routed tensor
+// more than another, CUDA and CPU nodes on different engine threads), so
+// two exchanges could run in different orders on different ranks: a hang,
+// or rows of one tensor received as another's. Every node therefore takes
+// the previous node's `chain` output (an empty tensor) as an input and
+// emits its own: the backward of an exchange cannot start before the
+// backward of every later exchange of the step has ended, so backward
+// exchanges run in exactly the reverse of the forward order, on every rank.
 class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
  public:
+  // Returns the moved tensors, then the chain link for the next exchange.
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                at::TensorList xs, const RowMove* move) {
+                                                at::TensorList xs, at::TensorList chain,
+                                                const RowMove* move) {
     std::vector<int64_t> differentiable;
     for (size_t i = 0; i < xs.size(); ++i) {
       if (xs[i].requires_grad()) differentiable.push_back(static_cast<int64_t>(i));
     }
     ctx->saved_data["differentiable"] = differentiable;
     ctx->saved_data["inputs"] = static_cast<int64_t>(xs.size());
+    // The previous link, or none (an undefined tensor may not be an input).
+    ctx->saved_data["chained"] = !chain.empty();
     ctx->saved_data["transport"] = reinterpret_cast<int64_t>(move->transport);
+    ctx->saved_data["what"] = std::string(move->what);
     ctx->saved_data["owner"] = move->owner;
     ctx->saved_data["send_rows"] = *move->send_rows;
     ctx->saved_data["recv_rows"] = *move->recv_rows;
@@ -193,6 +232,7 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
       if (!xs[i].requires_grad()) non_differentiable.push_back(outputs[i]);
     }
     ctx->mark_non_differentiable(non_differentiable);
+    outputs.push_back(at::empty({0}));  // the chain link
     return outputs;
   }
 
@@ -201,12 +241,14 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
     const std::vector<int64_t> differentiable = ctx->saved_data["differentiable"].toIntVector();
     const std::vector<int64_t> send_rows = ctx->saved_data["recv_rows"].toIntVector();
     const std::vector<int64_t> recv_rows = ctx->saved_data["send_rows"].toIntVector();
+    const std::string what = ctx->saved_data["what"].toStringRef() + " (backward)";
     RowMove back;
     auto tensor = [&](const char* key) {
       const at::IValue& value = ctx->saved_data[key];
       return value.isTensor() ? value.toTensor() : at::Tensor();
     };
     back.transport = reinterpret_cast<Transport*>(ctx->saved_data["transport"].toInt());
+    back.what = what.c_str();
     back.owner = tensor("owner");
     back.send_rows = &send_rows;
     back.recv_rows = &recv_rows;
@@ -216,9 +258,15 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
     for (int64_t i : differentiable) to_send.push_back(grads[i]);
     // A node of its own only when the backward itself is being recorded
     // (create_graph); otherwise apply runs the exchange and records nothing.
-    std::vector<at::Tensor> moved = MoveRowsFunction::apply(at::TensorList(to_send), &back);
-    torch::autograd::variable_list result(ctx->saved_data["inputs"].toInt() + 1);
+    // Double backward is not chained: it is one exchange per backward node.
+    std::vector<at::Tensor> moved =
+        MoveRowsFunction::apply(at::TensorList(to_send), at::TensorList(), &back);
+    const int64_t inputs = ctx->saved_data["inputs"].toInt();
+    const bool chained = ctx->saved_data["chained"].toBool();
+    torch::autograd::variable_list result(inputs + (chained ? 1 : 0) + 1);  // xs, chain, move
     for (size_t j = 0; j < differentiable.size(); ++j) result[differentiable[j]] = moved[j];
+    // Passing the link on releases the previous exchange's backward.
+    if (chained) result[inputs] = at::zeros({0});
     return result;
   }
 };
@@ -261,6 +309,9 @@ struct SequenceBalancer::Rep {
   v1::StepSpec spec;
   bool has_timing = false;
   v1::StepTiming timing;  // of the current step, sent with the next plan
+  // The last exchange's chain link this step (MoveRowsFunction), undefined
+  // before the first exchange that records a backward.
+  at::Tensor backward_chain;
 
   // The current step.
   StepPlan step_plan;
@@ -282,14 +333,20 @@ struct SequenceBalancer::Rep {
                          const char* expected) const;
   absl::Status CheckHeads(const std::vector<at::Tensor>& xs, const char* what,
                           bool whole_heads) const;
-  RowMove WorldMove(const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
-                    RowOrder before, RowOrder after) const {
-    return {world, world_owner, &send, &recv, std::move(before), std::move(after)};
+  RowMove WorldMove(const char* what, const std::vector<int64_t>& send,
+                    const std::vector<int64_t>& recv, RowOrder before, RowOrder after) const {
+    return {world, what, world_owner, &send, &recv, std::move(before), std::move(after)};
   }
-  RowMove BagMove(const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
-                  RowOrder before, RowOrder after) const {
-    return {bag.get(), bag_owner, &send, &recv, std::move(before), std::move(after)};
+  RowMove BagMove(const char* what, const std::vector<int64_t>& send,
+                  const std::vector<int64_t>& recv, RowOrder before, RowOrder after) const {
+    return {bag.get(), what, bag_owner, &send, &recv, std::move(before), std::move(after)};
   }
+  // The exchange as an autograd node, chained after this step's previous
+  // one when it records a backward.
+  std::vector<at::Tensor> Move(at::TensorList xs, const RowMove& move);
+  // Checks on the tensors of an entry point that every rank must agree on.
+  absl::Status CheckDevice(const std::vector<at::Tensor>& xs, const Transport& transport,
+                           const char* what) const;
 };
 
 absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) {
@@ -303,8 +360,18 @@ absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) 
   recv_rows.assign(n, 0);
   std::vector<int64_t> send_index;
   send_index.reserve(input_rows);
+  int previous_peer = 0;
   for (const Transfer& t : plan.route.sends) {
     // A plan from the service is data from the network: check before indexing.
+    // The send buffer holds each peer's rows together, peers ascending, as
+    // the all-to-all sends them: a plan out of that order would send rows to
+    // the wrong ranks.
+    if (t.peer < previous_peer) {
+      return absl::InternalError(absl::StrCat("plan: rank ", world->rank(), "'s sends name rank ",
+                                              t.peer, " after rank ", previous_peer,
+                                              "; peers must ascend"));
+    }
+    previous_peer = t.peer;
     if (t.peer < 0 || t.peer >= n || t.seq_index < 0 ||
         t.seq_index >= static_cast<int32_t>(lengths.size()) || t.offset < 0 || t.length < 0 ||
         t.offset + t.length > lengths[t.seq_index]) {
@@ -328,7 +395,14 @@ absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) 
     if (seen[row]) return absl::InternalError("plan: a token is sent twice");
     seen[row] = true;
   }
+  previous_peer = 0;
   for (const Transfer& t : plan.route.recvs) {
+    if (t.peer < previous_peer) {
+      return absl::InternalError(absl::StrCat("plan: rank ", world->rank(),
+                                              "'s receives name rank ", t.peer, " after rank ",
+                                              previous_peer, "; peers must ascend"));
+    }
+    previous_peer = t.peer;
     if (t.peer < 0 || t.peer >= n || t.length < 0) {
       return absl::InternalError(
           absl::StrCat("plan: rank ", world->rank(), " is to receive from rank ", t.peer));
@@ -381,6 +455,36 @@ absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) 
     }
   }
   sequence_order = RowOrder::Of(order);
+  return absl::OkStatus();
+}
+
+std::vector<at::Tensor> SequenceBalancer::Rep::Move(at::TensorList xs, const RowMove& move) {
+  bool records_backward = false;
+  if (at::GradMode::is_enabled()) {
+    for (const at::Tensor& x : xs) records_backward = records_backward || x.requires_grad();
+  }
+  std::vector<at::Tensor> chain;
+  if (records_backward && backward_chain.defined()) chain.push_back(backward_chain);
+  std::vector<at::Tensor> outputs = MoveRowsFunction::apply(xs, at::TensorList(chain), &move);
+  at::Tensor link = std::move(outputs.back());
+  outputs.pop_back();
+  if (records_backward) backward_chain = std::move(link);
+  return outputs;
+}
+
+absl::Status SequenceBalancer::Rep::CheckDevice(const std::vector<at::Tensor>& xs,
+                                                const Transport& transport,
+                                                const char* what) const {
+  const int cuda = transport.cuda_device();
+  const c10::Device expected = cuda < 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, cuda);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (xs[i].device() != expected) {
+      const std::string name = xs.size() == 1 ? "" : absl::StrCat("tensor ", i, " ");
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": ", name, "is on ", xs[i].device().str(), ", but rank ", world->rank(),
+          "'s transport moves ", expected.str(), " memory"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -515,21 +619,30 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
   if (!plan.ok()) return plan.status();
   r.step_plan = *std::move(plan);
   r.input_lengths = lengths;
-  absl::Status derived = r.Derive(lengths);
-  if (!derived.ok()) {
-    // Still take part in the collective check, with counts no peer can
-    // match, so that every rank fails this step instead of waiting for us.
-    std::vector<int64_t> impossible(r.world->size(), -1);
-    (void)r.world->CheckRowCounts(std::vector<int64_t>(r.world->size(), 0), impossible);
-    return derived;
-  }
+  r.backward_chain = at::Tensor();
+  const absl::Status derived = r.Derive(lengths);
   // Once per step instead of per exchange: every Route, ReverseRoute,
   // PreAttn and PostAttn of the step moves these counts or their transpose.
-  absl::Status checked = r.world->CheckRowCounts(r.send_rows, r.recv_rows);
-  if (checked.ok() && r.bag != nullptr) {
-    checked = r.bag->CheckRowCounts(r.ulysses_send_rows, r.ulysses_recv_rows);
-  }
-  if (!checked.ok()) return checked;
+  // A rank whose plan cannot be used still takes part in both checks, with
+  // counts no peer can match, so that nobody waits for it.
+  auto check = [&](Transport& t, const std::vector<int64_t>& send,
+                   const std::vector<int64_t>& recv) {
+    if (derived.ok()) return t.CheckRowCounts(send, recv);
+    return t.CheckRowCounts(std::vector<int64_t>(t.size(), 0),
+                            std::vector<int64_t>(t.size(), -1));
+  };
+  const absl::Status bag_checked =
+      r.bag != nullptr ? check(*r.bag, r.ulysses_send_rows, r.ulysses_recv_rows)
+                       : absl::OkStatus();
+  const absl::Status world_checked = check(*r.world, r.send_rows, r.recv_rows);
+  // The world check is the same on every rank, but a bag's is seen by that
+  // bag only: the whole world agrees on the first reason before anyone
+  // routes.
+  const absl::Status local = !derived.ok()       ? derived
+                             : !bag_checked.ok() ? bag_checked
+                                                 : world_checked;
+  absl::Status agreed = AgreeOnStatus(*r.world, local);
+  if (!agreed.ok()) return agreed;
   r.planned = true;
   return absl::OkStatus();
 }
@@ -561,30 +674,35 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::RouteTensors(
     const std::vector<at::Tensor>& xs) const {
   Rep& r = *rep_;
   absl::Status ok = r.CheckRows(xs, r.input_rows, "route", "the sum of its sequence lengths");
-  if (!ok.ok()) return ok;
+  if (ok.ok()) ok = r.CheckDevice(xs, *r.world, "route");
+  if (!ok.ok()) return AgreeOnStatus(*r.world, ok);
   int64_t token_bytes = 0;
   for (const at::Tensor& x : xs) token_bytes += RowElements(x) * x.element_size();
   r.routed_token_bytes = token_bytes;
-  const RowMove move = r.WorldMove(r.send_rows, r.recv_rows, r.send_order, {});
-  return Guarded([&] { return MoveRowsFunction::apply(at::TensorList(xs), &move); });
+  const RowMove move = r.WorldMove("route", r.send_rows, r.recv_rows, r.send_order, {});
+  return Guarded([&] { return r.Move(at::TensorList(xs), move); });
 }
 
 absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::ReverseRouteTensors(
     const std::vector<at::Tensor>& ys) const {
-  const Rep& r = *rep_;
+  Rep& r = *rep_;
   absl::Status ok = r.CheckRows(ys, r.routed_rows, "reverse_route", "the sum of routed_lengths");
-  if (!ok.ok()) return ok;
-  const RowMove move = r.WorldMove(r.recv_rows, r.send_rows, {}, r.send_order.Inverted());
-  return Guarded([&] { return MoveRowsFunction::apply(at::TensorList(ys), &move); });
+  if (ok.ok()) ok = r.CheckDevice(ys, *r.world, "reverse_route");
+  if (!ok.ok()) return AgreeOnStatus(*r.world, ok);
+  const RowMove move =
+      r.WorldMove("reverse_route", r.recv_rows, r.send_rows, {}, r.send_order.Inverted());
+  return Guarded([&] { return r.Move(at::TensorList(ys), move); });
 }
 
 absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PreAttnTensors(
     const std::vector<at::Tensor>& xs) const {
-  const Rep& r = *rep_;
+  Rep& r = *rep_;
   absl::Status ok = r.CheckRows(xs, r.routed_rows, "pre_attn", "the sum of routed_lengths");
   if (ok.ok()) ok = r.CheckHeads(xs, "pre_attn", /*whole_heads=*/true);
-  if (!ok.ok()) return ok;
-  if (r.bag_gpus == 1) return xs;
+  // A single-GPU bag moves nothing: its errors are its own.
+  if (r.bag == nullptr) return ok.ok() ? absl::StatusOr<std::vector<at::Tensor>>(xs) : ok;
+  if (ok.ok()) ok = r.CheckDevice(xs, *r.bag, "pre_attn");
+  if (!ok.ok()) return AgreeOnStatus(*r.bag, ok);
   return Guarded([&] {
     // [T, heads, ...] -> [bag, T, heads/bag, ...]: position p's head slice of
     // every routed row, contiguous, is what goes to position p.
@@ -598,22 +716,24 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PreAttnTensors(
       rows[0] = r.bag_gpus * r.routed_rows;
       by_position.push_back(x.reshape(split).transpose(0, 1).contiguous().reshape(rows));
     }
-    const RowMove move = r.BagMove(r.ulysses_send_rows, r.ulysses_recv_rows, {}, r.sequence_order);
-    return MoveRowsFunction::apply(at::TensorList(by_position), &move);
+    const RowMove move =
+        r.BagMove("pre_attn", r.ulysses_send_rows, r.ulysses_recv_rows, {}, r.sequence_order);
+    return r.Move(at::TensorList(by_position), move);
   });
 }
 
 absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PostAttnTensors(
     const std::vector<at::Tensor>& ys) const {
-  const Rep& r = *rep_;
+  Rep& r = *rep_;
   absl::Status ok = r.CheckRows(ys, r.attention_rows, "post_attn", "the sum of attention_lengths");
   if (ok.ok()) ok = r.CheckHeads(ys, "post_attn", /*whole_heads=*/false);
-  if (!ok.ok()) return ok;
-  if (r.bag_gpus == 1) return ys;
+  if (r.bag == nullptr) return ok.ok() ? absl::StatusOr<std::vector<at::Tensor>>(ys) : ok;
+  if (ok.ok()) ok = r.CheckDevice(ys, *r.bag, "post_attn");
+  if (!ok.ok()) return AgreeOnStatus(*r.bag, ok);
   return Guarded([&] {
-    const RowMove move =
-        r.BagMove(r.ulysses_recv_rows, r.ulysses_send_rows, r.sequence_order.Inverted(), {});
-    std::vector<at::Tensor> by_position = MoveRowsFunction::apply(at::TensorList(ys), &move);
+    const RowMove move = r.BagMove("post_attn", r.ulysses_recv_rows, r.ulysses_send_rows,
+                                   r.sequence_order.Inverted(), {});
+    std::vector<at::Tensor> by_position = r.Move(at::TensorList(ys), move);
     std::vector<at::Tensor> outputs;
     for (size_t i = 0; i < ys.size(); ++i) {
       std::vector<int64_t> split = ys[i].sizes().vec();  // [bag, T, heads/bag, ...]

@@ -1,6 +1,7 @@
 #include "transport/c10d_transport.h"
 
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -27,88 +28,154 @@ absl::Status FromException(const char* what, const char* op) {
   return absl::UnavailableError(message);
 }
 
-// Runs one c10d collective to completion; its exceptions become a status.
-template <typename Collective>
-absl::Status Run(const char* op, Collective&& collective) {
-  try {
-    c10::intrusive_ptr<c10d::Work> work = collective();
-    work->wait();
-    return absl::OkStatus();
-  } catch (const c10::Error& e) {
-    return FromException(e.what_without_backtrace(), op);
-  } catch (const std::exception& e) {
-    return FromException(e.what(), op);
-  }
+// LibTorch 1.13's c10d counts a collective's elements in int: one call moves
+// at most this many elements of the widest type that divides the row size.
+constexpr int64_t kMaxElementsPerCall = std::numeric_limits<int>::max();
+
+// The widest integer type whose size divides `row_bytes`, so that as few
+// elements as possible carry the rows.
+at::ScalarType WidestElement(int64_t row_bytes) {
+  if (row_bytes % 8 == 0) return at::kLong;
+  if (row_bytes % 4 == 0) return at::kInt;
+  if (row_bytes % 2 == 0) return at::kShort;
+  return at::kByte;
 }
 
-int64_t Sum(const std::vector<int64_t>& values) {
-  return std::accumulate(values.begin(), values.end(), int64_t{0});
+// A [rows, row elements] view of `data` (or an empty tensor: a null pointer
+// may back no view, and there is nothing to move then).
+at::Tensor Rows(void* data, int64_t rows, int64_t row_bytes, c10::Device device) {
+  const at::ScalarType type = WidestElement(row_bytes);
+  const int64_t row_elements = row_bytes == 0 ? 0 : row_bytes / c10::elementSize(type);
+  const auto options = at::TensorOptions().dtype(type).device(device);
+  if (rows == 0 || row_bytes == 0) return at::empty({rows, row_elements}, options);
+  return at::from_blob(data, {rows, row_elements}, options);
 }
 
-// A [rows, row_bytes] byte view of `data` (or an empty tensor, since a null
-// pointer may not back a view).
-at::Tensor ByteRows(void* data, int64_t rows, int64_t row_bytes, c10::Device device) {
-  const auto options = at::TensorOptions().dtype(at::kByte).device(device);
-  if (rows == 0 || row_bytes == 0 || data == nullptr) return at::empty({rows, row_bytes}, options);
-  return at::from_blob(data, {rows, row_bytes}, options);
+// Bytes each rank contributes to the first all-gather of AllGatherBytes: its
+// length and up to kInlineBytes of payload, so that small strings (verdicts,
+// lengths of a few sequences) take one collective, not two.
+constexpr int64_t kSlotBytes = 64;
+constexpr int64_t kInlineBytes = kSlotBytes - sizeof(int64_t);
+
+// Gathers `mine` (same shape on every rank) from every rank into one
+// [size, ...] host tensor: one collective and one copy to the host.
+absl::StatusOr<at::Tensor> GatherToHost(c10d::ProcessGroup& group, const at::Tensor& mine,
+                                        const std::function<absl::Status(
+                                            const char*, const std::function<
+                                                c10::intrusive_ptr<c10d::Work>()>&)>& run,
+                                        const char* op) {
+  std::vector<std::vector<at::Tensor>> output(1);
+  for (int p = 0; p < group.getSize(); ++p) output[0].push_back(at::empty_like(mine));
+  std::vector<at::Tensor> input = {mine};
+  absl::Status status = run(op, [&] { return group.allgather(output, input); });
+  if (!status.ok()) return status;
+  return at::stack(output[0]).to(at::kCPU);
 }
 
 }  // namespace
 
 C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                             c10::intrusive_ptr<c10d::ProcessGroup> host_group,
                              C10dTransportOptions options, std::vector<int> global_ranks)
     : group_(std::move(group)),
+      host_group_(std::move(host_group)),
       options_(std::move(options)),
-      global_ranks_(std::move(global_ranks)) {}
+      global_ranks_(std::move(global_ranks)) {
+  options_.host_group.reset();  // held in host_group_ (the root's, or a subgroup's)
+}
 
 absl::StatusOr<std::unique_ptr<C10dTransport>> C10dTransport::Create(
     c10::intrusive_ptr<c10d::ProcessGroup> group, C10dTransportOptions options) {
   if (!group) return absl::InvalidArgumentError("group: must not be null");
+  if (options.device.is_cuda() && !options.device.has_index()) {
+    return absl::InvalidArgumentError(
+        "device: name the rank's CUDA device with its index (cuda:N), not 'cuda'");
+  }
+  if (!options.device.is_cpu() && !options.device.is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat("device: ", options.device.str(),
+                                                   " is neither the CPU nor a CUDA device"));
+  }
+  c10::intrusive_ptr<c10d::ProcessGroup> host_group = options.host_group;
+  if (host_group && (host_group->getSize() != group->getSize() ||
+                     host_group->getRank() != group->getRank())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host_group: rank ", host_group->getRank(), " of ", host_group->getSize(),
+        ", but the group's rank is ", group->getRank(), " of ", group->getSize(),
+        "; it must span the same ranks in the same order"));
+  }
   std::vector<int> ranks(group->getSize());
   std::iota(ranks.begin(), ranks.end(), 0);
-  return std::unique_ptr<C10dTransport>(
-      new C10dTransport(std::move(group), std::move(options), std::move(ranks)));
+  return std::unique_ptr<C10dTransport>(new C10dTransport(
+      std::move(group), std::move(host_group), std::move(options), std::move(ranks)));
 }
 
 int C10dTransport::rank() const { return group_->getRank(); }
 int C10dTransport::size() const { return group_->getSize(); }
+int C10dTransport::cuda_device() const {
+  return options_.device.is_cuda() ? options_.device.index() : -1;
+}
+
+absl::Status C10dTransport::Usable() const {
+  if (broken_.ok()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "c10d transport unusable after an earlier failure: ", broken_.message()));
+}
+
+template <typename Collective>
+absl::Status C10dTransport::Run(const char* op, Collective&& collective) {
+  absl::Status status;
+  try {
+    c10::intrusive_ptr<c10d::Work> work = collective();
+    work->wait();
+  } catch (const c10::Error& e) {
+    status = FromException(e.what_without_backtrace(), op);
+  } catch (const std::exception& e) {
+    status = FromException(e.what(), op);
+  }
+  // After a failed collective the peers' states are unknown (some may have
+  // finished it): no later collective can be trusted to match.
+  if (!status.ok() && !absl::IsInvalidArgument(status) && broken_.ok()) broken_ = status;
+  return status;
+}
 
 absl::Status C10dTransport::CheckRowCounts(const std::vector<int64_t>& send_rows,
                                            const std::vector<int64_t>& recv_rows) {
+  if (absl::Status usable = Usable(); !usable.ok()) return usable;
   const int n = size();
   if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
     return sizes;
   }
-  at::Tensor sent_to_me = at::empty({n}, at::kLong);
-  at::Tensor i_send = at::from_blob(const_cast<int64_t*>(send_rows.data()), {n}, at::kLong).clone();
+  const c10::Device device = metadata_device();
+  at::Tensor i_send = at::tensor(send_rows, at::kLong).to(device);
+  at::Tensor sent_to_me = at::empty({n}, i_send.options());
   std::vector<int64_t> equal_splits;  // empty = n equal splits
   absl::Status status = Run("all-to-all of row counts", [&] {
-    return group_->alltoall_base(sent_to_me, i_send, equal_splits, equal_splits);
+    return metadata_group().alltoall_base(sent_to_me, i_send, equal_splits, equal_splits);
   });
   if (!status.ok()) return status;
+  const at::Tensor sent_host = sent_to_me.to(at::kCPU);
+  const int64_t* sent = sent_host.data_ptr<int64_t>();
 
   // Every rank learns the first disagreement (smallest receiver, then
   // sender) so that all of them return the same error, not only the one
   // that saw it.
   constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
-  at::Tensor mine = at::full({3}, kNone, at::kLong);
-  const int64_t* sent = sent_to_me.data_ptr<int64_t>();
+  std::vector<int64_t> mine = {kNone, 0, 0};
   for (int p = 0; p < n; ++p) {
     if (sent[p] != recv_rows[p]) {
-      mine[0] = int64_t{rank()} * n + p;
-      mine[1] = recv_rows[p];
-      mine[2] = sent[p];
+      mine = {int64_t{rank()} * n + p, recv_rows[p], sent[p]};
       break;
     }
   }
-  std::vector<std::vector<at::Tensor>> all(1);
-  for (int p = 0; p < n; ++p) all[0].push_back(at::empty({3}, at::kLong));
-  std::vector<at::Tensor> input = {mine};
-  status = Run("all-gather of count checks", [&] { return group_->allgather(all, input); });
-  if (!status.ok()) return status;
+  auto run = [this](const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& c) {
+    return Run(op, c);
+  };
+  absl::StatusOr<at::Tensor> all = GatherToHost(
+      metadata_group(), at::tensor(mine, at::kLong).to(device), run, "all-gather of count checks");
+  if (!all.ok()) return all.status();
+  const int64_t* v = all->data_ptr<int64_t>();
   int64_t first = kNone, expected = 0, got = 0;
-  for (const at::Tensor& t : all[0]) {
-    const int64_t* v = t.data_ptr<int64_t>();
+  for (int p = 0; p < n; ++p, v += 3) {
     if (v[0] < first) std::tie(first, expected, got) = std::make_tuple(v[0], v[1], v[2]);
   }
   if (first == kNone) return absl::OkStatus();
@@ -134,23 +201,38 @@ absl::Status C10dTransport::AllToAllRowsPrechecked(const void* send,
 absl::Status C10dTransport::AllToAll(const void* send, const std::vector<int64_t>& send_rows,
                                      void* recv, const std::vector<int64_t>& recv_rows,
                                      int64_t row_bytes, bool check_counts) {
+  if (absl::Status usable = Usable(); !usable.ok()) return usable;
   const int n = size();
-  if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
-    return sizes;
-  }
-  if (row_bytes < 0) return absl::InvalidArgumentError("row_bytes: must be >= 0");
-  for (int p = 0; p < n; ++p) {
-    if (send_rows[p] < 0 || recv_rows[p] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("send_rows/recv_rows: negative count for rank ", p));
+  absl::Status valid = CheckExchange(send_rows, recv_rows, row_bytes, n);
+  if (valid.ok()) valid = CheckBuffers(send, send_rows, recv, recv_rows, row_bytes);
+  if (valid.ok()) {
+    const int64_t row_elements = row_bytes / c10::elementSize(WidestElement(row_bytes));
+    const int64_t rows = std::max(TotalRows(send_rows), TotalRows(recv_rows));
+    if (row_elements > 0 && rows > kMaxElementsPerCall / row_elements) {
+      valid = absl::InvalidArgumentError(absl::StrCat(
+          "row_bytes: ", rows, " rows of ", row_bytes, " bytes in one all-to-all exceed c10d's ",
+          kMaxElementsPerCall, " elements of ", c10::elementSize(WidestElement(row_bytes)),
+          " bytes per call (LibTorch 1.13); move fewer rows per call"));
     }
   }
   if (check_counts) {
-    absl::Status status = CheckRowCounts(send_rows, recv_rows);
+    // Every rank takes part in the check, whatever its own arguments, so a
+    // local mistake fails every rank instead of leaving them waiting.
+    std::vector<int64_t> counts = send_rows;
+    std::vector<int64_t> expected = recv_rows;
+    if (!valid.ok() || counts.size() != static_cast<size_t>(n) ||
+        expected.size() != static_cast<size_t>(n)) {
+      counts.assign(n, 0);
+      expected.assign(n, -1);  // matches no count
+    }
+    absl::Status status = CheckRowCounts(counts, expected);
+    if (!valid.ok()) return valid;
     if (!status.ok()) return status;
+  } else if (!valid.ok()) {
+    return valid;
   }
-  at::Tensor input = ByteRows(const_cast<void*>(send), Sum(send_rows), row_bytes, options_.device);
-  at::Tensor output = ByteRows(recv, Sum(recv_rows), row_bytes, options_.device);
+  at::Tensor input = Rows(const_cast<void*>(send), TotalRows(send_rows), row_bytes, options_.device);
+  at::Tensor output = Rows(recv, TotalRows(recv_rows), row_bytes, options_.device);
   // alltoall_base moves out of the split vectors it is given: pass copies.
   std::vector<int64_t> input_splits = send_rows;
   std::vector<int64_t> output_splits = recv_rows;
@@ -160,33 +242,47 @@ absl::Status C10dTransport::AllToAll(const void* send, const std::vector<int64_t
 }
 
 absl::StatusOr<std::vector<std::string>> C10dTransport::AllGatherBytes(absl::string_view mine) {
+  if (absl::Status usable = Usable(); !usable.ok()) return usable;
   const int n = size();
-  const auto on_device = at::TensorOptions().device(options_.device);
-  std::vector<std::vector<at::Tensor>> sizes(1);
-  for (int p = 0; p < n; ++p) sizes[0].push_back(at::empty({1}, on_device.dtype(at::kLong)));
-  std::vector<at::Tensor> my_size = {
-      at::full({1}, static_cast<int64_t>(mine.size()), on_device.dtype(at::kLong))};
-  absl::Status status =
-      Run("all-gather of sizes", [&] { return group_->allgather(sizes, my_size); });
-  if (!status.ok()) return status;
+  const c10::Device device = metadata_device();
+  auto run = [this](const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& c) {
+    return Run(op, c);
+  };
+  // First round: every rank's length and the head of its bytes.
+  at::Tensor slot = at::zeros({kSlotBytes}, at::kByte);
+  const int64_t length = static_cast<int64_t>(mine.size());
+  std::memcpy(slot.data_ptr<uint8_t>(), &length, sizeof(length));
+  std::memcpy(slot.data_ptr<uint8_t>() + sizeof(length), mine.data(),
+              std::min<int64_t>(length, kInlineBytes));
+  absl::StatusOr<at::Tensor> slots =
+      GatherToHost(metadata_group(), slot.to(device), run, "all-gather");
+  if (!slots.ok()) return slots.status();
   std::vector<int64_t> lengths(n);
   int64_t longest = 0;
   for (int p = 0; p < n; ++p) {
-    lengths[p] = sizes[0][p].to(at::kCPU).item<int64_t>();
+    std::memcpy(&lengths[p], slots->data_ptr<uint8_t>() + p * kSlotBytes, sizeof(int64_t));
+    if (lengths[p] < 0) return absl::InternalError("all-gather: a negative length came back");
     longest = std::max(longest, lengths[p]);
   }
-  // Gloo's allgather needs equal sizes: pad to the longest.
+  std::vector<std::string> result(n);
+  if (longest <= kInlineBytes) {
+    for (int p = 0; p < n; ++p) {
+      const char* head =
+          reinterpret_cast<const char*>(slots->data_ptr<uint8_t>()) + p * kSlotBytes + 8;
+      result[p].assign(head, lengths[p]);
+    }
+    return result;
+  }
+  // Second round, only for long strings: every rank knows the longest, and
+  // the collective needs equal sizes, so all pad to it.
   at::Tensor padded = at::zeros({longest}, at::kByte);
   if (!mine.empty()) std::memcpy(padded.data_ptr<uint8_t>(), mine.data(), mine.size());
-  std::vector<at::Tensor> input = {padded.to(options_.device)};
-  std::vector<std::vector<at::Tensor>> output(1);
-  for (int p = 0; p < n; ++p) output[0].push_back(at::empty({longest}, on_device.dtype(at::kByte)));
-  status = Run("all-gather", [&] { return group_->allgather(output, input); });
-  if (!status.ok()) return status;
-  std::vector<std::string> result(n);
+  absl::StatusOr<at::Tensor> all =
+      GatherToHost(metadata_group(), padded.to(device), run, "all-gather");
+  if (!all.ok()) return all.status();
   for (int p = 0; p < n; ++p) {
-    at::Tensor host = output[0][p].to(at::kCPU);
-    result[p].assign(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), lengths[p]);
+    result[p].assign(reinterpret_cast<const char*>(all->data_ptr<uint8_t>()) + p * longest,
+                     lengths[p]);
   }
   return result;
 }
@@ -211,20 +307,27 @@ absl::StatusOr<std::unique_ptr<Transport>> C10dTransport::Subgroup(const std::ve
     return absl::InvalidArgumentError(
         absl::StrCat("ranks: [", absl::StrJoin(ranks, ","), "] does not contain rank ", rank()));
   }
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  if (host_group_ && !options_.new_host_subgroup) {
+    return absl::FailedPreconditionError(
+        "new_host_subgroup: this transport has a host group but no factory for its subgroups");
+  }
+  c10::intrusive_ptr<c10d::ProcessGroup> group, host_group;
   try {
     group = options_.new_subgroup(global, my_index);
+    if (host_group_) host_group = options_.new_host_subgroup(global, my_index);
   } catch (const c10::Error& e) {
     return FromException(e.what_without_backtrace(), "new subgroup");
   } catch (const std::exception& e) {
     return FromException(e.what(), "new subgroup");
   }
-  if (!group || group->getSize() != static_cast<int>(ranks.size()) ||
-      group->getRank() != my_index) {
+  auto wrong_shape = [&](const c10::intrusive_ptr<c10d::ProcessGroup>& g) {
+    return !g || g->getSize() != static_cast<int>(ranks.size()) || g->getRank() != my_index;
+  };
+  if (wrong_shape(group) || (host_group_ && wrong_shape(host_group))) {
     return absl::InternalError("new_subgroup: the factory returned a group of the wrong shape");
   }
   return std::unique_ptr<Transport>(
-      new C10dTransport(std::move(group), options_, std::move(global)));
+      new C10dTransport(std::move(group), std::move(host_group), options_, std::move(global)));
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> NewGlooGroup(c10::intrusive_ptr<c10d::Store> store,

@@ -5,6 +5,16 @@
 // libtorch-dev), NCCL with a CUDA build of LibTorch. The trainer passes its
 // own process group. Includes c10d's headers (~6 s per translation unit):
 // include it only where the transport is built.
+//
+// Errors. A collective that throws (Gloo: a peer gone, the group's timeout;
+// NCCL with blocking wait: the timeout) becomes Unavailable or
+// DeadlineExceeded, and the transport refuses every later call with
+// Unavailable naming it. With ProcessGroupNCCL and no blocking wait
+// (TORCH_NCCL_BLOCKING_WAIT / NCCL_BLOCKING_WAIT unset) work->wait() only
+// orders the current stream after the collective: a dead peer is then found
+// by torch's own watchdog, which aborts the communicator and ends the
+// process after the group's timeout, and never comes back here as a status.
+// Set blocking wait for errors as statuses (docs/client.md).
 
 #include <chrono>
 #include <functional>
@@ -30,16 +40,24 @@ using SubgroupFactory = std::function<c10::intrusive_ptr<c10d::ProcessGroup>(
 
 struct C10dTransportOptions {
   // Where the buffers given to AllToAllRows live: CPU for Gloo, the rank's
-  // CUDA device for NCCL.
+  // CUDA device for NCCL. Every tensor handed to `group` is on this device
+  // (ProcessGroupNCCL refuses CPU tensors); AllToAllRows refuses nothing
+  // itself, so its callers check their buffers against cuda_device().
   c10::Device device = c10::Device(c10::kCPU);
+  // Optional: a CPU (Gloo) group over the same ranks, in the same order, for
+  // the small host-side collectives (row-count checks, AllGatherBytes and so
+  // the client's error agreement). Without it they run on `group` on
+  // `device`, which for NCCL means a device round trip and a host sync each.
+  c10::intrusive_ptr<c10d::ProcessGroup> host_group;
   // Cross-check every AllToAllRows' row counts against the peers' (one small
   // all-to-all and one all-gather of 24 bytes per rank). c10d checks none:
   // Gloo leaves rows uninitialised on too few and aborts the process on too
   // many. Turn off only for a plan source proven consistent.
   // AllToAllRowsPrechecked never checks (its caller has, once per plan).
   bool check_counts = true;
-  // Required for Subgroup().
+  // Required for Subgroup(); with host_group, new_host_subgroup too.
   SubgroupFactory new_subgroup;
+  SubgroupFactory new_host_subgroup;
 };
 
 class C10dTransport : public Transport {
@@ -50,6 +68,7 @@ class C10dTransport : public Transport {
 
   int rank() const override;
   int size() const override;
+  int cuda_device() const override;
   absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                             const std::vector<int64_t>& recv_rows, int64_t row_bytes) override;
   absl::Status CheckRowCounts(const std::vector<int64_t>& send_rows,
@@ -63,15 +82,28 @@ class C10dTransport : public Transport {
   const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
 
  private:
-  C10dTransport(c10::intrusive_ptr<c10d::ProcessGroup> group, C10dTransportOptions options,
+  C10dTransport(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                c10::intrusive_ptr<c10d::ProcessGroup> host_group, C10dTransportOptions options,
                 std::vector<int> global_ranks);
   absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                         const std::vector<int64_t>& recv_rows, int64_t row_bytes,
                         bool check_counts);
+  // Runs one collective to completion; its exceptions become a status, and
+  // any failure but InvalidArgument breaks the transport.
+  template <typename Collective>
+  absl::Status Run(const char* op, Collective&& collective);
+  absl::Status Usable() const;
+  // The group and device of the host-side collectives.
+  c10d::ProcessGroup& metadata_group() const { return host_group_ ? *host_group_ : *group_; }
+  c10::Device metadata_device() const {
+    return host_group_ ? c10::Device(c10::kCPU) : options_.device;
+  }
 
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::intrusive_ptr<c10d::ProcessGroup> host_group_;  // may be null
   C10dTransportOptions options_;
   std::vector<int> global_ranks_;  // of the root group, by this group's rank
+  absl::Status broken_;            // the first failed collective
 };
 
 struct GlooGroupOptions {

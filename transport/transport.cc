@@ -18,6 +18,67 @@ absl::Status CheckRowVectorSizes(const std::vector<int64_t>& send_rows,
   return absl::OkStatus();
 }
 
+namespace {
+
+constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
+
+absl::Status CheckSide(const std::vector<int64_t>& rows, int64_t row_bytes,
+                       absl::string_view field) {
+  int64_t total = 0;
+  for (size_t p = 0; p < rows.size(); ++p) {
+    if (rows[p] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", p, "]: ", rows[p], " rows; must be >= 0"));
+    }
+    if (rows[p] > kMaxInt64 - total) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": the total exceeds ", kMaxInt64));
+    }
+    total += rows[p];
+  }
+  if (row_bytes > 0 && total > kMaxInt64 / row_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", total, " rows of ", row_bytes,
+                                                   " bytes exceed ", kMaxInt64, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckExchange(const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                           int group_size) {
+  if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, group_size); !sizes.ok()) {
+    return sizes;
+  }
+  if (row_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("row_bytes: ", row_bytes, "; must be >= 0"));
+  }
+  if (absl::Status send = CheckSide(send_rows, row_bytes, "send_rows"); !send.ok()) return send;
+  return CheckSide(recv_rows, row_bytes, "recv_rows");
+}
+
+absl::Status CheckBuffers(const void* send, const std::vector<int64_t>& send_rows,
+                          const void* recv, const std::vector<int64_t>& recv_rows,
+                          int64_t row_bytes) {
+  const int64_t send_bytes = TotalRows(send_rows) * row_bytes;
+  const int64_t recv_bytes = TotalRows(recv_rows) * row_bytes;
+  if (send == nullptr && send_bytes > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("send: null, but ", send_bytes, " bytes are to move through it"));
+  }
+  if (recv == nullptr && recv_bytes > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("recv: null, but ", recv_bytes, " bytes are to move through it"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t TotalRows(const std::vector<int64_t>& rows) {
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  return total;
+}
+
 absl::Status Transport::CheckRowCounts(const std::vector<int64_t>& send_rows,
                                        const std::vector<int64_t>& recv_rows) {
   const int n = size();

@@ -14,7 +14,9 @@ namespace knapformer {
 // The collectives the client library needs, over one group of ranks, on
 // host or device memory depending on the backend. Like c10d, every rank of
 // the group must call the same collectives in the same order; a failed
-// collective leaves the group unusable. Implementations check what the
+// collective (a peer gone, a timeout) leaves the group unusable (the c10d
+// and NCCL backends then fail every later call fast with Unavailable). An InvalidArgument returned before
+// anything moved (a bad count, a null buffer) leaves it usable. Implementations check what the
 // wire does not: the rows a rank expects from each peer must equal the rows
 // that peer sends it (InvalidArgument otherwise), so a plan bug is an error,
 // never uninitialised or lost rows.
@@ -23,12 +25,34 @@ namespace knapformer {
 absl::Status CheckRowVectorSizes(const std::vector<int64_t>& send_rows,
                                  const std::vector<int64_t>& recv_rows, int group_size);
 
+// The local checks every backend makes of an all-to-all before anything
+// moves: one count per rank on each side, no negative count, row_bytes >= 0,
+// and neither side's bytes beyond int64 (NCCL's size_t counts would wrap).
+// InvalidArgument naming the field otherwise.
+absl::Status CheckExchange(const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                           int group_size);
+
+// InvalidArgument when `send` or `recv` is null but rows are to move through
+// it. REQUIRES: CheckExchange passed.
+absl::Status CheckBuffers(const void* send, const std::vector<int64_t>& send_rows,
+                          const void* recv, const std::vector<int64_t>& recv_rows,
+                          int64_t row_bytes);
+
+// The sum of `rows`. REQUIRES: CheckExchange passed (no overflow).
+int64_t TotalRows(const std::vector<int64_t>& rows);
+
 class Transport {
  public:
   virtual ~Transport() = default;
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // Where the buffers of AllToAllRows live: the index of a CUDA device, or
+  // -1 for host memory. Callers check their tensors against it before any
+  // pointer reaches the backend (a host pointer handed to NCCL is an
+  // illegal address that poisons the CUDA context).
+  virtual int cuda_device() const { return -1; }
 
   // Variable-split all-to-all of rows of `row_bytes` bytes. `send` holds
   // send_rows[0] rows for rank 0, then send_rows[1] for rank 1, ...;

@@ -1,0 +1,248 @@
+// Agreed errors and backward order of the SequenceBalancer on 4 Gloo
+// processes: a mistake or fault on one rank (or one bag) is the same error
+// on every rank of the collective's group, at once rather than at a
+// timeout, and the next call works; a dead peer is an error on every
+// survivor; backward exchanges run in the reverse of the forward order on
+// every rank whatever each rank's graph looks like.
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "client/sequence_balancer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/gloo_world.h"
+#include "tests/testing/recording_transport.h"
+
+namespace knapformer {
+namespace {
+
+using testing_util::Faults;
+using testing_util::RecordingTransport;
+using testing_util::RegisterScenario;
+using testing_util::RunWorkers;
+using testing_util::Worker;
+using testing_util::WorkerRun;
+using ::testing::HasSubstr;
+
+// An agreed error arrives in two tiny collectives; a rank left waiting
+// would wait for Gloo's 60 s timeout.
+constexpr auto kAgreementBound = std::chrono::seconds(5);
+
+struct Balanced {
+  std::shared_ptr<Faults> faults = std::make_shared<Faults>();
+  std::unique_ptr<RecordingTransport> transport;
+  std::unique_ptr<SequenceBalancer> balancer;
+};
+
+Balanced Make(Worker& w) {
+  Balanced b;
+  b.transport = std::make_unique<RecordingTransport>(w.transport.get(), b.faults);
+  SequenceBalancerOptions options;
+  options.job_id = "agreed-errors-test";
+  options.topology = w.args.at("topology");
+  options.d_model = 64;
+  auto balancer = SequenceBalancer::Create(options, b.transport.get());
+  EXPECT_TRUE(balancer.ok()) << balancer.status();
+  if (balancer.ok()) b.balancer = *std::move(balancer);
+  return b;
+}
+
+std::vector<int64_t> Lengths(int rank) { return {3 + rank, 9, 2 * rank + 1}; }
+int64_t Rows(int rank) {
+  const std::vector<int64_t> l = Lengths(rank);
+  return std::accumulate(l.begin(), l.end(), int64_t{0});
+}
+
+// Runs `call` and checks that it failed with `code` and `message` within
+// the agreement bound.
+template <typename Call>
+void ExpectAgreedError(Call&& call, absl::StatusCode code, const std::string& message) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status status = call();
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(status.code(), code) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(message));
+  EXPECT_LT(took, kAgreementBound) << "the error took "
+                                   << std::chrono::duration<double>(took).count() << " s";
+}
+
+template <typename T>
+absl::Status StatusOf(const absl::StatusOr<T>& result) {
+  return result.status();
+}
+
+// Route -> reverse route is exact after the errors.
+void ExpectExactRoundTrip(SequenceBalancer& balancer, int rank) {
+  at::Tensor x = torch::randn({Rows(rank), 8});
+  auto routed = balancer.Route(x);
+  ASSERT_TRUE(routed.ok()) << routed.status();
+  auto back = balancer.ReverseRoute(*routed);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(torch::equal(*back, x));
+}
+
+// g2n2 on 4 ranks: bags {0,1} and {2,3}. Each step another rank errs.
+const bool kOneRank = RegisterScenario("one_rank_errs", [](Worker& w) {
+  Balanced b = Make(w);
+  ASSERT_TRUE(b.balancer);
+  SequenceBalancer& balancer = *b.balancer;
+  for (int culprit = 0; culprit < w.size; ++culprit) {
+    SCOPED_TRACE("culprit rank " + std::to_string(culprit));
+    const bool me = w.rank == culprit;
+    ASSERT_TRUE(balancer.PlanRouting(Lengths(w.rank)).ok());
+    const std::string who = "rank " + std::to_string(culprit) + ": ";
+
+    // Route: too few rows on one rank.
+    ExpectAgreedError(
+        [&] { return StatusOf(balancer.Route(torch::zeros({Rows(w.rank) - (me ? 1 : 0), 8}))); },
+        absl::StatusCode::kInvalidArgument, who + "route: ");
+
+    // Route: a tensor on a device the transport does not move.
+    b.faults->claimed_cuda_device = me ? 0 : -1;
+    ExpectAgreedError([&] { return StatusOf(balancer.Route(torch::zeros({Rows(w.rank), 8}))); },
+                      absl::StatusCode::kInvalidArgument,
+                      who + "route: is on cpu, but rank " + std::to_string(culprit) +
+                          "'s transport moves cuda:0 memory");
+    b.faults->claimed_cuda_device = -1;
+
+    // Route: another dtype on one rank (a row size no peer matches).
+    at::Tensor features = torch::randn({Rows(w.rank), 8});
+    ExpectAgreedError(
+        [&] { return StatusOf(balancer.Route(me ? features.to(torch::kDouble) : features)); },
+        absl::StatusCode::kInvalidArgument, "every rank must pass the same dtypes");
+
+    auto routed = balancer.Route(features);
+    ASSERT_TRUE(routed.ok()) << routed.status();
+    const int64_t routed_rows = routed->size(0);
+
+    // PreAttn is the bag's collective: the culprit's bag fails together,
+    // the other bag goes on; then the culprit's bag retries.
+    const bool culprit_bag = w.rank / 2 == culprit / 2;
+    at::Tensor heads = routed->reshape({routed_rows, 4, 2});
+    at::Tensor bad = me ? heads.narrow(0, 0, routed_rows > 0 ? routed_rows - 1 : 0)
+                              .reshape({-1, 4, 2})
+                        : heads;
+    if (me && routed_rows == 0) bad = torch::zeros({1, 4, 2});
+    auto pre = balancer.PreAttn(bad);
+    if (culprit_bag) {
+      EXPECT_EQ(pre.status().code(), absl::StatusCode::kInvalidArgument) << pre.status();
+      EXPECT_THAT(std::string(pre.status().message()),
+                  HasSubstr("rank " + std::to_string(culprit % 2) + ": pre_attn: "));
+      pre = balancer.PreAttn(heads);
+    }
+    ASSERT_TRUE(pre.ok()) << pre.status();
+    auto post = balancer.PostAttn(*pre);
+    ASSERT_TRUE(post.ok()) << post.status();
+    EXPECT_TRUE(torch::equal(post->reshape({routed_rows, 8}), *routed));
+
+    // ReverseRoute: wrong rows on one rank.
+    ExpectAgreedError(
+        [&] {
+          return StatusOf(balancer.ReverseRoute(me ? torch::zeros({routed_rows + 1, 8}) : *routed));
+        },
+        absl::StatusCode::kInvalidArgument, who + "reverse_route: ");
+    auto back = balancer.ReverseRoute(*routed);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(torch::equal(*back, features));
+  }
+});
+
+TEST(AgreedErrors, OneRanksMistakeIsEveryRanksErrorAndTheNextCallWorks) {
+  WorkerRun run = RunWorkers("one_rank_errs", 4, {{"topology", "g2n2"}});
+  EXPECT_TRUE(run.ok()) << run.output;
+}
+
+// g1n2+g2n1 on 4 ranks: ranks 2 and 3 form the only 2-GPU bag. Its count
+// check fails (in both members, as a real mismatch would): ranks 0 and 1
+// never see the bag's check, yet must fail the step too.
+const bool kBagCheck = RegisterScenario("bag_check_fails", [](Worker& w) {
+  Balanced b = Make(w);
+  ASSERT_TRUE(b.balancer);
+  if (w.rank >= 2) b.faults->failing_subgroup_checks = 1;
+  ExpectAgreedError([&] { return b.balancer->PlanRouting(Lengths(w.rank)); },
+                    absl::StatusCode::kInvalidArgument, "rank 2: injected count mismatch");
+  EXPECT_EQ(b.balancer->Route(torch::zeros({Rows(w.rank), 8})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(b.balancer->PlanRouting(Lengths(w.rank)).ok());
+  ExpectExactRoundTrip(*b.balancer, w.rank);
+});
+
+TEST(AgreedErrors, ABagsFailedCheckFailsTheStepOnEveryRank) {
+  WorkerRun run = RunWorkers("bag_check_fails", 4, {{"topology", "g1n2+g2n1"}});
+  EXPECT_TRUE(run.ok()) << run.output;
+}
+
+// Two routed tensors, each rank's loss uses them differently: every rank
+// runs the backward exchanges in the reverse of the forward order (told
+// apart by their row sizes), and the gradients are exact.
+const bool kBackwardOrder = RegisterScenario("backward_order", [](Worker& w) {
+  Balanced b = Make(w);
+  ASSERT_TRUE(b.balancer);
+  ASSERT_TRUE(b.balancer->PlanRouting(Lengths(w.rank)).ok());
+  at::Tensor a = torch::randn({Rows(w.rank), 4}).requires_grad_(true);  // 16-byte rows
+  at::Tensor c = torch::randn({Rows(w.rank), 2}).requires_grad_(true);  // 8-byte rows
+  auto ya = b.balancer->Route(a);
+  auto yc = b.balancer->Route(c);
+  ASSERT_TRUE(ya.ok() && yc.ok());
+  // The later exchange's node waits on the earlier one's: a structure no
+  // scheduler can reorder.
+  bool chained = false;
+  for (const torch::autograd::Edge& edge : yc->grad_fn()->next_edges()) {
+    chained = chained || edge.function == ya->grad_fn();
+  }
+  EXPECT_TRUE(chained) << "the second exchange's backward does not follow the first's";
+  at::Tensor wa = torch::randn(ya->sizes()), wc = torch::randn(yc->sizes());
+  at::Tensor loss = w.rank % 2 == 0
+                        ? (*ya * wa).sum() + ((*yc * wc) * 1.0).sum() * 1.0
+                        : ((*ya * wa) * 1.0).sum() * 1.0 + (*yc * wc).sum();
+  loss.backward();
+  EXPECT_EQ(b.transport->exchanges(), (std::vector<int64_t>{16, 8, 8, 16}));
+  // d loss / d a = wa routed back to a's rows.
+  auto wa_back = b.balancer->ReverseRoute(wa);
+  auto wc_back = b.balancer->ReverseRoute(wc);
+  ASSERT_TRUE(wa_back.ok() && wc_back.ok());
+  EXPECT_TRUE(torch::equal(a.grad(), *wa_back));
+  EXPECT_TRUE(torch::equal(c.grad(), *wc_back));
+});
+
+TEST(BackwardOrder, ExchangesRunInReverseForwardOrderOnEveryRank) {
+  WorkerRun run = RunWorkers("backward_order", 4, {{"topology", "g1n4"}});
+  EXPECT_TRUE(run.ok()) << run.output;
+}
+
+// A peer that exits between steps: every survivor's next collective fails
+// within Gloo's timeout (at once: the peer's sockets close), and every
+// later call fails fast.
+const bool kDeadPeer = RegisterScenario("dead_peer", [](Worker& w) {
+  Balanced b = Make(w);
+  ASSERT_TRUE(b.balancer);
+  ASSERT_TRUE(b.balancer->PlanRouting(Lengths(w.rank)).ok());
+  ExpectExactRoundTrip(*b.balancer, w.rank);
+  if (w.rank == 3) std::_Exit(0);
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status first = b.balancer->Route(torch::zeros({Rows(w.rank), 8})).status();
+  EXPECT_FALSE(first.ok());
+  EXPECT_TRUE(absl::IsUnavailable(first) || absl::IsDeadlineExceeded(first)) << first;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60)) << first;
+  const auto again = std::chrono::steady_clock::now();
+  absl::Status later = b.balancer->PlanRouting(Lengths(w.rank));
+  EXPECT_TRUE(absl::IsUnavailable(later)) << later;
+  EXPECT_THAT(std::string(later.message()), HasSubstr("unusable after an earlier failure"));
+  EXPECT_LT(std::chrono::steady_clock::now() - again, std::chrono::seconds(1));
+});
+
+TEST(DeadPeer, EverySurvivorFailsAndThenFailsFast) {
+  WorkerRun run = RunWorkers("dead_peer", 4, {{"topology", "g1n4"}});
+  EXPECT_TRUE(run.ok()) << run.output;
+}
+
+}  // namespace
+}  // namespace knapformer
+
+int main(int argc, char** argv) { return knapformer::testing_util::TestMain(argc, argv); }

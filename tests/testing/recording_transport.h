@@ -1,0 +1,93 @@
+#ifndef KNAPFORMER_TESTS_TESTING_RECORDING_TRANSPORT_H_
+#define KNAPFORMER_TESTS_TESTING_RECORDING_TRANSPORT_H_
+
+// A Transport around another one, for tests: records every data exchange
+// (its row size) and can inject the faults a rank meets alone: a device it
+// does not have (so every tensor fails the balancer's device check), a
+// failed count check in its subgroups, a refused all-to-all. Subgroups are
+// wrapped the same way.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "transport/transport.h"
+
+namespace knapformer {
+namespace testing_util {
+
+struct Faults {
+  // cuda_device() says this device instead of the real one (host memory).
+  int claimed_cuda_device = -1;
+  // The next this-many subgroup CheckRowCounts calls return this error
+  // without taking part (the whole subgroup must be given the same fault,
+  // as a real count mismatch is the same error in every member).
+  int failing_subgroup_checks = 0;
+  absl::Status subgroup_check_error = absl::InvalidArgumentError("injected count mismatch");
+};
+
+class RecordingTransport final : public Transport {
+ public:
+  // Borrows `inner` (it must outlive this).
+  RecordingTransport(Transport* inner, std::shared_ptr<Faults> faults)
+      : inner_(inner), faults_(std::move(faults)) {}
+  RecordingTransport(std::unique_ptr<Transport> owned, std::shared_ptr<Faults> faults,
+                     bool is_subgroup)
+      : inner_(owned.get()),
+        owned_(std::move(owned)),
+        faults_(std::move(faults)),
+        is_subgroup_(is_subgroup) {}
+
+  // Row sizes of the data exchanges, in call order.
+  const std::vector<int64_t>& exchanges() const { return exchanges_; }
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  int cuda_device() const override {
+    return faults_->claimed_cuda_device >= 0 ? faults_->claimed_cuda_device
+                                             : inner_->cuda_device();
+  }
+  absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                            const std::vector<int64_t>& recv_rows, int64_t row_bytes) override {
+    exchanges_.push_back(row_bytes);
+    return inner_->AllToAllRows(send, send_rows, recv, recv_rows, row_bytes);
+  }
+  absl::Status AllToAllRowsPrechecked(const void* send, const std::vector<int64_t>& send_rows,
+                                      void* recv, const std::vector<int64_t>& recv_rows,
+                                      int64_t row_bytes) override {
+    exchanges_.push_back(row_bytes);
+    return inner_->AllToAllRowsPrechecked(send, send_rows, recv, recv_rows, row_bytes);
+  }
+  absl::Status CheckRowCounts(const std::vector<int64_t>& send_rows,
+                              const std::vector<int64_t>& recv_rows) override {
+    if (is_subgroup_ && faults_->failing_subgroup_checks > 0) {
+      --faults_->failing_subgroup_checks;
+      return faults_->subgroup_check_error;
+    }
+    return inner_->CheckRowCounts(send_rows, recv_rows);
+  }
+  absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override {
+    return inner_->AllGatherBytes(mine);
+  }
+  absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override {
+    auto sub = inner_->Subgroup(ranks);
+    if (!sub.ok()) return sub.status();
+    return std::unique_ptr<Transport>(
+        new RecordingTransport(*std::move(sub), faults_, /*is_subgroup=*/true));
+  }
+
+ private:
+  Transport* inner_;
+  std::unique_ptr<Transport> owned_;
+  std::shared_ptr<Faults> faults_;
+  bool is_subgroup_ = false;
+  std::vector<int64_t> exchanges_;
+};
+
+}  // namespace testing_util
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_TESTS_TESTING_RECORDING_TRANSPORT_H_
