@@ -138,8 +138,26 @@ absl::Status C10dTransport::Run(const char* op, Collective&& collective) {
   return status;
 }
 
+// Tensor operations outside the collectives (allocating on the device,
+// copying to the host) throw too: a device that is not there, memory.
+template <typename Body>
+auto Guard(const char* op, const c10::Device& device, Body&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const c10::Error& e) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, " on ", device.str(), ": ", e.what_without_backtrace()));
+  }
+}
+
 absl::Status C10dTransport::CheckRowCounts(const std::vector<int64_t>& send_rows,
                                            const std::vector<int64_t>& recv_rows) {
+  return Guard("row count check", metadata_device(),
+               [&] { return DoCheckRowCounts(send_rows, recv_rows); });
+}
+
+absl::Status C10dTransport::DoCheckRowCounts(const std::vector<int64_t>& send_rows,
+                                             const std::vector<int64_t>& recv_rows) {
   if (absl::Status usable = Usable(); !usable.ok()) return usable;
   const int n = size();
   if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
@@ -187,7 +205,9 @@ absl::Status C10dTransport::CheckRowCounts(const std::vector<int64_t>& send_rows
 absl::Status C10dTransport::AllToAllRows(const void* send, const std::vector<int64_t>& send_rows,
                                          void* recv, const std::vector<int64_t>& recv_rows,
                                          int64_t row_bytes) {
-  return AllToAll(send, send_rows, recv, recv_rows, row_bytes, options_.check_counts);
+  return Guard("all-to-all", options_.device, [&] {
+    return AllToAll(send, send_rows, recv, recv_rows, row_bytes, options_.check_counts);
+  });
 }
 
 absl::Status C10dTransport::AllToAllRowsPrechecked(const void* send,
@@ -195,7 +215,9 @@ absl::Status C10dTransport::AllToAllRowsPrechecked(const void* send,
                                                    void* recv,
                                                    const std::vector<int64_t>& recv_rows,
                                                    int64_t row_bytes) {
-  return AllToAll(send, send_rows, recv, recv_rows, row_bytes, /*check_counts=*/false);
+  return Guard("all-to-all", options_.device, [&] {
+    return AllToAll(send, send_rows, recv, recv_rows, row_bytes, /*check_counts=*/false);
+  });
 }
 
 absl::Status C10dTransport::AllToAll(const void* send, const std::vector<int64_t>& send_rows,
@@ -242,6 +264,10 @@ absl::Status C10dTransport::AllToAll(const void* send, const std::vector<int64_t
 }
 
 absl::StatusOr<std::vector<std::string>> C10dTransport::AllGatherBytes(absl::string_view mine) {
+  return Guard("all-gather", metadata_device(), [&] { return DoAllGatherBytes(mine); });
+}
+
+absl::StatusOr<std::vector<std::string>> C10dTransport::DoAllGatherBytes(absl::string_view mine) {
   if (absl::Status usable = Usable(); !usable.ok()) return usable;
   const int n = size();
   const c10::Device device = metadata_device();

@@ -85,6 +85,9 @@ class C10dTransport : public Transport {
   C10dTransport(c10::intrusive_ptr<c10d::ProcessGroup> group,
                 c10::intrusive_ptr<c10d::ProcessGroup> host_group, C10dTransportOptions options,
                 std::vector<int> global_ranks);
+  absl::Status DoCheckRowCounts(const std::vector<int64_t>& send_rows,
+                                const std::vector<int64_t>& recv_rows);
+  absl::StatusOr<std::vector<std::string>> DoAllGatherBytes(absl::string_view mine);
   absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                         const std::vector<int64_t>& recv_rows, int64_t row_bytes,
                         bool check_counts);

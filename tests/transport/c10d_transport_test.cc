@@ -2,9 +2,14 @@
 #include <cstring>
 #include <numeric>
 
+#include <atomic>
+
+#include <ATen/ATen.h>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/gloo_world.h"
+#include "transport/c10d_transport.h"
 
 namespace knapformer {
 namespace {
@@ -110,6 +115,142 @@ const bool kSubgroups = RegisterScenario("subgroups", [](Worker& w) {
             absl::StatusCode::kInvalidArgument);
 });
 
+// A process group that, like ProcessGroupNCCL with CPU tensors, refuses any
+// tensor not on the device it declares (and counts what it saw), then runs
+// the collective on an inner Gloo group.
+class DeviceStrictGroup : public c10d::ProcessGroup {
+ public:
+  DeviceStrictGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner, c10::Device device)
+      : ProcessGroup(inner->getRank(), inner->getSize()), inner_(std::move(inner)),
+        device_(device) {}
+  const std::string getBackendName() const override { return "device-strict"; }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override {
+    for (const auto& list : outputs) Check(list);
+    Check(inputs);
+    return inner_->allgather(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override {
+    Check({output, input});
+    return inner_->alltoall_base(output, input, output_splits, input_splits, opts);
+  }
+
+  int accepted() const { return accepted_; }
+  int refused() const { return refused_; }
+
+ private:
+  void Check(const std::vector<at::Tensor>& tensors) {
+    for (const at::Tensor& t : tensors) {
+      if (t.device() != device_) {
+        ++refused_;
+        TORCH_CHECK(false, "device-strict group: a tensor on ", t.device(), ", declared ",
+                    device_);
+      }
+      ++accepted_;
+    }
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> inner_;
+  c10::Device device_;
+  std::atomic<int> accepted_{0}, refused_{0};
+};
+
+// Every tensor the transport hands its group is on the transport's device,
+// and the small host-side collectives go to the host group when there is one.
+const bool kDevice = RegisterScenario("device_strict", [](Worker& w) {
+  std::vector<int64_t> send_rows, recv_rows;
+  std::vector<uint8_t> send = SendBuffer(w.rank, w.size, &send_rows);
+  for (int src = 0; src < w.size; ++src) recv_rows.push_back(RowsBetween(src, w.rank));
+  const int64_t total = std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0});
+  std::vector<uint8_t> recv(total * kRowBytes, 0xEE);
+  const std::string long_string(200 + w.rank, 'x');  // past the one-collective fast path
+
+  {  // CPU declared and used: everything runs, nothing refused.
+    auto strict = c10::make_intrusive<DeviceStrictGroup>(w.group, c10::Device(c10::kCPU));
+    auto transport = C10dTransport::Create(strict, {});
+    ASSERT_TRUE(transport.ok()) << transport.status();
+    EXPECT_TRUE((*transport)->CheckRowCounts(send_rows, recv_rows).ok());
+    EXPECT_TRUE((*transport)->AllToAllRows(send.data(), send_rows, recv.data(), recv_rows,
+                                           kRowBytes).ok());
+    auto all = (*transport)->AllGatherBytes(long_string);
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_EQ((*all)[w.size - 1], std::string(200 + w.size - 1, 'x'));
+    EXPECT_GT(strict->accepted(), 0);
+    EXPECT_EQ(strict->refused(), 0);
+  }
+  {  // A CUDA device declared on a machine without one: every call fails at
+     // its first allocation, before any tensor reaches the group.
+    auto strict = c10::make_intrusive<DeviceStrictGroup>(w.group, c10::Device(c10::kCUDA, 0));
+    C10dTransportOptions options;
+    options.device = c10::Device(c10::kCUDA, 0);
+    auto transport = C10dTransport::Create(strict, options);
+    ASSERT_TRUE(transport.ok()) << transport.status();
+    EXPECT_EQ((*transport)->cuda_device(), 0);
+    EXPECT_EQ((*transport)->CheckRowCounts(send_rows, recv_rows).code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*transport)->AllGatherBytes("abc").status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_FALSE((*transport)->AllToAllRows(send.data(), send_rows, recv.data(), recv_rows,
+                                            kRowBytes).ok());
+    EXPECT_EQ(strict->refused(), 0);
+  }
+  {  // The same with a CPU host group: counts and all-gathers run on it.
+    auto strict = c10::make_intrusive<DeviceStrictGroup>(w.group, c10::Device(c10::kCUDA, 0));
+    auto host = c10::make_intrusive<DeviceStrictGroup>(w.group, c10::Device(c10::kCPU));
+    C10dTransportOptions options;
+    options.device = c10::Device(c10::kCUDA, 0);
+    options.host_group = host;
+    auto transport = C10dTransport::Create(strict, options);
+    ASSERT_TRUE(transport.ok()) << transport.status();
+    EXPECT_TRUE((*transport)->CheckRowCounts(send_rows, recv_rows).ok());
+    auto all = (*transport)->AllGatherBytes(long_string);
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_EQ((*all)[0], std::string(200, 'x'));
+    EXPECT_GT(host->accepted(), 0);
+    EXPECT_EQ(host->refused(), 0);
+    EXPECT_EQ(strict->accepted() + strict->refused(), 0);
+  }
+  // 'cuda' without an index cannot say which device.
+  C10dTransportOptions unnamed;
+  unnamed.device = c10::Device(c10::kCUDA);
+  EXPECT_EQ(C10dTransport::Create(w.group, unnamed).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A null buffer with rows to move is refused on every rank alike (the
+  // count check is collective), not replaced by fresh memory.
+  absl::Status null_send = w.transport->AllToAllRows(nullptr, send_rows, recv.data(), recv_rows,
+                                                     kRowBytes);
+  if (std::accumulate(send_rows.begin(), send_rows.end(), int64_t{0}) > 0) {
+    EXPECT_EQ(null_send.code(), absl::StatusCode::kInvalidArgument) << null_send;
+    EXPECT_THAT(std::string(null_send.message()), testing::HasSubstr("send: null"));
+  } else {
+    EXPECT_EQ(null_send.code(), absl::StatusCode::kInvalidArgument) << null_send;
+  }
+  // ...and the group is still usable after it.
+  EXPECT_TRUE(w.transport->AllToAllRows(send.data(), send_rows, recv.data(), recv_rows,
+                                        kRowBytes).ok());
+});
+
+// A peer that exits: the survivors' collective fails (Gloo sees the closed
+// sockets), and every later call fails fast naming that failure.
+const bool kPeerExits = RegisterScenario("peer_exits", [](Worker& w) {
+  ASSERT_TRUE(w.transport->AllGatherBytes("before").ok());
+  if (w.rank == 1) std::_Exit(0);
+  int64_t send[4] = {1, 2, 3, 4}, recv[4] = {0, 0, 0, 0};
+  const std::vector<int64_t> ones(w.size, 1);
+  absl::Status failed = w.transport->AllToAllRowsPrechecked(send, ones, recv, ones, 8);
+  EXPECT_TRUE(absl::IsUnavailable(failed) || absl::IsDeadlineExceeded(failed)) << failed;
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status later = w.transport->AllGatherBytes("after").status();
+  EXPECT_TRUE(absl::IsUnavailable(later)) << later;
+  EXPECT_THAT(std::string(later.message()), testing::HasSubstr("unusable after an earlier"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+});
+
 void ExpectRuns(const std::string& scenario) {
   WorkerRun run = RunWorkers(scenario, 4);
   EXPECT_TRUE(run.ok()) << run.output;
@@ -119,6 +260,8 @@ TEST(C10dTransport, UnevenAllToAllMovesEveryRowToItsPlace) { ExpectRuns("uneven"
 TEST(C10dTransport, CountMismatchIsTheSameErrorOnEveryRank) { ExpectRuns("mismatch"); }
 TEST(C10dTransport, AllGatherOfDifferentSizes) { ExpectRuns("all_gather"); }
 TEST(C10dTransport, SubgroupsAreIndependentGroups) { ExpectRuns("subgroups"); }
+TEST(C10dTransport, EveryTensorIsOnTheDeclaredDevice) { ExpectRuns("device_strict"); }
+TEST(C10dTransport, APeerThatExitsFailsEverySurvivor) { ExpectRuns("peer_exits"); }
 
 // The harness itself must be able to fail: a failing expectation in one
 // worker fails the run and names the rank.
