@@ -1,12 +1,16 @@
 #include "transport/nccl_transport.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "transport/exchange_plan.h"
 
 // absl 20220623 has no status macros. Local to this file, undefined at its end.
 #define KNAPFORMER_RETURN_IF_ERROR(expr)                   \
@@ -18,7 +22,6 @@
 namespace knapformer {
 namespace {
 
-constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
 
 absl::Status CudaStatus(cudaError_t error, absl::string_view call) {
   if (error == cudaSuccess) return absl::OkStatus();
@@ -78,75 +81,6 @@ class ScopedDevice {
   int previous_ = -1;  // to restore, or -1
 };
 
-// The bytes of `rows` rows of `row_bytes` bytes, refusing negative counts
-// and totals beyond int64 (which NCCL's size_t counts would wrap).
-absl::StatusOr<int64_t> TotalBytes(const std::vector<int64_t>& rows, int64_t row_bytes,
-                                   absl::string_view field) {
-  int64_t total_rows = 0;
-  for (size_t p = 0; p < rows.size(); ++p) {
-    if (rows[p] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", p, "]: ", rows[p], " rows; must be >= 0"));
-    }
-    if (rows[p] > kMaxInt64 - total_rows) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": the total exceeds ", kMaxInt64));
-    }
-    total_rows += rows[p];
-  }
-  if (row_bytes > 0 && total_rows > kMaxInt64 / row_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", total_rows, " rows of ", row_bytes,
-                                                   " bytes exceed ", kMaxInt64, " bytes"));
-  }
-  return total_rows * row_bytes;
-}
-
-absl::Status CheckBuffer(const void* buffer, int64_t bytes, absl::string_view field) {
-  if (buffer == nullptr && bytes > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": null, but ", bytes, " bytes are to move through it"));
-  }
-  return absl::OkStatus();
-}
-
-// What a rank reports to the others after the count exchange: its first
-// disagreeing (receiver, sender) pair as receiver * size + sender (kNoMismatch
-// when none), the rows it expected and got there, and its row size.
-constexpr int kVerdictFields = 4;
-constexpr int64_t kNoMismatch = kMaxInt64;
-
-std::vector<int64_t> Verdict(int rank, int size, const std::vector<int64_t>& sent_to_me,
-                             const std::vector<int64_t>& recv_rows, int64_t row_bytes) {
-  for (int p = 0; p < size; ++p) {
-    if (sent_to_me[p] != recv_rows[p]) {
-      return {int64_t{rank} * size + p, recv_rows[p], sent_to_me[p], row_bytes};
-    }
-  }
-  return {kNoMismatch, 0, 0, row_bytes};
-}
-
-// The same error on every rank, from every rank's verdict: the first
-// differing row size, else the disagreement with the smallest receiver,
-// then sender.
-absl::Status JudgeVerdicts(const std::vector<int64_t>& verdicts, int size) {
-  auto field = [&](int rank, int index) { return verdicts[rank * kVerdictFields + index]; };
-  for (int p = 1; p < size; ++p) {
-    if (field(p, 3) != field(0, 3)) {
-      return absl::InvalidArgumentError(absl::StrCat("row_bytes: rank 0 moves rows of ",
-                                                     field(0, 3), " bytes, rank ", p, " of ",
-                                                     field(p, 3)));
-    }
-  }
-  int first = 0;
-  for (int p = 1; p < size; ++p) {
-    if (field(p, 0) < field(first, 0)) first = p;
-  }
-  const int64_t pair = field(first, 0);
-  if (pair == kNoMismatch) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("recv_rows: rank ", pair / size, " expects ",
-                                                 field(first, 1), " rows from rank ", pair % size,
-                                                 ", which sends it ", field(first, 2)));
-}
-
 absl::Status CheckSubgroupRanks(const std::vector<int>& ranks, int rank, int size, int* my_index) {
   *my_index = -1;
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -175,17 +109,40 @@ absl::Status CheckStreamDevice(cudaStream_t stream, int device) {
   return absl::OkStatus();
 }
 
-// Joins a communicator on the current device. A failed blocking init may
-// still hand back a half-made communicator: abort it so it frees its
-// resources.
+// Joins a communicator on the current device, non-blocking so that a
+// member that never comes cannot hold the others past `timeout`. A failed
+// init may still hand back a half-made communicator: abort it so it frees
+// its resources.
 absl::StatusOr<ncclComm_t> InitComm(const ncclUniqueId& id, int rank, int size,
-                                    absl::string_view what) {
+                                    absl::Duration timeout, absl::string_view what) {
   ncclComm_t comm = nullptr;
-  const ncclResult_t result = ncclCommInitRank(&comm, size, id, rank);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t result = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (result == ncclInProgress && comm != nullptr) {
+    if (absl::Now() >= deadline) {
+      ncclCommAbort(comm);
+      return absl::UnavailableError(absl::StrCat(
+          "ncclCommInitRank (", what, "): not every member joined within the timeout"));
+    }
+    absl::SleepFor(absl::Microseconds(100));
+    if (ncclCommGetAsyncError(comm, &result) != ncclSuccess) break;
+  }
   if (result == ncclSuccess) return comm;
   absl::Status status = NcclStatus(result, "ncclCommInitRank", what, comm);
   if (comm != nullptr) ncclCommAbort(comm);
   return status;
+}
+
+absl::StatusOr<bool> EventDone(cudaEvent_t event, absl::string_view what) {
+  const cudaError_t state = cudaEventQuery(event);
+  if (state == cudaSuccess) return true;
+  if (state == cudaErrorNotReady) {
+    cudaGetLastError();  // not an error: do not leave it for the trainer
+    return false;
+  }
+  return CudaStatus(state, absl::StrCat("cudaEventQuery (", what, ")"));
 }
 
 }  // namespace
@@ -204,6 +161,9 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(ncclComm_t 
                                                                      cudaStream_t stream,
                                                                      NcclTransportOptions options) {
   if (comm == nullptr) return absl::InvalidArgumentError("comm: must not be null");
+  if (!(options.timeout > absl::ZeroDuration())) {
+    return absl::InvalidArgumentError("timeout: must be > 0");
+  }
   int rank = -1, size = -1, device = -1;
   KNAPFORMER_RETURN_IF_ERROR(
       NcclStatus(ncclCommUserRank(comm, &rank), "ncclCommUserRank", "create", comm));
@@ -214,8 +174,10 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(ncclComm_t 
   ScopedDevice on_device(device);
   KNAPFORMER_RETURN_IF_ERROR(on_device.status());
   KNAPFORMER_RETURN_IF_ERROR(CheckStreamDevice(stream, device));
-  return std::unique_ptr<NcclTransport>(
-      new NcclTransport(comm, /*owned=*/false, stream, rank, size, device, options));
+  std::unique_ptr<NcclTransport> transport(
+      new NcclTransport(comm, /*owned=*/false, stream, rank, size, device, std::move(options)));
+  KNAPFORMER_RETURN_IF_ERROR(transport->Start());
+  return transport;
 }
 
 absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::CreateFromUniqueId(
@@ -233,45 +195,94 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::CreateFromUniqueId
   ScopedDevice on_device(device);
   KNAPFORMER_RETURN_IF_ERROR(on_device.status());
   KNAPFORMER_RETURN_IF_ERROR(CheckStreamDevice(stream, device));
-  absl::StatusOr<ncclComm_t> comm = InitComm(id, rank, size, "create");
+  if (!(options.timeout > absl::ZeroDuration())) {
+    return absl::InvalidArgumentError("timeout: must be > 0");
+  }
+  absl::StatusOr<ncclComm_t> comm = InitComm(id, rank, size, options.timeout, "create");
   if (!comm.ok()) return comm.status();
-  return std::unique_ptr<NcclTransport>(
-      new NcclTransport(*comm, /*owned=*/true, stream, rank, size, device, options));
+  std::unique_ptr<NcclTransport> transport(
+      new NcclTransport(*comm, /*owned=*/true, stream, rank, size, device, std::move(options)));
+  KNAPFORMER_RETURN_IF_ERROR(transport->Start());
+  return transport;
+}
+
+absl::Status NcclTransport::Start() {
+  ScopedDevice on_device(device_);
+  KNAPFORMER_RETURN_IF_ERROR(on_device.status());
+  KNAPFORMER_RETURN_IF_ERROR(CudaStatus(
+      cudaEventCreateWithFlags(&caller_ready_, cudaEventDisableTiming), "cudaEventCreate"));
+  DeadlineWatchdog::Hooks hooks;
+  const int device = device_;
+  hooks.thread_init = [device] { cudaSetDevice(device); };
+  hooks.poll_error = [this]() -> absl::Status {
+    ncclResult_t async = ncclSuccess;
+    KNAPFORMER_RETURN_IF_ERROR(
+        NcclStatus(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError", "watchdog",
+                   comm_));
+    return NcclStatus(async, "asynchronous NCCL error", "watchdog", comm_);
+  };
+  hooks.on_failure = [this](const absl::Status&) { Abort(); };
+  watchdog_ = std::make_unique<DeadlineWatchdog>(std::move(hooks), absl::Milliseconds(1));
+  return absl::OkStatus();
 }
 
 NcclTransport::~NcclTransport() {
+  // First: the watchdog may abort the communicator while it runs.
+  watchdog_.reset();
   ScopedDevice on_device(device_);
-  if (owned_) {
-    // ncclCommDestroy may wait for peers; after an error they may be gone.
-    if (broken_.ok()) {
-      ncclCommDestroy(comm_);
-    } else {
-      ncclCommAbort(comm_);
-    }
-  }
+  // ncclCommDestroy may wait for peers, which after a failure may be gone:
+  // an aborted communicator is not destroyed again.
+  if (owned_ && !aborted_.load()) ncclCommDestroy(comm_);
   // Stream-ordered, so freeing never waits for the whole device.
   if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
+  if (staging_ != nullptr) cudaFreeHost(staging_);
+  if (caller_ready_ != nullptr) cudaEventDestroy(caller_ready_);
+}
+
+void NcclTransport::Abort() {
+  if (aborted_.exchange(true)) return;
+  ScopedDevice on_device(device_);
+  ncclCommAbort(comm_);
 }
 
 absl::Status NcclTransport::Usable() const {
-  if (broken_.ok()) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("NCCL transport unusable after an earlier error: ", broken_.message()));
+  absl::Status failure = watchdog_->failure();
+  if (failure.ok()) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("NCCL transport unusable after an earlier failure: ", failure.message()));
 }
 
 void NcclTransport::NoteFailure(const absl::Status& status) {
-  if (!status.ok() && !absl::IsInvalidArgument(status) && broken_.ok()) broken_ = status;
+  if (!status.ok() && !absl::IsInvalidArgument(status)) watchdog_->Fail(status);
+}
+
+cudaStream_t NcclTransport::CallerStream() const {
+  return options_.caller_stream ? options_.caller_stream() : stream_;
 }
 
 template <typename Ops>
 absl::Status NcclTransport::Group(const char* what, Ops&& ops) {
+  // Whatever the caller enqueued before this call (the kernel filling the
+  // send buffer, its allocations) runs first.
+  const cudaStream_t caller = CallerStream();
+  if (caller != stream_) {
+    KNAPFORMER_RETURN_IF_ERROR(
+        CudaStatus(cudaEventRecord(caller_ready_, caller), "cudaEventRecord (caller stream)"));
+    KNAPFORMER_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(stream_, caller_ready_, 0),
+                                          "cudaStreamWaitEvent (transport stream)"));
+  }
   KNAPFORMER_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart", what, comm_));
   // Close the group even when enqueueing failed: NCCL's group state is per
   // thread and would swallow the caller's next operations.
   const absl::Status enqueued = ops();
   ncclResult_t ended = ncclGroupEnd();
   // A non-blocking communicator finishes the launch in the background.
+  const absl::Time deadline = absl::Now() + options_.timeout;
   while (ended == ncclInProgress) {
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(
+          absl::StrCat("ncclGroupEnd (", what, "): the launch did not finish within the timeout"));
+    }
     std::this_thread::yield();
     if (ncclCommGetAsyncError(comm_, &ended) != ncclSuccess) break;
   }
@@ -279,14 +290,54 @@ absl::Status NcclTransport::Group(const char* what, Ops&& ops) {
   return NcclStatus(ended, "ncclGroupEnd", what, comm_);
 }
 
-absl::Status NcclTransport::Sync(const char* what) {
-  KNAPFORMER_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_),
-                                        absl::StrCat("cudaStreamSynchronize (", what, ")")));
-  // A peer's failure may show here only, not as a CUDA error.
-  ncclResult_t async = ncclSuccess;
+absl::Status NcclTransport::Publish(const char* what) {
+  cudaEvent_t done = nullptr;
   KNAPFORMER_RETURN_IF_ERROR(
-      NcclStatus(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError", what, comm_));
-  return NcclStatus(async, "asynchronous NCCL error", what, comm_);
+      CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate"));
+  absl::Status status = CudaStatus(cudaEventRecord(done, stream_), "cudaEventRecord");
+  const cudaStream_t caller = CallerStream();
+  if (status.ok() && caller != stream_) {
+    status = CudaStatus(cudaStreamWaitEvent(caller, done, 0), "cudaStreamWaitEvent (caller)");
+  }
+  if (!status.ok()) {
+    cudaEventDestroy(done);
+    return status;
+  }
+  const std::string name = what;
+  watchdog_->Watch([done, name] { return EventDone(done, name); },
+                   [done] { cudaEventDestroy(done); }, absl::Now() + options_.timeout, name);
+  return absl::OkStatus();
+}
+
+absl::Status NcclTransport::WaitHost(const char* what) {
+  cudaEvent_t done = nullptr;
+  KNAPFORMER_RETURN_IF_ERROR(
+      CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate"));
+  absl::Status status = CudaStatus(cudaEventRecord(done, stream_), "cudaEventRecord");
+  if (status.ok()) {
+    const std::string name = what;
+    status = watchdog_->Wait([done, name] { return EventDone(done, name); },
+                             absl::Now() + options_.timeout, name);
+  }
+  // After a failure the communicator is aborted and the event completes.
+  cudaEventDestroy(done);
+  return status;
+}
+
+absl::StatusOr<char*> NcclTransport::Staging(size_t bytes) {
+  if (bytes <= staging_bytes_) return staging_;
+  const size_t grown = std::max(bytes, 2 * staging_bytes_);
+  if (staging_ != nullptr) {
+    cudaFreeHost(staging_);
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+  }
+  void* buffer = nullptr;
+  KNAPFORMER_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&buffer, grown),
+                                        absl::StrCat("cudaMallocHost(", grown, " bytes)")));
+  staging_ = static_cast<char*>(buffer);
+  staging_bytes_ = grown;
+  return staging_;
 }
 
 absl::StatusOr<char*> NcclTransport::Scratch(size_t bytes) {
@@ -312,9 +363,12 @@ absl::StatusOr<std::vector<int64_t>> NcclTransport::AllGatherInt64(
   const size_t bytes = count * sizeof(int64_t);
   absl::StatusOr<char*> scratch = Scratch(bytes * size_);
   if (!scratch.ok()) return scratch.status();
+  absl::StatusOr<char*> staging = Staging(bytes * size_);
+  if (!staging.ok()) return staging.status();
+  std::memcpy(*staging, mine.data(), bytes);
   char* slot = *scratch + bytes * rank_;
   KNAPFORMER_RETURN_IF_ERROR(
-      CudaStatus(cudaMemcpyAsync(slot, mine.data(), bytes, cudaMemcpyHostToDevice, stream_),
+      CudaStatus(cudaMemcpyAsync(slot, *staging, bytes, cudaMemcpyHostToDevice, stream_),
                  "cudaMemcpyAsync (int64 all-gather, to device)"));
   // In place (this rank's slot of the output is the input), so one buffer
   // serves both sides.
@@ -322,24 +376,29 @@ absl::StatusOr<std::vector<int64_t>> NcclTransport::AllGatherInt64(
     return NcclStatus(ncclAllGather(slot, *scratch, count, ncclInt64, comm_, stream_),
                       "ncclAllGather", "int64 all-gather", comm_);
   }));
-  std::vector<int64_t> all(count * size_);
   KNAPFORMER_RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(all.data(), *scratch, bytes * size_, cudaMemcpyDeviceToHost, stream_),
+      cudaMemcpyAsync(*staging, *scratch, bytes * size_, cudaMemcpyDeviceToHost, stream_),
       "cudaMemcpyAsync (int64 all-gather, to host)"));
-  KNAPFORMER_RETURN_IF_ERROR(Sync("int64 all-gather"));
+  KNAPFORMER_RETURN_IF_ERROR(WaitHost("int64 all-gather"));
+  std::vector<int64_t> all(count * size_);
+  std::memcpy(all.data(), *staging, bytes * size_);
   return all;
 }
 
 absl::StatusOr<std::vector<int64_t>> NcclTransport::ExchangeCounts(
     const std::vector<int64_t>& send_rows) {
   const int n = size_;
-  absl::StatusOr<char*> scratch = Scratch(2 * n * sizeof(int64_t));
+  const size_t bytes = n * sizeof(int64_t);
+  absl::StatusOr<char*> scratch = Scratch(2 * bytes);
   if (!scratch.ok()) return scratch.status();
+  absl::StatusOr<char*> staging = Staging(bytes);
+  if (!staging.ok()) return staging.status();
   int64_t* mine = reinterpret_cast<int64_t*>(*scratch);
   int64_t* theirs = mine + n;
-  KNAPFORMER_RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(mine, send_rows.data(), n * sizeof(int64_t), cudaMemcpyHostToDevice, stream_),
-      "cudaMemcpyAsync (row counts, to device)"));
+  std::memcpy(*staging, send_rows.data(), bytes);
+  KNAPFORMER_RETURN_IF_ERROR(
+      CudaStatus(cudaMemcpyAsync(mine, *staging, bytes, cudaMemcpyHostToDevice, stream_),
+                 "cudaMemcpyAsync (row counts, to device)"));
   // An all-to-all of one int64 per peer: ncclAlltoAll would do, but send/recv
   // pairs work on every NCCL 2.x the trainer may bring.
   KNAPFORMER_RETURN_IF_ERROR(Group("row count exchange", [&]() -> absl::Status {
@@ -351,23 +410,26 @@ absl::StatusOr<std::vector<int64_t>> NcclTransport::ExchangeCounts(
     }
     return absl::OkStatus();
   }));
-  std::vector<int64_t> sent_to_me(n);
   KNAPFORMER_RETURN_IF_ERROR(
-      CudaStatus(cudaMemcpyAsync(sent_to_me.data(), theirs, n * sizeof(int64_t),
-                                 cudaMemcpyDeviceToHost, stream_),
+      CudaStatus(cudaMemcpyAsync(*staging, theirs, bytes, cudaMemcpyDeviceToHost, stream_),
                  "cudaMemcpyAsync (row counts, to host)"));
-  KNAPFORMER_RETURN_IF_ERROR(Sync("row count exchange"));
+  KNAPFORMER_RETURN_IF_ERROR(WaitHost("row count exchange"));
+  std::vector<int64_t> sent_to_me(n);
+  std::memcpy(sent_to_me.data(), *staging, bytes);
   return sent_to_me;
 }
 
 absl::Status NcclTransport::CheckCounts(const std::vector<int64_t>& send_rows,
-                                        const std::vector<int64_t>& recv_rows, int64_t row_bytes) {
-  absl::StatusOr<std::vector<int64_t>> sent_to_me = ExchangeCounts(send_rows);
+                                        const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                                        bool refuse) {
+  absl::StatusOr<std::vector<int64_t>> sent_to_me =
+      ExchangeCounts(refuse ? std::vector<int64_t>(size_, 0) : send_rows);
   if (!sent_to_me.ok()) return sent_to_me.status();
   // Every rank learns every rank's verdict, so that all of them return the
   // same error, not only the one that saw it.
   absl::StatusOr<std::vector<int64_t>> verdicts =
-      AllGatherInt64(Verdict(rank_, size_, *sent_to_me, recv_rows, row_bytes));
+      AllGatherInt64(refuse ? RefusingVerdict(rank_, size_)
+                            : CountVerdict(rank_, size_, *sent_to_me, recv_rows, row_bytes));
   if (!verdicts.ok()) return verdicts.status();
   return JudgeVerdicts(*verdicts, size_);
 }
@@ -389,65 +451,67 @@ absl::Status NcclTransport::AllToAllRowsPrechecked(const void* send,
 absl::Status NcclTransport::CheckRowCounts(const std::vector<int64_t>& send_rows,
                                            const std::vector<int64_t>& recv_rows) {
   KNAPFORMER_RETURN_IF_ERROR(Usable());
-  KNAPFORMER_RETURN_IF_ERROR(CheckRowVectorSizes(send_rows, recv_rows, size_));
+  // A rank with malformed vectors still takes part, refusing.
+  const absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, size_);
   ScopedDevice on_device(device_);
   KNAPFORMER_RETURN_IF_ERROR(on_device.status());
   // Row size 0 on every rank: the verdicts compare counts only.
-  absl::Status status = CheckCounts(send_rows, recv_rows, /*row_bytes=*/0);
+  absl::Status status = CheckCounts(send_rows, recv_rows, /*row_bytes=*/0, !sizes.ok());
   NoteFailure(status);
-  return status;
+  return sizes.ok() ? status : sizes;
 }
 
 absl::Status NcclTransport::AllToAll(const void* send, const std::vector<int64_t>& send_rows,
                                      void* recv, const std::vector<int64_t>& recv_rows,
                                      int64_t row_bytes, bool check_counts) {
   KNAPFORMER_RETURN_IF_ERROR(Usable());
-  const int n = size_;
-  KNAPFORMER_RETURN_IF_ERROR(CheckRowVectorSizes(send_rows, recv_rows, n));
-  if (row_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("row_bytes: ", row_bytes, "; must be >= 0"));
-  }
-  absl::StatusOr<int64_t> send_bytes = TotalBytes(send_rows, row_bytes, "send_rows");
-  if (!send_bytes.ok()) return send_bytes.status();
-  absl::StatusOr<int64_t> recv_bytes = TotalBytes(recv_rows, row_bytes, "recv_rows");
-  if (!recv_bytes.ok()) return recv_bytes.status();
-  KNAPFORMER_RETURN_IF_ERROR(CheckBuffer(send, *send_bytes, "send"));
-  KNAPFORMER_RETURN_IF_ERROR(CheckBuffer(recv, *recv_bytes, "recv"));
+  absl::Status valid = CheckExchange(send_rows, recv_rows, row_bytes, size_);
+  if (valid.ok()) valid = CheckBuffers(send, send_rows, recv, recv_rows, row_bytes);
   ScopedDevice on_device(device_);
   KNAPFORMER_RETURN_IF_ERROR(on_device.status());
-  absl::Status status = DoAllToAllRows(send, send_rows, recv, recv_rows, row_bytes, check_counts);
+  if (check_counts) {
+    // Every rank takes part in the check, whatever its own arguments, so a
+    // local mistake fails every rank instead of leaving them waiting.
+    absl::Status checked = CheckCounts(send_rows, recv_rows, row_bytes, !valid.ok());
+    NoteFailure(checked);
+    if (!valid.ok()) return valid;
+    if (!checked.ok()) return checked;
+  } else if (!valid.ok()) {
+    return valid;
+  }
+  absl::Status status = DoAllToAllRows(send, send_rows, recv, recv_rows, row_bytes);
   NoteFailure(status);
   return status;
 }
 
 absl::Status NcclTransport::DoAllToAllRows(const void* send, const std::vector<int64_t>& send_rows,
                                            void* recv, const std::vector<int64_t>& recv_rows,
-                                           int64_t row_bytes, bool check_counts) {
-  if (check_counts) {
-    KNAPFORMER_RETURN_IF_ERROR(CheckCounts(send_rows, recv_rows, row_bytes));
-  }
+                                           int64_t row_bytes) {
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
+  const std::vector<PeerTransfer> transfers = PeerTransfers(send_rows, recv_rows, row_bytes);
   KNAPFORMER_RETURN_IF_ERROR(Group("all-to-all", [&]() -> absl::Status {
-    for (int p = 0; p < size_; ++p) {
-      const size_t to_send = static_cast<size_t>(send_rows[p] * row_bytes);
-      const size_t to_recv = static_cast<size_t>(recv_rows[p] * row_bytes);
-      // The counts agree (checked above), so both sides skip the same pairs:
-      // no empty operation is queued and a null buffer is never passed.
-      if (to_send > 0) {
-        KNAPFORMER_RETURN_IF_ERROR(NcclStatus(ncclSend(in, to_send, ncclUint8, p, comm_, stream_),
-                                              "ncclSend", "all-to-all", comm_));
+    for (const PeerTransfer& t : transfers) {
+      // The counts agree (checked), so both sides skip the same pairs: no
+      // empty operation is queued and a null buffer is never passed.
+      if (t.send_bytes > 0) {
+        KNAPFORMER_RETURN_IF_ERROR(
+            NcclStatus(ncclSend(in + t.send_offset, static_cast<size_t>(t.send_bytes), ncclUint8,
+                                t.peer, comm_, stream_),
+                       "ncclSend", "all-to-all", comm_));
       }
-      if (to_recv > 0) {
-        KNAPFORMER_RETURN_IF_ERROR(NcclStatus(ncclRecv(out, to_recv, ncclUint8, p, comm_, stream_),
-                                              "ncclRecv", "all-to-all", comm_));
+      if (t.recv_bytes > 0) {
+        KNAPFORMER_RETURN_IF_ERROR(
+            NcclStatus(ncclRecv(out + t.recv_offset, static_cast<size_t>(t.recv_bytes), ncclUint8,
+                                t.peer, comm_, stream_),
+                       "ncclRecv", "all-to-all", comm_));
       }
-      in += to_send;
-      out += to_recv;
     }
     return absl::OkStatus();
   }));
-  return Sync("all-to-all");
+  // No host wait: the caller's stream waits for the exchange, the watchdog
+  // for its deadline.
+  return Publish("all-to-all");
 }
 
 absl::StatusOr<std::vector<std::string>> NcclTransport::AllGatherBytes(absl::string_view mine) {
@@ -470,22 +534,24 @@ absl::StatusOr<std::vector<std::string>> NcclTransport::DoAllGatherBytes(absl::s
   // ncclAllGather moves the same count from every rank: pad to the longest.
   absl::StatusOr<char*> scratch = Scratch(longest * size_);
   if (!scratch.ok()) return scratch.status();
+  absl::StatusOr<char*> staging = Staging(longest * size_);
+  if (!staging.ok()) return staging.status();
   char* slot = *scratch + longest * rank_;
   if (!mine.empty()) {
+    std::memcpy(*staging, mine.data(), mine.size());
     KNAPFORMER_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpyAsync(slot, mine.data(), mine.size(), cudaMemcpyHostToDevice, stream_),
+        CudaStatus(cudaMemcpyAsync(slot, *staging, mine.size(), cudaMemcpyHostToDevice, stream_),
                    "cudaMemcpyAsync (byte all-gather, to device)"));
   }
   KNAPFORMER_RETURN_IF_ERROR(Group("byte all-gather", [&] {
     return NcclStatus(ncclAllGather(slot, *scratch, longest, ncclUint8, comm_, stream_),
                       "ncclAllGather", "byte all-gather", comm_);
   }));
-  std::string host(longest * size_, '\0');
   KNAPFORMER_RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(host.data(), *scratch, host.size(), cudaMemcpyDeviceToHost, stream_),
+      cudaMemcpyAsync(*staging, *scratch, longest * size_, cudaMemcpyDeviceToHost, stream_),
       "cudaMemcpyAsync (byte all-gather, to host)"));
-  KNAPFORMER_RETURN_IF_ERROR(Sync("byte all-gather"));
-  for (int p = 0; p < size_; ++p) result[p] = host.substr(longest * p, (*lengths)[p]);
+  KNAPFORMER_RETURN_IF_ERROR(WaitHost("byte all-gather"));
+  for (int p = 0; p < size_; ++p) result[p].assign(*staging + longest * p, (*lengths)[p]);
   return result;
 }
 
@@ -504,6 +570,11 @@ absl::StatusOr<ncclUniqueId> NcclTransport::ShareUniqueId(const std::vector<int>
                                                           int my_index) {
   ncclUniqueId id{};
   const bool leader = my_index == 0;
+  if (const char* fixed = std::getenv("NCCL_COMM_ID"); fixed != nullptr && *fixed != '\0') {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NCCL_COMM_ID=", fixed, " is set: every ncclGetUniqueId then names that one address and "
+        "bags created together would join each other; unset it for the bag communicators"));
+  }
   if (leader) {
     KNAPFORMER_RETURN_IF_ERROR(
         NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId", "subgroup", comm_));
@@ -511,9 +582,12 @@ absl::StatusOr<ncclUniqueId> NcclTransport::ShareUniqueId(const std::vector<int>
   if (ranks.size() == 1) return id;
   absl::StatusOr<char*> scratch = Scratch(sizeof(id));
   if (!scratch.ok()) return scratch.status();
+  absl::StatusOr<char*> staging = Staging(sizeof(id));
+  if (!staging.ok()) return staging.status();
   if (leader) {
+    std::memcpy(*staging, &id, sizeof(id));
     KNAPFORMER_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpyAsync(*scratch, &id, sizeof(id), cudaMemcpyHostToDevice, stream_),
+        CudaStatus(cudaMemcpyAsync(*scratch, *staging, sizeof(id), cudaMemcpyHostToDevice, stream_),
                    "cudaMemcpyAsync (subgroup id, to device)"));
   }
   // Point-to-point on the parent: only the members take part.
@@ -531,10 +605,11 @@ absl::StatusOr<ncclUniqueId> NcclTransport::ShareUniqueId(const std::vector<int>
   }));
   if (!leader) {
     KNAPFORMER_RETURN_IF_ERROR(
-        CudaStatus(cudaMemcpyAsync(&id, *scratch, sizeof(id), cudaMemcpyDeviceToHost, stream_),
+        CudaStatus(cudaMemcpyAsync(*staging, *scratch, sizeof(id), cudaMemcpyDeviceToHost, stream_),
                    "cudaMemcpyAsync (subgroup id, to host)"));
   }
-  KNAPFORMER_RETURN_IF_ERROR(Sync("subgroup id"));
+  KNAPFORMER_RETURN_IF_ERROR(WaitHost("subgroup id"));
+  if (!leader) std::memcpy(&id, *staging, sizeof(id));
   return id;
 }
 
@@ -543,10 +618,12 @@ absl::StatusOr<std::unique_ptr<Transport>> NcclTransport::DoSubgroup(const std::
   absl::StatusOr<ncclUniqueId> id = ShareUniqueId(ranks, my_index);
   if (!id.ok()) return id.status();
   const int size = static_cast<int>(ranks.size());
-  absl::StatusOr<ncclComm_t> comm = InitComm(*id, my_index, size, "subgroup");
+  absl::StatusOr<ncclComm_t> comm = InitComm(*id, my_index, size, options_.timeout, "subgroup");
   if (!comm.ok()) return comm.status();
-  return std::unique_ptr<Transport>(
+  std::unique_ptr<NcclTransport> sub(
       new NcclTransport(*comm, /*owned=*/true, stream_, my_index, size, device_, options_));
+  KNAPFORMER_RETURN_IF_ERROR(sub->Start());
+  return std::unique_ptr<Transport>(std::move(sub));
 }
 
 }  // namespace knapformer

@@ -6,8 +6,10 @@
 // (//transport:nccl_transport is empty otherwise and defines
 // KNAPFORMER_HAVE_NCCL when it is not).
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +19,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "transport/deadline_watchdog.h"
 #include "transport/transport.h"
 
 namespace knapformer {
@@ -28,22 +32,36 @@ struct NcclTransportOptions {
   // hangs or corrupts device memory. Turn off only for a plan source proven
   // consistent. Must be the same on every rank.
   bool check_counts = true;
+  // Every wait of the transport ends by then: a collective not finished
+  // this long after it was enqueued (a peer gone or stalled) aborts the
+  // communicators and breaks the transport.
+  absl::Duration timeout = absl::Minutes(10);
+  // The stream the caller produces `send` on and reads `recv` from (e.g.
+  // PyTorch's current stream, at::cuda::getCurrentCUDAStream). Empty: the
+  // transport's own stream is the caller's. Called on every exchange.
+  std::function<cudaStream_t()> caller_stream;
 };
 
 // Device buffers: AllToAllRows takes pointers on the communicator's CUDA
-// device. Every call ends with cudaStreamSynchronize on the transport's
-// stream, because the Transport interface is synchronous (the caller reads
-// `recv` and the gathered strings as soon as the call returns, and the count
-// check must decide on the host before any row moves). Work queued on that
-// stream before the call (e.g. the kernel that filled `send`) is ordered
-// before it; other streams are the caller's to synchronise.
+// device. Stream order, not host syncs: each exchange's NCCL group runs on
+// the transport's stream after an event recorded on the caller's stream
+// (so the kernel that filled `send` has ended, and memory the caching
+// allocator hands out on the caller's stream is not touched early), and the
+// caller's stream waits for an event recorded after it (so nothing reads
+// `recv`, or frees and reuses `send`, before the exchange ends). The data
+// all-to-all therefore returns without waiting for the GPU; only what the
+// host must read (the row-count check, AllGatherBytes, a subgroup's id)
+// waits, by polling an event against the timeout.
 //
-// Like NCCL itself there is no timeout: a peer that never calls leaves the
-// others blocked in cudaStreamSynchronize (the trainer's watchdog, if any,
-// must abort the communicator). After a CUDA or NCCL error the transport
-// refuses further calls (FailedPrecondition naming the first error); an
-// InvalidArgument from the count check leaves it usable, since every rank
-// returns that same error before any row moves.
+// Failure. A background watchdog polls every enqueued exchange and
+// ncclCommGetAsyncError. On a CUDA or NCCL error, or when an exchange or a
+// host wait passes `timeout`, the communicator is aborted (once: this
+// stops kernels waiting for a dead peer), the transport is broken, and
+// every later call fails fast with Unavailable naming the first failure.
+// That includes a communicator the trainer passed in: after
+// `aborted()` the trainer must not destroy it again. An InvalidArgument
+// from the argument or count checks breaks nothing: every rank returns it
+// before any row moves.
 //
 // Not thread-safe: one thread calls a given transport at a time, which is
 // also what NCCL requires of a communicator.
@@ -65,13 +83,15 @@ class NcclTransport final : public Transport {
 
   NcclTransport(const NcclTransport&) = delete;
   NcclTransport& operator=(const NcclTransport&) = delete;
-  // Destroys the communicator only if this transport created it (aborts it
-  // instead after an error, since ncclCommDestroy may wait on a peer that is
-  // gone).
+  // Destroys the communicator only if this transport created it and it was
+  // not aborted. Work still enqueued is not waited for.
   ~NcclTransport() override;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  int cuda_device() const override { return device_; }
+  // True once a failure aborted the communicator.
+  bool aborted() const { return aborted_.load(); }
   int device() const { return device_; }
   ncclComm_t comm() const { return comm_; }
   cudaStream_t stream() const { return stream_; }
@@ -93,7 +113,9 @@ class NcclTransport final : public Transport {
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override;
 
   // A new communicator over `ranks`, owned by the returned transport, on the
-  // same device and stream. Only the members call it, as the interface says,
+  // same device and stream, with the same options. Refused (FailedPrecondition)
+  // while NCCL_COMM_ID is set: every ncclGetUniqueId then names that one
+  // address, and bags created together would join each other. Only the members call it, as the interface says,
   // so it cannot use ncclCommSplit: that is collective over the whole parent
   // (every parent rank would have to call it, non-members with
   // NCCL_SPLIT_NOCOLOR) and would hang here. Instead the first member makes
@@ -105,37 +127,50 @@ class NcclTransport final : public Transport {
  private:
   NcclTransport(ncclComm_t comm, bool owned, cudaStream_t stream, int rank, int size, int device,
                 NcclTransportOptions options);
+  // Creates the watchdog and events: Internal/ResourceExhausted on failure.
+  absl::Status Start();
 
-  // Ok, or FailedPrecondition naming the error that broke the transport.
+  // Ok, or Unavailable naming the failure that broke the transport.
   absl::Status Usable() const;
-  // Remembers the first CUDA/NCCL error (anything but InvalidArgument,
-  // which every rank returns alike before moving anything).
+  // Breaks the transport on anything but InvalidArgument (which every rank
+  // returns alike before moving anything).
   void NoteFailure(const absl::Status& status);
+  // Aborts the communicator, once (the watchdog's on_failure).
+  void Abort();
 
   absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                         const std::vector<int64_t>& recv_rows, int64_t row_bytes,
                         bool check_counts);
   absl::Status DoAllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
-                              const std::vector<int64_t>& recv_rows, int64_t row_bytes,
-                              bool check_counts);
+                              const std::vector<int64_t>& recv_rows, int64_t row_bytes);
   absl::StatusOr<std::vector<std::string>> DoAllGatherBytes(absl::string_view mine);
   absl::StatusOr<std::unique_ptr<Transport>> DoSubgroup(const std::vector<int>& ranks,
                                                         int my_index);
 
+  // The count check; a rank whose own arguments are bad (`refuse`) still
+  // takes part, so that every rank fails it together.
   absl::Status CheckCounts(const std::vector<int64_t>& send_rows,
-                           const std::vector<int64_t>& recv_rows, int64_t row_bytes);
+                           const std::vector<int64_t>& recv_rows, int64_t row_bytes, bool refuse);
   absl::StatusOr<std::vector<int64_t>> ExchangeCounts(const std::vector<int64_t>& send_rows);
   // Every rank's `mine` (the same length on every rank), by rank.
   absl::StatusOr<std::vector<int64_t>> AllGatherInt64(const std::vector<int64_t>& mine);
   absl::StatusOr<ncclUniqueId> ShareUniqueId(const std::vector<int>& ranks, int my_index);
 
-  // Enqueues `ops` (which return a status) as one NCCL group.
+  // Enqueues `ops` (which return a status) as one NCCL group on stream_,
+  // after the caller's stream.
   template <typename Ops>
   absl::Status Group(const char* what, Ops&& ops);
-  // Waits for the stream and surfaces NCCL's asynchronous errors.
-  absl::Status Sync(const char* what);
+  // Makes the caller's stream wait for everything enqueued on stream_ so
+  // far, and the watchdog watch it against the timeout.
+  absl::Status Publish(const char* what);
+  // Waits on the host, polling, until stream_ has run everything enqueued.
+  absl::Status WaitHost(const char* what);
   // A device buffer of at least `bytes` on the stream, reused across calls.
   absl::StatusOr<char*> Scratch(size_t bytes);
+  // A pinned host buffer of at least `bytes` (device-to-host copies into
+  // pageable memory would block the thread in the driver, past any timeout).
+  absl::StatusOr<char*> Staging(size_t bytes);
+  cudaStream_t CallerStream() const;
 
   ncclComm_t comm_;
   const bool owned_;
@@ -146,7 +181,11 @@ class NcclTransport final : public Transport {
   NcclTransportOptions options_;
   char* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
-  absl::Status broken_;
+  char* staging_ = nullptr;
+  size_t staging_bytes_ = 0;
+  cudaEvent_t caller_ready_ = nullptr;
+  std::atomic<bool> aborted_{false};
+  std::unique_ptr<DeadlineWatchdog> watchdog_;
 };
 
 }  // namespace knapformer

@@ -6,8 +6,13 @@
 
 #if defined(KNAPFORMER_HAVE_NCCL)
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -169,7 +174,7 @@ TEST_F(NcclTransportDeviceTest, DifferentRowSizesAreTheSameErrorOnEveryRank) {
   });
 }
 
-TEST_F(NcclTransportDeviceTest, BadArgumentsAreRefusedBeforeAnyCollective) {
+TEST_F(NcclTransportDeviceTest, BadArgumentsMoveNothingAndFailEveryRankAlike) {
   RunRanks([](int rank, NcclTransport& transport) {
     std::vector<uint8_t> unused(16);
     DeviceBytes buffer(unused);
@@ -181,7 +186,7 @@ TEST_F(NcclTransportDeviceTest, BadArgumentsAreRefusedBeforeAnyCollective) {
               "row_bytes: -2; must be >= 0");
     EXPECT_EQ(transport.AllToAllRows(nullptr, {1, 1}, buffer.data(), {1, 1}, 2).message(),
               "send: null, but 4 bytes are to move through it");
-    // None of those reached the wire: the group still works.
+    // None of those moved a row: the group still works.
     auto all = transport.AllGatherBytes(std::to_string(rank));
     ASSERT_TRUE(all.ok()) << all.status();
     EXPECT_THAT(*all, ElementsAre("0", "1"));
@@ -310,6 +315,120 @@ TEST(NcclTransport, CreateFromUniqueIdRefusesBadShapes) {
             "rank: -1 is outside [0, 1]");
   EXPECT_EQ(NcclTransport::CreateFromUniqueId(id, 0, 2, -1, nullptr).status().message(),
             "device: -1; must be >= 0");
+}
+
+// One GPU: NCCL runs one rank per device, so the paths that need no peer
+// (world size 1) are what a single-GPU machine can check.
+class NcclOneDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
+      GTEST_SKIP() << "no CUDA device";
+    }
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+  }
+  void TearDown() override {
+    if (side_ != nullptr) cudaStreamDestroy(side_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  std::unique_ptr<NcclTransport> Join(NcclTransportOptions options = {}) {
+    ncclUniqueId id;
+    EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    auto transport = NcclTransport::CreateFromUniqueId(id, 0, 1, 0, stream_, std::move(options));
+    EXPECT_TRUE(transport.ok()) << transport.status();
+    return transport.ok() ? *std::move(transport) : nullptr;
+  }
+
+  cudaStream_t side_ = nullptr;    // the trainer's (non-blocking) current stream
+  cudaStream_t stream_ = nullptr;  // the transport's
+};
+
+void SleepOnStream(void* milliseconds) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(milliseconds)));
+}
+void SetFlag(void* flag) { static_cast<std::atomic<bool>*>(flag)->store(true); }
+
+// `send` is filled on the caller's non-blocking stream behind 300 ms of
+// other work: the exchange must wait for it (event, not host sync), and the
+// caller's stream must wait for the exchange before reading `recv`.
+TEST_F(NcclOneDeviceTest, ASideStreamFillIsOrderedBeforeTheExchange) {
+  NcclTransportOptions options;
+  cudaStream_t side = side_;
+  options.caller_stream = [side] { return side; };
+  std::unique_ptr<NcclTransport> transport = Join(std::move(options));
+  ASSERT_NE(transport, nullptr);
+  constexpr int kBytes = 1 << 20;
+  std::vector<uint8_t> zeros(kBytes, 0);
+  DeviceBytes send(zeros), recv(zeros);
+  uint8_t* pattern = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pattern, kBytes), cudaSuccess);
+  for (int i = 0; i < kBytes; ++i) pattern[i] = static_cast<uint8_t>(i * 7 + 3);
+  int sleep_ms = 300;
+  std::atomic<bool> slept{false};
+  ASSERT_EQ(cudaLaunchHostFunc(side_, SleepOnStream, &sleep_ms), cudaSuccess);
+  ASSERT_EQ(cudaLaunchHostFunc(side_, SetFlag, &slept), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(send.data(), pattern, kBytes, cudaMemcpyHostToDevice, side_),
+            cudaSuccess);
+  ASSERT_TRUE(transport->AllToAllRowsPrechecked(send.data(), {kBytes}, recv.data(), {kBytes}, 1)
+                  .ok());
+  // The data path returned without waiting for the GPU.
+  EXPECT_FALSE(slept.load()) << "the all-to-all waited for the caller's stream on the host";
+  std::vector<uint8_t> back(kBytes, 0);
+  ASSERT_EQ(cudaMemcpyAsync(back.data(), recv.data(), kBytes, cudaMemcpyDeviceToHost, side_),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(side_), cudaSuccess);
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), pattern)) << "recv holds stale bytes";
+  cudaFreeHost(pattern);
+}
+
+TEST_F(NcclOneDeviceTest, CountCheckAndAllGatherOnOneRank) {
+  std::unique_ptr<NcclTransport> transport = Join();
+  ASSERT_NE(transport, nullptr);
+  EXPECT_EQ(transport->cuda_device(), 0);
+  EXPECT_TRUE(transport->CheckRowCounts({5}, {5}).ok());
+  EXPECT_EQ(transport->CheckRowCounts({5}, {4}).message(),
+            "recv_rows: rank 0 expects 4 rows from rank 0, which sends it 5");
+  auto all = transport->AllGatherBytes("solo");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_THAT(*all, ElementsAre("solo"));
+}
+
+TEST_F(NcclOneDeviceTest, SubgroupsAreRefusedWhileNcclCommIdIsSet) {
+  std::unique_ptr<NcclTransport> transport = Join();
+  ASSERT_NE(transport, nullptr);
+  setenv("NCCL_COMM_ID", "127.0.0.1:29999", 1);
+  auto sub = transport->Subgroup({0});
+  unsetenv("NCCL_COMM_ID");
+  EXPECT_EQ(sub.status().code(), absl::StatusCode::kFailedPrecondition) << sub.status();
+  EXPECT_THAT(std::string(sub.status().message()), HasSubstr("NCCL_COMM_ID"));
+  EXPECT_TRUE(transport->Subgroup({0}).ok());
+}
+
+// NCCL refuses two ranks of one communicator on one device: both ranks get
+// an error (within the timeout), neither hangs.
+TEST_F(NcclOneDeviceTest, TwoRanksOnOneDeviceAreRefused) {
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  absl::Status results[2];
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      cudaSetDevice(0);
+      cudaStream_t stream;
+      cudaStreamCreate(&stream);
+      NcclTransportOptions options;
+      options.timeout = absl::Seconds(60);
+      results[rank] =
+          NcclTransport::CreateFromUniqueId(id, rank, 2, 0, stream, options).status();
+      cudaStreamDestroy(stream);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_FALSE(results[0].ok() && results[1].ok())
+      << "NCCL accepted two ranks on one GPU; the README says it refuses them";
 }
 
 // Where CUDA cannot run (no device or no driver), joining is a status naming
