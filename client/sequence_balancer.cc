@@ -8,6 +8,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -72,6 +73,9 @@ struct RowMove {
   const std::vector<int64_t>* recv_rows = nullptr;
   RowOrder before;
   RowOrder after;
+  // The chain's "a backward has started" flag (a 1-element bool tensor
+  // shared by the chain's nodes), or undefined when not chained.
+  at::Tensor chain_started;
 };
 
 at::Tensor OwnerTensor(std::shared_ptr<Transport> transport) {
@@ -219,6 +223,7 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
     ctx->saved_data["transport"] = reinterpret_cast<int64_t>(move->transport);
     ctx->saved_data["what"] = std::string(move->what);
     ctx->saved_data["owner"] = move->owner;
+    ctx->saved_data["chain_started"] = move->chain_started;
     ctx->saved_data["send_rows"] = *move->send_rows;
     ctx->saved_data["recv_rows"] = *move->recv_rows;
     // Backward gathers with the inverses, in the opposite order.
@@ -239,6 +244,10 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const std::vector<int64_t> differentiable = ctx->saved_data["differentiable"].toIntVector();
+    // Exchanges recorded after this point start a new chain instead of
+    // linking into a graph whose backward has begun (and may be freed).
+    const at::IValue& started = ctx->saved_data["chain_started"];
+    if (started.isTensor() && started.toTensor().defined()) started.toTensor().fill_(true);
     const std::vector<int64_t> send_rows = ctx->saved_data["recv_rows"].toIntVector();
     const std::vector<int64_t> recv_rows = ctx->saved_data["send_rows"].toIntVector();
     const std::string what = ctx->saved_data["what"].toStringRef() + " (backward)";
@@ -312,6 +321,7 @@ struct SequenceBalancer::Rep {
   // The last exchange's chain link this step (MoveRowsFunction), undefined
   // before the first exchange that records a backward.
   at::Tensor backward_chain;
+  at::Tensor chain_started;  // the chain's flag (RowMove::chain_started)
 
   // The current step.
   StepPlan step_plan;
@@ -463,9 +473,24 @@ std::vector<at::Tensor> SequenceBalancer::Rep::Move(at::TensorList xs, const Row
   if (at::GradMode::is_enabled()) {
     for (const at::Tensor& x : xs) records_backward = records_backward || x.requires_grad();
   }
+  // An exchange recorded during a backward pass (activation checkpointing
+  // recomputing a forward) is not chained: linking it to nodes of the pass
+  // that is running would make that pass wait on itself.
+  if (torch::autograd::get_current_graph_task_nodes_in_graph() != nullptr) {
+    records_backward = false;
+  }
+  if (records_backward && chain_started.defined() && chain_started.item<bool>()) {
+    // A backward of the chain so far has begun: this exchange belongs to a
+    // new graph (forward, backward, forward again in one step).
+    backward_chain = at::Tensor();
+    chain_started = at::Tensor();
+  }
+  if (records_backward && !chain_started.defined()) chain_started = at::zeros({1}, at::kBool);
+  RowMove chained = move;
+  if (records_backward) chained.chain_started = chain_started;
   std::vector<at::Tensor> chain;
   if (records_backward && backward_chain.defined()) chain.push_back(backward_chain);
-  std::vector<at::Tensor> outputs = MoveRowsFunction::apply(xs, at::TensorList(chain), &move);
+  std::vector<at::Tensor> outputs = MoveRowsFunction::apply(xs, at::TensorList(chain), &chained);
   at::Tensor link = std::move(outputs.back());
   outputs.pop_back();
   if (records_backward) backward_chain = std::move(link);
@@ -620,6 +645,7 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
   r.step_plan = *std::move(plan);
   r.input_lengths = lengths;
   r.backward_chain = at::Tensor();
+  r.chain_started = at::Tensor();
   const absl::Status derived = r.Derive(lengths);
   // Once per step instead of per exchange: every Route, ReverseRoute,
   // PreAttn and PostAttn of the step moves these counts or their transpose.
@@ -746,6 +772,14 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PostAttnTensors(
     }
     return outputs;
   });
+}
+
+absl::Status SequenceBalancer::RefuseCall(Call which, const absl::Status& reason) const {
+  const Rep& r = *rep_;
+  const bool in_bag = which == Call::kPreAttn || which == Call::kPostAttn;
+  if (in_bag && r.bag == nullptr) return reason;  // a single-GPU bag moves nothing
+  absl::Status agreed = AgreeOnStatus(in_bag ? *r.bag : *r.world, reason);
+  return agreed.ok() ? reason : agreed;
 }
 
 absl::StatusOr<at::Tensor> SequenceBalancer::Route(const at::Tensor& x) const {

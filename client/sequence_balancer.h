@@ -129,6 +129,16 @@ class SequenceBalancer {
   // Collective within the bag: the inverse of PreAttn.
   absl::StatusOr<at::Tensor> PostAttn(const at::Tensor& y) const;
   absl::StatusOr<std::vector<at::Tensor>> PostAttnTensors(const std::vector<at::Tensor>& ys) const;
+  // The tensor calls, for RefuseCall.
+  enum class Call { kRoute, kReverseRoute, kPreAttn, kPostAttn };
+  // Collective, in place of call `which` on a rank that cannot make it (its
+  // arguments were refused before they reached the balancer, e.g. by a
+  // language binding): takes part in that call's agreement, so every rank
+  // of the call's group (the world for routes, the bag for Ulysses) returns
+  // the same error instead of waiting for this one. Returns that error
+  // (`reason`, unless a lower rank failed too). REQUIRES: !reason.ok().
+  absl::Status RefuseCall(Call which, const absl::Status& reason) const;
+
   // Full lengths of the sequences attention sees on this rank (for varlen
   // attention), in PreAttn's output order.
   const std::vector<int64_t>& attention_lengths() const;

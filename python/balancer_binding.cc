@@ -167,7 +167,11 @@ void DeleteWithoutGil(Transport* transport) {
 
 class BalancerBinding {
  public:
-  BalancerBinding(ProcessGroupPtr group, BagGroups bag_groups, BalancerArgs args)
+  // `host_group` (None, or a Gloo group over the same ranks) and
+  // `host_bag_groups` carry the small host-side collectives of an NCCL
+  // group: count checks and error agreement without a GPU round trip.
+  BalancerBinding(ProcessGroupPtr group, BagGroups bag_groups, BalancerArgs args,
+                  const py::object& host_group, BagGroups host_bag_groups)
       : device_(ValueOrThrow(ParseDevice(args.device))) {
     CostKind kind = ValueOrThrow(ParseCostKind(args.cost_model, "cost_model"));
     SequenceBalancerOptions options;
@@ -201,6 +205,17 @@ class BalancerBinding {
 
     C10dTransportOptions transport;
     transport.device = device_;
+    if (!host_group.is_none()) {
+      transport.host_group = host_group.cast<ProcessGroupPtr>();
+      transport.new_host_subgroup = [host_bag_groups = std::move(host_bag_groups)](
+                                        const std::vector<int>& ranks, int) -> ProcessGroupPtr {
+        auto it = host_bag_groups.find(ranks);
+        if (it == host_bag_groups.end()) {
+          throw std::runtime_error("no host process group was made for this bag's ranks");
+        }
+        return it->second;
+      };
+    }
     transport.new_subgroup = [bag_groups = std::move(bag_groups)](
                                  const std::vector<int>& ranks, int) -> ProcessGroupPtr {
       auto it = bag_groups.find(ranks);
@@ -273,6 +288,27 @@ class BalancerBinding {
   }
   std::vector<at::Tensor> PostAttn(const std::vector<at::Tensor>& ys) const {
     return Call("post_attn", ys, &SequenceBalancer::PostAttnTensors);
+  }
+
+  // Collective, in place of `call` on a rank whose Python arguments were
+  // refused before reaching C++: every rank of the call's group raises
+  // (this rank's `message` as ValueError, unless a lower rank failed too).
+  void Refuse(const std::string& call, const std::string& message) const {
+    static const std::map<std::string, SequenceBalancer::Call> kCalls = {
+        {"route", SequenceBalancer::Call::kRoute},
+        {"reverse_route", SequenceBalancer::Call::kReverseRoute},
+        {"pre_attn", SequenceBalancer::Call::kPreAttn},
+        {"post_attn", SequenceBalancer::Call::kPostAttn}};
+    auto it = kCalls.find(call);
+    if (it == kCalls.end()) {
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat("refuse: no call '", call, "'")));
+    }
+    absl::Status agreed;
+    {
+      py::gil_scoped_release no_gil;
+      agreed = balancer_->RefuseCall(it->second, absl::InvalidArgumentError(message));
+    }
+    ThrowIfError(agreed);
   }
 
   // int32 lengths on `device`, made once per step and device: "chunk"
@@ -362,27 +398,13 @@ class BalancerBinding {
     }
   }
 
-  // Tensors the process group cannot move (a CUDA tensor on a Gloo group, a
-  // CPU one on NCCL) would hand the wrong memory to the collective.
-  void CheckDevices(const char* what, const std::vector<at::Tensor>& xs) const {
-    for (size_t i = 0; i < xs.size(); ++i) {
-      if (!xs[i].defined()) continue;
-      const c10::Device device = xs[i].device();
-      if (device.type() != device_.type() || (device_.has_index() && device != device_)) {
-        ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
-            what, ": tensor ", i, " is on ", device.str(), ", but the process group moves ",
-            device_.str(), " tensors")));
-      }
-    }
-  }
-
-  // One of the balancer's tensor calls, after the device check, with the
-  // GIL let go while the collectives run.
+  // One of the balancer's tensor calls (which checks the tensors' device
+  // against the transport's, on every rank alike), with the GIL let go
+  // while the collectives run.
   using TensorCall = absl::StatusOr<std::vector<at::Tensor>> (SequenceBalancer::*)(
       const std::vector<at::Tensor>&) const;
   std::vector<at::Tensor> Call(const char* what, const std::vector<at::Tensor>& xs,
                                TensorCall call) const {
-    CheckDevices(what, xs);
     absl::StatusOr<std::vector<at::Tensor>> result;
     {
       py::gil_scoped_release no_gil;
@@ -419,14 +441,16 @@ void BindBalancer(py::module_& m) {
       .def_readwrite("use_fitted_gamma", &BalancerArgs::use_fitted_gamma);
 
   py::class_<BalancerBinding>(m, "_SequenceBalancer")
-      .def(py::init<ProcessGroupPtr, BagGroups, BalancerArgs>(), py::arg("process_group"),
-           py::arg("bag_groups"), py::arg("args"))
+      .def(py::init<ProcessGroupPtr, BagGroups, BalancerArgs, py::object, BagGroups>(),
+           py::arg("process_group"), py::arg("bag_groups"), py::arg("args"),
+           py::arg("host_group") = py::none(), py::arg("host_bag_groups") = BagGroups())
       .def("plan_routing", &BalancerBinding::PlanRouting, py::arg("local_seq_lens"),
            py::arg("token_dim"))
       .def("route", &BalancerBinding::Route, py::arg("tensors"))
       .def("reverse_route", &BalancerBinding::ReverseRoute, py::arg("tensors"))
       .def("pre_attn", &BalancerBinding::PreAttn, py::arg("tensors"))
       .def("post_attn", &BalancerBinding::PostAttn, py::arg("tensors"))
+      .def("refuse", &BalancerBinding::Refuse, py::arg("call"), py::arg("message"))
       .def("lengths", &BalancerBinding::Lengths, py::arg("which"), py::arg("device"))
       .def("summary", &BalancerBinding::Summary)
       .def("record_compute_seconds", &BalancerBinding::RecordComputeSeconds, py::arg("seconds"))

@@ -67,13 +67,21 @@ class SequenceBalancer:
 
     Every method that moves tensors is collective (every rank calls it, in
     the same order) and differentiable. Errors raise ValueError (invalid
-    input) or RuntimeError carrying the C++ message.
+    input) or RuntimeError carrying the C++ message, and are agreed: a
+    mistake on one rank (a bad length, a tensor with the wrong rows, dtype
+    or device) raises on every rank of the call's group (the process group
+    for plan_routing and the routes, the bag for pre/post_attn) with the
+    lowest failing rank's reason ("rank 2: ..."), at once, and the next call
+    works. A peer that dies raises RuntimeError (UNAVAILABLE or
+    DEADLINE_EXCEEDED) on every survivor within the process group's
+    timeout; the balancer is unusable after that. Backward exchanges run in
+    the reverse of the forward order on every rank.
     """
 
     def __init__(self, bag_specs, gamma=1.0, *, process_group=None, planner_address=None,
                  job_id=None, d_model=None, max_tokens_per_gpu=0, cost_model="transformer",
                  locality=True, group_id=None, planner_deadline=None, first_step=0,
-                 use_fitted_gamma=False):
+                 use_fitted_gamma=False, _metadata_on_gloo=False):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("SequenceBalancer: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first")
@@ -114,7 +122,17 @@ class SequenceBalancer:
             raise ValueError(f"d_model: {d_model} is outside [1, 65536]")
         self.bag_specs = bag_specs
         self.gamma = gamma
-        self._impl = _C._SequenceBalancer(group, bag_groups, args)
+        host_group, host_bag_groups = None, {}
+        if group is default and (backend == "nccl" or _metadata_on_gloo):
+            # Gloo twins of the world and bag groups for the small host-side
+            # collectives (count checks, error agreement), so that they cost
+            # no GPU round trip and host sync per exchange. Only over the
+            # default group, where every process makes the same groups in the
+            # same order (dist.new_group's rule); over another group those
+            # collectives run on the NCCL group itself.
+            host_group = dist.new_group(backend="gloo")
+            host_bag_groups = _make_bag_groups(group, bags, "gloo") if bags else {}
+        self._impl = _C._SequenceBalancer(group, bag_groups, args, host_group, host_bag_groups)
 
     # -- planning ---------------------------------------------------------
 
@@ -135,23 +153,35 @@ class SequenceBalancer:
 
     # -- moving tensors -----------------------------------------------------
 
-    @staticmethod
-    def _with_features(what, packed_seqs, packed_features):
+    def _refuse(self, what, message):
+        """Raises ``message`` (ValueError) on this rank and, through the
+        call's agreement, on every rank of its group: a rank must not fail
+        alone before a collective its peers have entered."""
+        self._impl.refuse(what, message)
+        raise ValueError(message)  # not reached: refuse raises
+
+    def _with_features(self, what, packed_seqs, packed_features):
         if not isinstance(packed_seqs, torch.Tensor):
-            raise ValueError(f"{what}: packed_seqs must be a tensor, got "
-                             f"{type(packed_seqs).__name__}")
+            self._refuse(what, f"{what}: packed_seqs must be a tensor, got "
+                               f"{type(packed_seqs).__name__}")
         tensors = [packed_seqs]
         if packed_features is not None:
             for i, feature in enumerate(packed_features):
                 if not isinstance(feature, torch.Tensor):
-                    raise ValueError(f"{what}: packed_features[{i}] must be a tensor, got "
-                                     f"{type(feature).__name__}")
+                    self._refuse(what, f"{what}: packed_features[{i}] must be a tensor, got "
+                                       f"{type(feature).__name__}")
                 if feature.dim() < 1 or feature.shape[0] != packed_seqs.shape[0]:
                     rows = feature.shape[0] if feature.dim() else "no"
-                    raise ValueError(f"{what}: packed_features[{i}] has {rows} rows, "
-                                     f"packed_seqs {packed_seqs.shape[0]}")
+                    self._refuse(what, f"{what}: packed_features[{i}] has {rows} rows, "
+                                       f"packed_seqs {packed_seqs.shape[0]}")
                 tensors.append(feature)
         return tensors
+
+    def _tensors(self, what, **named):
+        for name, value in named.items():
+            if not isinstance(value, torch.Tensor):
+                self._refuse(what, f"{what}: {name} must be a tensor, got {type(value).__name__}")
+        return list(named.values())
 
     def route(self, packed_seqs, packed_features=None):
         """Collective: ``packed_seqs`` [tokens, dim] (this rank's sequences
@@ -177,14 +207,15 @@ class SequenceBalancer:
         [tokens, heads, head_dim] -> ``(seq_lens, q, k, v)`` of whole
         sequences with heads / bag_gpus heads, in one exchange. ``seq_lens``
         (int32) is what a varlen attention kernel's cu_seqlens are made of."""
-        moved = self._impl.pre_attn([packed_q, packed_k, packed_v])
+        moved = self._impl.pre_attn(
+            self._tensors("pre_attn", packed_q=packed_q, packed_k=packed_k, packed_v=packed_v))
         lengths = self._impl.lengths("attention", str(packed_q.device))
         return lengths, moved[0], moved[1], moved[2]
 
     def post_attn(self, packed_out):
         """Collective within the bag: attention's output -> ``(chunk_lens,
         out)`` back on the routed tokens with every head."""
-        moved = self._impl.post_attn([packed_out])
+        moved = self._impl.post_attn(self._tensors("post_attn", packed_out=packed_out))
         lengths = self._impl.lengths("chunk", str(packed_out.device))
         return lengths, moved[0]
 

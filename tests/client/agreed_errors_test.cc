@@ -209,6 +209,17 @@ const bool kBackwardOrder = RegisterScenario("backward_order", [](Worker& w) {
   ASSERT_TRUE(wa_back.ok() && wc_back.ok());
   EXPECT_TRUE(torch::equal(a.grad(), *wa_back));
   EXPECT_TRUE(torch::equal(c.grad(), *wc_back));
+
+  // A second graph in the same step, after that backward: a new chain, not
+  // a link into the graph whose backward already ran (and was freed).
+  at::Tensor d = torch::randn({Rows(w.rank), 2}).requires_grad_(true);
+  auto yd = b.balancer->Route(d);
+  ASSERT_TRUE(yd.ok()) << yd.status();
+  for (const torch::autograd::Edge& edge : yd->grad_fn()->next_edges()) {
+    EXPECT_NE(edge.function, yc->grad_fn()) << "linked into a graph already backpropagated";
+  }
+  (*yd * 3).sum().backward();
+  EXPECT_TRUE(torch::equal(d.grad(), torch::full_like(d, 3)));
 });
 
 TEST(BackwardOrder, ExchangesRunInReverseForwardOrderOnEveryRank) {

@@ -42,7 +42,8 @@ def _worker(rank, size, port, fn, args, results, group_timeout):
 
 def run_world(fn, size, *args, timeout=240, group_timeout=60, allow_errors=False):
     """fn's result by rank. With allow_errors, a rank that raised gives
-    ("error", traceback) instead of failing the run."""
+    ("error", traceback) and one that exited without a report ("exited",
+    exit code) instead of failing the run."""
     import torch.distributed as dist
 
     context = multiprocessing.get_context("spawn")
@@ -82,6 +83,18 @@ def run_world(fn, size, *args, timeout=240, group_timeout=60, allow_errors=False
                     if dead:
                         raise WorldFailure(f"ranks {dead} died without a report (exit codes "
                                            f"{[processes[r].exitcode for r in dead]})")
+                if allow_errors:
+                    # A rank meant to die (os._exit) is an outcome of its own.
+                    for r, p in enumerate(processes):
+                        if r not in outcomes and not p.is_alive() and p.exitcode is not None:
+                            time.sleep(0.5)
+                            try:
+                                kind, rank, value = results.get_nowait()
+                                outcomes[rank] = (kind, value)
+                            except queue.Empty:
+                                pass
+                            if r not in outcomes:
+                                outcomes[r] = ("exited", p.exitcode)
                 continue
             outcomes[rank] = (kind, value)
     finally:
