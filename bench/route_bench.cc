@@ -15,10 +15,13 @@
 //     (a) 2x alltoall_base with the plan's per-peer row splits (route, then
 //         reverse) on preallocated contiguous [rows, 1024] float tensors
 //     (b) SequenceBalancer Route + ReverseRoute (their counts were
-//         cross-checked once, in PlanRouting)
+//         cross-checked once, in PlanRouting; each agrees on every rank's
+//         verdict first)
 //     (c) that count check alone (Transport::CheckRowCounts of the route's
 //         counts: once per step, whatever the number of tensors moved)
 //     (d) context: 1x equal-split alltoall_base of the whole P bytes
+//     (e) (b) on a balancer with agree_on_errors off (no verdict all-gather
+//         before each exchange): what agreed errors cost
 //   Each rank times each variant with std::chrono::steady_clock (wall time).
 //   The headline is, per iteration, the slowest rank's time (all-gathered at
 //   the end), then the median and p90 over iterations; rank 0's own times
@@ -68,7 +71,7 @@ constexpr char kTopology[] = "g1n2+g2n1";
 constexpr int64_t kDModel = 1024;
 constexpr int64_t kRowBytes = kDModel * sizeof(float);
 constexpr int kWarmup = 3;
-constexpr int kVariants = 4;  // (a) (b) (c) (d)
+constexpr int kVariants = 5;  // (a) (b) (c) (d) (e)
 
 struct Payload {
   int64_t bytes;  // per rank
@@ -151,21 +154,25 @@ std::string Mb(int64_t bytes) {
 }
 
 void PrintTable(const std::vector<Row>& rows, bool slowest) {
-  std::cout << absl::StrFormat("%-8s %-6s %-10s | %-15s | %-15s | %-15s | %-7s %-9s | %-15s\n",
-                               "payload", "moved", "off-rank", "(a) 2x a2a", "(b) route+rev",
-                               "(c) count check", "(b)/(a)", "(b+c)/(a)", "(d) 1x equal");
-  std::cout << absl::StrFormat("%-8s %-6s %-10s | %-7s %-7s | %-7s %-7s | %-7s %-7s | %-7s %-9s | %-7s %-7s\n",
-                               "/rank", "frac", "MB (max)", "median", "p90", "median", "p90",
-                               "median", "p90", "median", "median", "median", "p90");
+  std::cout << absl::StrFormat(
+      "%-8s %-6s %-10s | %-15s | %-15s | %-15s | %-7s %-9s | %-15s | %-15s %-7s\n", "payload",
+      "moved", "off-rank", "(a) 2x a2a", "(b) route+rev", "(c) count check", "(b)/(a)",
+      "(b+c)/(a)", "(d) 1x equal", "(e) no agreement", "(e)/(a)");
+  std::cout << absl::StrFormat(
+      "%-8s %-6s %-10s | %-7s %-7s | %-7s %-7s | %-7s %-7s | %-7s %-9s | %-7s %-7s | %-7s %-7s "
+      "%-7s\n",
+      "/rank", "frac", "MB (max)", "median", "p90", "median", "p90", "median", "p90", "median",
+      "median", "median", "p90", "median", "p90", "median");
   for (const Row& r : rows) {
     const double* med = slowest ? r.slowest_median : r.rank0_median;
     const double* p90 = slowest ? r.slowest_p90 : r.rank0_p90;
     std::cout << absl::StrFormat(
         "%-8s %-6.3f %-10.3f | %-7.3f %-7.3f | %-7.3f %-7.3f | %-7.3f %-7.3f | %-7.2f %-9.2f | "
-        "%-7.3f %-7.3f\n",
+        "%-7.3f %-7.3f | %-7.3f %-7.3f %-7.2f\n",
         Mb(r.bytes), r.moved_fraction, r.max_off_rank_mb, med[0] * 1e3, p90[0] * 1e3,
-        med[1] * 1e3, p90[1] * 1e3, med[2] * 1e3, p90[2] * 1e3, med[1] / med[0], (med[1] + med[2]) / med[0],
-        med[3] * 1e3, p90[3] * 1e3);
+        med[1] * 1e3, p90[1] * 1e3, med[2] * 1e3, p90[2] * 1e3, med[1] / med[0],
+        (med[1] + med[2]) / med[0], med[3] * 1e3, p90[3] * 1e3, med[4] * 1e3, p90[4] * 1e3,
+        med[4] / med[0]);
   }
 }
 
@@ -195,7 +202,10 @@ int RunWorker(const BenchOptions& o) {
   balancer_options.token_bytes = kRowBytes;
   auto created = SequenceBalancer::Create(balancer_options, transport);
   if (!created.ok()) Fail(rank, absl::StrCat("balancer: ", created.status().ToString()));
-  SequenceBalancer* const balancers[1] = {created->get()};
+  balancer_options.agree_on_errors = false;
+  auto unagreed = SequenceBalancer::Create(balancer_options, transport);
+  if (!unagreed.ok()) Fail(rank, absl::StrCat("balancer: ", unagreed.status().ToString()));
+  SequenceBalancer* const balancers[2] = {created->get(), unagreed->get()};
 
   std::vector<Row> rows;
   for (size_t payload_index = 0; payload_index < kPayloads.size(); ++payload_index) {
@@ -257,6 +267,14 @@ int RunWorker(const BenchOptions& o) {
         }
         case 1: {
           const SequenceBalancer& b = *balancers[0];
+          auto routed = b.Route(x);
+          if (!routed.ok()) Fail(rank, absl::StrCat("route: ", routed.status().ToString()));
+          auto back = b.ReverseRoute(*routed);
+          if (!back.ok()) Fail(rank, absl::StrCat("reverse route: ", back.status().ToString()));
+          break;
+        }
+        case 4: {
+          const SequenceBalancer& b = *balancers[1];
           auto routed = b.Route(x);
           if (!routed.ok()) Fail(rank, absl::StrCat("route: ", routed.status().ToString()));
           auto back = b.ReverseRoute(*routed);
@@ -347,11 +365,13 @@ int RunWorker(const BenchOptions& o) {
               << kWarmup << " warm-up iterations\n"
               << "  (a) 2x alltoall_base with the plan's per-peer row splits (route + reverse), "
                  "preallocated buffers: the minimum\n"
-              << "  (b) Route + ReverseRoute (counts cross-checked once per step, in PlanRouting)\n"
+              << "  (b) Route + ReverseRoute (counts cross-checked once per step, in PlanRouting; "
+                 "each exchange first agrees on every rank's verdict: one small all-gather)\n"
               << "  (c) that per-step count check alone (CheckRowCounts: a small all-to-all + "
                  "all-gather)\n"
               << "  (d) context: 1x equal-split alltoall_base of the whole payload (P/" << kProcs
               << " to each rank)\n"
+              << "  (e) (b) with agree_on_errors off: no verdict all-gather per exchange\n"
               << "moved frac = tokens leaving their rank / all tokens (the plan's); off-rank MB = "
                  "largest route volume one rank sends to others\n"
               << "ReverseRoute(Route(x)) == x bit for bit: checked on every rank, every payload\n";

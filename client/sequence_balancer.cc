@@ -65,6 +65,7 @@ struct RowOrder {
 struct RowMove {
   Transport* transport = nullptr;
   const char* what = "";  // the entry point, for errors
+  bool agree = true;      // agree on every rank's verdict before moving
   // A 0-element tensor owning the transport (OwnerTensor), or undefined when
   // the caller owns it. Saved in the autograd node, so a backward pass can
   // run after the balancer is gone.
@@ -162,7 +163,8 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
   } catch (const c10::Error& e) {
     prepared = FromTorchError(e, move.what);
   }
-  absl::Status agreed = AgreeOnStatus(*move.transport, prepared, row_bytes);
+  absl::Status agreed =
+      move.agree ? AgreeOnStatus(*move.transport, prepared, row_bytes) : prepared;
   if (!agreed.ok()) throw TransportError(std::move(agreed));
   absl::Status status = move.transport->AllToAllRowsPrechecked(
       send.data_ptr(), *move.send_rows, received.data_ptr(), *move.recv_rows, row_bytes);
@@ -222,6 +224,7 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
     ctx->saved_data["chained"] = !chain.empty();
     ctx->saved_data["transport"] = reinterpret_cast<int64_t>(move->transport);
     ctx->saved_data["what"] = std::string(move->what);
+    ctx->saved_data["agree"] = move->agree;
     ctx->saved_data["owner"] = move->owner;
     ctx->saved_data["chain_started"] = move->chain_started;
     ctx->saved_data["send_rows"] = *move->send_rows;
@@ -258,6 +261,7 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
     };
     back.transport = reinterpret_cast<Transport*>(ctx->saved_data["transport"].toInt());
     back.what = what.c_str();
+    back.agree = ctx->saved_data["agree"].toBool();
     back.owner = tensor("owner");
     back.send_rows = &send_rows;
     back.recv_rows = &recv_rows;
@@ -309,6 +313,7 @@ struct SequenceBalancer::Rep {
   int bag_gpus = 1;
   int bag_first_rank = 0;
   int heads_multiple = 1;
+  bool agree_on_errors = true;
   std::unique_ptr<PlannerClient> planner;
   uint64_t next_step = 0;
   bool planned = false;
@@ -345,15 +350,22 @@ struct SequenceBalancer::Rep {
                           bool whole_heads) const;
   RowMove WorldMove(const char* what, const std::vector<int64_t>& send,
                     const std::vector<int64_t>& recv, RowOrder before, RowOrder after) const {
-    return {world, what, world_owner, &send, &recv, std::move(before), std::move(after)};
+    return {world, what, agree_on_errors, world_owner, &send, &recv, std::move(before),
+            std::move(after)};
   }
   RowMove BagMove(const char* what, const std::vector<int64_t>& send,
                   const std::vector<int64_t>& recv, RowOrder before, RowOrder after) const {
-    return {bag.get(), what, bag_owner, &send, &recv, std::move(before), std::move(after)};
+    return {bag.get(), what, agree_on_errors, bag_owner, &send, &recv, std::move(before),
+            std::move(after)};
   }
   // The exchange as an autograd node, chained after this step's previous
   // one when it records a backward.
   std::vector<at::Tensor> Move(at::TensorList xs, const RowMove& move);
+  // A local error of an exchange's entry point: agreed with the group
+  // (unless agree_on_errors is off), so that no peer waits in the exchange.
+  absl::Status Agreed(Transport& transport, const absl::Status& local) const {
+    return agree_on_errors ? AgreeOnStatus(transport, local) : local;
+  }
   // Checks on the tensors of an entry point that every rank must agree on.
   absl::Status CheckDevice(const std::vector<at::Tensor>& xs, const Transport& transport,
                            const char* what) const;
@@ -588,6 +600,7 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
   rep->next_step = options.first_step;
   rep->default_d_model = options.d_model;
   rep->default_token_bytes = options.token_bytes;
+  rep->agree_on_errors = options.agree_on_errors;
   rep->spec.set_job_id(options.job_id);
   rep->spec.set_group_id(options.group_id);
   rep->spec.set_world_size(world->size());
@@ -701,7 +714,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::RouteTensors(
   Rep& r = *rep_;
   absl::Status ok = r.CheckRows(xs, r.input_rows, "route", "the sum of its sequence lengths");
   if (ok.ok()) ok = r.CheckDevice(xs, *r.world, "route");
-  if (!ok.ok()) return AgreeOnStatus(*r.world, ok);
+  if (!ok.ok()) return r.Agreed(*r.world, ok);
   int64_t token_bytes = 0;
   for (const at::Tensor& x : xs) token_bytes += RowElements(x) * x.element_size();
   r.routed_token_bytes = token_bytes;
@@ -714,7 +727,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::ReverseRouteTensors(
   Rep& r = *rep_;
   absl::Status ok = r.CheckRows(ys, r.routed_rows, "reverse_route", "the sum of routed_lengths");
   if (ok.ok()) ok = r.CheckDevice(ys, *r.world, "reverse_route");
-  if (!ok.ok()) return AgreeOnStatus(*r.world, ok);
+  if (!ok.ok()) return r.Agreed(*r.world, ok);
   const RowMove move =
       r.WorldMove("reverse_route", r.recv_rows, r.send_rows, {}, r.send_order.Inverted());
   return Guarded([&] { return r.Move(at::TensorList(ys), move); });
@@ -728,7 +741,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PreAttnTensors(
   // A single-GPU bag moves nothing: its errors are its own.
   if (r.bag == nullptr) return ok.ok() ? absl::StatusOr<std::vector<at::Tensor>>(xs) : ok;
   if (ok.ok()) ok = r.CheckDevice(xs, *r.bag, "pre_attn");
-  if (!ok.ok()) return AgreeOnStatus(*r.bag, ok);
+  if (!ok.ok()) return r.Agreed(*r.bag, ok);
   return Guarded([&] {
     // [T, heads, ...] -> [bag, T, heads/bag, ...]: position p's head slice of
     // every routed row, contiguous, is what goes to position p.
@@ -755,7 +768,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PostAttnTensors(
   if (ok.ok()) ok = r.CheckHeads(ys, "post_attn", /*whole_heads=*/false);
   if (r.bag == nullptr) return ok.ok() ? absl::StatusOr<std::vector<at::Tensor>>(ys) : ok;
   if (ok.ok()) ok = r.CheckDevice(ys, *r.bag, "post_attn");
-  if (!ok.ok()) return AgreeOnStatus(*r.bag, ok);
+  if (!ok.ok()) return r.Agreed(*r.bag, ok);
   return Guarded([&] {
     const RowMove move = r.BagMove("post_attn", r.ulysses_recv_rows, r.ulysses_send_rows,
                                    r.sequence_order.Inverted(), {});
@@ -778,7 +791,7 @@ absl::Status SequenceBalancer::RefuseCall(Call which, const absl::Status& reason
   const Rep& r = *rep_;
   const bool in_bag = which == Call::kPreAttn || which == Call::kPostAttn;
   if (in_bag && r.bag == nullptr) return reason;  // a single-GPU bag moves nothing
-  absl::Status agreed = AgreeOnStatus(in_bag ? *r.bag : *r.world, reason);
+  absl::Status agreed = r.Agreed(in_bag ? *r.bag : *r.world, reason);
   return agreed.ok() ? reason : agreed;
 }
 

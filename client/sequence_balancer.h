@@ -53,6 +53,13 @@ struct SequenceBalancerOptions {
   // never max/mean, for fewer moved tokens. Unset = the planner's default
   // (the service's --locality flag; on when planning locally).
   std::optional<bool> locality;
+  // Every exchange (Route, ReverseRoute, PreAttn, PostAttn and their
+  // backward passes) first agrees on every rank's local verdict, so that one
+  // rank's mistake is every rank's immediate error (one small all-gather per
+  // exchange). Off: a mistake fails only its own rank, and its peers wait in
+  // the exchange until that process exits or the transport's timeout.
+  // PlanRouting always agrees (once per step).
+  bool agree_on_errors = true;
   PlannerClientOptions planner;
 };
 
@@ -67,6 +74,21 @@ struct StepOverrides {
   int64_t token_bytes = -1;
 };
 
+// Errors are agreed: every collective call either succeeds on every rank of
+// its group (the world for PlanRouting, Route and ReverseRoute; the bag for
+// PreAttn and PostAttn) or returns the same status on every one of them, the
+// lowest failing rank's ("rank 2: route: ..."), before anything moves, so
+// the next call works. Each call pays one small all-gather of verdicts for
+// this (SequenceBalancerOptions::agree_on_errors). A peer that dies makes the survivors' call fail with the
+// transport's Unavailable/DeadlineExceeded, and the transport stays broken.
+//
+// Backward exchanges run in the reverse of the forward order on every rank:
+// each exchange's autograd node waits for the next one's (a chain of empty
+// link tensors), whatever each rank's graph. Within one step, do not record
+// two graphs and backpropagate them separately afterwards (forward A,
+// forward B, backward A, backward B): B's first exchange is chained to A's
+// last. Forward, backward, forward, backward is fine, and exchanges recorded
+// during a backward pass (activation checkpointing) are not chained.
 class SequenceBalancer {
  public:
   // Collective over `world` (every rank calls it): a rank of a multi-GPU bag

@@ -47,6 +47,7 @@ struct BalancerArgs {
   std::optional<double> planner_deadline_s;
   uint64_t first_step = 0;
   bool use_fitted_gamma = false;
+  bool agree_on_errors = true;
 };
 
 // An integer through __index__ (Python ints, numpy integers, 0-d integer
@@ -200,6 +201,7 @@ class BalancerBinding {
     options.max_tokens_per_gpu = args.max_tokens_per_gpu;
     options.first_step = args.first_step;
     options.use_fitted_gamma = args.use_fitted_gamma;
+    options.agree_on_errors = args.agree_on_errors;
     options.locality = args.locality;
     fixed_d_model_ = args.d_model != 0;
 
@@ -438,7 +440,8 @@ void BindBalancer(py::module_& m) {
       .def_readwrite("locality", &BalancerArgs::locality)
       .def_readwrite("planner_deadline_s", &BalancerArgs::planner_deadline_s)
       .def_readwrite("first_step", &BalancerArgs::first_step)
-      .def_readwrite("use_fitted_gamma", &BalancerArgs::use_fitted_gamma);
+      .def_readwrite("use_fitted_gamma", &BalancerArgs::use_fitted_gamma)
+      .def_readwrite("agree_on_errors", &BalancerArgs::agree_on_errors);
 
   py::class_<BalancerBinding>(m, "_SequenceBalancer")
       .def(py::init<ProcessGroupPtr, BagGroups, BalancerArgs, py::object, BagGroups>(),

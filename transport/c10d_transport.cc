@@ -1,7 +1,6 @@
 #include "transport/c10d_transport.h"
 
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -57,21 +56,6 @@ at::Tensor Rows(void* data, int64_t rows, int64_t row_bytes, c10::Device device)
 constexpr int64_t kSlotBytes = 64;
 constexpr int64_t kInlineBytes = kSlotBytes - sizeof(int64_t);
 
-// Gathers `mine` (same shape on every rank) from every rank into one
-// [size, ...] host tensor: one collective and one copy to the host.
-absl::StatusOr<at::Tensor> GatherToHost(c10d::ProcessGroup& group, const at::Tensor& mine,
-                                        const std::function<absl::Status(
-                                            const char*, const std::function<
-                                                c10::intrusive_ptr<c10d::Work>()>&)>& run,
-                                        const char* op) {
-  std::vector<std::vector<at::Tensor>> output(1);
-  for (int p = 0; p < group.getSize(); ++p) output[0].push_back(at::empty_like(mine));
-  std::vector<at::Tensor> input = {mine};
-  absl::Status status = run(op, [&] { return group.allgather(output, input); });
-  if (!status.ok()) return status;
-  return at::stack(output[0]).to(at::kCPU);
-}
-
 }  // namespace
 
 C10dTransport::C10dTransport(c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -113,6 +97,16 @@ int C10dTransport::rank() const { return group_->getRank(); }
 int C10dTransport::size() const { return group_->getSize(); }
 int C10dTransport::cuda_device() const {
   return options_.device.is_cuda() ? options_.device.index() : -1;
+}
+
+absl::StatusOr<at::Tensor> C10dTransport::GatherToHost(const at::Tensor& mine, const char* op) {
+  c10d::ProcessGroup& group = metadata_group();
+  std::vector<std::vector<at::Tensor>> output(1);
+  for (int p = 0; p < group.getSize(); ++p) output[0].push_back(at::empty_like(mine));
+  std::vector<at::Tensor> input = {mine};
+  absl::Status status = Run(op, [&] { return group.allgather(output, input); });
+  if (!status.ok()) return status;
+  return at::stack(output[0]).to(at::kCPU);
 }
 
 absl::Status C10dTransport::Usable() const {
@@ -185,11 +179,8 @@ absl::Status C10dTransport::DoCheckRowCounts(const std::vector<int64_t>& send_ro
       break;
     }
   }
-  auto run = [this](const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& c) {
-    return Run(op, c);
-  };
-  absl::StatusOr<at::Tensor> all = GatherToHost(
-      metadata_group(), at::tensor(mine, at::kLong).to(device), run, "all-gather of count checks");
+  absl::StatusOr<at::Tensor> all =
+      GatherToHost(at::tensor(mine, at::kLong).to(device), "all-gather of count checks");
   if (!all.ok()) return all.status();
   const int64_t* v = all->data_ptr<int64_t>();
   int64_t first = kNone, expected = 0, got = 0;
@@ -271,17 +262,13 @@ absl::StatusOr<std::vector<std::string>> C10dTransport::DoAllGatherBytes(absl::s
   if (absl::Status usable = Usable(); !usable.ok()) return usable;
   const int n = size();
   const c10::Device device = metadata_device();
-  auto run = [this](const char* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& c) {
-    return Run(op, c);
-  };
   // First round: every rank's length and the head of its bytes.
   at::Tensor slot = at::zeros({kSlotBytes}, at::kByte);
   const int64_t length = static_cast<int64_t>(mine.size());
   std::memcpy(slot.data_ptr<uint8_t>(), &length, sizeof(length));
   std::memcpy(slot.data_ptr<uint8_t>() + sizeof(length), mine.data(),
               std::min<int64_t>(length, kInlineBytes));
-  absl::StatusOr<at::Tensor> slots =
-      GatherToHost(metadata_group(), slot.to(device), run, "all-gather");
+  absl::StatusOr<at::Tensor> slots = GatherToHost(slot.to(device), "all-gather");
   if (!slots.ok()) return slots.status();
   std::vector<int64_t> lengths(n);
   int64_t longest = 0;
@@ -303,8 +290,7 @@ absl::StatusOr<std::vector<std::string>> C10dTransport::DoAllGatherBytes(absl::s
   // the collective needs equal sizes, so all pad to it.
   at::Tensor padded = at::zeros({longest}, at::kByte);
   if (!mine.empty()) std::memcpy(padded.data_ptr<uint8_t>(), mine.data(), mine.size());
-  absl::StatusOr<at::Tensor> all =
-      GatherToHost(metadata_group(), padded.to(device), run, "all-gather");
+  absl::StatusOr<at::Tensor> all = GatherToHost(padded.to(device), "all-gather");
   if (!all.ok()) return all.status();
   for (int p = 0; p < n; ++p) {
     result[p].assign(reinterpret_cast<const char*>(all->data_ptr<uint8_t>()) + p * longest,

@@ -96,6 +96,9 @@ class C10dTransport : public Transport {
   template <typename Collective>
   absl::Status Run(const char* op, Collective&& collective);
   absl::Status Usable() const;
+  // `mine` (same shape on every rank) from every rank of the metadata group
+  // as one [size, ...] host tensor: one collective and one copy to the host.
+  absl::StatusOr<at::Tensor> GatherToHost(const at::Tensor& mine, const char* op);
   // The group and device of the host-side collectives.
   c10d::ProcessGroup& metadata_group() const { return host_group_ ? *host_group_ : *group_; }
   c10::Device metadata_device() const {

@@ -64,6 +64,11 @@ class SequenceBalancer:
         tokens. None = the planner's own setting.
       group_id, planner_deadline (seconds per planner call), first_step,
       use_fitted_gamma: see docs/python.md.
+      agree_on_errors: every exchange first agrees on every rank's verdict
+        (one small all-gather), so one rank's mistake raises on every rank
+        at once (default). False saves that all-gather: a mistake then
+        raises on its rank only, and its peers wait in the exchange until
+        that process exits or the group's timeout.
 
     Every method that moves tensors is collective (every rank calls it, in
     the same order) and differentiable. Errors raise ValueError (invalid
@@ -72,7 +77,7 @@ class SequenceBalancer:
     or device) raises on every rank of the call's group (the process group
     for plan_routing and the routes, the bag for pre/post_attn) with the
     lowest failing rank's reason ("rank 2: ..."), at once, and the next call
-    works. A peer that dies raises RuntimeError (UNAVAILABLE or
+    works (for the tensor calls: unless agree_on_errors=False). A peer that dies raises RuntimeError (UNAVAILABLE or
     DEADLINE_EXCEEDED) on every survivor within the process group's
     timeout; the balancer is unusable after that. Backward exchanges run in
     the reverse of the forward order on every rank.
@@ -81,7 +86,7 @@ class SequenceBalancer:
     def __init__(self, bag_specs, gamma=1.0, *, process_group=None, planner_address=None,
                  job_id=None, d_model=None, max_tokens_per_gpu=0, cost_model="transformer",
                  locality=True, group_id=None, planner_deadline=None, first_step=0,
-                 use_fitted_gamma=False, _metadata_on_gloo=False):
+                 use_fitted_gamma=False, agree_on_errors=True, _metadata_on_gloo=False):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("SequenceBalancer: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first")
@@ -118,6 +123,7 @@ class SequenceBalancer:
         args.planner_deadline_s = None if planner_deadline is None else float(planner_deadline)
         args.first_step = int(first_step)
         args.use_fitted_gamma = bool(use_fitted_gamma)
+        args.agree_on_errors = bool(agree_on_errors)
         if d_model is not None and not 1 <= args.d_model <= 65536:
             raise ValueError(f"d_model: {d_model} is outside [1, 65536]")
         self.bag_specs = bag_specs

@@ -40,13 +40,14 @@ struct Balanced {
   std::unique_ptr<SequenceBalancer> balancer;
 };
 
-Balanced Make(Worker& w) {
+Balanced Make(Worker& w, bool agree_on_errors = true) {
   Balanced b;
   b.transport = std::make_unique<RecordingTransport>(w.transport.get(), b.faults);
   SequenceBalancerOptions options;
   options.job_id = "agreed-errors-test";
   options.topology = w.args.at("topology");
   options.d_model = 64;
+  options.agree_on_errors = agree_on_errors;
   auto balancer = SequenceBalancer::Create(options, b.transport.get());
   EXPECT_TRUE(balancer.ok()) << balancer.status();
   if (balancer.ok()) b.balancer = *std::move(balancer);
@@ -247,6 +248,29 @@ const bool kDeadPeer = RegisterScenario("dead_peer", [](Worker& w) {
   EXPECT_THAT(std::string(later.message()), HasSubstr("unusable after an earlier failure"));
   EXPECT_LT(std::chrono::steady_clock::now() - again, std::chrono::seconds(1));
 });
+
+// What agreement costs, and turning it off: one all-gather per exchange,
+// none without it (PlanRouting agrees either way).
+const bool kAgreementCost = RegisterScenario("agreement_cost", [](Worker& w) {
+  for (bool agree : {true, false}) {
+    Balanced b = Make(w, agree);
+    ASSERT_TRUE(b.balancer);
+    ASSERT_TRUE(b.balancer->PlanRouting(Lengths(w.rank)).ok());
+    const int before = b.transport->all_gathers();
+    ExpectExactRoundTrip(*b.balancer, w.rank);
+    EXPECT_EQ(b.transport->all_gathers() - before, agree ? 2 : 0) << "agree " << agree;
+    // Off, a mistake is this rank's own error (every rank makes it here, so
+    // nobody waits).
+    absl::Status wrong = b.balancer->Route(torch::zeros({Rows(w.rank) + 1, 8})).status();
+    EXPECT_THAT(std::string(wrong.message()),
+                HasSubstr(agree ? "rank 0: route: " : "route: " + std::to_string(Rows(w.rank) + 1)));
+  }
+});
+
+TEST(AgreedErrors, OneAllGatherPerExchangeAndNoneWhenOff) {
+  WorkerRun run = RunWorkers("agreement_cost", 4, {{"topology", "g1n4"}});
+  EXPECT_TRUE(run.ok()) << run.output;
+}
 
 TEST(DeadPeer, EverySurvivorFailsAndThenFailsFast) {
   WorkerRun run = RunWorkers("dead_peer", 4, {{"topology", "g1n4"}});

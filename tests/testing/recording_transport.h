@@ -43,6 +43,8 @@ class RecordingTransport final : public Transport {
 
   // Row sizes of the data exchanges, in call order.
   const std::vector<int64_t>& exchanges() const { return exchanges_; }
+  // AllGatherBytes calls so far (the agreement's collective).
+  int all_gathers() const { return all_gathers_; }
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -70,6 +72,7 @@ class RecordingTransport final : public Transport {
     return inner_->CheckRowCounts(send_rows, recv_rows);
   }
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override {
+    ++all_gathers_;
     return inner_->AllGatherBytes(mine);
   }
   absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override {
@@ -85,6 +88,7 @@ class RecordingTransport final : public Transport {
   std::shared_ptr<Faults> faults_;
   bool is_subgroup_ = false;
   std::vector<int64_t> exchanges_;
+  int all_gathers_ = 0;
 };
 
 }  // namespace testing_util
