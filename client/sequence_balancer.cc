@@ -1,5 +1,6 @@
 #include "client/sequence_balancer.h"
 
+#include <map>
 #include <numeric>
 #include <stdexcept>
 #include <utility>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/route_layout.h"
 #include "planner/topology.h"
 #include "proto/plan_proto.h"
 #include "transport/agreement.h"
@@ -162,6 +164,9 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
     }
   } catch (const c10::Error& e) {
     prepared = FromTorchError(e, move.what);
+  }
+  if (prepared.ok()) {
+    prepared = move.transport->CheckLimits(*move.send_rows, *move.recv_rows, row_bytes);
   }
   absl::Status agreed =
       move.agree ? AgreeOnStatus(*move.transport, prepared, row_bytes) : prepared;
@@ -327,6 +332,8 @@ struct SequenceBalancer::Rep {
   // before the first exchange that records a backward.
   at::Tensor backward_chain;
   at::Tensor chain_started;  // the chain's flag (RowMove::chain_started)
+  // OnDevice's copies of this step's row orders, by (host tensor, device).
+  std::map<std::pair<const void*, std::string>, at::Tensor> device_copies;
 
   // The current step.
   StepPlan step_plan;
@@ -361,6 +368,19 @@ struct SequenceBalancer::Rep {
   // The exchange as an autograd node, chained after this step's previous
   // one when it records a backward.
   std::vector<at::Tensor> Move(at::TensorList xs, const RowMove& move);
+  // `order` with its tensors on `device`: copied once per step and device,
+  // not at every exchange (a copy from pageable host memory to a GPU
+  // synchronises the host with it).
+  RowOrder OnDevice(const RowOrder& order, const c10::Device& device) {
+    if (device.is_cpu()) return order;
+    auto copy = [&](const at::Tensor& t) -> at::Tensor {
+      if (!t.defined()) return t;
+      at::Tensor& cached = device_copies[{t.unsafeGetTensorImpl(), device.str()}];
+      if (!cached.defined()) cached = t.to(device);
+      return cached;
+    };
+    return {copy(order.index), copy(order.inverse)};
+  }
   // A local error of an exchange's entry point: agreed with the group
   // (unless agree_on_errors is off), so that no peer waits in the exchange.
   absl::Status Agreed(Transport& transport, const absl::Status& local) const {
@@ -372,111 +392,20 @@ struct SequenceBalancer::Rep {
 };
 
 absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) {
-  const RankPlan& plan = step_plan.plan;
-  const int n = world->size();
-  std::vector<int64_t> sequence_start(lengths.size() + 1, 0);
-  for (size_t i = 0; i < lengths.size(); ++i) sequence_start[i + 1] = sequence_start[i] + lengths[i];
-  input_rows = sequence_start.back();
-
-  send_rows.assign(n, 0);
-  recv_rows.assign(n, 0);
-  std::vector<int64_t> send_index;
-  send_index.reserve(input_rows);
-  int previous_peer = 0;
-  for (const Transfer& t : plan.route.sends) {
-    // A plan from the service is data from the network: check before indexing.
-    // The send buffer holds each peer's rows together, peers ascending, as
-    // the all-to-all sends them: a plan out of that order would send rows to
-    // the wrong ranks.
-    if (t.peer < previous_peer) {
-      return absl::InternalError(absl::StrCat("plan: rank ", world->rank(), "'s sends name rank ",
-                                              t.peer, " after rank ", previous_peer,
-                                              "; peers must ascend"));
-    }
-    previous_peer = t.peer;
-    if (t.peer < 0 || t.peer >= n || t.seq_index < 0 ||
-        t.seq_index >= static_cast<int32_t>(lengths.size()) || t.offset < 0 || t.length < 0 ||
-        t.offset + t.length > lengths[t.seq_index]) {
-      return absl::InternalError(absl::StrCat("plan: rank ", world->rank(), " is asked to send ",
-                                              "tokens outside sequence ", t.seq_index,
-                                              " or to rank ", t.peer));
-    }
-    send_rows[t.peer] += t.length;
-    for (int64_t row = 0; row < t.length; ++row) {
-      send_index.push_back(sequence_start[t.seq_index] + t.offset + row);
-    }
-  }
-  // Every token leaves exactly once: the plan must be a permutation of the
-  // input, or the reverse route could not put every row back.
-  if (static_cast<int64_t>(send_index.size()) != input_rows) {
-    return absl::InternalError(absl::StrCat("plan: rank ", world->rank(), " sends ",
-                                            send_index.size(), " of its ", input_rows, " tokens"));
-  }
-  std::vector<bool> seen(input_rows, false);
-  for (int64_t row : send_index) {
-    if (seen[row]) return absl::InternalError("plan: a token is sent twice");
-    seen[row] = true;
-  }
-  previous_peer = 0;
-  for (const Transfer& t : plan.route.recvs) {
-    if (t.peer < previous_peer) {
-      return absl::InternalError(absl::StrCat("plan: rank ", world->rank(),
-                                              "'s receives name rank ", t.peer, " after rank ",
-                                              previous_peer, "; peers must ascend"));
-    }
-    previous_peer = t.peer;
-    if (t.peer < 0 || t.peer >= n || t.length < 0) {
-      return absl::InternalError(
-          absl::StrCat("plan: rank ", world->rank(), " is to receive from rank ", t.peer));
-    }
-    recv_rows[t.peer] += t.length;
-  }
-  send_order = RowOrder::Of(send_index);
-  routed_lengths = plan.compute_chunk_lengths;
-  routed_rows = Sum(routed_lengths);
-
-  const UlyssesBag& ulysses = plan.ulysses;
-  if (ulysses.gpus != bag_gpus || ulysses.first_rank != bag_first_rank) {
-    return absl::InternalError(absl::StrCat("plan: rank ", world->rank(), " is in the bag of ",
-                                            bag_gpus, " GPUs from rank ", bag_first_rank,
-                                            ", the plan says ", ulysses.gpus, " from ",
-                                            ulysses.first_rank));
-  }
-  if (bag_gpus == 1) {
-    attention_lengths = routed_lengths;
-    attention_rows = routed_rows;
-    ulysses_send_rows.clear();
-    ulysses_recv_rows.clear();
-    sequence_order = {};
-    return absl::OkStatus();
-  }
-  ulysses_send_rows.assign(bag_gpus, routed_rows);
-  ulysses_recv_rows.assign(bag_gpus, 0);
-  attention_lengths.clear();
-  for (const UlyssesSequence& seq : ulysses.sequences) {
-    if (static_cast<int>(seq.chunk_lengths.size()) != bag_gpus) {
-      return absl::InternalError(absl::StrCat("plan: a sequence of rank ", world->rank(),
-                                              "'s bag has ", seq.chunk_lengths.size(),
-                                              " chunk lengths for ", bag_gpus, " GPUs"));
-    }
-    attention_lengths.push_back(seq.length);
-    for (int p = 0; p < bag_gpus; ++p) ulysses_recv_rows[p] += seq.chunk_lengths[p];
-  }
-  attention_rows = Sum(attention_lengths);
-  // The receive buffer holds position 0's chunks of every sequence, then
-  // position 1's...; attention wants each sequence whole, its chunks in
-  // position order (which is token order: chunk offsets ascend with position).
-  std::vector<int64_t> block_start(bag_gpus, 0);
-  for (int p = 1; p < bag_gpus; ++p) block_start[p] = block_start[p - 1] + ulysses_recv_rows[p - 1];
-  std::vector<int64_t> order;
-  order.reserve(attention_rows);
-  for (const UlyssesSequence& seq : ulysses.sequences) {
-    for (int p = 0; p < bag_gpus; ++p) {
-      for (int64_t row = 0; row < seq.chunk_lengths[p]; ++row) order.push_back(block_start[p] + row);
-      block_start[p] += seq.chunk_lengths[p];
-    }
-  }
-  sequence_order = RowOrder::Of(order);
+  absl::StatusOr<RouteLayout> layout = DeriveRouteLayout(
+      step_plan.plan, lengths, world->rank(), world->size(), bag_gpus, bag_first_rank);
+  if (!layout.ok()) return layout.status();
+  input_rows = layout->input_rows;
+  send_rows = std::move(layout->send_rows);
+  recv_rows = std::move(layout->recv_rows);
+  send_order = RowOrder::Of(layout->send_index);
+  routed_lengths = std::move(layout->routed_lengths);
+  routed_rows = layout->routed_rows;
+  ulysses_send_rows = std::move(layout->ulysses_send_rows);
+  ulysses_recv_rows = std::move(layout->ulysses_recv_rows);
+  sequence_order = RowOrder::Of(layout->attention_index);
+  attention_lengths = std::move(layout->attention_lengths);
+  attention_rows = layout->attention_rows;
   return absl::OkStatus();
 }
 
@@ -659,6 +588,7 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
   r.input_lengths = lengths;
   r.backward_chain = at::Tensor();
   r.chain_started = at::Tensor();
+  r.device_copies.clear();
   const absl::Status derived = r.Derive(lengths);
   // Once per step instead of per exchange: every Route, ReverseRoute,
   // PreAttn and PostAttn of the step moves these counts or their transpose.
@@ -718,7 +648,8 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::RouteTensors(
   int64_t token_bytes = 0;
   for (const at::Tensor& x : xs) token_bytes += RowElements(x) * x.element_size();
   r.routed_token_bytes = token_bytes;
-  const RowMove move = r.WorldMove("route", r.send_rows, r.recv_rows, r.send_order, {});
+  const RowMove move = r.WorldMove("route", r.send_rows, r.recv_rows,
+                                   r.OnDevice(r.send_order, xs[0].device()), {});
   return Guarded([&] { return r.Move(at::TensorList(xs), move); });
 }
 
@@ -729,7 +660,8 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::ReverseRouteTensors(
   if (ok.ok()) ok = r.CheckDevice(ys, *r.world, "reverse_route");
   if (!ok.ok()) return r.Agreed(*r.world, ok);
   const RowMove move =
-      r.WorldMove("reverse_route", r.recv_rows, r.send_rows, {}, r.send_order.Inverted());
+      r.WorldMove("reverse_route", r.recv_rows, r.send_rows, {},
+                  r.OnDevice(r.send_order, ys[0].device()).Inverted());
   return Guarded([&] { return r.Move(at::TensorList(ys), move); });
 }
 
@@ -756,7 +688,8 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PreAttnTensors(
       by_position.push_back(x.reshape(split).transpose(0, 1).contiguous().reshape(rows));
     }
     const RowMove move =
-        r.BagMove("pre_attn", r.ulysses_send_rows, r.ulysses_recv_rows, {}, r.sequence_order);
+        r.BagMove("pre_attn", r.ulysses_send_rows, r.ulysses_recv_rows, {},
+                  r.OnDevice(r.sequence_order, xs[0].device()));
     return r.Move(at::TensorList(by_position), move);
   });
 }
@@ -771,7 +704,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PostAttnTensors(
   if (!ok.ok()) return r.Agreed(*r.bag, ok);
   return Guarded([&] {
     const RowMove move = r.BagMove("post_attn", r.ulysses_recv_rows, r.ulysses_send_rows,
-                                   r.sequence_order.Inverted(), {});
+                                   r.OnDevice(r.sequence_order, ys[0].device()).Inverted(), {});
     std::vector<at::Tensor> by_position = r.Move(at::TensorList(ys), move);
     std::vector<at::Tensor> outputs;
     for (size_t i = 0; i < ys.size(); ++i) {

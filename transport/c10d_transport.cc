@@ -218,16 +218,7 @@ absl::Status C10dTransport::AllToAll(const void* send, const std::vector<int64_t
   const int n = size();
   absl::Status valid = CheckExchange(send_rows, recv_rows, row_bytes, n);
   if (valid.ok()) valid = CheckBuffers(send, send_rows, recv, recv_rows, row_bytes);
-  if (valid.ok()) {
-    const int64_t row_elements = row_bytes / c10::elementSize(WidestElement(row_bytes));
-    const int64_t rows = std::max(TotalRows(send_rows), TotalRows(recv_rows));
-    if (row_elements > 0 && rows > kMaxElementsPerCall / row_elements) {
-      valid = absl::InvalidArgumentError(absl::StrCat(
-          "row_bytes: ", rows, " rows of ", row_bytes, " bytes in one all-to-all exceed c10d's ",
-          kMaxElementsPerCall, " elements of ", c10::elementSize(WidestElement(row_bytes)),
-          " bytes per call (LibTorch 1.13); move fewer rows per call"));
-    }
-  }
+  if (valid.ok()) valid = CheckLimits(send_rows, recv_rows, row_bytes);
   if (check_counts) {
     // Every rank takes part in the check, whatever its own arguments, so a
     // local mistake fails every rank instead of leaving them waiting.
@@ -252,6 +243,21 @@ absl::Status C10dTransport::AllToAll(const void* send, const std::vector<int64_t
   return Run("all-to-all", [&] {
     return group_->alltoall_base(output, input, output_splits, input_splits);
   });
+}
+
+absl::Status C10dTransport::CheckLimits(const std::vector<int64_t>& send_rows,
+                                        const std::vector<int64_t>& recv_rows,
+                                        int64_t row_bytes) const {
+  const int64_t element_bytes = c10::elementSize(WidestElement(row_bytes));
+  const int64_t row_elements = row_bytes / element_bytes;
+  const int64_t rows = std::max(TotalRows(send_rows), TotalRows(recv_rows));
+  if (row_elements > 0 && rows > kMaxElementsPerCall / row_elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row_bytes: ", rows, " rows of ", row_bytes, " bytes in one all-to-all exceed c10d's ",
+        kMaxElementsPerCall, " elements of ", element_bytes,
+        " bytes per call (LibTorch 1.13); move fewer rows per call"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::string>> C10dTransport::AllGatherBytes(absl::string_view mine) {

@@ -76,6 +76,11 @@ class C10dTransport : public Transport {
   absl::Status AllToAllRowsPrechecked(const void* send, const std::vector<int64_t>& send_rows,
                                       void* recv, const std::vector<int64_t>& recv_rows,
                                       int64_t row_bytes) override;
+  // LibTorch 1.13 counts a collective's elements in int: at most 2^31 - 1
+  // elements of the widest integer type dividing row_bytes per call.
+  absl::Status CheckLimits(const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& recv_rows,
+                           int64_t row_bytes) const override;
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override;
   absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override;
 

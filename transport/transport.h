@@ -82,6 +82,16 @@ class Transport {
     return AllToAllRows(send, send_rows, recv, recv_rows, row_bytes);
   }
 
+  // This backend's own limits on one all-to-all, beyond CheckExchange (c10d:
+  // elements per call); Ok by default. Local: callers that agree on every
+  // rank's verdict before an exchange fold it in, so that a limit one rank
+  // hits fails every rank.
+  virtual absl::Status CheckLimits(const std::vector<int64_t>& /*send_rows*/,
+                                   const std::vector<int64_t>& /*recv_rows*/,
+                                   int64_t /*row_bytes*/) const {
+    return absl::OkStatus();
+  }
+
   // Every rank's `mine`, by rank (small metadata: sequence lengths, flags).
   virtual absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) = 0;
 
