@@ -251,6 +251,12 @@ int RunWorker(const BenchOptions& o) {
     at::Tensor a_mid = at::empty({routed_rows, kDModel});
     at::Tensor a_back = at::empty({tokens, kDModel});
     at::Tensor d_out = at::empty({tokens, kDModel});
+    auto route_and_back = [&](const SequenceBalancer& b) {
+      auto routed = b.Route(x);
+      if (!routed.ok()) Fail(rank, absl::StrCat("route: ", routed.status().ToString()));
+      auto back = b.ReverseRoute(*routed);
+      if (!back.ok()) Fail(rank, absl::StrCat("reverse route: ", back.status().ToString()));
+    };
     auto run = [&](int variant) {
       switch (variant) {
         case 0: {  // alltoall_base moves out of its split vectors: pass copies
@@ -265,22 +271,12 @@ int RunWorker(const BenchOptions& o) {
           if (!checked.ok()) Fail(rank, absl::StrCat("count check: ", checked.ToString()));
           break;
         }
-        case 1: {
-          const SequenceBalancer& b = *balancers[0];
-          auto routed = b.Route(x);
-          if (!routed.ok()) Fail(rank, absl::StrCat("route: ", routed.status().ToString()));
-          auto back = b.ReverseRoute(*routed);
-          if (!back.ok()) Fail(rank, absl::StrCat("reverse route: ", back.status().ToString()));
+        case 1:
+          route_and_back(*balancers[0]);
           break;
-        }
-        case 4: {
-          const SequenceBalancer& b = *balancers[1];
-          auto routed = b.Route(x);
-          if (!routed.ok()) Fail(rank, absl::StrCat("route: ", routed.status().ToString()));
-          auto back = b.ReverseRoute(*routed);
-          if (!back.ok()) Fail(rank, absl::StrCat("reverse route: ", back.status().ToString()));
+        case 4:
+          route_and_back(*balancers[1]);
           break;
-        }
         case 3: {
           std::vector<int64_t> equal;  // empty = equal splits
           std::vector<int64_t> equal2;

@@ -166,6 +166,19 @@ void DeleteWithoutGil(Transport* transport) {
   }
 }
 
+// The bags' groups, made in Python (dist.new_group), handed to the transport
+// as its subgroup factory.
+SubgroupFactory FactoryOf(BagGroups groups, const std::string& what) {
+  return [groups = std::move(groups), what](const std::vector<int>& ranks,
+                                            int) -> ProcessGroupPtr {
+    auto it = groups.find(ranks);
+    if (it == groups.end()) {
+      throw std::runtime_error(absl::StrCat("no ", what, " was made for this bag's ranks"));
+    }
+    return it->second;
+  };
+}
+
 class BalancerBinding {
  public:
   // `host_group` (None, or a Gloo group over the same ranks) and
@@ -207,25 +220,11 @@ class BalancerBinding {
 
     C10dTransportOptions transport;
     transport.device = device_;
+    transport.new_subgroup = FactoryOf(std::move(bag_groups), "process group");
     if (!host_group.is_none()) {
       transport.host_group = host_group.cast<ProcessGroupPtr>();
-      transport.new_host_subgroup = [host_bag_groups = std::move(host_bag_groups)](
-                                        const std::vector<int>& ranks, int) -> ProcessGroupPtr {
-        auto it = host_bag_groups.find(ranks);
-        if (it == host_bag_groups.end()) {
-          throw std::runtime_error("no host process group was made for this bag's ranks");
-        }
-        return it->second;
-      };
+      transport.new_host_subgroup = FactoryOf(std::move(host_bag_groups), "host process group");
     }
-    transport.new_subgroup = [bag_groups = std::move(bag_groups)](
-                                 const std::vector<int>& ranks, int) -> ProcessGroupPtr {
-      auto it = bag_groups.find(ranks);
-      if (it == bag_groups.end()) {
-        throw std::runtime_error("no process group was made for this bag's ranks");
-      }
-      return it->second;
-    };
     py::gil_scoped_release no_gil;
     world_ = std::shared_ptr<Transport>(
         ValueOrThrow(C10dTransport::Create(std::move(group), std::move(transport))).release(),
