@@ -37,6 +37,28 @@ def _make_bag_groups(group, bags, backend):
     return bag_groups
 
 
+def _make_host_groups(group, bags):
+    """Gloo twins of ``group`` and of its multi-GPU bags, under the same rule
+    as _make_bag_groups: every process makes every twin, in the same order
+    (over a group other than the default one, after an all-gather of every
+    process's group)."""
+    default = dist.distributed_c10d._get_default_group()
+    mine = tuple(_global_rank(group, r) for r in range(group.size()))
+    if group is default:
+        every = [mine]
+    else:
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        every = sorted(set(gathered))
+    host_group = None
+    for global_ranks in every:
+        made = dist.new_group(list(global_ranks), backend="gloo")
+        if global_ranks == mine:
+            host_group = made
+    host_bag_groups = _make_bag_groups(group, bags, "gloo") if bags or group is not default else {}
+    return host_group, host_bag_groups
+
+
 class SequenceBalancer:
     """Balances the sequences of a training step over compute bags of ranks.
 
@@ -129,15 +151,11 @@ class SequenceBalancer:
         self.bag_specs = bag_specs
         self.gamma = gamma
         host_group, host_bag_groups = None, {}
-        if group is default and (backend == "nccl" or _metadata_on_gloo):
-            # Gloo twins of the world and bag groups for the small host-side
-            # collectives (count checks, error agreement), so that they cost
-            # no GPU round trip and host sync per exchange. Only over the
-            # default group, where every process makes the same groups in the
-            # same order (dist.new_group's rule); over another group those
-            # collectives run on the NCCL group itself.
-            host_group = dist.new_group(backend="gloo")
-            host_bag_groups = _make_bag_groups(group, bags, "gloo") if bags else {}
+        if backend == "nccl" or _metadata_on_gloo:
+            # Gloo twins of the group and its bags for the small host-side
+            # collectives (count checks, the length all-gather, error
+            # agreement), so that they cost no GPU round trip and host sync.
+            host_group, host_bag_groups = _make_host_groups(group, bags)
         self._impl = _C._SequenceBalancer(group, bag_groups, args, host_group, host_bag_groups)
 
     # -- planning ---------------------------------------------------------

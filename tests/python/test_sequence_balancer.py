@@ -183,7 +183,7 @@ def test_round_trip_attention_and_gradients_are_exact(topology, size):
         assert len(figures) == 1
 
 
-def subgroup_world(rank, size):
+def subgroup_world(rank, size, metadata_on_gloo=False):
     """Two independent balancers, one per half of the world, each over its
     own process group with 2-GPU bags: every process makes every bag's group
     (torch's new_group rule) and each balancer moves only its half's tokens."""
@@ -191,7 +191,8 @@ def subgroup_world(rank, size):
 
     halves = [dist.new_group([0, 1, 2, 3]), dist.new_group([4, 5, 6, 7])]
     mine = halves[rank // 4]
-    balancer = knapformer.SequenceBalancer("g2n1", process_group=mine, job_id=f"half-{rank // 4}")
+    balancer = knapformer.SequenceBalancer("g2n1", process_group=mine, job_id=f"half-{rank // 4}",
+                                           _metadata_on_gloo=metadata_on_gloo)
     lens = [[5, 40], [3], [], [64, 1]][rank % 4]
     balancer.plan_routing(lens, D_MODEL)
     ids = token_ids(rank, lens)
@@ -207,8 +208,11 @@ def subgroup_world(rank, size):
     return summary["world_size"], summary["total_tokens"], summary["rank"]
 
 
-def test_a_balancer_over_a_subgroup_of_the_job():
-    results = run_world(subgroup_world, 8)
+@pytest.mark.parametrize("metadata_on_gloo", [False, True])
+def test_a_balancer_over_a_subgroup_of_the_job(metadata_on_gloo):
+    """With metadata_on_gloo, through the Gloo twins an NCCL group gets
+    (made for every half by every process)."""
+    results = run_world(subgroup_world, 8, metadata_on_gloo)
     for rank, (world_size, total_tokens, group_rank) in enumerate(results):
         assert world_size == 4 and group_rank == rank % 4
         assert total_tokens == 5 + 40 + 3 + 64 + 1
