@@ -1,7 +1,11 @@
 #include "client/planner_client.h"
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -37,33 +41,109 @@ Outcome Classify(grpc::StatusCode code) {
   }
 }
 
-std::string PackLengths(const std::string& spec, const std::vector<int64_t>& lengths) {
-  std::string blob(sizeof(uint64_t) + spec.size() + sizeof(int64_t) * lengths.size(), '\0');
+// What a rank sends for local planning: whether its background probe of
+// the service was last answered (one byte), its spec and its lengths.
+std::string PackLengths(bool probe_answered, const std::string& spec,
+                        const std::vector<int64_t>& lengths) {
+  const size_t head = 1 + sizeof(uint64_t);
+  std::string blob(head + spec.size() + sizeof(int64_t) * lengths.size(), '\0');
+  blob[0] = probe_answered ? 1 : 0;
   const uint64_t spec_size = spec.size();
-  std::memcpy(blob.data(), &spec_size, sizeof(spec_size));
-  std::memcpy(blob.data() + sizeof(spec_size), spec.data(), spec.size());
+  std::memcpy(blob.data() + 1, &spec_size, sizeof(spec_size));
+  std::memcpy(blob.data() + head, spec.data(), spec.size());
   if (!lengths.empty()) {
-    std::memcpy(blob.data() + sizeof(spec_size) + spec.size(), lengths.data(),
+    std::memcpy(blob.data() + head + spec.size(), lengths.data(),
                 sizeof(int64_t) * lengths.size());
   }
   return blob;
 }
 
 // Splits a PackLengths blob; false if malformed.
-bool UnpackLengths(const std::string& blob, std::string* spec, std::vector<int64_t>* lengths) {
+bool UnpackLengths(const std::string& blob, bool* probe_answered, std::string* spec,
+                   std::vector<int64_t>* lengths) {
+  const size_t head = 1 + sizeof(uint64_t);
   uint64_t spec_size = 0;
-  if (blob.size() < sizeof(spec_size)) return false;
-  std::memcpy(&spec_size, blob.data(), sizeof(spec_size));
-  const size_t rest = blob.size() - sizeof(spec_size);
+  if (blob.size() < head) return false;
+  *probe_answered = blob[0] == 1;
+  std::memcpy(&spec_size, blob.data() + 1, sizeof(spec_size));
+  const size_t rest = blob.size() - head;
   if (spec_size > rest || (rest - spec_size) % sizeof(int64_t) != 0) return false;
-  spec->assign(blob.data() + sizeof(spec_size), spec_size);
+  spec->assign(blob.data() + head, spec_size);
   lengths->resize((rest - spec_size) / sizeof(int64_t));
   if (!lengths->empty()) {
-    std::memcpy(lengths->data(), blob.data() + sizeof(spec_size) + spec_size,
+    std::memcpy(lengths->data(), blob.data() + head + spec_size,
                 sizeof(int64_t) * lengths->size());
   }
   return true;
 }
+
+// Probes the service in the background while the ranks plan without it: a
+// GetJob with a short deadline every interval. Any answer from the service
+// (NOT_FOUND included) counts; no answer (UNAVAILABLE, DEADLINE_EXCEEDED)
+// does not. Steps only read the last result, so a hung service never
+// stalls one.
+class Prober {
+ public:
+  Prober(v1::Planner::Stub* stub, absl::Duration interval, absl::Duration deadline)
+      : stub_(stub), interval_(interval), deadline_(deadline) {}
+  ~Prober() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Starts probing (again), forgetting earlier answers.
+  void Start(const std::string& job_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_id_ = job_id;
+    answered_ = false;
+    probing_ = true;
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    wake_.notify_all();
+  }
+  void Stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    probing_ = false;
+  }
+  bool answered() const { return answered_.load(); }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      if (!probing_) {
+        wake_.wait(lock, [this] { return stopping_ || probing_; });
+        continue;
+      }
+      v1::GetJobRequest request;
+      request.set_job_id(job_id_);
+      lock.unlock();
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+      v1::JobState state;
+      const grpc::Status status = stub_->GetJob(&context, request, &state);
+      const bool answered = status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+                            status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+      lock.lock();
+      if (probing_) answered_ = answered;
+      wake_.wait_for(lock, absl::ToChronoNanoseconds(interval_), [this] { return stopping_; });
+    }
+  }
+
+  v1::Planner::Stub* const stub_;
+  const absl::Duration interval_;
+  const absl::Duration deadline_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::string job_id_;
+  bool probing_ = false;
+  bool stopping_ = false;
+  std::atomic<bool> answered_{false};
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -75,6 +155,10 @@ struct PlannerClient::Rep {
   PlannerClientOptions options;
   Transport* transport;
   std::unique_ptr<v1::Planner::Stub> stub;  // null without a service
+  // The service failed a step and has not answered every rank's probe since
+  // (the same on every rank: decided from all-gathered outcomes and probes).
+  bool service_down = false;
+  std::unique_ptr<Prober> prober;  // with a service
   bool logged = false;
   PlanSource last_source = PlanSource::kLocal;
 
@@ -105,6 +189,9 @@ struct PlannerClient::Rep {
                      PlanSourceName(source), why.empty() ? "" : absl::StrCat(" (", why, ")")));
   }
 
+  // Every rank's lengths in one all-gather, with its probe's result: when
+  // the service is down and every rank's probe was answered, it is back up
+  // from the next step on, on every rank alike.
   absl::StatusOr<StepPlan> PlanLocally(const v1::StepSpec& spec,
                                        const std::vector<int64_t>& lengths) {
     // token_bytes only prices the moved tokens (the service takes the first
@@ -112,20 +199,31 @@ struct PlannerClient::Rep {
     v1::StepSpec compared = spec;
     compared.clear_token_bytes();
     const std::string my_spec = compared.SerializeAsString();
-    auto all = transport->AllGatherBytes(PackLengths(my_spec, lengths));
+    const bool probed = service_down && prober->answered();
+    auto all = transport->AllGatherBytes(PackLengths(probed, my_spec, lengths));
     if (!all.ok()) return all.status();
     RankLengths group(all->size());
+    bool every_probe_answered = service_down;
     for (size_t r = 0; r < all->size(); ++r) {
       std::string spec_bytes;
-      if (!UnpackLengths((*all)[r], &spec_bytes, &group[r])) {
+      bool answered = false;
+      if (!UnpackLengths((*all)[r], &answered, &spec_bytes, &group[r])) {
         return absl::InternalError(absl::StrCat("rank ", r, " sent malformed metadata"));
       }
+      every_probe_answered = every_probe_answered && answered;
       if (spec_bytes != my_spec) {
         return absl::FailedPreconditionError(absl::StrCat(
             "spec: rank ", r, "'s step spec differs from rank ", transport->rank(),
             "'s; every rank of a step must send the same spec (job, step, topology, cost "
             "model, token cap, locality)"));
       }
+    }
+    if (every_probe_answered) {
+      service_down = false;
+      prober->Stop();
+      Log(LogLevel::kInfo, absl::StrCat("rank ", transport->rank(), ": the planner service at ",
+                                        options.address, " answers every rank again; asking it "
+                                        "from step ", spec.step() + 1));
     }
     auto topology = Topology::Parse(spec.topology());
     if (!topology.ok()) return topology.status();
@@ -159,14 +257,28 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
     return absl::InvalidArgumentError(
         absl::StrCat("max_attempts: must be at least 1, got ", options.max_attempts));
   }
+  for (const auto& [name, value] : {std::make_pair("call_deadline", options.call_deadline),
+                                    std::make_pair("probe_interval", options.probe_interval),
+                                    std::make_pair("probe_deadline", options.probe_deadline)}) {
+    if (!(value > absl::ZeroDuration())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": must be > 0, got ", absl::FormatDuration(value)));
+    }
+  }
   auto rep = std::make_unique<Rep>();
   rep->transport = transport;
   if (!options.address.empty()) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);  // this client retries itself
+    // A restarted service is found within seconds, not after gRPC's default
+    // reconnect backoff (up to two minutes).
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     auto credentials = options.credentials != nullptr ? options.credentials
                                                       : grpc::InsecureChannelCredentials();
     rep->stub = v1::Planner::NewStub(grpc::CreateCustomChannel(options.address, credentials, args));
+    rep->prober =
+        std::make_unique<Prober>(rep->stub.get(), options.probe_interval, options.probe_deadline);
   }
   rep->options = std::move(options);
   return std::unique_ptr<PlannerClient>(new PlannerClient(std::move(rep)));
@@ -185,6 +297,7 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
     rep.LogSource(PlanSource::kLocal, spec.step(), "no planner service configured");
     return rep.PlanLocally(spec, lengths);
   }
+  if (rep.service_down) return rep.PlanLocally(spec, lengths);
 
   v1::PlanRequest request;
   *request.mutable_spec() = spec;
@@ -225,7 +338,11 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
   if (first_fallback >= 0) {
     rep.LogSource(PlanSource::kLocal, spec.step(),
                   absl::StrCat("rank ", first_fallback, " could not get its plan from ",
-                               rep.options.address, ": ", (*all)[first_fallback].substr(2)));
+                               rep.options.address, ": ", (*all)[first_fallback].substr(2),
+                               "; not asking it again until every rank's probe is answered"));
+    // Decided from the all-gathered outcomes: the same on every rank.
+    rep.service_down = true;
+    rep.prober->Start(spec.job_id());
     return rep.PlanLocally(spec, lengths);
   }
   rep.LogSource(PlanSource::kService, spec.step(), rep.options.address);

@@ -35,6 +35,14 @@ struct PlannerClientOptions {
   int max_attempts = 3;
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
+  // After a step the service failed (an error, a deadline, a hang), the
+  // ranks plan locally without asking it, while each probes it in the
+  // background (GetJob, this deadline, every probe_interval); when every
+  // rank's last probe was answered, the next step asks it again. So a
+  // planner that dies or hangs costs one step (at most call_deadline), not
+  // every step.
+  absl::Duration probe_interval = absl::Seconds(1);
+  absl::Duration probe_deadline = absl::Seconds(1);
   // For local planning (the service uses its own).
   BalancerOptions balancer;
 };
@@ -59,7 +67,11 @@ struct StepPlan {
 // computes the identical plan). The ranks always agree on the source: after
 // asking the service, they all-gather one status byte, and if any rank did
 // not get its plan, all of them plan locally. The source is logged when it
-// changes. One client per rank; not thread-safe (one step at a time).
+// changes. After a step the service failed, the ranks keep planning locally
+// (asking nothing) until every rank's background probe has been answered,
+// then all go back to it at the same step (PlannerClientOptions::
+// probe_interval). One client per rank; not thread-safe (one step at a
+// time).
 class PlannerClient {
  public:
   // `transport` must outlive the client; its size is the group's world size.

@@ -3,12 +3,18 @@
 // together), and refused input reported the same on every rank.
 #include "client/planner_client.h"
 
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
 #include "server/planner_server.h"
 #include "transport/local_transport.h"
@@ -152,6 +158,144 @@ TEST(PlannerClientTest, AServiceThatIsDownOrGoesDownMidRunFallsBackOnEveryRank) 
   ExpectCorePlans({results[0], results[1]}, 10, PlanSource::kService);
   ExpectCorePlans({results[2], results[3]}, 12, PlanSource::kLocal);
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+// A planner in front of the real one that hangs for a while: from the
+// first Plan request of step `hang_step` on, for `hang_for`, every Plan and
+// GetJob waits until its caller gives up (its deadline). It counts the Plan
+// requests of each step and the probes.
+class HangingProxy final : public v1::Planner::Service {
+ public:
+  HangingProxy(const std::string& target, uint64_t hang_step, absl::Duration hang_for)
+      : real_(v1::Planner::NewStub(
+            grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))),
+        hang_step_(hang_step),
+        hang_for_(hang_for) {}
+
+  grpc::Status Plan(grpc::ServerContext* context, const v1::PlanRequest* request,
+                    v1::PlanResponse* response) override {
+    bool hang = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const uint64_t step = request->spec().step();
+      ++plan_requests_[step];
+      if (step >= hang_step_ && hang_until_ == absl::InfinitePast()) {
+        hang_until_ = absl::Now() + hang_for_;
+      }
+      hang = absl::Now() < hang_until_;
+    }
+    if (hang) return Hang(context);
+    grpc::ClientContext forward;
+    forward.set_deadline(context->deadline());
+    return real_->Plan(&forward, *request, response);
+  }
+
+  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                      v1::JobState* response) override {
+    bool hang = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++probes_;
+      hang = absl::Now() < hang_until_;
+    }
+    if (hang) return Hang(context);
+    grpc::ClientContext forward;
+    forward.set_deadline(context->deadline());
+    return real_->GetJob(&forward, *request, response);
+  }
+
+  int PlanRequests(uint64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return plan_requests_[step];
+  }
+  int probes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return probes_;
+  }
+
+ private:
+  static grpc::Status Hang(grpc::ServerContext* context) {
+    const absl::Time bound = absl::Now() + absl::Seconds(30);
+    while (!context->IsCancelled() && absl::Now() < bound) absl::SleepFor(absl::Milliseconds(5));
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "hung");
+  }
+
+  std::unique_ptr<v1::Planner::Stub> real_;
+  const uint64_t hang_step_;
+  const absl::Duration hang_for_;
+  std::mutex mu_;
+  std::map<uint64_t, int> plan_requests_;
+  absl::Time hang_until_ = absl::InfinitePast();
+  int probes_ = 0;
+};
+
+// A service that hangs costs one step, at most the call deadline: the ranks
+// fall back together, ask it nothing while it hangs (background probes
+// only), and all go back to it at the same step once it answers again.
+TEST(PlannerClientTest, AHungServiceCostsOneStepAndIsUsedAgainWhenItAnswers) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  // From step 3 on, for 3 s: one step's call deadline (1 s) and then some.
+  HangingProxy proxy(server->address(), 3, absl::Seconds(3));
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&proxy);
+  std::unique_ptr<grpc::Server> front = builder.BuildAndStart();
+  ASSERT_NE(front, nullptr);
+
+  PlannerClientOptions options;
+  options.address = absl::StrCat("127.0.0.1:", port);
+  options.call_deadline = absl::Seconds(1);
+  options.probe_interval = absl::Milliseconds(100);
+  options.probe_deadline = absl::Milliseconds(300);
+  constexpr int kSteps = 30;
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+  std::vector<std::vector<PlanSource>> sources(kSteps, std::vector<PlanSource>(kRanks));
+  std::vector<std::vector<absl::Duration>> took(kSteps, std::vector<absl::Duration>(kRanks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      ASSERT_TRUE(client.ok()) << client.status();
+      for (int step = 0; step < kSteps; ++step) {
+        const absl::Time start = absl::Now();
+        auto plan = (*client)->Plan(Spec(step), Lengths(step)[r]);
+        took[step][r] = absl::Now() - start;
+        ASSERT_TRUE(plan.ok()) << "step " << step << " rank " << r << ": " << plan.status();
+        ExpectSameSlice(plan->plan, CorePlan(Lengths(step)).Slice(r));
+        sources[step][r] = plan->source;
+        absl::SleepFor(absl::Milliseconds(100));  // the step's compute
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  front->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+
+  int back_at = -1;
+  for (int step = 0; step < kSteps; ++step) {
+    for (int r = 1; r < kRanks; ++r) {
+      EXPECT_EQ(sources[step][r], sources[step][0]) << "ranks disagree at step " << step;
+    }
+    const bool service = sources[step][0] == PlanSource::kService;
+    if (step < 3) EXPECT_TRUE(service) << "step " << step;
+    if (step == 3) EXPECT_FALSE(service) << "the hung step";
+    if (step > 3 && service && back_at < 0) back_at = step;
+    // While it is down nobody asks it: a step's requests are all or none.
+    if (step > 3) EXPECT_EQ(proxy.PlanRequests(step), service ? kRanks : 0) << "step " << step;
+    for (int r = 0; r < kRanks; ++r) {
+      if (step != 3) {
+        EXPECT_LT(took[step][r], options.call_deadline) << "step " << step << " rank " << r;
+      }
+    }
+  }
+  // The service hangs for 3 s from step 3, then answers: the steps in
+  // between are local, and then it is used again for good.
+  EXPECT_GT(back_at, 3) << "never used the service again";
+  for (int step = back_at; step < kSteps && back_at > 0; ++step) {
+    EXPECT_EQ(sources[step][0], PlanSource::kService) << "step " << step;
+  }
+  EXPECT_GT(proxy.probes(), 0);
 }
 
 TEST(PlannerClientTest, RefusedInputIsTheSameErrorOnEveryRank) {
