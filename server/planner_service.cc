@@ -277,7 +277,9 @@ void PlannerService::Reap() {
       for (PendingCall* call : failed.calls) static_cast<PlanCall*>(call)->FinishWith(failed.status);
     }
     for (const std::string& job : rendezvous_.DropIdleJobs(after)) {
-      Log(LogLevel::kInfo, absl::StrCat("forgetting idle job '", job, "'"));
+      Log(LogLevel::kInfo, absl::StrCat("forgot job '", job,
+                                        "' (idle past the job TTL, or the least recently "
+                                        "active when a new job needed room)"));
     }
     metrics_.DropIdleJobs(after, options_.limits.job_ttl);
     reaper_mu_.Lock();

@@ -71,10 +71,26 @@ absl::StatusOr<Rendezvous::Place> Rendezvous::FindOrCreateGroup(const v1::StepSp
   auto job_it = jobs_.find(spec.job_id());
   if (job_it == jobs_.end()) {
     if (static_cast<int64_t>(jobs_.size()) >= limits_.max_jobs) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("spec.job_id: the server already tracks ", jobs_.size(),
-                       " jobs, its limit (jobs are forgotten after being idle for ",
-                       absl::FormatDuration(limits_.job_ttl), ")"));
+      // Make room: forget the least recently active job with nothing
+      // pending (ties: the smallest id), so that a burst of job ids, stray
+      // or stale, cannot lock new jobs out for the job TTL.
+      auto victim = jobs_.end();
+      for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+        if (it->second.pending == 0 &&
+            (victim == jobs_.end() || it->second.last_activity < victim->second.last_activity)) {
+          victim = it;
+        }
+      }
+      if (victim == jobs_.end()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "spec.job_id: the server already tracks ", jobs_.size(),
+            " jobs, its limit, and every one has a step waiting for ranks (a job with nothing "
+            "pending makes room; idle jobs are forgotten after ",
+            absl::FormatDuration(limits_.job_ttl), ")"));
+      }
+      evicted_.push_back(victim->first);
+      ++jobs_evicted_;
+      jobs_.erase(victim);
     }
     job_it = jobs_.emplace(spec.job_id(), Job()).first;
   }
@@ -367,8 +383,9 @@ std::optional<CostFit> Rendezvous::FittedCost(const std::string& job_id) {
 }
 
 std::vector<std::string> Rendezvous::DropIdleJobs(absl::Time now) {
-  std::vector<std::string> dropped;
   absl::MutexLock lock(&mu_);
+  std::vector<std::string> dropped = std::move(evicted_);
+  evicted_.clear();
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     if (it->second.pending == 0 && it->second.last_activity + limits_.job_ttl <= now) {
       dropped.push_back(it->first);
@@ -442,6 +459,11 @@ int32_t Rendezvous::pending_steps() const {
 int32_t Rendezvous::jobs() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int32_t>(jobs_.size());
+}
+
+int64_t Rendezvous::jobs_evicted() const {
+  absl::MutexLock lock(&mu_);
+  return jobs_evicted_;
 }
 
 }  // namespace knapformer

@@ -99,7 +99,9 @@ class Rendezvous {
   std::vector<PendingCall*> Close();
 
   // Creates the job and group if needed, for a PlanGroup request (which has
-  // no rendezvous). ResourceExhausted past max_jobs / max_groups_per_job.
+  // no rendezvous). ResourceExhausted past max_jobs (when every job has a
+  // pending step; otherwise the least recently active idle job is evicted)
+  // or max_groups_per_job.
   absl::Status Touch(const v1::StepSpec& spec, absl::Time now);
 
   // Records a solved step in its group's state (no-op if the job was
@@ -124,8 +126,12 @@ class Rendezvous {
   // good fit: the hardware did not change, the data just stopped showing it.
   std::optional<CostFit> FittedCost(const std::string& job_id);
 
-  // Forgets jobs without pending steps and idle for job_ttl; returns their ids.
+  // Forgets jobs without pending steps and idle for job_ttl; returns their
+  // ids, and those of the jobs evicted since the last call (at max_jobs, a
+  // new job evicts the least recently active job with nothing pending).
   std::vector<std::string> DropIdleJobs(absl::Time now);
+  // Jobs evicted to make room for new ones, since the start.
+  int64_t jobs_evicted() const;
 
   // NotFound for an unknown job.
   absl::StatusOr<v1::JobState> GetJob(const std::string& job_id, absl::Time now) const;
@@ -197,6 +203,8 @@ class Rendezvous {
   mutable absl::Mutex mu_;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   int32_t pending_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> evicted_ ABSL_GUARDED_BY(mu_);  // since DropIdleJobs
+  int64_t jobs_evicted_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

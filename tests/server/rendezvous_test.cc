@@ -567,31 +567,74 @@ TEST(RendezvousTest, ARefusedFirstRequestLeavesNoJobOrGroupBehind) {
   EXPECT_EQ(state->groups(0).group_id(), "");
 }
 
-TEST(RendezvousTest, MaxJobsRefusesNewJobs) {
+// At max_jobs a new job evicts the least recently active job with nothing
+// pending; only when every job has a step waiting is it refused.
+TEST(RendezvousTest, AtMaxJobsTheLeastRecentlyActiveIdleJobMakesRoom) {
   ServiceLimits limits;
   limits.max_jobs = 2;
   limits.job_ttl = absl::Minutes(5);
   Rendezvous rendezvous{limits};
-  auto a = Call(Spec(1, 4, "a"), 0);
-  auto b = Call(Spec(1, 4, "b"), 0);
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "a"), kT0).ok());
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "b"), kT0 + absl::Seconds(1)).ok());
+  ASSERT_TRUE(rendezvous.Touch(Spec(2, 4, "a"), kT0 + absl::Seconds(2)).ok());  // a is active
+
+  // c evicts b, the least recently active; its step then waits for ranks.
   auto c = Call(Spec(1, 4, "c"), 0);
-  ASSERT_TRUE(Arrive(rendezvous, a.get(), kT0).status.ok());
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "b"), kT0).ok());
-  ASSERT_TRUE(Arrive(rendezvous, b.get(), kT0).status.ok());
-  auto refused = Arrive(rendezvous, c.get(), kT0);
+  ASSERT_TRUE(Arrive(rendezvous, c.get(), kT0 + absl::Seconds(3)).status.ok());
+  EXPECT_EQ(rendezvous.jobs(), 2);
+  EXPECT_EQ(rendezvous.jobs_evicted(), 1);
+  EXPECT_EQ(rendezvous.GetJob("b", kT0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(rendezvous.GetJob("a", kT0).ok());
+
+  // d evicts a (c has a pending step and is never evicted).
+  auto d = Call(Spec(1, 4, "d"), 0);
+  ASSERT_TRUE(Arrive(rendezvous, d.get(), kT0 + absl::Seconds(4)).status.ok());
+  EXPECT_EQ(rendezvous.GetJob("a", kT0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(rendezvous.GetJob("c", kT0).ok());
+  // The evicted ids are reported once, with the idle ones.
+  EXPECT_THAT(rendezvous.DropIdleJobs(kT0 + absl::Seconds(5)),
+              testing::UnorderedElementsAre("b", "a"));
+  EXPECT_TRUE(rendezvous.DropIdleJobs(kT0 + absl::Seconds(6)).empty());
+
+  // c and d both wait for ranks: e is refused, saying why.
+  auto e = Call(Spec(1, 4, "e"), 0);
+  auto refused = Arrive(rendezvous, e.get(), kT0 + absl::Seconds(7));
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(Message(refused.status),
-              HasSubstr("spec.job_id: the server already tracks 2 jobs, its limit"));
-  EXPECT_THAT(Message(refused.status), HasSubstr("idle for 5m"));
-  absl::Status touched = rendezvous.Touch(Spec(1, 4, "c"), kT0);
+              HasSubstr("spec.job_id: the server already tracks 2 jobs, its limit, and every "
+                        "one has a step waiting for ranks"));
+  EXPECT_THAT(Message(refused.status), HasSubstr("after 5m"));
+  absl::Status touched = rendezvous.Touch(Spec(1, 4, "e"), kT0 + absl::Seconds(7));
   EXPECT_EQ(touched.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(Message(touched), HasSubstr("already tracks 2 jobs"));
   EXPECT_EQ(rendezvous.jobs(), 2);
-  EXPECT_EQ(rendezvous.GetJob("c", kT0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(rendezvous.GetJob("e", kT0).status().code(), absl::StatusCode::kNotFound);
 
   // Known jobs still get new groups and steps.
-  auto a2 = Call(Spec(2, 4, "a", "g2"), 0);
-  EXPECT_TRUE(Arrive(rendezvous, a2.get(), kT0).status.ok());
+  auto c2 = Call(Spec(2, 4, "c", "g2"), 0);
+  EXPECT_TRUE(Arrive(rendezvous, c2.get(), kT0 + absl::Seconds(8)).status.ok());
+}
+
+// A burst of stray job ids, each leaving a step waiting: once their steps
+// expire (the rendezvous timeout), a real job gets in, without waiting out
+// the job TTL.
+TEST(RendezvousTest, ABurstOfStrayJobsDoesNotLockNewJobsOutForTheTtl) {
+  ServiceLimits limits;
+  limits.max_jobs = 8;
+  limits.job_ttl = absl::Hours(1);
+  limits.rendezvous_timeout = absl::Seconds(30);
+  Rendezvous rendezvous{limits};
+  std::vector<std::unique_ptr<FakeCall>> strays;
+  for (int j = 0; j < 60; ++j) {
+    strays.push_back(Call(Spec(1, 4, absl::StrCat("stray-", j)), 0));
+    Arrive(rendezvous, strays.back().get(), kT0);
+  }
+  EXPECT_EQ(rendezvous.jobs(), 8);
+  auto real = Call(Spec(1, 4, "real"), 0);
+  EXPECT_EQ(Arrive(rendezvous, real.get(), kT0).status.code(),
+            absl::StatusCode::kResourceExhausted);
+  rendezvous.Expire(kT0 + absl::Seconds(31));
+  auto again = Call(Spec(1, 4, "real"), 0);
+  EXPECT_TRUE(Arrive(rendezvous, again.get(), kT0 + absl::Seconds(31)).status.ok());
 }
 
 TEST(RendezvousTest, MaxGroupsPerJobRefusesNewGroups) {
