@@ -24,8 +24,14 @@ namespace {
 // What a rank tells the others after asking the service.
 enum Outcome : char {
   kGotPlan = 0,
-  kFallBack = 1,     // the service is unavailable, slow or overloaded
-  kRefusedInput = 2  // the service refused this rank's input: an error for all
+  kFallBack = 1,      // the service is unavailable, slow or overloaded
+  kRefusedInput = 2,  // the service refused this rank's input: an error for all
+  // The step conflicts with what the service already holds for it: another
+  // run or a stray client with this job id opened it first (another spec),
+  // or it was answered before (a run resumed from a checkpoint replays its
+  // steps). Not this run's fault unless its own ranks disagree, which
+  // planning locally checks.
+  kConflict = 3
 };
 
 Outcome Classify(grpc::StatusCode code) {
@@ -33,9 +39,10 @@ Outcome Classify(grpc::StatusCode code) {
     case grpc::StatusCode::OK:
       return kGotPlan;
     case grpc::StatusCode::INVALID_ARGUMENT:
+      return kRefusedInput;
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::ALREADY_EXISTS:
-      return kRefusedInput;
+      return kConflict;
     default:
       return kFallBack;
   }
@@ -321,7 +328,7 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
   auto all = rep.transport->AllGatherBytes(mine);
   if (!all.ok()) return all.status();
 
-  int32_t first_fallback = -1;
+  int32_t first_fallback = -1, first_conflict = -1;
   for (size_t r = 0; r < all->size(); ++r) {
     const std::string& blob = (*all)[r];
     if (blob.size() < 2 || (blob[0] == kGotPlan && blob.size() != 2 + 2 * sizeof(double))) {
@@ -334,6 +341,24 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
                                        blob.substr(2)));
     }
     if (theirs == kFallBack && first_fallback < 0) first_fallback = static_cast<int32_t>(r);
+    if (theirs == kConflict && first_conflict < 0) first_conflict = static_cast<int32_t>(r);
+  }
+  if (first_fallback < 0 && first_conflict >= 0) {
+    // Planning locally compares every rank's spec: if this run's own ranks
+    // disagree, that is its error (FailedPrecondition naming the rank);
+    // otherwise the conflict came from outside the run, and must neither
+    // fail nor stall it. The service stays in use for the next step.
+    absl::StatusOr<StepPlan> local = rep.PlanLocally(spec, lengths);
+    if (local.ok()) {
+      Log(LogLevel::kWarning,
+          absl::StrCat("rank ", rep.transport->rank(), ": step ", spec.step(),
+                       " planned locally: the planner service at ", rep.options.address,
+                       " refused it for a conflict this run's ranks do not have (rank ",
+                       first_conflict, ": ", (*all)[first_conflict].substr(2),
+                       "); another run or client is using job id '", spec.job_id(),
+                       "', or this run replays steps it planned before a restart"));
+    }
+    return local;
   }
   if (first_fallback >= 0) {
     rep.LogSource(PlanSource::kLocal, spec.step(),

@@ -298,6 +298,103 @@ TEST(PlannerClientTest, AHungServiceCostsOneStepAndIsUsedAgainWhenItAnswers) {
   EXPECT_GT(proxy.probes(), 0);
 }
 
+// `steps` on kRanks threads, one client per rank for all of them (as a
+// trainer has); results[i][rank] for steps[i].
+std::vector<std::vector<absl::StatusOr<StepPlan>>> RunWithOneClientPerRank(
+    const PlannerClientOptions& options, const std::vector<uint64_t>& steps) {
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+  std::vector<std::vector<absl::StatusOr<StepPlan>>> results(
+      steps.size(), std::vector<absl::StatusOr<StepPlan>>(kRanks, absl::UnknownError("not run")));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      ASSERT_TRUE(client.ok()) << client.status();
+      for (size_t i = 0; i < steps.size(); ++i) {
+        results[i][r] = (*client)->Plan(Spec(steps[i]), Lengths(steps[i])[r]);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+// A run resumed from a checkpoint replays steps the service already
+// answered (ALREADY_EXISTS): they are planned locally, without an error,
+// and the steps after them come from the service again.
+TEST(PlannerClientTest, ARestartedRunReplaysItsStepsWithoutErrors) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  PlannerClientOptions options;
+  options.address = server->address();
+  ExpectCorePlans(RunWithOneClientPerRank(options, {0, 1, 2, 3}), 0, PlanSource::kService);
+  // Crashed after step 3, resumed from the checkpoint of step 2.
+  auto resumed = RunWithOneClientPerRank(options, {2, 3, 4, 5});
+  ExpectCorePlans({resumed[0], resumed[1]}, 2, PlanSource::kLocal);
+  ExpectCorePlans({resumed[2], resumed[3]}, 4, PlanSource::kService);
+}
+
+// A stranger (another run with this job id, a misconfigured client) opens
+// step 5 first with another spec: no rank of the real run fails or waits;
+// step 5 is planned locally and step 6 comes from the service.
+TEST(PlannerClientTest, AStrangersRequestForTheSameStepDoesNotFailTheRun) {
+  auto server = StartServer(absl::Seconds(5));
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(
+      grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+  std::atomic<bool> stranger_sent{false};
+  std::thread stranger([&] {
+    v1::PlanRequest request;
+    *request.mutable_spec() = Spec(5);
+    request.mutable_spec()->set_d_model(128);  // not the run's
+    request.set_rank(0);
+    request.add_sequence_lengths(7);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::PlanResponse response;
+    // Waits in the rendezvous for ranks that never come (its own business).
+    stranger_sent = true;
+    stub->Plan(&context, request, &response);
+  });
+  // Let the stranger's request reach the service first.
+  while (!stranger_sent) absl::SleepFor(absl::Milliseconds(5));
+  absl::SleepFor(absl::Milliseconds(300));
+  PlannerClientOptions options;
+  options.address = server->address();
+  const absl::Time start = absl::Now();
+  auto results = RunWithOneClientPerRank(options, {4, 5, 6});
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4)) << "the run waited on the stranger's step";
+  ExpectCorePlans({results[0]}, 4, PlanSource::kService);
+  ExpectCorePlans({results[1]}, 5, PlanSource::kLocal);
+  ExpectCorePlans({results[2]}, 6, PlanSource::kService);
+  stranger.join();
+}
+
+// The run's own ranks disagreeing is still the run's error, on every rank.
+TEST(PlannerClientTest, RanksThatDisagreeOnTheSpecStillFailTogether) {
+  auto server = StartServer(absl::Seconds(5));
+  ASSERT_NE(server, nullptr);
+  PlannerClientOptions options;
+  options.address = server->address();
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+  std::vector<absl::Status> statuses(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      ASSERT_TRUE(client.ok());
+      v1::StepSpec spec = Spec(30);
+      if (r == 5) spec.set_d_model(128);
+      statuses[r] = (*client)->Plan(spec, Lengths(30)[r]).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(statuses[r].code(), absl::StatusCode::kFailedPrecondition) << statuses[r];
+    EXPECT_THAT(std::string(statuses[r].message()), HasSubstr("step spec differs"));
+  }
+}
+
 TEST(PlannerClientTest, RefusedInputIsTheSameErrorOnEveryRank) {
   auto server = StartServer(absl::Milliseconds(300));
   ASSERT_NE(server, nullptr);
