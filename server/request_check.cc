@@ -11,7 +11,7 @@
 namespace knapformer {
 namespace {
 
-constexpr size_t kMaxIdLength = 128;
+constexpr size_t kMaxIdLength = 256;  // namespace/name/uid of a Kubernetes Job fits
 
 bool IsIdChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||

@@ -65,6 +65,8 @@ K8S_TYPES = {
     ("apps/v1", "Deployment"): ("apps_v1", "kubernetes-types/apps/v1"),
     ("v1", "Service"): ("core_v1", "kubernetes-types/core/v1"),
     ("v1", "Namespace"): ("core_v1", "kubernetes-types/core/v1"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): ("networking_v1",
+                                                "kubernetes-types/networking/v1"),
 }
 
 

@@ -12,8 +12,8 @@ from deploy_checks import (check, copy_deploy, finish, k8s_typescript, kustomize
                            tsc)
 
 OVERLAYS = {
-    "k8s/base": {"Job", "Service"},
-    "k8s/overlays/standalone": {"Namespace", "Service", "Deployment", "Job"},
+    "k8s/base": {"Job", "Service", "NetworkPolicy"},
+    "k8s/overlays/standalone": {"Namespace", "Service", "Deployment", "Job", "NetworkPolicy"},
 }
 
 
@@ -36,6 +36,27 @@ def pod_spec(doc):
 def containers(doc):
     spec = pod_spec(doc)
     return spec.get("initContainers", []) + spec["containers"]
+
+
+def check_job_id(env_list):
+    """KNAPFORMER_JOB_ID is namespace/name/uid of the Job, each from the
+    downward API, defined before it (Kubernetes expands $(VAR) only from
+    earlier variables)."""
+    names = [e["name"] for e in env_list]
+    by_name = {e["name"]: e for e in env_list}
+    job_id = by_name.get("KNAPFORMER_JOB_ID", {})
+    check(job_id.get("value") ==
+          "$(KNAPFORMER_JOB_NAMESPACE)/$(KNAPFORMER_JOB_NAME)/$(KNAPFORMER_JOB_UID)",
+          "base: the job id is namespace/name/uid, unique per cluster and per run")
+    want = {"KNAPFORMER_JOB_NAMESPACE": "metadata.namespace",
+            "KNAPFORMER_JOB_NAME": "metadata.labels['batch.kubernetes.io/job-name']",
+            "KNAPFORMER_JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"}
+    for name, path in want.items():
+        entry = by_name.get(name, {})
+        check(entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == path and
+              name in names and "KNAPFORMER_JOB_ID" in names and
+              names.index(name) < names.index("KNAPFORMER_JOB_ID"),
+              f"base: {name} comes from {path}, before KNAPFORMER_JOB_ID")
 
 
 def main():
@@ -73,10 +94,27 @@ def main():
         sidecar = pod_spec(job)["initContainers"][0]
         check(sidecar["name"] == "planner" and sidecar.get("restartPolicy") == "Always",
               "base: the planner is a native sidecar (init container, restartPolicy Always)")
-        env = {e["name"] for e in pod_spec(job)["containers"][0]["env"]}
+        env_list = pod_spec(job)["containers"][0]["env"]
+        env = {e["name"] for e in env_list}
         check({"KNAPFORMER_PLANNER_ADDRESS", "KNAPFORMER_JOB_ID", "KNAPFORMER_GROUP_ID",
                "KNAPFORMER_PLANNER_DEADLINE_SECONDS"} <= env,
               "base: the trainer gets every variable client/environment.h reads")
+        check_job_id(env_list)
+        policy = next(d for d in rendered["k8s/base"] if d["kind"] == "NetworkPolicy")
+        job_pods = {"batch.kubernetes.io/job-name": job["metadata"]["name"]}
+        check(policy["spec"]["podSelector"]["matchLabels"] == job_pods,
+              "base: the NetworkPolicy covers the Job's pods")
+        rules = policy["spec"]["ingress"]
+        check(any(r.get("from") == [{"podSelector": {"matchLabels": job_pods}}] and
+                  "ports" not in r for r in rules),
+              "base: the Job's pods reach each other (trainer traffic and the sidecar)")
+        for r in rules:
+            peers = r.get("from", [])
+            check(peers and all("podSelector" in p for p in peers),
+                  "base: every ingress rule names the pods it admits (none open to all)")
+            if peers and peers[0]["podSelector"]["matchLabels"] != job_pods:
+                check(r.get("ports") == [{"port": "metrics", "protocol": "TCP"}],
+                      "base: pods outside the Job reach the metrics port only")
     if "k8s/overlays/standalone" in rendered:
         docs = rendered["k8s/overlays/standalone"]
         job = next(d for d in docs if d["kind"] == "Job")
@@ -90,6 +128,22 @@ def main():
               service["spec"]["selector"] ==
               deployment["spec"]["template"]["metadata"]["labels"],
               "standalone: the Service selects the planner Deployment in its namespace")
+        policy = next(d for d in docs if d["kind"] == "NetworkPolicy"
+                      and d["metadata"]["name"] == "knapformer-planner")
+        check(policy["metadata"]["namespace"] == deployment["metadata"]["namespace"] and
+              policy["spec"]["podSelector"]["matchLabels"] ==
+              deployment["spec"]["template"]["metadata"]["labels"],
+              "standalone: a NetworkPolicy covers the shared planner's pods")
+        grpc_rules = [r for r in policy["spec"]["ingress"]
+                      if {"port": "grpc", "protocol": "TCP"} in r.get("ports", [])]
+        trainer_label = {"knapformer.io/trainer": "true"}
+        check(len(grpc_rules) == 1 and grpc_rules[0]["from"] ==
+              [{"namespaceSelector": {}, "podSelector": {"matchLabels": trainer_label}}],
+              "standalone: only pods labelled knapformer.io/trainer reach the planner's gRPC")
+        check(all("ports" in r for r in policy["spec"]["ingress"]),
+              "standalone: no rule opens every port of the planner")
+        check(trainer_label.items() <= job["spec"]["template"]["metadata"]["labels"].items(),
+              "standalone: the training Job's pods carry the trainer label")
 
     # Deliberately broken inputs must be rejected.
     broken = copy_deploy(deploy)
@@ -115,6 +169,11 @@ def main():
         code, out = type_check(deploy, docs)
         check(code != 0 and "containers" in out,
               "broken: a missing required field fails the type check")
+        docs, _ = render(deploy, "k8s/base")
+        next(d for d in docs if d["kind"] == "NetworkPolicy")["spec"]["policyTypes"] = "Ingress"
+        code, out = type_check(deploy, docs)
+        check(code != 0 and "not assignable to type 'string[]'" in out,
+              "broken: a NetworkPolicy field of the wrong type fails the type check")
         docs.append({"apiVersion": "v1", "kind": "ConfigMapp", "metadata": {"name": "x"}})
         code, out = type_check(deploy, docs)
         check(code != 0, "broken: a kind without a type fails the type check")

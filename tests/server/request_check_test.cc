@@ -71,14 +71,14 @@ std::vector<BadRequest> BadRequests() {
   return {
       {"empty job_id", [](R& r, L&) { r.mutable_spec()->clear_job_id(); }, kInvalid, "spec.job_id",
        "must not be empty"},
-      {"long job_id", [](R& r, L&) { r.mutable_spec()->set_job_id(std::string(129, 'j')); },
-       kInvalid, "spec.job_id", "129 characters exceed the limit of 128"},
+      {"long job_id", [](R& r, L&) { r.mutable_spec()->set_job_id(std::string(257, 'j')); },
+       kInvalid, "spec.job_id", "257 characters exceed the limit of 256"},
       {"job_id with a space", [](R& r, L&) { r.mutable_spec()->set_job_id("my job"); }, kInvalid,
        "spec.job_id", "character 2 is not one of [A-Za-z0-9._:/-]"},
       {"job_id with a non-ASCII byte", [](R& r, L&) { r.mutable_spec()->set_job_id("j\xc3\xb6"); },
        kInvalid, "spec.job_id", "character 1 is not one of"},
-      {"long group_id", [](R& r, L&) { r.mutable_spec()->set_group_id(std::string(129, 'g')); },
-       kInvalid, "spec.group_id", "129 characters exceed the limit of 128"},
+      {"long group_id", [](R& r, L&) { r.mutable_spec()->set_group_id(std::string(257, 'g')); },
+       kInvalid, "spec.group_id", "257 characters exceed the limit of 256"},
       {"group_id with a bad character", [](R& r, L&) { r.mutable_spec()->set_group_id("tp#0"); },
        kInvalid, "spec.group_id", "character 2 is not one of [A-Za-z0-9._:/-]"},
       {"world_size 0", [](R& r, L&) { r.mutable_spec()->set_world_size(0); }, kInvalid,
@@ -238,9 +238,9 @@ TEST(CheckJobIdTest, RejectsEmptyLongAndBadCharacters) {
   EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(empty), HasSubstr("spec.job_id: must not be empty"));
 
-  absl::Status long_id = CheckJobId(std::string(129, 'x'));
+  absl::Status long_id = CheckJobId(std::string(257, 'x'));
   EXPECT_EQ(long_id.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(long_id), HasSubstr("spec.job_id: 129 characters exceed the limit of 128"));
+  EXPECT_THAT(Message(long_id), HasSubstr("spec.job_id: 257 characters exceed the limit of 256"));
 
   for (const char* id : {"a b", "a\tb", "a*b", "a\\b", "a@b", "a+b", "a\nb"}) {
     absl::Status bad = CheckJobId(id);
