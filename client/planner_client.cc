@@ -130,6 +130,10 @@ class Prober {
       lock.unlock();
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+      // Waits (within the deadline) for a connection instead of failing at
+      // once while the channel backs off: a probe is what makes an idle
+      // channel reconnect to a restarted service.
+      context.set_wait_for_ready(true);
       v1::JobState state;
       const grpc::Status status = stub_->GetJob(&context, request, &state);
       const bool answered = status.error_code() != grpc::StatusCode::UNAVAILABLE &&
@@ -280,6 +284,7 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
     // A restarted service is found within seconds, not after gRPC's default
     // reconnect backoff (up to two minutes).
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     auto credentials = options.credentials != nullptr ? options.credentials
                                                       : grpc::InsecureChannelCredentials();

@@ -23,6 +23,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -44,16 +45,21 @@ constexpr char kUsage[] =
     "usage: train_sim [--procs 4] [--steps 5] [--topology g1n2+g2n1]\n"
     "                 [--data g2b4i256f1s0,g1b5i512f1s0,g1b1i2048f1s0] [--scale 8]\n"
     "                 [--d-model 64] [--heads 4] [--layers 2] [--gamma 1] [--seed 0]\n"
-    "                 [--planner host:port] [--timeout-seconds 900]\n"
+    "                 [--planner host:port] [--first-step 0] [--timeout-seconds 900]\n"
     "  --data   the paper's data codes (a mixed-resolution stream by default; the\n"
     "           world must be a multiple of their GPUs), or low-res/mixed-res/joint\n"
     "           with --procs 32; --scale divides every length (CPU attention)\n"
     "  --planner  a planner service (default: $KNAPFORMER_PLANNER_ADDRESS); without\n"
-    "             one every rank plans locally\n";
+    "             one every rank plans locally\n"
+    "  --first-step  the first step's number (a run resumed from a checkpoint); the\n"
+    "                data of step N is the same in every run\n"
+    "each balanced row ends with where the step's plan came from and the slowest\n"
+    "rank's planning wall time\n";
 
-const std::vector<std::string> kFlags = {"procs",   "steps",  "topology", "data",
-                                         "scale",   "d-model", "heads",   "layers",
-                                         "gamma",   "seed",    "planner", "timeout-seconds"};
+const std::vector<std::string> kFlags = {"procs",   "steps",   "topology",   "data",
+                                         "scale",   "d-model", "heads",      "layers",
+                                         "gamma",   "seed",    "planner",    "first-step",
+                                         "timeout-seconds"};
 
 struct SimOptions {
   int procs = 4;
@@ -67,6 +73,7 @@ struct SimOptions {
   double gamma = 1.0;
   uint64_t seed = 0;
   std::string planner;
+  int first_step = 0;
   int timeout_seconds = 900;
 };
 
@@ -81,6 +88,8 @@ absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
   KF_ASSIGN_OR_RETURN(int64_t layers, args.GetInt("layers", o.layers, 1, 64));
   KF_ASSIGN_OR_RETURN(int64_t seed, args.GetInt("seed", 0, 0, int64_t{1} << 62));
   KF_ASSIGN_OR_RETURN(int64_t timeout, args.GetInt("timeout-seconds", o.timeout_seconds, 1, 86400));
+  KF_ASSIGN_OR_RETURN(int64_t first_step, args.GetInt("first-step", 0, 0, 1 << 30));
+  o.first_step = static_cast<int>(first_step);
   KF_ASSIGN_OR_RETURN(o.gamma, args.GetDouble("gamma", o.gamma));
   o.procs = static_cast<int>(procs);
   o.steps = static_cast<int>(steps);
@@ -193,6 +202,7 @@ struct RankStep {
   double unbalanced_seconds = 0, balanced_seconds = 0;
   double loss_difference = 0, gradient_difference = 0;
   double tokens_before = 0, tokens_after = 0;
+  double plan_seconds = 0;  // PlanRouting's wall time
 };
 
 int RunWorker(const SimOptions& o) {
@@ -215,6 +225,7 @@ int RunWorker(const SimOptions& o) {
   balancer_options.d_model = o.d_model;
   balancer_options.gamma = o.gamma;
   balancer_options.token_bytes = o.d_model * sizeof(float);
+  balancer_options.first_step = static_cast<uint64_t>(o.first_step);
   // The deployment's environment (deploy/k8s), then --planner over it.
   absl::Status environment = ApplyClientEnvironment(
       &balancer_options.planner, &balancer_options.job_id, &balancer_options.group_id);
@@ -246,7 +257,7 @@ int RunWorker(const SimOptions& o) {
   double sum_max_unbalanced = 0, sum_max_balanced = 0, sum_wir_unbalanced = 0, sum_wir_balanced = 0;
   double worst_loss = 0, worst_gradient = 0;
   int counted = 0;
-  for (int step = 0; step < o.steps; ++step) {
+  for (int step = o.first_step; step < o.first_step + o.steps; ++step) {
     std::vector<int64_t> lengths = stream->Batch(step)[rank];
     int64_t world_tokens = 0;
     for (const auto& rank_lengths : stream->Batch(step)) {
@@ -265,7 +276,9 @@ int RunWorker(const SimOptions& o) {
     at::Tensor grad_unbalanced = TakeGradients(blocks, *group);
 
     start = ThreadCpuSeconds();
+    const absl::Time plan_start = absl::Now();
     absl::Status planned = (*balancer)->PlanRouting(lengths);
+    const double plan_seconds = absl::ToDoubleSeconds(absl::Now() - plan_start);
     if (!planned.ok()) {
       std::cerr << "rank " << rank << ": step " << step << ": " << planned << "\n";
       return 1;
@@ -273,6 +286,7 @@ int RunWorker(const SimOptions& o) {
     at::Tensor loss_balanced = Step(o, blocks, x, lengths, world_tokens, balancer->get());
     mine.balanced_seconds = ThreadCpuSeconds() - start;
     at::Tensor grad_balanced = TakeGradients(blocks, *group);
+    mine.plan_seconds = plan_seconds;
     mine.tokens_before = static_cast<double>(tokens);
     mine.tokens_after = 0;
     for (int64_t l : (*balancer)->routed_lengths()) mine.tokens_after += l;
@@ -299,12 +313,13 @@ int RunWorker(const SimOptions& o) {
     if (rank != 0) continue;
     std::vector<RankStep> ranks(o.procs);
     for (int r = 0; r < o.procs; ++r) std::memcpy(&ranks[r], (*all)[r].data(), sizeof(RankStep));
-    double max_u = 0, min_u = 1e30, max_b = 0, min_b = 1e30;
+    double max_u = 0, min_u = 1e30, max_b = 0, min_b = 1e30, max_plan = 0;
     std::vector<std::string> u_ms, b_ms;
     for (const RankStep& s : ranks) {
       max_u = std::max(max_u, s.unbalanced_seconds);
       min_u = std::min(min_u, s.unbalanced_seconds);
       max_b = std::max(max_b, s.balanced_seconds);
+      max_plan = std::max(max_plan, s.plan_seconds);
       min_b = std::min(min_b, s.balanced_seconds);
       u_ms.push_back(absl::StrFormat("%.0f", s.unbalanced_seconds * 1e3));
       b_ms.push_back(absl::StrFormat("%.0f", s.balanced_seconds * 1e3));
@@ -315,11 +330,12 @@ int RunWorker(const SimOptions& o) {
     std::cout << absl::StrFormat("%-5d %-10s %-28s %-7.2f %-9.0f %s\n", step, "unbalanced",
                                  absl::StrJoin(u_ms, " "), max_u / min_u, max_u * 1e3,
                                  absl::StrFormat("%.3f", plan.max_over_mean_before));
-    std::cout << absl::StrFormat("%-5s %-10s %-28s %-7.2f %-9.0f %s (%s)\n", "", "balanced",
-                                 absl::StrJoin(b_ms, " "), max_b / min_b, max_b * 1e3,
-                                 absl::StrFormat("%.3f", plan.max_over_mean_after),
-                                 PlanSourceName(plan.source));
-    if (step > 0 || o.steps == 1) {  // step 0 warms up allocators and Gloo pairs
+    std::cout << absl::StrFormat("%-5s %-10s %-28s %-7.2f %-9.0f %s (%s, planned in %.0f ms)\n",
+                                 "", "balanced", absl::StrJoin(b_ms, " "), max_b / min_b,
+                                 max_b * 1e3, absl::StrFormat("%.3f", plan.max_over_mean_after),
+                                 PlanSourceName(plan.source), max_plan * 1e3);
+    std::cout.flush();  // a test follows the run step by step
+    if (step > o.first_step || o.steps == 1) {  // step 0 warms up allocators and Gloo pairs
       sum_max_unbalanced += max_u;
       sum_max_balanced += max_b;
       sum_wir_unbalanced += max_u / min_u;
@@ -331,7 +347,10 @@ int RunWorker(const SimOptions& o) {
     std::cout << absl::StrFormat(
         "\nmean over steps %s: max per-rank compute %.0f ms unbalanced, %.0f ms balanced "
         "(%.2fx); WIR %.2f -> %.2f\n",
-        o.steps > 1 ? "1.." + std::to_string(o.steps - 1) : "0", sum_max_unbalanced / counted * 1e3,
+        o.steps > 1
+            ? absl::StrCat(o.first_step + 1, "..", o.first_step + o.steps - 1)
+            : std::to_string(o.first_step),
+        sum_max_unbalanced / counted * 1e3,
         sum_max_balanced / counted * 1e3, sum_max_unbalanced / sum_max_balanced,
         sum_wir_unbalanced / counted, sum_wir_balanced / counted);
     std::cout << absl::StrFormat(

@@ -319,6 +319,53 @@ std::vector<std::vector<absl::StatusOr<StepPlan>>> RunWithOneClientPerRank(
   return results;
 }
 
+// A service that stops and is started again on the same port: the ranks
+// plan locally meanwhile, and all go back to it once it answers.
+TEST(PlannerClientTest, ARestartedServiceIsUsedAgain) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  const std::string address = server->address();
+  PlannerClientOptions options;
+  options.address = address;
+  options.max_attempts = 1;
+  options.probe_interval = absl::Milliseconds(100);
+  options.probe_deadline = absl::Milliseconds(300);
+  constexpr int kSteps = 40;
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+  std::vector<std::vector<PlanSource>> sources(kSteps, std::vector<PlanSource>(kRanks));
+  std::unique_ptr<PlannerServer> restarted;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      ASSERT_TRUE(client.ok());
+      for (int step = 0; step < kSteps; ++step) {
+        // Rank 0 stops and restarts it between steps (the step's all-gather
+        // keeps the other ranks from asking before it has).
+        if (r == 0 && step == 2) server->Shutdown();
+        if (r == 0 && step == 6) {
+          PlannerServerOptions again;
+          again.listen_address = address;
+          auto started = PlannerServer::Start(again);
+          ASSERT_TRUE(started.ok()) << started.status();
+          restarted = *std::move(started);
+        }
+        auto plan = (*client)->Plan(Spec(step), Lengths(step)[r]);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        sources[step][r] = plan->source;
+        absl::SleepFor(absl::Milliseconds(100));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(sources[0][0], PlanSource::kService);
+  EXPECT_EQ(sources[3][0], PlanSource::kLocal);
+  EXPECT_EQ(sources[kSteps - 1][0], PlanSource::kService) << "never back to the restarted service";
+  for (int step = 0; step < kSteps; ++step) {
+    for (int r = 1; r < kRanks; ++r) EXPECT_EQ(sources[step][r], sources[step][0]) << step;
+  }
+}
+
 // A run resumed from a checkpoint replays steps the service already
 // answered (ALREADY_EXISTS): they are planned locally, without an error,
 // and the steps after them come from the service again.

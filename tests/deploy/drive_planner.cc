@@ -6,6 +6,11 @@
 //                                  and one step that times out waiting for
 //                                  ranks (give the server a short
 //                                  --rendezvous-timeout-ms)
+//   drive_planner PORT JOB stranger STEP
+//                                  a stranger: rank 0 of a 4-rank group asks
+//                                  for STEP of JOB with its own spec (gamma
+//                                  0.5, topology g1n4) and waits (until the
+//                                  server's rendezvous timeout or 120 s)
 // Two calls, so that Prometheus can see a job's counters at 0 before the
 // faults raise them (increase() needs two samples). Exit 0 when every call
 // answered as expected, 1 otherwise (naming it).
@@ -67,18 +72,34 @@ int DriveFaults(v1::Planner::Stub* stub, const std::string& job) {
   return 0;
 }
 
+int DriveStranger(v1::Planner::Stub* stub, const std::string& job, uint64_t step) {
+  StepParams params;
+  params.job_id = job;
+  params.step = step;
+  params.topology = "g1n4";
+  std::cout << "stranger: asking for step " << step << " of job " << job << std::endl;
+  auto answer = PlanConcurrently(stub, {MakeRequest(params, 4, 0, {100})}, absl::Seconds(120));
+  std::cout << "stranger: " << answer[0].status.error_code() << " "
+            << answer[0].status.error_message() << std::endl;
+  return 0;
+}
+
 }  // namespace
 }  // namespace knapformer
 
 int main(int argc, char** argv) {
   int port = 0, steps = 0;
+  uint64_t stranger_step = 0;
   const bool faults = argc == 4 && std::string(argv[3]) == "faults";
-  if (argc != 4 || !absl::SimpleAtoi(argv[1], &port) ||
-      (!faults && !absl::SimpleAtoi(argv[3], &steps))) {
-    std::cerr << "usage: drive_planner PORT JOB STEPS|faults\n";
+  const bool stranger = argc == 5 && std::string(argv[3]) == "stranger" &&
+                        absl::SimpleAtoi(argv[4], &stranger_step);
+  if ((argc != 4 && !stranger) || !absl::SimpleAtoi(argv[1], &port) ||
+      (!faults && !stranger && !absl::SimpleAtoi(argv[3], &steps))) {
+    std::cerr << "usage: drive_planner PORT JOB STEPS|faults|stranger STEP\n";
     return 2;
   }
   auto stub = knapformer::v1::Planner::NewStub(knapformer::testing_util::LocalChannel(port));
+  if (stranger) return knapformer::DriveStranger(stub.get(), argv[2], stranger_step);
   return faults ? knapformer::DriveFaults(stub.get(), argv[2])
                 : knapformer::DriveSteps(stub.get(), argv[2], steps);
 }

@@ -17,7 +17,7 @@ python3 - "$tmp/out" <<'PY' || failures=$((failures + 1))
 import re, sys
 text = open(sys.argv[1]).read()
 unbalanced = re.findall(r"^\d+\s+unbalanced\s+((?:\d+ ){3}\d+)\s+[\d.]+\s+\d+\s+([\d.]+)$", text, re.M)
-balanced = re.findall(r"^\s+balanced\s+((?:\d+ ){3}\d+)\s+[\d.]+\s+\d+\s+([\d.]+) \(local planner\)$", text, re.M)
+balanced = re.findall(r"^\s+balanced\s+((?:\d+ ){3}\d+)\s+[\d.]+\s+\d+\s+([\d.]+) \(local planner, planned in \d+ ms\)$", text, re.M)
 assert len(unbalanced) == 3 and len(balanced) == 3, f"expected 3 steps of both rows:\n{text}"
 for (_, before), (_, after) in zip(unbalanced, balanced):
     assert float(after) < float(before), f"plan did not lower max/mean: {before} -> {after}"

@@ -1,0 +1,148 @@
+#!/bin/bash
+# train-sim (4 Gloo processes, every step's loss and gradients checked
+# against unbalanced training by the binary itself) against a planner
+# service in its own process, while the planner is
+#   (a) stopped with SIGSTOP for longer than the client's deadline, then resumed,
+#   (b) killed with SIGKILL and restarted on the same port,
+#   (c) live while a run crashes after step 12 and resumes from step 8,
+#   (d) asked for a step of the run's job first by a stranger with another spec.
+# Every step must complete; at most one step per fault plans for longer than
+# the deadline; after (a) and (b) later steps come from the service again.
+# 127.0.0.1 only; every wait bounded; every process cleaned up.
+set -u
+knapformer="$1"
+train_sim="$2"
+drive="$3"
+failures=0
+tmp="$(mktemp -d)"
+server=""
+cleanup() {
+  for pid in $server $(jobs -p); do
+    kill -CONT "$pid" 2>/dev/null
+    kill -9 "$pid" 2>/dev/null
+  done
+  wait 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+export KNAPFORMER_PLANNER_DEADLINE_SECONDS=2
+
+# Starts the planner on port $1 (0: any), sets $server and $port.
+start_server() {
+  rm -f "$tmp/port"
+  "$knapformer" serve --listen "127.0.0.1:$1" --metrics off --rendezvous-timeout-ms 30000 \
+    --log-level warning --port-file "$tmp/port" >>"$tmp/server.log" 2>&1 &
+  server=$!
+  for _ in $(seq 300); do
+    [[ -s "$tmp/port" ]] && break
+    sleep 0.1
+  done
+  if [[ ! -s "$tmp/port" ]]; then
+    fail "the planner did not start on port $1: $(cat "$tmp/server.log")"
+    return 1
+  fi
+  port="$(cut -d' ' -f1 <"$tmp/port")"
+}
+
+# Waits (bounded) until the run's output $1 shows step $2's balanced row.
+wait_for_step() {
+  for _ in $(seq 600); do
+    if python3 - "$1" "$2" <<'PY'
+import re, sys
+rows = re.findall(r"^(\d+)\s+unbalanced", open(sys.argv[1]).read(), re.M)
+sys.exit(0 if rows and int(rows[-1]) >= int(sys.argv[2]) else 1)
+PY
+    then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+
+# Checks run output $1: name $2, steps $3..$4, every step done, at most $5
+# steps planned longer than the deadline; prints each step's source.
+# Remaining args: "service-after STEP" (some step after STEP, and the last,
+# come from the service), "local STEP..." (these steps were planned locally).
+check_run() {
+  python3 - "$@" <<'PY' || return 1
+import re, sys
+path, name, first, last, slow_allowed, *rest = sys.argv[1:]
+text = open(path).read()
+steps = re.findall(r"^(\d+)\s+unbalanced.*\n\s+balanced.*\((local planner|planner service), "
+                   r"planned in (\d+) ms\)$", text, re.M)
+got = [int(s) for s, _, _ in steps]
+assert got == list(range(int(first), int(last) + 1)), f"{name}: steps {got}\n{text}"
+assert "FAILED" not in text and "largest relative loss difference" in text, f"{name}:\n{text}"
+source = {int(s): src for s, src, _ in steps}
+slow = [int(s) for s, _, ms in steps if int(ms) > 2000]
+print(f"{name}: " + " ".join(f"{s}:{'S' if source[s] == 'planner service' else 'L'}" for s in got)
+      + f"; steps planned > 2 s: {slow}")
+assert len(slow) <= int(slow_allowed), f"{name}: steps {slow} waited past the deadline"
+i = 0
+while i < len(rest):
+    if rest[i] == "service-after":
+        after = int(rest[i + 1])
+        assert any(source[s] == "planner service" for s in got if s > after), \
+            f"{name}: the service was not used again after step {after}"
+        assert source[got[-1]] == "planner service", f"{name}: the last step was not the service's"
+        i += 2
+    elif rest[i] == "local":
+        for s in rest[i + 1:]:
+            assert source[int(s)] == "local planner", f"{name}: step {s} was not planned locally"
+        break
+PY
+}
+
+run_sim() {  # output file, job id, then train-sim flags
+  local out="$1" job="$2"
+  shift 2
+  KNAPFORMER_JOB_ID="$job" timeout 300 "$train_sim" --procs 4 --scale 32 \
+    --planner "127.0.0.1:$port" "$@" >"$out" 2>"$out.err"
+}
+
+start_server 0 || exit 1
+
+# (a) SIGSTOP for 5 s (the deadline is 2 s), then SIGCONT.
+run_sim "$tmp/a" stop-job --steps 30 &
+sim=$!
+if wait_for_step "$tmp/a" 5; then
+  kill -STOP "$server"
+  sleep 5
+  kill -CONT "$server"
+else
+  fail "(a) the run did not reach step 5: $(cat "$tmp/a" "$tmp/a.err")"
+fi
+wait "$sim" || fail "(a) train-sim exited non-zero: $(cat "$tmp/a.err")"
+check_run "$tmp/a" "(a) SIGSTOP" 0 29 1 service-after 6 || failures=$((failures + 1))
+
+# (b) SIGKILL, and a new planner on the same port 1 s later.
+run_sim "$tmp/b" kill-job --steps 30 &
+sim=$!
+if wait_for_step "$tmp/b" 5; then
+  kill -9 "$server"
+  wait "$server" 2>/dev/null
+  sleep 1
+  start_server "$port" || fail "(b) the planner did not restart on port $port"
+else
+  fail "(b) the run did not reach step 5: $(cat "$tmp/b" "$tmp/b.err")"
+fi
+wait "$sim" || fail "(b) train-sim exited non-zero: $(cat "$tmp/b.err")"
+check_run "$tmp/b" "(b) SIGKILL" 0 29 1 service-after 6 || failures=$((failures + 1))
+
+# (c) steps 0..12, a crash, and the run again from its checkpoint of step 8
+# with the same job id: the replayed steps 8..12 were answered already.
+run_sim "$tmp/c1" resume-job --steps 13 || fail "(c) first run: $(cat "$tmp/c1.err")"
+run_sim "$tmp/c2" resume-job --first-step 8 --steps 12 ||
+  fail "(c) resumed run exited non-zero: $(cat "$tmp/c2.err")"
+check_run "$tmp/c2" "(c) resumed" 8 19 0 service-after 12 local 8 9 10 11 12 ||
+  failures=$((failures + 1))
+
+# (d) a stranger asks for step 3 of the run's job first, with its own spec.
+"$drive" "$port" stranger-job stranger 3 >"$tmp/stranger" 2>&1 &
+for _ in $(seq 100); do grep -q "asking" "$tmp/stranger" && break; sleep 0.1; done
+sleep 0.5
+run_sim "$tmp/d" stranger-job --steps 6 || fail "(d) train-sim exited non-zero: $(cat "$tmp/d.err")"
+check_run "$tmp/d" "(d) stranger" 0 5 0 service-after 3 local 3 || failures=$((failures + 1))
+
+echo "$failures failures"
+[[ $failures -eq 0 ]]
