@@ -156,6 +156,11 @@ class Prober {
   std::thread thread_;
 };
 
+// A failure within this many steps of going back to the service is a
+// relapse; the local stretch after one doubles, up to kMaxHoldSteps.
+constexpr uint64_t kRelapseSteps = 16;
+constexpr uint64_t kMaxHoldSteps = 256;
+
 }  // namespace
 
 const char* PlanSourceName(PlanSource source) {
@@ -169,6 +174,14 @@ struct PlannerClient::Rep {
   // The service failed a step and has not answered every rank's probe since
   // (the same on every rank: decided from all-gathered outcomes and probes).
   bool service_down = false;
+  // A service that answers probes but fails steps (overloaded, slow to
+  // plan) must not cost a step every few steps: each relapse soon after
+  // coming back doubles the steps planned locally before it is asked again.
+  // All step numbers, so the same on every rank.
+  uint64_t down_since_step = 0;
+  uint64_t back_at_step = 0;
+  uint64_t hold_steps = 0;
+  bool ever_back = false;
   std::unique_ptr<Prober> prober;  // with a service
   bool logged = false;
   PlanSource last_source = PlanSource::kLocal;
@@ -229,8 +242,10 @@ struct PlannerClient::Rep {
             "model, token cap, locality)"));
       }
     }
-    if (every_probe_answered) {
+    if (every_probe_answered && spec.step() + 1 >= down_since_step + hold_steps) {
       service_down = false;
+      ever_back = true;
+      back_at_step = spec.step() + 1;
       prober->Stop();
       Log(LogLevel::kInfo, absl::StrCat("rank ", transport->rank(), ": the planner service at ",
                                         options.address, " answers every rank again; asking it "
@@ -372,6 +387,18 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
                                "; not asking it again until every rank's probe is answered"));
     // Decided from the all-gathered outcomes: the same on every rank.
     rep.service_down = true;
+    const bool relapse = rep.ever_back && spec.step() < rep.back_at_step + kRelapseSteps;
+    rep.hold_steps = relapse ? std::min<uint64_t>(std::max<uint64_t>(1, 2 * rep.hold_steps),
+                                                  kMaxHoldSteps)
+                             : 0;
+    rep.down_since_step = spec.step();
+    if (rep.hold_steps > 0) {
+      Log(LogLevel::kWarning,
+          absl::StrCat("rank ", rep.transport->rank(), ": the planner service failed step ",
+                       spec.step(), " again ", spec.step() - rep.back_at_step,
+                       " steps after it was used again; planning locally for at least ",
+                       rep.hold_steps, " steps"));
+    }
     rep.prober->Start(spec.job_id());
     return rep.PlanLocally(spec, lengths);
   }

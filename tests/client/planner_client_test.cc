@@ -166,11 +166,13 @@ TEST(PlannerClientTest, AServiceThatIsDownOrGoesDownMidRunFallsBackOnEveryRank) 
 // requests of each step and the probes.
 class HangingProxy final : public v1::Planner::Service {
  public:
-  HangingProxy(const std::string& target, uint64_t hang_step, absl::Duration hang_for)
+  HangingProxy(const std::string& target, uint64_t hang_step, absl::Duration hang_for,
+               bool probes_hang = true)
       : real_(v1::Planner::NewStub(
             grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))),
         hang_step_(hang_step),
-        hang_for_(hang_for) {}
+        hang_for_(hang_for),
+        probes_hang_(probes_hang) {}
 
   grpc::Status Plan(grpc::ServerContext* context, const v1::PlanRequest* request,
                     v1::PlanResponse* response) override {
@@ -196,7 +198,7 @@ class HangingProxy final : public v1::Planner::Service {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++probes_;
-      hang = absl::Now() < hang_until_;
+      hang = probes_hang_ && absl::Now() < hang_until_;
     }
     if (hang) return Hang(context);
     grpc::ClientContext forward;
@@ -223,6 +225,7 @@ class HangingProxy final : public v1::Planner::Service {
   std::unique_ptr<v1::Planner::Stub> real_;
   const uint64_t hang_step_;
   const absl::Duration hang_for_;
+  const bool probes_hang_;
   std::mutex mu_;
   std::map<uint64_t, int> plan_requests_;
   absl::Time hang_until_ = absl::InfinitePast();
@@ -317,6 +320,57 @@ std::vector<std::vector<absl::StatusOr<StepPlan>>> RunWithOneClientPerRank(
   }
   for (std::thread& t : threads) t.join();
   return results;
+}
+
+// A service that answers probes but never plans in time (overloaded): each
+// return to it costs a step, so the local stretches between returns double;
+// it costs a handful of steps, not every other one.
+TEST(PlannerClientTest, AServiceThatAnswersProbesButNotStepsIsAskedLessAndLess) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  HangingProxy proxy(server->address(), 2, absl::Hours(1), /*probes_hang=*/false);
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&proxy);
+  std::unique_ptr<grpc::Server> front = builder.BuildAndStart();
+  ASSERT_NE(front, nullptr);
+  PlannerClientOptions options;
+  options.address = absl::StrCat("127.0.0.1:", port);
+  options.call_deadline = absl::Milliseconds(300);
+  options.probe_interval = absl::Milliseconds(20);
+  options.probe_deadline = absl::Milliseconds(200);
+  constexpr int kSteps = 48;
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+  std::vector<std::vector<absl::Duration>> took(kSteps, std::vector<absl::Duration>(kRanks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      ASSERT_TRUE(client.ok());
+      for (int step = 0; step < kSteps; ++step) {
+        const absl::Time start = absl::Now();
+        auto plan = (*client)->Plan(Spec(step), Lengths(step)[r]);
+        took[step][r] = absl::Now() - start;
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        absl::SleepFor(absl::Milliseconds(30));  // probes get answered between steps
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  front->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  std::vector<int> asked;  // steps that asked the (hanging) service
+  for (int step = 2; step < kSteps; ++step) {
+    if (proxy.PlanRequests(step) > 0) asked.push_back(step);
+  }
+  // Without the doubling it would be asked every other step (~23 times).
+  EXPECT_LE(asked.size(), 7u) << testing::PrintToString(asked);
+  EXPECT_GE(asked.size(), 3u) << "it should still be tried now and then: "
+                              << testing::PrintToString(asked);
+  for (size_t i = 2; i < asked.size(); ++i) {
+    EXPECT_GE(asked[i] - asked[i - 1], asked[i - 1] - asked[i - 2])
+        << "the local stretches must not shrink: " << testing::PrintToString(asked);
+  }
 }
 
 // A service that stops and is started again on the same port: the ranks
