@@ -98,10 +98,12 @@ absl::StatusOr<Rendezvous::Place> Rendezvous::FindOrCreateGroup(const v1::StepSp
   auto group_it = job.groups.find(spec.group_id());
   if (group_it == job.groups.end()) {
     if (static_cast<int64_t>(job.groups.size()) >= limits_.max_groups_per_job) {
+      // The message first: erasing the job frees `job`.
+      absl::Status refused = absl::ResourceExhaustedError(
+          absl::StrCat("spec.group_id: job '", spec.job_id(), "' already has ", job.groups.size(),
+                       " groups, the server's limit"));
       if (job.groups.empty()) jobs_.erase(job_it);
-      return absl::ResourceExhaustedError(absl::StrCat("spec.group_id: job '", spec.job_id(),
-                                                       "' already has ", job.groups.size(),
-                                                       " groups, the server's limit"));
+      return refused;
     }
     group_it = job.groups.emplace(spec.group_id(), Group()).first;
     if (created != nullptr) *created = true;
