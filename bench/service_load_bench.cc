@@ -24,6 +24,7 @@
 // Defaults: ranks 32,256,1024,4096, 100 steps (30 at 4096 ranks unless
 // --steps is given), 5 warm-up steps. Exits non-zero if any call fails.
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -57,6 +58,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
@@ -107,14 +110,20 @@ struct Flags {
   int64_t steps = kDefaultSteps;
   bool steps_given = false;
   int64_t warmup = kDefaultWarmup;
+  int64_t soak_minutes = 0;  // 0: the table; else the soak, at the first --ranks
+  int64_t sample_seconds = 60;
 };
 
 void PrintUsage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--ranks 32,256,1024,4096] [--steps 100] [--warmup 5]\n"
+               "          [--soak-minutes M [--sample-seconds 60]]\n"
                "  --ranks   comma-separated group sizes (multiples of 32)\n"
                "  --steps   measured steps per group size (default 100, 30 at 4096 ranks)\n"
-               "  --warmup  unmeasured steps before them (default 5)\n",
+               "  --warmup  unmeasured steps before them (default 5)\n"
+               "  --soak-minutes  instead: step the first group size without pause for M\n"
+               "                  minutes, printing every --sample-seconds the server's RSS,\n"
+               "                  open fds, CPU and the window's step latency\n",
                argv0);
 }
 
@@ -139,7 +148,8 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       value = arg.substr(eq + 1);
       has_value = true;
     }
-    if (name != "--ranks" && name != "--steps" && name != "--warmup") {
+    if (name != "--ranks" && name != "--steps" && name != "--warmup" &&
+        name != "--soak-minutes" && name != "--sample-seconds") {
       std::fprintf(stderr, "unknown flag '%s'\n", arg.c_str());
       return false;
     }
@@ -167,6 +177,12 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
         return false;
       }
       flags->steps_given = true;
+    } else if (name == "--soak-minutes" || name == "--sample-seconds") {
+      int64_t* out = name == "--soak-minutes" ? &flags->soak_minutes : &flags->sample_seconds;
+      if (!ParsePositive(value, 1, out)) {
+        std::fprintf(stderr, "%s: '%s' is not a positive integer\n", name.c_str(), value.c_str());
+        return false;
+      }
     } else {
       if (!ParsePositive(value, 0, &flags->warmup)) {
         std::fprintf(stderr, "--warmup: '%s' is not a non-negative integer\n", value.c_str());
@@ -304,6 +320,35 @@ class ServerProcess {
 
   pid_t pid() const { return pid_; }
   int port() const { return port_; }
+
+  // The child's resident set (VmRSS), bytes; -1 if unreadable.
+  int64_t RssBytes() const {
+    std::ifstream in(absl::StrCat("/proc/", pid_, "/status"));
+    std::string line;
+    while (std::getline(in, line)) {
+      int64_t kb = 0;
+      if (line.rfind("VmRSS:", 0) == 0 &&
+          absl::SimpleAtoi(absl::StripAsciiWhitespace(
+                               absl::StripSuffix(absl::string_view(line).substr(6), "kB")),
+                           &kb)) {
+        return kb * 1024;
+      }
+    }
+    return -1;
+  }
+
+  // The child's open file descriptors; -1 if unreadable.
+  int OpenFds() const {
+    const std::string dir = absl::StrCat("/proc/", pid_, "/fd");
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) return -1;
+    int count = 0;
+    while (dirent* entry = readdir(d)) {
+      if (entry->d_name[0] != '.') ++count;
+    }
+    closedir(d);
+    return count;
+  }
 
   // utime + stime of the child (all its threads), seconds; nullopt if gone.
   std::optional<double> CpuSeconds() const {
@@ -743,6 +788,60 @@ Outcome MeasureRanks(LoadClient& client, ServerProcess& server, const Problem& p
   return outcome;
 }
 
+// The soak: one group stepping without pause for `minutes`; every `sample`
+// the server's RSS, fds and CPU and the window's latency. Ends with the RSS
+// at the end against its value at the first sample (after the warm-up).
+Outcome Soak(LoadClient& client, ServerProcess& server, const Problem& problem,
+             int64_t minutes, int64_t sample_seconds) {
+  const std::string job_id = absl::StrCat("service-soak-r", problem.ranks);
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point end = start + std::chrono::minutes(minutes);
+  Clock::time_point next_sample = start + std::chrono::seconds(sample_seconds);
+  std::vector<double> window_ms;
+  std::optional<double> cpu_before = server.CpuSeconds();
+  int64_t warm_rss = -1, last_rss = -1, max_rss = -1;
+  std::printf("\n| minute | steps | p50 (ms) | p99 (ms) | server CPU (%%) | RSS (MiB) | open fds |\n"
+              "|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::fflush(stdout);
+  for (uint64_t step = 0;; ++step) {
+    auto calls = std::make_unique<StepCalls>(static_cast<size_t>(problem.ranks));
+    BuildRequests(problem, job_id, step, *calls);
+    StepResult result = client.Run(*calls, step);
+    if (!result.all_done) {
+      (void)calls.release();  // gRPC may still write into them
+      return Outcome::kStuck;
+    }
+    if (result.failed > 0 || result.wrong_answer > 0) {
+      ReportStep(problem.ranks, step, result);
+      return Outcome::kFailed;
+    }
+    window_ms.push_back(result.latency_ms);
+    const Clock::time_point now = Clock::now();
+    if (now < next_sample && now < end) continue;
+    const std::optional<double> cpu_now = server.CpuSeconds();
+    const double seconds = std::chrono::duration<double>(now - start).count();
+    last_rss = server.RssBytes();
+    if (warm_rss < 0) warm_rss = last_rss;
+    max_rss = std::max(max_rss, last_rss);
+    std::printf("| %.1f | %llu | %.2f | %.2f | %.1f | %.1f | %d |\n", seconds / 60,
+                static_cast<unsigned long long>(step + 1), Percentile(window_ms, 0.5),
+                Percentile(window_ms, 0.99),
+                cpu_before && cpu_now ? 100.0 * (*cpu_now - *cpu_before) / sample_seconds : -1.0,
+                last_rss / 1048576.0, server.OpenFds());
+    std::fflush(stdout);
+    window_ms.clear();
+    cpu_before = cpu_now;
+    next_sample += std::chrono::seconds(sample_seconds);
+    if (now >= end) break;
+  }
+  std::printf("\nRSS at the first sample %.1f MiB, at the end %.1f MiB (%+.1f%%), "
+              "largest %.1f MiB\n",
+              warm_rss / 1048576.0, last_rss / 1048576.0,
+              100.0 * (static_cast<double>(last_rss) / static_cast<double>(warm_rss) - 1),
+              max_rss / 1048576.0);
+  return Outcome::kOk;
+}
+
 int Main(int argc, char** argv) {
   Flags flags;
   if (!ParseFlags(argc, argv, &flags)) {
@@ -776,6 +875,23 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "server child: %s\n", server.Stop().c_str());
       return 1;
     }
+    if (flags.soak_minutes > 0) {
+      absl::StatusOr<Problem> problem = MakeProblem(*codes, flags.ranks[0]);
+      if (!problem.ok()) {
+        std::fprintf(stderr, "%s\n", problem.status().ToString().c_str());
+        return 1;
+      }
+      std::printf("soak: %lld ranks, %lld minutes\n", static_cast<long long>(problem->ranks),
+                  static_cast<long long>(flags.soak_minutes));
+      const Outcome outcome =
+          Soak(client, server, *problem, flags.soak_minutes, flags.sample_seconds);
+      if (outcome == Outcome::kStuck) {
+        std::fprintf(stderr, "server child: %s\n", server.Stop().c_str());
+        std::fflush(stdout);
+        std::_Exit(1);
+      }
+      if (outcome != Outcome::kOk) exit_code = 1;
+    } else {
     std::printf(
         "\n| ranks | steps | steps/s | p50 (ms) | p99 (ms) | server CPU/step (ms) "
         "| core solve p50 (ms) | server CPU / solve | client CPU/step (ms) "
@@ -812,6 +928,7 @@ int Main(int argc, char** argv) {
         std::fflush(stderr);
         std::_Exit(1);
       }
+    }
     }
   }  // every channel is closed before the server is asked to stop
 
