@@ -55,7 +55,7 @@
 #include "planner/plan.h"
 #include "planner/splitmix64.h"
 #include "planner/status_macros.h"
-#include "server/log.h"
+#include "common/log.h"
 #include "tools/args.h"
 #include "tools/local_world.h"
 #include "transport/c10d_transport.h"

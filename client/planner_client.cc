@@ -15,7 +15,7 @@
 #include "planner/balance_stats.h"
 #include "planner/cost_model.h"
 #include "planner/topology.h"
-#include "server/log.h"
+#include "common/log.h"
 #include "proto/plan_proto.h"
 
 namespace knapformer {

@@ -11,7 +11,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
-#include "server/log.h"
+#include "common/log.h"
 
 namespace knapformer {
 namespace {

@@ -9,7 +9,7 @@
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
 #include "proto/plan_proto.h"
-#include "server/log.h"
+#include "common/log.h"
 #include "server/request_check.h"
 
 namespace knapformer {

@@ -2,7 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/log.h"
+#include "common/log.h"
 #include "server/planner_server.h"
 #include "tools/serve.h"
 

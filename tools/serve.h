@@ -6,7 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/log.h"
+#include "common/log.h"
 #include "server/planner_server.h"
 
 namespace knapformer {

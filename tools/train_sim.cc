@@ -34,7 +34,7 @@
 #include "planner/data_stream.h"
 #include "planner/topology.h"
 #include "planner/status_macros.h"
-#include "server/log.h"
+#include "common/log.h"
 #include "tools/args.h"
 #include "tools/local_world.h"
 

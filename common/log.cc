@@ -1,4 +1,4 @@
-#include "server/log.h"
+#include "common/log.h"
 
 #include <atomic>
 #include <cstdio>
