@@ -310,21 +310,11 @@ absl::StatusOr<std::unique_ptr<Transport>> C10dTransport::Subgroup(const std::ve
     return absl::FailedPreconditionError(
         "new_subgroup: this transport was created without a subgroup factory");
   }
-  int my_index = -1;
+  absl::StatusOr<int> index = IndexInSubgroup(ranks, rank(), size());
+  if (!index.ok()) return index.status();
+  const int my_index = *index;
   std::vector<int> global;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (ranks[i] < 0 || ranks[i] >= size() || (i > 0 && ranks[i] <= ranks[i - 1])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ranks: [", absl::StrJoin(ranks, ","), "] must be ascending ranks of a group of ",
-          size()));
-    }
-    if (ranks[i] == rank()) my_index = static_cast<int>(i);
-    global.push_back(global_ranks_[ranks[i]]);
-  }
-  if (my_index < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ranks: [", absl::StrJoin(ranks, ","), "] does not contain rank ", rank()));
-  }
+  for (int r : ranks) global.push_back(global_ranks_[r]);
   if (host_group_ && !options_.new_host_subgroup) {
     return absl::FailedPreconditionError(
         "new_host_subgroup: this transport has a host group but no factory for its subgroups");

@@ -105,20 +105,9 @@ absl::StatusOr<std::vector<std::string>> LocalTransport::AllGatherBytes(absl::st
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> LocalTransport::Subgroup(const std::vector<int>& ranks) {
-  int position = -1;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (ranks[i] < 0 || ranks[i] >= size() || (i > 0 && ranks[i] <= ranks[i - 1])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Subgroup: ranks must be ascending ranks of the group, got ",
-                       absl::StrJoin(ranks, ",")));
-    }
-    if (ranks[i] == rank_) position = static_cast<int>(i);
-  }
-  if (position < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("Subgroup: rank ", rank_, " is not in ",
-                                                   absl::StrJoin(ranks, ",")));
-  }
-  return std::unique_ptr<Transport>(new LocalTransport(hub_->SubHub(ranks), position));
+  absl::StatusOr<int> position = IndexInSubgroup(ranks, rank_, size());
+  if (!position.ok()) return position.status();
+  return std::unique_ptr<Transport>(new LocalTransport(hub_->SubHub(ranks), *position));
 }
 
 }  // namespace knapformer

@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "transport/exchange_plan.h"
 
@@ -80,22 +79,6 @@ class ScopedDevice {
   absl::Status status_;
   int previous_ = -1;  // to restore, or -1
 };
-
-absl::Status CheckSubgroupRanks(const std::vector<int>& ranks, int rank, int size, int* my_index) {
-  *my_index = -1;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (ranks[i] < 0 || ranks[i] >= size || (i > 0 && ranks[i] <= ranks[i - 1])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ranks: [", absl::StrJoin(ranks, ","), "] must be ascending ranks of a group of ", size));
-    }
-    if (ranks[i] == rank) *my_index = static_cast<int>(i);
-  }
-  if (*my_index < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ranks: [", absl::StrJoin(ranks, ","), "] does not contain rank ", rank));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status CheckStreamDevice(cudaStream_t stream, int device) {
   int stream_device = -1;
@@ -557,11 +540,11 @@ absl::StatusOr<std::vector<std::string>> NcclTransport::DoAllGatherBytes(absl::s
 
 absl::StatusOr<std::unique_ptr<Transport>> NcclTransport::Subgroup(const std::vector<int>& ranks) {
   KNAPFORMER_RETURN_IF_ERROR(Usable());
-  int my_index = -1;
-  KNAPFORMER_RETURN_IF_ERROR(CheckSubgroupRanks(ranks, rank_, size_, &my_index));
+  absl::StatusOr<int> my_index = IndexInSubgroup(ranks, rank_, size_);
+  if (!my_index.ok()) return my_index.status();
   ScopedDevice on_device(device_);
   KNAPFORMER_RETURN_IF_ERROR(on_device.status());
-  absl::StatusOr<std::unique_ptr<Transport>> sub = DoSubgroup(ranks, my_index);
+  absl::StatusOr<std::unique_ptr<Transport>> sub = DoSubgroup(ranks, *my_index);
   NoteFailure(sub.status());
   return sub;
 }

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace knapformer {
 
@@ -77,6 +78,22 @@ int64_t TotalRows(const std::vector<int64_t>& rows) {
   int64_t total = 0;
   for (int64_t r : rows) total += r;
   return total;
+}
+
+absl::StatusOr<int> IndexInSubgroup(const std::vector<int>& ranks, int rank, int size) {
+  int index = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= size || (i > 0 && ranks[i] <= ranks[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ranks: [", absl::StrJoin(ranks, ","), "] must be ascending ranks of a group of ", size));
+    }
+    if (ranks[i] == rank) index = static_cast<int>(i);
+  }
+  if (index < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ranks: [", absl::StrJoin(ranks, ","), "] does not contain rank ", rank));
+  }
+  return index;
 }
 
 absl::Status Transport::CheckRowCounts(const std::vector<int64_t>& send_rows,

@@ -42,6 +42,11 @@ absl::Status CheckBuffers(const void* send, const std::vector<int64_t>& send_row
 // The sum of `rows`. REQUIRES: CheckExchange passed (no overflow).
 int64_t TotalRows(const std::vector<int64_t>& rows);
 
+// `rank`'s index in `ranks`, a subgroup of a group of `size`: InvalidArgument
+// unless they ascend within [0, size) and contain `rank`. Every backend's
+// first check in Subgroup().
+absl::StatusOr<int> IndexInSubgroup(const std::vector<int>& ranks, int rank, int size);
+
 class Transport {
  public:
   virtual ~Transport() = default;
