@@ -4,8 +4,10 @@
 #include "client/planner_client.h"
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -232,6 +234,59 @@ class HangingProxy final : public v1::Planner::Service {
   int probes_ = 0;
 };
 
+// The per-step results of RunWithOneClientPerRank, [step index][rank].
+struct PersistentRun {
+  std::vector<std::vector<absl::StatusOr<StepPlan>>> results;
+  std::vector<std::vector<absl::Duration>> took;  // each Plan call's wall time
+};
+
+// `steps` on kRanks threads, one client per rank for all of them (as a
+// trainer has). `before_step(rank, step)` (optional) runs before each Plan
+// call; `pause` after it, as a step's compute would.
+PersistentRun RunWithOneClientPerRank(
+    const PlannerClientOptions& options, const std::vector<uint64_t>& steps,
+    absl::Duration pause = absl::ZeroDuration(),
+    const std::function<void(int, uint64_t)>& before_step = nullptr) {
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+  PersistentRun run;
+  run.results.assign(steps.size(), std::vector<absl::StatusOr<StepPlan>>(
+                                       kRanks, absl::UnknownError("not run")));
+  run.took.assign(steps.size(), std::vector<absl::Duration>(kRanks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      ASSERT_TRUE(client.ok()) << client.status();
+      for (size_t i = 0; i < steps.size(); ++i) {
+        if (before_step) before_step(r, steps[i]);
+        const absl::Time start = absl::Now();
+        run.results[i][r] = (*client)->Plan(Spec(steps[i]), Lengths(steps[i])[r]);
+        run.took[i][r] = absl::Now() - start;
+        absl::SleepFor(pause);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return run;
+}
+
+std::vector<uint64_t> StepsFrom(uint64_t first, int count) {
+  std::vector<uint64_t> steps(count);
+  std::iota(steps.begin(), steps.end(), first);
+  return steps;
+}
+
+// `service` on a free port of 127.0.0.1; its address in `address`.
+std::unique_ptr<grpc::Server> ServeOnFreePort(grpc::Service* service, std::string* address) {
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  *address = absl::StrCat("127.0.0.1:", port);
+  return server;
+}
+
 // A service that hangs costs one step, at most the call deadline: the ranks
 // fall back together, ask it nothing while it hangs (background probes
 // only), and all go back to it at the same step once it answers again.
@@ -240,40 +295,27 @@ TEST(PlannerClientTest, AHungServiceCostsOneStepAndIsUsedAgainWhenItAnswers) {
   ASSERT_NE(server, nullptr);
   // From step 3 on, for 3 s: one step's call deadline (1 s) and then some.
   HangingProxy proxy(server->address(), 3, absl::Seconds(3));
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&proxy);
-  std::unique_ptr<grpc::Server> front = builder.BuildAndStart();
-  ASSERT_NE(front, nullptr);
-
   PlannerClientOptions options;
-  options.address = absl::StrCat("127.0.0.1:", port);
+  std::unique_ptr<grpc::Server> front = ServeOnFreePort(&proxy, &options.address);
+  ASSERT_NE(front, nullptr);
   options.call_deadline = absl::Seconds(1);
   options.probe_interval = absl::Milliseconds(100);
   options.probe_deadline = absl::Milliseconds(300);
   constexpr int kSteps = 30;
-  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
-  std::vector<std::vector<PlanSource>> sources(kSteps, std::vector<PlanSource>(kRanks));
-  std::vector<std::vector<absl::Duration>> took(kSteps, std::vector<absl::Duration>(kRanks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      auto client = PlannerClient::Create(options, transports[r].get());
-      ASSERT_TRUE(client.ok()) << client.status();
-      for (int step = 0; step < kSteps; ++step) {
-        const absl::Time start = absl::Now();
-        auto plan = (*client)->Plan(Spec(step), Lengths(step)[r]);
-        took[step][r] = absl::Now() - start;
-        ASSERT_TRUE(plan.ok()) << "step " << step << " rank " << r << ": " << plan.status();
-        ExpectSameSlice(plan->plan, CorePlan(Lengths(step)).Slice(r));
-        sources[step][r] = plan->source;
-        absl::SleepFor(absl::Milliseconds(100));  // the step's compute
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  // 100 ms: the step's compute.
+  const PersistentRun run =
+      RunWithOneClientPerRank(options, StepsFrom(0, kSteps), absl::Milliseconds(100));
   front->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  std::vector<std::vector<PlanSource>> sources(kSteps, std::vector<PlanSource>(kRanks));
+  for (int step = 0; step < kSteps; ++step) {
+    for (int r = 0; r < kRanks; ++r) {
+      const absl::StatusOr<StepPlan>& plan = run.results[step][r];
+      ASSERT_TRUE(plan.ok()) << "step " << step << " rank " << r << ": " << plan.status();
+      ExpectSameSlice(plan->plan, CorePlan(Lengths(step)).Slice(r));
+      sources[step][r] = plan->source;
+    }
+  }
+  const auto& took = run.took;
 
   int back_at = -1;
   for (int step = 0; step < kSteps; ++step) {
@@ -301,27 +343,6 @@ TEST(PlannerClientTest, AHungServiceCostsOneStepAndIsUsedAgainWhenItAnswers) {
   EXPECT_GT(proxy.probes(), 0);
 }
 
-// `steps` on kRanks threads, one client per rank for all of them (as a
-// trainer has); results[i][rank] for steps[i].
-std::vector<std::vector<absl::StatusOr<StepPlan>>> RunWithOneClientPerRank(
-    const PlannerClientOptions& options, const std::vector<uint64_t>& steps) {
-  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
-  std::vector<std::vector<absl::StatusOr<StepPlan>>> results(
-      steps.size(), std::vector<absl::StatusOr<StepPlan>>(kRanks, absl::UnknownError("not run")));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      auto client = PlannerClient::Create(options, transports[r].get());
-      ASSERT_TRUE(client.ok()) << client.status();
-      for (size_t i = 0; i < steps.size(); ++i) {
-        results[i][r] = (*client)->Plan(Spec(steps[i]), Lengths(steps[i])[r]);
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return results;
-}
-
 // A service that answers probes but never plans in time (overloaded): each
 // return to it costs a step, so the local stretches between returns double;
 // it costs a handful of steps, not every other one.
@@ -329,36 +350,22 @@ TEST(PlannerClientTest, AServiceThatAnswersProbesButNotStepsIsAskedLessAndLess) 
   auto server = StartServer();
   ASSERT_NE(server, nullptr);
   HangingProxy proxy(server->address(), 2, absl::Hours(1), /*probes_hang=*/false);
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&proxy);
-  std::unique_ptr<grpc::Server> front = builder.BuildAndStart();
-  ASSERT_NE(front, nullptr);
   PlannerClientOptions options;
-  options.address = absl::StrCat("127.0.0.1:", port);
+  std::unique_ptr<grpc::Server> front = ServeOnFreePort(&proxy, &options.address);
+  ASSERT_NE(front, nullptr);
   options.call_deadline = absl::Milliseconds(300);
   options.probe_interval = absl::Milliseconds(20);
   options.probe_deadline = absl::Milliseconds(200);
   constexpr int kSteps = 48;
-  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
-  std::vector<std::vector<absl::Duration>> took(kSteps, std::vector<absl::Duration>(kRanks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      auto client = PlannerClient::Create(options, transports[r].get());
-      ASSERT_TRUE(client.ok());
-      for (int step = 0; step < kSteps; ++step) {
-        const absl::Time start = absl::Now();
-        auto plan = (*client)->Plan(Spec(step), Lengths(step)[r]);
-        took[step][r] = absl::Now() - start;
-        ASSERT_TRUE(plan.ok()) << plan.status();
-        absl::SleepFor(absl::Milliseconds(30));  // probes get answered between steps
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  // 30 ms between steps: probes get answered between them.
+  const PersistentRun run =
+      RunWithOneClientPerRank(options, StepsFrom(0, kSteps), absl::Milliseconds(30));
   front->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  for (int step = 0; step < kSteps; ++step) {
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_TRUE(run.results[step][r].ok()) << run.results[step][r].status();
+    }
+  }
   std::vector<int> asked;  // steps that asked the (hanging) service
   for (int step = 2; step < kSteps; ++step) {
     if (proxy.PlanRequests(step) > 0) asked.push_back(step);
@@ -385,33 +392,27 @@ TEST(PlannerClientTest, ARestartedServiceIsUsedAgain) {
   options.probe_interval = absl::Milliseconds(100);
   options.probe_deadline = absl::Milliseconds(300);
   constexpr int kSteps = 40;
-  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
-  std::vector<std::vector<PlanSource>> sources(kSteps, std::vector<PlanSource>(kRanks));
   std::unique_ptr<PlannerServer> restarted;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      auto client = PlannerClient::Create(options, transports[r].get());
-      ASSERT_TRUE(client.ok());
-      for (int step = 0; step < kSteps; ++step) {
-        // Rank 0 stops and restarts it between steps (the step's all-gather
-        // keeps the other ranks from asking before it has).
-        if (r == 0 && step == 2) server->Shutdown();
-        if (r == 0 && step == 6) {
+  // Rank 0 stops and restarts it between steps (the step's all-gather keeps
+  // the other ranks from asking before it has).
+  const PersistentRun run = RunWithOneClientPerRank(
+      options, StepsFrom(0, kSteps), absl::Milliseconds(100), [&](int rank, uint64_t step) {
+        if (rank == 0 && step == 2) server->Shutdown();
+        if (rank == 0 && step == 6) {
           PlannerServerOptions again;
           again.listen_address = address;
           auto started = PlannerServer::Start(again);
           ASSERT_TRUE(started.ok()) << started.status();
           restarted = *std::move(started);
         }
-        auto plan = (*client)->Plan(Spec(step), Lengths(step)[r]);
-        ASSERT_TRUE(plan.ok()) << plan.status();
-        sources[step][r] = plan->source;
-        absl::SleepFor(absl::Milliseconds(100));
-      }
-    });
+      });
+  std::vector<std::vector<PlanSource>> sources(kSteps, std::vector<PlanSource>(kRanks));
+  for (int step = 0; step < kSteps; ++step) {
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_TRUE(run.results[step][r].ok()) << run.results[step][r].status();
+      sources[step][r] = run.results[step][r]->source;
+    }
   }
-  for (std::thread& t : threads) t.join();
   EXPECT_EQ(sources[0][0], PlanSource::kService);
   EXPECT_EQ(sources[3][0], PlanSource::kLocal);
   EXPECT_EQ(sources[kSteps - 1][0], PlanSource::kService) << "never back to the restarted service";
@@ -428,9 +429,10 @@ TEST(PlannerClientTest, ARestartedRunReplaysItsStepsWithoutErrors) {
   ASSERT_NE(server, nullptr);
   PlannerClientOptions options;
   options.address = server->address();
-  ExpectCorePlans(RunWithOneClientPerRank(options, {0, 1, 2, 3}), 0, PlanSource::kService);
+  ExpectCorePlans(RunWithOneClientPerRank(options, {0, 1, 2, 3}).results, 0,
+                  PlanSource::kService);
   // Crashed after step 3, resumed from the checkpoint of step 2.
-  auto resumed = RunWithOneClientPerRank(options, {2, 3, 4, 5});
+  auto resumed = RunWithOneClientPerRank(options, {2, 3, 4, 5}).results;
   ExpectCorePlans({resumed[0], resumed[1]}, 2, PlanSource::kLocal);
   ExpectCorePlans({resumed[2], resumed[3]}, 4, PlanSource::kService);
 }
@@ -463,7 +465,7 @@ TEST(PlannerClientTest, AStrangersRequestForTheSameStepDoesNotFailTheRun) {
   PlannerClientOptions options;
   options.address = server->address();
   const absl::Time start = absl::Now();
-  auto results = RunWithOneClientPerRank(options, {4, 5, 6});
+  auto results = RunWithOneClientPerRank(options, {4, 5, 6}).results;
   EXPECT_LT(absl::Now() - start, absl::Seconds(4)) << "the run waited on the stranger's step";
   ExpectCorePlans({results[0]}, 4, PlanSource::kService);
   ExpectCorePlans({results[1]}, 5, PlanSource::kLocal);
