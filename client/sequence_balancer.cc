@@ -358,12 +358,12 @@ struct SequenceBalancer::Rep {
   RowMove WorldMove(const char* what, const std::vector<int64_t>& send,
                     const std::vector<int64_t>& recv, RowOrder before, RowOrder after) const {
     return {world, what, agree_on_errors, world_owner, &send, &recv, std::move(before),
-            std::move(after)};
+            std::move(after), at::Tensor()};
   }
   RowMove BagMove(const char* what, const std::vector<int64_t>& send,
                   const std::vector<int64_t>& recv, RowOrder before, RowOrder after) const {
     return {bag.get(), what, agree_on_errors, bag_owner, &send, &recv, std::move(before),
-            std::move(after)};
+            std::move(after), at::Tensor()};
   }
   // The exchange as an autograd node, chained after this step's previous
   // one when it records a backward.

@@ -279,16 +279,16 @@ class BalancerBinding {
   }
 
   std::vector<at::Tensor> Route(const std::vector<at::Tensor>& xs) const {
-    return Call("route", xs, &SequenceBalancer::RouteTensors);
+    return Call(xs, &SequenceBalancer::RouteTensors);
   }
   std::vector<at::Tensor> ReverseRoute(const std::vector<at::Tensor>& ys) const {
-    return Call("reverse_route", ys, &SequenceBalancer::ReverseRouteTensors);
+    return Call(ys, &SequenceBalancer::ReverseRouteTensors);
   }
   std::vector<at::Tensor> PreAttn(const std::vector<at::Tensor>& xs) const {
-    return Call("pre_attn", xs, &SequenceBalancer::PreAttnTensors);
+    return Call(xs, &SequenceBalancer::PreAttnTensors);
   }
   std::vector<at::Tensor> PostAttn(const std::vector<at::Tensor>& ys) const {
-    return Call("post_attn", ys, &SequenceBalancer::PostAttnTensors);
+    return Call(ys, &SequenceBalancer::PostAttnTensors);
   }
 
   // Collective, in place of `call` on a rank whose Python arguments were
@@ -404,8 +404,7 @@ class BalancerBinding {
   // while the collectives run.
   using TensorCall = absl::StatusOr<std::vector<at::Tensor>> (SequenceBalancer::*)(
       const std::vector<at::Tensor>&) const;
-  std::vector<at::Tensor> Call(const char* what, const std::vector<at::Tensor>& xs,
-                               TensorCall call) const {
+  std::vector<at::Tensor> Call(const std::vector<at::Tensor>& xs, TensorCall call) const {
     absl::StatusOr<std::vector<at::Tensor>> result;
     {
       py::gil_scoped_release no_gil;

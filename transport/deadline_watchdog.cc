@@ -94,7 +94,7 @@ absl::Status DeadlineWatchdog::failure() const {
 
 size_t DeadlineWatchdog::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return items_.size();
+  return items_.size() + polling_;
 }
 
 void DeadlineWatchdog::Loop() {
@@ -108,21 +108,19 @@ void DeadlineWatchdog::Loop() {
     // Work completes in order on one stream: the oldest item decides.
     Item item = std::move(items_.front());
     items_.pop_front();
+    polling_ = 1;
     lock.unlock();
     bool done = false;
     absl::Status status = Check(item, &done);
-    if (done) {
+    if (done || !status.ok()) {
       if (item.release) item.release();
+      Fail(status);  // ignores Ok
       lock.lock();
-      continue;
-    }
-    if (!status.ok()) {
-      if (item.release) item.release();
-      Fail(status);
-      lock.lock();
+      polling_ = 0;
       continue;
     }
     lock.lock();
+    polling_ = 0;
     items_.push_front(std::move(item));
     wake_.wait_for(lock, absl::ToChronoNanoseconds(poll_interval_), [this] { return stopping_; });
   }

@@ -61,7 +61,8 @@ class DeadlineWatchdog {
   // The first failure; Ok while there is none.
   absl::Status failure() const;
 
-  // Work watched and not yet retired.
+  // Work watched and not yet retired (released). The item being polled
+  // counts: it is retired only after its release has run.
   size_t pending() const;
 
  private:
@@ -81,6 +82,8 @@ class DeadlineWatchdog {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<Item> items_;
+  // 1 while the loop polls an item outside the lock.
+  size_t polling_ = 0;
   absl::Status failure_;
   bool failed_ = false;
   bool stopping_ = false;

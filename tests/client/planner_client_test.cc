@@ -323,11 +323,16 @@ TEST(PlannerClientTest, AHungServiceCostsOneStepAndIsUsedAgainWhenItAnswers) {
       EXPECT_EQ(sources[step][r], sources[step][0]) << "ranks disagree at step " << step;
     }
     const bool service = sources[step][0] == PlanSource::kService;
-    if (step < 3) EXPECT_TRUE(service) << "step " << step;
-    if (step == 3) EXPECT_FALSE(service) << "the hung step";
+    if (step < 3) {
+      EXPECT_TRUE(service) << "step " << step;
+    } else if (step == 3) {
+      EXPECT_FALSE(service) << "the hung step";
+    }
     if (step > 3 && service && back_at < 0) back_at = step;
     // While it is down nobody asks it: a step's requests are all or none.
-    if (step > 3) EXPECT_EQ(proxy.PlanRequests(step), service ? kRanks : 0) << "step " << step;
+    if (step > 3) {
+      EXPECT_EQ(proxy.PlanRequests(step), service ? kRanks : 0) << "step " << step;
+    }
     for (int r = 0; r < kRanks; ++r) {
       if (step != 3) {
         EXPECT_LT(took[step][r], options.call_deadline) << "step " << step << " rank " << r;
