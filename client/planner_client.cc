@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -185,6 +186,26 @@ struct PlannerClient::Rep {
   std::unique_ptr<Prober> prober;  // with a service
   bool logged = false;
   PlanSource last_source = PlanSource::kLocal;
+  uint64_t incarnation = 0;  // agreed at the first step with a service
+
+  // Every rank draws one; all take rank 0's. Never 0 (which means none).
+  absl::Status AgreeOnIncarnation() {
+    uint64_t mine = options.incarnation;
+    if (mine == 0) {
+      std::random_device device;
+      mine = (uint64_t{device()} << 32) ^ device() ^
+             static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+      if (mine == 0) mine = 1;
+    }
+    auto all = transport->AllGatherBytes(
+        std::string(reinterpret_cast<const char*>(&mine), sizeof(mine)));
+    if (!all.ok()) return all.status();
+    if ((*all)[0].size() != sizeof(mine)) {
+      return absl::InternalError("rank 0: bad incarnation from the all-gather");
+    }
+    std::memcpy(&incarnation, (*all)[0].data(), sizeof(incarnation));
+    return absl::OkStatus();
+  }
 
   // Asks the service, retrying UNAVAILABLE; the last status.
   grpc::Status AskService(const v1::PlanRequest& request, v1::PlanResponse* response) {
@@ -274,6 +295,8 @@ struct PlannerClient::Rep {
 };
 
 PlannerClient::PlannerClient(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
+
+uint64_t PlannerClient::incarnation() const { return rep_->incarnation; }
 PlannerClient::~PlannerClient() = default;
 
 absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClientOptions options,
@@ -324,10 +347,14 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
     rep.LogSource(PlanSource::kLocal, spec.step(), "no planner service configured");
     return rep.PlanLocally(spec, lengths);
   }
+  if (rep.incarnation == 0) {
+    if (absl::Status agreed = rep.AgreeOnIncarnation(); !agreed.ok()) return agreed;
+  }
   if (rep.service_down) return rep.PlanLocally(spec, lengths);
 
   v1::PlanRequest request;
   *request.mutable_spec() = spec;
+  if (spec.incarnation() == 0) request.mutable_spec()->set_incarnation(rep.incarnation);
   request.set_rank(rep.transport->rank());
   request.mutable_sequence_lengths()->Add(lengths.begin(), lengths.end());
   if (previous != nullptr) *request.mutable_previous() = *previous;
@@ -375,8 +402,9 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
                        " planned locally: the planner service at ", rep.options.address,
                        " refused it for a conflict this run's ranks do not have (rank ",
                        first_conflict, ": ", (*all)[first_conflict].substr(2),
-                       "); another run or client is using job id '", spec.job_id(),
-                       "', or this run replays steps it planned before a restart"));
+                       "); another client sends job id '", spec.job_id(), "' with incarnation ",
+                       absl::Hex(request.spec().incarnation()),
+                       " (set by the caller, or copied from this run)"));
     }
     return local;
   }

@@ -43,6 +43,13 @@ struct PlannerClientOptions {
   // every step.
   absl::Duration probe_interval = absl::Seconds(1);
   absl::Duration probe_deadline = absl::Seconds(1);
+  // The run's incarnation (StepSpec.incarnation), unless the spec sets one:
+  // 0 = the ranks agree on a random one at their first step (one 8-byte
+  // all-gather). The service keeps each incarnation's steps apart, so a run
+  // restarted from a checkpoint replays its step numbers without conflicts
+  // and other runs of the same job id never meet it. Set it only to make a
+  // run's requests reproducible.
+  uint64_t incarnation = 0;
   // For local planning (the service uses its own).
   BalancerOptions balancer;
 };
@@ -88,6 +95,11 @@ class PlannerClient {
   // earlier step, for the service's gamma fit.
   absl::StatusOr<StepPlan> Plan(const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
                                 const v1::StepTiming* previous = nullptr);
+
+  // The incarnation this client's requests carry (see
+  // PlannerClientOptions::incarnation); 0 until the first step with a
+  // service configured.
+  uint64_t incarnation() const;
 
  private:
   struct Rep;

@@ -113,7 +113,7 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*co
     call->FinishWith(arrival.status);
   } else if (arrival.ready != nullptr) {
     std::shared_ptr<ReadyStep> ready = std::move(arrival.ready);
-    pool_.Schedule([this, ready] { SolveAndAnswer(ready); });
+    ScheduleAnswer([this, ready] { SolveAndAnswer(ready); });
   }
   return call;
 }
@@ -205,7 +205,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
     return reactor;
   }
   auto shared_checked = std::make_shared<CheckedSpec>(*std::move(checked));
-  pool_.Schedule([this, request, response, finish, shared_checked] {
+  ScheduleAnswer([this, request, response, finish, shared_checked] {
     const v1::StepSpec& spec = request->spec();
     RankLengths lengths(request->ranks_size());
     for (int r = 0; r < request->ranks_size(); ++r) {
@@ -242,12 +242,29 @@ grpc::ServerUnaryReactor* PlannerService::GetJob(grpc::CallbackServerContext* co
                                                  const v1::GetJobRequest* request,
                                                  v1::JobState* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<v1::JobState> state = rendezvous_.GetJob(request->job_id(), absl::Now());
-  if (state.ok()) *response = *std::move(state);
-  metrics_.CountRequest(JobLabel(request->job_id()), "GetJob", state.status().code(),
-                        absl::Now());
-  reactor->Finish(ToGrpcStatus(state.status()));
+  auto answer = [this, reactor, request, response] {
+    absl::StatusOr<v1::JobState> state = rendezvous_.GetJob(request->job_id(), absl::Now());
+    if (state.ok()) *response = *std::move(state);
+    metrics_.CountRequest(JobLabel(request->job_id()), "GetJob", state.status().code(),
+                          absl::Now());
+    reactor->Finish(ToGrpcStatus(state.status()));
+  };
+  if (options_.answer_delay) {
+    ScheduleAnswer(std::move(answer));
+  } else {
+    answer();  // cheap: on gRPC's thread
+  }
   return reactor;
+}
+
+void PlannerService::ScheduleAnswer(std::function<void()> task) {
+  const absl::Duration delay =
+      options_.answer_delay ? options_.answer_delay() : absl::ZeroDuration();
+  if (delay > absl::ZeroDuration()) {
+    pool_.ScheduleAt(absl::Now() + delay, std::move(task));
+  } else {
+    pool_.Schedule(std::move(task));
+  }
 }
 
 void PlannerService::Drain() {

@@ -2,12 +2,14 @@
 #define KNAPFORMER_SERVER_PLANNER_SERVICE_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
@@ -24,6 +26,10 @@ struct ServiceOptions {
   BalancerOptions balancer;
   // Threads that solve steps and build the answers; 0 = one per core.
   int solver_threads = 0;
+  // Fault injection for tests (`serve --answer-delay-file`): asked once per
+  // Plan step, PlanGroup and GetJob call; the answer is held back that long
+  // (on a timer: no thread sleeps). Null = no delay.
+  std::function<absl::Duration()> answer_delay;
 };
 
 // The knapformer.v1.Planner service on gRPC's callback API: a rank waiting in
@@ -66,6 +72,8 @@ class PlannerService final : public v1::Planner::CallbackService {
                    std::shared_ptr<ReadyStep> step, std::shared_ptr<const v1::Balance> balance,
                    size_t begin, size_t end);
   void Reap();
+  // Runs `task` on the pool after options_.answer_delay (at once without one).
+  void ScheduleAnswer(std::function<void()> task);
 
   const ServiceOptions options_;
   WorldCache worlds_;

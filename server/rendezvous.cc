@@ -11,7 +11,10 @@ namespace {
 
 std::string StepName(const v1::StepSpec& spec) {
   return absl::StrCat("step ", spec.step(), " of job '", spec.job_id(), "' group '",
-                      spec.group_id(), "'");
+                      spec.group_id(), "'",
+                      spec.incarnation() != 0
+                          ? absl::StrCat(" incarnation ", absl::Hex(spec.incarnation()))
+                          : std::string());
 }
 
 // FailedPrecondition naming the first field where `spec` (canonical topology
@@ -59,7 +62,7 @@ absl::Status CompareSpecs(const v1::StepSpec& first, const std::string& first_to
 Rendezvous::Place Rendezvous::FindGroup(const v1::StepSpec& spec) {
   auto job_it = jobs_.find(spec.job_id());
   if (job_it == jobs_.end()) return Place();
-  auto group_it = job_it->second.groups.find(spec.group_id());
+  auto group_it = job_it->second.groups.find(GroupKey(spec.group_id(), spec.incarnation()));
   if (group_it == job_it->second.groups.end()) return Place();
   return Place{&job_it->second, &group_it->second};
 }
@@ -95,8 +98,18 @@ absl::StatusOr<Rendezvous::Place> Rendezvous::FindOrCreateGroup(const v1::StepSp
     job_it = jobs_.emplace(spec.job_id(), Job()).first;
   }
   Job& job = job_it->second;
-  auto group_it = job.groups.find(spec.group_id());
+  const GroupKey key(spec.group_id(), spec.incarnation());
+  auto group_it = job.groups.find(key);
   if (group_it == job.groups.end()) {
+    for (auto it = job.groups.lower_bound(GroupKey(spec.group_id(), 0));
+         it != job.groups.end() && it->first.first == spec.group_id();) {
+      if (it->second.pending.empty()) {
+        it = job.groups.erase(it);
+        ++groups_replaced_;
+      } else {
+        ++it;
+      }
+    }
     if (static_cast<int64_t>(job.groups.size()) >= limits_.max_groups_per_job) {
       // The message first: erasing the job frees `job`.
       absl::Status refused = absl::ResourceExhaustedError(
@@ -105,10 +118,11 @@ absl::StatusOr<Rendezvous::Place> Rendezvous::FindOrCreateGroup(const v1::StepSp
       if (job.groups.empty()) jobs_.erase(job_it);
       return refused;
     }
-    group_it = job.groups.emplace(spec.group_id(), Group()).first;
+    group_it = job.groups.emplace(key, Group()).first;
     if (created != nullptr) *created = true;
   }
   job.last_activity = now;
+  group_it->second.last_activity = now;
   return Place{&job, &group_it->second};
 }
 
@@ -117,7 +131,7 @@ void Rendezvous::ForgetIfEmpty(const v1::StepSpec& spec) {
   if (place.group == nullptr) return;
   if (place.group->pending.empty() && place.group->steps_planned == 0 &&
       place.group->ranks_seen == 0) {
-    place.job->groups.erase(spec.group_id());
+    place.job->groups.erase(GroupKey(spec.group_id(), spec.incarnation()));
   }
   if (place.job->groups.empty()) jobs_.erase(spec.job_id());
 }
@@ -154,6 +168,14 @@ Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, a
           absl::StrCat("spec.step: ", pending_steps_,
                        " steps are already waiting for ranks, the server's limit; ",
                        StepName(spec), " was not opened"));
+      if (created) ForgetIfEmpty(spec);
+      return arrival;
+    }
+    if (job.pending >= limits_.max_pending_steps_per_job) {
+      arrival.status = absl::ResourceExhaustedError(absl::StrCat(
+          "spec.step: job '", spec.job_id(), "' already has ", job.pending,
+          " steps waiting for ranks, the server's limit per job; ", StepName(spec),
+          " was not opened"));
       if (created) ForgetIfEmpty(spec);
       return arrival;
     }
@@ -249,7 +271,7 @@ std::vector<FailedCalls> Rendezvous::Expire(absl::Time now) {
   absl::MutexLock lock(&mu_);
   for (auto& [job_id, job] : jobs_) {
     if (job.pending == 0) continue;
-    for (auto& [group_id, group] : job.groups) {
+    for (auto& [key, group] : job.groups) {
       for (auto it = group.pending.begin(); it != group.pending.end();) {
         Step& step = *it->second;
         if (step.first_arrival + limits_.rendezvous_timeout > now) {
@@ -281,7 +303,7 @@ absl::Time Rendezvous::NextDeadline() const {
   absl::MutexLock lock(&mu_);
   for (const auto& [job_id, job] : jobs_) {
     if (job.pending == 0) continue;
-    for (const auto& [group_id, group] : job.groups) {
+    for (const auto& [key, group] : job.groups) {
       for (const auto& [step, pending] : group.pending) {
         next = std::min(next, pending->first_arrival + limits_.rendezvous_timeout);
       }
@@ -295,7 +317,7 @@ std::vector<PendingCall*> Rendezvous::Close() {
   absl::MutexLock lock(&mu_);
   closed_ = true;
   for (auto& [job_id, job] : jobs_) {
-    for (auto& [group_id, group] : job.groups) {
+    for (auto& [key, group] : job.groups) {
       for (auto& [step, pending] : group.pending) {
         calls.insert(calls.end(), pending->calls.begin(), pending->calls.end());
       }
@@ -332,6 +354,7 @@ void Rendezvous::RecordPlanned(const v1::StepSpec& spec, const std::string& topo
   group.topology = topology;
   group.has_balance = true;
   group.last_balance = balance;
+  group.last_activity = now;
   place.job->last_activity = now;
 }
 
@@ -412,9 +435,10 @@ absl::StatusOr<v1::JobState> Rendezvous::GetJob(const std::string& job_id,
   v1::JobState state;
   state.set_job_id(job_id);
   state.set_idle_seconds(absl::ToDoubleSeconds(now - job.last_activity));
-  for (const auto& [group_id, group] : job.groups) {
+  for (const auto& [key, group] : job.groups) {
     v1::GroupState* g = state.add_groups();
-    g->set_group_id(group_id);
+    g->set_group_id(key.first);
+    g->set_incarnation(key.second);
     g->set_world_size(group.world_size);
     g->set_topology(group.topology);
     g->set_steps_planned(group.steps_planned);
@@ -437,10 +461,23 @@ std::vector<GroupGauges> Rendezvous::Gauges() const {
   std::vector<GroupGauges> gauges;
   absl::MutexLock lock(&mu_);
   for (const auto& [job_id, job] : jobs_) {
-    for (const auto& [group_id, group] : job.groups) {
+    for (auto it = job.groups.begin(); it != job.groups.end(); ++it) {
+      // One series per group: while an older incarnation still has a
+      // pending step, the most recently active one speaks for the group.
+      const auto& [key, group] = *it;
+      bool newest = true;
+      for (auto other = job.groups.lower_bound(GroupKey(key.first, 0));
+           other != job.groups.end() && other->first.first == key.first; ++other) {
+        if (other != it && (other->second.last_activity > group.last_activity ||
+                            (other->second.last_activity == group.last_activity &&
+                             other->first.second > key.second))) {
+          newest = false;
+        }
+      }
+      if (!newest) continue;
       GroupGauges g;
       g.job_id = job_id;
-      g.group_id = group_id;
+      g.group_id = key.first;
       g.pending_steps = static_cast<int32_t>(group.pending.size());
       g.ranks_seen = group.ranks_seen;
       g.has_balance = group.has_balance;
@@ -466,6 +503,11 @@ int32_t Rendezvous::jobs() const {
 int64_t Rendezvous::jobs_evicted() const {
   absl::MutexLock lock(&mu_);
   return jobs_evicted_;
+}
+
+int64_t Rendezvous::groups_replaced() const {
+  absl::MutexLock lock(&mu_);
+  return groups_replaced_;
 }
 
 }  // namespace knapformer

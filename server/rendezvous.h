@@ -132,6 +132,8 @@ class Rendezvous {
   std::vector<std::string> DropIdleJobs(absl::Time now);
   // Jobs evicted to make room for new ones, since the start.
   int64_t jobs_evicted() const;
+  // Groups forgotten because a new incarnation of them arrived, since the start.
+  int64_t groups_replaced() const;
 
   // NotFound for an unknown job.
   absl::StatusOr<v1::JobState> GetJob(const std::string& job_id, absl::Time now) const;
@@ -152,6 +154,7 @@ class Rendezvous {
   };
   struct Group {
     std::map<uint64_t, std::unique_ptr<Step>> pending;
+    absl::Time last_activity;
     std::deque<uint64_t> answered;  // most recent last
     std::vector<bool> seen;         // ranks that have sent a Plan request
     int32_t ranks_seen = 0;
@@ -171,8 +174,10 @@ class Rendezvous {
     };
     std::deque<PlannedWork> work;
   };
+  // A group of one incarnation of its job (StepSpec.incarnation).
+  using GroupKey = std::pair<std::string, uint64_t>;
   struct Job {
-    std::map<std::string, Group> groups;
+    std::map<GroupKey, Group> groups;
     absl::Time last_activity;
     int32_t pending = 0;
     bool timed = false;              // a rank has sent a timing
@@ -188,7 +193,9 @@ class Rendezvous {
   };
   Place FindGroup(const v1::StepSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finds or creates the job and group of `spec`; *created tells whether
-  // this call created the group (and maybe its job).
+  // this call created the group (and maybe its job). Creating a group
+  // forgets the job's other incarnations of it that have nothing pending:
+  // a restarted run replaces the run it restarts.
   absl::StatusOr<Place> FindOrCreateGroup(const v1::StepSpec& spec, absl::Time now,
                                           bool* created = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -203,6 +210,7 @@ class Rendezvous {
   mutable absl::Mutex mu_;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   int32_t pending_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t groups_replaced_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> evicted_ ABSL_GUARDED_BY(mu_);  // since DropIdleJobs
   int64_t jobs_evicted_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

@@ -18,9 +18,11 @@ struct ServiceLimits {
   // over its ranks, or in one PlanGroup request).
   int64_t max_sequences_per_rank = 1 << 16;
   int64_t max_sequences_per_step = 1 << 22;
-  // Steps waiting for ranks, over all jobs. A client that pipelines k steps
-  // ahead holds k per group.
+  // Steps waiting for ranks, over all jobs and per job (so that one job
+  // flooding the server, by mistake or not, cannot keep the others' steps
+  // from opening). A client that pipelines k steps ahead holds k per group.
   int32_t max_pending_steps = 1024;
+  int32_t max_pending_steps_per_job = 256;
   // Jobs the server tracks at once (state and metric labels), and groups per job.
   int32_t max_jobs = 256;
   int32_t max_groups_per_job = 1024;

@@ -23,15 +23,35 @@ void ThreadPool::Schedule(std::function<void()> task) {
   queue_.push_back(std::move(task));
 }
 
+void ThreadPool::ScheduleAt(absl::Time when, std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  timed_.emplace(when, std::move(task));
+}
+
 void ThreadPool::Work() {
   while (true) {
     std::function<void()> task;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty();
+        return stopping_ || !queue_.empty() ||
+               (!timed_.empty() && timed_.begin()->first <= absl::Now());
       };
-      mu_.Await(absl::Condition(&ready));
+      while (!ready()) {
+        const absl::Time next =
+            timed_.empty() ? absl::InfiniteFuture() : timed_.begin()->first;
+        // Wakes for new work, for a timed task due sooner than `next`, or
+        // when `next` passes.
+        auto wake = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return ready() || (!timed_.empty() && timed_.begin()->first < next);
+        };
+        mu_.AwaitWithDeadline(absl::Condition(&wake), next);
+      }
+      // Due timed tasks (all of them once stopping) join the queue in time order.
+      while (!timed_.empty() && (stopping_ || timed_.begin()->first <= absl::Now())) {
+        queue_.push_back(std::move(timed_.begin()->second));
+        timed_.erase(timed_.begin());
+      }
       if (queue_.empty()) return;  // stopping, and nothing left
       task = std::move(queue_.front());
       queue_.pop_front();

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -27,19 +28,34 @@ const char kServeUsage[] =
     "            [--log-level info] [--shutdown-grace-ms 5000] [--port-file FILE]\n"
     "            [--retain-freed-memory on|off]  (on: malloc keeps freed memory\n"
     "                                              for the next plan)\n"
+    "            [--answer-delay-file FILE]  (fault injection for tests: while FILE\n"
+    "                                        holds N, answers wait N ms)\n"
     "            Run the gRPC planner service (knapformer.v1.Planner, health,\n"
     "            reflection) and its Prometheus metrics until SIGTERM.\n";
+
+namespace {
+
+// The whole milliseconds `path` holds, capped at an hour; zero while it is
+// missing, empty or not a number (a test writes it while the server reads).
+absl::Duration DelayInFile(const std::string& path) {
+  std::ifstream in(path);
+  int64_t ms = 0;
+  if (!(in >> ms) || ms <= 0) return absl::ZeroDuration();
+  return std::min(absl::Milliseconds(ms), absl::Hours(1));
+}
+
+}  // namespace
 
 absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv) {
   KF_ASSIGN_OR_RETURN(
       Args args,
       Args::Parse(argv, {"listen", "metrics", "rendezvous-timeout-ms", "job-ttl-s",
                          "max-world-size", "max-sequences-per-rank", "max-sequences-per-step",
-                         "max-pending-steps", "max-jobs", "max-groups-per-job",
+                         "max-pending-steps", "max-pending-steps-per-job", "max-jobs", "max-groups-per-job",
                          "max-message-bytes", "remembered-steps", "refine-rounds", "locality",
                          "timed-steps", "timing-window", "min-timing-samples",
                          "solver-threads", "tls-cert", "tls-key", "tls-client-ca",
-                         "log-level", "shutdown-grace-ms", "port-file",
+                         "log-level", "shutdown-grace-ms", "port-file", "answer-delay-file",
                          "retain-freed-memory"}));
   ServeConfig config;
   PlannerServerOptions& server = config.server;
@@ -65,6 +81,9 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
                                   BalancerLimits().max_sequences));
   KF_ASSIGN_OR_RETURN(limits.max_pending_steps,
                       args.GetInt("max-pending-steps", limits.max_pending_steps, 1, 1 << 20));
+  KF_ASSIGN_OR_RETURN(limits.max_pending_steps_per_job,
+                      args.GetInt("max-pending-steps-per-job", limits.max_pending_steps_per_job,
+                                  1, 1 << 20));
   KF_ASSIGN_OR_RETURN(limits.max_jobs, args.GetInt("max-jobs", limits.max_jobs, 1, 1 << 20));
   KF_ASSIGN_OR_RETURN(limits.max_groups_per_job,
                       args.GetInt("max-groups-per-job", limits.max_groups_per_job, 1, 1 << 20));
@@ -91,6 +110,9 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
   KF_ASSIGN_OR_RETURN(int64_t grace_ms, args.GetInt("shutdown-grace-ms", 5000, 0, 600000));
   config.shutdown_grace = absl::Milliseconds(grace_ms);
   config.port_file = args.GetString("port-file", "");
+  if (std::string path = args.GetString("answer-delay-file", ""); !path.empty()) {
+    server.service.answer_delay = [path] { return DelayInFile(path); };
+  }
   KF_ASSIGN_OR_RETURN(config.retain_freed_memory,
                       args.GetOnOff("retain-freed-memory", config.retain_freed_memory));
   return config;

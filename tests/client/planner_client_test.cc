@@ -238,6 +238,7 @@ class HangingProxy final : public v1::Planner::Service {
 struct PersistentRun {
   std::vector<std::vector<absl::StatusOr<StepPlan>>> results;
   std::vector<std::vector<absl::Duration>> took;  // each Plan call's wall time
+  std::vector<uint64_t> incarnations;              // each rank's client's, at the end
 };
 
 // `steps` on kRanks threads, one client per rank for all of them (as a
@@ -252,6 +253,7 @@ PersistentRun RunWithOneClientPerRank(
   run.results.assign(steps.size(), std::vector<absl::StatusOr<StepPlan>>(
                                        kRanks, absl::UnknownError("not run")));
   run.took.assign(steps.size(), std::vector<absl::Duration>(kRanks));
+  run.incarnations.assign(kRanks, 0);
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
@@ -264,6 +266,7 @@ PersistentRun RunWithOneClientPerRank(
         run.took[i][r] = absl::Now() - start;
         absl::SleepFor(pause);
       }
+      run.incarnations[r] = (*client)->incarnation();
     });
   }
   for (std::thread& t : threads) t.join();
@@ -427,27 +430,67 @@ TEST(PlannerClientTest, ARestartedServiceIsUsedAgain) {
 }
 
 // A run resumed from a checkpoint replays steps the service already
-// answered (ALREADY_EXISTS): they are planned locally, without an error,
-// and the steps after them come from the service again.
-TEST(PlannerClientTest, ARestartedRunReplaysItsStepsWithoutErrors) {
+// answered: its ranks agree on a new incarnation, so the service plans the
+// replayed steps as new ones (no ALREADY_EXISTS, no local fallback).
+TEST(PlannerClientTest, ARestartedRunReplaysItsStepsFromTheService) {
   auto server = StartServer();
   ASSERT_NE(server, nullptr);
   PlannerClientOptions options;
   options.address = server->address();
-  ExpectCorePlans(RunWithOneClientPerRank(options, {0, 1, 2, 3}).results, 0,
-                  PlanSource::kService);
+  PersistentRun first = RunWithOneClientPerRank(options, {0, 1, 2, 3});
+  ExpectCorePlans(first.results, 0, PlanSource::kService);
   // Crashed after step 3, resumed from the checkpoint of step 2.
-  auto resumed = RunWithOneClientPerRank(options, {2, 3, 4, 5}).results;
-  ExpectCorePlans({resumed[0], resumed[1]}, 2, PlanSource::kLocal);
-  ExpectCorePlans({resumed[2], resumed[3]}, 4, PlanSource::kService);
+  PersistentRun resumed = RunWithOneClientPerRank(options, {2, 3, 4, 5});
+  ExpectCorePlans(resumed.results, 2, PlanSource::kService);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_NE(first.incarnations[r], 0u);
+    EXPECT_EQ(first.incarnations[r], first.incarnations[0]) << "rank " << r;
+    EXPECT_EQ(resumed.incarnations[r], resumed.incarnations[0]) << "rank " << r;
+  }
+  EXPECT_NE(resumed.incarnations[0], first.incarnations[0]);
+  // The service keeps the new incarnation of the group only.
+  auto stub = v1::Planner::NewStub(
+      grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::GetJobRequest request;
+  request.set_job_id("client-test");
+  v1::JobState state;
+  ASSERT_TRUE(stub->GetJob(&context, request, &state).ok());
+  ASSERT_EQ(state.groups_size(), 1);
+  EXPECT_EQ(state.groups(0).incarnation(), resumed.incarnations[0]);
+  EXPECT_EQ(state.groups(0).steps_planned(), 4u);
 }
 
-// A stranger (another run with this job id, a misconfigured client) opens
-// step 5 first with another spec: no rank of the real run fails or waits;
-// step 5 is planned locally and step 6 comes from the service.
-TEST(PlannerClientTest, AStrangersRequestForTheSameStepDoesNotFailTheRun) {
+// A run whose incarnation is fixed by the caller, replayed: the service
+// holds those steps under that incarnation (ALREADY_EXISTS), so they are
+// planned locally without an error, and the steps after them come from the
+// service again.
+TEST(PlannerClientTest, AReplayUnderTheSameIncarnationIsPlannedLocallyWithoutErrors) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  PlannerClientOptions options;
+  options.address = server->address();
+  options.incarnation = 0x5eed;
+  ExpectCorePlans(RunWithOneClientPerRank(options, {0, 1, 2, 3}).results, 0,
+                  PlanSource::kService);
+  PersistentRun resumed = RunWithOneClientPerRank(options, {2, 3, 4, 5});
+  EXPECT_EQ(resumed.incarnations[0], 0x5eedu);
+  ExpectCorePlans({resumed.results[0], resumed.results[1]}, 2, PlanSource::kLocal);
+  ExpectCorePlans({resumed.results[2], resumed.results[3]}, 4, PlanSource::kService);
+}
+
+// A stranger opens the run's step 5 first with another spec. Sent as other
+// clients do (no incarnation, or another run's), it never meets the run;
+// sent with the run's own incarnation (a copied request), step 5 is planned
+// locally and step 6 comes from the service. Either way no rank of the run
+// fails or waits for it.
+void RunBesideAStranger(bool stranger_copies_the_incarnation) {
   auto server = StartServer(absl::Seconds(5));
   ASSERT_NE(server, nullptr);
+  PlannerClientOptions options;
+  options.address = server->address();
+  options.incarnation = 77;
   auto stub = v1::Planner::NewStub(
       grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
   std::atomic<bool> stranger_sent{false};
@@ -455,6 +498,7 @@ TEST(PlannerClientTest, AStrangersRequestForTheSameStepDoesNotFailTheRun) {
     v1::PlanRequest request;
     *request.mutable_spec() = Spec(5);
     request.mutable_spec()->set_d_model(128);  // not the run's
+    if (stranger_copies_the_incarnation) request.mutable_spec()->set_incarnation(77);
     request.set_rank(0);
     request.add_sequence_lengths(7);
     grpc::ClientContext context;
@@ -467,15 +511,22 @@ TEST(PlannerClientTest, AStrangersRequestForTheSameStepDoesNotFailTheRun) {
   // Let the stranger's request reach the service first.
   while (!stranger_sent) absl::SleepFor(absl::Milliseconds(5));
   absl::SleepFor(absl::Milliseconds(300));
-  PlannerClientOptions options;
-  options.address = server->address();
   const absl::Time start = absl::Now();
   auto results = RunWithOneClientPerRank(options, {4, 5, 6}).results;
   EXPECT_LT(absl::Now() - start, absl::Seconds(4)) << "the run waited on the stranger's step";
   ExpectCorePlans({results[0]}, 4, PlanSource::kService);
-  ExpectCorePlans({results[1]}, 5, PlanSource::kLocal);
+  ExpectCorePlans({results[1]}, 5,
+                  stranger_copies_the_incarnation ? PlanSource::kLocal : PlanSource::kService);
   ExpectCorePlans({results[2]}, 6, PlanSource::kService);
   stranger.join();
+}
+
+TEST(PlannerClientTest, AStrangersRequestForTheSameStepNeverMeetsTheRun) {
+  RunBesideAStranger(/*stranger_copies_the_incarnation=*/false);
+}
+
+TEST(PlannerClientTest, AStrangerWithTheRunsIncarnationCostsItOnlyALocalStep) {
+  RunBesideAStranger(/*stranger_copies_the_incarnation=*/true);
 }
 
 // The run's own ranks disagreeing is still the run's error, on every rank.

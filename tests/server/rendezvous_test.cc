@@ -547,6 +547,93 @@ TEST(RendezvousTest, MaxPendingStepsRefusesNewStepsButNotRanksOfOpenOnes) {
   EXPECT_EQ(rendezvous.pending_steps(), 2);
 }
 
+TEST(RendezvousTest, MaxPendingStepsPerJobKeepsOneJobFromStarvingTheOthers) {
+  ServiceLimits limits;
+  limits.max_pending_steps = 100;
+  limits.max_pending_steps_per_job = 2;
+  Rendezvous rendezvous{limits};
+  std::vector<std::unique_ptr<FakeCall>> flood;
+  for (uint64_t step = 0; step < 5; ++step) {
+    flood.push_back(Call(Spec(step, 4, "flooder"), 0));
+    auto arrival = Arrive(rendezvous, flood.back().get(), kT0);
+    if (step < 2) {
+      EXPECT_TRUE(arrival.status.ok()) << arrival.status;
+    } else {
+      EXPECT_EQ(arrival.status.code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_THAT(Message(arrival.status),
+                  HasSubstr("spec.step: job 'flooder' already has 2 steps waiting for ranks, "
+                            "the server's limit per job"));
+    }
+  }
+  // Another job still opens its steps, and the flooder's open ones still complete.
+  auto other = Call(Spec(0, 4, "other"), 0);
+  EXPECT_TRUE(Arrive(rendezvous, other.get(), kT0).status.ok());
+  std::vector<std::unique_ptr<FakeCall>> rest;
+  for (int32_t rank = 1; rank < 4; ++rank) {
+    rest.push_back(Call(Spec(0, 4, "flooder"), rank));
+    auto arrival = Arrive(rendezvous, rest.back().get(), kT0);
+    EXPECT_TRUE(arrival.status.ok()) << arrival.status;
+    EXPECT_EQ(arrival.ready != nullptr, rank == 3);
+  }
+  EXPECT_EQ(rendezvous.pending_steps(), 2);  // the flooder's step 1, the other job's step 0
+}
+
+v1::StepSpec Incarnation(v1::StepSpec spec, uint64_t incarnation) {
+  spec.set_incarnation(incarnation);
+  return spec;
+}
+
+TEST(RendezvousTest, AnotherIncarnationReplaysAnsweredStepsAsNewOnes) {
+  Rendezvous rendezvous{ServiceLimits()};
+  auto first = CompleteStep(rendezvous, Incarnation(Spec(7), 1), kT0);
+  // The same incarnation again: answered.
+  auto again = Call(Incarnation(Spec(7), 1), 0);
+  EXPECT_EQ(Arrive(rendezvous, again.get(), kT0).status.code(),
+            absl::StatusCode::kAlreadyExists);
+  // A restarted run (incarnation 2) plans step 7 again.
+  auto replay = CompleteStep(rendezvous, Incarnation(Spec(7), 2), kT0 + absl::Seconds(1));
+  absl::StatusOr<v1::JobState> state = rendezvous.GetJob("job", kT0 + absl::Seconds(2));
+  ASSERT_TRUE(state.ok());
+  ASSERT_EQ(state->groups_size(), 1) << "the idle incarnation 1 was not replaced";
+  EXPECT_EQ(state->groups(0).incarnation(), 2u);
+  EXPECT_EQ(rendezvous.groups_replaced(), 1);
+  // ... and incarnation 1 is gone with its memory: its step 7 would open anew.
+  auto old = Call(Incarnation(Spec(7), 1), 0);
+  auto reopened = Arrive(rendezvous, old.get(), kT0 + absl::Seconds(3));
+  EXPECT_TRUE(reopened.status.ok()) << reopened.status;
+}
+
+TEST(RendezvousTest, IncarnationsOfAGroupNeverShareARendezvous) {
+  Rendezvous rendezvous{ServiceLimits()};
+  // A stranger's (incarnation 9) step 3 waits with another spec.
+  v1::StepSpec stranger_spec = Incarnation(Spec(3), 9);
+  stranger_spec.set_d_model(8);
+  auto stranger = Call(stranger_spec, 0);
+  ASSERT_TRUE(Arrive(rendezvous, stranger.get(), kT0).status.ok());
+  // The run (incarnation 4) completes its own step 3 beside it.
+  auto run = CompleteStep(rendezvous, Incarnation(Spec(3), 4), kT0 + absl::Seconds(1));
+  // The stranger's pending step keeps its incarnation alive beside the run's.
+  absl::StatusOr<v1::JobState> state = rendezvous.GetJob("job", kT0 + absl::Seconds(2));
+  ASSERT_TRUE(state.ok());
+  ASSERT_EQ(state->groups_size(), 2);
+  EXPECT_EQ(state->groups(0).incarnation(), 4u);
+  EXPECT_EQ(state->groups(0).pending_size(), 0);
+  EXPECT_EQ(state->groups(1).incarnation(), 9u);
+  EXPECT_EQ(state->groups(1).pending_size(), 1);
+  EXPECT_EQ(rendezvous.groups_replaced(), 0);
+  // Metrics see one series for the group: the most recently active (the run's).
+  std::vector<GroupGauges> gauges = rendezvous.Gauges();
+  ASSERT_EQ(gauges.size(), 1u);
+  EXPECT_EQ(gauges[0].pending_steps, 0);
+  EXPECT_EQ(gauges[0].ranks_seen, 4);
+  // The stranger's step fails alone at its timeout, naming its incarnation.
+  std::vector<FailedCalls> failed =
+      rendezvous.Expire(kT0 + ServiceLimits().rendezvous_timeout + absl::Seconds(1));
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_THAT(Message(failed[0].status), HasSubstr("group '' incarnation 9"));
+  EXPECT_THAT(failed[0].calls, ElementsAre(stranger.get()));
+}
+
 TEST(RendezvousTest, ARefusedFirstRequestLeavesNoJobOrGroupBehind) {
   ServiceLimits limits;
   limits.max_pending_steps = 1;

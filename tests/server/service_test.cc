@@ -3,6 +3,7 @@
 // status; the rendezvous timeout; cancellation; shutdown and restart; health,
 // GetJob, PlanGroup and TLS.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -452,6 +453,55 @@ TEST(ServiceTest, LimitsAreResourceExhausted) {
   ASSERT_TRUE(PlanOnce(stub.get(), MakeRequest(params, 2, 1, {1})).ok());
   ASSERT_TRUE(waiting.WaitFor(absl::Seconds(10)));
   EXPECT_TRUE(waiting.status().ok());
+}
+
+// The fault-injection hook (serve --answer-delay-file) holds back step
+// answers and GetJob by its delay, read per call, without holding a solver
+// thread: with one solver thread, a second job's step is answered while the
+// first one's answer waits.
+TEST(ServiceTest, AnswerDelayHoldsBackAnswersWithoutBlockingTheSolver) {
+  PlannerServerOptions options = TestOptions();
+  options.service.solver_threads = 1;
+  auto delay_ms = std::make_shared<std::atomic<int>>(1000);
+  options.service.answer_delay = [delay_ms] { return absl::Milliseconds(delay_ms->load()); };
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.topology = "g1n2";
+  const absl::Time start = absl::Now();
+  std::vector<PlanResult> slow = PlanConcurrently(stub.get(), MakeGroupRequests(params, {{3}, {4}}));
+  const absl::Duration slow_took = absl::Now() - start;
+  for (const PlanResult& result : slow) EXPECT_TRUE(result.status.ok()) << result.status.error_message();
+  EXPECT_GE(slow_took, absl::Milliseconds(1000));
+
+  v1::GetJobRequest request;
+  request.set_job_id("job");
+  v1::JobState state;
+  {
+    grpc::ClientContext context;
+    const absl::Time asked = absl::Now();
+    ASSERT_TRUE(stub->GetJob(&context, request, &state).ok());
+    EXPECT_GE(absl::Now() - asked, absl::Milliseconds(1000));
+    EXPECT_EQ(state.groups(0).steps_planned(), 1u);
+  }
+  // Two jobs at once on one solver thread: both wait the delay once, not twice.
+  params.step = 1;
+  StepParams other = params;
+  other.job_id = "other";
+  std::vector<v1::PlanRequest> both = MakeGroupRequests(params, {{3}, {4}});
+  for (v1::PlanRequest& r : MakeGroupRequests(other, {{5}, {6}})) both.push_back(r);
+  const absl::Time together = absl::Now();
+  for (const PlanResult& result : PlanConcurrently(stub.get(), both)) {
+    EXPECT_TRUE(result.status.ok()) << result.status.error_message();
+  }
+  EXPECT_LT(absl::Now() - together, absl::Milliseconds(1900));
+  // The delay is read per call: at 0 the next answer is prompt.
+  delay_ms->store(0);
+  grpc::ClientContext context;
+  const absl::Time asked = absl::Now();
+  ASSERT_TRUE(stub->GetJob(&context, request, &state).ok());
+  EXPECT_LT(absl::Now() - asked, absl::Milliseconds(500));
 }
 
 TEST(ServiceTest, ShutdownFailsWaitingRanksWithUnavailableAndARestartServesAgain) {

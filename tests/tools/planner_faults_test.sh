@@ -5,9 +5,13 @@
 #   (a) stopped with SIGSTOP for longer than the client's deadline, then resumed,
 #   (b) killed with SIGKILL and restarted on the same port,
 #   (c) live while a run crashes after step 12 and resumes from step 8,
-#   (d) asked for a step of the run's job first by a stranger with another spec.
+#   (d) asked for a step of the run's job first by a stranger with another spec,
+#   (e) slow: every answer (steps and probes) held back past the deadline
+#       for 6 s (serve --answer-delay-file), then prompt again.
 # Every step must complete; at most one step per fault plans for longer than
-# the deadline; after (a) and (b) later steps come from the service again.
+# the deadline; after (a), (b) and (e) later steps come from the service
+# again; the resumed run's replayed steps and the stranger's step come from
+# the service (other incarnations never meet the run).
 # 127.0.0.1 only; every wait bounded; every process cleaned up.
 set -u
 knapformer="$1"
@@ -32,7 +36,8 @@ export KNAPFORMER_PLANNER_DEADLINE_SECONDS=2
 start_server() {
   rm -f "$tmp/port"
   "$knapformer" serve --listen "127.0.0.1:$1" --metrics off --rendezvous-timeout-ms 30000 \
-    --log-level warning --port-file "$tmp/port" >>"$tmp/server.log" 2>&1 &
+    --log-level warning --port-file "$tmp/port" --answer-delay-file "$tmp/delay" \
+    >>"$tmp/server.log" 2>&1 &
   server=$!
   for _ in $(seq 300); do
     [[ -s "$tmp/port" ]] && break
@@ -62,7 +67,8 @@ PY
 # Checks run output $1: name $2, steps $3..$4, every step done, at most $5
 # steps planned longer than the deadline; prints each step's source.
 # Remaining args: "service-after STEP" (some step after STEP, and the last,
-# come from the service), "local STEP..." (these steps were planned locally).
+# come from the service), then "local STEP..." or "service STEP..." (these
+# steps were planned locally / by the service).
 check_run() {
   python3 - "$@" <<'PY' || return 1
 import re, sys
@@ -86,9 +92,10 @@ while i < len(rest):
             f"{name}: the service was not used again after step {after}"
         assert source[got[-1]] == "planner service", f"{name}: the last step was not the service's"
         i += 2
-    elif rest[i] == "local":
+    elif rest[i] in ("local", "service"):
+        want = "local planner" if rest[i] == "local" else "planner service"
         for s in rest[i + 1:]:
-            assert source[int(s)] == "local planner", f"{name}: step {s} was not planned locally"
+            assert source[int(s)] == want, f"{name}: step {s} was not planned by the {want}"
         break
 PY
 }
@@ -130,11 +137,12 @@ wait "$sim" || fail "(b) train-sim exited non-zero: $(cat "$tmp/b.err")"
 check_run "$tmp/b" "(b) SIGKILL" 0 29 1 service-after 6 || failures=$((failures + 1))
 
 # (c) steps 0..12, a crash, and the run again from its checkpoint of step 8
-# with the same job id: the replayed steps 8..12 were answered already.
+# with the same job id: the replayed steps 8..12 were answered already, for
+# the first run's incarnation.
 run_sim "$tmp/c1" resume-job --steps 13 || fail "(c) first run: $(cat "$tmp/c1.err")"
 run_sim "$tmp/c2" resume-job --first-step 8 --steps 12 ||
   fail "(c) resumed run exited non-zero: $(cat "$tmp/c2.err")"
-check_run "$tmp/c2" "(c) resumed" 8 19 0 service-after 12 local 8 9 10 11 12 ||
+check_run "$tmp/c2" "(c) resumed" 8 19 0 service-after 12 service 8 9 10 11 12 ||
   failures=$((failures + 1))
 
 # (d) a stranger asks for step 3 of the run's job first, with its own spec.
@@ -142,7 +150,20 @@ check_run "$tmp/c2" "(c) resumed" 8 19 0 service-after 12 local 8 9 10 11 12 ||
 for _ in $(seq 100); do grep -q "asking" "$tmp/stranger" && break; sleep 0.1; done
 sleep 0.5
 run_sim "$tmp/d" stranger-job --steps 6 || fail "(d) train-sim exited non-zero: $(cat "$tmp/d.err")"
-check_run "$tmp/d" "(d) stranger" 0 5 0 service-after 3 local 3 || failures=$((failures + 1))
+check_run "$tmp/d" "(d) stranger" 0 5 0 service-after 3 service 3 || failures=$((failures + 1))
+
+# (e) answers held back 4 s (the deadline is 2 s) for 6 s from step 5 on.
+run_sim "$tmp/e" slow-job --steps 30 &
+sim=$!
+if wait_for_step "$tmp/e" 5; then
+  echo 4000 >"$tmp/delay"
+  sleep 6
+  rm -f "$tmp/delay"
+else
+  fail "(e) the run did not reach step 5: $(cat "$tmp/e" "$tmp/e.err")"
+fi
+wait "$sim" || fail "(e) train-sim exited non-zero: $(cat "$tmp/e.err")"
+check_run "$tmp/e" "(e) slow" 0 29 1 service-after 6 || failures=$((failures + 1))
 
 echo "$failures failures"
 [[ $failures -eq 0 ]]
