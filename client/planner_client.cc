@@ -359,7 +359,18 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
   request.mutable_sequence_lengths()->Add(lengths.begin(), lengths.end());
   if (previous != nullptr) *request.mutable_previous() = *previous;
   v1::PlanResponse response;
-  const grpc::Status status = rep.AskService(request, &response);
+  grpc::Status status = rep.AskService(request, &response);
+  // A plan that is not even well-formed (columns of different lengths) is
+  // the service failing, like an error: every rank falls back together.
+  absl::StatusOr<RankPlan> plan = absl::UnknownError("no plan");
+  if (status.ok()) {
+    plan = RankPlanFromProto(response.plan(), spec.world_size());
+    if (!plan.ok()) {
+      status = grpc::Status(grpc::StatusCode::INTERNAL,
+                            std::string("the service's answer is malformed: ") +
+                                std::string(plan.status().message()));
+    }
+  }
   const Outcome outcome = Classify(status.error_code());
   // The outcome and the status code, then the rank's workloads under the
   // plan it got (so that every rank learns every rank's in the same
@@ -432,7 +443,7 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
   }
   rep.LogSource(PlanSource::kService, spec.step(), rep.options.address);
   StepPlan result;
-  result.plan = RankPlanFromProto(response.plan(), spec.world_size());
+  result.plan = *std::move(plan);
   result.source = PlanSource::kService;
   result.max_over_mean_before = response.balance().max_over_mean_before();
   result.max_over_mean_after = response.balance().max_over_mean_after();

@@ -1,14 +1,27 @@
 #include "client/route_layout.h"
 
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
 
 namespace knapformer {
 namespace {
 
-int64_t Sum(const std::vector<int64_t>& values) {
-  return std::accumulate(values.begin(), values.end(), int64_t{0});
+// Adds `value` (>= 0) to *total; false on overflow.
+bool AddChecked(int64_t value, int64_t* total) {
+  return !__builtin_add_overflow(*total, value, total);
+}
+
+bool SumChecked(const std::vector<int64_t>& values, int64_t* total) {
+  *total = 0;
+  for (int64_t v : values) {
+    if (!AddChecked(v, total)) return false;
+  }
+  return true;
+}
+
+absl::Status Overflow(int rank, const char* what) {
+  return absl::InternalError(
+      absl::StrCat("plan: rank ", rank, "'s ", what, " overflow 64 bits"));
 }
 
 }  // namespace
@@ -19,7 +32,14 @@ absl::StatusOr<RouteLayout> DeriveRouteLayout(const RankPlan& plan,
   RouteLayout out;
   const int n = world_size;
   std::vector<int64_t> sequence_start(lengths.size() + 1, 0);
-  for (size_t i = 0; i < lengths.size(); ++i) sequence_start[i + 1] = sequence_start[i] + lengths[i];
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    if (lengths[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lengths[", i, "]: ", lengths[i], " is negative"));
+    }
+    sequence_start[i + 1] = sequence_start[i];
+    if (!AddChecked(lengths[i], &sequence_start[i + 1])) return Overflow(rank, "lengths");
+  }
   out.input_rows = sequence_start.back();
 
   out.send_rows.assign(n, 0);
@@ -43,6 +63,12 @@ absl::StatusOr<RouteLayout> DeriveRouteLayout(const RankPlan& plan,
                                               "; peers must ascend"));
     }
     previous_peer = t.peer;
+    // Checked before the rows are listed, so that a plan sending tokens
+    // many times over cannot make this list outgrow the input.
+    if (t.length > out.input_rows - static_cast<int64_t>(out.send_index.size())) {
+      return absl::InternalError(absl::StrCat("plan: rank ", rank, " is asked to send more than its ",
+                                              out.input_rows, " tokens"));
+    }
     out.send_rows[t.peer] += t.length;
     for (int64_t row = 0; row < t.length; ++row) {
       out.send_index.push_back(sequence_start[t.seq_index] + t.offset + row);
@@ -71,12 +97,20 @@ absl::StatusOr<RouteLayout> DeriveRouteLayout(const RankPlan& plan,
                                               "; peers must ascend"));
     }
     previous_peer = t.peer;
-    out.recv_rows[t.peer] += t.length;
+    if (!AddChecked(t.length, &out.recv_rows[t.peer])) return Overflow(rank, "receives");
   }
   out.routed_lengths = plan.compute_chunk_lengths;
-  out.routed_rows = Sum(out.routed_lengths);
-  if (out.routed_rows != Sum(out.recv_rows)) {
-    return absl::InternalError(absl::StrCat("plan: rank ", rank, " receives ", Sum(out.recv_rows),
+  int64_t received = 0;
+  for (int64_t length : out.routed_lengths) {
+    if (length < 0) {
+      return absl::InternalError(
+          absl::StrCat("plan: rank ", rank, " computes on a chunk of ", length, " tokens"));
+    }
+  }
+  if (!SumChecked(out.routed_lengths, &out.routed_rows)) return Overflow(rank, "chunks");
+  if (!SumChecked(out.recv_rows, &received)) return Overflow(rank, "receives");
+  if (out.routed_rows != received) {
+    return absl::InternalError(absl::StrCat("plan: rank ", rank, " receives ", received,
                                             " tokens but computes on ", out.routed_rows));
   }
 
@@ -105,8 +139,10 @@ absl::StatusOr<RouteLayout> DeriveRouteLayout(const RankPlan& plan,
         return absl::InternalError(absl::StrCat("plan: a sequence of rank ", rank,
                                                 "'s bag has a negative chunk length"));
       }
-      out.ulysses_recv_rows[p] += seq.chunk_lengths[p];
-      total += seq.chunk_lengths[p];
+      if (!AddChecked(seq.chunk_lengths[p], &out.ulysses_recv_rows[p]) ||
+          !AddChecked(seq.chunk_lengths[p], &total)) {
+        return Overflow(rank, "Ulysses chunks");
+      }
     }
     if (total != seq.length) {
       return absl::InternalError(absl::StrCat("plan: a sequence of ", seq.length,
@@ -115,24 +151,44 @@ absl::StatusOr<RouteLayout> DeriveRouteLayout(const RankPlan& plan,
     }
     out.attention_lengths.push_back(seq.length);
   }
-  out.attention_rows = Sum(out.attention_lengths);
+  // This rank's own position holds exactly the chunks it computes on.
+  const int position = rank - bag_first_rank;
+  if (position < 0 || position >= bag_gpus) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not in the bag of ",
+                                                   bag_gpus, " GPUs from rank ", bag_first_rank));
+  }
+  if (out.ulysses_recv_rows[position] != out.routed_rows) {
+    return absl::InternalError(absl::StrCat(
+        "plan: rank ", rank, "'s bag lists ", out.ulysses_recv_rows[position],
+        " tokens at its position but it computes on ", out.routed_rows));
+  }
+  if (!SumChecked(out.attention_lengths, &out.attention_rows)) {
+    return Overflow(rank, "bag sequences");
+  }
+  return out;
+}
+
+std::vector<int64_t> AttentionIndex(const std::vector<int64_t>& ulysses_recv_rows,
+                                    const UlyssesBag& bag) {
+  std::vector<int64_t> index;
+  if (bag.gpus <= 1) return index;
   // The receive buffer holds position 0's chunks of every sequence, then
   // position 1's...; attention wants each sequence whole, its chunks in
   // position order (which is token order: chunk offsets ascend with position).
-  std::vector<int64_t> block_start(bag_gpus, 0);
-  for (int p = 1; p < bag_gpus; ++p) {
-    block_start[p] = block_start[p - 1] + out.ulysses_recv_rows[p - 1];
+  std::vector<int64_t> block_start(bag.gpus, 0);
+  for (int p = 1; p < bag.gpus; ++p) {
+    block_start[p] = block_start[p - 1] + ulysses_recv_rows[p - 1];
   }
-  out.attention_index.reserve(out.attention_rows);
-  for (const UlyssesSequence& seq : ulysses.sequences) {
-    for (int p = 0; p < bag_gpus; ++p) {
+  index.reserve(block_start.back() + ulysses_recv_rows.back());
+  for (const UlyssesSequence& seq : bag.sequences) {
+    for (int p = 0; p < bag.gpus; ++p) {
       for (int64_t row = 0; row < seq.chunk_lengths[p]; ++row) {
-        out.attention_index.push_back(block_start[p] + row);
+        index.push_back(block_start[p] + row);
       }
       block_start[p] += seq.chunk_lengths[p];
     }
   }
-  return out;
+  return index;
 }
 
 }  // namespace knapformer

@@ -25,9 +25,6 @@ struct RouteLayout {
   int64_t routed_rows = 0;
   // Ulysses, per bag position; empty in a single-GPU bag.
   std::vector<int64_t> ulysses_send_rows, ulysses_recv_rows;
-  // The received row of each attention row (whole sequences, their chunks
-  // in position order); empty in a single-GPU bag.
-  std::vector<int64_t> attention_index;
   std::vector<int64_t> attention_lengths;
   int64_t attention_rows = 0;
 };
@@ -36,9 +33,20 @@ struct RouteLayout {
 // permutation of `lengths`' tokens in ascending peer order, its receives
 // ascend and match its chunk lengths, and its bag is the one this rank is
 // in (`bag_gpus` from `bag_first_rank`) with one chunk length per position.
+// Every count is checked against overflow, and nothing is allocated in
+// proportion to what the peers are claimed to send (a hostile plan may
+// claim anything): that waits for AttentionIndex.
 absl::StatusOr<RouteLayout> DeriveRouteLayout(const RankPlan& plan,
                                               const std::vector<int64_t>& lengths, int rank,
                                               int world_size, int bag_gpus, int bag_first_rank);
+
+// The received row of each attention row (whole sequences, their chunks in
+// position order); empty in a single-GPU bag. O(attention rows).
+// REQUIRES: `ulysses_recv_rows` is the RouteLayout derived from the plan
+// whose bag is `bag`, and the bag's peers have confirmed it (their send
+// counts), so that its size is backed by tokens that exist.
+std::vector<int64_t> AttentionIndex(const std::vector<int64_t>& ulysses_recv_rows,
+                                    const UlyssesBag& bag);
 
 }  // namespace knapformer
 

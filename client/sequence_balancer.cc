@@ -403,7 +403,6 @@ absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) 
   routed_rows = layout->routed_rows;
   ulysses_send_rows = std::move(layout->ulysses_send_rows);
   ulysses_recv_rows = std::move(layout->ulysses_recv_rows);
-  sequence_order = RowOrder::Of(layout->attention_index);
   attention_lengths = std::move(layout->attention_lengths);
   attention_rows = layout->attention_rows;
   return absl::OkStatus();
@@ -612,6 +611,8 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
                                                  : world_checked;
   absl::Status agreed = AgreeOnStatus(*r.world, local);
   if (!agreed.ok()) return agreed;
+  // Only now: its size is what the bag's peers confirmed they send.
+  r.sequence_order = RowOrder::Of(AttentionIndex(r.ulysses_recv_rows, r.step_plan.plan.ulysses));
   r.planned = true;
   return absl::OkStatus();
 }

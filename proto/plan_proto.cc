@@ -77,9 +77,17 @@ void TransfersToProto(const std::vector<Transfer>& transfers, v1::Transfers* out
   }
 }
 
-std::vector<Transfer> TransfersFromProto(const v1::Transfers& proto) {
-  std::vector<Transfer> transfers(proto.peer_size());
-  for (int i = 0; i < proto.peer_size(); ++i) {
+absl::StatusOr<std::vector<Transfer>> TransfersFromProto(const v1::Transfers& proto,
+                                                        const char* field) {
+  const int n = proto.peer_size();
+  if (proto.seq_index_size() != n || proto.offset_size() != n || proto.length_size() != n) {
+    return absl::InternalError(absl::StrCat(
+        "plan.", field, ": columns of different lengths (peer ", n, ", seq_index ",
+        proto.seq_index_size(), ", offset ", proto.offset_size(), ", length ",
+        proto.length_size(), ")"));
+  }
+  std::vector<Transfer> transfers(n);
+  for (int i = 0; i < n; ++i) {
     transfers[i] = Transfer{proto.peer(i), proto.seq_index(i), proto.offset(i), proto.length(i)};
   }
   return transfers;
@@ -137,17 +145,27 @@ void ChunksToProto(const Plan& plan, v1::Chunks* out) {
   }
 }
 
-RankPlan RankPlanFromProto(const v1::RankPlan& proto, int32_t world_size) {
+absl::StatusOr<RankPlan> RankPlanFromProto(const v1::RankPlan& proto, int32_t world_size) {
   RankPlan plan;
   plan.rank = proto.rank();
   plan.world_size = world_size;
-  plan.route.sends = TransfersFromProto(proto.sends());
-  plan.route.recvs = TransfersFromProto(proto.recvs());
+  absl::StatusOr<std::vector<Transfer>> sends = TransfersFromProto(proto.sends(), "sends");
+  if (!sends.ok()) return sends.status();
+  absl::StatusOr<std::vector<Transfer>> recvs = TransfersFromProto(proto.recvs(), "recvs");
+  if (!recvs.ok()) return recvs.status();
+  plan.route.sends = *std::move(sends);
+  plan.route.recvs = *std::move(recvs);
   for (const Transfer& t : plan.route.recvs) plan.compute_chunk_lengths.push_back(t.length);
   plan.ulysses.first_rank = proto.ulysses().first_rank();
   plan.ulysses.gpus = proto.ulysses().gpus();
   plan.ulysses.position = proto.ulysses().position();
   for (const v1::UlyssesSequence& s : proto.ulysses().sequences()) {
+    if (s.chunk_lengths_size() > world_size) {
+      return absl::InternalError(absl::StrCat("plan.ulysses: a sequence has ",
+                                              s.chunk_lengths_size(),
+                                              " chunk lengths, more than the ", world_size,
+                                              " ranks"));
+    }
     plan.ulysses.sequences.push_back(UlyssesSequence{
         s.src_rank(), s.seq_index(), s.length(),
         std::vector<int64_t>(s.chunk_lengths().begin(), s.chunk_lengths().end())});

@@ -36,8 +36,12 @@ void RankPlanToProto(const RankPlan& rank_plan, v1::RankPlan* out);
 
 void ChunksToProto(const Plan& plan, v1::Chunks* out);
 
-// The inverse of RankPlanToProto, for clients and tests.
-RankPlan RankPlanFromProto(const v1::RankPlan& proto, int32_t world_size);
+// The inverse of RankPlanToProto, for clients and tests. The message comes
+// from the network: Internal naming the field when its columns (peer,
+// seq_index, offset, length) differ in length, or a Ulysses sequence has
+// more chunk lengths than the world has ranks. What the values mean is
+// checked by the client's route layout (client/route_layout.h).
+absl::StatusOr<RankPlan> RankPlanFromProto(const v1::RankPlan& proto, int32_t world_size);
 
 }  // namespace knapformer
 

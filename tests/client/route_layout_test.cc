@@ -2,6 +2,7 @@
 // every check on a plan that came over the network.
 #include "client/route_layout.h"
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,7 @@ TEST(RouteLayout, CountsAndSendOrderOfAValidPlan) {
   EXPECT_EQ(layout->routed_rows, 7);
   EXPECT_THAT(layout->attention_lengths, ElementsAre(3, 4));
   EXPECT_TRUE(layout->ulysses_send_rows.empty());
-  EXPECT_TRUE(layout->attention_index.empty());
+  EXPECT_TRUE(AttentionIndex(layout->ulysses_recv_rows, TwoRankPlan().ulysses).empty());
 }
 
 TEST(RouteLayout, SendsOutOfPeerOrderAreRefused) {
@@ -91,20 +92,51 @@ TEST(RouteLayout, ChunkLengthsMustMatchTheReceives) {
   EXPECT_EQ(Derive(plan, {3, 2}).message(), "plan: rank 0 receives 7 tokens but computes on 6");
 }
 
-// A 2-GPU bag at ranks 0-1: two sequences, 5 tokens split 3+2 and 2 split
-// 1+1. Position 0 receives position 0's chunks (3, then 1) and position 1's
-// (2, then 1); attention wants each sequence whole.
+// A 2-GPU bag at ranks 0-1: two sequences, 8 tokens split 5+3 and 3 split
+// 2+1. Position 0 (this rank, computing on 7 tokens) receives its own
+// chunks (5, then 2) and position 1's (3, then 1); attention wants each
+// sequence whole.
 TEST(RouteLayout, UlyssesOrderPutsEachSequenceTogether) {
   RankPlan plan = TwoRankPlan();
   plan.ulysses.gpus = 2;
-  plan.ulysses.sequences = {{0, 0, 5, {3, 2}}, {1, 0, 2, {1, 1}}};
+  plan.ulysses.sequences = {{0, 0, 8, {5, 3}}, {1, 0, 3, {2, 1}}};
   auto layout = DeriveRouteLayout(plan, {3, 2}, 0, 2, 2, 0);
   ASSERT_TRUE(layout.ok()) << layout.status();
   EXPECT_THAT(layout->ulysses_send_rows, ElementsAre(7, 7));
-  EXPECT_THAT(layout->ulysses_recv_rows, ElementsAre(4, 3));
-  EXPECT_THAT(layout->attention_lengths, ElementsAre(5, 2));
-  EXPECT_EQ(layout->attention_rows, 7);
-  EXPECT_THAT(layout->attention_index, ElementsAre(0, 1, 2, 4, 5, 3, 6));
+  EXPECT_THAT(layout->ulysses_recv_rows, ElementsAre(7, 4));
+  EXPECT_THAT(layout->attention_lengths, ElementsAre(8, 3));
+  EXPECT_EQ(layout->attention_rows, 11);
+  EXPECT_THAT(AttentionIndex(layout->ulysses_recv_rows, plan.ulysses),
+              ElementsAre(0, 1, 2, 3, 4, 7, 8, 9, 5, 6, 10));
+}
+
+// What a hostile plan claims about the peers must not size anything before
+// they confirm it: the rank's own position is checked against its chunks.
+TEST(RouteLayout, ABagWhoseOwnPositionIsNotWhatTheRankComputesOnIsRefused) {
+  RankPlan plan = TwoRankPlan();
+  plan.ulysses.gpus = 2;
+  plan.ulysses.sequences = {{0, 0, int64_t{1} << 40, {6, (int64_t{1} << 40) - 6}}};
+  EXPECT_EQ(DeriveRouteLayout(plan, {3, 2}, 0, 2, 2, 0).status().message(),
+            "plan: rank 0's bag lists 6 tokens at its position but it computes on 7");
+}
+
+TEST(RouteLayout, CountsThatOverflowAreRefused) {
+  RankPlan plan = TwoRankPlan();
+  plan.ulysses.gpus = 2;
+  const int64_t huge = std::numeric_limits<int64_t>::max() - 2;
+  plan.ulysses.sequences = {{0, 0, 7, {7, 0}}, {1, 0, huge, {0, huge}}, {1, 1, huge, {0, huge}}};
+  EXPECT_EQ(DeriveRouteLayout(plan, {3, 2}, 0, 2, 2, 0).status().message(),
+            "plan: rank 0's Ulysses chunks overflow 64 bits");
+  plan = TwoRankPlan();
+  plan.route.recvs = {{0, 0, 0, huge}, {1, 0, 0, huge}};
+  plan.compute_chunk_lengths = {huge, huge};
+  EXPECT_EQ(Derive(plan, {3, 2}).message(), "plan: rank 0's chunks overflow 64 bits");
+}
+
+TEST(RouteLayout, SendingTheSameTokensOverAndOverIsRefusedBeforeTheyAreListed) {
+  RankPlan plan = TwoRankPlan();
+  plan.route.sends.assign(1000000, Transfer{0, 0, 0, 3});  // 3 tokens, a million times
+  EXPECT_EQ(Derive(plan, {3, 2}).message(), "plan: rank 0 is asked to send more than its 5 tokens");
 }
 
 TEST(RouteLayout, ABagThatIsNotThisRanksIsRefused) {
