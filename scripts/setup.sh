@@ -21,6 +21,7 @@ packages=(
   python3-torch            # torch for /usr/bin/python3: the Python package and its tests
   python3-pytest           # the Python package's tests
   python3-venv             # the wheel's install test (a venv with --system-site-packages)
+  clang libclang-rt-14-dev # libFuzzer with ASan + UBSan (tests/fuzz, --config=fuzz)
 )
 
 # Node.js for the deploy type checks: the image's own if it has one (Debian's

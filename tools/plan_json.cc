@@ -41,6 +41,9 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
   } catch (const json::parse_error& error) {
     return absl::InvalidArgumentError(
         absl::StrCat("input: not valid JSON (byte ", error.byte, ")"));
+  } catch (const json::out_of_range&) {
+    // A number past a double (1E400): thrown by the parser, not a parse_error.
+    return absl::InvalidArgumentError("input: a number is out of range");
   }
   if (!root.is_object()) return FieldError("input", "must be a JSON object");
   for (const auto& item : root.items()) {

@@ -77,6 +77,12 @@ TEST(PlanJsonTest, NamesTheBadField) {
       {R"({"topology": "g1n1", "token_bytes": 16777217, "ranks": [[1]]})",
        "token_bytes: must be in [0, 16777216]"},
       {R"({"topology": "g1n1", "ranks": [[1]], "rank": 3})", "rank: unknown field"},
+      // Found by plan_json_fuzzer: a number past a double was an uncaught
+      // exception (the process aborted).
+      {"77777777777777777777777777E777277E7772", "input: a number is out of range"},
+      {"1E400", "input: a number is out of range"},
+      {R"({"topology": "g1n1", "gamma": 1E400, "ranks": [[1]]})",
+       "input: a number is out of range"},
   };
   for (const auto& [text, message] : cases) {
     auto request = ParsePlanRequest(text);

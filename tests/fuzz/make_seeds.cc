@@ -1,0 +1,108 @@
+// Writes the binary seed corpora of the request and response fuzzers: real
+// Plan and PlanGroup requests, and real answers with the rank header
+// plan_response_fuzzer expects. Usage: make_seeds DIR (DIR/corpus/NAME/...).
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "knapformer/v1/planner.pb.h"
+#include "planner/balancer.h"
+#include "planner/topology.h"
+#include "proto/plan_proto.h"
+
+namespace knapformer {
+namespace {
+
+void Write(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+}
+
+v1::StepSpec Spec(const std::string& topology, int32_t world_size) {
+  v1::StepSpec spec;
+  spec.set_job_id("seed");
+  spec.set_step(3);
+  spec.set_world_size(world_size);
+  spec.set_topology(topology);
+  spec.set_d_model(64);
+  spec.set_gamma(0.5);
+  spec.set_incarnation(0x5eed);
+  return spec;
+}
+
+// Small lengths (one byte each, for the response header), varied per rank.
+RankLengths Lengths(int32_t world_size, int seed) {
+  RankLengths lengths(world_size);
+  for (int32_t r = 0; r < world_size; ++r) {
+    for (int i = 0; i < 1 + (r + seed) % 4; ++i) {
+      lengths[r].push_back(1 + (r * 37 + i * 101 + seed * 13) % 200);
+    }
+  }
+  lengths[seed % world_size].push_back(250);
+  return lengths;
+}
+
+}  // namespace
+}  // namespace knapformer
+
+int main(int argc, char** argv) {
+  using namespace knapformer;
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_seeds DIR\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  struct Case {
+    std::string topology;
+    int32_t world_size;
+    v1::CostModel cost;
+    v1::Locality locality;
+    int64_t cap;
+  };
+  const std::vector<Case> cases = {
+      {"g1n2+g2n1+g4n1", 8, v1::COST_MODEL_TRANSFORMER, v1::LOCALITY_PLANNER_DEFAULT, 0},
+      {"g1n4", 8, v1::COST_MODEL_LINEAR, v1::LOCALITY_OFF, 0},
+      {"g2n2", 4, v1::COST_MODEL_UNIFORM, v1::LOCALITY_ON, 0},
+      {"g4n1+g1n4", 16, v1::COST_MODEL_TRANSFORMER, v1::LOCALITY_ON, 600},
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const Case& k = cases[c];
+    v1::StepSpec spec = Spec(k.topology, k.world_size);
+    spec.set_cost_model(k.cost);
+    spec.set_locality(k.locality);
+    spec.set_max_tokens_per_gpu(k.cap);
+    const RankLengths lengths = Lengths(k.world_size, static_cast<int>(c));
+    v1::PlanRequest request;
+    *request.mutable_spec() = spec;
+    request.set_rank(static_cast<int32_t>(c) % k.world_size);
+    for (int64_t l : lengths[request.rank()]) request.add_sequence_lengths(l);
+    Write(absl::StrCat(dir, "/corpus/plan_request_fuzzer/seed_", c), request.SerializeAsString());
+    v1::PlanGroupRequest group;
+    *group.mutable_spec() = spec;
+    for (const auto& rank : lengths) {
+      group.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
+    }
+    Write(absl::StrCat(dir, "/corpus/plan_group_request_fuzzer/seed_", c),
+          group.SerializeAsString());
+  }
+  // Answers of an 8-rank g1n2+g2n1+g4n1 world, one seed per rank.
+  const World world = *World::Create(*Topology::Parse("g1n2+g2n1+g4n1"), 8);
+  for (int seed = 0; seed < 2; ++seed) {
+    const RankLengths lengths = Lengths(8, seed);
+    const Plan plan = *BalanceGreedy(world, *CostModel::Create(64, 0.5), lengths);
+    for (int32_t r = 0; r < 8; ++r) {
+      std::string bytes(1, static_cast<char>(r | (lengths[r].size() << 3)));
+      for (int64_t l : lengths[r]) bytes.push_back(static_cast<char>(l));
+      v1::PlanResponse response;
+      response.set_job_id("seed");
+      response.set_step(3);
+      RankPlanToProto(plan.Slice(r), response.mutable_plan());
+      *response.mutable_balance() = BalanceToProto(plan, 128, 10);
+      bytes += response.SerializeAsString();
+      Write(absl::StrCat(dir, "/corpus/plan_response_fuzzer/seed_", seed, "_rank_", r), bytes);
+    }
+  }
+  return 0;
+}

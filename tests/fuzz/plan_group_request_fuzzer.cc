@@ -1,0 +1,43 @@
+// A PlanGroup request as it comes off the network (any bytes): refused with
+// a message naming a field, or solved as the service solves it (worlds up to
+// 64 ranks); the plan must be valid and accepted by every rank's client
+// checks.
+#include <cstddef>
+#include <cstdint>
+
+#include "google/protobuf/stubs/logging.h"
+#include "knapformer/v1/planner.pb.h"
+#include "proto/plan_proto.h"
+#include "server/request_check.h"
+#include "server/service_limits.h"
+#include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/solve_check.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace knapformer;
+  // Invalid UTF-8 in a string field is a parse failure; protobuf's log line
+  // about each one would drown the fuzzer's output.
+  static const bool quiet = (google::protobuf::SetLogHandler(nullptr), true);
+  (void)quiet;
+  v1::PlanGroupRequest request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+  const ServiceLimits limits;
+  absl::StatusOr<CheckedSpec> checked = CheckPlanGroupRequest(request, limits);
+  if (!checked.ok()) {
+    const std::string message(checked.status().message());
+    fuzz::Require(message.find(':') != std::string::npos,
+                  "a refused request names the field", message);
+    return 0;
+  }
+  const int32_t world_size = request.spec().world_size();
+  fuzz::Require(request.ranks_size() == world_size, "one entry per rank");
+  if (world_size > 64) return 0;
+  RankLengths lengths(world_size);
+  for (int32_t r = 0; r < world_size; ++r) {
+    const auto& field = request.ranks(r).sequence_lengths();
+    lengths[r].assign(field.begin(), field.end());
+  }
+  fuzz::SolveAndCheck(*checked->world, checked->cost, lengths,
+                      BalancerOptionsForSpec(BalancerOptions(), request.spec()));
+  return 0;
+}

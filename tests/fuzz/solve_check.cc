@@ -1,0 +1,62 @@
+#include "tests/fuzz/solve_check.h"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "client/route_layout.h"
+#include "knapformer/v1/planner.pb.h"
+#include "planner/validate.h"
+#include "proto/plan_proto.h"
+#include "tests/fuzz/fuzz_check.h"
+
+namespace knapformer::fuzz {
+namespace {
+
+// Rows listed per rank by the layout checks: beyond this the check is
+// skipped (the fuzzer's inputs are small; the solver still ran).
+constexpr int64_t kMaxRowsToList = 1 << 16;
+
+void CheckSlice(const Plan& plan, const World& world, const RankLengths& lengths, int32_t rank) {
+  v1::RankPlan proto;
+  RankPlanToProto(plan.Slice(rank), &proto);
+  absl::StatusOr<RankPlan> slice = RankPlanFromProto(proto, plan.world_size);
+  Require(slice.ok(), "a slice survives the wire", slice.status().ToString());
+  const RankLocation where = world.Locate(rank);
+  const Bag& bag = world.topology().bag(where.bag);
+  const int32_t first_rank = where.replica * world.topology().group_size() + bag.first_rank;
+  absl::StatusOr<RouteLayout> layout =
+      DeriveRouteLayout(*slice, lengths[rank], rank, plan.world_size, bag.gpus, first_rank);
+  Require(layout.ok(), "the client accepts the service's slice", layout.status().ToString());
+  std::vector<int64_t> sorted = layout->send_index;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < static_cast<int64_t>(sorted.size()); ++i) {
+    Require(sorted[i] == i, "the send order is a permutation of the input");
+  }
+  if (bag.gpus > 1 && layout->attention_rows <= kMaxRowsToList) {
+    const std::vector<int64_t> index = AttentionIndex(layout->ulysses_recv_rows, slice->ulysses);
+    Require(static_cast<int64_t>(index.size()) == layout->attention_rows,
+            "the attention order covers the bag's tokens");
+  }
+}
+
+}  // namespace
+
+void SolveAndCheck(const World& world, const CostModel& cost, const RankLengths& lengths,
+                   const BalancerOptions& options) {
+  absl::StatusOr<Plan> plan = BalanceGreedy(world, cost, lengths, options);
+  if (!plan.ok()) {
+    Require(!plan.status().message().empty(), "a refused step says why");
+    return;
+  }
+  absl::Status valid = ValidatePlan(*plan, world, lengths);
+  Require(valid.ok(), "the plan is valid", valid.ToString());
+  valid = ValidateSlices(*plan, lengths);
+  Require(valid.ok(), "the slices are valid", valid.ToString());
+  for (int32_t rank = 0; rank < plan->world_size; ++rank) {
+    const int64_t rows = std::accumulate(lengths[rank].begin(), lengths[rank].end(), int64_t{0});
+    if (rows <= kMaxRowsToList) CheckSlice(*plan, world, lengths, rank);
+  }
+}
+
+}  // namespace knapformer::fuzz
