@@ -109,6 +109,11 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*co
     rendezvous_.AddTiming(request->spec(), request->rank(), request->previous());
   }
   Rendezvous::Arrival arrival = rendezvous_.Arrive(call, *std::move(checked), absl::Now());
+  for (const FailedCalls& evicted : arrival.evicted) {
+    for (PendingCall* waiting : evicted.calls) {
+      static_cast<PlanCall*>(waiting)->FinishWith(evicted.status);
+    }
+  }
   if (!arrival.status.ok()) {
     call->FinishWith(arrival.status);
   } else if (arrival.ready != nullptr) {

@@ -75,20 +75,28 @@ absl::StatusOr<Rendezvous::Place> Rendezvous::FindOrCreateGroup(const v1::StepSp
   if (job_it == jobs_.end()) {
     if (static_cast<int64_t>(jobs_.size()) >= limits_.max_jobs) {
       // Make room: forget the least recently active job with nothing
-      // pending (ties: the smallest id), so that a burst of job ids, stray
-      // or stale, cannot lock new jobs out for the job TTL.
+      // pending that never had a step planned, else the least recently
+      // active one idle for longer than the rendezvous timeout (ties: the
+      // smallest id), so that a burst of job ids, stray or stale, can
+      // neither lock new jobs out for the job TTL nor push out a job that
+      // is training.
       auto victim = jobs_.end();
+      auto better = [&](const Job& job, const Job& than) {
+        if (job.planned != than.planned) return !job.planned;
+        return job.last_activity < than.last_activity;
+      };
       for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
-        if (it->second.pending == 0 &&
-            (victim == jobs_.end() || it->second.last_activity < victim->second.last_activity)) {
-          victim = it;
-        }
+        const Job& job = it->second;
+        if (job.pending != 0) continue;
+        if (job.planned && job.last_activity + limits_.rendezvous_timeout > now) continue;
+        if (victim == jobs_.end() || better(job, victim->second)) victim = it;
       }
       if (victim == jobs_.end()) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "spec.job_id: the server already tracks ", jobs_.size(),
-            " jobs, its limit, and every one has a step waiting for ranks (a job with nothing "
-            "pending makes room; idle jobs are forgotten after ",
+            " jobs, its limit, and every one has a step waiting for ranks or planned one within "
+            "the rendezvous timeout (a job with nothing pending makes room; idle jobs are "
+            "forgotten after ",
             absl::FormatDuration(limits_.job_ttl), ")"));
       }
       evicted_.push_back(victim->first);
@@ -163,7 +171,8 @@ Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, a
   }
   auto step_it = group.pending.find(spec.step());
   if (step_it == group.pending.end()) {
-    if (pending_steps_ >= limits_.max_pending_steps) {
+    if (pending_steps_ >= limits_.max_pending_steps &&
+        !MakeRoomFor(job, spec, &arrival.evicted)) {
       arrival.status = absl::ResourceExhaustedError(
           absl::StrCat("spec.step: ", pending_steps_,
                        " steps are already waiting for ranks, the server's limit; ",
@@ -356,6 +365,7 @@ void Rendezvous::RecordPlanned(const v1::StepSpec& spec, const std::string& topo
   group.last_balance = balance;
   group.last_activity = now;
   place.job->last_activity = now;
+  place.job->planned = true;
 }
 
 void Rendezvous::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing) {
@@ -503,6 +513,47 @@ int32_t Rendezvous::jobs() const {
 int64_t Rendezvous::jobs_evicted() const {
   absl::MutexLock lock(&mu_);
   return jobs_evicted_;
+}
+
+int64_t Rendezvous::steps_evicted() const {
+  absl::MutexLock lock(&mu_);
+  return steps_evicted_;
+}
+
+bool Rendezvous::MakeRoomFor(const Job& job, const v1::StepSpec& spec,
+                             std::vector<FailedCalls>* evicted) {
+  auto holder = jobs_.end();
+  for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+    if (holder == jobs_.end() || it->second.pending > holder->second.pending) holder = it;
+  }
+  if (holder == jobs_.end() || &holder->second == &job ||
+      holder->second.pending < job.pending + 2) {
+    return false;
+  }
+  Group* oldest_group = nullptr;
+  std::map<uint64_t, std::unique_ptr<Step>>::iterator oldest;
+  for (auto& [key, group] : holder->second.groups) {
+    for (auto it = group.pending.begin(); it != group.pending.end(); ++it) {
+      if (oldest_group == nullptr || it->second->first_arrival < oldest->second->first_arrival) {
+        oldest_group = &group;
+        oldest = it;
+      }
+    }
+  }
+  if (oldest_group == nullptr) return false;  // pending counts say otherwise; refuse
+  FailedCalls f;
+  f.job_id = holder->first;
+  f.calls = std::move(oldest->second->calls);
+  f.status = absl::ResourceExhaustedError(absl::StrCat(
+      StepName(oldest->second->spec), ": given up to make room for ", StepName(spec), "; job '",
+      holder->first, "' held ", holder->second.pending, " of the server's ",
+      limits_.max_pending_steps, " pending steps"));
+  evicted->push_back(std::move(f));
+  oldest_group->pending.erase(oldest);
+  --holder->second.pending;
+  --pending_steps_;
+  ++steps_evicted_;
+  return true;
 }
 
 int64_t Rendezvous::groups_replaced() const {

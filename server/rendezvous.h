@@ -75,9 +75,15 @@ class Rendezvous {
     absl::Status status;
     // Set when this call completed its step: the step left the rendezvous.
     std::unique_ptr<ReadyStep> ready;
+    // A step another job gave up to make room for this one (see Arrive):
+    // answer its calls with the status. Set even when `status` is not OK.
+    std::vector<FailedCalls> evicted;
   };
 
   // Adds `call`, whose request passed CheckPlanRequest (giving `checked`).
+  // At max_pending_steps, a new step is opened by taking the oldest pending
+  // step of the job holding the most, if it holds at least two more than
+  // this job: a flood from a few jobs cannot keep the others' steps out.
   // Errors: AlreadyExists (rank seen for this step, or the step was answered),
   // FailedPrecondition (spec differs from the step's first request),
   // ResourceExhausted (pending steps, jobs, groups or sequences per step),
@@ -134,6 +140,8 @@ class Rendezvous {
   int64_t jobs_evicted() const;
   // Groups forgotten because a new incarnation of them arrived, since the start.
   int64_t groups_replaced() const;
+  // Pending steps failed to make room for another job's, since the start.
+  int64_t steps_evicted() const;
 
   // NotFound for an unknown job.
   absl::StatusOr<v1::JobState> GetJob(const std::string& job_id, absl::Time now) const;
@@ -180,6 +188,7 @@ class Rendezvous {
     std::map<GroupKey, Group> groups;
     absl::Time last_activity;
     int32_t pending = 0;
+    bool planned = false;            // a step of it was solved
     bool timed = false;              // a rank has sent a timing
     std::deque<WorkSample> timings;  // the last timing_window samples
     bool timings_changed = false;
@@ -202,6 +211,11 @@ class Rendezvous {
   // Undoes a creation by FindOrCreateGroup for a refused request, so refused
   // requests never hold a job or group.
   void ForgetIfEmpty(const v1::StepSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At max_pending_steps: fails the oldest pending step of the job holding
+  // the most (into *evicted) if it holds at least two more than `job`;
+  // false when no job does.
+  bool MakeRoomFor(const Job& job, const v1::StepSpec& spec, std::vector<FailedCalls>* evicted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Refits the job's gamma if new timings came (O(timing_window)); keeps the
   // previous fit when the refit fails.
   void Refit(Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -211,6 +225,7 @@ class Rendezvous {
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   int32_t pending_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t groups_replaced_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t steps_evicted_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> evicted_ ABSL_GUARDED_BY(mu_);  // since DropIdleJobs
   int64_t jobs_evicted_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

@@ -547,6 +547,42 @@ TEST(RendezvousTest, MaxPendingStepsRefusesNewStepsButNotRanksOfOpenOnes) {
   EXPECT_EQ(rendezvous.pending_steps(), 2);
 }
 
+TEST(RendezvousTest, AtTheGlobalLimitTheJobHoldingMostGivesUpItsOldestStep) {
+  ServiceLimits limits;
+  limits.max_pending_steps = 3;
+  Rendezvous rendezvous{limits};
+  std::vector<std::unique_ptr<FakeCall>> flood;
+  for (uint64_t step = 1; step <= 3; ++step) {
+    flood.push_back(Call(Spec(step, 4, "flood"), 0));
+    ASSERT_TRUE(Arrive(rendezvous, flood.back().get(), kT0 + absl::Seconds(step)).status.ok());
+  }
+  // The good job's first step takes the flood's oldest (step 1).
+  auto good1 = Call(Spec(1, 4, "good"), 0);
+  Rendezvous::Arrival arrival = Arrive(rendezvous, good1.get(), kT0 + absl::Seconds(4));
+  ASSERT_TRUE(arrival.status.ok()) << arrival.status;
+  ASSERT_EQ(arrival.evicted.size(), 1u);
+  EXPECT_EQ(arrival.evicted[0].job_id, "flood");
+  EXPECT_THAT(arrival.evicted[0].calls, ElementsAre(flood[0].get()));
+  EXPECT_EQ(arrival.evicted[0].status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(arrival.evicted[0].status),
+              HasSubstr("step 1 of job 'flood' group '': given up to make room for step 1 of "
+                        "job 'good' group ''; job 'flood' held 3 of the server's 3 pending steps"));
+  EXPECT_FALSE(rendezvous.Leave(flood[0].get())) << "the evicted call is out of the rendezvous";
+  EXPECT_EQ(rendezvous.pending_steps(), 3);
+  EXPECT_EQ(rendezvous.steps_evicted(), 1);
+  // Now the flood holds 2 and the good job 1: fair enough, its next step is refused.
+  auto good2 = Call(Spec(2, 4, "good"), 0);
+  arrival = Arrive(rendezvous, good2.get(), kT0 + absl::Seconds(5));
+  EXPECT_EQ(arrival.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(arrival.evicted.empty());
+  // And the flood cannot take back its room from the good job.
+  auto flood4 = Call(Spec(4, 4, "flood"), 0);
+  arrival = Arrive(rendezvous, flood4.get(), kT0 + absl::Seconds(6));
+  EXPECT_EQ(arrival.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(arrival.evicted.empty());
+  EXPECT_EQ(rendezvous.steps_evicted(), 1);
+}
+
 TEST(RendezvousTest, MaxPendingStepsPerJobKeepsOneJobFromStarvingTheOthers) {
   ServiceLimits limits;
   limits.max_pending_steps = 100;
@@ -699,6 +735,33 @@ TEST(RendezvousTest, AtMaxJobsTheLeastRecentlyActiveIdleJobMakesRoom) {
   // Known jobs still get new groups and steps.
   auto c2 = Call(Spec(2, 4, "c", "g2"), 0);
   EXPECT_TRUE(Arrive(rendezvous, c2.get(), kT0 + absl::Seconds(8)).status.ok());
+}
+
+// A job that is training (a step planned within the rendezvous timeout) is
+// never pushed out for a new job id; one idle for longer is, after the
+// jobs that never had a step planned.
+TEST(RendezvousTest, AtMaxJobsAJobThatIsTrainingKeepsItsPlace) {
+  ServiceLimits limits;
+  limits.max_jobs = 2;
+  limits.rendezvous_timeout = absl::Seconds(30);
+  Rendezvous rendezvous{limits};
+  auto trainer = CompleteStep(rendezvous, Spec(1, 4, "trainer"), kT0);
+  rendezvous.RecordPlanned(Spec(1, 4, "trainer"), "g1n4", v1::Balance(), kT0);
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "never-planned"), kT0 + absl::Seconds(1)).ok());
+  // The never-planned job goes first, though more recently active.
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "new-1"), kT0 + absl::Seconds(2)).ok());
+  EXPECT_EQ(rendezvous.GetJob("never-planned", kT0).status().code(),
+            absl::StatusCode::kNotFound);
+  // new-1 waits for ranks: the trainer, idle for 10 s only, keeps its place.
+  auto waiting = Call(Spec(1, 4, "new-1"), 0);
+  ASSERT_TRUE(Arrive(rendezvous, waiting.get(), kT0 + absl::Seconds(3)).status.ok());
+  absl::Status refused = rendezvous.Touch(Spec(1, 4, "new-2"), kT0 + absl::Seconds(10));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(refused), HasSubstr("or planned one within the rendezvous timeout"));
+  EXPECT_TRUE(rendezvous.GetJob("trainer", kT0).ok());
+  // Idle for longer than the rendezvous timeout, it makes room.
+  EXPECT_TRUE(rendezvous.Touch(Spec(1, 4, "new-2"), kT0 + absl::Seconds(31)).ok());
+  EXPECT_EQ(rendezvous.GetJob("trainer", kT0).status().code(), absl::StatusCode::kNotFound);
 }
 
 // A burst of stray job ids, each leaving a step waiting: once their steps
