@@ -41,9 +41,18 @@ class RunTimes {
   std::vector<absl::Time> times_ ABSL_GUARDED_BY(mu_);
 };
 
+// Returns once the pool's thread runs tasks (a sanitizer can delay a new
+// thread's start by hundreds of milliseconds).
+void AwaitRunning(ThreadPool& pool) {
+  RunTimes warm(1);
+  pool.Schedule(warm.Task(0));
+  ASSERT_TRUE(warm.WaitRan(0, absl::Seconds(30)));
+}
+
 TEST(ThreadPool, ATimedTaskRunsAfterItsTimeAndOthersRunMeanwhile) {
+  RunTimes runs(2);    // outlives the pool, whose destructor may run tasks
   ThreadPool pool(1);  // one thread: a sleeping timed task would block the other
-  RunTimes runs(2);
+  AwaitRunning(pool);
   const absl::Time start = absl::Now();
   pool.ScheduleAt(start + absl::Milliseconds(300), runs.Task(0));
   pool.Schedule(runs.Task(1));
@@ -55,8 +64,9 @@ TEST(ThreadPool, ATimedTaskRunsAfterItsTimeAndOthersRunMeanwhile) {
 }
 
 TEST(ThreadPool, ATaskDueSoonerWakesAThreadWaitingForALaterOne) {
-  ThreadPool pool(1);
   RunTimes runs(2);
+  ThreadPool pool(1);
+  AwaitRunning(pool);
   const absl::Time start = absl::Now();
   pool.ScheduleAt(start + absl::Seconds(60), runs.Task(0));
   absl::SleepFor(absl::Milliseconds(50));  // the thread now waits for 60 s
@@ -67,9 +77,9 @@ TEST(ThreadPool, ATaskDueSoonerWakesAThreadWaitingForALaterOne) {
 }
 
 TEST(ThreadPool, TasksDueTogetherRunInTheOrderScheduled) {
-  ThreadPool pool(1);
   std::vector<int> order;
   absl::Mutex mu;
+  ThreadPool pool(1);
   const absl::Time when = absl::Now() + absl::Milliseconds(50);
   for (int i = 0; i < 5; ++i) {
     pool.ScheduleAt(when, [&, i] {

@@ -1,0 +1,40 @@
+#!/bin/bash
+# Builds Debian's Abseil (the same source release as the installed
+# libabsl-dev, with its installed headers) as static libraries instrumented
+# for ThreadSanitizer, and prints the directory holding them. Debian's
+# shared libraries are built without TSan, so TSan cannot see an
+# absl::Mutex synchronise and reports every access behind one as a race;
+# linking these instead (`--config=tsan --linkopt=-L<dir>`) makes the
+# server's tests checkable. Cached under $XDG_CACHE_HOME (or ~/.cache).
+# The source comes from Debian's archive, checked against its published
+# SHA-256.
+set -euo pipefail
+version="20220623.1"
+sha256="abfe2897f3a30edaa74bc34365afe3c2a3cd012091a97dc7e008f7016adcd5fe"
+installed="$(dpkg-query -W -f='${Version}' libabsl-dev 2>/dev/null || true)"
+if [[ "$installed" != "$version"-* ]]; then
+  echo "tsan_absl: libabsl-dev is '$installed', this script builds $version" >&2
+  exit 1
+fi
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/knapformer/tsan-absl-$installed"
+if [[ -f "$cache/done" ]]; then
+  echo "$cache/lib"
+  exit 0
+fi
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+tarball="abseil_${version}.orig.tar.gz"
+curl -fsS --retry 3 -o "$work/$tarball" "http://deb.debian.org/debian/pool/main/a/abseil/$tarball" >&2
+echo "$sha256  $work/$tarball" | sha256sum -c --quiet - >&2
+tar -C "$work" -xzf "$work/$tarball"
+src="$work/abseil-$version"
+# Debian's patches change only headers (its inline namespace, std types
+# off, hardening): build with exactly the installed ones.
+cp -r /usr/include/absl/. "$src/absl/"
+cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_STANDARD=17 \
+  -DCMAKE_CXX_FLAGS="-fsanitize=thread -O1 -g" -DCMAKE_C_FLAGS="-fsanitize=thread" \
+  -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DBUILD_TESTING=OFF -DCMAKE_INSTALL_PREFIX="$cache" >&2
+cmake --build "$work/build" -j "$(nproc)" >&2
+cmake --install "$work/build" >&2
+touch "$cache/done"
+echo "$cache/lib"
