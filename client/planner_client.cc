@@ -295,9 +295,9 @@ struct PlannerClient::Rep {
 };
 
 PlannerClient::PlannerClient(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
+PlannerClient::~PlannerClient() = default;
 
 uint64_t PlannerClient::incarnation() const { return rep_->incarnation; }
-PlannerClient::~PlannerClient() = default;
 
 absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClientOptions options,
                                                                       Transport* transport) {

@@ -171,15 +171,7 @@ Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, a
   }
   auto step_it = group.pending.find(spec.step());
   if (step_it == group.pending.end()) {
-    if (pending_steps_ >= limits_.max_pending_steps &&
-        !MakeRoomFor(job, spec, &arrival.evicted)) {
-      arrival.status = absl::ResourceExhaustedError(
-          absl::StrCat("spec.step: ", pending_steps_,
-                       " steps are already waiting for ranks, the server's limit; ",
-                       StepName(spec), " was not opened"));
-      if (created) ForgetIfEmpty(spec);
-      return arrival;
-    }
+    // Before making room: a step that would be refused takes none.
     if (job.pending >= limits_.max_pending_steps_per_job) {
       arrival.status = absl::ResourceExhaustedError(absl::StrCat(
           "spec.step: job '", spec.job_id(), "' already has ", job.pending,
@@ -192,6 +184,15 @@ Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, a
       arrival.status = absl::ResourceExhaustedError(absl::StrCat(
           "sequence_lengths: ", request.sequence_lengths_size(),
           " sequences exceed the limit of ", limits_.max_sequences_per_step, " per step"));
+      if (created) ForgetIfEmpty(spec);
+      return arrival;
+    }
+    if (pending_steps_ >= limits_.max_pending_steps &&
+        !MakeRoomFor(job, spec, &arrival.evicted)) {
+      arrival.status = absl::ResourceExhaustedError(
+          absl::StrCat("spec.step: ", pending_steps_,
+                       " steps are already waiting for ranks, the server's limit; ",
+                       StepName(spec), " was not opened"));
       if (created) ForgetIfEmpty(spec);
       return arrival;
     }
