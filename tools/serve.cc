@@ -20,7 +20,7 @@ const char kServeUsage[] =
     "            [--rendezvous-timeout-ms 60000] [--job-ttl-s 3600]\n"
     "            [--max-world-size 16384] [--max-sequences-per-rank 65536]\n"
     "            [--max-sequences-per-step 4194304] [--max-pending-steps 1024]\n"
-    "            [--max-jobs 256] [--max-groups-per-job 1024]\n"
+    "            [--max-pending-steps-per-job 256] [--max-jobs 256] [--max-groups-per-job 1024]\n"
     "            [--max-message-bytes 67108864] [--remembered-steps 64]\n"
     "            [--timed-steps 8] [--timing-window 4096] [--min-timing-samples 16]\n"
     "            [--refine-rounds 256] [--locality on|off] [--solver-threads 0 (= cores)]\n"
@@ -51,7 +51,8 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
       Args args,
       Args::Parse(argv, {"listen", "metrics", "rendezvous-timeout-ms", "job-ttl-s",
                          "max-world-size", "max-sequences-per-rank", "max-sequences-per-step",
-                         "max-pending-steps", "max-pending-steps-per-job", "max-jobs", "max-groups-per-job",
+                         "max-pending-steps", "max-pending-steps-per-job", "max-jobs",
+                         "max-groups-per-job",
                          "max-message-bytes", "remembered-steps", "refine-rounds", "locality",
                          "timed-steps", "timing-window", "min-timing-samples",
                          "solver-threads", "tls-cert", "tls-key", "tls-client-ca",
