@@ -4,6 +4,7 @@
 # fuzzer's executions; exits non-zero on any crash, leak, sanitizer report
 # or timeout, leaving the input under $FUZZ_ARTIFACTS (default /tmp/fuzz-artifacts).
 # Usage: tests/fuzz/run_fuzzers.sh [SECONDS] [FUZZER...]
+# With FUZZ_RUNS=N each fuzzer stops after N executions (or SECONDS).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -26,7 +27,8 @@ for f in "${fuzzers[@]}"; do
   cp tests/fuzz/corpus/"$f"/* "$work"/
   log="$artifacts/$f.log"
   # -timeout: one input taking 10 s is a hang; -rss_limit_mb bounds memory.
-  "$bin/$f" "$work" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  "$bin/$f" "$work" -max_total_time="$seconds" ${FUZZ_RUNS:+-runs="$FUZZ_RUNS"} \
+    -timeout=10 -rss_limit_mb=2048 \
     -max_len=4096 -print_final_stats=1 -artifact_prefix="$artifacts/$f-" >"$log" 2>&1
   rc=$?
   runs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')"
@@ -35,7 +37,7 @@ for f in "${fuzzers[@]}"; do
     grep -E "ERROR|fuzz property broken|SUMMARY|Test unit written" "$log" | head -20
     status=1
   else
-    echo "fuzz ok: $f: ${runs:-?} executions in ${seconds} s, corpus of $(ls tests/fuzz/corpus/"$f" | wc -l) seeds"
+    echo "fuzz ok: $f: ${runs:-?} executions (at most ${seconds} s) from $(ls tests/fuzz/corpus/"$f" | wc -l) seeds, corpus grown to $(ls "$work" | wc -l)"
   fi
   rm -rf "$work"
 done
