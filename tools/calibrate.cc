@@ -1,5 +1,6 @@
 #include "tools/calibrate.h"
 
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -37,10 +38,13 @@ absl::StatusOr<std::vector<WorkSample>> ParseTimingCsv(const std::string& text, 
       return absl::InvalidArgumentError(absl::StrCat(
           "--input: line ", line_number, ": expected \"length,seconds\", got \"", line, "\""));
     }
-    if (length < 1 || length > CostModel::kMaxLength || !(seconds >= 0)) {
+    // SimpleAtod reads "2e9400" as infinity: a time, like a NaN, that no fit
+    // can use.
+    if (length < 1 || length > CostModel::kMaxLength || !(seconds >= 0) ||
+        !std::isfinite(seconds)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--input: line ", line_number, ": length must be in [1, ", CostModel::kMaxLength,
-          "] and seconds >= 0"));
+          "] and seconds finite and >= 0"));
     }
     samples.push_back(SequenceSample(length, d_model, seconds));
   }
