@@ -51,16 +51,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Bag& bag = world->topology().bag(where.bag);
   absl::StatusOr<RouteLayout> layout = DeriveRouteLayout(
       *plan, lengths, rank, world->world_size(), bag.gpus,
-      where.replica * world->topology().group_size() + bag.first_rank);
+      world->RankOf({where.replica, where.bag, 0}));
   if (!layout.ok()) return 0;
   const int64_t input = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
   fuzz::Require(layout->input_rows == input, "input rows are the lengths' sum");
   fuzz::Require(static_cast<int64_t>(layout->send_index.size()) == input, "every row is sent");
-  std::vector<int64_t> sorted = layout->send_index;
-  std::sort(sorted.begin(), sorted.end());
-  for (int64_t i = 0; i < input; ++i) {
-    fuzz::Require(sorted[i] == i, "the send order is a permutation of the input");
-  }
+  fuzz::RequirePermutation(layout->send_index, "the send order is a permutation of the input");
   fuzz::Require(std::accumulate(layout->send_rows.begin(), layout->send_rows.end(), int64_t{0}) ==
                     input,
                 "send counts add up to the input");
@@ -77,10 +73,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Require(static_cast<int64_t>(index.size()) == layout->attention_rows &&
                     layout->attention_rows == received,
                 "the attention order covers exactly the received rows");
-  sorted = index;
-  std::sort(sorted.begin(), sorted.end());
-  for (int64_t i = 0; i < received; ++i) {
-    fuzz::Require(sorted[i] == i, "the attention order is a permutation");
-  }
+  fuzz::RequirePermutation(index, "the attention order is a permutation");
   return 0;
 }

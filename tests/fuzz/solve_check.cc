@@ -1,6 +1,5 @@
 #include "tests/fuzz/solve_check.h"
 
-#include <algorithm>
 #include <numeric>
 #include <vector>
 
@@ -24,15 +23,11 @@ void CheckSlice(const Plan& plan, const World& world, const RankLengths& lengths
   Require(slice.ok(), "a slice survives the wire", slice.status().ToString());
   const RankLocation where = world.Locate(rank);
   const Bag& bag = world.topology().bag(where.bag);
-  const int32_t first_rank = where.replica * world.topology().group_size() + bag.first_rank;
+  const int32_t first_rank = world.RankOf({where.replica, where.bag, 0});
   absl::StatusOr<RouteLayout> layout =
       DeriveRouteLayout(*slice, lengths[rank], rank, plan.world_size, bag.gpus, first_rank);
   Require(layout.ok(), "the client accepts the service's slice", layout.status().ToString());
-  std::vector<int64_t> sorted = layout->send_index;
-  std::sort(sorted.begin(), sorted.end());
-  for (int64_t i = 0; i < static_cast<int64_t>(sorted.size()); ++i) {
-    Require(sorted[i] == i, "the send order is a permutation of the input");
-  }
+  RequirePermutation(layout->send_index, "the send order is a permutation of the input");
   if (bag.gpus > 1 && layout->attention_rows <= kMaxRowsToList) {
     const std::vector<int64_t> index = AttentionIndex(layout->ulysses_recv_rows, slice->ulysses);
     Require(static_cast<int64_t>(index.size()) == layout->attention_rows,

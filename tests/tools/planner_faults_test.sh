@@ -109,32 +109,38 @@ run_sim() {  # output file, job id, then train-sim flags
 
 start_server 0 || exit 1
 
+# A 30-step run ($2, job id $3) that meets fault $4 (a function) once it has
+# done step 5; it must finish every step with at most one past the deadline,
+# and come back to the service after step 6.
+run_through_fault() {
+  local name="$1" out="$2" job="$3" fault="$4"
+  run_sim "$out" "$job" --steps 30 &
+  local sim=$!
+  if wait_for_step "$out" 5; then
+    "$fault"
+  else
+    fail "$name the run did not reach step 5: $(cat "$out" "$out.err")"
+  fi
+  wait "$sim" || fail "$name train-sim exited non-zero: $(cat "$out.err")"
+  check_run "$out" "$name" 0 29 1 service-after 6 || failures=$((failures + 1))
+}
+
 # (a) SIGSTOP for 5 s (the deadline is 2 s), then SIGCONT.
-run_sim "$tmp/a" stop-job --steps 30 &
-sim=$!
-if wait_for_step "$tmp/a" 5; then
+stop_for_5s() {
   kill -STOP "$server"
   sleep 5
   kill -CONT "$server"
-else
-  fail "(a) the run did not reach step 5: $(cat "$tmp/a" "$tmp/a.err")"
-fi
-wait "$sim" || fail "(a) train-sim exited non-zero: $(cat "$tmp/a.err")"
-check_run "$tmp/a" "(a) SIGSTOP" 0 29 1 service-after 6 || failures=$((failures + 1))
+}
+run_through_fault "(a) SIGSTOP" "$tmp/a" stop-job stop_for_5s
 
 # (b) SIGKILL, and a new planner on the same port 1 s later.
-run_sim "$tmp/b" kill-job --steps 30 &
-sim=$!
-if wait_for_step "$tmp/b" 5; then
+kill_and_restart() {
   kill -9 "$server"
   wait "$server" 2>/dev/null
   sleep 1
   start_server "$port" || fail "(b) the planner did not restart on port $port"
-else
-  fail "(b) the run did not reach step 5: $(cat "$tmp/b" "$tmp/b.err")"
-fi
-wait "$sim" || fail "(b) train-sim exited non-zero: $(cat "$tmp/b.err")"
-check_run "$tmp/b" "(b) SIGKILL" 0 29 1 service-after 6 || failures=$((failures + 1))
+}
+run_through_fault "(b) SIGKILL" "$tmp/b" kill-job kill_and_restart
 
 # (c) steps 0..12, a crash, and the run again from its checkpoint of step 8
 # with the same job id: the replayed steps 8..12 were answered already, for
@@ -152,18 +158,13 @@ sleep 0.5
 run_sim "$tmp/d" stranger-job --steps 6 || fail "(d) train-sim exited non-zero: $(cat "$tmp/d.err")"
 check_run "$tmp/d" "(d) stranger" 0 5 0 service-after 3 service 3 || failures=$((failures + 1))
 
-# (e) answers held back 4 s (the deadline is 2 s) for 6 s from step 5 on.
-run_sim "$tmp/e" slow-job --steps 30 &
-sim=$!
-if wait_for_step "$tmp/e" 5; then
+# (e) answers held back 4 s (the deadline is 2 s) for 6 s.
+slow_for_6s() {
   echo 4000 >"$tmp/delay"
   sleep 6
   rm -f "$tmp/delay"
-else
-  fail "(e) the run did not reach step 5: $(cat "$tmp/e" "$tmp/e.err")"
-fi
-wait "$sim" || fail "(e) train-sim exited non-zero: $(cat "$tmp/e.err")"
-check_run "$tmp/e" "(e) slow" 0 29 1 service-after 6 || failures=$((failures + 1))
+}
+run_through_fault "(e) slow" "$tmp/e" slow-job slow_for_6s
 
 echo "$failures failures"
 [[ $failures -eq 0 ]]
