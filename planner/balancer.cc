@@ -484,20 +484,7 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
     }
   }
 
-  // Bag index: a counting sort keeps sequences in id ((src_rank, seq_index)) order.
-  plan.bag_begin.assign(total_bags + 1, 0);
-  for (const PlacedSequence& seq : plan.sequences) {
-    if (seq.bag >= 0) ++plan.bag_begin[seq.bag + 1];
-  }
-  for (int32_t b = 0; b < total_bags; ++b) plan.bag_begin[b + 1] += plan.bag_begin[b];
-  plan.bag_sequences.resize(plan.bag_begin[total_bags]);
-  {
-    std::vector<int32_t> next(plan.bag_begin.begin(), plan.bag_begin.end() - 1);
-    for (int32_t s = 0; s < num_sequences; ++s) {
-      const int32_t bag = plan.sequences[s].bag;
-      if (bag >= 0) plan.bag_sequences[next[bag]++] = s;
-    }
-  }
+  plan.IndexBags();
   return plan;
 }
 

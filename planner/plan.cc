@@ -13,6 +13,22 @@ Route ReverseRoute(const Route& forward) {
   return reverse;
 }
 
+void Plan::IndexBags() {
+  // A counting sort keeps each bag's sequences in id order.
+  const int32_t total_bags = static_cast<int32_t>(bag_first_rank.size());
+  bag_begin.assign(total_bags + 1, 0);
+  for (const PlacedSequence& seq : sequences) {
+    if (seq.bag >= 0) ++bag_begin[seq.bag + 1];
+  }
+  for (int32_t b = 0; b < total_bags; ++b) bag_begin[b + 1] += bag_begin[b];
+  bag_sequences.resize(bag_begin[total_bags]);
+  std::vector<int32_t> next(bag_begin.begin(), bag_begin.end() - 1);
+  for (int32_t s = 0; s < static_cast<int32_t>(sequences.size()); ++s) {
+    const int32_t bag = sequences[s].bag;
+    if (bag >= 0) bag_sequences[next[bag]++] = s;
+  }
+}
+
 RankPlan Plan::Slice(int32_t rank) const {
   RankPlan slice;
   slice.rank = rank;

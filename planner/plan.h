@@ -103,6 +103,11 @@ struct Plan {
   std::vector<int32_t> bag_first_rank;       // per global bag
   std::vector<int32_t> bag_gpus;             // per global bag
 
+  // Fills bag_begin and bag_sequences from sequences[].bag, each bag's
+  // sequences in id ((src_rank, seq_index)) order. REQUIRES: bag_first_rank
+  // has one entry per global bag and every bag is in [-1, that size).
+  void IndexBags();
+
   // The slice of `rank`. REQUIRES: 0 <= rank < world_size.
   RankPlan Slice(int32_t rank) const;
 

@@ -305,6 +305,55 @@ absl::StatusOr<std::vector<std::string>> C10dTransport::DoAllGatherBytes(absl::s
   return result;
 }
 
+absl::Status C10dTransport::BroadcastFrom(at::Tensor& tensor, int root, const char* op) {
+  std::vector<at::Tensor> tensors = {tensor};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  return Run(op, [&] { return metadata_group().broadcast(tensors, options); });
+}
+
+absl::StatusOr<std::string> C10dTransport::BroadcastBytes(int root, absl::string_view mine) {
+  if (root < 0 || root >= size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("root: ", root, " is outside the group's ranks [0, ", size(), ")"));
+  }
+  return Guard("broadcast", metadata_device(), [&] { return DoBroadcastBytes(root, mine); });
+}
+
+absl::StatusOr<std::string> C10dTransport::DoBroadcastBytes(int root, absl::string_view mine) {
+  if (absl::Status usable = Usable(); !usable.ok()) return usable;
+  const c10::Device device = metadata_device();
+  const bool is_root = rank() == root;
+  // Most answers (a plan of a few hundred chunks) fit in the head: one
+  // collective.
+  constexpr int64_t kHeadBytes = 4096;
+  constexpr int64_t kHeadPayload = kHeadBytes - sizeof(int64_t);
+  at::Tensor head = at::zeros({kHeadBytes}, at::kByte);
+  const int64_t length = static_cast<int64_t>(mine.size());
+  if (is_root) {
+    std::memcpy(head.data_ptr<uint8_t>(), &length, sizeof(length));
+    std::memcpy(head.data_ptr<uint8_t>() + sizeof(length), mine.data(),
+                std::min(length, kHeadPayload));
+  }
+  head = head.to(device);
+  if (absl::Status sent = BroadcastFrom(head, root, "broadcast"); !sent.ok()) return sent;
+  head = head.to(at::kCPU);
+  int64_t total = 0;
+  std::memcpy(&total, head.data_ptr<uint8_t>(), sizeof(total));
+  if (total < 0) return absl::InternalError("broadcast: a negative length came back");
+  std::string result(reinterpret_cast<const char*>(head.data_ptr<uint8_t>()) + sizeof(total),
+                     std::min(total, kHeadPayload));
+  if (total <= kHeadPayload) return result;
+  const int64_t rest = total - kHeadPayload;
+  at::Tensor tail = at::empty({rest}, at::kByte);
+  if (is_root) std::memcpy(tail.data_ptr<uint8_t>(), mine.data() + kHeadPayload, rest);
+  tail = tail.to(device);
+  if (absl::Status sent = BroadcastFrom(tail, root, "broadcast"); !sent.ok()) return sent;
+  tail = tail.to(at::kCPU);
+  result.append(reinterpret_cast<const char*>(tail.data_ptr<uint8_t>()), rest);
+  return result;
+}
+
 absl::StatusOr<std::unique_ptr<Transport>> C10dTransport::Subgroup(const std::vector<int>& ranks) {
   if (!options_.new_subgroup) {
     return absl::FailedPreconditionError(

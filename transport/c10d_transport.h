@@ -82,6 +82,10 @@ class C10dTransport : public Transport {
                            const std::vector<int64_t>& recv_rows,
                            int64_t row_bytes) const override;
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override;
+  // Two c10d broadcasts (a 4 KiB head with the length, then the rest), or
+  // one when the bytes fit in the head: no rank receives more than the
+  // root's bytes.
+  absl::StatusOr<std::string> BroadcastBytes(int root, absl::string_view mine) override;
   absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override;
 
   const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
@@ -93,6 +97,9 @@ class C10dTransport : public Transport {
   absl::Status DoCheckRowCounts(const std::vector<int64_t>& send_rows,
                                 const std::vector<int64_t>& recv_rows);
   absl::StatusOr<std::vector<std::string>> DoAllGatherBytes(absl::string_view mine);
+  absl::StatusOr<std::string> DoBroadcastBytes(int root, absl::string_view mine);
+  // Broadcasts `tensor` (on the metadata device) from `root`, in place.
+  absl::Status BroadcastFrom(at::Tensor& tensor, int root, const char* op);
   absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                         const std::vector<int64_t>& recv_rows, int64_t row_bytes,
                         bool check_counts);

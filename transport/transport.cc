@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -134,6 +135,16 @@ absl::Status Transport::CheckRowCounts(const std::vector<int64_t>& send_rows,
   return absl::InvalidArgumentError(absl::StrCat("recv_rows: rank ", first[0] / n, " expects ",
                                                  first[1], " rows from rank ", first[0] % n,
                                                  ", which sends it ", first[2]));
+}
+
+absl::StatusOr<std::string> Transport::BroadcastBytes(int root, absl::string_view mine) {
+  if (root < 0 || root >= size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("root: ", root, " is outside the group's ranks [0, ", size(), ")"));
+  }
+  auto all = AllGatherBytes(rank() == root ? mine : absl::string_view());
+  if (!all.ok()) return all.status();
+  return std::move((*all)[root]);
 }
 
 }  // namespace knapformer

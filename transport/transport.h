@@ -100,6 +100,13 @@ class Transport {
   // Every rank's `mine`, by rank (small metadata: sequence lengths, flags).
   virtual absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) = 0;
 
+  // `root`'s `mine` on every rank (the others' `mine` is ignored): a group
+  // leader's answer (a plan's chunk table) to its group. InvalidArgument,
+  // before anything moves, unless 0 <= root < size(). The default is an
+  // AllGatherBytes in which the other ranks send nothing; backends override
+  // it where a broadcast moves fewer bytes.
+  virtual absl::StatusOr<std::string> BroadcastBytes(int root, absl::string_view mine);
+
   // A transport over `ranks` (ranks of this group, ascending, containing
   // this rank), numbered 0.. in that order. Only the member ranks call it, all
   // with the same list.

@@ -90,6 +90,26 @@ const bool kAllGather = RegisterScenario("all_gather", [](Worker& w) {
   }
 });
 
+const bool kBroadcast = RegisterScenario("broadcast", [](Worker& w) {
+  // Short (one collective), exactly the head, and long (head + tail), from
+  // two different roots; the other ranks' bytes are ignored.
+  for (const int64_t length : {int64_t{0}, int64_t{37}, int64_t{4088}, int64_t{100000}}) {
+    for (const int root : {0, w.size - 1}) {
+      std::string mine(length, '\0');
+      for (int64_t i = 0; i < length; ++i) mine[i] = static_cast<char>((i * 131 + root) % 251);
+      auto got = w.transport->BroadcastBytes(root, w.rank == root ? mine : "ignored");
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(*got, mine) << "length " << length << ", root " << root;
+    }
+  }
+  EXPECT_THAT(std::string(w.transport->BroadcastBytes(w.size, "x").status().message()),
+              testing::HasSubstr("root: 4 is outside the group's ranks [0, 4)"));
+  // Refused before anything moved: the group still works.
+  auto after = w.transport->BroadcastBytes(1, std::to_string(w.rank));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, "1");
+});
+
 const bool kSubgroups = RegisterScenario("subgroups", [](Worker& w) {
   // Odd and even ranks, each pair its own group, twice (a new group each time).
   const std::vector<int> members = w.rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
@@ -259,6 +279,7 @@ void ExpectRuns(const std::string& scenario) {
 TEST(C10dTransport, UnevenAllToAllMovesEveryRowToItsPlace) { ExpectRuns("uneven"); }
 TEST(C10dTransport, CountMismatchIsTheSameErrorOnEveryRank) { ExpectRuns("mismatch"); }
 TEST(C10dTransport, AllGatherOfDifferentSizes) { ExpectRuns("all_gather"); }
+TEST(C10dTransport, BroadcastGivesEveryRankTheRootsBytes) { ExpectRuns("broadcast"); }
 TEST(C10dTransport, SubgroupsAreIndependentGroups) { ExpectRuns("subgroups"); }
 TEST(C10dTransport, EveryTensorIsOnTheDeclaredDevice) { ExpectRuns("device_strict"); }
 TEST(C10dTransport, APeerThatExitsFailsEverySurvivor) { ExpectRuns("peer_exits"); }

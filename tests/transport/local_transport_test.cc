@@ -89,6 +89,22 @@ TEST(LocalTransportTest, CheckRowCountsGivesEveryRankTheSameError) {
   }
 }
 
+TEST(LocalTransportTest, BroadcastGivesEveryRankTheRootsBytes) {
+  auto group = LocalTransport::CreateGroup(3);
+  std::vector<std::string> got(3);
+  std::vector<absl::Status> bad_root(3);
+  RunRanks(group, [&](int r, LocalTransport& t) {
+    bad_root[r] = t.BroadcastBytes(-1, "x").status();
+    auto all = t.BroadcastBytes(2, std::string(r + 1, 'a' + r));
+    ASSERT_TRUE(all.ok()) << all.status();
+    got[r] = *all;
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(got[r], "ccc");
+    EXPECT_EQ(bad_root[r].message(), "root: -1 is outside the group's ranks [0, 3)");
+  }
+}
+
 TEST(LocalTransportTest, AllGatherAndSubgroups) {
   auto group = LocalTransport::CreateGroup(4);
   std::vector<std::vector<std::string>> gathered(4);
