@@ -4,25 +4,29 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
 #include "grpcpp/grpcpp.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balance_stats.h"
 #include "planner/cost_model.h"
+#include "planner/plan_from_chunks.h"
 #include "planner/topology.h"
-#include "common/log.h"
 #include "proto/plan_proto.h"
 
 namespace knapformer {
 namespace {
 
-// What a rank tells the others after asking the service.
+// What a rank tells the others after asking the service (per-rank mode), or
+// rank 0 tells every rank with its answer (group mode).
 enum Outcome : char {
   kGotPlan = 0,
   kFallBack = 1,      // the service is unavailable, slow or overloaded
@@ -32,7 +36,9 @@ enum Outcome : char {
   // or it was answered before (a run resumed from a checkpoint replays its
   // steps). Not this run's fault unless its own ranks disagree, which
   // planning locally checks.
-  kConflict = 3
+  kConflict = 3,
+  // This rank's step differs from what it prefetched: an error for all.
+  kMismatch = 4,
 };
 
 Outcome Classify(grpc::StatusCode code) {
@@ -49,42 +55,260 @@ Outcome Classify(grpc::StatusCode code) {
   }
 }
 
-// What a rank sends for local planning: whether its background probe of
-// the service was last answered (one byte), its spec and its lengths.
-std::string PackLengths(bool probe_answered, const std::string& spec,
-                        const std::vector<int64_t>& lengths) {
-  const size_t head = 1 + sizeof(uint64_t);
-  std::string blob(head + spec.size() + sizeof(int64_t) * lengths.size(), '\0');
-  blob[0] = probe_answered ? 1 : 0;
-  const uint64_t spec_size = spec.size();
-  std::memcpy(blob.data() + 1, &spec_size, sizeof(spec_size));
-  std::memcpy(blob.data() + head, spec.data(), spec.size());
-  if (!lengths.empty()) {
-    std::memcpy(blob.data() + head + spec.size(), lengths.data(),
-                sizeof(int64_t) * lengths.size());
+// What each rank all-gathers for local planning, for group mode, and (with
+// only `kind` and `error`) to agree on a prefetched step.
+struct RankBlob {
+  // Which call the rank is in: kPlanCall and kPrefetchCall carry the step;
+  // kPrefetchedCall is a Plan that found its step prefetched. Ranks in
+  // different calls are an error for all, not a hang in the next
+  // collective.
+  char kind = 0;
+  bool probe_answered = false;  // its background probe was last answered
+  char error_code = 0;          // absl::StatusCode of `error`
+  std::string error;            // this rank's verdict; empty = fine
+  std::string spec;             // serialized StepSpec, token_bytes cleared
+  uint64_t timing_step = 0;     // StepTiming to pass on (compute_seconds 0 = none)
+  double timing_seconds = 0;
+  std::vector<int64_t> lengths;
+};
+constexpr char kPlanCall = 'G';
+constexpr char kPrefetchCall = 'F';
+constexpr char kPrefetchedCall = 'P';
+
+const char* CallName(char kind) {
+  switch (kind) {
+    case kPlanCall:
+      return "Plan";
+    case kPrefetchCall:
+      return "Prefetch";
+    default:
+      return "Plan of a prefetched step";
   }
-  return blob;
 }
 
-// Splits a PackLengths blob; false if malformed.
-bool UnpackLengths(const std::string& blob, bool* probe_answered, std::string* spec,
-                   std::vector<int64_t>* lengths) {
-  const size_t head = 1 + sizeof(uint64_t);
-  uint64_t spec_size = 0;
-  if (blob.size() < head) return false;
-  *probe_answered = blob[0] == 1;
-  std::memcpy(&spec_size, blob.data() + 1, sizeof(spec_size));
-  const size_t rest = blob.size() - head;
-  if (spec_size > rest || (rest - spec_size) % sizeof(int64_t) != 0) return false;
-  spec->assign(blob.data() + head, spec_size);
-  lengths->resize((rest - spec_size) / sizeof(int64_t));
-  if (!lengths->empty()) {
-    std::memcpy(lengths->data(), blob.data() + head + spec_size,
-                sizeof(int64_t) * lengths->size());
+template <typename T>
+void Put(std::string& out, const T& value) {
+  out.append(reinterpret_cast<const char*>(&value), sizeof(value));
+}
+
+template <typename T>
+bool Take(const std::string& in, size_t& at, T* value) {
+  if (in.size() - at < sizeof(T)) return false;
+  std::memcpy(value, in.data() + at, sizeof(T));
+  at += sizeof(T);
+  return true;
+}
+
+std::string Pack(const RankBlob& blob) {
+  std::string out;
+  out.reserve(40 + blob.error.size() + blob.spec.size() + 8 * blob.lengths.size());
+  Put(out, blob.kind);
+  Put(out, static_cast<char>(blob.probe_answered ? 1 : 0));
+  Put(out, blob.error_code);
+  Put(out, blob.timing_step);
+  Put(out, blob.timing_seconds);
+  Put(out, static_cast<uint64_t>(blob.error.size()));
+  Put(out, static_cast<uint64_t>(blob.spec.size()));
+  out += blob.error;
+  out += blob.spec;
+  out.append(reinterpret_cast<const char*>(blob.lengths.data()),
+             sizeof(int64_t) * blob.lengths.size());
+  return out;
+}
+
+// False if malformed.
+bool Unpack(const std::string& in, RankBlob* blob) {
+  size_t at = 0;
+  char probe = 0;
+  uint64_t error_size = 0, spec_size = 0;
+  if (!Take(in, at, &blob->kind) || !Take(in, at, &probe) || !Take(in, at, &blob->error_code) ||
+      !Take(in, at, &blob->timing_step) || !Take(in, at, &blob->timing_seconds) ||
+      !Take(in, at, &error_size) || !Take(in, at, &spec_size)) {
+    return false;
+  }
+  blob->probe_answered = probe == 1;
+  const size_t rest = in.size() - at;
+  if (error_size > rest || spec_size > rest - error_size ||
+      (rest - error_size - spec_size) % sizeof(int64_t) != 0) {
+    return false;
+  }
+  blob->error.assign(in.data() + at, error_size);
+  blob->spec.assign(in.data() + at + error_size, spec_size);
+  at += error_size + spec_size;
+  blob->lengths.resize((in.size() - at) / sizeof(int64_t));
+  if (!blob->lengths.empty()) {
+    std::memcpy(blob->lengths.data(), in.data() + at, in.size() - at);
   }
   return true;
 }
 
+// What one all-gather of RankBlobs tells every rank: the same on all.
+struct Gathered {
+  RankLengths lengths;
+  std::vector<v1::StepTiming> timings;  // by rank
+  bool any_timing = false;
+  bool probes_answered = false;  // every probing rank's last probe was answered
+};
+
+// The blobs' verdict: the first rank in another call, the lowest rank's
+// error, the first spec that differs from rank 0's; else what they carry.
+// Decided from the same bytes on every rank, so the same everywhere.
+// `probing_ranks`: how many ranks (from 0) probe the service.
+absl::StatusOr<Gathered> Digest(const std::vector<std::string>& all, int probing_ranks) {
+  std::vector<RankBlob> blobs(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!Unpack(all[r], &blobs[r])) {
+      return absl::InternalError(absl::StrCat("rank ", r, " sent malformed metadata"));
+    }
+  }
+  for (size_t r = 1; r < blobs.size(); ++r) {
+    if (blobs[r].kind != blobs[0].kind) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", r, " is in ", CallName(blobs[r].kind), " while rank 0 is in ",
+          CallName(blobs[0].kind), "; every rank must prefetch a step, or none"));
+    }
+  }
+  for (size_t r = 0; r < blobs.size(); ++r) {
+    if (!blobs[r].error.empty()) {
+      return absl::Status(static_cast<absl::StatusCode>(blobs[r].error_code),
+                          absl::StrCat("rank ", r, ": ", blobs[r].error));
+    }
+  }
+  Gathered gathered;
+  gathered.lengths.resize(blobs.size());
+  gathered.timings.resize(blobs.size());
+  gathered.probes_answered = true;
+  for (size_t r = 0; r < blobs.size(); ++r) {
+    if (blobs[r].spec != blobs[0].spec) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "spec: rank ", r, "'s step spec differs from rank 0's; every rank of a step must "
+          "send the same spec (job, step, topology, cost model, token cap, locality)"));
+    }
+    if (static_cast<int>(r) < probing_ranks) {
+      gathered.probes_answered = gathered.probes_answered && blobs[r].probe_answered;
+    }
+    gathered.lengths[r] = std::move(blobs[r].lengths);
+    if (blobs[r].timing_seconds > 0) {
+      gathered.timings[r].set_step(blobs[r].timing_step);
+      gathered.timings[r].set_compute_seconds(blobs[r].timing_seconds);
+      gathered.any_timing = true;
+    }
+  }
+  return gathered;
+}
+
+std::string ComparedSpec(const v1::StepSpec& spec) {
+  // token_bytes only prices the moved tokens (the service takes the first
+  // rank's): ranks need not agree on it, and a step need not match its
+  // prefetch on it.
+  v1::StepSpec compared = spec;
+  compared.clear_token_bytes();
+  return compared.SerializeAsString();
+}
+
+// Why a step cannot use what was prefetched for it; empty if it can.
+std::string PrefetchMismatch(const v1::StepSpec& prefetched_spec,
+                             const std::vector<int64_t>& prefetched,
+                             const v1::StepSpec& spec, const std::vector<int64_t>& lengths) {
+  if (ComparedSpec(prefetched_spec) != ComparedSpec(spec)) {
+    return absl::StrCat("step ", spec.step(),
+                        ": its spec differs from the one prefetched for it (topology, cost "
+                        "model, d_model, token cap or locality changed)");
+  }
+  if (prefetched == lengths) return "";
+  size_t i = 0;
+  while (i < lengths.size() && i < prefetched.size() && lengths[i] == prefetched[i]) ++i;
+  std::string where =
+      i < lengths.size() && i < prefetched.size()
+          ? absl::StrCat("sequence ", i, " has ", lengths[i], " tokens, ", prefetched[i],
+                         " prefetched")
+          : absl::StrCat(lengths.size(), " sequences, ", prefetched.size(), " prefetched");
+  return absl::StrCat("step ", spec.step(),
+                      ": its lengths differ from those prefetched for it (", where,
+                      "); prefetch the lengths the step will use");
+}
+
+// Lets a caller stop an RPC running on another thread: it cancels the
+// attempt in flight and the backoff sleep between attempts.
+class CancelToken {
+ public:
+  // False, and nothing is registered, once cancelled.
+  bool Enter(grpc::ClientContext* context) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) return false;
+    current_ = context;
+    return true;
+  }
+  void Leave() {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_ = nullptr;
+  }
+  // False if cancelled while sleeping.
+  bool SleepFor(absl::Duration duration) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return !wake_.wait_for(lock, absl::ToChronoNanoseconds(duration),
+                           [this] { return cancelled_; });
+  }
+  void Cancel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    if (current_ != nullptr) current_->TryCancel();
+    wake_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable wake_;
+  grpc::ClientContext* current_ = nullptr;
+  bool cancelled_ = false;
+};
+
+// One call, retried on UNAVAILABLE with exponential backoff; the last status.
+grpc::Status CallWithRetries(const PlannerClientOptions& options, CancelToken* token,
+                             const std::function<grpc::Status(grpc::ClientContext*)>& call) {
+  const grpc::Status cancelled(grpc::StatusCode::CANCELLED, "cancelled: the step moved on");
+  absl::Duration backoff = options.initial_backoff;
+  grpc::Status status;
+  for (int attempt = 1; attempt <= std::max(1, options.max_attempts); ++attempt) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options.call_deadline));
+    if (token != nullptr && !token->Enter(&context)) return cancelled;
+    status = call(&context);
+    if (token != nullptr) token->Leave();
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        attempt == options.max_attempts) {
+      break;
+    }
+    if (token != nullptr) {
+      if (!token->SleepFor(backoff)) return cancelled;
+    } else {
+      absl::SleepFor(backoff);
+    }
+    backoff = std::min(backoff * 2, options.max_backoff);
+  }
+  return status;
+}
+
+// An RPC on its own thread, so that a step is planned while the previous
+// one computes. Destroying it cancels the RPC and waits for the thread.
+class BackgroundCall {
+ public:
+  explicit BackgroundCall(std::function<grpc::Status(CancelToken*)> body)
+      : thread_([this, body = std::move(body)] { status_ = body(&token_); }) {}
+  ~BackgroundCall() {
+    token_.Cancel();
+    if (thread_.joinable()) thread_.join();
+  }
+  grpc::Status Wait() {
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+
+ private:
+  CancelToken token_;
+  grpc::Status status_;
+  std::thread thread_;  // last: starts once the others exist
+};
 // Probes the service in the background while the ranks plan without it: a
 // GetJob with a short deadline every interval. Any answer from the service
 // (NOT_FOUND included) counts; no answer (UNAVAILABLE, DEADLINE_EXCEEDED)
@@ -168,12 +392,40 @@ const char* PlanSourceName(PlanSource source) {
   return source == PlanSource::kService ? "planner service" : "local planner";
 }
 
+const char* PlannerModeName(PlannerMode mode) {
+  return mode == PlannerMode::kGroup ? "group" : "per-rank";
+}
+
+absl::StatusOr<PlannerMode> ParsePlannerMode(const std::string& name) {
+  if (name == "group") return PlannerMode::kGroup;
+  if (name == "per-rank") return PlannerMode::kPerRank;
+  return absl::InvalidArgumentError(
+      absl::StrCat("planner mode: '", name, "' is neither 'group' nor 'per-rank'"));
+}
+
+// A step requested ahead (Prefetch), until its Plan.
+struct Prefetched {
+  v1::StepSpec spec;
+  std::vector<int64_t> lengths;
+  // Group mode: what the all-gather brought.
+  std::optional<Gathered> gathered;
+  // The service's answer, while `call` runs (per-rank mode: this rank's
+  // slice; group mode, rank 0: the chunk table).
+  v1::PlanRequest request;
+  v1::PlanResponse response;
+  v1::PlanGroupResponse group_response;
+  std::unique_ptr<BackgroundCall> call;  // last: cancelled before the rest goes
+};
+
 struct PlannerClient::Rep {
   PlannerClientOptions options;
   Transport* transport;
-  std::unique_ptr<v1::Planner::Stub> stub;  // null without a service
-  // The service failed a step and has not answered every rank's probe since
-  // (the same on every rank: decided from all-gathered outcomes and probes).
+  bool has_service = false;  // an address is configured
+  // Null without a service, and in group mode on every rank but 0.
+  std::unique_ptr<v1::Planner::Stub> stub;
+  // The service failed a step and has not answered every probing rank's
+  // probe since (the same on every rank: decided from all-gathered
+  // outcomes and probes, or from rank 0's broadcast).
   bool service_down = false;
   // A service that answers probes but fails steps (overloaded, slow to
   // plan) must not cost a step every few steps: each relapse soon after
@@ -183,19 +435,33 @@ struct PlannerClient::Rep {
   uint64_t back_at_step = 0;
   uint64_t hold_steps = 0;
   bool ever_back = false;
-  std::unique_ptr<Prober> prober;  // with a service
+  std::unique_ptr<Prober> prober;  // where there is a stub
   bool logged = false;
   PlanSource last_source = PlanSource::kLocal;
-  uint64_t incarnation = 0;  // agreed at the first step with a service
+  uint64_t incarnation = 0;
+  std::unique_ptr<Prefetched> pending;
 
-  // Every rank draws one; all take rank 0's. Never 0 (which means none).
-  absl::Status AgreeOnIncarnation() {
-    uint64_t mine = options.incarnation;
-    if (mine == 0) {
-      std::random_device device;
-      mine = (uint64_t{device()} << 32) ^ device() ^
-             static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-      if (mine == 0) mine = 1;
+  bool group_mode() const { return options.mode == PlannerMode::kGroup; }
+  bool leader() const { return transport->rank() == 0; }
+  // The ranks whose probes decide that the service is back: those that ask it.
+  int probing_ranks() const { return group_mode() ? 1 : transport->size(); }
+
+  static uint64_t DrawIncarnation() {
+    std::random_device device;
+    uint64_t drawn = (uint64_t{device()} << 32) ^ device() ^
+                     static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+    return drawn == 0 ? 1 : drawn;
+  }
+
+  // Per-rank mode: every rank draws one and all take rank 0's (one 8-byte
+  // all-gather). Group mode: only rank 0 sends requests, so its own draw is
+  // the run's. Never 0 (which means none).
+  absl::Status EnsureIncarnation() {
+    if (incarnation != 0) return absl::OkStatus();
+    uint64_t mine = options.incarnation != 0 ? options.incarnation : DrawIncarnation();
+    if (group_mode()) {
+      incarnation = mine;
+      return absl::OkStatus();
     }
     auto all = transport->AllGatherBytes(
         std::string(reinterpret_cast<const char*>(&mine), sizeof(mine)));
@@ -207,71 +473,124 @@ struct PlannerClient::Rep {
     return absl::OkStatus();
   }
 
-  // Asks the service, retrying UNAVAILABLE; the last status.
-  grpc::Status AskService(const v1::PlanRequest& request, v1::PlanResponse* response) {
-    absl::Duration backoff = options.initial_backoff;
-    grpc::Status status;
-    for (int attempt = 1; attempt <= std::max(1, options.max_attempts); ++attempt) {
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + options.call_deadline));
-      status = stub->Plan(&context, request, response);
-      if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
-          attempt == options.max_attempts) {
-        break;
-      }
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, options.max_backoff);
+  v1::StepSpec RequestSpec(const v1::StepSpec& spec) const {
+    v1::StepSpec out = spec;
+    if (spec.incarnation() == 0) out.set_incarnation(incarnation);
+    return out;
+  }
+
+  v1::PlanRequest RankRequest(const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
+                              const v1::StepTiming* previous) const {
+    v1::PlanRequest request;
+    *request.mutable_spec() = RequestSpec(spec);
+    request.set_rank(transport->rank());
+    request.mutable_sequence_lengths()->Add(lengths.begin(), lengths.end());
+    if (previous != nullptr) *request.mutable_previous() = *previous;
+    return request;
+  }
+
+  v1::PlanGroupRequest GroupRequest(const v1::StepSpec& spec, const Gathered& gathered) const {
+    v1::PlanGroupRequest request;
+    *request.mutable_spec() = RequestSpec(spec);
+    request.mutable_ranks()->Reserve(static_cast<int>(gathered.lengths.size()));
+    for (const std::vector<int64_t>& rank : gathered.lengths) {
+      request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
     }
-    return status;
+    if (gathered.any_timing) {
+      for (const v1::StepTiming& timing : gathered.timings) *request.add_previous() = timing;
+    }
+    return request;
+  }
+
+  grpc::Status AskRank(const v1::PlanRequest& request, v1::PlanResponse* response,
+                       CancelToken* token) {
+    return CallWithRetries(options, token, [&](grpc::ClientContext* context) {
+      return stub->Plan(context, request, response);
+    });
+  }
+
+  grpc::Status AskGroup(const v1::PlanGroupRequest& request, v1::PlanGroupResponse* response,
+                        CancelToken* token) {
+    return CallWithRetries(options, token, [&](grpc::ClientContext* context) {
+      return stub->PlanGroup(context, request, response);
+    });
   }
 
   void LogSource(PlanSource source, uint64_t step, const std::string& why) {
     if (logged && source == last_source) return;
     logged = true;
     last_source = source;
-    Log(source == PlanSource::kLocal && stub != nullptr ? LogLevel::kWarning : LogLevel::kInfo,
+    Log(source == PlanSource::kLocal && has_service ? LogLevel::kWarning : LogLevel::kInfo,
         absl::StrCat("rank ", transport->rank(), ": planning from step ", step, " with the ",
                      PlanSourceName(source), why.empty() ? "" : absl::StrCat(" (", why, ")")));
   }
 
-  // Every rank's lengths in one all-gather, with its probe's result: when
-  // the service is down and every rank's probe was answered, it is back up
-  // from the next step on, on every rank alike.
-  absl::StatusOr<StepPlan> PlanLocally(const v1::StepSpec& spec,
-                                       const std::vector<int64_t>& lengths) {
-    // token_bytes only prices the moved tokens (the service takes the first
-    // rank's): ranks need not agree on it, here as there.
-    v1::StepSpec compared = spec;
-    compared.clear_token_bytes();
-    const std::string my_spec = compared.SerializeAsString();
-    const bool probed = service_down && prober->answered();
-    auto all = transport->AllGatherBytes(PackLengths(probed, my_spec, lengths));
+  RankBlob BlobFor(char kind, const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
+                   const v1::StepTiming* previous) const {
+    RankBlob blob;
+    blob.kind = kind;
+    blob.probe_answered = service_down && prober != nullptr && prober->answered();
+    blob.spec = ComparedSpec(spec);
+    blob.lengths = lengths;
+    if (previous != nullptr && previous->compute_seconds() > 0) {
+      blob.timing_step = previous->step();
+      blob.timing_seconds = previous->compute_seconds();
+    }
+    if (spec.world_size() != transport->size()) {
+      blob.error_code = static_cast<char>(absl::StatusCode::kInvalidArgument);
+      blob.error = absl::StrCat("spec.world_size: ", spec.world_size(), " but the transport has ",
+                                transport->size(), " ranks");
+    }
+    return blob;
+  }
+
+  absl::StatusOr<Gathered> Gather(const RankBlob& mine) {
+    auto all = transport->AllGatherBytes(Pack(mine));
     if (!all.ok()) return all.status();
-    RankLengths group(all->size());
-    bool every_probe_answered = service_down;
-    for (size_t r = 0; r < all->size(); ++r) {
-      std::string spec_bytes;
-      bool answered = false;
-      if (!UnpackLengths((*all)[r], &answered, &spec_bytes, &group[r])) {
-        return absl::InternalError(absl::StrCat("rank ", r, " sent malformed metadata"));
-      }
-      every_probe_answered = every_probe_answered && answered;
-      if (spec_bytes != my_spec) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "spec: rank ", r, "'s step spec differs from rank ", transport->rank(),
-            "'s; every rank of a step must send the same spec (job, step, topology, cost "
-            "model, token cap, locality)"));
-      }
+    return Digest(*all, probing_ranks());
+  }
+
+  // When the service is down and every probing rank's probe was answered,
+  // it is back up from the next step on (once the relapse hold is over), on
+  // every rank alike.
+  void MaybeBackUp(const v1::StepSpec& spec, bool probes_answered) {
+    if (!service_down || !probes_answered || spec.step() + 1 < down_since_step + hold_steps) {
+      return;
     }
-    if (every_probe_answered && spec.step() + 1 >= down_since_step + hold_steps) {
-      service_down = false;
-      ever_back = true;
-      back_at_step = spec.step() + 1;
-      prober->Stop();
-      Log(LogLevel::kInfo, absl::StrCat("rank ", transport->rank(), ": the planner service at ",
-                                        options.address, " answers every rank again; asking it "
-                                        "from step ", spec.step() + 1));
+    service_down = false;
+    ever_back = true;
+    back_at_step = spec.step() + 1;
+    if (prober != nullptr) prober->Stop();
+    Log(LogLevel::kInfo,
+        absl::StrCat("rank ", transport->rank(), ": the planner service at ", options.address,
+                     " answers ", group_mode() ? "rank 0" : "every rank",
+                     " again; asking it from step ", spec.step() + 1));
+  }
+
+  // After a step the service failed: local planning, probes, a longer hold
+  // after a relapse. Decided from shared outcomes: the same on every rank.
+  void MarkDown(const v1::StepSpec& spec, const std::string& why) {
+    LogSource(PlanSource::kLocal, spec.step(),
+              absl::StrCat(why, "; not asking it again until ",
+                           group_mode() ? "rank 0's" : "every rank's", " probe is answered"));
+    service_down = true;
+    const bool relapse = ever_back && spec.step() < back_at_step + kRelapseSteps;
+    hold_steps =
+        relapse ? std::min<uint64_t>(std::max<uint64_t>(1, 2 * hold_steps), kMaxHoldSteps) : 0;
+    down_since_step = spec.step();
+    if (hold_steps > 0) {
+      Log(LogLevel::kWarning,
+          absl::StrCat("rank ", transport->rank(), ": the planner service failed step ",
+                       spec.step(), " again ", spec.step() - back_at_step,
+                       " steps after it was used again; planning locally for at least ",
+                       hold_steps, " steps"));
     }
+    if (prober != nullptr) prober->Start(spec.job_id());
+  }
+
+  // The step solved here, from every rank's lengths (every rank computes
+  // the identical plan).
+  absl::StatusOr<StepPlan> SolveLocally(const v1::StepSpec& spec, const RankLengths& group) {
     auto topology = Topology::Parse(spec.topology());
     if (!topology.ok()) return topology.status();
     auto world = World::Create(*std::move(topology), spec.world_size());
@@ -292,7 +611,302 @@ struct PlannerClient::Rep {
     result.workload_after = std::move(plan->workload_after);
     return result;
   }
+
+  // Every rank's lengths in one all-gather (with its probe's result and its
+  // verdict on a prefetch), then the local solve.
+  absl::StatusOr<StepPlan> PlanLocally(const v1::StepSpec& spec,
+                                       const std::vector<int64_t>& lengths,
+                                       const std::string& mismatch) {
+    RankBlob mine = BlobFor(kPlanCall, spec, lengths, nullptr);
+    if (!mismatch.empty() && mine.error.empty()) {
+      mine.error_code = static_cast<char>(absl::StatusCode::kFailedPrecondition);
+      mine.error = mismatch;
+    }
+    absl::StatusOr<Gathered> gathered = Gather(mine);
+    if (!gathered.ok()) return gathered.status();
+    MaybeBackUp(spec, gathered->probes_answered);
+    return SolveLocally(spec, gathered->lengths);
+  }
+
+  absl::StatusOr<StepPlan> PlanPerRank(const v1::StepSpec& spec,
+                                       const std::vector<int64_t>& lengths,
+                                       const v1::StepTiming* previous,
+                                       std::unique_ptr<Prefetched> prefetched);
+  absl::StatusOr<StepPlan> PlanGroup(const v1::StepSpec& spec,
+                                     const std::vector<int64_t>& lengths,
+                                     const v1::StepTiming* previous,
+                                     std::unique_ptr<Prefetched> prefetched);
+  // Group mode: the step's plan from rank 0's broadcast answer, or planned
+  // locally when the service failed it.
+  absl::StatusOr<StepPlan> FinishGroup(const v1::StepSpec& spec, const Gathered& gathered,
+                                       Prefetched* prefetched);
 };
+
+absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spec,
+                                                         const std::vector<int64_t>& lengths,
+                                                         const v1::StepTiming* previous,
+                                                         std::unique_ptr<Prefetched> prefetched) {
+  const std::string mismatch =
+      prefetched != nullptr
+          ? PrefetchMismatch(prefetched->spec, prefetched->lengths, spec, lengths)
+          : "";
+  if (!has_service) {
+    LogSource(PlanSource::kLocal, spec.step(), "no planner service configured");
+    return PlanLocally(spec, lengths, mismatch);
+  }
+  if (absl::Status agreed = EnsureIncarnation(); !agreed.ok()) return agreed;
+  if (service_down) return PlanLocally(spec, lengths, mismatch);
+
+  // A rank whose step differs from its prefetch still completes the
+  // service's rendezvous (with what it prefetched), so that no peer waits
+  // for it; then every rank learns of the mismatch below.
+  v1::PlanRequest request;
+  v1::PlanResponse response;
+  grpc::Status status;
+  if (prefetched != nullptr && prefetched->call != nullptr) {
+    status = prefetched->call->Wait();
+    request = std::move(prefetched->request);
+    response = std::move(prefetched->response);
+  } else {
+    request = RankRequest(spec, lengths, previous);
+    status = AskRank(request, &response, nullptr);
+  }
+  // A plan that is not even well-formed (columns of different lengths) is
+  // the service failing, like an error: every rank falls back together.
+  absl::StatusOr<RankPlan> plan = absl::UnknownError("no plan");
+  if (status.ok()) {
+    plan = RankPlanFromProto(response.plan(), spec.world_size());
+    if (!plan.ok()) {
+      status = grpc::Status(grpc::StatusCode::INTERNAL,
+                            std::string("the service's answer is malformed: ") +
+                                std::string(plan.status().message()));
+    }
+  }
+  const Outcome outcome = mismatch.empty() ? Classify(status.error_code()) : kMismatch;
+  // The outcome and the status code, then the rank's workloads under the
+  // plan it got (so that every rank learns every rank's in the same
+  // exchange) or the message.
+  std::string mine = {static_cast<char>(outcome), static_cast<char>(status.error_code())};
+  if (outcome == kGotPlan) {
+    const double workloads[2] = {response.plan().workload_before(),
+                                 response.plan().workload_after()};
+    mine.append(reinterpret_cast<const char*>(workloads), sizeof(workloads));
+  } else if (outcome == kMismatch) {
+    mine[1] = static_cast<char>(absl::StatusCode::kFailedPrecondition);
+    mine += mismatch;
+  } else {
+    mine += status.error_message();
+  }
+  auto all = transport->AllGatherBytes(mine);
+  if (!all.ok()) return all.status();
+
+  int32_t first_fallback = -1, first_conflict = -1;
+  for (size_t r = 0; r < all->size(); ++r) {
+    const std::string& blob = (*all)[r];
+    if (blob.size() < 2 || (blob[0] == kGotPlan && blob.size() != 2 + 2 * sizeof(double))) {
+      return absl::InternalError(absl::StrCat("rank ", r, ": bad outcome"));
+    }
+    const Outcome theirs = static_cast<Outcome>(blob[0]);
+    if (theirs == kRefusedInput) {
+      return absl::Status(static_cast<absl::StatusCode>(blob[1]),
+                          absl::StrCat("rank ", r, "'s request was refused by the planner: ",
+                                       blob.substr(2)));
+    }
+    if (theirs == kMismatch) {
+      return absl::FailedPreconditionError(absl::StrCat("rank ", r, ": ", blob.substr(2)));
+    }
+    if (theirs == kFallBack && first_fallback < 0) first_fallback = static_cast<int32_t>(r);
+    if (theirs == kConflict && first_conflict < 0) first_conflict = static_cast<int32_t>(r);
+  }
+  if (first_fallback < 0 && first_conflict >= 0) {
+    // Planning locally compares every rank's spec: if this run's own ranks
+    // disagree, that is its error (FailedPrecondition naming the rank);
+    // otherwise the conflict came from outside the run, and must neither
+    // fail nor stall it. The service stays in use for the next step.
+    absl::StatusOr<StepPlan> local = PlanLocally(spec, lengths, "");
+    if (local.ok()) {
+      Log(LogLevel::kWarning,
+          absl::StrCat("rank ", transport->rank(), ": step ", spec.step(),
+                       " planned locally: the planner service at ", options.address,
+                       " refused it for a conflict this run's ranks do not have (rank ",
+                       first_conflict, ": ", (*all)[first_conflict].substr(2),
+                       "); another client sends job id '", spec.job_id(), "' with incarnation ",
+                       absl::Hex(request.spec().incarnation()),
+                       " (set by the caller, or copied from this run)"));
+    }
+    return local;
+  }
+  if (first_fallback >= 0) {
+    MarkDown(spec, absl::StrCat("rank ", first_fallback, " could not get its plan from ",
+                                options.address, ": ", (*all)[first_fallback].substr(2)));
+    return PlanLocally(spec, lengths, "");
+  }
+  LogSource(PlanSource::kService, spec.step(), options.address);
+  StepPlan result;
+  result.plan = *std::move(plan);
+  result.source = PlanSource::kService;
+  result.max_over_mean_before = response.balance().max_over_mean_before();
+  result.max_over_mean_after = response.balance().max_over_mean_after();
+  result.total_tokens = response.balance().total_tokens();
+  result.moved_tokens = response.balance().moved_tokens();
+  result.workload_before.resize(all->size());
+  result.workload_after.resize(all->size());
+  for (size_t r = 0; r < all->size(); ++r) {
+    double workloads[2];
+    std::memcpy(workloads, (*all)[r].data() + 2, sizeof(workloads));
+    result.workload_before[r] = workloads[0];
+    result.workload_after[r] = workloads[1];
+  }
+  return result;
+}
+
+namespace {
+
+// This rank's step plan from rank 0's answer (a serialized
+// PlanGroupResponse): the plan rebuilt from its chunk table and checked
+// against every rank's lengths. Internal naming the problem when the
+// answer is not a valid plan of this step.
+absl::StatusOr<StepPlan> PlanFromGroupAnswer(const v1::StepSpec& spec, const Gathered& gathered,
+                                             const std::string& payload, int32_t rank) {
+  v1::PlanGroupResponse response;
+  if (!response.ParseFromString(payload)) {
+    return absl::InternalError("the answer is not a PlanGroupResponse");
+  }
+  if (response.job_id() != spec.job_id() || response.step() != spec.step()) {
+    return absl::InternalError(absl::StrCat("the answer is for job '", response.job_id(),
+                                            "' step ", response.step(), ", not job '",
+                                            spec.job_id(), "' step ", spec.step()));
+  }
+  auto chunks = ChunksFromProto(response.chunks());
+  if (!chunks.ok()) return chunks.status();
+  auto topology = Topology::Parse(spec.topology());
+  if (!topology.ok()) return topology.status();
+  auto world = World::Create(*std::move(topology), spec.world_size());
+  if (!world.ok()) return world.status();
+  auto cost = CostModelFromSpec(spec);
+  if (!cost.ok()) return cost.status();
+  auto plan = PlanFromChunks(*world, *cost, gathered.lengths, *std::move(chunks));
+  if (!plan.ok()) return plan.status();
+  const int world_size = spec.world_size();
+  if (response.workload_before_size() != world_size ||
+      response.workload_after_size() != world_size) {
+    return absl::InternalError(absl::StrCat("the answer has ", response.workload_before_size(),
+                                            " and ", response.workload_after_size(),
+                                            " workloads for ", world_size, " ranks"));
+  }
+  // The service's workloads: under a fitted gamma they are not this
+  // rank's cost model's.
+  plan->workload_before.assign(response.workload_before().begin(),
+                               response.workload_before().end());
+  plan->workload_after.assign(response.workload_after().begin(),
+                              response.workload_after().end());
+  StepPlan result;
+  result.plan = plan->Slice(rank);
+  result.source = PlanSource::kService;
+  result.max_over_mean_before = response.balance().max_over_mean_before();
+  result.max_over_mean_after = response.balance().max_over_mean_after();
+  result.total_tokens = plan->TotalTokens();
+  result.moved_tokens = plan->MovedTokens();
+  result.workload_before = std::move(plan->workload_before);
+  result.workload_after = std::move(plan->workload_after);
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<StepPlan> PlannerClient::Rep::PlanGroup(const v1::StepSpec& spec,
+                                                       const std::vector<int64_t>& lengths,
+                                                       const v1::StepTiming* previous,
+                                                       std::unique_ptr<Prefetched> prefetched) {
+  Gathered gathered;
+  if (prefetched != nullptr) {
+    // The lengths went out with the prefetch: only the ranks' verdicts now.
+    RankBlob mine;
+    mine.kind = kPrefetchedCall;
+    mine.error = PrefetchMismatch(prefetched->spec, prefetched->lengths, spec, lengths);
+    mine.error_code = static_cast<char>(absl::StatusCode::kFailedPrecondition);
+    absl::StatusOr<Gathered> agreed = Gather(mine);
+    if (!agreed.ok()) return agreed.status();
+    gathered = *std::move(prefetched->gathered);
+  } else {
+    absl::StatusOr<Gathered> all = Gather(BlobFor(kPlanCall, spec, lengths, previous));
+    if (!all.ok()) return all.status();
+    gathered = *std::move(all);
+  }
+  if (!has_service) {
+    LogSource(PlanSource::kLocal, spec.step(), "no planner service configured");
+    return SolveLocally(spec, gathered.lengths);
+  }
+  if (service_down) {
+    MaybeBackUp(spec, gathered.probes_answered);
+    return SolveLocally(spec, gathered.lengths);
+  }
+  return FinishGroup(spec, gathered, prefetched.get());
+}
+
+absl::StatusOr<StepPlan> PlannerClient::Rep::FinishGroup(const v1::StepSpec& spec,
+                                                         const Gathered& gathered,
+                                                         Prefetched* prefetched) {
+  // Rank 0's answer: the outcome, the status code, then the response's
+  // bytes or the service's message.
+  std::string answer;
+  if (leader()) {
+    grpc::Status status;
+    v1::PlanGroupResponse asked_now;
+    const v1::PlanGroupResponse* response = &asked_now;
+    if (prefetched != nullptr && prefetched->call != nullptr) {
+      status = prefetched->call->Wait();
+      response = &prefetched->group_response;
+    } else if (absl::Status drawn = EnsureIncarnation(); !drawn.ok()) {
+      status = grpc::Status(grpc::StatusCode::INTERNAL, std::string(drawn.message()));
+    } else {
+      status = AskGroup(GroupRequest(spec, gathered), &asked_now, nullptr);
+    }
+    const Outcome outcome = Classify(status.error_code());
+    answer = {static_cast<char>(outcome), static_cast<char>(status.error_code())};
+    if (outcome == kGotPlan) {
+      answer += response->SerializeAsString();
+    } else {
+      answer += status.error_message();
+    }
+  }
+  absl::StatusOr<std::string> got = transport->BroadcastBytes(0, answer);
+  if (!got.ok()) return got.status();
+  if (got->size() < 2) return absl::InternalError("rank 0: bad answer");
+  const Outcome outcome = static_cast<Outcome>((*got)[0]);
+  const std::string payload = got->substr(2);
+  if (outcome == kRefusedInput) {
+    return absl::Status(static_cast<absl::StatusCode>((*got)[1]),
+                        absl::StrCat("rank 0's request was refused by the planner: ", payload));
+  }
+  if (outcome == kConflict) {
+    absl::StatusOr<StepPlan> local = SolveLocally(spec, gathered.lengths);
+    if (local.ok()) {
+      Log(LogLevel::kWarning,
+          absl::StrCat("rank ", transport->rank(), ": step ", spec.step(),
+                       " planned locally: the planner service at ", options.address,
+                       " refused it for a conflict (", payload, ")"));
+    }
+    return local;
+  }
+  std::string why;
+  if (outcome == kGotPlan) {
+    // Every rank checks the same bytes against the same lengths: all take
+    // the service's plan, or all find it malformed and fall back.
+    absl::StatusOr<StepPlan> from_service =
+        PlanFromGroupAnswer(spec, gathered, payload, transport->rank());
+    if (from_service.ok()) {
+      LogSource(PlanSource::kService, spec.step(), options.address);
+      return from_service;
+    }
+    why = absl::StrCat("rank 0's answer from ", options.address,
+                       " is malformed: ", from_service.status().message());
+  } else {
+    why = absl::StrCat("rank 0 could not get the plan from ", options.address, ": ", payload);
+  }
+  MarkDown(spec, why);
+  return SolveLocally(spec, gathered.lengths);
+}
 
 PlannerClient::PlannerClient(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
 PlannerClient::~PlannerClient() = default;
@@ -316,7 +930,9 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
   }
   auto rep = std::make_unique<Rep>();
   rep->transport = transport;
-  if (!options.address.empty()) {
+  rep->has_service = !options.address.empty();
+  // In group mode only rank 0 talks to the service.
+  if (rep->has_service && (options.mode == PlannerMode::kPerRank || transport->rank() == 0)) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);  // this client retries itself
     // A restarted service is found within seconds, not after gRPC's default
@@ -324,6 +940,8 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+    // A group's whole plan can exceed gRPC's default 4 MiB.
+    args.SetMaxReceiveMessageSize(-1);
     auto credentials = options.credentials != nullptr ? options.credentials
                                                       : grpc::InsecureChannelCredentials();
     rep->stub = v1::Planner::NewStub(grpc::CreateCustomChannel(options.address, credentials, args));
@@ -343,121 +961,63 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
                                                    " but the transport has ",
                                                    rep.transport->size(), " ranks"));
   }
-  if (rep.stub == nullptr) {
-    rep.LogSource(PlanSource::kLocal, spec.step(), "no planner service configured");
-    return rep.PlanLocally(spec, lengths);
+  // A prefetch of a later step waits for its step; one of an earlier step
+  // (skipped) is dropped, which cancels its call.
+  std::unique_ptr<Prefetched> prefetched;
+  if (rep.pending != nullptr && rep.pending->spec.step() == spec.step()) {
+    prefetched = std::move(rep.pending);
+  } else if (rep.pending != nullptr && rep.pending->spec.step() < spec.step()) {
+    rep.pending.reset();
   }
-  if (rep.incarnation == 0) {
-    if (absl::Status agreed = rep.AgreeOnIncarnation(); !agreed.ok()) return agreed;
-  }
-  if (rep.service_down) return rep.PlanLocally(spec, lengths);
-
-  v1::PlanRequest request;
-  *request.mutable_spec() = spec;
-  if (spec.incarnation() == 0) request.mutable_spec()->set_incarnation(rep.incarnation);
-  request.set_rank(rep.transport->rank());
-  request.mutable_sequence_lengths()->Add(lengths.begin(), lengths.end());
-  if (previous != nullptr) *request.mutable_previous() = *previous;
-  v1::PlanResponse response;
-  grpc::Status status = rep.AskService(request, &response);
-  // A plan that is not even well-formed (columns of different lengths) is
-  // the service failing, like an error: every rank falls back together.
-  absl::StatusOr<RankPlan> plan = absl::UnknownError("no plan");
-  if (status.ok()) {
-    plan = RankPlanFromProto(response.plan(), spec.world_size());
-    if (!plan.ok()) {
-      status = grpc::Status(grpc::StatusCode::INTERNAL,
-                            std::string("the service's answer is malformed: ") +
-                                std::string(plan.status().message()));
-    }
-  }
-  const Outcome outcome = Classify(status.error_code());
-  // The outcome and the status code, then the rank's workloads under the
-  // plan it got (so that every rank learns every rank's in the same
-  // exchange) or the service's message.
-  std::string mine = {static_cast<char>(outcome), static_cast<char>(status.error_code())};
-  if (outcome == kGotPlan) {
-    const double workloads[2] = {response.plan().workload_before(),
-                                 response.plan().workload_after()};
-    mine.append(reinterpret_cast<const char*>(workloads), sizeof(workloads));
-  } else {
-    mine += status.error_message();
-  }
-  auto all = rep.transport->AllGatherBytes(mine);
-  if (!all.ok()) return all.status();
-
-  int32_t first_fallback = -1, first_conflict = -1;
-  for (size_t r = 0; r < all->size(); ++r) {
-    const std::string& blob = (*all)[r];
-    if (blob.size() < 2 || (blob[0] == kGotPlan && blob.size() != 2 + 2 * sizeof(double))) {
-      return absl::InternalError(absl::StrCat("rank ", r, ": bad outcome"));
-    }
-    const Outcome theirs = static_cast<Outcome>(blob[0]);
-    if (theirs == kRefusedInput) {
-      return absl::Status(static_cast<absl::StatusCode>(blob[1]),
-                          absl::StrCat("rank ", r, "'s request was refused by the planner: ",
-                                       blob.substr(2)));
-    }
-    if (theirs == kFallBack && first_fallback < 0) first_fallback = static_cast<int32_t>(r);
-    if (theirs == kConflict && first_conflict < 0) first_conflict = static_cast<int32_t>(r);
-  }
-  if (first_fallback < 0 && first_conflict >= 0) {
-    // Planning locally compares every rank's spec: if this run's own ranks
-    // disagree, that is its error (FailedPrecondition naming the rank);
-    // otherwise the conflict came from outside the run, and must neither
-    // fail nor stall it. The service stays in use for the next step.
-    absl::StatusOr<StepPlan> local = rep.PlanLocally(spec, lengths);
-    if (local.ok()) {
-      Log(LogLevel::kWarning,
-          absl::StrCat("rank ", rep.transport->rank(), ": step ", spec.step(),
-                       " planned locally: the planner service at ", rep.options.address,
-                       " refused it for a conflict this run's ranks do not have (rank ",
-                       first_conflict, ": ", (*all)[first_conflict].substr(2),
-                       "); another client sends job id '", spec.job_id(), "' with incarnation ",
-                       absl::Hex(request.spec().incarnation()),
-                       " (set by the caller, or copied from this run)"));
-    }
-    return local;
-  }
-  if (first_fallback >= 0) {
-    rep.LogSource(PlanSource::kLocal, spec.step(),
-                  absl::StrCat("rank ", first_fallback, " could not get its plan from ",
-                               rep.options.address, ": ", (*all)[first_fallback].substr(2),
-                               "; not asking it again until every rank's probe is answered"));
-    // Decided from the all-gathered outcomes: the same on every rank.
-    rep.service_down = true;
-    const bool relapse = rep.ever_back && spec.step() < rep.back_at_step + kRelapseSteps;
-    rep.hold_steps = relapse ? std::min<uint64_t>(std::max<uint64_t>(1, 2 * rep.hold_steps),
-                                                  kMaxHoldSteps)
-                             : 0;
-    rep.down_since_step = spec.step();
-    if (rep.hold_steps > 0) {
-      Log(LogLevel::kWarning,
-          absl::StrCat("rank ", rep.transport->rank(), ": the planner service failed step ",
-                       spec.step(), " again ", spec.step() - rep.back_at_step,
-                       " steps after it was used again; planning locally for at least ",
-                       rep.hold_steps, " steps"));
-    }
-    rep.prober->Start(spec.job_id());
-    return rep.PlanLocally(spec, lengths);
-  }
-  rep.LogSource(PlanSource::kService, spec.step(), rep.options.address);
-  StepPlan result;
-  result.plan = *std::move(plan);
-  result.source = PlanSource::kService;
-  result.max_over_mean_before = response.balance().max_over_mean_before();
-  result.max_over_mean_after = response.balance().max_over_mean_after();
-  result.total_tokens = response.balance().total_tokens();
-  result.moved_tokens = response.balance().moved_tokens();
-  result.workload_before.resize(all->size());
-  result.workload_after.resize(all->size());
-  for (size_t r = 0; r < all->size(); ++r) {
-    double workloads[2];
-    std::memcpy(workloads, (*all)[r].data() + 2, sizeof(workloads));
-    result.workload_before[r] = workloads[0];
-    result.workload_after[r] = workloads[1];
-  }
+  const bool was_prefetched = prefetched != nullptr;
+  absl::StatusOr<StepPlan> result =
+      rep.group_mode() ? rep.PlanGroup(spec, lengths, previous, std::move(prefetched))
+                       : rep.PlanPerRank(spec, lengths, previous, std::move(prefetched));
+  if (result.ok()) result->prefetched = was_prefetched;
   return result;
+}
+
+absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec,
+                                     const std::vector<int64_t>& lengths,
+                                     const v1::StepTiming* previous) {
+  Rep& rep = *rep_;
+  rep.pending.reset();  // replaces an unused one, cancelling its call
+  auto prefetched = std::make_unique<Prefetched>();
+  prefetched->spec = spec;
+  prefetched->lengths = lengths;
+  Prefetched* const p = prefetched.get();
+  Rep* const r = &rep;
+  if (rep.group_mode()) {
+    absl::StatusOr<Gathered> gathered = rep.Gather(rep.BlobFor(kPrefetchCall, spec, lengths,
+                                                               previous));
+    if (!gathered.ok()) return gathered.status();
+    prefetched->gathered = *std::move(gathered);
+    if (rep.stub != nullptr && !rep.service_down) {
+      if (absl::Status drawn = rep.EnsureIncarnation(); !drawn.ok()) return drawn;
+      auto request =
+          std::make_shared<const v1::PlanGroupRequest>(rep.GroupRequest(spec, *p->gathered));
+      prefetched->call = std::make_unique<BackgroundCall>([r, p, request](CancelToken* token) {
+        return r->AskGroup(*request, &p->group_response, token);
+      });
+    }
+  } else {
+    if (spec.world_size() != rep.transport->size()) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.world_size: ", spec.world_size(),
+                                                     " but the transport has ",
+                                                     rep.transport->size(), " ranks"));
+    }
+    if (rep.has_service) {
+      if (absl::Status agreed = rep.EnsureIncarnation(); !agreed.ok()) return agreed;
+    }
+    if (rep.stub != nullptr && !rep.service_down) {
+      prefetched->request = rep.RankRequest(spec, lengths, previous);
+      prefetched->call = std::make_unique<BackgroundCall>([r, p](CancelToken* token) {
+        return r->AskRank(p->request, &p->response, token);
+      });
+    }
+  }
+  rep.pending = std::move(prefetched);
+  return absl::OkStatus();
 }
 
 }  // namespace knapformer

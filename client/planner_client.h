@@ -22,6 +22,27 @@ namespace knapformer {
 enum class PlanSource { kService, kLocal };
 const char* PlanSourceName(PlanSource source);
 
+// How the ranks of a group ask the planner service.
+enum class PlannerMode {
+  // The ranks all-gather their lengths over the transport; rank 0 alone
+  // asks the service (PlanGroup: one request, one chunk table back) and
+  // broadcasts the answer; every rank rebuilds the plan from the table and
+  // takes its own slice (planner/plan_from_chunks.h). The server's work per
+  // step does not grow with the ranks' calls, only rank 0 holds a channel,
+  // and when the service fails every rank already has every length to plan
+  // locally. The default: measured faster per step at every size (README,
+  // "Load").
+  kGroup,
+  // Every rank sends its own lengths (Plan) and gets its own slice; the
+  // service meets the ranks in a rendezvous. For trainers whose ranks cannot
+  // all-gather before the step, or that want the service's memory of
+  // answered steps (ALREADY_EXISTS on a replay).
+  kPerRank,
+};
+const char* PlannerModeName(PlannerMode mode);
+// "group" or "per-rank"; InvalidArgument naming both otherwise.
+absl::StatusOr<PlannerMode> ParsePlannerMode(const std::string& name);
+
 struct PlannerClientOptions {
   // host:port of the planner service; empty = always plan locally.
   std::string address;
@@ -50,6 +71,7 @@ struct PlannerClientOptions {
   // and other runs of the same job id never meet it. Set it only to make a
   // run's requests reproducible.
   uint64_t incarnation = 0;
+  PlannerMode mode = PlannerMode::kGroup;
   // For local planning (the service uses its own).
   BalancerOptions balancer;
 };
@@ -66,6 +88,8 @@ struct StepPlan {
   // balancing and under this plan: what WIR and max/mean are computed from.
   std::vector<double> workload_before;
   std::vector<double> workload_after;
+  // Whether the step was requested ahead (PlannerClient::Prefetch).
+  bool prefetched = false;
 };
 
 // Gets each step's plan for one rank: from the planner service when one is
@@ -79,6 +103,12 @@ struct StepPlan {
 // then all go back to it at the same step (PlannerClientOptions::
 // probe_interval). One client per rank; not thread-safe (one step at a
 // time).
+//
+// Plan ahead: a trainer that knows step N+1's lengths while step N computes
+// calls Prefetch for N+1 then; Plan for N+1 finds the answer there, or waits
+// only for what is left of it. Only the RPC runs in the background: every
+// collective on the transport is issued by the caller's thread, in the same
+// order on every rank.
 class PlannerClient {
  public:
   // `transport` must outlive the client; its size is the group's world size.
@@ -93,8 +123,25 @@ class PlannerClient {
   // transport.
   // `previous` (optional) is this rank's measured compute time of an
   // earlier step, for the service's gamma fit.
+  // With a Prefetch of spec.step() pending, Plan uses it: `previous` was
+  // sent then and is ignored here, and a step whose spec (token_bytes
+  // aside) or lengths differ from the prefetched ones fails on every rank
+  // with FailedPrecondition naming the step and the rank.
   absl::StatusOr<StepPlan> Plan(const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
                                 const v1::StepTiming* previous = nullptr);
+
+  // Starts planning `spec.step()` ahead; its Plan call follows, with the
+  // same spec and lengths. Call it on every rank (or on none) for a step: in
+  // group mode it is a collective (the lengths' all-gather, on the caller's
+  // thread), and then rank 0 asks the service on a background thread; in
+  // per-rank mode each rank's request goes out on a background thread (the
+  // first call with a service agrees on the incarnation, a collective). A
+  // later Prefetch replaces one that no Plan used. Errors: the transport's,
+  // and in group mode the agreed errors of the all-gather (ranks that
+  // disagree on the spec, a rank whose world size is not the transport's);
+  // everything else is reported by the step's Plan, on every rank alike.
+  absl::Status Prefetch(const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
+                        const v1::StepTiming* previous = nullptr);
 
   // The incarnation this client's requests carry (see
   // PlannerClientOptions::incarnation); 0 until the first step with a

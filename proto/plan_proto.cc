@@ -145,6 +145,23 @@ void ChunksToProto(const Plan& plan, v1::Chunks* out) {
   }
 }
 
+absl::StatusOr<std::vector<Chunk>> ChunksFromProto(const v1::Chunks& proto) {
+  const int n = proto.src_rank_size();
+  if (proto.seq_index_size() != n || proto.offset_size() != n || proto.length_size() != n ||
+      proto.dst_rank_size() != n) {
+    return absl::InternalError(absl::StrCat(
+        "chunks: columns of different lengths (src_rank ", n, ", seq_index ",
+        proto.seq_index_size(), ", offset ", proto.offset_size(), ", length ",
+        proto.length_size(), ", dst_rank ", proto.dst_rank_size(), ")"));
+  }
+  std::vector<Chunk> chunks(n);
+  for (int i = 0; i < n; ++i) {
+    chunks[i] = Chunk{proto.src_rank(i), proto.seq_index(i), proto.offset(i), proto.length(i),
+                      proto.dst_rank(i)};
+  }
+  return chunks;
+}
+
 absl::StatusOr<RankPlan> RankPlanFromProto(const v1::RankPlan& proto, int32_t world_size) {
   RankPlan plan;
   plan.rank = proto.rank();

@@ -2,6 +2,7 @@
 #define KNAPFORMER_PROTO_PLAN_PROTO_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "knapformer/v1/planner.pb.h"
 #include "absl/status/statusor.h"
@@ -42,6 +43,10 @@ void ChunksToProto(const Plan& plan, v1::Chunks* out);
 // more chunk lengths than the world has ranks. What the values mean is
 // checked by the client's route layout (client/route_layout.h).
 absl::StatusOr<RankPlan> RankPlanFromProto(const v1::RankPlan& proto, int32_t world_size);
+
+// The inverse of ChunksToProto: Internal when the five columns differ in
+// length. What the values mean is checked by PlanFromChunks.
+absl::StatusOr<std::vector<Chunk>> ChunksFromProto(const v1::Chunks& proto);
 
 }  // namespace knapformer
 

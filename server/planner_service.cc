@@ -209,6 +209,11 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
     finish(status);
     return reactor;
   }
+  for (int r = 0; r < request->previous_size(); ++r) {
+    if (request->previous(r).compute_seconds() > 0) {
+      rendezvous_.AddTiming(request->spec(), r, request->previous(r));
+    }
+  }
   auto shared_checked = std::make_shared<CheckedSpec>(*std::move(checked));
   ScheduleAnswer([this, request, response, finish, shared_checked] {
     const v1::StepSpec& spec = request->spec();

@@ -130,6 +130,19 @@ absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const Servic
   return CheckedSpec{*std::move(world), *cost};
 }
 
+namespace {
+
+absl::Status CheckTiming(const std::string& field, const v1::StepTiming& timing) {
+  const double seconds = timing.compute_seconds();
+  if (!std::isfinite(seconds) || seconds < 0 || seconds > 1e6) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".compute_seconds: must be a finite number in [0, 1e6], got ", seconds));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
                                              const ServiceLimits& limits, WorldCache* cache) {
   KF_ASSIGN_OR_RETURN(CheckedSpec checked, CheckStepSpec(request.spec(), limits, cache));
@@ -139,11 +152,7 @@ absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
                                                    request.spec().world_size(), ")"));
   }
   KF_RETURN_IF_ERROR(CheckLengths("sequence_lengths", request.sequence_lengths(), limits));
-  const double seconds = request.previous().compute_seconds();
-  if (!std::isfinite(seconds) || seconds < 0 || seconds > 1e6) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "previous.compute_seconds: must be a finite number in [0, 1e6], got ", seconds));
-  }
+  KF_RETURN_IF_ERROR(CheckTiming("previous", request.previous()));
   return checked;
 }
 
@@ -162,6 +171,14 @@ absl::StatusOr<CheckedSpec> CheckPlanGroupRequest(const v1::PlanGroupRequest& re
     KF_RETURN_IF_ERROR(
         CheckLengths(absl::StrCat("ranks[", r, "].sequence_lengths"), lengths, limits));
     sequences += lengths.size();
+  }
+  if (request.previous_size() != 0 && request.previous_size() != request.spec().world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("previous: ", request.previous_size(),
+                                                   " entries; give none or world_size = ",
+                                                   request.spec().world_size()));
+  }
+  for (int r = 0; r < request.previous_size(); ++r) {
+    KF_RETURN_IF_ERROR(CheckTiming(absl::StrCat("previous[", r, "]"), request.previous(r)));
   }
   if (sequences > limits.max_sequences_per_step) {
     return absl::ResourceExhaustedError(absl::StrCat("ranks: ", sequences,

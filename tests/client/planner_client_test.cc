@@ -138,18 +138,28 @@ TEST(PlannerClientTest, WithoutAServiceEveryRankComputesTheCorePlan) {
   ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kLocal);
 }
 
-TEST(PlannerClientTest, WithAServiceEveryRankGetsItsSliceFromIt) {
+class EveryMode : public ::testing::TestWithParam<PlannerMode> {};
+
+INSTANTIATE_TEST_SUITE_P(PlannerClientTest, EveryMode,
+                         ::testing::Values(PlannerMode::kGroup, PlannerMode::kPerRank),
+                         [](const auto& info) {
+                           return info.param == PlannerMode::kGroup ? "Group" : "PerRank";
+                         });
+
+TEST_P(EveryMode, WithAServiceEveryRankGetsItsSliceFromIt) {
   auto server = StartServer();
   ASSERT_NE(server, nullptr);
   PlannerClientOptions options;
+  options.mode = GetParam();
   options.address = server->address();
   ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kService);
 }
 
-TEST(PlannerClientTest, AServiceThatIsDownOrGoesDownMidRunFallsBackOnEveryRank) {
+TEST_P(EveryMode, AServiceThatIsDownOrGoesDownMidRunFallsBackOnEveryRank) {
   auto server = StartServer();
   ASSERT_NE(server, nullptr);
   PlannerClientOptions options;
+  options.mode = GetParam();
   options.address = server->address();
   options.max_attempts = 2;
   options.initial_backoff = absl::Milliseconds(20);
@@ -299,6 +309,7 @@ TEST(PlannerClientTest, AHungServiceCostsOneStepAndIsUsedAgainWhenItAnswers) {
   // From step 3 on, for 3 s: one step's call deadline (1 s) and then some.
   HangingProxy proxy(server->address(), 3, absl::Seconds(3));
   PlannerClientOptions options;
+  options.mode = PlannerMode::kPerRank;  // the service's rendezvous
   std::unique_ptr<grpc::Server> front = ServeOnFreePort(&proxy, &options.address);
   ASSERT_NE(front, nullptr);
   options.call_deadline = absl::Seconds(1);
@@ -359,6 +370,7 @@ TEST(PlannerClientTest, AServiceThatAnswersProbesButNotStepsIsAskedLessAndLess) 
   ASSERT_NE(server, nullptr);
   HangingProxy proxy(server->address(), 2, absl::Hours(1), /*probes_hang=*/false);
   PlannerClientOptions options;
+  options.mode = PlannerMode::kPerRank;  // the service's rendezvous
   std::unique_ptr<grpc::Server> front = ServeOnFreePort(&proxy, &options.address);
   ASSERT_NE(front, nullptr);
   options.call_deadline = absl::Milliseconds(300);
@@ -445,6 +457,7 @@ TEST(PlannerClientTest, ARestartedRunReplaysItsStepsFromTheService) {
   auto server = StartServer();
   ASSERT_NE(server, nullptr);
   PlannerClientOptions options;
+  options.mode = PlannerMode::kPerRank;  // the service's rendezvous
   options.address = server->address();
   PersistentRun first = RunWithOneClientPerRank(options, {0, 1, 2, 3});
   ExpectCorePlans(first.results, 0, PlanSource::kService);
@@ -479,6 +492,7 @@ TEST(PlannerClientTest, AReplayUnderTheSameIncarnationIsPlannedLocallyWithoutErr
   auto server = StartServer();
   ASSERT_NE(server, nullptr);
   PlannerClientOptions options;
+  options.mode = PlannerMode::kPerRank;  // the service's rendezvous
   options.address = server->address();
   options.incarnation = 0x5eed;
   ExpectCorePlans(RunWithOneClientPerRank(options, {0, 1, 2, 3}).results, 0,
@@ -498,6 +512,7 @@ void RunBesideAStranger(bool stranger_copies_the_incarnation) {
   auto server = StartServer(absl::Seconds(5));
   ASSERT_NE(server, nullptr);
   PlannerClientOptions options;
+  options.mode = PlannerMode::kPerRank;  // the service's rendezvous
   options.address = server->address();
   options.incarnation = 77;
   auto stub = v1::Planner::NewStub(
@@ -566,8 +581,10 @@ TEST(PlannerClientTest, RanksThatDisagreeOnTheSpecStillFailTogether) {
 TEST(PlannerClientTest, RefusedInputIsTheSameErrorOnEveryRank) {
   auto server = StartServer(absl::Milliseconds(300));
   ASSERT_NE(server, nullptr);
+  for (const PlannerMode mode : {PlannerMode::kGroup, PlannerMode::kPerRank})
   for (const bool with_service : {true, false}) {
     PlannerClientOptions options;
+    options.mode = mode;
     if (with_service) options.address = server->address();
     auto results = RunSteps(options, 20, 1, nullptr, [](uint64_t step, int rank) {
       std::vector<int64_t> lengths = Lengths(step)[rank];
@@ -577,7 +594,12 @@ TEST(PlannerClientTest, RefusedInputIsTheSameErrorOnEveryRank) {
     for (int r = 0; r < kRanks; ++r) {
       ASSERT_FALSE(results[0][r].ok()) << "rank " << r;
       EXPECT_EQ(results[0][r].status().code(), absl::StatusCode::kInvalidArgument);
-      if (with_service) {
+      if (with_service && mode == PlannerMode::kGroup) {
+        // Rank 0 asked for the group; the service names rank 3's lengths.
+        EXPECT_THAT(std::string(results[0][r].status().message()),
+                    HasSubstr("rank 0's request was refused by the planner: "
+                              "ranks[3].sequence_lengths["));
+      } else if (with_service) {
         EXPECT_THAT(std::string(results[0][r].status().message()),
                     HasSubstr("rank 3's request was refused by the planner: sequence_lengths["));
       } else {

@@ -298,6 +298,24 @@ TEST(CheckPlanGroupRequestTest, RejectsTheWrongNumberOfRanks) {
   }
 }
 
+TEST(CheckPlanGroupRequestTest, TakesNoTimingsOrOnePerRankAndChecksEach) {
+  v1::PlanGroupRequest request = ValidGroupRequest();
+  for (int r = 0; r < 8; ++r) request.add_previous()->set_compute_seconds(r * 0.5);
+  EXPECT_TRUE(CheckPlanGroupRequest(request, ServiceLimits()).ok());
+
+  request.mutable_previous()->RemoveLast();
+  auto checked = CheckPlanGroupRequest(request, ServiceLimits());
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(checked.status()),
+              HasSubstr("previous: 7 entries; give none or world_size = 8"));
+
+  request.add_previous()->set_compute_seconds(std::numeric_limits<double>::infinity());
+  checked = CheckPlanGroupRequest(request, ServiceLimits());
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(checked.status()),
+              HasSubstr("previous[7].compute_seconds: must be a finite number in [0, 1e6]"));
+}
+
 TEST(CheckPlanGroupRequestTest, RejectsABadLengthNamingItsRank) {
   v1::PlanGroupRequest request = ValidGroupRequest();
   request.mutable_ranks(2)->add_sequence_lengths(-5);  // index 3 of rank 2
