@@ -10,6 +10,7 @@
 #include <numeric>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -283,6 +284,49 @@ PersistentRun RunWithOneClientPerRank(
   return run;
 }
 
+// Like RunWithOneClientPerRank, planning ahead as a trainer would: step
+// 0 synchronously, then each step's lengths are prefetched right after the
+// previous step's Plan, before its `pause` (the compute). `plan_lengths`
+// (optional) gives the lengths a step's Plan is then called with
+// (default: those prefetched). `before_prefetch(rank, step)` runs before
+// each Prefetch.
+PersistentRun RunPlanningAhead(
+    const PlannerClientOptions& options, const std::vector<uint64_t>& steps,
+    absl::Duration pause = absl::ZeroDuration(),
+    const std::function<std::vector<int64_t>(uint64_t, int)>& plan_lengths = nullptr,
+    const std::function<void(int, uint64_t)>& before_prefetch = nullptr) {
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+  PersistentRun run;
+  run.results.assign(steps.size(), std::vector<absl::StatusOr<StepPlan>>(
+                                       kRanks, absl::UnknownError("not run")));
+  run.took.assign(steps.size(), std::vector<absl::Duration>(kRanks));
+  run.incarnations.assign(kRanks, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      ASSERT_TRUE(client.ok()) << client.status();
+      for (size_t i = 0; i < steps.size(); ++i) {
+        const std::vector<int64_t> lengths =
+            plan_lengths ? plan_lengths(steps[i], r) : Lengths(steps[i])[r];
+        const absl::Time start = absl::Now();
+        run.results[i][r] = (*client)->Plan(Spec(steps[i]), lengths);
+        run.took[i][r] = absl::Now() - start;
+        if (i + 1 < steps.size()) {
+          if (before_prefetch) before_prefetch(r, steps[i + 1]);
+          const absl::Status prefetched =
+              (*client)->Prefetch(Spec(steps[i + 1]), Lengths(steps[i + 1])[r]);
+          ASSERT_TRUE(prefetched.ok()) << prefetched;
+        }
+        absl::SleepFor(pause);
+      }
+      run.incarnations[r] = (*client)->incarnation();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return run;
+}
+
 std::vector<uint64_t> StepsFrom(uint64_t first, int count) {
   std::vector<uint64_t> steps(count);
   std::iota(steps.begin(), steps.end(), first);
@@ -411,11 +455,24 @@ TEST(PlannerClientTest, AServiceThatAnswersProbesButNotStepsIsAskedLessAndLess) 
 
 // A service that stops and is started again on the same port: the ranks
 // plan locally meanwhile, and all go back to it once it answers.
-TEST(PlannerClientTest, ARestartedServiceIsUsedAgain) {
+// With or without planning ahead, in either mode.
+class ModeAndPlanAhead : public ::testing::TestWithParam<std::tuple<PlannerMode, bool>> {};
+
+INSTANTIATE_TEST_SUITE_P(
+    PlannerClientTest, ModeAndPlanAhead,
+    ::testing::Combine(::testing::Values(PlannerMode::kGroup, PlannerMode::kPerRank),
+                       ::testing::Bool()),
+    [](const auto& info) {
+      return absl::StrCat(std::get<0>(info.param) == PlannerMode::kGroup ? "Group" : "PerRank",
+                          std::get<1>(info.param) ? "PlanningAhead" : "");
+    });
+
+TEST_P(ModeAndPlanAhead, ARestartedServiceIsUsedAgain) {
   auto server = StartServer();
   ASSERT_NE(server, nullptr);
   const std::string address = server->address();
   PlannerClientOptions options;
+  options.mode = std::get<0>(GetParam());
   options.address = address;
   options.max_attempts = 1;
   options.probe_interval = absl::Milliseconds(100);
@@ -424,17 +481,24 @@ TEST(PlannerClientTest, ARestartedServiceIsUsedAgain) {
   std::unique_ptr<PlannerServer> restarted;
   // Rank 0 stops and restarts it between steps (the step's all-gather keeps
   // the other ranks from asking before it has).
-  const PersistentRun run = RunWithOneClientPerRank(
-      options, StepsFrom(0, kSteps), absl::Milliseconds(100), [&](int rank, uint64_t step) {
-        if (rank == 0 && step == 2) server->Shutdown();
-        if (rank == 0 && step == 6) {
-          PlannerServerOptions again;
-          again.listen_address = address;
-          auto started = PlannerServer::Start(again);
-          ASSERT_TRUE(started.ok()) << started.status();
-          restarted = *std::move(started);
-        }
-      });
+  auto fault = [&](int rank, uint64_t step) {
+    if (rank == 0 && step == 2) server->Shutdown();
+    if (rank == 0 && step == 6) {
+      PlannerServerOptions again;
+      again.listen_address = address;
+      auto started = PlannerServer::Start(again);
+      ASSERT_TRUE(started.ok()) << started.status();
+      restarted = *std::move(started);
+    }
+  };
+  // Planning ahead, the fault comes while the previous step computes (before
+  // the prefetch).
+  const PersistentRun run =
+      std::get<1>(GetParam())
+          ? RunPlanningAhead(options, StepsFrom(0, kSteps), absl::Milliseconds(100), nullptr,
+                             fault)
+          : RunWithOneClientPerRank(options, StepsFrom(0, kSteps), absl::Milliseconds(100),
+                                    fault);
   std::vector<std::vector<PlanSource>> sources(kSteps, std::vector<PlanSource>(kRanks));
   for (int step = 0; step < kSteps; ++step) {
     for (int r = 0; r < kRanks; ++r) {
@@ -447,6 +511,86 @@ TEST(PlannerClientTest, ARestartedServiceIsUsedAgain) {
   EXPECT_EQ(sources[kSteps - 1][0], PlanSource::kService) << "never back to the restarted service";
   for (int step = 0; step < kSteps; ++step) {
     for (int r = 1; r < kRanks; ++r) EXPECT_EQ(sources[step][r], sources[step][0]) << step;
+  }
+}
+
+TEST_P(ModeAndPlanAhead, PlannedAheadStepsGetTheSamePlansAsSynchronousOnes) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  for (const bool with_service : {true, false}) {
+    PlannerClientOptions options;
+    options.mode = std::get<0>(GetParam());
+    if (with_service) options.address = server->address();
+    const PersistentRun run = std::get<1>(GetParam())
+                                  ? RunPlanningAhead(options, StepsFrom(30, 6))
+                                  : RunWithOneClientPerRank(options, StepsFrom(30, 6));
+    ExpectCorePlans(run.results, 30, with_service ? PlanSource::kService : PlanSource::kLocal);
+    for (size_t i = 0; i < run.results.size(); ++i) {
+      for (int r = 0; r < kRanks; ++r) {
+        ASSERT_TRUE(run.results[i][r].ok());
+        EXPECT_EQ(run.results[i][r]->prefetched, std::get<1>(GetParam()) && i > 0)
+            << "step " << i << " rank " << r;
+      }
+    }
+  }
+}
+
+TEST_P(EveryMode, APlannedAheadStepCalledWithOtherLengthsFailsOnEveryRankNamingIt) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  for (const bool with_service : {true, false}) {
+    PlannerClientOptions options;
+    options.mode = GetParam();
+    if (with_service) options.address = server->address();
+    options.incarnation = with_service ? 0 : 1;
+    const PersistentRun run = RunPlanningAhead(
+        options, StepsFrom(40, 4), absl::ZeroDuration(), [](uint64_t step, int rank) {
+          std::vector<int64_t> lengths = Lengths(step)[rank];
+          if (step == 42 && rank == 5) lengths.push_back(77);  // not what it prefetched
+          return lengths;
+        });
+    const std::string expected =
+        absl::StrCat("rank 5: step 42: its lengths differ from those prefetched for it (",
+                     Lengths(42)[5].size() + 1, " sequences, ", Lengths(42)[5].size(),
+                     " prefetched)");
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_TRUE(run.results[1][r].ok()) << run.results[1][r].status();
+      ASSERT_FALSE(run.results[2][r].ok()) << "rank " << r;
+      EXPECT_EQ(run.results[2][r].status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_THAT(std::string(run.results[2][r].status().message()), HasSubstr(expected));
+      // Nothing is left waiting: the next step is planned as usual.
+      ASSERT_TRUE(run.results[3][r].ok()) << run.results[3][r].status();
+      EXPECT_EQ(run.results[3][r]->source,
+                with_service ? PlanSource::kService : PlanSource::kLocal);
+    }
+  }
+}
+
+// Group mode: a rank that plans a step the others prefetched is in another
+// collective; every rank gets the same error instead of a hang.
+TEST(PlannerClientTest, RanksThatDoNotAllPlanAheadFailTogether) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  PlannerClientOptions options;
+  options.address = server->address();
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(10));
+  std::vector<absl::Status> statuses(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      ASSERT_TRUE(client.ok());
+      ASSERT_TRUE((*client)->Plan(Spec(0), Lengths(0)[r]).ok());
+      statuses[r] = r == 2 ? (*client)->Plan(Spec(1), Lengths(1)[r]).status()
+                           : (*client)->Prefetch(Spec(1), Lengths(1)[r]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(statuses[r].code(), absl::StatusCode::kFailedPrecondition) << "rank " << r;
+    EXPECT_THAT(std::string(statuses[r].message()),
+                HasSubstr("rank 2 is in Plan while rank 0 is in Prefetch; every rank must "
+                          "prefetch a step, or none"));
   }
 }
 
