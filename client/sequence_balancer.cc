@@ -328,6 +328,19 @@ struct SequenceBalancer::Rep {
   v1::StepSpec spec;
   bool has_timing = false;
   v1::StepTiming timing;  // of the current step, sent with the next plan
+  // The step PrefetchRouting started, if any.
+  uint64_t prefetched_step = std::numeric_limits<uint64_t>::max();
+
+  // The spec of `step`: the balancer's, with this step's overrides.
+  v1::StepSpec SpecOf(uint64_t step, const StepOverrides& overrides) const {
+    v1::StepSpec out = spec;
+    out.set_step(step);
+    out.set_d_model(overrides.d_model != 0 ? overrides.d_model : default_d_model);
+    out.set_token_bytes(overrides.token_bytes >= 0 ? overrides.token_bytes
+                        : default_token_bytes > 0  ? default_token_bytes
+                                                   : routed_token_bytes);
+    return out;
+  }
   // The last exchange's chain link this step (MoveRowsFunction), undefined
   // before the first exchange that records a backward.
   at::Tensor backward_chain;
@@ -575,13 +588,13 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
                                            const StepOverrides& overrides) {
   Rep& r = *rep_;
   r.planned = false;
-  r.spec.set_step(r.next_step++);
-  r.spec.set_d_model(overrides.d_model != 0 ? overrides.d_model : r.default_d_model);
-  r.spec.set_token_bytes(overrides.token_bytes >= 0 ? overrides.token_bytes
-                         : r.default_token_bytes > 0 ? r.default_token_bytes
-                                                     : r.routed_token_bytes);
-  auto plan = r.planner->Plan(r.spec, lengths, r.has_timing ? &r.timing : nullptr);
-  r.has_timing = false;
+  r.spec = r.SpecOf(r.next_step++, overrides);
+  // A prefetched step sent its timing with the prefetch; one recorded since
+  // goes with the next request.
+  const bool prefetched = r.prefetched_step == r.spec.step();
+  const bool send_timing = r.has_timing && !prefetched;
+  auto plan = r.planner->Plan(r.spec, lengths, send_timing ? &r.timing : nullptr);
+  if (send_timing) r.has_timing = false;
   if (!plan.ok()) return plan.status();
   r.step_plan = *std::move(plan);
   r.input_lengths = lengths;
@@ -614,6 +627,17 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
   // Only now: its size is what the bag's peers confirmed they send.
   r.sequence_order = RowOrder::Of(AttentionIndex(r.ulysses_recv_rows, r.step_plan.plan.ulysses));
   r.planned = true;
+  return absl::OkStatus();
+}
+
+absl::Status SequenceBalancer::PrefetchRouting(const std::vector<int64_t>& lengths,
+                                               const StepOverrides& overrides) {
+  Rep& r = *rep_;
+  const v1::StepSpec spec = r.SpecOf(r.next_step, overrides);
+  absl::Status started = r.planner->Prefetch(spec, lengths, r.has_timing ? &r.timing : nullptr);
+  if (!started.ok()) return started;
+  r.has_timing = false;
+  r.prefetched_step = spec.step();
   return absl::OkStatus();
 }
 

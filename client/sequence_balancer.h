@@ -112,6 +112,18 @@ class SequenceBalancer {
   absl::Status PlanRouting(const std::vector<int64_t>& lengths,
                            const StepOverrides& overrides = {});
 
+  // Plan ahead: starts planning the step after the current one (the next
+  // PlanRouting's) with these lengths, so that its PlanRouting finds the
+  // plan ready instead of waiting for the planner. Call it while the
+  // current step computes, as soon as the data loader has the next batch,
+  // on every rank (or on none) for a step. Only the planner's RPC runs in
+  // the background; the collectives it needs run here, on the caller's
+  // thread (PlannerClient::Prefetch). The next PlanRouting must then pass
+  // the same lengths and overrides: otherwise it fails on every rank with
+  // FailedPrecondition naming the rank and the step.
+  absl::Status PrefetchRouting(const std::vector<int64_t>& lengths,
+                               const StepOverrides& overrides = {});
+
   // This rank's measured compute time (forward + backward) of the current
   // step; sent with the next PlanRouting for the service's gamma fit.
   void RecordComputeSeconds(double seconds);

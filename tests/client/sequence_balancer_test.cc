@@ -68,6 +68,7 @@ SequenceBalancerOptions Options(const Worker& w) {
     options.planner.address = w.args.at("planner");
     options.planner.call_deadline = absl::Seconds(30);
   }
+  if (w.args.count("mode")) options.planner.mode = ParsePlannerMode(w.args.at("mode")).value();
   return options;
 }
 
@@ -244,6 +245,51 @@ const bool kBalance = RegisterScenario("balance", [](Worker& w) {
   }
 });
 
+// Planning ahead: a balancer that prefetches each step while the previous
+// one computes gets the plans of one that plans each step when it comes,
+// routes and attends exactly, and a step called with other lengths than
+// it prefetched fails on every rank, naming the rank and the step.
+const bool kPlanAhead = RegisterScenario("plan_ahead", [](Worker& w) {
+  SequenceBalancerOptions options = Options(w);
+  auto synchronous = SequenceBalancer::Create(options, w.transport.get());
+  ASSERT_TRUE(synchronous.ok()) << synchronous.status();
+  options.job_id = "balancer-test-ahead";
+  auto ahead = SequenceBalancer::Create(options, w.transport.get());
+  ASSERT_TRUE(ahead.ok()) << ahead.status();
+  const PlanSource source = w.args.count("planner") ? PlanSource::kService : PlanSource::kLocal;
+  constexpr int kSteps = 4;
+  ASSERT_TRUE((*ahead)->PrefetchRouting(Lengths(w.rank, w.size, 0)).ok());
+  for (int step = 0; step < kSteps; ++step) {
+    const std::vector<int64_t> lengths = Lengths(w.rank, w.size, step);
+    ASSERT_TRUE((*synchronous)->PlanRouting(lengths).ok());
+    absl::Status planned = (*ahead)->PlanRouting(lengths);
+    ASSERT_TRUE(planned.ok()) << planned;
+    // The next step's lengths are known while this one computes.
+    ASSERT_TRUE((*ahead)->PrefetchRouting(Lengths(w.rank, w.size, step + 1)).ok());
+    const StepPlan& got = (*ahead)->step_plan();
+    const StepPlan& want = (*synchronous)->step_plan();
+    EXPECT_TRUE(got.prefetched);
+    EXPECT_FALSE(want.prefetched);
+    EXPECT_EQ(got.source, source);
+    EXPECT_EQ(want.source, source);
+    EXPECT_EQ((*ahead)->routed_lengths(), (*synchronous)->routed_lengths()) << "step " << step;
+    EXPECT_EQ((*ahead)->attention_lengths(), (*synchronous)->attention_lengths());
+    EXPECT_EQ(got.workload_after, want.workload_after);
+    EXPECT_EQ(got.moved_tokens, want.moved_tokens);
+    CheckRoundTrip(w, **ahead, lengths);
+    CheckAttention(w, **ahead, lengths, step);
+  }
+  // Step kSteps was prefetched with Lengths(kSteps); rank 1 now has another
+  // sequence.
+  std::vector<int64_t> changed = Lengths(w.rank, w.size, kSteps);
+  if (w.rank == 1) changed.push_back(9);
+  absl::Status refused = (*ahead)->PlanRouting(changed);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(std::string(refused.message()),
+              testing::HasSubstr(absl::StrCat("rank 1: step ", kSteps,
+                                              ": its lengths differ from those prefetched")));
+});
+
 // Misuse is an error naming the problem, not a crash or a wrong answer.
 const bool kErrors = RegisterScenario("errors", [](Worker& w) {
   auto balancer = SequenceBalancer::Create(Options(w), w.transport.get());
@@ -289,6 +335,26 @@ TEST(SequenceBalancer, TwoReplicas) { ExpectBalanceRuns("g1n2+g2n1", 8); }
 TEST(SequenceBalancer, ErrorsNameTheProblem) {
   WorkerRun run = RunWorkers("errors", 4, {{"topology", "g4n1"}});
   EXPECT_TRUE(run.ok()) << run.output;
+}
+
+TEST(SequenceBalancer, PlanningAheadLocallyGivesTheSamePlans) {
+  WorkerRun run = RunWorkers("plan_ahead", 4, {{"topology", "g1n2+g2n1"}});
+  EXPECT_TRUE(run.ok()) << run.output;
+}
+
+TEST(SequenceBalancer, PlanningAheadWithTheServiceGivesTheSamePlansInEitherMode) {
+  PlannerServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_address = "";
+  auto server = PlannerServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (const char* mode : {"group", "per-rank"}) {
+    WorkerRun run = RunWorkers("plan_ahead", 4,
+                               {{"topology", "g1n2+g2n1"},
+                                {"mode", mode},
+                                {"planner", absl::StrCat("127.0.0.1:", (*server)->port())}});
+    EXPECT_TRUE(run.ok()) << mode << ": " << run.output;
+  }
 }
 
 // The planner service answers the first steps, then stops; every rank
