@@ -45,6 +45,7 @@ struct BalancerArgs {
   std::string cost_model = "transformer";
   std::optional<bool> locality;
   std::optional<double> planner_deadline_s;
+  std::optional<std::string> planner_mode;
   uint64_t first_step = 0;
   bool use_fitted_gamma = false;
   bool agree_on_errors = true;
@@ -201,6 +202,9 @@ class BalancerBinding {
       }
       options.planner.call_deadline = absl::Seconds(*args.planner_deadline_s);
     }
+    if (args.planner_mode.has_value()) {
+      options.planner.mode = ValueOrThrow(ParsePlannerMode(*args.planner_mode));
+    }
     if (args.max_tokens_per_gpu < 0) {
       ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
           "max_tokens_per_gpu: must be >= 0 (0 = no cap), got ", args.max_tokens_per_gpu)));
@@ -276,6 +280,26 @@ class BalancerBinding {
                            balancer_->input_lengths(),
                            balancer_->routed_lengths(),
                            balancer_->attention_lengths()};
+  }
+
+  // The next step's lengths, while this one computes (PrefetchRouting).
+  void PrefetchRouting(const py::handle& local_seq_lens, const py::handle& token_dim) {
+    absl::StatusOr<std::vector<int64_t>> lengths = LengthsFrom(local_seq_lens);
+    absl::StatusOr<int32_t> d_model = fixed_d_model_ ? absl::StatusOr<int32_t>(0)
+                                                     : TokenDimFrom(token_dim);
+    StepOverrides overrides;
+    overrides.d_model = d_model.ok() ? *d_model : -1;
+    absl::Status status;
+    {
+      py::gil_scoped_release no_gil;
+      // A bad input still takes part (as a length no planner accepts), so
+      // that the step's plan_routing fails on every rank, not a hang.
+      status = balancer_->PrefetchRouting(lengths.ok() ? *lengths : std::vector<int64_t>{-1},
+                                          overrides);
+    }
+    ThrowIfError(lengths.status());
+    ThrowIfError(d_model.status());
+    ThrowIfError(status);
   }
 
   std::vector<at::Tensor> Route(const std::vector<at::Tensor>& xs) const {
@@ -437,6 +461,7 @@ void BindBalancer(py::module_& m) {
       .def_readwrite("cost_model", &BalancerArgs::cost_model)
       .def_readwrite("locality", &BalancerArgs::locality)
       .def_readwrite("planner_deadline_s", &BalancerArgs::planner_deadline_s)
+      .def_readwrite("planner_mode", &BalancerArgs::planner_mode)
       .def_readwrite("first_step", &BalancerArgs::first_step)
       .def_readwrite("use_fitted_gamma", &BalancerArgs::use_fitted_gamma)
       .def_readwrite("agree_on_errors", &BalancerArgs::agree_on_errors);
@@ -446,6 +471,8 @@ void BindBalancer(py::module_& m) {
            py::arg("process_group"), py::arg("bag_groups"), py::arg("args"),
            py::arg("host_group") = py::none(), py::arg("host_bag_groups") = BagGroups())
       .def("plan_routing", &BalancerBinding::PlanRouting, py::arg("local_seq_lens"),
+           py::arg("token_dim"))
+      .def("prefetch_routing", &BalancerBinding::PrefetchRouting, py::arg("local_seq_lens"),
            py::arg("token_dim"))
       .def("route", &BalancerBinding::Route, py::arg("tensors"))
       .def("reverse_route", &BalancerBinding::ReverseRoute, py::arg("tensors"))

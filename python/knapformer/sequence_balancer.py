@@ -84,6 +84,9 @@ class SequenceBalancer:
         "linear".
       locality: let the plan trade WIR (never max/mean) for fewer moved
         tokens. None = the planner's own setting.
+      planner_mode: "group" (default: rank 0 asks the service for the
+        whole group, the plan is broadcast) or "per-rank" (every rank asks
+        for its own slice); see docs/service.md.
       group_id, planner_deadline (seconds per planner call), first_step,
       use_fitted_gamma: see docs/python.md.
       agree_on_errors: every exchange first agrees on every rank's verdict
@@ -108,7 +111,8 @@ class SequenceBalancer:
     def __init__(self, bag_specs, gamma=1.0, *, process_group=None, planner_address=None,
                  job_id=None, d_model=None, max_tokens_per_gpu=0, cost_model="transformer",
                  locality=True, group_id=None, planner_deadline=None, first_step=0,
-                 use_fitted_gamma=False, agree_on_errors=True, _metadata_on_gloo=False):
+                 use_fitted_gamma=False, agree_on_errors=True, planner_mode=None,
+                 _metadata_on_gloo=False):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("SequenceBalancer: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first")
@@ -143,6 +147,7 @@ class SequenceBalancer:
         args.cost_model = cost_model
         args.locality = None if locality is None else bool(locality)
         args.planner_deadline_s = None if planner_deadline is None else float(planner_deadline)
+        args.planner_mode = None if planner_mode is None else str(planner_mode)
         args.first_step = int(first_step)
         args.use_fitted_gamma = bool(use_fitted_gamma)
         args.agree_on_errors = bool(agree_on_errors)
@@ -169,6 +174,17 @@ class SequenceBalancer:
         # Checked in C++ after this rank has joined the step, so that a rank
         # that gets it wrong alone fails the step on every rank, not a hang.
         self._impl.plan_routing(local_seq_lens, token_dim)
+
+    def prefetch_routing(self, local_seq_lens, token_dim=None):
+        """Plan ahead: starts planning the next step (the next
+        plan_routing's) with these lengths, while this step computes, so
+        that plan_routing finds its plan ready. Call it on every rank (or on
+        none) as soon as the data loader has the next batch; collective in
+        the default planner mode, and only the planner's RPC runs in the
+        background. The next plan_routing must pass the same lengths (and
+        token_dim): otherwise it raises on every rank, naming the rank and
+        the step."""
+        self._impl.prefetch_routing(local_seq_lens, token_dim)
 
     def record_compute_seconds(self, seconds):
         """This rank's measured compute time of the current step, sent with

@@ -255,6 +255,51 @@ def test_planner_service_in_rank_0_then_local_fallback():
         assert sources == ["planner service", "planner service", "planner service", "local planner"]
 
 
+def plan_ahead_world(rank, size, mode):
+    """plan_routing after prefetch_routing gives the plan of a balancer that
+    plans each step when it comes; a step called with other lengths than it
+    prefetched raises on every rank."""
+    import knapformer
+
+    server = knapformer.PlannerServer("127.0.0.1:0") if rank == 0 else None
+    address = [server.address if server else None]
+    dist.broadcast_object_list(address, src=0)
+    common = dict(gamma=0.49, planner_address=address[0], planner_deadline=20, planner_mode=mode)
+    synchronous = knapformer.SequenceBalancer("g1n2+g2n1", job_id="python-sync", **common)
+    ahead = knapformer.SequenceBalancer("g1n2+g2n1", job_id="python-ahead", **common)
+    ahead.prefetch_routing(lengths_at(rank, size, 0), token_dim=D_MODEL)
+    for step in range(3):
+        lens = lengths_at(rank, size, step)
+        synchronous.plan_routing(lens, token_dim=D_MODEL)
+        ahead.plan_routing(lens, token_dim=D_MODEL)
+        ahead.prefetch_routing(lengths_at(rank, size, step + 1), token_dim=D_MODEL)
+        got, want = ahead.get_routing_plan_summary(), synchronous.get_routing_plan_summary()
+        assert got["source"] == want["source"] == "planner service"
+        for key in ("workload_after", "moved_tokens"):
+            assert got[key] == want[key], key
+        x = torch.randn(sum(lens), D_MODEL)
+        _, routed, _ = ahead.route(x)
+        _, routed_sync, _ = synchronous.route(x)
+        assert torch.equal(routed, routed_sync)
+        assert torch.equal(ahead.reverse_route(routed)[1], x)
+    changed = lengths_at(rank, size, 3) + ([5] if rank == 2 else [])
+    try:
+        ahead.plan_routing(changed, token_dim=D_MODEL)
+        message = None
+    except RuntimeError as e:
+        message = str(e)
+    if server:
+        server.shutdown(grace=1)
+    return message
+
+
+@pytest.mark.parametrize("mode", ["group", "per-rank"])
+def test_planning_ahead_gives_the_same_plans(mode):
+    for message in run_world(plan_ahead_world, 4, mode):
+        assert message is not None and "rank 2: step 3: its lengths differ from those " \
+            "prefetched" in message, message
+
+
 def caught(call):
     try:
         call()
