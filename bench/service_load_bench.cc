@@ -67,7 +67,9 @@
 #include "planner/balancer.h"
 #include "planner/cost_model.h"
 #include "planner/data_stream.h"
+#include "planner/plan_from_chunks.h"
 #include "planner/topology.h"
+#include "proto/plan_proto.h"
 #include "server/planner_server.h"
 #include "server/service_limits.h"
 #include "tools/malloc_policy.h"
@@ -673,6 +675,7 @@ struct Row {
   std::vector<double> plan_ms;  // server-reported
   int64_t failed_calls = 0;
   bool aborted = false;
+  double wire_kib_per_step = NAN;  // request + answer payloads, all ranks
 };
 
 std::string Fixed(double value, int digits) {
@@ -689,7 +692,7 @@ void PrintRow(const Row& row) {
       row.latency_ms.empty() ? NAN : 1000.0 * static_cast<double>(row.latency_ms.size()) / total_ms;
   const std::string asked =
       row.requested != row.ranks ? absl::StrCat(" (asked ", row.requested, ")") : "";
-  std::printf("| %lld%s | %lld%s | %s | %s | %s | %s | %s | %s | %s | %s | %lld |\n",
+  std::printf("| %lld%s | %lld%s | %s | %s | %s | %s | %s | %s | %s | %s | %lld | %s |\n",
               static_cast<long long>(row.ranks), asked.c_str(), static_cast<long long>(row.steps),
               row.aborted ? " (aborted)" : "", Fixed(steps_per_s, 1).c_str(),
               Fixed(Percentile(row.latency_ms, 0.50), 2).c_str(),
@@ -697,7 +700,7 @@ void PrintRow(const Row& row) {
               Fixed(row.server_cpu_ms_per_step, 2).c_str(), Fixed(row.core_solve_ms, 3).c_str(),
               Fixed(row.server_cpu_ms_per_step / row.core_solve_ms, 1).c_str(),
               Fixed(row.client_cpu_ms_per_step, 2).c_str(), Fixed(Median(row.plan_ms), 3).c_str(),
-              static_cast<long long>(row.failed_calls));
+              static_cast<long long>(row.failed_calls), Fixed(row.wire_kib_per_step, 0).c_str());
   std::fflush(stdout);
 }
 
@@ -760,6 +763,13 @@ Outcome MeasureRanks(LoadClient& client, ServerProcess& server, const Problem& p
       outcome = Outcome::kFailed;
       break;
     }
+    if (measured && step == static_cast<uint64_t>(warmup)) {
+      size_t bytes = 0;
+      for (size_t r = 0; r < calls->requests.size(); ++r) {
+        bytes += calls->requests[r].ByteSizeLong() + calls->responses[r].ByteSizeLong();
+      }
+      row->wire_kib_per_step = static_cast<double>(bytes) / 1024.0;
+    }
     if (measured) {
       row->latency_ms.push_back(result.latency_ms);
       if (result.plan_micros >= 0) row->plan_ms.push_back(1e-3 * result.plan_micros);
@@ -794,6 +804,125 @@ Outcome MeasureRanks(LoadClient& client, ServerProcess& server, const Problem& p
     row->core_solve_ms = Median(solve_ms);
   }
   return outcome;
+}
+
+// Group mode (PlannerClient's default): one PlanGroup request with every
+// rank's lengths, its answer serialized (rank 0's broadcast), parsed and
+// rebuilt into a plan (what every other rank does, in parallel) and one
+// rank's slice taken. The gather before it is not included.
+struct GroupRow {
+  int64_t ranks = 0;
+  int64_t steps = 0;
+  std::vector<double> step_ms;
+  std::vector<double> rpc_ms, serialize_ms, rebuild_ms;
+  double core_solve_ms = NAN;
+  double server_cpu_ms_per_step = NAN;
+  double request_kib = NAN, answer_kib = NAN;
+  int64_t failed = 0;
+};
+
+bool MeasureGroup(int port, ServerProcess& server, const Problem& problem, int64_t steps,
+                  int64_t warmup, GroupRow* row) {
+  row->ranks = problem.ranks;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  auto stub = v1::Planner::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args));
+  const std::string job_id = absl::StrCat("service-load-bench-group-r", problem.ranks);
+  std::optional<double> cpu_start;
+  for (int64_t step = 0; step < warmup + steps; ++step) {
+    const bool measured = step >= warmup;
+    const RankLengths lengths = problem.stream.Batch(step);
+    v1::PlanGroupRequest request;
+    v1::StepSpec* spec = request.mutable_spec();
+    spec->set_job_id(job_id);
+    spec->set_step(static_cast<uint64_t>(step));
+    spec->set_world_size(static_cast<int32_t>(problem.ranks));
+    spec->set_topology(problem.topology);
+    spec->set_d_model(kDModel);
+    spec->set_gamma(kGamma);
+    spec->set_token_bytes(kTokenBytes);
+    for (const std::vector<int64_t>& rank : lengths) {
+      request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
+    }
+    if (measured && step == warmup) cpu_start = server.CpuSeconds();
+    const Clock::time_point start = Clock::now();
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
+    v1::PlanGroupResponse response;
+    const grpc::Status status = stub->PlanGroup(&context, request, &response);
+    const Clock::time_point answered = Clock::now();
+    if (!status.ok()) {
+      std::fprintf(stderr, "R=%lld group step %lld: %s\n", static_cast<long long>(problem.ranks),
+                   static_cast<long long>(step), status.error_message().c_str());
+      ++row->failed;
+      return false;
+    }
+    const std::string broadcast = response.SerializeAsString();
+    v1::PlanGroupResponse received;
+    const bool parsed = received.ParseFromString(broadcast);
+    const Clock::time_point deserialized = Clock::now();
+    absl::StatusOr<std::vector<Chunk>> chunks = ChunksFromProto(received.chunks());
+    absl::StatusOr<Plan> plan =
+        chunks.ok() ? PlanFromChunks(problem.world, problem.cost, lengths, *std::move(chunks))
+                    : absl::StatusOr<Plan>(chunks.status());
+    const RankPlan slice = plan.ok() ? plan->Slice(static_cast<int32_t>(problem.ranks - 1))
+                                     : RankPlan();
+    const Clock::time_point rebuilt = Clock::now();
+    if (!parsed || !plan.ok()) {
+      std::fprintf(stderr, "R=%lld group step %lld: the answer does not rebuild: %s\n",
+                   static_cast<long long>(problem.ranks), static_cast<long long>(step),
+                   plan.ok() ? "parse failed" : plan.status().ToString().c_str());
+      ++row->failed;
+      return false;
+    }
+    if (!measured) continue;
+    if (step == warmup) {
+      row->request_kib = static_cast<double>(request.ByteSizeLong()) / 1024.0;
+      row->answer_kib = static_cast<double>(broadcast.size()) / 1024.0;
+    }
+    auto ms = [](Clock::time_point a, Clock::time_point b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    row->step_ms.push_back(ms(start, rebuilt));
+    row->rpc_ms.push_back(ms(start, answered));
+    row->serialize_ms.push_back(ms(answered, deserialized));
+    row->rebuild_ms.push_back(ms(deserialized, rebuilt));
+    ++row->steps;
+    (void)slice;
+  }
+  const std::optional<double> cpu_end = server.CpuSeconds();
+  if (cpu_start && cpu_end && row->steps > 0) {
+    row->server_cpu_ms_per_step = 1000.0 * (*cpu_end - *cpu_start) / row->steps;
+  }
+  std::vector<double> solve_ms;
+  for (int64_t i = 0; i < row->steps; ++i) {
+    const RankLengths lengths = problem.stream.Batch(warmup + i);
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<Plan> plan = BalanceGreedy(problem.world, problem.cost, lengths);
+    solve_ms.push_back(
+        std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    if (!plan.ok()) return false;
+  }
+  row->core_solve_ms = Median(solve_ms);
+  return true;
+}
+
+void PrintGroupRow(const GroupRow& row, double per_rank_server_cpu_ms) {
+  std::printf("| %lld | %lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+              static_cast<long long>(row.ranks), static_cast<long long>(row.steps),
+              Fixed(Percentile(row.step_ms, 0.5), 2).c_str(),
+              Fixed(Percentile(row.step_ms, 0.99), 2).c_str(),
+              Fixed(row.core_solve_ms, 2).c_str(),
+              Fixed(Percentile(row.step_ms, 0.5) / row.core_solve_ms, 2).c_str(),
+              Fixed(Median(row.rpc_ms), 2).c_str(), Fixed(Median(row.serialize_ms), 2).c_str(),
+              Fixed(Median(row.rebuild_ms), 2).c_str(),
+              Fixed(row.server_cpu_ms_per_step, 2).c_str(),
+              Fixed(per_rank_server_cpu_ms / row.server_cpu_ms_per_step, 1).c_str(),
+              Fixed(row.request_kib, 0).c_str(), Fixed(row.answer_kib, 0).c_str(),
+              row.failed > 0 ? "yes" : "no");
+  std::fflush(stdout);
 }
 
 // The soak: one group stepping without pause for `minutes`; every `sample`
@@ -1035,9 +1164,11 @@ int Main(int argc, char** argv) {
     std::printf(
         "\n| ranks | steps | steps/s | p50 (ms) | p99 (ms) | server CPU/step (ms) "
         "| core solve p50 (ms) | server CPU / solve | client CPU/step (ms) "
-        "| server plan_micros p50 (ms) | failed calls |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "| server plan_micros p50 (ms) | failed calls | wire KiB/step |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     std::fflush(stdout);
+    std::map<int64_t, double> per_rank_cpu;  // by ranks: server CPU per step
+    std::vector<Problem> problems;
     for (const int64_t requested : flags.ranks) {
       const std::string ended = server.ExitIfEnded();
       if (!ended.empty()) {
@@ -1059,6 +1190,8 @@ int Main(int argc, char** argv) {
       row.requested = requested;
       const Outcome outcome = MeasureRanks(client, server, *problem, steps, flags.warmup, &row);
       PrintRow(row);
+      per_rank_cpu[problem->ranks] = row.server_cpu_ms_per_step;
+      problems.push_back(*std::move(problem));
       if (outcome != Outcome::kOk) exit_code = 1;
       if (outcome == Outcome::kStuck) {
         // Calls in flight still point into this process's buffers: end now,
@@ -1068,6 +1201,24 @@ int Main(int argc, char** argv) {
         std::fflush(stderr);
         std::_Exit(1);
       }
+    }
+    std::printf(
+        "\ngroup mode (one PlanGroup per step; the ranks' all-gather before it not "
+        "included):\n\n"
+        "| ranks | steps | step p50 (ms) | step p99 (ms) | core solve p50 (ms) "
+        "| step / solve | RPC p50 (ms) | serialize + parse p50 (ms) "
+        "| rebuild + slice p50 (ms) | server CPU/step (ms) | per-rank server CPU / group's "
+        "| request KiB | answer KiB | failed |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    for (const Problem& problem : problems) {
+      const int64_t steps = flags.steps_given || problem.ranks < 4096
+                                ? flags.steps
+                                : std::min(flags.steps, kDefaultStepsAt4096);
+      GroupRow row;
+      if (!MeasureGroup(server.port(), server, problem, steps, flags.warmup, &row)) {
+        exit_code = 1;
+      }
+      PrintGroupRow(row, per_rank_cpu[problem.ranks]);
     }
     }
   }  // every channel is closed before the server is asked to stop
