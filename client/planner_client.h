@@ -144,8 +144,8 @@ class PlannerClient {
                         const v1::StepTiming* previous = nullptr);
 
   // The incarnation this client's requests carry (see
-  // PlannerClientOptions::incarnation); 0 until the first step with a
-  // service configured.
+  // PlannerClientOptions::incarnation); 0 until the first request to a
+  // service. In group mode only rank 0 sends requests, and only its is set.
   uint64_t incarnation() const;
 
  private:
