@@ -646,19 +646,40 @@ absl::StatusOr<Problem> MakeProblem(const std::vector<DataCode>& codes, int64_t 
   return Problem{ranks, spec, *std::move(stream), *std::move(world), *cost};
 }
 
+v1::StepSpec StepSpecOf(const Problem& problem, const std::string& job_id, uint64_t step) {
+  v1::StepSpec spec;
+  spec.set_job_id(job_id);
+  spec.set_step(step);
+  spec.set_world_size(static_cast<int32_t>(problem.ranks));
+  spec.set_topology(problem.topology);
+  spec.set_d_model(kDModel);
+  spec.set_gamma(kGamma);
+  spec.set_token_bytes(kTokenBytes);
+  return spec;
+}
+
+// The planner core's median solve time on batches first..first+steps-1, in
+// this process (the server idle).
+absl::StatusOr<double> CoreSolveMs(const Problem& problem, int64_t first, int64_t steps) {
+  std::vector<double> solve_ms;
+  for (int64_t i = 0; i < steps; ++i) {
+    const RankLengths lengths = problem.stream.Batch(first + i);
+    const Clock::time_point start = Clock::now();
+    absl::StatusOr<Plan> plan = BalanceGreedy(problem.world, problem.cost, lengths);
+    const Clock::time_point end = Clock::now();
+    if (!plan.ok()) return plan.status();
+    solve_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+  }
+  return Median(solve_ms);
+}
+
 void BuildRequests(const Problem& problem, const std::string& job_id, uint64_t step,
                    StepCalls& calls) {
   const RankLengths lengths = problem.stream.Batch(static_cast<int64_t>(step));
+  const v1::StepSpec spec = StepSpecOf(problem, job_id, step);
   for (int64_t r = 0; r < problem.ranks; ++r) {
     v1::PlanRequest& request = calls.requests[r];
-    v1::StepSpec* spec = request.mutable_spec();
-    spec->set_job_id(job_id);
-    spec->set_step(step);
-    spec->set_world_size(static_cast<int32_t>(problem.ranks));
-    spec->set_topology(problem.topology);
-    spec->set_d_model(kDModel);
-    spec->set_gamma(kGamma);
-    spec->set_token_bytes(kTokenBytes);
+    *request.mutable_spec() = spec;
     request.set_rank(static_cast<int32_t>(r));
     request.mutable_sequence_lengths()->Add(lengths[r].begin(), lengths[r].end());
   }
@@ -787,21 +808,14 @@ Outcome MeasureRanks(LoadClient& client, ServerProcess& server, const Problem& p
     row->client_cpu_ms_per_step =
         1000.0 * (client_cpu_end - client_cpu_start) / static_cast<double>(row->steps);
 
-    // The planner core on the same batches, in this process (the server is idle).
-    std::vector<double> solve_ms;
-    for (int64_t i = 0; i < row->steps; ++i) {
-      const RankLengths lengths = problem.stream.Batch(warmup + i);
-      const Clock::time_point start = Clock::now();
-      absl::StatusOr<Plan> plan = BalanceGreedy(problem.world, problem.cost, lengths);
-      const Clock::time_point end = Clock::now();
-      if (!plan.ok()) {
-        std::fprintf(stderr, "R=%lld: BalanceGreedy: %s\n", static_cast<long long>(problem.ranks),
-                     plan.status().ToString().c_str());
-        break;
-      }
-      solve_ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+    // The planner core on the same batches.
+    const absl::StatusOr<double> solve_ms = CoreSolveMs(problem, warmup, row->steps);
+    if (solve_ms.ok()) {
+      row->core_solve_ms = *solve_ms;
+    } else {
+      std::fprintf(stderr, "R=%lld: BalanceGreedy: %s\n", static_cast<long long>(problem.ranks),
+                   solve_ms.status().ToString().c_str());
     }
-    row->core_solve_ms = Median(solve_ms);
   }
   return outcome;
 }
@@ -835,14 +849,7 @@ bool MeasureGroup(int port, ServerProcess& server, const Problem& problem, int64
     const bool measured = step >= warmup;
     const RankLengths lengths = problem.stream.Batch(step);
     v1::PlanGroupRequest request;
-    v1::StepSpec* spec = request.mutable_spec();
-    spec->set_job_id(job_id);
-    spec->set_step(static_cast<uint64_t>(step));
-    spec->set_world_size(static_cast<int32_t>(problem.ranks));
-    spec->set_topology(problem.topology);
-    spec->set_d_model(kDModel);
-    spec->set_gamma(kGamma);
-    spec->set_token_bytes(kTokenBytes);
+    *request.mutable_spec() = StepSpecOf(problem, job_id, static_cast<uint64_t>(step));
     for (const std::vector<int64_t>& rank : lengths) {
       request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
     }
@@ -896,16 +903,9 @@ bool MeasureGroup(int port, ServerProcess& server, const Problem& problem, int64
   if (cpu_start && cpu_end && row->steps > 0) {
     row->server_cpu_ms_per_step = 1000.0 * (*cpu_end - *cpu_start) / row->steps;
   }
-  std::vector<double> solve_ms;
-  for (int64_t i = 0; i < row->steps; ++i) {
-    const RankLengths lengths = problem.stream.Batch(warmup + i);
-    const Clock::time_point start = Clock::now();
-    absl::StatusOr<Plan> plan = BalanceGreedy(problem.world, problem.cost, lengths);
-    solve_ms.push_back(
-        std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-    if (!plan.ok()) return false;
-  }
-  row->core_solve_ms = Median(solve_ms);
+  const absl::StatusOr<double> solve_ms = CoreSolveMs(problem, warmup, row->steps);
+  if (!solve_ms.ok()) return false;
+  row->core_solve_ms = *solve_ms;
   return true;
 }
 

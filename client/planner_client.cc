@@ -228,6 +228,37 @@ std::string PrefetchMismatch(const v1::StepSpec& prefetched_spec,
                       "); prefetch the lengths the step will use");
 }
 
+// The world and cost model a step spec names.
+struct Problem {
+  World world;
+  CostModel cost;
+};
+
+absl::StatusOr<Problem> ProblemOf(const v1::StepSpec& spec) {
+  auto topology = Topology::Parse(spec.topology());
+  if (!topology.ok()) return topology.status();
+  auto world = World::Create(*std::move(topology), spec.world_size());
+  if (!world.ok()) return world.status();
+  auto cost = CostModelFromSpec(spec);
+  if (!cost.ok()) return cost.status();
+  return Problem{*std::move(world), *cost};
+}
+
+// `rank`'s StepPlan from the whole plan, its figures from the plan's
+// workloads.
+StepPlan StepPlanOf(Plan plan, int32_t rank, PlanSource source) {
+  StepPlan result;
+  result.plan = plan.Slice(rank);
+  result.source = source;
+  result.max_over_mean_before = ComputeBalanceStats(plan.workload_before).max_over_mean;
+  result.max_over_mean_after = ComputeBalanceStats(plan.workload_after).max_over_mean;
+  result.total_tokens = plan.TotalTokens();
+  result.moved_tokens = plan.MovedTokens();
+  result.workload_before = std::move(plan.workload_before);
+  result.workload_after = std::move(plan.workload_after);
+  return result;
+}
+
 // Lets a caller stop an RPC running on another thread: it cancels the
 // attempt in flight and the backoff sleep between attempts.
 class CancelToken {
@@ -525,6 +556,13 @@ struct PlannerClient::Rep {
                      PlanSourceName(source), why.empty() ? "" : absl::StrCat(" (", why, ")")));
   }
 
+  absl::Status CheckWorldSize(const v1::StepSpec& spec) const {
+    if (spec.world_size() == transport->size()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("spec.world_size: ", spec.world_size(),
+                                                   " but the transport has ",
+                                                   transport->size(), " ranks"));
+  }
+
   RankBlob BlobFor(char kind, const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
                    const v1::StepTiming* previous) const {
     RankBlob blob;
@@ -536,10 +574,9 @@ struct PlannerClient::Rep {
       blob.timing_step = previous->step();
       blob.timing_seconds = previous->compute_seconds();
     }
-    if (spec.world_size() != transport->size()) {
-      blob.error_code = static_cast<char>(absl::StatusCode::kInvalidArgument);
-      blob.error = absl::StrCat("spec.world_size: ", spec.world_size(), " but the transport has ",
-                                transport->size(), " ranks");
+    if (absl::Status sized = CheckWorldSize(spec); !sized.ok()) {
+      blob.error_code = static_cast<char>(sized.code());
+      blob.error = std::string(sized.message());
     }
     return blob;
   }
@@ -591,25 +628,13 @@ struct PlannerClient::Rep {
   // The step solved here, from every rank's lengths (every rank computes
   // the identical plan).
   absl::StatusOr<StepPlan> SolveLocally(const v1::StepSpec& spec, const RankLengths& group) {
-    auto topology = Topology::Parse(spec.topology());
-    if (!topology.ok()) return topology.status();
-    auto world = World::Create(*std::move(topology), spec.world_size());
-    if (!world.ok()) return world.status();
-    auto cost = CostModelFromSpec(spec);
-    if (!cost.ok()) return cost.status();
+    auto problem = ProblemOf(spec);
+    if (!problem.ok()) return problem.status();
     if (absl::Status locality = CheckLocality(spec); !locality.ok()) return locality;
-    auto plan = BalanceGreedy(*world, *cost, group, BalancerOptionsForSpec(options.balancer, spec));
+    auto plan = BalanceGreedy(problem->world, problem->cost, group,
+                              BalancerOptionsForSpec(options.balancer, spec));
     if (!plan.ok()) return plan.status();
-    StepPlan result;
-    result.plan = plan->Slice(transport->rank());
-    result.source = PlanSource::kLocal;
-    result.max_over_mean_before = ComputeBalanceStats(plan->workload_before).max_over_mean;
-    result.max_over_mean_after = ComputeBalanceStats(plan->workload_after).max_over_mean;
-    result.total_tokens = plan->TotalTokens();
-    result.moved_tokens = plan->MovedTokens();
-    result.workload_before = std::move(plan->workload_before);
-    result.workload_after = std::move(plan->workload_after);
-    return result;
+    return StepPlanOf(*std::move(plan), transport->rank(), PlanSource::kLocal);
   }
 
   // Every rank's lengths in one all-gather (with its probe's result and its
@@ -779,13 +804,9 @@ absl::StatusOr<StepPlan> PlanFromGroupAnswer(const v1::StepSpec& spec, const Gat
   }
   auto chunks = ChunksFromProto(response.chunks());
   if (!chunks.ok()) return chunks.status();
-  auto topology = Topology::Parse(spec.topology());
-  if (!topology.ok()) return topology.status();
-  auto world = World::Create(*std::move(topology), spec.world_size());
-  if (!world.ok()) return world.status();
-  auto cost = CostModelFromSpec(spec);
-  if (!cost.ok()) return cost.status();
-  auto plan = PlanFromChunks(*world, *cost, gathered.lengths, *std::move(chunks));
+  auto problem = ProblemOf(spec);
+  if (!problem.ok()) return problem.status();
+  auto plan = PlanFromChunks(problem->world, problem->cost, gathered.lengths, *std::move(chunks));
   if (!plan.ok()) return plan.status();
   const int world_size = spec.world_size();
   if (response.workload_before_size() != world_size ||
@@ -795,21 +816,13 @@ absl::StatusOr<StepPlan> PlanFromGroupAnswer(const v1::StepSpec& spec, const Gat
                                             " workloads for ", world_size, " ranks"));
   }
   // The service's workloads: under a fitted gamma they are not this
-  // rank's cost model's.
+  // rank's cost model's. Its max/mean figures are computed from them, as
+  // the service computes them (BalanceToProto).
   plan->workload_before.assign(response.workload_before().begin(),
                                response.workload_before().end());
   plan->workload_after.assign(response.workload_after().begin(),
                               response.workload_after().end());
-  StepPlan result;
-  result.plan = plan->Slice(rank);
-  result.source = PlanSource::kService;
-  result.max_over_mean_before = response.balance().max_over_mean_before();
-  result.max_over_mean_after = response.balance().max_over_mean_after();
-  result.total_tokens = plan->TotalTokens();
-  result.moved_tokens = plan->MovedTokens();
-  result.workload_before = std::move(plan->workload_before);
-  result.workload_after = std::move(plan->workload_after);
-  return result;
+  return StepPlanOf(*std::move(plan), rank, PlanSource::kService);
 }
 
 }  // namespace
@@ -956,11 +969,7 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
                                              const std::vector<int64_t>& lengths,
                                              const v1::StepTiming* previous) {
   Rep& rep = *rep_;
-  if (spec.world_size() != rep.transport->size()) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.world_size: ", spec.world_size(),
-                                                   " but the transport has ",
-                                                   rep.transport->size(), " ranks"));
-  }
+  if (absl::Status sized = rep.CheckWorldSize(spec); !sized.ok()) return sized;
   // A prefetch of a later step waits for its step; one of an earlier step
   // (skipped) is dropped, which cancels its call.
   std::unique_ptr<Prefetched> prefetched;
@@ -1001,11 +1010,7 @@ absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec,
       });
     }
   } else {
-    if (spec.world_size() != rep.transport->size()) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.world_size: ", spec.world_size(),
-                                                     " but the transport has ",
-                                                     rep.transport->size(), " ranks"));
-    }
+    if (absl::Status sized = rep.CheckWorldSize(spec); !sized.ok()) return sized;
     if (rep.has_service) {
       if (absl::Status agreed = rep.EnsureIncarnation(); !agreed.ok()) return agreed;
     }

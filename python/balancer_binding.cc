@@ -250,21 +250,8 @@ class BalancerBinding {
   // joins the step, with a length or d_model no planner accepts, so every
   // rank fails it together; that rank raises the precise reason.
   void PlanRouting(const py::handle& local_seq_lens, const py::handle& token_dim) {
-    absl::StatusOr<std::vector<int64_t>> lengths = LengthsFrom(local_seq_lens);
-    absl::StatusOr<int32_t> d_model = fixed_d_model_ ? absl::StatusOr<int32_t>(0)
-                                                     : TokenDimFrom(token_dim);
-    StepOverrides overrides;
-    overrides.d_model = d_model.ok() ? *d_model : -1;
     lengths_cache_.clear();
-    absl::Status status;
-    {
-      py::gil_scoped_release no_gil;
-      status = balancer_->PlanRouting(lengths.ok() ? *lengths : std::vector<int64_t>{-1},
-                                      overrides);
-    }
-    ThrowIfError(lengths.status());
-    ThrowIfError(d_model.status());
-    ThrowIfError(status);
+    CallWithStepInput(local_seq_lens, token_dim, &SequenceBalancer::PlanRouting);
     const StepPlan& plan = balancer_->step_plan();
     const v1::StepSpec& spec = balancer_->spec();
     planned_ = PlannedStep{balancer_->step(),
@@ -284,22 +271,7 @@ class BalancerBinding {
 
   // The next step's lengths, while this one computes (PrefetchRouting).
   void PrefetchRouting(const py::handle& local_seq_lens, const py::handle& token_dim) {
-    absl::StatusOr<std::vector<int64_t>> lengths = LengthsFrom(local_seq_lens);
-    absl::StatusOr<int32_t> d_model = fixed_d_model_ ? absl::StatusOr<int32_t>(0)
-                                                     : TokenDimFrom(token_dim);
-    StepOverrides overrides;
-    overrides.d_model = d_model.ok() ? *d_model : -1;
-    absl::Status status;
-    {
-      py::gil_scoped_release no_gil;
-      // A bad input still takes part (as a length no planner accepts), so
-      // that the step's plan_routing fails on every rank, not a hang.
-      status = balancer_->PrefetchRouting(lengths.ok() ? *lengths : std::vector<int64_t>{-1},
-                                          overrides);
-    }
-    ThrowIfError(lengths.status());
-    ThrowIfError(d_model.status());
-    ThrowIfError(status);
+    CallWithStepInput(local_seq_lens, token_dim, &SequenceBalancer::PrefetchRouting);
   }
 
   std::vector<at::Tensor> Route(const std::vector<at::Tensor>& xs) const {
@@ -441,6 +413,29 @@ class BalancerBinding {
   bool fixed_d_model_ = false;
   std::optional<PlannedStep> planned_;
   std::shared_ptr<Transport> world_;
+  // Calls `step_call` (PlanRouting or PrefetchRouting) with a step's
+  // Python arguments, then raises what was wrong with them. A bad input
+  // still takes part (as a length no planner accepts), so that the step
+  // fails on every rank, not a hang.
+  void CallWithStepInput(const py::handle& local_seq_lens, const py::handle& token_dim,
+                         absl::Status (SequenceBalancer::*step_call)(const std::vector<int64_t>&,
+                                                                     const StepOverrides&)) {
+    absl::StatusOr<std::vector<int64_t>> lengths = LengthsFrom(local_seq_lens);
+    absl::StatusOr<int32_t> d_model = fixed_d_model_ ? absl::StatusOr<int32_t>(0)
+                                                     : TokenDimFrom(token_dim);
+    StepOverrides overrides;
+    overrides.d_model = d_model.ok() ? *d_model : -1;
+    absl::Status status;
+    {
+      py::gil_scoped_release no_gil;
+      status = (balancer_.get()->*step_call)(
+          lengths.ok() ? *lengths : std::vector<int64_t>{-1}, overrides);
+    }
+    ThrowIfError(lengths.status());
+    ThrowIfError(d_model.status());
+    ThrowIfError(status);
+  }
+
   std::unique_ptr<SequenceBalancer> balancer_;
   std::map<std::string, at::Tensor> lengths_cache_;
 };

@@ -313,10 +313,7 @@ absl::Status C10dTransport::BroadcastFrom(at::Tensor& tensor, int root, const ch
 }
 
 absl::StatusOr<std::string> C10dTransport::BroadcastBytes(int root, absl::string_view mine) {
-  if (root < 0 || root >= size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("root: ", root, " is outside the group's ranks [0, ", size(), ")"));
-  }
+  if (absl::Status valid = CheckBroadcastRoot(root, size()); !valid.ok()) return valid;
   return Guard("broadcast", metadata_device(), [&] { return DoBroadcastBytes(root, mine); });
 }
 

@@ -137,11 +137,14 @@ absl::Status Transport::CheckRowCounts(const std::vector<int64_t>& send_rows,
                                                  ", which sends it ", first[2]));
 }
 
+absl::Status CheckBroadcastRoot(int root, int size) {
+  if (root >= 0 && root < size) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("root: ", root, " is outside the group's ranks [0, ", size, ")"));
+}
+
 absl::StatusOr<std::string> Transport::BroadcastBytes(int root, absl::string_view mine) {
-  if (root < 0 || root >= size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("root: ", root, " is outside the group's ranks [0, ", size(), ")"));
-  }
+  if (absl::Status valid = CheckBroadcastRoot(root, size()); !valid.ok()) return valid;
   auto all = AllGatherBytes(rank() == root ? mine : absl::string_view());
   if (!all.ok()) return all.status();
   return std::move((*all)[root]);

@@ -42,6 +42,10 @@ absl::Status CheckBuffers(const void* send, const std::vector<int64_t>& send_row
 // The sum of `rows`. REQUIRES: CheckExchange passed (no overflow).
 int64_t TotalRows(const std::vector<int64_t>& rows);
 
+// InvalidArgument unless 0 <= root < size: BroadcastBytes' first check in
+// every backend.
+absl::Status CheckBroadcastRoot(int root, int size);
+
 // `rank`'s index in `ranks`, a subgroup of a group of `size`: InvalidArgument
 // unless they ascend within [0, size) and contain `rank`. Every backend's
 // first check in Subgroup().

@@ -253,12 +253,18 @@ struct PersistentRun {
 };
 
 // `steps` on kRanks threads, one client per rank for all of them (as a
-// trainer has). `before_step(rank, step)` (optional) runs before each Plan
-// call; `pause` after it, as a step's compute would.
+// trainer has). `before_step(rank, step)` (optional) runs before each
+// step's first call; `pause` after its Plan, as a step's compute would.
+// With `plan_ahead`, as a trainer planning ahead: step 0 synchronously,
+// then each step's lengths are prefetched right after the previous step's
+// Plan, before its pause (so its first call is the Prefetch);
+// `plan_lengths` (optional) gives the lengths a step's Plan is then called
+// with (default: those prefetched).
 PersistentRun RunWithOneClientPerRank(
     const PlannerClientOptions& options, const std::vector<uint64_t>& steps,
     absl::Duration pause = absl::ZeroDuration(),
-    const std::function<void(int, uint64_t)>& before_step = nullptr) {
+    const std::function<void(int, uint64_t)>& before_step = nullptr, bool plan_ahead = false,
+    const std::function<std::vector<int64_t>(uint64_t, int)>& plan_lengths = nullptr) {
   auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
   PersistentRun run;
   run.results.assign(steps.size(), std::vector<absl::StatusOr<StepPlan>>(
@@ -271,49 +277,14 @@ PersistentRun RunWithOneClientPerRank(
       auto client = PlannerClient::Create(options, transports[r].get());
       ASSERT_TRUE(client.ok()) << client.status();
       for (size_t i = 0; i < steps.size(); ++i) {
-        if (before_step) before_step(r, steps[i]);
-        const absl::Time start = absl::Now();
-        run.results[i][r] = (*client)->Plan(Spec(steps[i]), Lengths(steps[i])[r]);
-        run.took[i][r] = absl::Now() - start;
-        absl::SleepFor(pause);
-      }
-      run.incarnations[r] = (*client)->incarnation();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return run;
-}
-
-// Like RunWithOneClientPerRank, planning ahead as a trainer would: step
-// 0 synchronously, then each step's lengths are prefetched right after the
-// previous step's Plan, before its `pause` (the compute). `plan_lengths`
-// (optional) gives the lengths a step's Plan is then called with
-// (default: those prefetched). `before_prefetch(rank, step)` runs before
-// each Prefetch.
-PersistentRun RunPlanningAhead(
-    const PlannerClientOptions& options, const std::vector<uint64_t>& steps,
-    absl::Duration pause = absl::ZeroDuration(),
-    const std::function<std::vector<int64_t>(uint64_t, int)>& plan_lengths = nullptr,
-    const std::function<void(int, uint64_t)>& before_prefetch = nullptr) {
-  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
-  PersistentRun run;
-  run.results.assign(steps.size(), std::vector<absl::StatusOr<StepPlan>>(
-                                       kRanks, absl::UnknownError("not run")));
-  run.took.assign(steps.size(), std::vector<absl::Duration>(kRanks));
-  run.incarnations.assign(kRanks, 0);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      auto client = PlannerClient::Create(options, transports[r].get());
-      ASSERT_TRUE(client.ok()) << client.status();
-      for (size_t i = 0; i < steps.size(); ++i) {
+        if (before_step && (!plan_ahead || i == 0)) before_step(r, steps[i]);
         const std::vector<int64_t> lengths =
             plan_lengths ? plan_lengths(steps[i], r) : Lengths(steps[i])[r];
         const absl::Time start = absl::Now();
         run.results[i][r] = (*client)->Plan(Spec(steps[i]), lengths);
         run.took[i][r] = absl::Now() - start;
-        if (i + 1 < steps.size()) {
-          if (before_prefetch) before_prefetch(r, steps[i + 1]);
+        if (plan_ahead && i + 1 < steps.size()) {
+          if (before_step) before_step(r, steps[i + 1]);
           const absl::Status prefetched =
               (*client)->Prefetch(Spec(steps[i + 1]), Lengths(steps[i + 1])[r]);
           ASSERT_TRUE(prefetched.ok()) << prefetched;
@@ -493,12 +464,8 @@ TEST_P(ModeAndPlanAhead, ARestartedServiceIsUsedAgain) {
   };
   // Planning ahead, the fault comes while the previous step computes (before
   // the prefetch).
-  const PersistentRun run =
-      std::get<1>(GetParam())
-          ? RunPlanningAhead(options, StepsFrom(0, kSteps), absl::Milliseconds(100), nullptr,
-                             fault)
-          : RunWithOneClientPerRank(options, StepsFrom(0, kSteps), absl::Milliseconds(100),
-                                    fault);
+  const PersistentRun run = RunWithOneClientPerRank(
+      options, StepsFrom(0, kSteps), absl::Milliseconds(100), fault, std::get<1>(GetParam()));
   std::vector<std::vector<PlanSource>> sources(kSteps, std::vector<PlanSource>(kRanks));
   for (int step = 0; step < kSteps; ++step) {
     for (int r = 0; r < kRanks; ++r) {
@@ -521,9 +488,8 @@ TEST_P(ModeAndPlanAhead, PlannedAheadStepsGetTheSamePlansAsSynchronousOnes) {
     PlannerClientOptions options;
     options.mode = std::get<0>(GetParam());
     if (with_service) options.address = server->address();
-    const PersistentRun run = std::get<1>(GetParam())
-                                  ? RunPlanningAhead(options, StepsFrom(30, 6))
-                                  : RunWithOneClientPerRank(options, StepsFrom(30, 6));
+    const PersistentRun run = RunWithOneClientPerRank(
+        options, StepsFrom(30, 6), absl::ZeroDuration(), nullptr, std::get<1>(GetParam()));
     ExpectCorePlans(run.results, 30, with_service ? PlanSource::kService : PlanSource::kLocal);
     for (size_t i = 0; i < run.results.size(); ++i) {
       for (int r = 0; r < kRanks; ++r) {
@@ -542,9 +508,9 @@ TEST_P(EveryMode, APlannedAheadStepCalledWithOtherLengthsFailsOnEveryRankNamingI
     PlannerClientOptions options;
     options.mode = GetParam();
     if (with_service) options.address = server->address();
-    options.incarnation = with_service ? 0 : 1;
-    const PersistentRun run = RunPlanningAhead(
-        options, StepsFrom(40, 4), absl::ZeroDuration(), [](uint64_t step, int rank) {
+    const PersistentRun run = RunWithOneClientPerRank(
+        options, StepsFrom(40, 4), absl::ZeroDuration(), nullptr, /*plan_ahead=*/true,
+        [](uint64_t step, int rank) {
           std::vector<int64_t> lengths = Lengths(step)[rank];
           if (step == 42 && rank == 5) lengths.push_back(77);  // not what it prefetched
           return lengths;

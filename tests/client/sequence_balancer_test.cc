@@ -337,16 +337,21 @@ TEST(SequenceBalancer, ErrorsNameTheProblem) {
   EXPECT_TRUE(run.ok()) << run.output;
 }
 
+// A planner service on a free port of 127.0.0.1, without metrics.
+absl::StatusOr<std::unique_ptr<PlannerServer>> StartPlanner() {
+  PlannerServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_address = "";
+  return PlannerServer::Start(options);
+}
+
 TEST(SequenceBalancer, PlanningAheadLocallyGivesTheSamePlans) {
   WorkerRun run = RunWorkers("plan_ahead", 4, {{"topology", "g1n2+g2n1"}});
   EXPECT_TRUE(run.ok()) << run.output;
 }
 
 TEST(SequenceBalancer, PlanningAheadWithTheServiceGivesTheSamePlansInEitherMode) {
-  PlannerServerOptions options;
-  options.listen_address = "127.0.0.1:0";
-  options.metrics_address = "";
-  auto server = PlannerServer::Start(options);
+  auto server = StartPlanner();
   ASSERT_TRUE(server.ok()) << server.status();
   for (const char* mode : {"group", "per-rank"}) {
     WorkerRun run = RunWorkers("plan_ahead", 4,
@@ -360,10 +365,7 @@ TEST(SequenceBalancer, PlanningAheadWithTheServiceGivesTheSamePlansInEitherMode)
 // The planner service answers the first steps, then stops; every rank
 // falls back to local planning at the same step and training goes on.
 TEST(SequenceBalancer, PlannerGoesDownMidRun) {
-  PlannerServerOptions options;
-  options.listen_address = "127.0.0.1:0";
-  options.metrics_address = "";
-  auto server = PlannerServer::Start(options);
+  auto server = StartPlanner();
   ASSERT_TRUE(server.ok()) << server.status();
   WorkerRun run = RunWorkers(
       "balance", 4,
