@@ -1,6 +1,7 @@
 #include "client/planner_client.h"
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -969,6 +970,7 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
                                              const std::vector<int64_t>& lengths,
                                              const v1::StepTiming* previous) {
   Rep& rep = *rep_;
+  const auto start = std::chrono::steady_clock::now();
   if (absl::Status sized = rep.CheckWorldSize(spec); !sized.ok()) return sized;
   // A prefetch of a later step waits for its step; one of an earlier step
   // (skipped) is dropped, which cancels its call.
@@ -982,7 +984,11 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
   absl::StatusOr<StepPlan> result =
       rep.group_mode() ? rep.PlanGroup(spec, lengths, previous, std::move(prefetched))
                        : rep.PlanPerRank(spec, lengths, previous, std::move(prefetched));
-  if (result.ok()) result->prefetched = was_prefetched;
+  if (result.ok()) {
+    result->prefetched = was_prefetched;
+    result->wait_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   return result;
 }
 

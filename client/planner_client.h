@@ -90,6 +90,10 @@ struct StepPlan {
   std::vector<double> workload_after;
   // Whether the step was requested ahead (PlannerClient::Prefetch).
   bool prefetched = false;
+  // Wall time this rank spent in Plan for the step: what the step waited
+  // for its plan (the answer, or what is left of a prefetched one, and the
+  // collectives that agree on it).
+  double wait_seconds = 0;
 };
 
 // Gets each step's plan for one rank: from the planner service when one is

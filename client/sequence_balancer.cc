@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/host_tensor_cache.h"
 #include "client/route_layout.h"
 #include "planner/topology.h"
 #include "proto/plan_proto.h"
@@ -106,8 +107,20 @@ at::Tensor ByteRows(const at::Tensor& x) {
   return flat.view(at::kByte);
 }
 
+// An uninitialised contiguous tensor of `like`'s dtype and device. Host
+// memory comes from the host tensor cache: a step allocates the same few
+// large buffers every step, and fresh ones cost a page fault per page.
+at::Tensor Empty(at::IntArrayRef shape, const at::Tensor& like) {
+  if (like.device().is_cpu()) return EmptyHostTensor(shape, like.scalar_type());
+  return at::empty(shape, like.options());
+}
+
+// x's rows in `index` order (all of them, unchanged, when it is undefined).
 at::Tensor Reordered(const at::Tensor& x, const at::Tensor& index) {
-  return index.defined() ? x.index_select(0, index.to(x.device())) : x;
+  if (!index.defined()) return x;
+  at::Tensor out = Empty(x.sizes(), x);
+  at::index_select_out(out, x, 0, index.to(x.device()));
+  return out;
 }
 
 // A torch error while preparing an exchange, as a status.
@@ -138,18 +151,17 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
     if (single) {
       // Conjugate and negative views are lazy bits on the tensor, not in its
       // bytes: resolve them before the bytes travel.
-      send = Reordered(xs[0].resolve_conj().resolve_neg().contiguous(), move.before.index)
-                 .contiguous();
+      send = Reordered(xs[0].resolve_conj().resolve_neg().contiguous(), move.before.index);
       std::vector<int64_t> shape = send.sizes().vec();
       shape[0] = recv_count;
-      received = at::empty(shape, send.options());
+      received = Empty(shape, send);
       row_bytes = RowElements(send) * static_cast<int64_t>(send.element_size());
     } else {
       for (const at::Tensor& x : xs) {
         bytes.push_back(ByteRows(x));
         row_bytes += bytes.back().size(1);
       }
-      send = at::empty({send_count, row_bytes}, bytes[0].options());
+      send = Empty({send_count, row_bytes}, bytes[0]);
       int64_t column = 0;
       for (const at::Tensor& b : bytes) {
         at::Tensor slot = send.narrow(1, column, b.size(1));
@@ -160,7 +172,7 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
         }
         column += b.size(1);
       }
-      received = at::empty({recv_count, row_bytes}, send.options());
+      received = Empty({recv_count, row_bytes}, send);
     }
   } catch (const c10::Error& e) {
     prepared = FromTorchError(e, move.what);
@@ -184,7 +196,7 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
     // which is freed here instead of living as long as any one output.
     std::vector<int64_t> shape = xs[i].sizes().vec();
     shape[0] = recv_count;
-    at::Tensor out = at::empty(shape, xs[i].options());
+    at::Tensor out = Empty(shape, xs[i]);
     at::Tensor out_bytes = out.view({recv_count, RowElements(out)}).view(at::kByte);
     if (move.after.index.defined()) {
       at::index_select_out(out_bytes, slot, 0, move.after.index.to(slot.device()));

@@ -45,21 +45,26 @@ constexpr char kUsage[] =
     "usage: train_sim [--procs 4] [--steps 5] [--topology g1n2+g2n1]\n"
     "                 [--data g2b4i256f1s0,g1b5i512f1s0,g1b1i2048f1s0] [--scale 8]\n"
     "                 [--d-model 64] [--heads 4] [--layers 2] [--gamma 1] [--seed 0]\n"
-    "                 [--planner host:port] [--first-step 0] [--timeout-seconds 900]\n"
+    "                 [--planner host:port] [--plan-ahead 0] [--first-step 0]\n"
+    "                 [--timeout-seconds 900]\n"
     "  --data   the paper's data codes (a mixed-resolution stream by default; the\n"
     "           world must be a multiple of their GPUs), or low-res/mixed-res/joint\n"
     "           with --procs 32; --scale divides every length (CPU attention)\n"
     "  --planner  a planner service (default: $KNAPFORMER_PLANNER_ADDRESS); without\n"
     "             one every rank plans locally\n"
+    "  --plan-ahead 1  prefetch step N+1's plan while step N computes\n"
+    "                  (SequenceBalancer::PrefetchRouting), as a data loader that\n"
+    "                  knows the next batch would\n"
     "  --first-step  the first step's number (a run resumed from a checkpoint); the\n"
     "                data of step N is the same in every run\n"
     "each balanced row ends with where the step's plan came from and the slowest\n"
-    "rank's planning wall time\n";
+    "rank's wait for it (wall time in the planner client); the summary gives its\n"
+    "p50/p99 over the steps next to the balanced step's compute\n";
 
 const std::vector<std::string> kFlags = {"procs",   "steps",   "topology",   "data",
                                          "scale",   "d-model", "heads",      "layers",
                                          "gamma",   "seed",    "planner",    "first-step",
-                                         "timeout-seconds"};
+                                         "timeout-seconds", "plan-ahead"};
 
 struct SimOptions {
   int procs = 4;
@@ -73,6 +78,7 @@ struct SimOptions {
   double gamma = 1.0;
   uint64_t seed = 0;
   std::string planner;
+  bool plan_ahead = false;
   int first_step = 0;
   int timeout_seconds = 900;
 };
@@ -90,6 +96,8 @@ absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
   KF_ASSIGN_OR_RETURN(int64_t timeout, args.GetInt("timeout-seconds", o.timeout_seconds, 1, 86400));
   KF_ASSIGN_OR_RETURN(int64_t first_step, args.GetInt("first-step", 0, 0, 1 << 30));
   o.first_step = static_cast<int>(first_step);
+  KF_ASSIGN_OR_RETURN(int64_t plan_ahead, args.GetInt("plan-ahead", 0, 0, 1));
+  o.plan_ahead = plan_ahead == 1;
   KF_ASSIGN_OR_RETURN(o.gamma, args.GetDouble("gamma", o.gamma));
   o.procs = static_cast<int>(procs);
   o.steps = static_cast<int>(steps);
@@ -202,8 +210,16 @@ struct RankStep {
   double unbalanced_seconds = 0, balanced_seconds = 0;
   double loss_difference = 0, gradient_difference = 0;
   double tokens_before = 0, tokens_after = 0;
-  double plan_seconds = 0;  // PlanRouting's wall time
+  double plan_wait_seconds = 0;  // the planner client's wall time (StepPlan::wait_seconds)
 };
+
+// The value at quantile q (nearest rank) of `values`, which it sorts.
+double Quantile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t index = static_cast<size_t>(std::ceil(q * values.size()));
+  return values[std::min(values.size() - 1, index == 0 ? 0 : index - 1)];
+}
 
 int RunWorker(const SimOptions& o) {
   at::set_num_threads(1);  // thread CPU time = this rank's compute
@@ -248,6 +264,7 @@ int RunWorker(const SimOptions& o) {
               << (balancer_options.planner.address.empty()
                       ? "local planning"
                       : "planner service " + balancer_options.planner.address)
+              << (o.plan_ahead ? ", planning one step ahead" : "")
               << "\ncompute = forward + backward CPU seconds of each rank (one thread); "
                  "WIR = max/min over ranks\n\n";
     std::cout << absl::StrFormat("%-5s %-10s %-28s %-7s %-9s %s\n", "step", "mode",
@@ -257,13 +274,19 @@ int RunWorker(const SimOptions& o) {
   double sum_max_unbalanced = 0, sum_max_balanced = 0, sum_wir_unbalanced = 0, sum_wir_balanced = 0;
   double worst_loss = 0, worst_gradient = 0;
   int counted = 0;
-  for (int step = o.first_step; step < o.first_step + o.steps; ++step) {
+  std::vector<double> plan_waits, balanced_computes;  // slowest rank per counted step
+  auto lengths_of = [&](int step) {
     std::vector<int64_t> lengths = stream->Batch(step)[rank];
+    for (int64_t& l : lengths) l = std::max<int64_t>(1, l / o.scale);
+    return lengths;
+  };
+  const int end_step = o.first_step + o.steps;
+  for (int step = o.first_step; step < end_step; ++step) {
+    const std::vector<int64_t> lengths = lengths_of(step);
     int64_t world_tokens = 0;
     for (const auto& rank_lengths : stream->Batch(step)) {
       for (int64_t l : rank_lengths) world_tokens += std::max<int64_t>(1, l / o.scale);
     }
-    for (int64_t& l : lengths) l = std::max<int64_t>(1, l / o.scale);
     int64_t tokens = 0;
     for (int64_t l : lengths) tokens += l;
     at::manual_seed(o.seed * 1000003 + step * 1009 + rank);
@@ -276,9 +299,11 @@ int RunWorker(const SimOptions& o) {
     at::Tensor grad_unbalanced = TakeGradients(blocks, *group);
 
     start = ThreadCpuSeconds();
-    const absl::Time plan_start = absl::Now();
     absl::Status planned = (*balancer)->PlanRouting(lengths);
-    const double plan_seconds = absl::ToDoubleSeconds(absl::Now() - plan_start);
+    if (planned.ok() && o.plan_ahead && step + 1 < end_step) {
+      // The next batch is known now; its plan is asked for while this one computes.
+      planned = (*balancer)->PrefetchRouting(lengths_of(step + 1));
+    }
     if (!planned.ok()) {
       std::cerr << "rank " << rank << ": step " << step << ": " << planned << "\n";
       return 1;
@@ -286,7 +311,7 @@ int RunWorker(const SimOptions& o) {
     at::Tensor loss_balanced = Step(o, blocks, x, lengths, world_tokens, balancer->get());
     mine.balanced_seconds = ThreadCpuSeconds() - start;
     at::Tensor grad_balanced = TakeGradients(blocks, *group);
-    mine.plan_seconds = plan_seconds;
+    mine.plan_wait_seconds = (*balancer)->step_plan().wait_seconds;
     mine.tokens_before = static_cast<double>(tokens);
     mine.tokens_after = 0;
     for (int64_t l : (*balancer)->routed_lengths()) mine.tokens_after += l;
@@ -319,7 +344,7 @@ int RunWorker(const SimOptions& o) {
       max_u = std::max(max_u, s.unbalanced_seconds);
       min_u = std::min(min_u, s.unbalanced_seconds);
       max_b = std::max(max_b, s.balanced_seconds);
-      max_plan = std::max(max_plan, s.plan_seconds);
+      max_plan = std::max(max_plan, s.plan_wait_seconds);
       min_b = std::min(min_b, s.balanced_seconds);
       u_ms.push_back(absl::StrFormat("%.0f", s.unbalanced_seconds * 1e3));
       b_ms.push_back(absl::StrFormat("%.0f", s.balanced_seconds * 1e3));
@@ -330,16 +355,19 @@ int RunWorker(const SimOptions& o) {
     std::cout << absl::StrFormat("%-5d %-10s %-28s %-7.2f %-9.0f %s\n", step, "unbalanced",
                                  absl::StrJoin(u_ms, " "), max_u / min_u, max_u * 1e3,
                                  absl::StrFormat("%.3f", plan.max_over_mean_before));
-    std::cout << absl::StrFormat("%-5s %-10s %-28s %-7.2f %-9.0f %s (%s, planned in %.0f ms)\n",
+    std::cout << absl::StrFormat("%-5s %-10s %-28s %-7.2f %-9.0f %s (%s%s, waited %.2f ms)\n",
                                  "", "balanced", absl::StrJoin(b_ms, " "), max_b / min_b,
                                  max_b * 1e3, absl::StrFormat("%.3f", plan.max_over_mean_after),
-                                 PlanSourceName(plan.source), max_plan * 1e3);
+                                 PlanSourceName(plan.source), plan.prefetched ? ", ahead" : "",
+                                 max_plan * 1e3);
     std::cout.flush();  // a test follows the run step by step
     if (step > o.first_step || o.steps == 1) {  // step 0 warms up allocators and Gloo pairs
       sum_max_unbalanced += max_u;
       sum_max_balanced += max_b;
       sum_wir_unbalanced += max_u / min_u;
       sum_wir_balanced += max_b / min_b;
+      plan_waits.push_back(max_plan);
+      balanced_computes.push_back(max_b);
       ++counted;
     }
   }
@@ -353,6 +381,11 @@ int RunWorker(const SimOptions& o) {
         sum_max_unbalanced / counted * 1e3,
         sum_max_balanced / counted * 1e3, sum_max_unbalanced / sum_max_balanced,
         sum_wir_unbalanced / counted, sum_wir_balanced / counted);
+    std::cout << absl::StrFormat(
+        "waiting for the plan (slowest rank): p50 %.2f ms, p99 %.2f ms; balanced step compute "
+        "p50 %.0f ms%s\n",
+        Quantile(plan_waits, 0.5) * 1e3, Quantile(plan_waits, 0.99) * 1e3,
+        Quantile(balanced_computes, 0.5) * 1e3, o.plan_ahead ? " (planning one step ahead)" : "");
     std::cout << absl::StrFormat(
         "balanced vs unbalanced: largest relative loss difference %.2e, gradient %.2e\n",
         worst_loss, worst_gradient);

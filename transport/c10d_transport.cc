@@ -101,6 +101,23 @@ int C10dTransport::cuda_device() const {
 
 absl::StatusOr<at::Tensor> C10dTransport::GatherToHost(const at::Tensor& mine, const char* op) {
   c10d::ProcessGroup& group = metadata_group();
+  if (mine.device().is_cpu()) {
+    // Gloo's all-gather is a ring: size - 1 hops one after another, each a
+    // wake-up of every process, which is what small metadata pays for. An
+    // all-to-all of `mine` to every peer moves the same bytes per rank in
+    // one round (4 processes on 2 cores: ~2.5 ms -> ~1 ms per verdict).
+    const int64_t n = group.getSize();
+    std::vector<int64_t> shape = mine.sizes().vec();
+    shape.insert(shape.begin(), n);
+    at::Tensor input = mine.unsqueeze(0).expand(shape).contiguous();
+    at::Tensor output = at::empty(shape, mine.options());
+    std::vector<int64_t> output_splits, input_splits;  // empty: equal splits
+    absl::Status status = Run(op, [&] {
+      return group.alltoall_base(output, input, output_splits, input_splits);
+    });
+    if (!status.ok()) return status;
+    return output;
+  }
   std::vector<std::vector<at::Tensor>> output(1);
   for (int p = 0; p < group.getSize(); ++p) output[0].push_back(at::empty_like(mine));
   std::vector<at::Tensor> input = {mine};

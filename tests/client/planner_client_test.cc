@@ -496,6 +496,9 @@ TEST_P(ModeAndPlanAhead, PlannedAheadStepsGetTheSamePlansAsSynchronousOnes) {
         ASSERT_TRUE(run.results[i][r].ok());
         EXPECT_EQ(run.results[i][r]->prefetched, std::get<1>(GetParam()) && i > 0)
             << "step " << i << " rank " << r;
+        // Measured, and bounded by the run's own deadline.
+        EXPECT_GT(run.results[i][r]->wait_seconds, 0) << "step " << i << " rank " << r;
+        EXPECT_LT(run.results[i][r]->wait_seconds, 60) << "step " << i << " rank " << r;
       }
     }
   }

@@ -7,7 +7,9 @@
 #   (c) live while a run crashes after step 12 and resumes from step 8,
 #   (d) asked for a step of the run's job first by a stranger with another spec,
 #   (e) slow: every answer (steps and probes) held back past the deadline
-#       for 6 s (serve --answer-delay-file), then prompt again.
+#       for 6 s (serve --answer-delay-file), then prompt again,
+#   (f) killed and restarted as in (b), while the run plans every step
+#       ahead (train-sim --plan-ahead 1).
 # Every step must complete; at most one step per fault plans for longer than
 # the deadline; after (a), (b) and (e) later steps come from the service
 # again; the resumed run's replayed steps and the stranger's step come from
@@ -74,19 +76,24 @@ check_run() {
 import re, sys
 path, name, first, last, slow_allowed, *rest = sys.argv[1:]
 text = open(path).read()
-steps = re.findall(r"^(\d+)\s+unbalanced.*\n\s+balanced.*\((local planner|planner service), "
-                   r"planned in (\d+) ms\)$", text, re.M)
+steps = re.findall(r"^(\d+)\s+unbalanced.*\n\s+balanced.*\((local planner|planner service)"
+                   r"(, ahead)?, waited ([\d.]+) ms\)$", text, re.M)
+ahead = {int(s): bool(a) for s, _, a, _ in steps}
+steps = [(s, src, ms) for s, src, _, ms in steps]
 got = [int(s) for s, _, _ in steps]
 assert got == list(range(int(first), int(last) + 1)), f"{name}: steps {got}\n{text}"
 assert "FAILED" not in text and "largest relative loss difference" in text, f"{name}:\n{text}"
 source = {int(s): src for s, src, _ in steps}
-slow = [int(s) for s, _, ms in steps if int(ms) > 2000]
+slow = [int(s) for s, _, ms in steps if float(ms) > 2000]
 print(f"{name}: " + " ".join(f"{s}:{'S' if source[s] == 'planner service' else 'L'}" for s in got)
       + f"; steps planned > 2 s: {slow}")
 assert len(slow) <= int(slow_allowed), f"{name}: steps {slow} waited past the deadline"
 i = 0
 while i < len(rest):
-    if rest[i] == "service-after":
+    if rest[i] == "ahead":  # every step but the first was planned ahead
+        assert not ahead[got[0]] and all(ahead[s] for s in got[1:]), f"{name}: {ahead}"
+        i += 1
+    elif rest[i] == "service-after":
         after = int(rest[i + 1])
         assert any(source[s] == "planner service" for s in got if s > after), \
             f"{name}: the service was not used again after step {after}"
@@ -111,10 +118,15 @@ start_server 0 || exit 1
 
 # A 30-step run ($2, job id $3) that meets fault $4 (a function) once it has
 # done step 5; it must finish every step with at most one past the deadline,
-# and come back to the service after step 6.
+# and come back to the service after step 6. Further arguments are
+# train-sim flags; with --plan-ahead 1 every step after the first must have
+# been planned ahead, through the fault too.
 run_through_fault() {
   local name="$1" out="$2" job="$3" fault="$4"
-  run_sim "$out" "$job" --steps 30 &
+  shift 4
+  local expect=()
+  [[ "$*" == *"--plan-ahead 1"* ]] && expect=(ahead)
+  run_sim "$out" "$job" --steps 30 "$@" &
   local sim=$!
   if wait_for_step "$out" 5; then
     "$fault"
@@ -122,7 +134,7 @@ run_through_fault() {
     fail "$name the run did not reach step 5: $(cat "$out" "$out.err")"
   fi
   wait "$sim" || fail "$name train-sim exited non-zero: $(cat "$out.err")"
-  check_run "$out" "$name" 0 29 1 service-after 6 || failures=$((failures + 1))
+  check_run "$out" "$name" 0 29 1 "${expect[@]}" service-after 6 || failures=$((failures + 1))
 }
 
 # (a) SIGSTOP for 5 s (the deadline is 2 s), then SIGCONT.
@@ -141,6 +153,9 @@ kill_and_restart() {
   start_server "$port" || fail "(b) the planner did not restart on port $port"
 }
 run_through_fault "(b) SIGKILL" "$tmp/b" kill-job kill_and_restart
+
+# (f) as (b), planning each step while the previous one computes.
+run_through_fault "(f) SIGKILL, planning ahead" "$tmp/f" ahead-job kill_and_restart --plan-ahead 1
 
 # (c) steps 0..12, a crash, and the run again from its checkpoint of step 8
 # with the same job id: the replayed steps 8..12 were answered already, for

@@ -17,7 +17,7 @@ python3 - "$tmp/out" <<'PY' || failures=$((failures + 1))
 import re, sys
 text = open(sys.argv[1]).read()
 unbalanced = re.findall(r"^\d+\s+unbalanced\s+((?:\d+ ){3}\d+)\s+[\d.]+\s+\d+\s+([\d.]+)$", text, re.M)
-balanced = re.findall(r"^\s+balanced\s+((?:\d+ ){3}\d+)\s+[\d.]+\s+\d+\s+([\d.]+) \(local planner, planned in \d+ ms\)$", text, re.M)
+balanced = re.findall(r"^\s+balanced\s+((?:\d+ ){3}\d+)\s+[\d.]+\s+\d+\s+([\d.]+) \(local planner, waited [\d.]+ ms\)$", text, re.M)
 assert len(unbalanced) == 3 and len(balanced) == 3, f"expected 3 steps of both rows:\n{text}"
 for (_, before), (_, after) in zip(unbalanced, balanced):
     assert float(after) < float(before), f"plan did not lower max/mean: {before} -> {after}"
@@ -26,6 +26,26 @@ assert match and float(match.group(1)) <= 1e-4 and float(match.group(2)) <= 1e-3
 assert "max per-rank compute" in text and "FAILED" not in text, text
 print("ok   train-sim output")
 PY
+
+# Planning ahead (locally here): every step after the first was prefetched,
+# and training still matches the unbalanced run (the binary checks it).
+if ! timeout 300 "$bin" --procs 4 --steps 3 --scale 32 --plan-ahead 1 >"$tmp/out" 2>"$tmp/err"; then
+  fail "train-sim --plan-ahead 1 exited non-zero: $(cat "$tmp/out" "$tmp/err")"
+fi
+python3 - "$tmp/out" <<'PY' || failures=$((failures + 1))
+import re, sys
+text = open(sys.argv[1]).read()
+rows = re.findall(r"^\s+balanced\s.*\(local planner(, ahead)?, waited [\d.]+ ms\)$", text, re.M)
+assert rows == ["", ", ahead", ", ahead"], f"steps 1 and 2 (only) planned ahead: {rows}\n{text}"
+assert re.search(r"waiting for the plan \(slowest rank\): p50 [\d.]+ ms, p99 [\d.]+ ms; "
+                 r"balanced step compute p50 \d+ ms \(planning one step ahead\)", text), text
+print("ok   train-sim --plan-ahead 1")
+PY
+"$bin" --procs 4 --plan-ahead 2 >"$tmp/out" 2>"$tmp/err"
+code=$?
+if [[ $code -ne 2 ]] || ! grep -qF -- "plan-ahead" "$tmp/err"; then
+  fail "--plan-ahead 2: exit $code, $(cat "$tmp/err")"
+fi
 
 "$bin" --procs 4 --heads 3 >"$tmp/out" 2>"$tmp/err"
 code=$?
