@@ -26,6 +26,10 @@
 namespace knapformer {
 namespace {
 
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 // What a rank tells the others after asking the service (per-rank mode), or
 // rank 0 tells every rank with its answer (group mode).
 enum Outcome : char {
@@ -455,6 +459,8 @@ struct PlannerClient::Rep {
   bool has_service = false;  // an address is configured
   // Null without a service, and in group mode on every rank but 0.
   std::unique_ptr<v1::Planner::Stub> stub;
+  // Of the current Plan call, the time spent blocked on the service's answer.
+  double service_wait_seconds = 0;
   // The service failed a step and has not answered every probing rank's
   // probe since (the same on every rank: decided from all-gathered
   // outcomes and probes, or from rank 0's broadcast).
@@ -689,6 +695,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
   v1::PlanRequest request;
   v1::PlanResponse response;
   grpc::Status status;
+  const auto asked = std::chrono::steady_clock::now();
   if (prefetched != nullptr && prefetched->call != nullptr) {
     status = prefetched->call->Wait();
     request = std::move(prefetched->request);
@@ -697,6 +704,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
     request = RankRequest(spec, lengths, previous);
     status = AskRank(request, &response, nullptr);
   }
+  service_wait_seconds = SecondsSince(asked);
   // A plan that is not even well-formed (columns of different lengths) is
   // the service failing, like an error: every rank falls back together.
   absl::StatusOr<RankPlan> plan = absl::UnknownError("no plan");
@@ -868,6 +876,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::FinishGroup(const v1::StepSpec& spe
     grpc::Status status;
     v1::PlanGroupResponse asked_now;
     const v1::PlanGroupResponse* response = &asked_now;
+    const auto asked = std::chrono::steady_clock::now();
     if (prefetched != nullptr && prefetched->call != nullptr) {
       status = prefetched->call->Wait();
       response = &prefetched->group_response;
@@ -876,6 +885,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::FinishGroup(const v1::StepSpec& spe
     } else {
       status = AskGroup(GroupRequest(spec, gathered), &asked_now, nullptr);
     }
+    service_wait_seconds = SecondsSince(asked);
     const Outcome outcome = Classify(status.error_code());
     answer = {static_cast<char>(outcome), static_cast<char>(status.error_code())};
     if (outcome == kGotPlan) {
@@ -971,6 +981,7 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
                                              const v1::StepTiming* previous) {
   Rep& rep = *rep_;
   const auto start = std::chrono::steady_clock::now();
+  rep.service_wait_seconds = 0;
   if (absl::Status sized = rep.CheckWorldSize(spec); !sized.ok()) return sized;
   // A prefetch of a later step waits for its step; one of an earlier step
   // (skipped) is dropped, which cancels its call.
@@ -986,8 +997,8 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
                        : rep.PlanPerRank(spec, lengths, previous, std::move(prefetched));
   if (result.ok()) {
     result->prefetched = was_prefetched;
-    result->wait_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    result->wait_seconds = SecondsSince(start);
+    result->service_wait_seconds = rep.service_wait_seconds;
   }
   return result;
 }

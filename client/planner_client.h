@@ -94,6 +94,10 @@ struct StepPlan {
   // for its plan (the answer, or what is left of a prefetched one, and the
   // collectives that agree on it).
   double wait_seconds = 0;
+  // Of wait_seconds, the time this rank was blocked on the service's answer
+  // (0 where it asked nothing: in group mode every rank but rank 0, which
+  // wait for rank 0 in its broadcast instead).
+  double service_wait_seconds = 0;
 };
 
 // Gets each step's plan for one rank: from the planner service when one is

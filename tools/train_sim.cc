@@ -210,7 +210,8 @@ struct RankStep {
   double unbalanced_seconds = 0, balanced_seconds = 0;
   double loss_difference = 0, gradient_difference = 0;
   double tokens_before = 0, tokens_after = 0;
-  double plan_wait_seconds = 0;  // the planner client's wall time (StepPlan::wait_seconds)
+  double plan_wait_seconds = 0;     // the planner client's wall time (StepPlan::wait_seconds)
+  double service_wait_seconds = 0;  // of it, blocked on the service's answer
 };
 
 // The value at quantile q (nearest rank) of `values`, which it sorts.
@@ -274,7 +275,8 @@ int RunWorker(const SimOptions& o) {
   double sum_max_unbalanced = 0, sum_max_balanced = 0, sum_wir_unbalanced = 0, sum_wir_balanced = 0;
   double worst_loss = 0, worst_gradient = 0;
   int counted = 0;
-  std::vector<double> plan_waits, balanced_computes;  // slowest rank per counted step
+  // The slowest rank's, per counted step.
+  std::vector<double> plan_waits, service_waits, balanced_computes;
   auto lengths_of = [&](int step) {
     std::vector<int64_t> lengths = stream->Batch(step)[rank];
     for (int64_t& l : lengths) l = std::max<int64_t>(1, l / o.scale);
@@ -312,6 +314,7 @@ int RunWorker(const SimOptions& o) {
     mine.balanced_seconds = ThreadCpuSeconds() - start;
     at::Tensor grad_balanced = TakeGradients(blocks, *group);
     mine.plan_wait_seconds = (*balancer)->step_plan().wait_seconds;
+    mine.service_wait_seconds = (*balancer)->step_plan().service_wait_seconds;
     mine.tokens_before = static_cast<double>(tokens);
     mine.tokens_after = 0;
     for (int64_t l : (*balancer)->routed_lengths()) mine.tokens_after += l;
@@ -338,13 +341,14 @@ int RunWorker(const SimOptions& o) {
     if (rank != 0) continue;
     std::vector<RankStep> ranks(o.procs);
     for (int r = 0; r < o.procs; ++r) std::memcpy(&ranks[r], (*all)[r].data(), sizeof(RankStep));
-    double max_u = 0, min_u = 1e30, max_b = 0, min_b = 1e30, max_plan = 0;
+    double max_u = 0, min_u = 1e30, max_b = 0, min_b = 1e30, max_plan = 0, max_service = 0;
     std::vector<std::string> u_ms, b_ms;
     for (const RankStep& s : ranks) {
       max_u = std::max(max_u, s.unbalanced_seconds);
       min_u = std::min(min_u, s.unbalanced_seconds);
       max_b = std::max(max_b, s.balanced_seconds);
       max_plan = std::max(max_plan, s.plan_wait_seconds);
+      max_service = std::max(max_service, s.service_wait_seconds);
       min_b = std::min(min_b, s.balanced_seconds);
       u_ms.push_back(absl::StrFormat("%.0f", s.unbalanced_seconds * 1e3));
       b_ms.push_back(absl::StrFormat("%.0f", s.balanced_seconds * 1e3));
@@ -367,6 +371,7 @@ int RunWorker(const SimOptions& o) {
       sum_wir_unbalanced += max_u / min_u;
       sum_wir_balanced += max_b / min_b;
       plan_waits.push_back(max_plan);
+      service_waits.push_back(max_service);
       balanced_computes.push_back(max_b);
       ++counted;
     }
@@ -386,6 +391,12 @@ int RunWorker(const SimOptions& o) {
         "p50 %.0f ms%s\n",
         Quantile(plan_waits, 0.5) * 1e3, Quantile(plan_waits, 0.99) * 1e3,
         Quantile(balanced_computes, 0.5) * 1e3, o.plan_ahead ? " (planning one step ahead)" : "");
+    if (!balancer_options.planner.address.empty()) {
+      std::cout << absl::StrFormat(
+          "of which blocked on the service's answer: p50 %.2f ms, p99 %.2f ms; the rest is "
+          "the collectives that agree on the plan\n",
+          Quantile(service_waits, 0.5) * 1e3, Quantile(service_waits, 0.99) * 1e3);
+    }
     std::cout << absl::StrFormat(
         "balanced vs unbalanced: largest relative loss difference %.2e, gradient %.2e\n",
         worst_loss, worst_gradient);
