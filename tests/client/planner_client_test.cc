@@ -499,6 +499,13 @@ TEST_P(ModeAndPlanAhead, PlannedAheadStepsGetTheSamePlansAsSynchronousOnes) {
         // Measured, and bounded by the run's own deadline.
         EXPECT_GT(run.results[i][r]->wait_seconds, 0) << "step " << i << " rank " << r;
         EXPECT_LT(run.results[i][r]->wait_seconds, 60) << "step " << i << " rank " << r;
+        // Only a rank that asked the service waited for it: rank 0 in group
+        // mode, every rank in per-rank mode, none without a service.
+        const bool asked =
+            with_service && (r == 0 || std::get<0>(GetParam()) == PlannerMode::kPerRank);
+        EXPECT_EQ(run.results[i][r]->service_wait_seconds > 0, asked)
+            << "step " << i << " rank " << r;
+        EXPECT_LE(run.results[i][r]->service_wait_seconds, run.results[i][r]->wait_seconds);
       }
     }
   }
