@@ -542,6 +542,26 @@ TEST_P(EveryMode, APlannedAheadStepCalledWithOtherLengthsFailsOnEveryRankNamingI
   }
 }
 
+// Runs `body` with a new client on every rank of an in-process group whose
+// collectives give up after `timeout`, one thread per rank; returns each
+// rank's status.
+std::vector<absl::Status> OnEveryRank(
+    const PlannerClientOptions& options, absl::Duration timeout,
+    const std::function<absl::Status(PlannerClient& client, int rank)>& body) {
+  auto transports = LocalTransport::CreateGroup(kRanks, timeout);
+  std::vector<absl::Status> statuses(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      EXPECT_TRUE(client.ok()) << "rank " << r << ": " << client.status();
+      statuses[r] = client.ok() ? body(**client, r) : client.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return statuses;
+}
+
 // Group mode: a rank that plans a step the others prefetched is in another
 // collective; every rank gets the same error instead of a hang.
 TEST(PlannerClientTest, RanksThatDoNotAllPlanAheadFailTogether) {
@@ -549,19 +569,14 @@ TEST(PlannerClientTest, RanksThatDoNotAllPlanAheadFailTogether) {
   ASSERT_NE(server, nullptr);
   PlannerClientOptions options;
   options.address = server->address();
-  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(10));
-  std::vector<absl::Status> statuses(kRanks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      auto client = PlannerClient::Create(options, transports[r].get());
-      ASSERT_TRUE(client.ok());
-      ASSERT_TRUE((*client)->Plan(Spec(0), Lengths(0)[r]).ok());
-      statuses[r] = r == 2 ? (*client)->Plan(Spec(1), Lengths(1)[r]).status()
-                           : (*client)->Prefetch(Spec(1), Lengths(1)[r]);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const std::vector<absl::Status> statuses =
+      OnEveryRank(options, absl::Seconds(10), [](PlannerClient& client, int r) {
+        const absl::StatusOr<StepPlan> first = client.Plan(Spec(0), Lengths(0)[r]);
+        EXPECT_TRUE(first.ok()) << "rank " << r << ": " << first.status();
+        if (!first.ok()) return first.status();
+        return r == 2 ? client.Plan(Spec(1), Lengths(1)[r]).status()
+                      : client.Prefetch(Spec(1), Lengths(1)[r]);
+      });
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(statuses[r].code(), absl::StatusCode::kFailedPrecondition) << "rank " << r;
     EXPECT_THAT(std::string(statuses[r].message()),
@@ -679,19 +694,12 @@ TEST(PlannerClientTest, RanksThatDisagreeOnTheSpecStillFailTogether) {
   ASSERT_NE(server, nullptr);
   PlannerClientOptions options;
   options.address = server->address();
-  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
-  std::vector<absl::Status> statuses(kRanks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      auto client = PlannerClient::Create(options, transports[r].get());
-      ASSERT_TRUE(client.ok());
-      v1::StepSpec spec = Spec(30);
-      if (r == 5) spec.set_d_model(128);
-      statuses[r] = (*client)->Plan(spec, Lengths(30)[r]).status();
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const std::vector<absl::Status> statuses =
+      OnEveryRank(options, absl::Seconds(30), [](PlannerClient& client, int r) {
+        v1::StepSpec spec = Spec(30);
+        if (r == 5) spec.set_d_model(128);
+        return client.Plan(spec, Lengths(30)[r]).status();
+      });
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(statuses[r].code(), absl::StatusCode::kFailedPrecondition) << statuses[r];
     EXPECT_THAT(std::string(statuses[r].message()), HasSubstr("step spec differs"));
