@@ -58,6 +58,7 @@
 #include "common/log.h"
 #include "tools/args.h"
 #include "tools/local_world.h"
+#include "tools/sample_stats.h"
 #include "transport/c10d_transport.h"
 
 namespace knapformer {
@@ -106,19 +107,6 @@ std::vector<int64_t> MakeLengths(int64_t tokens, uint64_t seed) {
   std::vector<int64_t> lengths;
   for (size_t i = 1; i < cuts.size(); ++i) lengths.push_back(cuts[i] - cuts[i - 1]);
   return lengths;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Nearest rank: the smallest value with >= 90% of the values at or below it.
-double P90(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t rank = static_cast<size_t>(std::ceil(0.9 * static_cast<double>(v.size())));
-  return v[std::max<size_t>(rank, 1) - 1];
 }
 
 // Exits the worker with a message (all ranks reach the same checks).
@@ -338,9 +326,9 @@ int RunWorker(const BenchOptions& o) {
         }
       }
       row.slowest_median[v] = Median(slowest);
-      row.slowest_p90[v] = P90(slowest);
+      row.slowest_p90[v] = Percentile(slowest, 0.9);
       row.rank0_median[v] = Median(own);
-      row.rank0_p90[v] = P90(own);
+      row.rank0_p90[v] = Percentile(own, 0.9);
     }
     rows.push_back(row);
   }

@@ -73,6 +73,7 @@
 #include "server/planner_server.h"
 #include "server/service_limits.h"
 #include "tools/malloc_policy.h"
+#include "tools/sample_stats.h"
 
 namespace knapformer {
 namespace {
@@ -443,21 +444,6 @@ int AvailableCpus() {
 // ---------------------------------------------------------------------------
 // Statistics.
 
-// Nearest-rank percentile of unsorted samples, q in (0, 1].
-double Percentile(std::vector<double> samples, double q) {
-  if (samples.empty()) return NAN;
-  std::sort(samples.begin(), samples.end());
-  size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(samples.size())));
-  rank = std::clamp<size_t>(rank, 1, samples.size());
-  return samples[rank - 1];
-}
-
-double Median(std::vector<double> samples) {
-  if (samples.empty()) return NAN;
-  std::sort(samples.begin(), samples.end());
-  const size_t n = samples.size();
-  return n % 2 == 1 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
-}
 
 // ---------------------------------------------------------------------------
 // One step: R calls in flight, answered through callbacks.

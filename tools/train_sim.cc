@@ -37,6 +37,7 @@
 #include "common/log.h"
 #include "tools/args.h"
 #include "tools/local_world.h"
+#include "tools/sample_stats.h"
 
 namespace knapformer {
 namespace {
@@ -214,13 +215,6 @@ struct RankStep {
   double service_wait_seconds = 0;  // of it, blocked on the service's answer
 };
 
-// The value at quantile q (nearest rank) of `values`, which it sorts.
-double Quantile(std::vector<double> values, double q) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t index = static_cast<size_t>(std::ceil(q * values.size()));
-  return values[std::min(values.size() - 1, index == 0 ? 0 : index - 1)];
-}
 
 int RunWorker(const SimOptions& o) {
   at::set_num_threads(1);  // thread CPU time = this rank's compute
@@ -389,13 +383,13 @@ int RunWorker(const SimOptions& o) {
     std::cout << absl::StrFormat(
         "waiting for the plan (slowest rank): p50 %.2f ms, p99 %.2f ms; balanced step compute "
         "p50 %.0f ms%s\n",
-        Quantile(plan_waits, 0.5) * 1e3, Quantile(plan_waits, 0.99) * 1e3,
-        Quantile(balanced_computes, 0.5) * 1e3, o.plan_ahead ? " (planning one step ahead)" : "");
+        Percentile(plan_waits, 0.5) * 1e3, Percentile(plan_waits, 0.99) * 1e3,
+        Percentile(balanced_computes, 0.5) * 1e3, o.plan_ahead ? " (planning one step ahead)" : "");
     if (!balancer_options.planner.address.empty()) {
       std::cout << absl::StrFormat(
           "of which blocked on the service's answer: p50 %.2f ms, p99 %.2f ms; the rest is "
           "the collectives that agree on the plan\n",
-          Quantile(service_waits, 0.5) * 1e3, Quantile(service_waits, 0.99) * 1e3);
+          Percentile(service_waits, 0.5) * 1e3, Percentile(service_waits, 0.99) * 1e3);
     }
     std::cout << absl::StrFormat(
         "balanced vs unbalanced: largest relative loss difference %.2e, gradient %.2e\n",
