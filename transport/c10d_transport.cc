@@ -105,7 +105,8 @@ absl::StatusOr<at::Tensor> C10dTransport::GatherToHost(const at::Tensor& mine, c
     // Gloo's all-gather is a ring: size - 1 hops one after another, each a
     // wake-up of every process, which is what small metadata pays for. An
     // all-to-all of `mine` to every peer moves the same bytes per rank in
-    // one round (4 processes on 2 cores: ~2.5 ms -> ~1 ms per verdict).
+    // one round (4 processes on 2 cores: the count check, an all-to-all and
+    // one of these, went from 5-6 ms to 3-4.5 ms).
     const int64_t n = group.getSize();
     std::vector<int64_t> shape = mine.sizes().vec();
     shape.insert(shape.begin(), n);
