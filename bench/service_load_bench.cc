@@ -14,6 +14,10 @@
 //                   is not timed)
 //   server CPU      the child's utime+stime over the measured steps, per step
 //                   (clock-tick resolution: 1/sysconf(_SC_CLK_TCK) s in total)
+//   bare ...        the same steps against a bare gRPC rendezvous in a second
+//                   child (bench/bare_rendezvous.h: same RPC, replies of the
+//                   same weight, no plan), measured right before the planner
+//                   at each R: the floor of per-rank mode's server CPU per call
 //   core solve      BalanceGreedy on the same batches in this process, median
 //   client CPU      this process's CPU over the measured steps, per step
 //   plan_micros     the server's own solve time as it reports it, median
@@ -70,6 +74,7 @@
 #include "planner/plan_from_chunks.h"
 #include "planner/topology.h"
 #include "proto/plan_proto.h"
+#include "bench/bare_rendezvous.h"
 #include "server/planner_server.h"
 #include "server/service_limits.h"
 #include "tools/malloc_policy.h"
@@ -105,6 +110,10 @@ constexpr absl::Duration kCancelWait = absl::Seconds(30);
 constexpr int kPortWaitMs = 30000;
 constexpr int kConnectWaitSeconds = 10;
 constexpr int kChildExitWaitMs = 15000;
+
+// The bare rendezvous's answers carry this much filler, so that they weigh
+// about what the planner's do (~230 bytes per rank; both columns printed).
+constexpr int kBareReplyPaddingBytes = 200;
 
 // ---------------------------------------------------------------------------
 // Flags.
@@ -207,8 +216,47 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
 // ---------------------------------------------------------------------------
 // The server's child process.
 
+enum class ServerKind { kPlanner, kBareRendezvous };
+
+// The server a child runs: a PlannerServer or the bare rendezvous, whichever
+// `kind` says. Its port goes to *port; `stop` shuts it down.
+struct ChildServer {
+  std::unique_ptr<PlannerServer> planner;
+  BareRendezvousServer bare;
+  int32_t port = 0;
+
+  void Stop() {
+    if (planner != nullptr) planner->Shutdown(kServerShutdownGrace);
+    if (bare.server != nullptr) {
+      bare.server->Shutdown(absl::ToChronoTime(absl::Now() + kServerShutdownGrace));
+      bare.server->Wait();
+    }
+  }
+};
+
+absl::StatusOr<ChildServer> StartChildServer(ServerKind kind) {
+  ChildServer child;
+  if (kind == ServerKind::kBareRendezvous) {
+    absl::StatusOr<BareRendezvousServer> bare = StartBareRendezvous(kBareReplyPaddingBytes);
+    if (!bare.ok()) return bare.status();
+    child.bare = *std::move(bare);
+    child.port = child.bare.port;
+    return child;
+  }
+  PlannerServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_address.clear();
+  options.service.limits.max_world_size = kMaxWorldSize;
+  options.service.limits.rendezvous_timeout = kRendezvousTimeout;
+  absl::StatusOr<std::unique_ptr<PlannerServer>> server = PlannerServer::Start(options);
+  if (!server.ok()) return server.status();
+  child.planner = *std::move(server);
+  child.port = child.planner->port();
+  return child;
+}
+
 // Runs in the child, which has no threads yet. Never returns.
-[[noreturn]] void RunServerChild(pid_t parent, int port_fd, int stop_fd) {
+[[noreturn]] void RunServerChild(ServerKind kind, pid_t parent, int port_fd, int stop_fd) {
   // SIGTERM is taken through a signalfd, so it is blocked before the server
   // starts any thread (threads inherit the mask). The parent's death is seen
   // as EOF on stop_fd, and also turned into a SIGTERM.
@@ -220,17 +268,12 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
   prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (getppid() != parent) _exit(1);
 
-  PlannerServerOptions options;
-  options.listen_address = "127.0.0.1:0";
-  options.metrics_address.clear();
-  options.service.limits.max_world_size = kMaxWorldSize;
-  options.service.limits.rendezvous_timeout = kRendezvousTimeout;
-  absl::StatusOr<std::unique_ptr<PlannerServer>> server = PlannerServer::Start(options);
+  absl::StatusOr<ChildServer> server = StartChildServer(kind);
   if (!server.ok()) {
     std::fprintf(stderr, "server child: %s\n", server.status().ToString().c_str());
     _exit(1);
   }
-  const int32_t port = (*server)->port();
+  const int32_t port = server->port;
   if (write(port_fd, &port, sizeof(port)) != static_cast<ssize_t>(sizeof(port))) _exit(1);
   close(port_fd);
 
@@ -247,7 +290,7 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       break;  // EOF (the parent closed its end or died) or anything written
     }
   }
-  (*server)->Shutdown(kServerShutdownGrace);
+  server->Stop();
   _exit(0);
 }
 
@@ -264,7 +307,7 @@ std::string DescribeWaitStatus(int status) {
 // stopped (and reaped, killed if need be) on every way out.
 class ServerProcess {
  public:
-  ServerProcess() = default;
+  explicit ServerProcess(ServerKind kind) : kind_(kind) {}
   ~ServerProcess() { Stop(); }
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
@@ -295,7 +338,7 @@ class ServerProcess {
     if (pid == 0) {
       close(port_pipe[0]);
       close(stop_pipe[1]);
-      RunServerChild(parent, port_pipe[1], stop_pipe[0]);
+      RunServerChild(kind_, parent, port_pipe[1], stop_pipe[0]);
     }
     pid_ = pid;
     close(port_pipe[1]);
@@ -418,6 +461,7 @@ class ServerProcess {
   }
 
  private:
+  const ServerKind kind_;
   pid_t pid_ = -1;
   int port_ = 0;
   int stop_fd_ = -1;
@@ -692,14 +736,20 @@ std::string Fixed(double value, int digits) {
   return buffer;
 }
 
-void PrintRow(const Row& row) {
+// Server CPU per rank per call, microseconds.
+double MicrosPerCall(const Row& row) {
+  return 1000.0 * row.server_cpu_ms_per_step / static_cast<double>(row.ranks);
+}
+
+void PrintRow(const Row& row, const Row& bare) {
   double total_ms = 0;
   for (double ms : row.latency_ms) total_ms += ms;
   const double steps_per_s =
       row.latency_ms.empty() ? NAN : 1000.0 * static_cast<double>(row.latency_ms.size()) / total_ms;
   const std::string asked =
       row.requested != row.ranks ? absl::StrCat(" (asked ", row.requested, ")") : "";
-  std::printf("| %lld%s | %lld%s | %s | %s | %s | %s | %s | %s | %s | %s | %lld | %s |\n",
+  std::printf("| %lld%s | %lld%s | %s | %s | %s | %s | %s | %s | %s | %s | %lld | %s "
+              "| %s | %s | %s | %s | %s |\n",
               static_cast<long long>(row.ranks), asked.c_str(), static_cast<long long>(row.steps),
               row.aborted ? " (aborted)" : "", Fixed(steps_per_s, 1).c_str(),
               Fixed(Percentile(row.latency_ms, 0.50), 2).c_str(),
@@ -707,7 +757,12 @@ void PrintRow(const Row& row) {
               Fixed(row.server_cpu_ms_per_step, 2).c_str(), Fixed(row.core_solve_ms, 3).c_str(),
               Fixed(row.server_cpu_ms_per_step / row.core_solve_ms, 1).c_str(),
               Fixed(row.client_cpu_ms_per_step, 2).c_str(), Fixed(Median(row.plan_ms), 3).c_str(),
-              static_cast<long long>(row.failed_calls), Fixed(row.wire_kib_per_step, 0).c_str());
+              static_cast<long long>(row.failed_calls + bare.failed_calls),
+              Fixed(row.wire_kib_per_step, 0).c_str(),
+              Fixed(Percentile(bare.latency_ms, 0.50), 2).c_str(),
+              Fixed(MicrosPerCall(row), 1).c_str(), Fixed(MicrosPerCall(bare), 1).c_str(),
+              Fixed(MicrosPerCall(row) / MicrosPerCall(bare), 2).c_str(),
+              Fixed(bare.wire_kib_per_step, 0).c_str());
   std::fflush(stdout);
 }
 
@@ -733,7 +788,7 @@ enum class Outcome { kOk, kFailed, kStuck };
 // Measures one group size. kStuck: calls are still in flight (their buffers
 // cannot be freed), the run must end at once.
 Outcome MeasureRanks(LoadClient& client, ServerProcess& server, const Problem& problem,
-                     int64_t steps, int64_t warmup, Row* row) {
+                     int64_t steps, int64_t warmup, bool measure_core_solve, Row* row) {
   row->ranks = problem.ranks;
   const std::string job_id = absl::StrCat("service-load-bench-r", problem.ranks);
   const uint64_t total = static_cast<uint64_t>(warmup + steps);
@@ -794,6 +849,7 @@ Outcome MeasureRanks(LoadClient& client, ServerProcess& server, const Problem& p
     row->client_cpu_ms_per_step =
         1000.0 * (client_cpu_end - client_cpu_start) / static_cast<double>(row->steps);
 
+    if (!measure_core_solve) return outcome;
     // The planner core on the same batches.
     const absl::StatusOr<double> solve_ms = CoreSolveMs(problem, warmup, row->steps);
     if (solve_ms.ok()) {
@@ -1095,9 +1151,13 @@ int Main(int argc, char** argv) {
     return 2;
   }
 
-  // Before any gRPC object exists in this process.
-  ServerProcess server;
+  // Before any gRPC object exists in this process. The bare rendezvous is
+  // only needed for the table.
+  const bool table = !flags.overload && flags.soak_minutes == 0;
+  ServerProcess server(ServerKind::kPlanner);
   if (!server.Start()) return 1;
+  ServerProcess bare_server(ServerKind::kBareRendezvous);
+  if (table && !bare_server.Start()) return 1;
 
   std::printf(
       "service_load_bench: nproc %d; server pid %d on 127.0.0.1:%d (in a child "
@@ -1147,11 +1207,22 @@ int Main(int argc, char** argv) {
       }
       if (outcome != Outcome::kOk) exit_code = 1;
     } else {
+    LoadClient bare_client(bare_server.port());
+    if (!bare_client.Connect()) {
+      std::fprintf(stderr, "bare rendezvous child: %s\n", bare_server.Stop().c_str());
+      return 1;
+    }
     std::printf(
-        "\n| ranks | steps | steps/s | p50 (ms) | p99 (ms) | server CPU/step (ms) "
+        "\nper-rank mode, and a bare gRPC rendezvous (pid %d: same Plan RPC, every call "
+        "held until the step's last rank asks, answered with %d bytes of filler, no "
+        "plan) measured right before it at each R:\n\n"
+        "| ranks | steps | steps/s | p50 (ms) | p99 (ms) | server CPU/step (ms) "
         "| core solve p50 (ms) | server CPU / solve | client CPU/step (ms) "
-        "| server plan_micros p50 (ms) | failed calls | wire KiB/step |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        "| server plan_micros p50 (ms) | failed calls | wire KiB/step "
+        "| bare p50 (ms) | server CPU per call (us) | bare server CPU per call (us) "
+        "| per call / bare | bare wire KiB/step |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        static_cast<int>(bare_server.pid()), kBareReplyPaddingBytes);
     std::fflush(stdout);
     std::map<int64_t, double> per_rank_cpu;  // by ranks: server CPU per step
     std::vector<Problem> problems;
@@ -1172,10 +1243,17 @@ int Main(int argc, char** argv) {
       const int64_t steps = flags.steps_given || problem->ranks < 4096
                                 ? flags.steps
                                 : std::min(flags.steps, kDefaultStepsAt4096);
+      Row bare;
+      bare.requested = requested;
+      Outcome outcome = MeasureRanks(bare_client, bare_server, *problem, steps, flags.warmup,
+                                     /*measure_core_solve=*/false, &bare);
       Row row;
       row.requested = requested;
-      const Outcome outcome = MeasureRanks(client, server, *problem, steps, flags.warmup, &row);
-      PrintRow(row);
+      if (outcome == Outcome::kOk) {
+        outcome = MeasureRanks(client, server, *problem, steps, flags.warmup,
+                               /*measure_core_solve=*/true, &row);
+      }
+      PrintRow(row, bare);
       per_rank_cpu[problem->ranks] = row.server_cpu_ms_per_step;
       problems.push_back(*std::move(problem));
       if (outcome != Outcome::kOk) exit_code = 1;
@@ -1183,6 +1261,7 @@ int Main(int argc, char** argv) {
         // Calls in flight still point into this process's buffers: end now,
         // without running gRPC's destructors, after stopping the server.
         std::fprintf(stderr, "server child: %s\n", server.Stop().c_str());
+        std::fprintf(stderr, "bare rendezvous child: %s\n", bare_server.Stop().c_str());
         std::fflush(stdout);
         std::fflush(stderr);
         std::_Exit(1);
@@ -1213,6 +1292,13 @@ int Main(int argc, char** argv) {
   if (how != "exited with status 0") {
     std::fprintf(stderr, "server child %s\n", how.c_str());
     exit_code = 1;
+  }
+  if (table) {
+    const std::string bare_how = bare_server.Stop();
+    if (bare_how != "exited with status 0") {
+      std::fprintf(stderr, "bare rendezvous child %s\n", bare_how.c_str());
+      exit_code = 1;
+    }
   }
   return exit_code;
 }

@@ -86,7 +86,9 @@ PlannerService::PlannerService(const ServiceOptions& options)
       rendezvous_(options.limits),
       metrics_(&rendezvous_, options.limits.max_jobs),
       pool_(SolverThreads(options.solver_threads)),
-      reaper_([this] { Reap(); }) {}
+      reaper_([this] { Reap(); }) {
+  SetMessageAllocatorFor_Plan(&plan_messages_);
+}
 
 PlannerService::~PlannerService() {
   {
@@ -118,7 +120,8 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*co
     call->FinishWith(arrival.status);
   } else if (arrival.ready != nullptr) {
     std::shared_ptr<ReadyStep> ready = std::move(arrival.ready);
-    ScheduleAnswer([this, ready] { SolveAndAnswer(ready); });
+    const int64_t sequences = ready->sequences;
+    SolveNowOrSchedule(sequences, [this, ready] { SolveAndAnswer(ready); });
   }
   return call;
 }
@@ -214,8 +217,10 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
       rendezvous_.AddTiming(request->spec(), r, request->previous(r));
     }
   }
+  int64_t sequences = 0;
+  for (const v1::RankLengths& rank : request->ranks()) sequences += rank.sequence_lengths_size();
   auto shared_checked = std::make_shared<CheckedSpec>(*std::move(checked));
-  ScheduleAnswer([this, request, response, finish, shared_checked] {
+  SolveNowOrSchedule(sequences, [this, request, response, finish, shared_checked] {
     const v1::StepSpec& spec = request->spec();
     RankLengths lengths(request->ranks_size());
     for (int r = 0; r < request->ranks_size(); ++r) {
@@ -274,6 +279,14 @@ void PlannerService::ScheduleAnswer(std::function<void()> task) {
     pool_.ScheduleAt(absl::Now() + delay, std::move(task));
   } else {
     pool_.Schedule(std::move(task));
+  }
+}
+
+void PlannerService::SolveNowOrSchedule(int64_t sequences, std::function<void()> task) {
+  if (!options_.answer_delay && sequences <= options_.inline_solve_max_sequences) {
+    task();
+  } else {
+    ScheduleAnswer(std::move(task));
   }
 }
 

@@ -242,7 +242,8 @@ Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, a
   auto ready = std::make_unique<ReadyStep>(ReadyStep{std::move(step.spec),
                                                      std::move(step.checked),
                                                      std::move(by_rank),
-                                                     step.first_arrival, now});
+                                                     step.first_arrival, now,
+                                                     step.sequences});
   group.pending.erase(step_it);
   --pending_steps_;
   --job.pending;

@@ -37,6 +37,7 @@ struct ReadyStep {
   std::vector<PendingCall*> calls;  // calls[rank]
   absl::Time first_arrival;
   absl::Time last_arrival;
+  int64_t sequences = 0;  // over every rank
 };
 
 // Calls to answer with one error.

@@ -89,7 +89,10 @@ TEST(RendezvousTest, CompletesOnTheLastArrivalWithCallsIndexedByRank) {
   Rendezvous rendezvous{ServiceLimits()};
   const v1::StepSpec spec = Spec(5);
   std::vector<std::unique_ptr<FakeCall>> calls;
-  for (int32_t rank = 0; rank < 4; ++rank) calls.push_back(Call(spec, rank, {10 * (rank + 1)}));
+  // Rank r holds r + 1 sequences: 10 in the step.
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    calls.push_back(Call(spec, rank, std::vector<int64_t>(rank + 1, 10 * (rank + 1))));
+  }
 
   const std::vector<int32_t> order = {2, 0, 3, 1};
   for (int i = 0; i < 3; ++i) {
@@ -111,6 +114,7 @@ TEST(RendezvousTest, CompletesOnTheLastArrivalWithCallsIndexedByRank) {
   }
   EXPECT_EQ(ready.first_arrival, kT0);
   EXPECT_EQ(ready.last_arrival, kT0 + absl::Seconds(7));
+  EXPECT_EQ(ready.sequences, 10);
   EXPECT_EQ(ready.spec.step(), 5u);
   EXPECT_EQ(ready.spec.job_id(), "job");
   EXPECT_EQ(ready.spec.world_size(), 4);

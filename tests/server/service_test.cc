@@ -91,8 +91,25 @@ void ExpectRoutesAgree(const std::vector<v1::RankPlan>& plans) {
   EXPECT_EQ(sent, received);
 }
 
-TEST(ServiceTest, ConcurrentJobsGroupsAndPipelinedStepsGetTheCoresSlices) {
-  auto server = StartServer();
+// Steps are solved on the gRPC thread that completes them when small
+// (ServiceOptions::inline_solve_max_sequences), else on the service's pool:
+// the answers must not depend on which. Every step in these tests is small.
+class WhereSolvedTest : public ::testing::TestWithParam<bool> {
+ protected:
+  static PlannerServerOptions Options() {
+    PlannerServerOptions options = TestOptions();
+    if (!GetParam()) options.service.inline_solve_max_sequences = 0;
+    return options;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(ServiceTest, WhereSolvedTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "OnGrpcThread" : "OnThePool";
+                         });
+
+TEST_P(WhereSolvedTest, ConcurrentJobsGroupsAndPipelinedStepsGetTheCoresSlices) {
+  auto server = StartServer(Options());
   ASSERT_NE(server, nullptr);
   std::vector<std::unique_ptr<v1::Planner::Stub>> stubs;
   for (int c = 0; c < 4; ++c) stubs.push_back(v1::Planner::NewStub(LocalChannel(server->port(), c)));
@@ -168,8 +185,8 @@ TEST(ServiceTest, ConcurrentJobsGroupsAndPipelinedStepsGetTheCoresSlices) {
   EXPECT_LE(balance.max_over_mean_after(), balance.max_over_mean_before() + 1e-12);
 }
 
-TEST(ServiceTest, PlanGroupMatchesTheCoreAndThePerRankPlans) {
-  auto server = StartServer();
+TEST_P(WhereSolvedTest, PlanGroupMatchesTheCoreAndThePerRankPlans) {
+  auto server = StartServer(Options());
   ASSERT_NE(server, nullptr);
   auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
   StepParams params;
