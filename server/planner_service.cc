@@ -88,6 +88,7 @@ PlannerService::PlannerService(const ServiceOptions& options)
       pool_(SolverThreads(options.solver_threads)),
       reaper_([this] { Reap(); }) {
   SetMessageAllocatorFor_Plan(&plan_messages_);
+  SetMessageAllocatorFor_PlanGroup(&plan_group_messages_);
 }
 
 PlannerService::~PlannerService() {

@@ -90,6 +90,7 @@ class PlannerService final : public v1::Planner::CallbackService {
 
   const ServiceOptions options_;
   ArenaMessageAllocator<v1::PlanRequest, v1::PlanResponse> plan_messages_;
+  ArenaMessageAllocator<v1::PlanGroupRequest, v1::PlanGroupResponse> plan_group_messages_;
   WorldCache worlds_;
   Rendezvous rendezvous_;
   ServiceMetrics metrics_;
