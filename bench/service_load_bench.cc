@@ -66,6 +66,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "bench/bare_rendezvous.h"
 #include "grpcpp/grpcpp.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
@@ -74,7 +75,6 @@
 #include "planner/plan_from_chunks.h"
 #include "planner/topology.h"
 #include "proto/plan_proto.h"
-#include "bench/bare_rendezvous.h"
 #include "server/planner_server.h"
 #include "server/service_limits.h"
 #include "tools/malloc_policy.h"
@@ -219,7 +219,7 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
 enum class ServerKind { kPlanner, kBareRendezvous };
 
 // The server a child runs: a PlannerServer or the bare rendezvous, whichever
-// `kind` says. Its port goes to *port; `stop` shuts it down.
+// StartChildServer was asked for, listening on `port`.
 struct ChildServer {
   std::unique_ptr<PlannerServer> planner;
   BareRendezvousServer bare;
@@ -484,10 +484,6 @@ int AvailableCpus() {
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
   return static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
 }
-
-// ---------------------------------------------------------------------------
-// Statistics.
-
 
 // ---------------------------------------------------------------------------
 // One step: R calls in flight, answered through callbacks.

@@ -215,7 +215,6 @@ struct RankStep {
   double service_wait_seconds = 0;  // of it, blocked on the service's answer
 };
 
-
 int RunWorker(const SimOptions& o) {
   at::set_num_threads(1);  // thread CPU time = this rank's compute
   SetLogLevel(LogLevel::kWarning);
@@ -271,9 +270,10 @@ int RunWorker(const SimOptions& o) {
   int counted = 0;
   // The slowest rank's, per counted step.
   std::vector<double> plan_waits, service_waits, balanced_computes;
+  auto scaled = [&](int64_t length) { return std::max<int64_t>(1, length / o.scale); };
   auto lengths_of = [&](int step) {
     std::vector<int64_t> lengths = stream->Batch(step)[rank];
-    for (int64_t& l : lengths) l = std::max<int64_t>(1, l / o.scale);
+    for (int64_t& l : lengths) l = scaled(l);
     return lengths;
   };
   const int end_step = o.first_step + o.steps;
@@ -281,7 +281,7 @@ int RunWorker(const SimOptions& o) {
     const std::vector<int64_t> lengths = lengths_of(step);
     int64_t world_tokens = 0;
     for (const auto& rank_lengths : stream->Batch(step)) {
-      for (int64_t l : rank_lengths) world_tokens += std::max<int64_t>(1, l / o.scale);
+      for (int64_t l : rank_lengths) world_tokens += scaled(l);
     }
     int64_t tokens = 0;
     for (int64_t l : lengths) tokens += l;
