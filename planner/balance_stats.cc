@@ -25,11 +25,11 @@ BalanceStats ComputeBalanceStats(const std::vector<double>& workload) {
 
 double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
                              const RankLengths& lengths) {
-  const int32_t group = world.topology().group_size();
-  const int64_t gpus = world.topology().max_bag_gpus();
+  const int32_t group = world.group_size();
   double total = 0;
   double bound = 0;
   for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
+    const int64_t gpus = world.replica_topology(replica).max_bag_gpus();
     double replica_total = 0;
     for (int32_t rank = replica * group; rank < (replica + 1) * group; ++rank) {
       for (int64_t length : lengths[rank]) {

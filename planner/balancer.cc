@@ -1,4 +1,5 @@
 #include "planner/balancer.h"
+#include "planner/replica_solve.h"
 
 #include <algorithm>
 #include <limits>
@@ -14,14 +15,14 @@
 #include "planner/token_cap.h"
 
 namespace knapformer {
-namespace {
+namespace internal {
 
-absl::Status CheckInput(const World& world, const RankLengths& lengths,
-                        const BalancerLimits& limits) {
-  if (static_cast<int64_t>(lengths.size()) != world.world_size()) {
+absl::Status CheckBalancerInput(int32_t world_size, const RankLengths& lengths,
+                                const BalancerLimits& limits) {
+  if (static_cast<int64_t>(lengths.size()) != world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ranks: got sequence lengths for ", lengths.size(), " ranks, world_size is ",
-        world.world_size()));
+        world_size));
   }
   int64_t sequences = 0;
   for (size_t rank = 0; rank < lengths.size(); ++rank) {
@@ -41,6 +42,19 @@ absl::Status CheckInput(const World& world, const RankLengths& lengths,
   }
   return absl::OkStatus();
 }
+
+std::vector<int32_t> FirstSequences(const RankLengths& lengths) {
+  std::vector<int32_t> first(lengths.size() + 1);
+  int32_t count = 0;
+  for (size_t rank = 0; rank < lengths.size(); ++rank) {
+    first[rank] = count;
+    count += static_cast<int32_t>(lengths[rank].size());
+  }
+  first[lengths.size()] = count;
+  return first;
+}
+
+namespace {
 
 // Partners RepairToLimit tries per bag over the locality limit: enough to
 // find a fitting move or swap among nearly level bags (4 did in every
@@ -75,8 +89,6 @@ void SortByLengthDescending(std::vector<T>& items, KeyFn key) {
   }
 }
 
-// Phase 1 for one replica: picks a group-relative bag id for every non-empty
-// sequence of ranks [first_rank, first_rank + group).
 // ResourceExhausted naming the sequence that fits under no bag's token cap.
 absl::Status CapError(const std::vector<int32_t>& first_sequence, int32_t id, int64_t length,
                       int64_t cap, int64_t used, int64_t room) {
@@ -89,10 +101,12 @@ absl::Status CapError(const std::vector<int32_t>& first_sequence, int32_t id, in
       used, " tokens in ", room, " tokens of capacity)"));
 }
 
-absl::Status AssignBags(const Topology& topology, const CostModel& cost,
-                        const BalancerOptions& options, const RankLengths& lengths,
-                        int32_t first_rank, const std::vector<int32_t>& first_sequence,
-                        std::vector<int32_t>& bag_of) {
+}  // namespace
+
+absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
+                               const BalancerOptions& options, const RankLengths& lengths,
+                               int32_t first_rank, const std::vector<int32_t>& first_sequence,
+                               std::vector<int32_t>& bag_of) {
   const int32_t group = topology.group_size();
   const int32_t num_bags = topology.num_bags();
   // 16 bytes, so the sort moves little; the length is looked up by id.
@@ -374,56 +388,36 @@ absl::Status AssignBags(const Topology& topology, const CostModel& cost,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
-                                   const RankLengths& lengths,
-                                   const BalancerOptions& options) {
-  const BalancerLimits& limits = options.limits;
-  if (absl::Status status = CheckInput(world, lengths, limits); !status.ok()) {
-    return status;
-  }
-  const Topology& topology = world.topology();
+absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
+                               const RankLengths& lengths, const BalancerLimits& limits,
+                               std::vector<int32_t> first_sequence,
+                               const std::vector<int32_t>& bag_of) {
   const int32_t world_size = world.world_size();
-  const int32_t group = topology.group_size();
-  const int32_t num_bags = topology.num_bags();
+  const int32_t group = world.group_size();
   const int32_t replicas = world.num_replicas();
 
   Plan plan;
   plan.world_size = world_size;
-  plan.topology = topology.spec();
-  plan.bags_per_replica = num_bags;
-
-  plan.rank_first_sequence.resize(world_size + 1);
-  int32_t num_sequences = 0;
-  for (int32_t rank = 0; rank < world_size; ++rank) {
-    plan.rank_first_sequence[rank] = num_sequences;
-    num_sequences += static_cast<int32_t>(lengths[rank].size());
-  }
-  plan.rank_first_sequence[world_size] = num_sequences;
-
-  // Phase 1: group-relative bag per sequence.
-  std::vector<int32_t> bag_of(num_sequences, -1);
-  for (int32_t replica = 0; replica < replicas; ++replica) {
-    absl::Status assigned = AssignBags(topology, cost, options, lengths, replica * group,
-                                       plan.rank_first_sequence, bag_of);
-    if (!assigned.ok()) return assigned;
-  }
+  plan.topology = world.spec();
+  plan.bags_per_replica = world.uniform() ? world.topology().num_bags() : 0;
+  plan.rank_first_sequence = std::move(first_sequence);
+  const int32_t num_sequences = plan.rank_first_sequence[world_size];
 
   // Global bags.
-  const int32_t total_bags = replicas * num_bags;
+  const int32_t total_bags = world.total_bags();
   plan.bag_first_rank.resize(total_bags);
   plan.bag_gpus.resize(total_bags);
   for (int32_t replica = 0; replica < replicas; ++replica) {
-    for (const Bag& bag : topology.bags()) {
-      plan.bag_first_rank[replica * num_bags + bag.id] = replica * group + bag.first_rank;
-      plan.bag_gpus[replica * num_bags + bag.id] = bag.gpus;
+    for (const Bag& bag : world.replica_topology(replica).bags()) {
+      plan.bag_first_rank[world.first_bag(replica) + bag.id] = replica * group + bag.first_rank;
+      plan.bag_gpus[world.first_bag(replica) + bag.id] = bag.gpus;
     }
   }
 
   // Chunk count first, so an oversized plan fails before it is allocated.
   int64_t num_chunks = 0;
   for (int32_t rank = 0; rank < world_size; ++rank) {
+    const Topology& topology = world.replica_topology(rank / group);
     const int32_t base = plan.rank_first_sequence[rank];
     for (size_t i = 0; i < lengths[rank].size(); ++i) {
       const int32_t bag = bag_of[base + i];
@@ -444,7 +438,7 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
   std::vector<int32_t> rotation(total_bags, 0);  // position of the next extra token
   std::vector<double> bag_attention(total_bags, 0.0);
   for (int32_t rank = 0; rank < world_size; ++rank) {
-    const int32_t replica = rank / group;
+    const int32_t first_bag = world.first_bag(rank / group);
     const int32_t base = plan.rank_first_sequence[rank];
     for (size_t i = 0; i < lengths[rank].size(); ++i) {
       const int64_t length = lengths[rank][i];
@@ -455,7 +449,7 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
       seq.first_chunk = next_chunk;
       plan.workload_before[rank] += cost.Workload(length);
       if (bag_of[base + i] < 0) continue;
-      const int32_t bag = replica * num_bags + bag_of[base + i];
+      const int32_t bag = first_bag + bag_of[base + i];
       const int32_t gpus = plan.bag_gpus[bag];
       seq.bag = bag;
       const int64_t share = length / gpus;
@@ -486,6 +480,30 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
 
   plan.IndexBags();
   return plan;
+}
+
+}  // namespace internal
+
+absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
+                                   const RankLengths& lengths,
+                                   const BalancerOptions& options) {
+  if (absl::Status status =
+          internal::CheckBalancerInput(world.world_size(), lengths, options.limits);
+      !status.ok()) {
+    return status;
+  }
+  std::vector<int32_t> first_sequence = internal::FirstSequences(lengths);
+  // Phase 1: replica-relative bag per sequence.
+  std::vector<int32_t> bag_of(first_sequence.back(), -1);
+  const int32_t group = world.group_size();
+  for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
+    absl::Status assigned =
+        internal::AssignReplicaBags(world.replica_topology(replica), cost, options, lengths,
+                                    replica * group, first_sequence, bag_of);
+    if (!assigned.ok()) return assigned;
+  }
+  return internal::BuildPlan(world, cost, lengths, options.limits, std::move(first_sequence),
+                             bag_of);
 }
 
 }  // namespace knapformer

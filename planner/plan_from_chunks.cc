@@ -19,25 +19,23 @@ absl::Status Malformed(const std::string& what) {
 absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
                                     const RankLengths& lengths, std::vector<Chunk> chunks) {
   const int32_t world_size = world.world_size();
-  const Topology& topology = world.topology();
   if (static_cast<int64_t>(lengths.size()) != world_size) {
     return absl::InvalidArgumentError(absl::StrCat("lengths: ", lengths.size(),
                                                    " ranks, the world has ", world_size));
   }
   Plan plan;
   plan.world_size = world_size;
-  plan.topology = topology.spec();
-  plan.bags_per_replica = topology.num_bags();
+  plan.topology = world.spec();
+  plan.bags_per_replica = world.uniform() ? world.topology().num_bags() : 0;
 
-  const int32_t num_bags = topology.num_bags();
-  const int32_t total_bags = world.num_replicas() * num_bags;
+  const int32_t total_bags = world.total_bags();
   plan.bag_first_rank.resize(total_bags);
   plan.bag_gpus.resize(total_bags);
   std::vector<int32_t> bag_of_rank(world_size);
   for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
-    for (const Bag& bag : topology.bags()) {
-      const int32_t global = replica * num_bags + bag.id;
-      plan.bag_first_rank[global] = replica * topology.group_size() + bag.first_rank;
+    for (const Bag& bag : world.replica_topology(replica).bags()) {
+      const int32_t global = world.first_bag(replica) + bag.id;
+      plan.bag_first_rank[global] = replica * world.group_size() + bag.first_rank;
       plan.bag_gpus[global] = bag.gpus;
       for (int32_t p = 0; p < bag.gpus; ++p) bag_of_rank[plan.bag_first_rank[global] + p] = global;
     }

@@ -123,22 +123,63 @@ absl::StatusOr<World> World::Create(Topology topology, int64_t world_size) {
         "world_size: ", world_size, " is not a multiple of the group size ", group,
         " of topology ", topology.spec()));
   }
-  return World(std::move(topology), static_cast<int32_t>(world_size));
+  World world;
+  world.spec_ = topology.spec();
+  world.topologies_.push_back(std::move(topology));
+  world.world_size_ = static_cast<int32_t>(world_size);
+  return world;
+}
+
+absl::StatusOr<World> World::FromReplicas(std::vector<Topology> replicas) {
+  if (replicas.empty()) {
+    return absl::InvalidArgumentError("replicas: a world needs at least one replica");
+  }
+  const int64_t group = replicas.front().group_size();
+  if (static_cast<int64_t>(replicas.size()) * group > Topology::kMaxGroupSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replicas: ", replicas.size(), " replicas of ", group, " ranks exceed the limit of ",
+        Topology::kMaxGroupSize, " ranks"));
+  }
+  bool same = true;
+  for (size_t r = 0; r < replicas.size(); ++r) {
+    if (replicas[r].group_size() != group) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replicas[", r, "]: topology ", replicas[r].spec(), " has ", replicas[r].group_size(),
+          " ranks, replica 0's has ", group));
+    }
+    same = same && replicas[r].spec() == replicas.front().spec();
+  }
+  const int64_t world_size = static_cast<int64_t>(replicas.size()) * group;
+  if (same) return Create(std::move(replicas.front()), world_size);
+  World world;
+  world.world_size_ = static_cast<int32_t>(world_size);
+  world.first_bag_.reserve(replicas.size() + 1);
+  int32_t bags = 0;
+  for (const Topology& topology : replicas) {
+    world.first_bag_.push_back(bags);
+    bags += topology.num_bags();
+    if (!world.spec_.empty()) world.spec_ += ';';
+    world.spec_ += topology.spec();
+  }
+  world.first_bag_.push_back(bags);
+  world.topologies_ = std::move(replicas);
+  return world;
 }
 
 RankLocation World::Locate(int32_t rank) const {
-  const int32_t group = topology_.group_size();
+  const int32_t group = group_size();
   RankLocation location;
   location.replica = rank / group;
+  const Topology& topology = replica_topology(location.replica);
   const int32_t group_rank = rank % group;
-  location.bag = topology_.BagOfRank(group_rank);
-  location.position = group_rank - topology_.bag(location.bag).first_rank;
+  location.bag = topology.BagOfRank(group_rank);
+  location.position = group_rank - topology.bag(location.bag).first_rank;
   return location;
 }
 
 int32_t World::RankOf(const RankLocation& location) const {
-  return location.replica * topology_.group_size() +
-         topology_.bag(location.bag).first_rank + location.position;
+  return location.replica * group_size() +
+         replica_topology(location.replica).bag(location.bag).first_rank + location.position;
 }
 
 }  // namespace knapformer

@@ -66,16 +66,39 @@ struct RankLocation {
   int32_t position = 0;  // index of the GPU within its bag
 };
 
-// A world of `world_size` ranks partitioned into world_size / group_size
-// replicas of `topology`; replica r owns ranks [r*T, (r+1)*T).
+// A world of ranks partitioned into replicas of `group_size` ranks; replica r
+// owns ranks [r*T, (r+1)*T) and is balanced on its own. Uniform: every
+// replica has one topology (a fixed spec). Per replica: each has its own
+// (a layout chosen per step, planner/auto_layout.h). Global bag ids number
+// the bags replica by replica: replica r's bag b is first_bag(r) + b.
 class World {
  public:
   // InvalidArgument unless world_size >= 1 and a multiple of the group size.
   static absl::StatusOr<World> Create(Topology topology, int64_t world_size);
+  // One topology per replica, all of one group size. InvalidArgument unless
+  // `replicas` is non-empty, every one has the first one's group size, and
+  // the world stays within Topology::kMaxGroupSize ranks.
+  static absl::StatusOr<World> FromReplicas(std::vector<Topology> replicas);
 
-  const Topology& topology() const { return topology_; }
+  // Whether every replica has the same topology.
+  bool uniform() const { return topologies_.size() == 1; }
+  // The topology of every replica. REQUIRES: uniform().
+  const Topology& topology() const { return topologies_.front(); }
+  const Topology& replica_topology(int32_t replica) const {
+    return uniform() ? topologies_.front() : topologies_[replica];
+  }
+  // The layout: the topology's spec when uniform (or every replica's is the
+  // same), else each replica's spec in replica order, joined by ';'.
+  const std::string& spec() const { return spec_; }
+
   int32_t world_size() const { return world_size_; }
-  int32_t num_replicas() const { return world_size_ / topology_.group_size(); }
+  int32_t group_size() const { return topologies_.front().group_size(); }
+  int32_t num_replicas() const { return world_size_ / group_size(); }
+  int32_t total_bags() const { return first_bag(num_replicas()); }
+  // Global id of replica r's bag 0; first_bag(num_replicas()) is total_bags().
+  int32_t first_bag(int32_t replica) const {
+    return uniform() ? replica * topologies_.front().num_bags() : first_bag_[replica];
+  }
 
   // REQUIRES: 0 <= rank < world_size().
   RankLocation Locate(int32_t rank) const;
@@ -83,11 +106,12 @@ class World {
   int32_t RankOf(const RankLocation& location) const;
 
  private:
-  World(Topology topology, int32_t world_size)
-      : topology_(std::move(topology)), world_size_(world_size) {}
+  World() = default;
 
-  Topology topology_;
-  int32_t world_size_;
+  std::vector<Topology> topologies_;  // one if uniform, else one per replica
+  std::vector<int32_t> first_bag_;    // per replica + 1 when not uniform
+  std::string spec_;
+  int32_t world_size_ = 0;
 };
 
 }  // namespace knapformer

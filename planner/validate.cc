@@ -19,25 +19,28 @@ absl::Status Violation(const std::string& what) {
 
 absl::Status ValidatePlan(const Plan& plan, const World& world, const RankLengths& lengths) {
   const int32_t world_size = world.world_size();
-  const Topology& topology = world.topology();
   if (plan.world_size != world_size || static_cast<int32_t>(lengths.size()) != world_size) {
     return Violation("world size mismatch");
   }
-  if (plan.topology != topology.spec()) return Violation("topology mismatch");
+  if (plan.topology != world.spec()) return Violation("topology mismatch");
   if (static_cast<int32_t>(plan.rank_first_sequence.size()) != world_size + 1) {
     return Violation("rank_first_sequence has the wrong size");
   }
-  const int32_t total_bags = world.num_replicas() * topology.num_bags();
+  const int32_t total_bags = world.total_bags();
+  const int32_t group = world.group_size();
   if (static_cast<int32_t>(plan.bag_first_rank.size()) != total_bags ||
       static_cast<int32_t>(plan.bag_gpus.size()) != total_bags) {
     return Violation("bag tables have the wrong size");
   }
-  for (int32_t b = 0; b < total_bags; ++b) {
-    const int32_t replica = b / topology.num_bags();
-    const Bag& bag = topology.bag(b % topology.num_bags());
-    if (plan.bag_first_rank[b] != replica * topology.group_size() + bag.first_rank ||
-        plan.bag_gpus[b] != bag.gpus) {
-      return Violation(absl::StrCat("bag ", b, " does not match the topology"));
+  std::vector<int32_t> replica_of_bag(total_bags);
+  for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
+    for (const Bag& bag : world.replica_topology(replica).bags()) {
+      const int32_t b = world.first_bag(replica) + bag.id;
+      replica_of_bag[b] = replica;
+      if (plan.bag_first_rank[b] != replica * group + bag.first_rank ||
+          plan.bag_gpus[b] != bag.gpus) {
+        return Violation(absl::StrCat("bag ", b, " does not match the topology"));
+      }
     }
   }
 
@@ -69,7 +72,7 @@ absl::Status ValidatePlan(const Plan& plan, const World& world, const RankLength
       if (seq.bag < 0 || seq.bag >= total_bags) {
         return Violation(name + " has no valid bag");
       }
-      if (seq.bag / topology.num_bags() != rank / topology.group_size()) {
+      if (replica_of_bag[seq.bag] != rank / group) {
         return Violation(name + " left its replica");
       }
       const int32_t first = plan.bag_first_rank[seq.bag];

@@ -1,0 +1,258 @@
+#include "planner/auto_layout.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "planner/replica_solve.h"
+
+namespace knapformer {
+namespace {
+
+constexpr absl::string_view kAuto = "auto";
+
+bool IsPowerOfTwo(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
+
+absl::Status SpecError(absl::string_view spec, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "topology '", spec, "': ", what,
+      " (grammar: auto or auto:max_bag=G,group=T, G a power of two)"));
+}
+
+// A candidate layout of one replica: bags per size, sizes ascending.
+using BagCounts = std::map<int32_t, int32_t>;
+
+std::string SpecOf(const BagCounts& counts) {
+  std::string spec;
+  for (const auto& [gpus, count] : counts) {
+    if (count == 0) continue;
+    if (!spec.empty()) spec += '+';
+    absl::StrAppend(&spec, "g", gpus, "n", count);
+  }
+  return spec;
+}
+
+// Layouts shaped by the replica's data: a sequence heavier than one GPU's
+// fair share needs the smallest bag size whose fair share holds it; each size
+// gets as many bags as its sequences' workload fills at `fill` times the
+// fair share, the largest sizes first, and the rest are one-GPU bags.
+BagCounts DemandShaped(const std::vector<double>& workloads, double total, int32_t group,
+                       int32_t max_bag, double fill) {
+  const double fair = total / group;
+  std::map<int32_t, double> area;  // size -> workload of the sequences needing it
+  for (double w : workloads) {
+    int32_t need = 1;
+    while (need < max_bag && w > need * fair) need *= 2;
+    if (need > 1) area[need] += w;
+  }
+  BagCounts counts;
+  int32_t left = group;
+  for (auto it = area.rbegin(); it != area.rend(); ++it) {
+    const int32_t gpus = it->first;
+    const double wanted = std::ceil(fill * it->second / (gpus * fair));
+    const int32_t bags = static_cast<int32_t>(std::min<double>(wanted, left / gpus));
+    counts[gpus] = bags;
+    left -= bags * gpus;
+  }
+  counts[1] += left;
+  return counts;
+}
+
+struct Candidate {
+  const Topology* topology;
+  double lower_bound;
+  int32_t order;
+};
+
+}  // namespace
+
+bool AutoLayout::Matches(absl::string_view spec) {
+  return spec == kAuto || absl::StartsWith(spec, "auto:");
+}
+
+absl::StatusOr<AutoLayout> AutoLayout::Parse(absl::string_view spec) {
+  if (!Matches(spec)) return SpecError(spec, "not an auto layout");
+  if (static_cast<int64_t>(spec.size()) > Topology::kMaxSpecLength) {
+    return SpecError(spec, absl::StrCat("longer than ", Topology::kMaxSpecLength, " characters"));
+  }
+  AutoLayout layout;
+  if (spec == kAuto) return layout;
+  absl::string_view options = spec.substr(kAuto.size() + 1);
+  bool seen_max_bag = false, seen_group = false;
+  for (absl::string_view item : absl::StrSplit(options, ',')) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
+    int64_t value = 0;
+    if (kv.first.empty() || !absl::SimpleAtoi(kv.second, &value) || kv.second.empty() ||
+        kv.second.front() == '+' || kv.second.front() == '-' || kv.second.front() == ' ') {
+      return SpecError(spec, absl::StrCat("'", item, "' is not key=<positive integer>"));
+    }
+    if (kv.first == "max_bag") {
+      if (seen_max_bag) return SpecError(spec, "max_bag given twice");
+      seen_max_bag = true;
+      if (!IsPowerOfTwo(value) || value > Topology::kMaxGroupSize) {
+        return SpecError(spec, absl::StrCat("max_bag=", kv.second, " is not a power of two in [1, ",
+                                            Topology::kMaxGroupSize, "]"));
+      }
+      layout.max_bag = static_cast<int32_t>(value);
+    } else if (kv.first == "group") {
+      if (seen_group) return SpecError(spec, "group given twice");
+      seen_group = true;
+      if (value < 1 || value > Topology::kMaxGroupSize) {
+        return SpecError(spec, absl::StrCat("group=", kv.second, " is outside [1, ",
+                                            Topology::kMaxGroupSize, "]"));
+      }
+      layout.group = static_cast<int32_t>(value);
+    } else {
+      return SpecError(spec, absl::StrCat("unknown key '", kv.first, "'"));
+    }
+  }
+  return layout;
+}
+
+std::string AutoLayout::spec() const {
+  std::string spec = absl::StrCat(kAuto, ":max_bag=", max_bag);
+  if (group > 0) absl::StrAppend(&spec, ",group=", group);
+  return spec;
+}
+
+absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_size,
+                                     const CostModel& cost, const CommPrices& prices,
+                                     const RankLengths& lengths,
+                                     const BalancerOptions& options) {
+  if (world_size < 1 || world_size > Topology::kMaxGroupSize) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size: ", world_size,
+                                                   " is outside [1, ", Topology::kMaxGroupSize,
+                                                   "]"));
+  }
+  const int32_t group = layout.group > 0 ? layout.group : static_cast<int32_t>(world_size);
+  if (world_size % group != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size: ", world_size,
+                                                   " is not a multiple of the group size ",
+                                                   group, " of topology ", layout.spec()));
+  }
+  const int32_t per_node = prices.machine().gpus_per_node;
+  const int32_t node = std::min(per_node, group);
+  if (group % node != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "topology ", layout.spec(), ": a group of ", group,
+        " GPUs is not a whole number of nodes of ", per_node, " GPUs (machine.gpus_per_node)"));
+  }
+  // The largest bag size that divides the node: bags stay inside nodes.
+  int32_t max_bag = 1;
+  while (max_bag * 2 <= layout.max_bag && node % (max_bag * 2) == 0) max_bag *= 2;
+
+  const int32_t ranks = static_cast<int32_t>(world_size);
+  if (absl::Status status = internal::CheckBalancerInput(ranks, lengths, options.limits);
+      !status.ok()) {
+    return status;
+  }
+  std::vector<int32_t> first_sequence = internal::FirstSequences(lengths);
+  std::vector<int32_t> bag_of(first_sequence.back(), -1);
+  std::vector<int32_t> trial(first_sequence.back(), -1);
+
+  // Parsed once: the homogeneous layouts serve every replica, the shaped
+  // ones often repeat.
+  std::map<std::string, Topology> topologies;
+  auto topology_of = [&](const std::string& spec) -> const Topology* {
+    auto it = topologies.find(spec);
+    if (it == topologies.end()) it = topologies.emplace(spec, *Topology::Parse(spec)).first;
+    return &it->second;
+  };
+  std::vector<std::string> homogeneous;
+  for (int32_t g = 1; g <= max_bag; g *= 2) homogeneous.push_back(SpecOf({{g, group / g}}));
+
+  std::vector<Topology> chosen;
+  chosen.reserve(ranks / group);
+  PredictedStep predicted;
+  int32_t considered = 0, solved = 0;
+  std::vector<double> workloads;
+  for (int32_t replica = 0; replica < ranks / group; ++replica) {
+    const int32_t first_rank = replica * group;
+    workloads.clear();
+    double total = 0;
+    int64_t tokens = 0, longest = 0;
+    for (int32_t rank = first_rank; rank < first_rank + group; ++rank) {
+      for (int64_t length : lengths[rank]) {
+        if (length == 0) continue;
+        workloads.push_back(cost.Workload(length));
+        total += workloads.back();
+        tokens += length;
+        longest = std::max(longest, length);
+      }
+    }
+    std::vector<std::string> specs = homogeneous;
+    for (double fill : {1.0, 1.5}) {
+      const std::string spec = SpecOf(DemandShaped(workloads, total, group, max_bag, fill));
+      if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(spec);
+    }
+    // Lower bounds, a hair low so that rounding never bounds out a winner.
+    constexpr double kSlack = 1 - 1e-9;
+    std::vector<Candidate> candidates;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const Topology* topology = topology_of(specs[i]);
+      double least_ulysses = std::numeric_limits<double>::infinity();
+      double longest_alone = std::numeric_limits<double>::infinity();
+      for (int32_t b = 0; b < topology->num_bags(); ++b) {
+        const int32_t g = topology->bag(b).gpus;
+        if (b > 0 && g == topology->bag(b - 1).gpus) continue;
+        const double ulysses = prices.UlyssesPerToken(g, false);
+        least_ulysses = std::min(least_ulysses, ulysses);
+        const int64_t chunk = (longest + g - 1) / g;
+        longest_alone = std::min(longest_alone, cost.Linear(chunk) + cost.Attention(longest) / g +
+                                                    ulysses * static_cast<double>(chunk));
+      }
+      const double mean = (total + least_ulysses * static_cast<double>(tokens)) / group;
+      candidates.push_back({topology, std::max(mean, longest_alone) * kSlack,
+                            static_cast<int32_t>(i)});
+    }
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [](const Candidate& a, const Candidate& b) {
+                       return a.lower_bound < b.lower_bound;
+                     });
+    considered += static_cast<int32_t>(candidates.size());
+    const Candidate* best = nullptr;
+    PredictedStep best_step;
+    absl::Status first_error;
+    for (const Candidate& candidate : candidates) {
+      if (best != nullptr && candidate.lower_bound >= best_step.time) break;
+      ++solved;
+      absl::Status assigned = internal::AssignReplicaBags(*candidate.topology, cost, options,
+                                                          lengths, first_rank, first_sequence,
+                                                          trial);
+      if (!assigned.ok()) {
+        if (first_error.ok()) first_error = assigned;
+        continue;
+      }
+      const PredictedStep step = PredictReplica(*candidate.topology, first_rank, lengths,
+                                                first_sequence, trial, cost, prices);
+      if (best == nullptr || step.time < best_step.time ||
+          (step.time == best_step.time && candidate.order < best->order)) {
+        best = &candidate;
+        best_step = step;
+        std::copy(trial.begin() + first_sequence[first_rank],
+                  trial.begin() + first_sequence[first_rank + group],
+                  bag_of.begin() + first_sequence[first_rank]);
+      }
+    }
+    if (best == nullptr) return first_error;
+    chosen.push_back(*best->topology);
+    const double max_compute = std::max(predicted.max_compute, best_step.max_compute);
+    if (replica == 0 || best_step.time > predicted.time) predicted = best_step;
+    predicted.max_compute = max_compute;
+  }
+  absl::StatusOr<World> world = World::FromReplicas(std::move(chosen));
+  if (!world.ok()) return world.status();
+  absl::StatusOr<Plan> plan = internal::BuildPlan(*world, cost, lengths, options.limits,
+                                                  std::move(first_sequence), bag_of);
+  if (!plan.ok()) return plan.status();
+  return AutoPlan{*std::move(plan), *std::move(world), predicted, considered, solved};
+}
+
+}  // namespace knapformer

@@ -1,0 +1,76 @@
+#include "planner/machine.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace knapformer {
+namespace {
+
+absl::Status CheckRange(const std::string& field, const char* member, double value, double lo,
+                        double hi) {
+  if (!std::isfinite(value) || value < lo || value > hi) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".", member, ": ", value,
+                                                   " is outside [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckMachine(const Machine& machine, const std::string& field) {
+  for (auto [member, value] : {std::pair<const char*, double>{"flops_per_second",
+                                                              machine.flops_per_second},
+                               {"intra_node_bytes_per_second",
+                                machine.intra_node_bytes_per_second},
+                               {"inter_node_bytes_per_second",
+                                machine.inter_node_bytes_per_second}}) {
+    if (absl::Status s = CheckRange(field, member, value, 1, 1e20); !s.ok()) return s;
+  }
+  if (absl::Status s = CheckRange(field, "gpus_per_node", machine.gpus_per_node, 1, 65536);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckRange(field, "element_bytes", machine.element_bytes, 1, 64);
+      !s.ok()) {
+    return s;
+  }
+  return CheckRange(field, "blocks_per_route", machine.blocks_per_route, 1, 1e6);
+}
+
+absl::StatusOr<CommPrices> CommPrices::Create(const Machine& machine, const CostModel& cost,
+                                              int64_t route_token_bytes) {
+  if (absl::Status s = CheckMachine(machine); !s.ok()) return s;
+  if (cost.kind() != CostKind::kTransformer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cost_model: communication is priced for the transformer model only, got ",
+        CostKindName(cost.kind())));
+  }
+  if (route_token_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token_bytes: must be >= 0, got ", route_token_bytes));
+  }
+  const double d = static_cast<double>(cost.d_model());
+  const double route_bytes = route_token_bytes > 0 ? static_cast<double>(route_token_bytes)
+                                                   : d * machine.element_bytes;
+  // Seconds of a link turned into the FLOPs the GPU could have done.
+  const double intra = machine.flops_per_second / machine.intra_node_bytes_per_second;
+  const double inter = machine.flops_per_second / machine.inter_node_bytes_per_second;
+  CommPrices prices;
+  prices.machine_ = machine;
+  const double ulysses_bytes = 4 * d * machine.element_bytes;
+  prices.ulysses_intra_ = ulysses_bytes * intra;
+  prices.ulysses_inter_ = ulysses_bytes * inter;
+  // Forward route and reverse route, spread over the blocks between them.
+  prices.route_intra_ = 2 * route_bytes * intra / machine.blocks_per_route;
+  prices.route_inter_ = 2 * route_bytes * inter / machine.blocks_per_route;
+  return prices;
+}
+
+double CommPrices::UlyssesPerToken(int32_t gpus, bool crosses_nodes) const {
+  if (gpus <= 1) return 0;
+  const double leaving = static_cast<double>(gpus - 1) / gpus;
+  return leaving * (crosses_nodes ? ulysses_inter_ : ulysses_intra_);
+}
+
+}  // namespace knapformer

@@ -1,0 +1,48 @@
+#ifndef KNAPFORMER_PLANNER_REPLICA_SOLVE_H_
+#define KNAPFORMER_PLANNER_REPLICA_SOLVE_H_
+
+// The balancer's two phases as separate steps, for planners that choose each
+// replica's topology themselves (auto_layout.h): phase 1 per replica, then
+// one plan for the whole world.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "planner/balancer.h"
+#include "planner/cost_model.h"
+#include "planner/plan.h"
+#include "planner/topology.h"
+
+namespace knapformer {
+namespace internal {
+
+// InvalidArgument unless there are world_size lists of lengths in [0,
+// CostModel::kMaxLength]; ResourceExhausted past limits.max_sequences.
+absl::Status CheckBalancerInput(int32_t world_size, const RankLengths& lengths,
+                                const BalancerLimits& limits);
+
+// Global id of each rank's first sequence (rank-major), and the total last.
+std::vector<int32_t> FirstSequences(const RankLengths& lengths);
+
+// Phase 1 of BalanceGreedy for the replica of `topology` that starts at
+// `first_rank`: sets bag_of[id], for every non-empty sequence id of its
+// ranks, to a bag id of `topology` (replica-relative). ResourceExhausted
+// naming the sequence that fits under no bag's token cap.
+absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
+                               const BalancerOptions& options, const RankLengths& lengths,
+                               int32_t first_rank, const std::vector<int32_t>& first_sequence,
+                               std::vector<int32_t>& bag_of);
+
+// Phase 2: the plan (chunks, workloads, indexes) of replica-relative bags
+// `bag_of` on `world`. ResourceExhausted past limits.max_chunks.
+absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
+                               const RankLengths& lengths, const BalancerLimits& limits,
+                               std::vector<int32_t> first_sequence,
+                               const std::vector<int32_t>& bag_of);
+
+}  // namespace internal
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_PLANNER_REPLICA_SOLVE_H_

@@ -1,0 +1,110 @@
+#include "planner/step_time.h"
+
+#include <algorithm>
+
+namespace knapformer {
+
+PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
+                             const RankLengths& lengths,
+                             const std::vector<int32_t>& first_sequence,
+                             const std::vector<int32_t>& bag_of, const CostModel& cost,
+                             const CommPrices& prices) {
+  const int32_t group = topology.group_size();
+  const int32_t num_bags = topology.num_bags();
+  struct BagState {
+    int64_t shares = 0;    // sum of floor(l / G) over its sequences
+    int64_t extras = 0;    // sum of l mod G: handed out cyclically from position 0
+    int32_t rotation = 0;  // position of the next extra token
+    double attention = 0;
+    int64_t in_intra = 0;  // tokens that come from other ranks of its node
+    int64_t in_inter = 0;  // ... and from other nodes
+  };
+  std::vector<BagState> bags(num_bags);
+  std::vector<int64_t> out_intra(group, 0), out_inter(group, 0);
+  for (int32_t rank = first_rank; rank < first_rank + group; ++rank) {
+    const int32_t base = first_sequence[rank];
+    for (size_t i = 0; i < lengths[rank].size(); ++i) {
+      const int32_t b = bag_of[base + i];
+      if (b < 0) continue;
+      const int64_t length = lengths[rank][i];
+      const Bag& bag = topology.bag(b);
+      const int32_t gpus = bag.gpus;
+      BagState& state = bags[b];
+      const int64_t share = length / gpus;
+      const int32_t extra = static_cast<int32_t>(length % gpus);
+      // The chunk the source keeps when it is a GPU of the bag (as BuildPlan
+      // cuts it: positions start..start+extra-1, cyclically, get one more).
+      int64_t kept = 0;
+      const int32_t position = rank - first_rank - bag.first_rank;
+      if (position >= 0 && position < gpus) {
+        int32_t turn = position - state.rotation;
+        if (turn < 0) turn += gpus;
+        kept = share + (turn < extra ? 1 : 0);
+      }
+      state.rotation = (state.rotation + extra) % gpus;
+      state.shares += share;
+      state.extras += extra;
+      state.attention += cost.Attention(length);
+      const int64_t moved = length - kept;
+      const bool inter =
+          prices.NodeOf(rank) != prices.NodeOf(first_rank + bag.first_rank) ||
+          prices.CrossesNodes(first_rank + bag.first_rank, gpus);
+      (inter ? out_inter : out_intra)[rank - first_rank] += moved;
+      (inter ? state.in_inter : state.in_intra) += moved;
+    }
+  }
+  PredictedStep slowest;
+  bool first = true;
+  for (const Bag& bag : topology.bags()) {
+    const BagState& state = bags[bag.id];
+    const int32_t gpus = bag.gpus;
+    const int32_t bag_first = first_rank + bag.first_rank;
+    const double ulysses_price = prices.UlyssesPerToken(gpus, prices.CrossesNodes(bag_first, gpus));
+    const double attention = state.attention / gpus;
+    const double in_intra = static_cast<double>(state.in_intra) / gpus;
+    const double in_inter = static_cast<double>(state.in_inter) / gpus;
+    for (int32_t p = 0; p < gpus; ++p) {
+      const int64_t tokens = state.shares + state.extras / gpus + (p < state.extras % gpus ? 1 : 0);
+      const int32_t local = bag.first_rank + p;
+      const double compute = cost.Linear(tokens) + attention;
+      const double ulysses = ulysses_price * static_cast<double>(tokens);
+      const double route =
+          prices.RoutePerToken(false) *
+              std::max(static_cast<double>(out_intra[local]), in_intra) +
+          prices.RoutePerToken(true) * std::max(static_cast<double>(out_inter[local]), in_inter);
+      const double time = compute + ulysses + route;
+      slowest.max_compute = std::max(slowest.max_compute, compute);
+      if (first || time > slowest.time) {
+        first = false;
+        slowest.time = time;
+        slowest.compute = compute;
+        slowest.ulysses = ulysses;
+        slowest.route = route;
+        slowest.slowest_rank = first_rank + local;
+      }
+    }
+  }
+  return slowest;
+}
+
+PredictedStep PredictStep(const Plan& plan, const World& world, const RankLengths& lengths,
+                          const CostModel& cost, const CommPrices& prices) {
+  const int32_t group = world.group_size();
+  std::vector<int32_t> bag_of(plan.sequences.size(), -1);
+  for (size_t id = 0; id < plan.sequences.size(); ++id) {
+    const PlacedSequence& seq = plan.sequences[id];
+    if (seq.bag >= 0) bag_of[id] = seq.bag - world.first_bag(seq.src_rank / group);
+  }
+  PredictedStep slowest;
+  for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
+    const PredictedStep step =
+        PredictReplica(world.replica_topology(replica), replica * group, lengths,
+                       plan.rank_first_sequence, bag_of, cost, prices);
+    const double max_compute = std::max(slowest.max_compute, step.max_compute);
+    if (replica == 0 || step.time > slowest.time) slowest = step;
+    slowest.max_compute = max_compute;
+  }
+  return slowest;
+}
+
+}  // namespace knapformer
