@@ -23,7 +23,7 @@ bool IsPowerOfTwo(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 absl::Status SpecError(absl::string_view spec, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(
       "topology '", spec, "': ", what,
-      " (grammar: auto or auto:max_bag=G,group=T, G a power of two)"));
+      " (grammar: auto or auto:max_bag=G:group=T, G a power of two)"));
 }
 
 // A candidate layout of one replica: bags per size, sizes ascending.
@@ -86,7 +86,7 @@ absl::StatusOr<AutoLayout> AutoLayout::Parse(absl::string_view spec) {
   if (spec == kAuto) return layout;
   absl::string_view options = spec.substr(kAuto.size() + 1);
   bool seen_max_bag = false, seen_group = false;
-  for (absl::string_view item : absl::StrSplit(options, ',')) {
+  for (absl::string_view item : absl::StrSplit(options, ':')) {
     std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
     int64_t value = 0;
     if (kv.first.empty() || !absl::SimpleAtoi(kv.second, &value) || kv.second.empty() ||
@@ -118,7 +118,7 @@ absl::StatusOr<AutoLayout> AutoLayout::Parse(absl::string_view spec) {
 
 std::string AutoLayout::spec() const {
   std::string spec = absl::StrCat(kAuto, ":max_bag=", max_bag);
-  if (group > 0) absl::StrAppend(&spec, ",group=", group);
+  if (group > 0) absl::StrAppend(&spec, ":group=", group);
   return spec;
 }
 

@@ -19,11 +19,12 @@ namespace knapformer {
 // The topology "auto": every step, the planner chooses how each replica's
 // GPUs form bags, instead of the user fixing one spec for the whole run.
 //
-// Grammar: "auto" or "auto:" key=value (',' key=value)*, keys
+// Grammar: "auto" or "auto:" key=value (':' key=value)*, keys
 //   max_bag=G  the largest bag, a power of two (default 8);
 //   group=T    GPUs balanced together, a whole number of nodes (default: the
 //              world, which must then be a multiple of T).
-// Canonical spec: "auto:max_bag=8" or "auto:max_bag=8,group=32".
+// Canonical spec: "auto:max_bag=8" or "auto:max_bag=8:group=32" (no commas:
+// command lines list topologies with them).
 //
 // A layout is a multiset of power-of-two bags, each at most max_bag and
 // dividing the node (Machine::gpus_per_node, or the group when smaller),

@@ -29,6 +29,7 @@
 #include "tools/calibrate.h"
 #include "tools/plan_json.h"
 #include "tools/serve.h"
+#include "tools/machine_flags.h"
 #include "tools/simulate.h"
 
 namespace knapformer {
@@ -44,7 +45,10 @@ constexpr char kUsage[] =
     "            Read {\"topology\", \"d_model\", \"gamma\", \"token_bytes\",\n"
     "            \"ranks\": [[lengths]...]} and print the plan as JSON (or only rank R's\n"
     "            slice).\n"
-    "  simulate  [--data mixed-res] [--world 32] [--topology g1n32,g2n16,g4n8,g8n4]\n"
+    "  simulate  [--data mixed-res|low-res|joint|curriculum|CODES[;CODES...]] [--world 32]\n"
+    "            [--topology g1n32,g2n16,g4n8,g8n4,auto]   (auto[:max_bag=8][:group=T])\n"
+    "            [--tflops 989.4] [--intra-node-gbps 450] [--inter-node-gbps 50]\n"
+    "            [--gpus-per-node 8] [--element-bytes 2] [--blocks-per-route 28]\n"
     "            [--steps 20] [--seed 0] [--d-model 3072] [--gamma 0.49]\n"
     "            [--refine-rounds 256]   (0 = the paper's greedy, with --locality off)\n"
     "            [--cost-model transformer|uniform|linear]\n"
@@ -113,11 +117,16 @@ int RunPlan(const std::vector<std::string>& argv) {
 }
 
 int RunSimulate(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv, {"data", "world", "topology", "steps", "seed", "d-model",
-                                 "gamma", "refine-rounds", "locality", "cost-model",
-                                 "max-tokens-per-gpu", "token-bytes"});
+  std::vector<std::string> flags = {"data", "world", "topology", "steps", "seed", "d-model",
+                                    "gamma", "refine-rounds", "locality", "cost-model",
+                                    "max-tokens-per-gpu", "token-bytes"};
+  flags.insert(flags.end(), MachineFlagNames().begin(), MachineFlagNames().end());
+  auto args = Args::Parse(argv, flags);
   if (!args.ok()) return Fail(args.status());
   SimulateOptions options;
+  auto machine = ParseMachineFlags(*args);
+  if (!machine.ok()) return Fail(machine.status());
+  options.machine = *machine;
   auto locality = args->GetOnOff("locality", BalancerOptions().locality);
   if (!locality.ok()) return Fail(locality.status());
   options.locality = *locality;

@@ -2,15 +2,19 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "planner/balance_stats.h"
+#include "planner/auto_layout.h"
 #include "planner/balancer.h"
 #include "planner/cost_model.h"
 #include "planner/data_stream.h"
 #include "planner/topology.h"
+#include "planner/step_time.h"
 #include "planner/validate.h"
 
 namespace knapformer {
@@ -53,6 +57,10 @@ std::string Cell(const Summary& s) {
 
 }  // namespace
 
+std::string ExpandCurriculum(const std::string& data) {
+  return data == "curriculum" ? "low-res;mixed-res;joint" : data;
+}
+
 absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& options) {
   if (options.steps < 1 || options.steps > 1000000) {
     return absl::InvalidArgumentError(
@@ -61,44 +69,83 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
   if (options.topologies.empty()) {
     return absl::InvalidArgumentError("--topology: at least one topology is required");
   }
-  std::string codes = ScenarioCodes(options.data);
-  if (codes.empty()) codes = options.data;
-  auto parsed = ParseDataCodes(codes);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--data: ", parsed.status().message(), " (or a scenario: low-res, mixed-res, joint)"));
+  const std::vector<std::string> phases = absl::StrSplit(ExpandCurriculum(options.data), ';');
+  if (static_cast<int64_t>(phases.size()) > options.steps) {
+    return absl::InvalidArgumentError(absl::StrCat("--data: ", phases.size(),
+                                                   " phases need at least as many --steps"));
   }
-  auto stream = DataStream::Create(*std::move(parsed), options.world, options.seed);
-  if (!stream.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--world: ", stream.status().message()));
+  std::vector<DataStream> streams;
+  for (const std::string& phase : phases) {
+    std::string codes = ScenarioCodes(phase);
+    if (codes.empty()) codes = phase;
+    auto parsed = ParseDataCodes(codes);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--data: ", parsed.status().message(),
+                       " (or a scenario: low-res, mixed-res, joint, curriculum)"));
+    }
+    auto stream = DataStream::Create(*std::move(parsed), options.world, options.seed);
+    if (!stream.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--world: ", stream.status().message()));
+    }
+    streams.push_back(*std::move(stream));
   }
   auto cost = CostModel::Create(options.d_model, options.gamma, options.cost_model);
   if (!cost.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--", cost.status().message()));
   }
+  const int64_t token_bytes = options.TokenBytes();
+  if (token_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--token-bytes: must be >= 0, got ", token_bytes));
+  }
+  // Communication is priced for the transformer model only.
+  std::optional<CommPrices> prices;
+  if (options.cost_model == CostKind::kTransformer) {
+    auto created = CommPrices::Create(options.machine, *cost, token_bytes);
+    if (!created.ok()) return absl::InvalidArgumentError(absl::StrCat("--", created.status().message()));
+    prices = *std::move(created);
+  }
 
-  std::vector<World> worlds;
+  struct Layout {
+    std::string name;
+    std::optional<World> fixed;
+    AutoLayout automatic;
+  };
+  std::vector<Layout> layouts;
   for (const std::string& spec : options.topologies) {
-    auto topology = Topology::Parse(spec);
-    if (!topology.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--", topology.status().message()));
+    Layout layout;
+    if (AutoLayout::Matches(spec)) {
+      auto parsed = AutoLayout::Parse(spec);
+      if (!parsed.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--", parsed.status().message()));
+      }
+      if (!prices.has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--topology ", spec, ": auto prices communication, which needs --cost-model "
+            "transformer"));
+      }
+      layout.automatic = *parsed;
+      layout.name = parsed->spec();
+    } else {
+      auto topology = Topology::Parse(spec);
+      if (!topology.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--", topology.status().message()));
+      }
+      auto world = World::Create(*std::move(topology), options.world);
+      if (!world.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--topology ", spec, ": ", world.status().message()));
+      }
+      layout.name = world->spec();
+      layout.fixed = *std::move(world);
     }
-    auto world = World::Create(*std::move(topology), options.world);
-    if (!world.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--topology ", spec, ": ", world.status().message()));
-    }
-    worlds.push_back(*std::move(world));
+    layouts.push_back(std::move(layout));
   }
 
   if (options.max_tokens_per_gpu < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max-tokens-per-gpu: must be >= 0 (0 = no cap), got ", options.max_tokens_per_gpu));
-  }
-  const int64_t token_bytes = options.TokenBytes();
-  if (token_bytes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--token-bytes: must be >= 0, got ", token_bytes));
   }
   BalancerOptions balancer_options;
   balancer_options.refine_rounds = options.refine_rounds;
@@ -106,21 +153,40 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
   balancer_options.max_tokens_per_gpu = options.max_tokens_per_gpu;
   struct Samples {
     std::vector<double> wir_before, wir_after, mom_before, mom_after, bound, micros, moved,
-        moved_tokens, moved_bytes;
+        moved_tokens, moved_bytes, seconds, comm_share;
+    std::vector<std::vector<double>> phase_seconds;
+    std::vector<double> gpus_by_size = std::vector<double>(21, 0.0);
   };
-  std::vector<Samples> samples(worlds.size());
+  std::vector<Samples> samples(layouts.size());
+  for (Samples& s : samples) s.phase_seconds.resize(phases.size());
   for (int64_t step = 0; step < options.steps; ++step) {
-    const RankLengths lengths = stream->Batch(step);
-    for (size_t t = 0; t < worlds.size(); ++t) {
+    const size_t phase = static_cast<size_t>(step * static_cast<int64_t>(phases.size()) /
+                                             options.steps);
+    const RankLengths lengths = streams[phase].Batch(step);
+    for (size_t t = 0; t < layouts.size(); ++t) {
+      const Layout& layout = layouts[t];
       const auto start = std::chrono::steady_clock::now();
-      auto plan = BalanceGreedy(worlds[t], *cost, lengths, balancer_options);
+      absl::StatusOr<Plan> plan = absl::UnknownError("unplanned");
+      std::optional<World> world = layout.fixed;
+      if (layout.fixed.has_value()) {
+        plan = BalanceGreedy(*layout.fixed, *cost, lengths, balancer_options);
+      } else {
+        auto chosen = BalanceAuto(layout.automatic, options.world, *cost, *prices, lengths,
+                                  balancer_options);
+        if (chosen.ok()) {
+          plan = std::move(chosen->plan);
+          world = std::move(chosen->world);
+        } else {
+          plan = chosen.status();
+        }
+      }
       const auto stop = std::chrono::steady_clock::now();
       if (!plan.ok()) {
         return absl::Status(plan.status().code(),
-                            absl::StrCat("step ", step, ", topology ", worlds[t].topology().spec(),
-                                         ": ", plan.status().message()));
+                            absl::StrCat("step ", step, ", topology ", layout.name, ": ",
+                                         plan.status().message()));
       }
-      if (absl::Status valid = ValidatePlan(*plan, worlds[t], lengths); !valid.ok()) {
+      if (absl::Status valid = ValidatePlan(*plan, *world, lengths); !valid.ok()) {
         return valid;
       }
       const BalanceStats before = ComputeBalanceStats(plan->workload_before);
@@ -130,20 +196,34 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
       s.wir_after.push_back(after.wir);
       s.mom_before.push_back(before.max_over_mean);
       s.mom_after.push_back(after.max_over_mean);
-      s.bound.push_back(MaxOverMeanLowerBound(worlds[t], *cost, lengths));
+      s.bound.push_back(MaxOverMeanLowerBound(*world, *cost, lengths));
       s.micros.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
       const int64_t total = plan->TotalTokens();
       const int64_t moved = plan->MovedTokens();
       s.moved.push_back(total > 0 ? static_cast<double>(moved) / total : 0.0);
       s.moved_tokens.push_back(static_cast<double>(moved));
       s.moved_bytes.push_back(static_cast<double>(plan->MovedBytes(token_bytes)));
+      if (prices.has_value()) {
+        const PredictedStep predicted = PredictStep(*plan, *world, lengths, *cost, *prices);
+        const double seconds = predicted.time / options.machine.flops_per_second;
+        s.seconds.push_back(seconds);
+        s.phase_seconds[phase].push_back(seconds);
+        s.comm_share.push_back(
+            predicted.time > 0 ? (predicted.ulysses + predicted.route) / predicted.time : 0.0);
+      }
+      for (int32_t gpus : plan->bag_gpus) {
+        int size_class = 0;
+        while ((1 << (size_class + 1)) <= gpus && size_class < 20) ++size_class;
+        s.gpus_by_size[size_class] +=
+            static_cast<double>(gpus) / options.world / static_cast<double>(options.steps);
+      }
     }
   }
 
   std::vector<TopologyResult> results;
-  for (size_t t = 0; t < worlds.size(); ++t) {
+  for (size_t t = 0; t < layouts.size(); ++t) {
     TopologyResult result;
-    result.topology = worlds[t].topology().spec();
+    result.topology = layouts[t].name;
     result.wir_before = Summarize(samples[t].wir_before);
     result.wir_after = Summarize(samples[t].wir_after);
     result.max_over_mean_before = Summarize(samples[t].mom_before);
@@ -153,6 +233,16 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
     result.moved_fraction = Summarize(samples[t].moved);
     result.moved_tokens = Summarize(samples[t].moved_tokens);
     result.moved_bytes = Summarize(samples[t].moved_bytes);
+    result.predicted = prices.has_value();
+    result.step_seconds = Summarize(samples[t].seconds);
+    result.comm_share = Summarize(samples[t].comm_share);
+    for (const std::vector<double>& phase : samples[t].phase_seconds) {
+      result.phase_step_seconds.push_back(Summarize(phase));
+    }
+    result.gpus_in_bags_of_size = samples[t].gpus_by_size;
+    while (!result.gpus_in_bags_of_size.empty() && result.gpus_in_bags_of_size.back() == 0) {
+      result.gpus_in_bags_of_size.pop_back();
+    }
     results.push_back(result);
   }
   return results;
@@ -192,6 +282,52 @@ std::string FormatSimulation(const SimulateOptions& options,
                               Decimal(r.moved_tokens.mean), Decimal(r.moved_bytes.mean),
                               absl::StrFormat("%.0f/%.0f", r.plan_micros.mean,
                                               r.plan_micros.max)));
+  }
+  if (results.empty() || !results.front().predicted) return out;
+
+  // Predicted step time: what a user picks a topology by.
+  const std::vector<std::string> phases = absl::StrSplit(ExpandCurriculum(options.data), ';');
+  const Machine& m = options.machine;
+  absl::StrAppend(
+      &out, "\npredicted time of one block's forward pass on the slowest GPU (compute + Ulysses + "
+            "route; ",
+      absl::StrFormat("%.4g", m.flops_per_second / 1e12), " TFLOP/s, ",
+      absl::StrFormat("%.4g", m.intra_node_bytes_per_second / 1e9), " GB/s in a node of ",
+      m.gpus_per_node, ", ", absl::StrFormat("%.4g", m.inter_node_bytes_per_second / 1e9),
+      " GB/s across, ", m.element_bytes, "-byte elements, route over ", m.blocks_per_route,
+      " blocks); x = against the best row\n");
+  double best = 0;
+  std::vector<double> phase_best(phases.size(), 0.0);
+  for (const TopologyResult& r : results) {
+    if (best == 0 || r.step_seconds.mean < best) best = r.step_seconds.mean;
+    for (size_t p = 0; p < phases.size() && p < r.phase_step_seconds.size(); ++p) {
+      const double v = r.phase_step_seconds[p].mean;
+      if (phase_best[p] == 0 || v < phase_best[p]) phase_best[p] = v;
+    }
+  }
+  auto timed = [](double seconds, double against) {
+    return absl::StrFormat("%.1fus %.3fx", seconds * 1e6, against > 0 ? seconds / against : 1.0);
+  };
+  std::string header = absl::StrFormat("%-16s %-17s %-6s", "topology", "whole stream", "comm");
+  if (phases.size() > 1) {
+    for (const std::string& phase : phases) absl::StrAppend(&header, absl::StrFormat(" %-17s", phase.substr(0, 17)));
+  }
+  absl::StrAppend(&out, header, " GPUs in bags of 1/2/4/8/...\n");
+  for (const TopologyResult& r : results) {
+    std::string row = absl::StrFormat("%-16s %-17s %-6s", r.topology, timed(r.step_seconds.mean, best),
+                                      absl::StrFormat("%.1f%%", 100 * r.comm_share.mean));
+    if (phases.size() > 1) {
+      for (size_t p = 0; p < phases.size(); ++p) {
+        absl::StrAppend(&row, absl::StrFormat(" %-17s", timed(r.phase_step_seconds[p].mean,
+                                                              phase_best[p])));
+      }
+    }
+    std::string bags;
+    for (size_t size = 0; size < r.gpus_in_bags_of_size.size(); ++size) {
+      absl::StrAppend(&bags, size ? "/" : " ",
+                      absl::StrFormat("%.0f%%", 100 * r.gpus_in_bags_of_size[size]));
+    }
+    absl::StrAppend(&out, row, bags, "\n");
   }
   return out;
 }

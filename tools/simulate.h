@@ -8,13 +8,21 @@
 
 #include "absl/status/statusor.h"
 #include "planner/balancer.h"
+#include "planner/machine.h"
 
 namespace knapformer {
 
 struct SimulateOptions {
-  std::string data = "mixed-res";  // a scenario name or comma-separated data codes
+  // A scenario name or comma-separated data codes; phases of a stream that
+  // changes over the steps joined by ';' (each takes an equal share of the
+  // steps, in order), or "curriculum" (low-res;mixed-res;joint).
+  std::string data = "mixed-res";
   int64_t world = 32;
-  std::vector<std::string> topologies = {"g1n32", "g2n16", "g4n8", "g8n4"};
+  // Fixed specs and "auto" layouts (planner/auto_layout.h).
+  std::vector<std::string> topologies = {"g1n32", "g2n16", "g4n8", "g8n4", "auto"};
+  // Prices the communication of the predicted step time (transformer model
+  // only); auto chooses layouts with it.
+  Machine machine;
   int64_t steps = 20;
   uint64_t seed = 0;
   int64_t d_model = 3072;
@@ -49,7 +57,20 @@ struct TopologyResult {
   Summary moved_fraction;        // tokens sent to another rank / all tokens
   Summary moved_tokens;          // tokens sent to another rank, per step
   Summary moved_bytes;           // moved_tokens * token bytes, per step (one way)
+  // Predicted time of one transformer block's forward pass on the slowest
+  // GPU, compute + Ulysses + route (planner/step_time.h), in seconds, and
+  // that GPU's communication share; empty without the transformer model.
+  bool predicted = false;
+  Summary step_seconds;
+  Summary comm_share;
+  // The same per phase of the data (one entry per phase).
+  std::vector<Summary> phase_step_seconds;
+  // Share of the GPUs in bags of each size (index log2 G), mean over steps.
+  std::vector<double> gpus_in_bags_of_size;
 };
+
+// "curriculum" is the phases low-res;mixed-res;joint; others pass through.
+std::string ExpandCurriculum(const std::string& data);
 
 // Runs the greedy planner on `steps` batches of the data stream for every
 // topology, validating each plan (an invalid plan is an Internal error).

@@ -26,11 +26,11 @@ TEST(AutoLayoutSpecTest, ParsesDefaultsAndKeys) {
   EXPECT_EQ(plain->max_bag, 8);
   EXPECT_EQ(plain->group, 0);
   EXPECT_EQ(plain->spec(), "auto:max_bag=8");
-  auto both = AutoLayout::Parse("auto:group=16,max_bag=4");
+  auto both = AutoLayout::Parse("auto:group=16:max_bag=4");
   ASSERT_TRUE(both.ok()) << both.status();
   EXPECT_EQ(both->max_bag, 4);
   EXPECT_EQ(both->group, 16);
-  EXPECT_EQ(both->spec(), "auto:max_bag=4,group=16");
+  EXPECT_EQ(both->spec(), "auto:max_bag=4:group=16");
   EXPECT_TRUE(AutoLayout::Parse(both->spec()).ok());
   EXPECT_TRUE(AutoLayout::Matches("auto"));
   EXPECT_TRUE(AutoLayout::Matches("auto:max_bag=2"));
@@ -50,9 +50,9 @@ TEST(AutoLayoutSpecTest, RejectsBadSpecsNamingTheKey) {
                          Bad{"auto:max_bag=", "'max_bag=' is not key=<positive integer>"},
                          Bad{"auto:max_bag=+4", "is not key=<positive integer>"},
                          Bad{"auto:", "'' is not key=<positive integer>"},
-                         Bad{"auto:max_bag=4,", "'' is not key=<positive integer>"},
+                         Bad{"auto:max_bag=4:", "'' is not key=<positive integer>"},
                          Bad{"auto:bags=4", "unknown key 'bags'"},
-                         Bad{"auto:max_bag=4,max_bag=2", "max_bag given twice"},
+                         Bad{"auto:max_bag=4:max_bag=2", "max_bag given twice"},
                          Bad{"g4n2", "not an auto layout"}}) {
     auto parsed = AutoLayout::Parse(bad.spec);
     ASSERT_FALSE(parsed.ok()) << bad.spec;

@@ -36,6 +36,7 @@ const std::map<std::pair<std::string, std::string>, double> kReferenceWir = {
 std::vector<TopologyResult> RunScenario(const std::string& data, uint64_t seed, int32_t rounds,
                                         bool locality = false) {
   SimulateOptions options;
+  options.topologies = {"g1n32", "g2n16", "g4n8", "g8n4"};  // the paper's table
   options.data = data;
   options.seed = seed;
   options.refine_rounds = rounds;
@@ -59,6 +60,37 @@ TEST(ScenarioTest, RefinedPlannerNeverLosesToThePapersGreedyOnTheSameData) {
       EXPECT_LE(refined[t].max_over_mean_after.mean, refined[t].lower_bound.mean * 1.001);
     }
   }
+}
+
+// Issue 16's figures: on the curriculum stream (low-res, then mixed-res, then
+// joint), auto's predicted step time beats every fixed topology over the
+// whole stream, and in each phase it is no worse than that phase's best.
+TEST(ScenarioTest, AutoBeatsEveryFixedTopologyOnTheCurriculum) {
+  SimulateOptions options;
+  options.data = "curriculum";
+  options.steps = 12;
+  ASSERT_EQ(options.topologies.back(), "auto");
+  auto results = Simulate(options);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 5u);
+  const TopologyResult& automatic = results->back();
+  ASSERT_TRUE(automatic.predicted);
+  ASSERT_EQ(automatic.phase_step_seconds.size(), 3u);
+  for (size_t t = 0; t + 1 < results->size(); ++t) {
+    const TopologyResult& fixed = (*results)[t];
+    SCOPED_TRACE(fixed.topology);
+    EXPECT_LT(automatic.step_seconds.mean, fixed.step_seconds.mean);
+    for (size_t phase = 0; phase < 3; ++phase) {
+      EXPECT_LE(automatic.phase_step_seconds[phase].mean,
+                fixed.phase_step_seconds[phase].mean)
+          << "phase " << phase;
+    }
+  }
+  // It changes layouts with the data: one-GPU bags for low-res images and
+  // larger bags for the rest.
+  ASSERT_GE(automatic.gpus_in_bags_of_size.size(), 3u);
+  EXPECT_GT(automatic.gpus_in_bags_of_size[0], 0.2);
+  EXPECT_GT(automatic.gpus_in_bags_of_size[2], 0.2);
 }
 
 TEST(ScenarioTest, MatchesOrBeatsTheReferenceFigures) {

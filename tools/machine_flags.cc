@@ -1,0 +1,46 @@
+#include "tools/machine_flags.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace knapformer {
+
+const std::vector<std::string>& MachineFlagNames() {
+  static const std::vector<std::string> kNames = {"tflops",        "intra-node-gbps",
+                                                  "inter-node-gbps", "gpus-per-node",
+                                                  "element-bytes", "blocks-per-route"};
+  return kNames;
+}
+
+absl::StatusOr<Machine> ParseMachineFlags(const Args& args) {
+  Machine machine;
+  struct Rate {
+    const char* flag;
+    double* value;
+    double unit;
+  };
+  for (const Rate& rate : {Rate{"tflops", &machine.flops_per_second, 1e12},
+                           Rate{"intra-node-gbps", &machine.intra_node_bytes_per_second, 1e9},
+                           Rate{"inter-node-gbps", &machine.inter_node_bytes_per_second, 1e9}}) {
+    auto value = args.GetDouble(rate.flag, *rate.value / rate.unit);
+    if (!value.ok()) return value.status();
+    if (!std::isfinite(*value) || *value <= 0 || *value > 1e6) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", rate.flag, ": must be in (0, 1e6], got ", *value));
+    }
+    *rate.value = *value * rate.unit;
+  }
+  auto per_node = args.GetInt("gpus-per-node", machine.gpus_per_node, 1, 65536);
+  if (!per_node.ok()) return per_node.status();
+  machine.gpus_per_node = static_cast<int32_t>(*per_node);
+  auto element = args.GetInt("element-bytes", machine.element_bytes, 1, 64);
+  if (!element.ok()) return element.status();
+  machine.element_bytes = static_cast<int32_t>(*element);
+  auto blocks = args.GetInt("blocks-per-route", machine.blocks_per_route, 1, 1000000);
+  if (!blocks.ok()) return blocks.status();
+  machine.blocks_per_route = static_cast<int32_t>(*blocks);
+  return machine;
+}
+
+}  // namespace knapformer
