@@ -35,7 +35,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
+#include "planner/auto_layout.h"
 #include "planner/balancer.h"
+#include "planner/data_stream.h"
+#include "planner/machine.h"
 #include "planner/cost_model.h"
 #include "planner/splitmix64.h"
 #include "planner/topology.h"
@@ -248,6 +251,36 @@ void BM_Plan(benchmark::State& state, const Case* c) {
   state.SetLabel(c->label);
 }
 
+// The auto layout (planner/auto_layout.h): one group of every rank, or
+// groups of 32; 8 GPUs per node, the default machine.
+struct AutoCase {
+  AutoLayout layout;
+  int64_t ranks;
+  CostModel cost;
+  CommPrices prices;
+  RankLengths lengths;
+};
+
+void BM_PlanAuto(benchmark::State& state, const AutoCase* c) {
+  for (auto _ : state) {
+    absl::StatusOr<AutoPlan> plan =
+        BalanceAuto(c->layout, c->ranks, c->cost, c->prices, c->lengths);
+    if (!plan.ok()) {
+      state.SkipWithError(std::string(plan.status().message()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(plan);
+  }
+  absl::StatusOr<AutoPlan> plan = BalanceAuto(c->layout, c->ranks, c->cost, c->prices, c->lengths);
+  if (!plan.ok()) return;
+  state.counters["candidates"] = plan->candidates;
+  state.counters["solved"] = plan->solved;
+  state.counters["chunks"] = static_cast<double>(plan->plan.chunks.size());
+  const std::string& chosen = plan->plan.topology;
+  state.SetLabel(absl::StrCat(c->layout.spec(), " -> ",
+                              chosen.size() > 40 ? chosen.substr(0, 40) + "..." : chosen));
+}
+
 // Registers every (family, ranks, variant) case; the cases live until exit.
 bool RegisterAll(std::vector<std::unique_ptr<Case>>& cases) {
   absl::StatusOr<CostModel> cost = CostModel::Create(kDModel, kGamma);
@@ -308,6 +341,37 @@ bool RegisterAll(std::vector<std::unique_ptr<Case>>& cases) {
             ->Unit(benchmark::kMicrosecond);
       }
     }
+  }
+  static std::vector<std::unique_ptr<AutoCase>> auto_cases;
+  const CommPrices prices = *CommPrices::Create(Machine(), *cost);
+  // This file's mixed resolutions, and the paper's joint image and video
+  // scenario (which needs 4- and 8-GPU bags) repeated over the ranks, with
+  // a fixed g4 layout on the same joint data as the baseline.
+  const std::vector<DataCode> joint = *ParseDataCodes(ScenarioCodes("joint"));
+  for (const int64_t ranks : kRankCounts) {
+    const RankLengths joint_lengths = DataStream::Create(joint, ranks, 1)->Batch(0);
+    for (const bool use_joint : {false, true}) {
+      for (const int32_t group : {0, 32}) {
+        AutoLayout layout;
+        layout.group = group;
+        auto_cases.push_back(std::make_unique<AutoCase>(
+            AutoCase{layout, ranks, *cost, prices,
+                     use_joint ? joint_lengths : MixedResolutionLengths(ranks)}));
+        benchmark::RegisterBenchmark(
+            absl::StrCat("BM_PlanAuto/", use_joint ? "joint/" : "mixed/",
+                         group == 0 ? "world" : "group32")
+                .c_str(),
+            BM_PlanAuto, auto_cases.back().get())
+            ->Arg(ranks)
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+    const std::string g4 = absl::StrCat("g4n", ranks / 4);
+    cases.push_back(std::make_unique<Case>(Case{*World::Create(*Topology::Parse(g4), ranks),
+                                                *cost, joint_lengths, BalancerOptions(), g4}));
+    benchmark::RegisterBenchmark("BM_Plan/joint/g4nN", BM_Plan, cases.back().get())
+        ->Arg(ranks)
+        ->Unit(benchmark::kMicrosecond);
   }
   return true;
 }
