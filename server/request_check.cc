@@ -71,6 +71,13 @@ namespace {
 
 absl::StatusOr<std::shared_ptr<const World>> ParseWorld(const std::string& spec,
                                                         int32_t world_size) {
+  if (spec == "auto" || absl::StartsWith(spec, "auto:")) {
+    // The planner core has it (planner/auto_layout.h); the proto's answers
+    // do not carry a chosen layout yet.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.topology: '", spec, "' (a layout chosen per step) is not served yet; give a fixed "
+        "spec such as g4n8"));
+  }
   auto topology = Topology::Parse(spec);
   if (!topology.ok()) {
     // The parser's messages start with "topology"; name the request field instead.

@@ -102,6 +102,8 @@ std::vector<BadRequest> BadRequests() {
        "spec.topology", "empty spec"},
       {"bad topology", [](R& r, L&) { r.mutable_spec()->set_topology("g0n4"); }, kInvalid,
        "spec.topology", "term 'g0n4': G (GPUs per bag) must be at least 1"},
+      {"auto topology", [](R& r, L&) { r.mutable_spec()->set_topology("auto:max_bag=4"); },
+       kInvalid, "spec.topology", "'auto:max_bag=4' (a layout chosen per step) is not served yet"},
       {"d_model 0", [](R& r, L&) { r.mutable_spec()->set_d_model(0); }, kInvalid, "spec.d_model",
        "must be in [1, 65536], got 0"},
       {"d_model 65537", [](R& r, L&) { r.mutable_spec()->set_d_model(65537); }, kInvalid,
