@@ -89,8 +89,8 @@ struct RankPlan {
 // the same plan, field for field.
 struct Plan {
   int32_t world_size = 0;
-  std::string topology;  // canonical spec
-  int32_t bags_per_replica = 0;
+  std::string topology;  // World::spec(): the canonical spec, or per replica joined by ';'
+  int32_t bags_per_replica = 0;  // 0 when the replicas' topologies differ
   std::vector<PlacedSequence> sequences;  // rank-major, see PlacedSequence
   std::vector<Chunk> chunks;              // ordered by (src_rank, seq_index, offset)
   std::vector<double> workload_before;    // per rank: its own sequences, unmoved
