@@ -243,9 +243,7 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_siz
     }
     if (best == nullptr) return first_error;
     chosen.push_back(*best->topology);
-    const double max_compute = std::max(predicted.max_compute, best_step.max_compute);
-    if (replica == 0 || best_step.time > predicted.time) predicted = best_step;
-    predicted.max_compute = max_compute;
+    predicted = replica == 0 ? best_step : Slower(predicted, best_step);
   }
   absl::StatusOr<World> world = World::FromReplicas(std::move(chosen));
   if (!world.ok()) return world.status();

@@ -388,31 +388,34 @@ absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
   return absl::OkStatus();
 }
 
+Plan EmptyPlanOf(const World& world) {
+  Plan plan;
+  plan.world_size = world.world_size();
+  plan.topology = world.spec();
+  plan.bags_per_replica = world.uniform() ? world.topology().num_bags() : 0;
+  plan.bag_first_rank.resize(world.total_bags());
+  plan.bag_gpus.resize(world.total_bags());
+  for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
+    for (const Bag& bag : world.replica_topology(replica).bags()) {
+      const int32_t global = world.first_bag(replica) + bag.id;
+      plan.bag_first_rank[global] = replica * world.group_size() + bag.first_rank;
+      plan.bag_gpus[global] = bag.gpus;
+    }
+  }
+  return plan;
+}
+
 absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
                                const RankLengths& lengths, const BalancerLimits& limits,
                                std::vector<int32_t> first_sequence,
                                const std::vector<int32_t>& bag_of) {
   const int32_t world_size = world.world_size();
   const int32_t group = world.group_size();
-  const int32_t replicas = world.num_replicas();
+  const int32_t total_bags = world.total_bags();
 
-  Plan plan;
-  plan.world_size = world_size;
-  plan.topology = world.spec();
-  plan.bags_per_replica = world.uniform() ? world.topology().num_bags() : 0;
+  Plan plan = EmptyPlanOf(world);
   plan.rank_first_sequence = std::move(first_sequence);
   const int32_t num_sequences = plan.rank_first_sequence[world_size];
-
-  // Global bags.
-  const int32_t total_bags = world.total_bags();
-  plan.bag_first_rank.resize(total_bags);
-  plan.bag_gpus.resize(total_bags);
-  for (int32_t replica = 0; replica < replicas; ++replica) {
-    for (const Bag& bag : world.replica_topology(replica).bags()) {
-      plan.bag_first_rank[world.first_bag(replica) + bag.id] = replica * group + bag.first_rank;
-      plan.bag_gpus[world.first_bag(replica) + bag.id] = bag.gpus;
-    }
-  }
 
   // Chunk count first, so an oversized plan fails before it is allocated.
   int64_t num_chunks = 0;

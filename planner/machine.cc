@@ -5,37 +5,29 @@
 #include "absl/strings/str_cat.h"
 
 namespace knapformer {
-namespace {
-
-absl::Status CheckRange(const std::string& field, const char* member, double value, double lo,
-                        double hi) {
-  if (!std::isfinite(value) || value < lo || value > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".", member, ": ", value,
-                                                   " is outside [", lo, ", ", hi, "]"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status CheckMachine(const Machine& machine, const std::string& field) {
-  for (auto [member, value] : {std::pair<const char*, double>{"flops_per_second",
-                                                              machine.flops_per_second},
-                               {"intra_node_bytes_per_second",
-                                machine.intra_node_bytes_per_second},
-                               {"inter_node_bytes_per_second",
-                                machine.inter_node_bytes_per_second}}) {
-    if (absl::Status s = CheckRange(field, member, value, 1, 1e20); !s.ok()) return s;
+  struct Member {
+    const char* name;
+    double value, lo, hi;
+  };
+  for (const Member& m : {Member{"flops_per_second", machine.flops_per_second, 1, 1e20},
+                          Member{"intra_node_bytes_per_second",
+                                 machine.intra_node_bytes_per_second, 1, 1e20},
+                          Member{"inter_node_bytes_per_second",
+                                 machine.inter_node_bytes_per_second, 1, 1e20},
+                          Member{"gpus_per_node", static_cast<double>(machine.gpus_per_node), 1,
+                                 65536},
+                          Member{"element_bytes", static_cast<double>(machine.element_bytes), 1,
+                                 64},
+                          Member{"blocks_per_route",
+                                 static_cast<double>(machine.blocks_per_route), 1, 1e6}}) {
+    if (!std::isfinite(m.value) || m.value < m.lo || m.value > m.hi) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".", m.name, ": ", m.value,
+                                                     " is outside [", m.lo, ", ", m.hi, "]"));
+    }
   }
-  if (absl::Status s = CheckRange(field, "gpus_per_node", machine.gpus_per_node, 1, 65536);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckRange(field, "element_bytes", machine.element_bytes, 1, 64);
-      !s.ok()) {
-    return s;
-  }
-  return CheckRange(field, "blocks_per_route", machine.blocks_per_route, 1, 1e6);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CommPrices> CommPrices::Create(const Machine& machine, const CostModel& cost,

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "planner/replica_solve.h"
 #include "planner/validate.h"
 
 namespace knapformer {
@@ -23,21 +24,12 @@ absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
     return absl::InvalidArgumentError(absl::StrCat("lengths: ", lengths.size(),
                                                    " ranks, the world has ", world_size));
   }
-  Plan plan;
-  plan.world_size = world_size;
-  plan.topology = world.spec();
-  plan.bags_per_replica = world.uniform() ? world.topology().num_bags() : 0;
-
+  Plan plan = internal::EmptyPlanOf(world);
   const int32_t total_bags = world.total_bags();
-  plan.bag_first_rank.resize(total_bags);
-  plan.bag_gpus.resize(total_bags);
   std::vector<int32_t> bag_of_rank(world_size);
-  for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
-    for (const Bag& bag : world.replica_topology(replica).bags()) {
-      const int32_t global = world.first_bag(replica) + bag.id;
-      plan.bag_first_rank[global] = replica * world.group_size() + bag.first_rank;
-      plan.bag_gpus[global] = bag.gpus;
-      for (int32_t p = 0; p < bag.gpus; ++p) bag_of_rank[plan.bag_first_rank[global] + p] = global;
+  for (int32_t bag = 0; bag < total_bags; ++bag) {
+    for (int32_t p = 0; p < plan.bag_gpus[bag]; ++p) {
+      bag_of_rank[plan.bag_first_rank[bag] + p] = bag;
     }
   }
 

@@ -35,6 +35,10 @@ absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
                                int32_t first_rank, const std::vector<int32_t>& first_sequence,
                                std::vector<int32_t>& bag_of);
 
+// A plan of `world` with no sequences yet: its size, layout spec and global
+// bag tables (bag_first_rank, bag_gpus).
+Plan EmptyPlanOf(const World& world);
+
 // Phase 2: the plan (chunks, workloads, indexes) of replica-relative bags
 // `bag_of` on `world`. ResourceExhausted past limits.max_chunks.
 absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,

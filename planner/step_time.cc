@@ -87,6 +87,12 @@ PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
   return slowest;
 }
 
+PredictedStep Slower(const PredictedStep& earlier, const PredictedStep& later) {
+  PredictedStep slower = later.time > earlier.time ? later : earlier;
+  slower.max_compute = std::max(earlier.max_compute, later.max_compute);
+  return slower;
+}
+
 PredictedStep PredictStep(const Plan& plan, const World& world, const RankLengths& lengths,
                           const CostModel& cost, const CommPrices& prices) {
   const int32_t group = world.group_size();
@@ -100,9 +106,7 @@ PredictedStep PredictStep(const Plan& plan, const World& world, const RankLength
     const PredictedStep step =
         PredictReplica(world.replica_topology(replica), replica * group, lengths,
                        plan.rank_first_sequence, bag_of, cost, prices);
-    const double max_compute = std::max(slowest.max_compute, step.max_compute);
-    if (replica == 0 || step.time > slowest.time) slowest = step;
-    slowest.max_compute = max_compute;
+    slowest = replica == 0 ? step : Slower(slowest, step);
   }
   return slowest;
 }

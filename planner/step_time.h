@@ -42,6 +42,10 @@ PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
                              const std::vector<int32_t>& bag_of, const CostModel& cost,
                              const CommPrices& prices);
 
+// The slower of two parts of one world, `earlier` covering lower ranks
+// (ties: `earlier`), with the max_compute of both.
+PredictedStep Slower(const PredictedStep& earlier, const PredictedStep& later);
+
 // The whole plan: the slowest GPU over its replicas (ties: the lowest rank).
 // REQUIRES: `plan` is a valid plan of `lengths` on `world` (ValidatePlan).
 PredictedStep PredictStep(const Plan& plan, const World& world, const RankLengths& lengths,

@@ -8,13 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "planner/balance_stats.h"
 #include "planner/auto_layout.h"
+#include "planner/balance_stats.h"
 #include "planner/balancer.h"
 #include "planner/cost_model.h"
 #include "planner/data_stream.h"
-#include "planner/topology.h"
 #include "planner/step_time.h"
+#include "planner/topology.h"
 #include "planner/validate.h"
 
 namespace knapformer {
@@ -57,8 +57,8 @@ std::string Cell(const Summary& s) {
 
 }  // namespace
 
-std::string ExpandCurriculum(const std::string& data) {
-  return data == "curriculum" ? "low-res;mixed-res;joint" : data;
+std::vector<std::string> DataPhases(const std::string& data) {
+  return absl::StrSplit(data == "curriculum" ? "low-res;mixed-res;joint" : data, ';');
 }
 
 absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& options) {
@@ -69,7 +69,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
   if (options.topologies.empty()) {
     return absl::InvalidArgumentError("--topology: at least one topology is required");
   }
-  const std::vector<std::string> phases = absl::StrSplit(ExpandCurriculum(options.data), ';');
+  const std::vector<std::string> phases = DataPhases(options.data);
   if (static_cast<int64_t>(phases.size()) > options.steps) {
     return absl::InvalidArgumentError(absl::StrCat("--data: ", phases.size(),
                                                    " phases need at least as many --steps"));
@@ -103,7 +103,9 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
   std::optional<CommPrices> prices;
   if (options.cost_model == CostKind::kTransformer) {
     auto created = CommPrices::Create(options.machine, *cost, token_bytes);
-    if (!created.ok()) return absl::InvalidArgumentError(absl::StrCat("--", created.status().message()));
+    if (!created.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", created.status().message()));
+    }
     prices = *std::move(created);
   }
 
@@ -166,8 +168,8 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
     for (size_t t = 0; t < layouts.size(); ++t) {
       const Layout& layout = layouts[t];
       const auto start = std::chrono::steady_clock::now();
-      absl::StatusOr<Plan> plan = absl::UnknownError("unplanned");
-      std::optional<World> world = layout.fixed;
+      absl::StatusOr<Plan> plan;
+      std::optional<World> chosen_world;  // auto's layout of this step
       if (layout.fixed.has_value()) {
         plan = BalanceGreedy(*layout.fixed, *cost, lengths, balancer_options);
       } else {
@@ -175,7 +177,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
                                   balancer_options);
         if (chosen.ok()) {
           plan = std::move(chosen->plan);
-          world = std::move(chosen->world);
+          chosen_world = std::move(chosen->world);
         } else {
           plan = chosen.status();
         }
@@ -186,7 +188,8 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
                             absl::StrCat("step ", step, ", topology ", layout.name, ": ",
                                          plan.status().message()));
       }
-      if (absl::Status valid = ValidatePlan(*plan, *world, lengths); !valid.ok()) {
+      const World& world = chosen_world.has_value() ? *chosen_world : *layout.fixed;
+      if (absl::Status valid = ValidatePlan(*plan, world, lengths); !valid.ok()) {
         return valid;
       }
       const BalanceStats before = ComputeBalanceStats(plan->workload_before);
@@ -196,7 +199,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
       s.wir_after.push_back(after.wir);
       s.mom_before.push_back(before.max_over_mean);
       s.mom_after.push_back(after.max_over_mean);
-      s.bound.push_back(MaxOverMeanLowerBound(*world, *cost, lengths));
+      s.bound.push_back(MaxOverMeanLowerBound(world, *cost, lengths));
       s.micros.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
       const int64_t total = plan->TotalTokens();
       const int64_t moved = plan->MovedTokens();
@@ -204,7 +207,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
       s.moved_tokens.push_back(static_cast<double>(moved));
       s.moved_bytes.push_back(static_cast<double>(plan->MovedBytes(token_bytes)));
       if (prices.has_value()) {
-        const PredictedStep predicted = PredictStep(*plan, *world, lengths, *cost, *prices);
+        const PredictedStep predicted = PredictStep(*plan, world, lengths, *cost, *prices);
         const double seconds = predicted.time / options.machine.flops_per_second;
         s.seconds.push_back(seconds);
         s.phase_seconds[phase].push_back(seconds);
@@ -286,7 +289,7 @@ std::string FormatSimulation(const SimulateOptions& options,
   if (results.empty() || !results.front().predicted) return out;
 
   // Predicted step time: what a user picks a topology by.
-  const std::vector<std::string> phases = absl::StrSplit(ExpandCurriculum(options.data), ';');
+  const std::vector<std::string> phases = DataPhases(options.data);
   const Machine& m = options.machine;
   absl::StrAppend(
       &out, "\npredicted time of one block's forward pass on the slowest GPU (compute + Ulysses + "
@@ -310,12 +313,15 @@ std::string FormatSimulation(const SimulateOptions& options,
   };
   std::string header = absl::StrFormat("%-16s %-17s %-6s", "topology", "whole stream", "comm");
   if (phases.size() > 1) {
-    for (const std::string& phase : phases) absl::StrAppend(&header, absl::StrFormat(" %-17s", phase.substr(0, 17)));
+    for (const std::string& phase : phases) {
+      absl::StrAppend(&header, absl::StrFormat(" %-17s", phase.substr(0, 17)));
+    }
   }
   absl::StrAppend(&out, header, " GPUs in bags of 1/2/4/8/...\n");
   for (const TopologyResult& r : results) {
-    std::string row = absl::StrFormat("%-16s %-17s %-6s", r.topology, timed(r.step_seconds.mean, best),
-                                      absl::StrFormat("%.1f%%", 100 * r.comm_share.mean));
+    std::string row =
+        absl::StrFormat("%-16s %-17s %-6s", r.topology, timed(r.step_seconds.mean, best),
+                        absl::StrFormat("%.1f%%", 100 * r.comm_share.mean));
     if (phases.size() > 1) {
       for (size_t p = 0; p < phases.size(); ++p) {
         absl::StrAppend(&row, absl::StrFormat(" %-17s", timed(r.phase_step_seconds[p].mean,

@@ -69,8 +69,9 @@ struct TopologyResult {
   std::vector<double> gpus_in_bags_of_size;
 };
 
-// "curriculum" is the phases low-res;mixed-res;joint; others pass through.
-std::string ExpandCurriculum(const std::string& data);
+// The phases of SimulateOptions::data: its ';'-separated parts, with
+// "curriculum" standing for low-res;mixed-res;joint.
+std::vector<std::string> DataPhases(const std::string& data);
 
 // Runs the greedy planner on `steps` batches of the data stream for every
 // topology, validating each plan (an invalid plan is an Internal error).
