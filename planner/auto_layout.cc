@@ -122,31 +122,60 @@ std::string AutoLayout::spec() const {
   return spec;
 }
 
-absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_size,
-                                     const CostModel& cost, const CommPrices& prices,
-                                     const RankLengths& lengths,
-                                     const BalancerOptions& options) {
+absl::StatusOr<AutoShape> AutoLayout::Resolve(int64_t world_size, const Machine& machine) const {
   if (world_size < 1 || world_size > Topology::kMaxGroupSize) {
     return absl::InvalidArgumentError(absl::StrCat("world_size: ", world_size,
                                                    " is outside [1, ", Topology::kMaxGroupSize,
                                                    "]"));
   }
-  const int32_t group = layout.group > 0 ? layout.group : static_cast<int32_t>(world_size);
-  if (world_size % group != 0) {
+  AutoShape shape;
+  shape.group = group > 0 ? group : static_cast<int32_t>(world_size);
+  if (world_size % shape.group != 0) {
     return absl::InvalidArgumentError(absl::StrCat("world_size: ", world_size,
                                                    " is not a multiple of the group size ",
-                                                   group, " of topology ", layout.spec()));
+                                                   shape.group, " of topology ", spec()));
   }
-  const int32_t per_node = prices.machine().gpus_per_node;
-  const int32_t node = std::min(per_node, group);
-  if (group % node != 0) {
+  const int32_t per_node = machine.gpus_per_node;
+  const int32_t node = std::min(per_node, shape.group);
+  if (per_node < 1 || shape.group % node != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "topology ", layout.spec(), ": a group of ", group,
+        "topology ", spec(), ": a group of ", shape.group,
         " GPUs is not a whole number of nodes of ", per_node, " GPUs (machine.gpus_per_node)"));
   }
   // The largest bag size that divides the node: bags stay inside nodes.
-  int32_t max_bag = 1;
-  while (max_bag * 2 <= layout.max_bag && node % (max_bag * 2) == 0) max_bag *= 2;
+  while (shape.max_bag * 2 <= max_bag && node % (shape.max_bag * 2) == 0) shape.max_bag *= 2;
+  return shape;
+}
+
+absl::Status AutoLayout::CheckChosen(const World& world, const Machine& machine) const {
+  absl::StatusOr<AutoShape> shape = Resolve(world.world_size(), machine);
+  if (!shape.ok()) return shape.status();
+  if (world.group_size() != shape->group) {
+    return absl::InvalidArgumentError(absl::StrCat("layout ", world.spec(), ": groups of ",
+                                                   world.group_size(), " ranks, ", spec(),
+                                                   " makes groups of ", shape->group));
+  }
+  for (int32_t r = 0; r < world.num_replicas(); ++r) {
+    for (const Bag& bag : world.replica_topology(r).bags()) {
+      if (!IsPowerOfTwo(bag.gpus) || bag.gpus > shape->max_bag) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layout ", world.spec(), ": replica ", r, " has a bag of ", bag.gpus,
+            " GPUs; ", spec(), " uses powers of two up to ", shape->max_bag));
+      }
+    }
+    if (world.uniform()) break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_size,
+                                     const CostModel& cost, const CommPrices& prices,
+                                     const RankLengths& lengths,
+                                     const BalancerOptions& options) {
+  absl::StatusOr<AutoShape> shape = layout.Resolve(world_size, prices.machine());
+  if (!shape.ok()) return shape.status();
+  const int32_t group = shape->group;
+  const int32_t max_bag = shape->max_bag;
 
   const int32_t ranks = static_cast<int32_t>(world_size);
   if (absl::Status status = internal::CheckBalancerInput(ranks, lengths, options.limits);

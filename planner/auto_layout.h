@@ -31,6 +31,13 @@ namespace knapformer {
 // summing to the group. Laid out by size ascending (topology.h), such bags
 // start at a multiple of their size, so none crosses a node: every bag is
 // one of the aligned blocks a client prepares a communicator for.
+// The bags an auto layout may use on one world: every power of two up to
+// `max_bag`, in replicas of `group` ranks.
+struct AutoShape {
+  int32_t group = 0;
+  int32_t max_bag = 1;  // the layout's max_bag, cut to what divides a node
+};
+
 struct AutoLayout {
   static constexpr int32_t kDefaultMaxBag = 8;
 
@@ -42,6 +49,16 @@ struct AutoLayout {
   // InvalidArgument naming the key and its limit.
   static absl::StatusOr<AutoLayout> Parse(absl::string_view spec);
   std::string spec() const;
+
+  // Its shape on `world_size` ranks of `machine`. InvalidArgument for a
+  // world that is not a whole number of groups, or a group that is not a
+  // whole number of nodes.
+  absl::StatusOr<AutoShape> Resolve(int64_t world_size, const Machine& machine) const;
+  // OK when `world` is a layout this one may choose on `machine`: replicas
+  // of the group, every bag a power of two up to the largest bag (laid out
+  // ascending, such bags are aligned and stay within nodes). Else
+  // InvalidArgument naming the replica and the bag.
+  absl::Status CheckChosen(const World& world, const Machine& machine) const;
 };
 
 // What BalanceAuto chose.

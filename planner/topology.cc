@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
@@ -128,6 +129,31 @@ absl::StatusOr<World> World::Create(Topology topology, int64_t world_size) {
   world.topologies_.push_back(std::move(topology));
   world.world_size_ = static_cast<int32_t>(world_size);
   return world;
+}
+
+absl::StatusOr<World> World::FromLayout(absl::string_view layout, int64_t world_size) {
+  if (!absl::StrContains(layout, ';')) {
+    absl::StatusOr<Topology> topology = Topology::Parse(layout);
+    if (!topology.ok()) return topology.status();
+    return Create(*std::move(topology), world_size);
+  }
+  std::vector<Topology> replicas;
+  for (absl::string_view spec : absl::StrSplit(layout, ';')) {
+    absl::StatusOr<Topology> topology = Topology::Parse(spec);
+    if (!topology.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("layout: replica ", replicas.size(), ": ",
+                                                     topology.status().message()));
+    }
+    replicas.push_back(*std::move(topology));
+  }
+  const int64_t ranks = static_cast<int64_t>(replicas.size()) * replicas.front().group_size();
+  if (ranks != world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("layout: ", replicas.size(),
+                                                   " replicas of ", replicas.front().group_size(),
+                                                   " ranks are ", ranks, ", not world_size ",
+                                                   world_size));
+  }
+  return FromReplicas(std::move(replicas));
 }
 
 absl::StatusOr<World> World::FromReplicas(std::vector<Topology> replicas) {

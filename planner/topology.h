@@ -79,6 +79,11 @@ class World {
   // `replicas` is non-empty, every one has the first one's group size, and
   // the world stays within Topology::kMaxGroupSize ranks.
   static absl::StatusOr<World> FromReplicas(std::vector<Topology> replicas);
+  // The world whose spec() is `layout` on `world_size` ranks: one spec that
+  // every replica has, or one per replica joined by ';' (what an answer of
+  // the service names, Plan::topology). InvalidArgument naming the replica
+  // whose spec is bad, or a count of specs that does not fit world_size.
+  static absl::StatusOr<World> FromLayout(absl::string_view layout, int64_t world_size);
 
   // Whether every replica has the same topology.
   bool uniform() const { return topologies_.size() == 1; }

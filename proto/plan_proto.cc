@@ -30,6 +30,32 @@ absl::StatusOr<CostModel> CostModelFromSpec(const v1::StepSpec& spec) {
   return cost;
 }
 
+absl::StatusOr<Machine> MachineFromSpec(const v1::StepSpec& spec) {
+  Machine machine;
+  const v1::Machine& given = spec.machine();
+  if (given.flops_per_second() != 0) machine.flops_per_second = given.flops_per_second();
+  if (given.intra_node_bytes_per_second() != 0) {
+    machine.intra_node_bytes_per_second = given.intra_node_bytes_per_second();
+  }
+  if (given.inter_node_bytes_per_second() != 0) {
+    machine.inter_node_bytes_per_second = given.inter_node_bytes_per_second();
+  }
+  if (given.gpus_per_node() != 0) machine.gpus_per_node = given.gpus_per_node();
+  if (given.element_bytes() != 0) machine.element_bytes = given.element_bytes();
+  if (given.blocks_per_route() != 0) machine.blocks_per_route = given.blocks_per_route();
+  if (absl::Status status = CheckMachine(machine, "spec.machine"); !status.ok()) return status;
+  return machine;
+}
+
+void MachineToProto(const Machine& machine, v1::Machine* out) {
+  out->set_flops_per_second(machine.flops_per_second);
+  out->set_intra_node_bytes_per_second(machine.intra_node_bytes_per_second);
+  out->set_inter_node_bytes_per_second(machine.inter_node_bytes_per_second);
+  out->set_gpus_per_node(machine.gpus_per_node);
+  out->set_element_bytes(machine.element_bytes);
+  out->set_blocks_per_route(machine.blocks_per_route);
+}
+
 absl::Status CheckLocality(const v1::StepSpec& spec) {
   switch (spec.locality()) {
     case v1::LOCALITY_PLANNER_DEFAULT:
@@ -107,6 +133,9 @@ v1::Balance BalanceToProto(const Plan& plan, int64_t token_bytes, int64_t plan_m
   balance.set_moved_tokens(plan.MovedTokens());
   balance.set_moved_bytes(plan.MovedBytes(token_bytes));
   balance.set_plan_micros(plan_micros);
+  balance.set_layout(plan.topology);
+  auto& gpus_by_size = *balance.mutable_gpus_by_bag_size();
+  for (int32_t gpus : plan.bag_gpus) gpus_by_size[gpus] += gpus;
   return balance;
 }
 

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "planner/balancer.h"
 #include "planner/cost_model.h"
+#include "planner/machine.h"
 #include "planner/plan.h"
 
 namespace knapformer {
@@ -22,6 +23,13 @@ v1::CostModel CostKindToProto(CostKind kind);
 // (spec.cost_model, spec.d_model, spec.gamma).
 absl::StatusOr<CostModel> CostModelFromSpec(const v1::StepSpec& spec);
 
+// The machine a step spec names, its unset (0) fields the defaults;
+// InvalidArgument naming the field ("spec.machine.gpus_per_node: ...").
+absl::StatusOr<Machine> MachineFromSpec(const v1::StepSpec& spec);
+// Every field set, so that the message compares equal to a spec that left
+// defaults unset only after MachineFromSpec.
+void MachineToProto(const Machine& machine, v1::Machine* out);
+
 // InvalidArgument naming spec.locality for a value this build does not know.
 absl::Status CheckLocality(const v1::StepSpec& spec);
 
@@ -29,8 +37,8 @@ absl::Status CheckLocality(const v1::StepSpec& spec);
 // the spec leaves it to the planner). REQUIRES: CheckLocality(spec) is OK.
 BalancerOptions BalancerOptionsForSpec(BalancerOptions base, const v1::StepSpec& spec);
 
-// `plan`'s balance figures; `token_bytes` prices the moved tokens and
-// `plan_micros` is the time spent solving.
+// `plan`'s balance figures and layout; `token_bytes` prices the moved
+// tokens and `plan_micros` is the time spent solving.
 v1::Balance BalanceToProto(const Plan& plan, int64_t token_bytes, int64_t plan_micros);
 
 void RankPlanToProto(const RankPlan& rank_plan, v1::RankPlan* out);

@@ -141,10 +141,13 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
       if (fitted.ok()) cost = *fitted;
     }
   }
-  absl::StatusOr<knapformer::Plan> plan = BalanceGreedy(*checked.world, cost, lengths, balancer);
+  absl::StatusOr<SolvedStep> step =
+      SolveStep(checked, cost, lengths, balancer, spec.token_bytes());
   const absl::Time solved = absl::Now();
-  if (!plan.ok()) return plan;
+  if (!step.ok()) return step.status();
+  absl::StatusOr<knapformer::Plan> plan = std::move(step->plan);
   *balance = BalanceToProto(*plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start));
+  balance->set_predicted_step_seconds(step->predicted_seconds);
   std::vector<WorkSample> rank_work;
   if (rendezvous_.WantsWork(spec.job_id())) rank_work = RankWork(*plan, cost.d_model());
   rendezvous_.RecordPlanned(spec, plan->topology, *balance, solved, std::move(rank_work));

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/plan_proto.h"
 #include "server/rank_ranges.h"
 
 namespace knapformer {
@@ -17,11 +18,12 @@ std::string StepName(const v1::StepSpec& spec) {
                           : std::string());
 }
 
-// FailedPrecondition naming the first field where `spec` (canonical topology
-// `topology`) differs from the step's first request, or OK.
-absl::Status CompareSpecs(const v1::StepSpec& first, const std::string& first_topology,
-                          const v1::StepSpec& spec, const std::string& topology,
-                          int32_t rank) {
+// FailedPrecondition naming the first field where `spec` (checked as
+// `checked`) differs from the step's first request, or OK.
+absl::Status CompareSpecs(const v1::StepSpec& first, const CheckedSpec& first_checked,
+                          const v1::StepSpec& spec, const CheckedSpec& checked, int32_t rank) {
+  const std::string& first_topology = first_checked.topology;
+  const std::string& topology = checked.topology;
   auto mismatch = [&](const char* field, const auto& got, const auto& want) {
     return absl::FailedPreconditionError(
         absl::StrCat("spec.", field, ": rank ", rank, " sent ", got, " but ", StepName(first),
@@ -53,6 +55,14 @@ absl::Status CompareSpecs(const v1::StepSpec& first, const std::string& first_to
   }
   if (spec.max_tokens_per_gpu() != first.max_tokens_per_gpu()) {
     return mismatch("max_tokens_per_gpu", spec.max_tokens_per_gpu(), first.max_tokens_per_gpu());
+  }
+  // As planned: a field left unset equals its default given explicitly.
+  v1::Machine machine, first_machine;
+  MachineToProto(checked.machine, &machine);
+  MachineToProto(first_checked.machine, &first_machine);
+  if (machine.SerializeAsString() != first_machine.SerializeAsString()) {
+    return mismatch("machine", absl::StrCat("{", machine.ShortDebugString(), "}"),
+                    absl::StrCat("{", first_machine.ShortDebugString(), "}"));
   }
   return absl::OkStatus();
 }
@@ -196,8 +206,7 @@ Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, a
       if (created) ForgetIfEmpty(spec);
       return arrival;
     }
-    std::string topology = checked.world->topology().spec();
-    auto step = std::make_unique<Step>(Step{spec, std::move(topology), checked, now,
+    auto step = std::make_unique<Step>(Step{spec, checked, now,
                                             std::vector<bool>(spec.world_size(), false),
                                             {}, 0});
     step_it = group.pending.emplace(spec.step(), std::move(step)).first;
@@ -205,8 +214,7 @@ Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, a
     ++job.pending;
   } else {
     const Step& step = *step_it->second;
-    arrival.status = CompareSpecs(step.spec, step.topology, spec,
-                                  checked.world->topology().spec(), rank);
+    arrival.status = CompareSpecs(step.spec, step.checked, spec, checked, rank);
     if (!arrival.status.ok()) return arrival;
   }
   Step& step = *step_it->second;

@@ -154,8 +154,7 @@ class Rendezvous {
  private:
   struct Step {
     v1::StepSpec spec;  // of the first arrival
-    std::string topology;  // canonical
-    CheckedSpec checked;
+    CheckedSpec checked;  // of the first arrival
     absl::Time first_arrival;
     std::vector<bool> arrived;        // by rank
     std::vector<PendingCall*> calls;  // arrival order

@@ -2,9 +2,7 @@
 
 #include <cmath>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "planner/status_macros.h"
 #include "proto/plan_proto.h"
 
@@ -36,10 +34,6 @@ absl::Status CheckId(const char* field, const std::string& id, bool may_be_empty
   return absl::OkStatus();
 }
 
-absl::Status Prefixed(const char* prefix, const absl::Status& status) {
-  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
-}
-
 // Lengths of one rank: count within the per-rank limit, each in [0, kMaxLength].
 template <typename Lengths>
 absl::Status CheckLengths(const std::string& field, const Lengths& lengths,
@@ -67,31 +61,6 @@ absl::Status CheckJobId(const std::string& job_id) {
   return CheckId("spec.job_id", job_id, /*may_be_empty=*/false);
 }
 
-namespace {
-
-absl::StatusOr<std::shared_ptr<const World>> ParseWorld(const std::string& spec,
-                                                        int32_t world_size) {
-  if (spec == "auto" || absl::StartsWith(spec, "auto:")) {
-    // The planner core has it (planner/auto_layout.h); the proto's answers
-    // do not carry a chosen layout yet.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.topology: '", spec, "' (a layout chosen per step) is not served yet; give a fixed "
-        "spec such as g4n8"));
-  }
-  auto topology = Topology::Parse(spec);
-  if (!topology.ok()) {
-    // The parser's messages start with "topology"; name the request field instead.
-    absl::string_view message = topology.status().message();
-    absl::ConsumePrefix(&message, "topology: ") || absl::ConsumePrefix(&message, "topology ");
-    return absl::InvalidArgumentError(absl::StrCat("spec.topology: ", message));
-  }
-  auto world = World::Create(*std::move(topology), world_size);
-  if (!world.ok()) return Prefixed("spec.", world.status());
-  return std::make_shared<const World>(*std::move(world));
-}
-
-}  // namespace
-
 absl::StatusOr<std::shared_ptr<const World>> WorldCache::Get(const std::string& topology,
                                                              int32_t world_size) {
   auto key = std::make_pair(topology, world_size);
@@ -100,7 +69,7 @@ absl::StatusOr<std::shared_ptr<const World>> WorldCache::Get(const std::string& 
     auto it = worlds_.find(key);
     if (it != worlds_.end()) return it->second;
   }
-  KF_ASSIGN_OR_RETURN(std::shared_ptr<const World> world, ParseWorld(topology, world_size));
+  KF_ASSIGN_OR_RETURN(std::shared_ptr<const World> world, FixedWorldOf(topology, world_size));
   absl::MutexLock lock(&mu_);
   if (worlds_.size() >= capacity_) worlds_.clear();
   worlds_.emplace(std::move(key), world);
@@ -128,13 +97,13 @@ absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const Servic
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.max_tokens_per_gpu: must be >= 0 (0 = no cap), got ", spec.max_tokens_per_gpu()));
   }
-  auto world = cache != nullptr ? cache->Get(spec.topology(), spec.world_size())
-                               : ParseWorld(spec.topology(), spec.world_size());
-  if (!world.ok()) return world.status();
-  auto cost = CostModelFromSpec(spec);
-  if (!cost.ok()) return cost.status();
+  std::shared_ptr<const World> world;
+  if (cache != nullptr && !AutoLayout::Matches(spec.topology())) {
+    KF_ASSIGN_OR_RETURN(world, cache->Get(spec.topology(), spec.world_size()));
+  }
+  KF_ASSIGN_OR_RETURN(CheckedSpec checked, StepProblemOf(spec, std::move(world)));
   KF_RETURN_IF_ERROR(CheckLocality(spec));
-  return CheckedSpec{*std::move(world), *cost};
+  return checked;
 }
 
 namespace {

@@ -10,28 +10,23 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "knapformer/v1/planner.pb.h"
-#include "planner/cost_model.h"
 #include "planner/topology.h"
+#include "proto/step_problem.h"
 #include "server/service_limits.h"
 
 namespace knapformer {
 
-// A StepSpec that passed every check, with its parsed planning problem. The
-// World is shared: building one is O(world size), and every rank of a step
-// (and every step of a job) asks with the same one.
-struct CheckedSpec {
-  std::shared_ptr<const World> world;
-  CostModel cost;
-};
+// A StepSpec that passed every check, with its parsed planning problem.
+using CheckedSpec = StepProblem;
 
-// Parsed worlds by (topology, world_size), so that the R requests of a step
+// Fixed worlds by (topology, world_size), so that the R requests of a step
 // parse the topology once instead of R times (O(R^2) per step). Bounded: it
 // starts over when `capacity` specs are held. Thread-safe.
 class WorldCache {
  public:
   explicit WorldCache(size_t capacity = 256) : capacity_(capacity) {}
   // The world of `topology` x `world_size`, or InvalidArgument naming
-  // spec.topology / spec.world_size.
+  // spec.topology / spec.world_size. REQUIRES: not an auto layout.
   absl::StatusOr<std::shared_ptr<const World>> Get(const std::string& topology,
                                                    int32_t world_size);
 

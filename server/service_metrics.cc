@@ -1,5 +1,7 @@
 #include "server/service_metrics.h"
 
+#include <map>
+#include <string>
 #include <utility>
 
 #include "prometheus/metric_family.h"
@@ -70,6 +72,30 @@ class GroupGaugeCollector final : public prometheus::Collectable {
       MetricFamily& f = family(ratio.name, ratio.help);
       for (const GroupGauges& g : groups) {
         if (g.has_balance) add(f, g, (g.last_balance.*ratio.get)());
+      }
+    }
+    MetricFamily& predicted = family(
+        "knapformer_planner_predicted_step_seconds",
+        "Predicted seconds of one transformer block's forward on the slowest GPU of the last "
+        "planned step (compute + Ulysses + route; Balance.predicted_step_seconds).");
+    for (const GroupGauges& g : groups) {
+      if (g.has_balance && g.last_balance.predicted_step_seconds() > 0) {
+        add(predicted, g, g.last_balance.predicted_step_seconds());
+      }
+    }
+    MetricFamily& bag_gpus = family(
+        "knapformer_planner_bag_gpus",
+        "GPUs in bags of `gpus` GPUs in the last planned step's layout (under topology auto, "
+        "the layout the planner chose).");
+    for (const GroupGauges& g : groups) {
+      if (!g.has_balance) continue;
+      // Sorted, so that a scrape lists sizes in the same order every time.
+      std::map<int32_t, int32_t> sizes(g.last_balance.gpus_by_bag_size().begin(),
+                                       g.last_balance.gpus_by_bag_size().end());
+      for (const auto& [gpus, count] : sizes) {
+        add(bag_gpus, g, count);
+        auto& labels = bag_gpus.metric.back().label;
+        labels.insert(labels.begin(), {"gpus", std::to_string(gpus)});  // names sorted
       }
     }
     MetricFamily& gamma = family("knapformer_planner_fitted_gamma",

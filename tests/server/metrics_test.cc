@@ -145,6 +145,14 @@ TEST_F(MetricsTest, EverySeriesHasTheRightValueAndThePagePassesPromtool) {
   EXPECT_NEAR(value("knapformer_planner_max_over_mean_after_ratio{group=\"\",job_id=\"m1\"}"),
               last.max_over_mean_after(), 1e-9 * last.max_over_mean_after());
   EXPECT_EQ(value("knapformer_planner_ranks_seen{group=\"\",job_id=\"m1\"}"), 8);
+  // The layout g1n2+g2n1+g4n1 of the last step, and its predicted time.
+  EXPECT_EQ(last.layout(), "g1n2+g2n1+g4n1");
+  EXPECT_EQ(value("knapformer_planner_bag_gpus{gpus=\"1\",group=\"\",job_id=\"m1\"}"), 2);
+  EXPECT_EQ(value("knapformer_planner_bag_gpus{gpus=\"2\",group=\"\",job_id=\"m1\"}"), 2);
+  EXPECT_EQ(value("knapformer_planner_bag_gpus{gpus=\"4\",group=\"\",job_id=\"m1\"}"), 4);
+  EXPECT_GT(last.predicted_step_seconds(), 0);
+  EXPECT_NEAR(value("knapformer_planner_predicted_step_seconds{group=\"\",job_id=\"m1\"}"),
+              last.predicted_step_seconds(), 1e-9 * last.predicted_step_seconds());
   EXPECT_EQ(value("knapformer_planner_ranks_seen{group=\"\",job_id=\"m2\"}"), 1);
   EXPECT_EQ(value("knapformer_planner_pending_steps{group=\"\",job_id=\"m1\"}"), 0);
   EXPECT_EQ(value("knapformer_planner_jobs"), 2);

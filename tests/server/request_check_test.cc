@@ -102,8 +102,36 @@ std::vector<BadRequest> BadRequests() {
        "spec.topology", "empty spec"},
       {"bad topology", [](R& r, L&) { r.mutable_spec()->set_topology("g0n4"); }, kInvalid,
        "spec.topology", "term 'g0n4': G (GPUs per bag) must be at least 1"},
-      {"auto topology", [](R& r, L&) { r.mutable_spec()->set_topology("auto:max_bag=4"); },
-       kInvalid, "spec.topology", "'auto:max_bag=4' (a layout chosen per step) is not served yet"},
+      {"auto with a bag that is not a power of two",
+       [](R& r, L&) { r.mutable_spec()->set_topology("auto:max_bag=3"); }, kInvalid,
+       "spec.topology", "'auto:max_bag=3': max_bag=3 is not a power of two"},
+      {"auto with an unknown key", [](R& r, L&) { r.mutable_spec()->set_topology("auto:bags=4"); },
+       kInvalid, "spec.topology", "unknown key 'bags'"},
+      {"auto world not a whole number of groups",
+       [](R& r, L&) { r.mutable_spec()->set_topology("auto:group=16"); }, kInvalid,
+       "spec.world_size", "8 is not a multiple of the group size 16 of topology auto:max_bag=8"},
+      {"auto group not whole nodes",
+       [](R& r, L&) {
+         r.mutable_spec()->set_topology("auto");
+         r.mutable_spec()->mutable_machine()->set_gpus_per_node(3);
+       },
+       kInvalid, "spec.topology",
+       "a group of 8 GPUs is not a whole number of nodes of 3 GPUs (machine.gpus_per_node)"},
+      {"auto under a cost model without communication prices",
+       [](R& r, L&) {
+         r.mutable_spec()->set_topology("auto");
+         r.mutable_spec()->set_cost_model(v1::COST_MODEL_LINEAR);
+       },
+       kInvalid, "spec.topology", "spec.cost_model COST_MODEL_LINEAR has none"},
+      {"negative gpus_per_node",
+       [](R& r, L&) { r.mutable_spec()->mutable_machine()->set_gpus_per_node(-8); }, kInvalid,
+       "spec.machine.gpus_per_node", "-8 is outside [1, 65536]"},
+      {"NaN flops_per_second",
+       [](R& r, L&) {
+         r.mutable_spec()->mutable_machine()->set_flops_per_second(
+             std::numeric_limits<double>::quiet_NaN());
+       },
+       kInvalid, "spec.machine.flops_per_second", "nan is outside"},
       {"d_model 0", [](R& r, L&) { r.mutable_spec()->set_d_model(0); }, kInvalid, "spec.d_model",
        "must be in [1, 65536], got 0"},
       {"d_model 65537", [](R& r, L&) { r.mutable_spec()->set_d_model(65537); }, kInvalid,
@@ -169,8 +197,24 @@ TEST(CheckPlanRequestTest, AcceptsAValidRequest) {
   EXPECT_EQ(checked->world->num_replicas(), 2);
   EXPECT_EQ(checked->world->topology().spec(), "g1n2+g2n1");
   EXPECT_EQ(checked->world->topology().group_size(), 4);
+  EXPECT_EQ(checked->topology, "g1n2+g2n1");
+  EXPECT_FALSE(checked->auto_layout.has_value());
   EXPECT_EQ(checked->cost.d_model(), 1024);
   EXPECT_DOUBLE_EQ(checked->cost.gamma(), 0.49);
+}
+
+TEST(CheckPlanRequestTest, AcceptsAutoWithItsCanonicalSpecAndTheMachineDefaults) {
+  v1::PlanRequest request = ValidRequest();
+  request.mutable_spec()->set_topology("auto:group=4:max_bag=2");
+  request.mutable_spec()->mutable_machine()->set_gpus_per_node(4);
+  auto checked = CheckPlanRequest(request, ServiceLimits());
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  EXPECT_EQ(checked->world, nullptr);
+  ASSERT_TRUE(checked->auto_layout.has_value());
+  EXPECT_EQ(checked->topology, "auto:max_bag=2:group=4");
+  EXPECT_EQ(checked->machine.gpus_per_node, 4);
+  EXPECT_EQ(checked->machine.flops_per_second, Machine().flops_per_second);
+  EXPECT_EQ(checked->machine.blocks_per_route, Machine().blocks_per_route);
 }
 
 TEST(CheckPlanRequestTest, AcceptsTheBoundaryValues) {

@@ -1,0 +1,123 @@
+#include "proto/step_problem.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "proto/plan_proto.h"
+
+namespace knapformer {
+namespace {
+
+// A planner error as one about the request's field: "topology ..." and
+// "topology: ..." become "spec.topology: ...", "world_size: ..."
+// "spec.world_size: ...".
+absl::Status AsSpecField(const absl::Status& status) {
+  absl::string_view message = status.message();
+  if (absl::ConsumePrefix(&message, "topology: ") || absl::ConsumePrefix(&message, "topology ")) {
+    return absl::Status(status.code(), absl::StrCat("spec.topology: ", message));
+  }
+  return absl::Status(status.code(), absl::StrCat("spec.", message));
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const World>> FixedWorldOf(const std::string& topology,
+                                                         int32_t world_size) {
+  auto parsed = Topology::Parse(topology);
+  if (!parsed.ok()) return AsSpecField(parsed.status());
+  auto world = World::Create(*std::move(parsed), world_size);
+  if (!world.ok()) return AsSpecField(world.status());
+  return std::make_shared<const World>(*std::move(world));
+}
+
+absl::StatusOr<StepProblem> StepProblemOf(const v1::StepSpec& spec,
+                                          std::shared_ptr<const World> fixed_world) {
+  absl::StatusOr<Machine> machine = MachineFromSpec(spec);
+  if (!machine.ok()) return machine.status();
+  std::string topology;
+  std::optional<AutoLayout> auto_layout;
+  if (AutoLayout::Matches(spec.topology())) {
+    absl::StatusOr<AutoLayout> layout = AutoLayout::Parse(spec.topology());
+    if (!layout.ok()) return AsSpecField(layout.status());
+    absl::StatusOr<AutoShape> shape = layout->Resolve(spec.world_size(), *machine);
+    if (!shape.ok()) return AsSpecField(shape.status());
+    topology = layout->spec();
+    auto_layout = *layout;
+  } else {
+    if (fixed_world == nullptr) {
+      absl::StatusOr<std::shared_ptr<const World>> world =
+          FixedWorldOf(spec.topology(), spec.world_size());
+      if (!world.ok()) return world.status();
+      fixed_world = *std::move(world);
+    }
+    topology = fixed_world->spec();
+  }
+  absl::StatusOr<CostModel> cost = CostModelFromSpec(spec);
+  if (!cost.ok()) return cost.status();
+  if (auto_layout.has_value() && cost->kind() != CostKind::kTransformer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.topology: '", topology, "' chooses bags by the transformer cost model's "
+        "communication prices; spec.cost_model ", v1::CostModel_Name(spec.cost_model()),
+        " has none, give a fixed topology"));
+  }
+  return StepProblem{std::move(topology), spec.world_size(), std::move(fixed_world),
+                     auto_layout, *machine, *cost};
+}
+
+absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel& cost,
+                                     const RankLengths& lengths, const BalancerOptions& options,
+                                     int64_t route_token_bytes) {
+  SolvedStep solved;
+  std::optional<CommPrices> prices;
+  if (cost.kind() == CostKind::kTransformer) {
+    absl::StatusOr<CommPrices> created =
+        CommPrices::Create(problem.machine, cost, route_token_bytes);
+    if (!created.ok()) return created.status();
+    prices = *created;
+  }
+  if (problem.auto_layout.has_value()) {
+    if (!prices.has_value()) {
+      return absl::InvalidArgumentError("cost_model: auto layouts need the transformer model");
+    }
+    absl::StatusOr<AutoPlan> chosen = BalanceAuto(*problem.auto_layout, problem.world_size, cost,
+                                                  *prices, lengths, options);
+    if (!chosen.ok()) return chosen.status();
+    solved.plan = std::move(chosen->plan);
+    solved.predicted = chosen->predicted;
+  } else {
+    absl::StatusOr<Plan> plan = BalanceGreedy(*problem.world, cost, lengths, options);
+    if (!plan.ok()) return plan.status();
+    solved.plan = *std::move(plan);
+    if (prices.has_value()) {
+      solved.predicted = PredictStep(solved.plan, *problem.world, lengths, cost, *prices);
+    }
+  }
+  if (solved.predicted.has_value()) {
+    solved.predicted_seconds = solved.predicted->time / problem.machine.flops_per_second;
+  }
+  return solved;
+}
+
+absl::StatusOr<World> WorldOfLayout(const StepProblem& problem, absl::string_view layout) {
+  auto refused = [&](absl::string_view why) {
+    return absl::InternalError(absl::StrCat("the answer's layout '", layout, "' ", why,
+                                            " (the step's topology is ", problem.topology, ")"));
+  };
+  if (problem.world != nullptr) {
+    // Planners before layouts existed answer none for a fixed topology.
+    if (!layout.empty() && layout != problem.world->spec()) {
+      return refused("is not the step's topology");
+    }
+    return *problem.world;
+  }
+  absl::StatusOr<World> world = World::FromLayout(layout, problem.world_size);
+  if (!world.ok()) return refused(world.status().message());
+  if (absl::Status chosen = problem.auto_layout->CheckChosen(*world, problem.machine);
+      !chosen.ok()) {
+    return refused(chosen.message());
+  }
+  return world;
+}
+
+}  // namespace knapformer
