@@ -22,6 +22,7 @@
 #include "planner/plan_from_chunks.h"
 #include "planner/topology.h"
 #include "proto/plan_proto.h"
+#include "proto/step_problem.h"
 
 namespace knapformer {
 namespace {
@@ -233,22 +234,6 @@ std::string PrefetchMismatch(const v1::StepSpec& prefetched_spec,
                       "); prefetch the lengths the step will use");
 }
 
-// The world and cost model a step spec names.
-struct Problem {
-  World world;
-  CostModel cost;
-};
-
-absl::StatusOr<Problem> ProblemOf(const v1::StepSpec& spec) {
-  auto topology = Topology::Parse(spec.topology());
-  if (!topology.ok()) return topology.status();
-  auto world = World::Create(*std::move(topology), spec.world_size());
-  if (!world.ok()) return world.status();
-  auto cost = CostModelFromSpec(spec);
-  if (!cost.ok()) return cost.status();
-  return Problem{*std::move(world), *cost};
-}
-
 // `rank`'s StepPlan from the whole plan, its figures from the plan's
 // workloads.
 StepPlan StepPlanOf(Plan plan, int32_t rank, PlanSource source) {
@@ -259,6 +244,7 @@ StepPlan StepPlanOf(Plan plan, int32_t rank, PlanSource source) {
   result.max_over_mean_after = ComputeBalanceStats(plan.workload_after).max_over_mean;
   result.total_tokens = plan.TotalTokens();
   result.moved_tokens = plan.MovedTokens();
+  result.layout = plan.topology;
   result.workload_before = std::move(plan.workload_before);
   result.workload_after = std::move(plan.workload_after);
   return result;
@@ -635,13 +621,15 @@ struct PlannerClient::Rep {
   // The step solved here, from every rank's lengths (every rank computes
   // the identical plan).
   absl::StatusOr<StepPlan> SolveLocally(const v1::StepSpec& spec, const RankLengths& group) {
-    auto problem = ProblemOf(spec);
+    auto problem = StepProblemOf(spec);
     if (!problem.ok()) return problem.status();
     if (absl::Status locality = CheckLocality(spec); !locality.ok()) return locality;
-    auto plan = BalanceGreedy(problem->world, problem->cost, group,
-                              BalancerOptionsForSpec(options.balancer, spec));
-    if (!plan.ok()) return plan.status();
-    return StepPlanOf(*std::move(plan), transport->rank(), PlanSource::kLocal);
+    auto solved = SolveStep(*problem, problem->cost, group,
+                            BalancerOptionsForSpec(options.balancer, spec), spec.token_bytes());
+    if (!solved.ok()) return solved.status();
+    StepPlan step = StepPlanOf(std::move(solved->plan), transport->rank(), PlanSource::kLocal);
+    step.predicted_step_seconds = solved->predicted_seconds;
+    return step;
   }
 
   // Every rank's lengths in one all-gather (with its probe's result and its
@@ -783,6 +771,8 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
   result.max_over_mean_after = response.balance().max_over_mean_after();
   result.total_tokens = response.balance().total_tokens();
   result.moved_tokens = response.balance().moved_tokens();
+  result.layout = response.balance().layout();
+  result.predicted_step_seconds = response.balance().predicted_step_seconds();
   result.workload_before.resize(all->size());
   result.workload_after.resize(all->size());
   for (size_t r = 0; r < all->size(); ++r) {
@@ -813,9 +803,11 @@ absl::StatusOr<StepPlan> PlanFromGroupAnswer(const v1::StepSpec& spec, const Gat
   }
   auto chunks = ChunksFromProto(response.chunks());
   if (!chunks.ok()) return chunks.status();
-  auto problem = ProblemOf(spec);
+  auto problem = StepProblemOf(spec);
   if (!problem.ok()) return problem.status();
-  auto plan = PlanFromChunks(problem->world, problem->cost, gathered.lengths, *std::move(chunks));
+  auto world = WorldOfLayout(*problem, response.balance().layout());
+  if (!world.ok()) return world.status();
+  auto plan = PlanFromChunks(*world, problem->cost, gathered.lengths, *std::move(chunks));
   if (!plan.ok()) return plan.status();
   const int world_size = spec.world_size();
   if (response.workload_before_size() != world_size ||
@@ -831,7 +823,9 @@ absl::StatusOr<StepPlan> PlanFromGroupAnswer(const v1::StepSpec& spec, const Gat
                                response.workload_before().end());
   plan->workload_after.assign(response.workload_after().begin(),
                               response.workload_after().end());
-  return StepPlanOf(*std::move(plan), rank, PlanSource::kService);
+  StepPlan step = StepPlanOf(*std::move(plan), rank, PlanSource::kService);
+  step.predicted_step_seconds = response.balance().predicted_step_seconds();
+  return step;
 }
 
 }  // namespace

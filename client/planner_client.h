@@ -84,6 +84,12 @@ struct StepPlan {
   double max_over_mean_after = 1;
   int64_t total_tokens = 0;
   int64_t moved_tokens = 0;
+  // The bags the step was planned on (v1::Balance.layout): under topology
+  // "auto", the layout the planner chose for this step.
+  std::string layout;
+  // One transformer block's forward on the slowest GPU, compute plus
+  // communication, as the planner predicts it (0 when it does not).
+  double predicted_step_seconds = 0;
   // Every rank's cost-model workload (by rank of the group) without
   // balancing and under this plan: what WIR and max/mean are computed from.
   std::vector<double> workload_before;

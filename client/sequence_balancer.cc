@@ -15,6 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "client/host_tensor_cache.h"
 #include "client/route_layout.h"
+#include "planner/auto_layout.h"
+#include "planner/machine.h"
 #include "planner/topology.h"
 #include "proto/plan_proto.h"
 #include "transport/agreement.h"
@@ -323,12 +325,22 @@ absl::StatusOr<at::Tensor> Only(absl::StatusOr<std::vector<at::Tensor>> tensors)
 
 struct SequenceBalancer::Rep {
   Transport* world = nullptr;
-  std::shared_ptr<Transport> bag;  // null in a single-GPU bag
+  // This step's bag: null in a single-GPU bag.
+  std::shared_ptr<Transport> bag;
   // OwnerTensor of the world (when the balancer shares its ownership) and of
   // the bag, kept by every autograd node that moves over them.
   at::Tensor world_owner, bag_owner;
   int bag_gpus = 1;
   int bag_first_rank = 0;
+  // Every multi-GPU bag this rank may be in, by GPUs, made in Create: the
+  // block of that size holding this rank. A fixed topology has one.
+  struct PreparedBag {
+    int first_rank = 0;
+    std::shared_ptr<Transport> transport;
+    at::Tensor owner;
+  };
+  std::map<int, PreparedBag> prepared_bags;
+  bool auto_layout = false;
   int heads_multiple = 1;
   bool agree_on_errors = true;
   std::unique_ptr<PlannerClient> planner;
@@ -375,6 +387,9 @@ struct SequenceBalancer::Rep {
   std::vector<int64_t> attention_lengths;
   int64_t attention_rows = 0;
 
+  // Under "auto", takes this step's bag from the plan among the prepared
+  // ones; Internal when the plan names a bag that was not prepared.
+  absl::Status SelectBag();
   absl::Status Derive(const std::vector<int64_t>& lengths);
   absl::Status CheckRows(const std::vector<at::Tensor>& xs, int64_t rows, const char* what,
                          const char* expected) const;
@@ -415,6 +430,27 @@ struct SequenceBalancer::Rep {
   absl::Status CheckDevice(const std::vector<at::Tensor>& xs, const Transport& transport,
                            const char* what) const;
 };
+
+absl::Status SequenceBalancer::Rep::SelectBag() {
+  if (!auto_layout) return absl::OkStatus();  // the fixed bag, checked by Derive
+  const UlyssesBag& planned = step_plan.plan.ulysses;
+  bag_gpus = 1;
+  bag_first_rank = world->rank();
+  bag = nullptr;
+  bag_owner = at::Tensor();
+  if (planned.gpus == 1 && planned.first_rank == world->rank()) return absl::OkStatus();
+  auto it = prepared_bags.find(planned.gpus);
+  if (it == prepared_bags.end() || it->second.first_rank != planned.first_rank) {
+    return absl::InternalError(absl::StrCat(
+        "plan: rank ", world->rank(), " is in a bag of ", planned.gpus, " GPUs from rank ",
+        planned.first_rank, ", not one of the aligned blocks prepared for ", spec.topology()));
+  }
+  bag_gpus = planned.gpus;
+  bag_first_rank = planned.first_rank;
+  bag = it->second.transport;
+  bag_owner = it->second.owner;
+  return absl::OkStatus();
+}
 
 absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) {
   absl::StatusOr<RouteLayout> layout = DeriveRouteLayout(
@@ -522,13 +558,14 @@ absl::Status SequenceBalancer::Rep::CheckHeads(const std::vector<at::Tensor>& xs
     }
   }
   // Checked against every bag size, not only this rank's bag: a mistake is
-  // then the same error on every rank instead of some bags failing while
-  // the others wait for them in the next exchange.
+  // then the same error on every rank (and every step, under "auto")
+  // instead of some bags failing while the others wait for them in the next
+  // exchange.
   if (whole_heads && xs[0].size(1) % heads_multiple != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": ", xs[0].size(1), " heads (dimension 1) do not split over the bags of ",
         spec.topology(), "; heads must be a multiple of ", heads_multiple,
-        " (every bag size of the topology)"));
+        " (every bag size the topology may use)"));
   }
   return absl::OkStatus();
 }
@@ -536,13 +573,61 @@ absl::Status SequenceBalancer::Rep::CheckHeads(const std::vector<at::Tensor>& xs
 SequenceBalancer::SequenceBalancer(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
 SequenceBalancer::~SequenceBalancer() = default;
 
+namespace {
+
+// The bags a rank may be in, as (GPUs, members), smallest first: the fixed
+// topology's one bag, or under "auto" the aligned block of every power of
+// two from 2 to the largest bag that holds `rank`.
+struct BagMembers {
+  int gpus;
+  std::vector<int> ranks;
+};
+
+absl::StatusOr<std::vector<BagMembers>> BagsOfRank(const std::string& topology, int world_size,
+                                                   int rank, const Machine& machine,
+                                                   std::string* canonical,
+                                                   int* heads_multiple) {
+  std::vector<BagMembers> bags;
+  *heads_multiple = 1;
+  if (AutoLayout::Matches(topology)) {
+    absl::StatusOr<AutoLayout> layout = AutoLayout::Parse(topology);
+    if (!layout.ok()) return layout.status();
+    absl::StatusOr<AutoShape> shape = layout->Resolve(world_size, machine);
+    if (!shape.ok()) return shape.status();
+    *canonical = layout->spec();
+    *heads_multiple = shape->max_bag;
+    for (int gpus = 2; gpus <= shape->max_bag; gpus *= 2) {
+      BagMembers bag{gpus, {}};
+      for (int p = 0; p < gpus; ++p) bag.ranks.push_back(rank / gpus * gpus + p);
+      bags.push_back(std::move(bag));
+    }
+    return bags;
+  }
+  auto parsed = Topology::Parse(topology);
+  if (!parsed.ok()) return parsed.status();
+  auto layout = World::Create(*parsed, world_size);
+  if (!layout.ok()) return layout.status();
+  *canonical = parsed->spec();
+  for (const Bag& bag : parsed->bags()) *heads_multiple = std::lcm(*heads_multiple, bag.gpus);
+  const RankLocation here = layout->Locate(rank);
+  BagMembers bag{parsed->bag(here.bag).gpus, {}};
+  for (int p = 0; p < bag.gpus; ++p) bag.ranks.push_back(layout->RankOf({here.replica, here.bag, p}));
+  bags.push_back(std::move(bag));
+  return bags;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
     SequenceBalancerOptions options, Transport* world) {
   if (world == nullptr) return absl::InvalidArgumentError("world: must not be null");
-  auto topology = Topology::Parse(options.topology);
-  if (!topology.ok()) return topology.status();
-  auto layout = World::Create(*topology, world->size());
-  if (!layout.ok()) return layout.status();
+  if (absl::Status machine = CheckMachine(options.machine); !machine.ok()) return machine;
+  std::string topology;
+  int heads_multiple = 1;
+  absl::StatusOr<std::vector<BagMembers>> bags =
+      BagsOfRank(options.topology, world->size(), world->rank(), options.machine, &topology,
+                 &heads_multiple);
+  if (!bags.ok()) return bags.status();
   if (options.token_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "token_bytes: must be >= 0 (0 = learn it from Route), got ", options.token_bytes));
@@ -554,34 +639,42 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
   rep->default_d_model = options.d_model;
   rep->default_token_bytes = options.token_bytes;
   rep->agree_on_errors = options.agree_on_errors;
+  rep->auto_layout = AutoLayout::Matches(topology);
+  rep->heads_multiple = heads_multiple;
   rep->spec.set_job_id(options.job_id);
   rep->spec.set_group_id(options.group_id);
   rep->spec.set_world_size(world->size());
-  rep->spec.set_topology(topology->spec());
+  rep->spec.set_topology(topology);
   rep->spec.set_d_model(options.d_model);
   rep->spec.set_gamma(options.gamma);
   rep->spec.set_token_bytes(options.token_bytes);
   rep->spec.set_max_tokens_per_gpu(options.max_tokens_per_gpu);
   rep->spec.set_cost_model(CostKindToProto(options.cost_model));
   rep->spec.set_use_fitted_gamma(options.use_fitted_gamma);
+  MachineToProto(options.machine, rep->spec.mutable_machine());
   if (options.locality.has_value()) {
     rep->spec.set_locality(*options.locality ? v1::LOCALITY_ON : v1::LOCALITY_OFF);
   }
-  for (const Bag& bag : topology->bags()) {
-    rep->heads_multiple = std::lcm(rep->heads_multiple, bag.gpus);
-  }
 
-  const RankLocation here = layout->Locate(world->rank());
-  const Bag& bag = layout->topology().bag(here.bag);
-  rep->bag_gpus = bag.gpus;
-  rep->bag_first_rank = layout->RankOf({here.replica, here.bag, 0});
-  if (bag.gpus > 1) {
-    std::vector<int> members;
-    for (int p = 0; p < bag.gpus; ++p) members.push_back(layout->RankOf({here.replica, here.bag, p}));
-    auto subgroup = world->Subgroup(members);
+  rep->bag_first_rank = world->rank();
+  // Smallest first on every rank: a block's members have all made their
+  // smaller blocks before they meet in it.
+  for (BagMembers& members : *bags) {
+    if (!rep->auto_layout) {
+      rep->bag_gpus = members.gpus;
+      rep->bag_first_rank = members.ranks.front();
+    }
+    if (members.gpus == 1) continue;
+    auto subgroup = world->Subgroup(members.ranks);
     if (!subgroup.ok()) return subgroup.status();
-    rep->bag = *std::move(subgroup);
-    rep->bag_owner = OwnerTensor(rep->bag);
+    Rep::PreparedBag& prepared = rep->prepared_bags[members.gpus];
+    prepared.first_rank = members.ranks.front();
+    prepared.transport = *std::move(subgroup);
+    prepared.owner = OwnerTensor(prepared.transport);
+    if (!rep->auto_layout) {
+      rep->bag = prepared.transport;
+      rep->bag_owner = prepared.owner;
+    }
   }
   auto planner = PlannerClient::Create(options.planner, world);
   if (!planner.ok()) return planner.status();
@@ -613,7 +706,14 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
   r.backward_chain = at::Tensor();
   r.chain_started = at::Tensor();
   r.device_copies.clear();
-  const absl::Status derived = r.Derive(lengths);
+  absl::Status derived = r.SelectBag();
+  if (derived.ok()) derived = r.Derive(lengths);
+  if (r.auto_layout) {
+    // The bag checks below run within bags this step's plan formed: every
+    // rank must know its bag is sound before any waits in one.
+    derived = AgreeOnStatus(*r.world, derived);
+    if (!derived.ok()) return derived;
+  }
   // Once per step instead of per exchange: every Route, ReverseRoute,
   // PreAttn and PostAttn of the step moves these counts or their transpose.
   // A rank whose plan cannot be used still takes part in both checks, with
@@ -673,6 +773,7 @@ const std::vector<int64_t>& SequenceBalancer::attention_lengths() const {
   return rep_->attention_lengths;
 }
 int SequenceBalancer::bag_gpus() const { return rep_->bag_gpus; }
+int SequenceBalancer::bag_first_rank() const { return rep_->bag_first_rank; }
 int SequenceBalancer::heads_multiple() const { return rep_->heads_multiple; }
 int64_t SequenceBalancer::routed_token_bytes() const { return rep_->routed_token_bytes; }
 

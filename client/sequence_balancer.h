@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "client/planner_client.h"
 #include "planner/cost_model.h"
+#include "planner/machine.h"
 #include "transport/transport.h"
 
 namespace knapformer {
@@ -29,8 +30,17 @@ struct SequenceBalancerOptions {
   std::string job_id = "default";
   std::string group_id;
   // Compute bags of one replica, e.g. "g1n2+g2n1+g4n1"; the world is
-  // transport size / GPUs of the topology replicas of it.
+  // transport size / GPUs of the topology replicas of it. Or "auto"
+  // ("auto:max_bag=G:group=T", planner/auto_layout.h): the planner chooses
+  // the bags every step; the balancer prepares a subgroup for every aligned
+  // power-of-two block of ranks up to the largest bag within each node, once
+  // in Create, and each step uses the ones its plan names.
   std::string topology;
+  // What the GPUs and links can do (planner/machine.h): prices the
+  // communication that "auto" trades against balance, and the predicted
+  // step time. gpus_per_node must be the ranks per node of the transport
+  // (ranks node-major, as torchrun numbers them).
+  Machine machine;
   // The cost model: transformer 24*l*d^2 + gamma*4*l^2*d (d_model and gamma
   // are checked whatever the kind), uniform or linear (planner/cost_model.h).
   CostKind cost_model = CostKind::kTransformer;
@@ -92,7 +102,8 @@ struct StepOverrides {
 class SequenceBalancer {
  public:
   // Collective over `world` (every rank calls it): a rank of a multi-GPU bag
-  // builds its bag's subgroup. `world` must outlive the balancer and every
+  // builds its bag's subgroup (under "auto", one per block size it may be
+  // asked to use: no step creates a communicator). `world` must outlive the balancer and every
   // backward pass through tensors it produced (the bag's subgroup is kept
   // alive by those backward passes themselves).
   static absl::StatusOr<std::unique_ptr<SequenceBalancer>> Create(SequenceBalancerOptions options,
@@ -154,8 +165,9 @@ class SequenceBalancer {
   // Collective within the bag (Ulysses). [sum(routed_lengths()), heads, ...]
   // -> [sum(attention_lengths()), heads / bag_gpus(), ...]: whole sequences,
   // a slice of the heads. Identity in a single-GPU bag. InvalidArgument on
-  // every rank alike unless heads is a multiple of every bag size of the
-  // topology (heads_multiple()), so that no bag fails while others go on.
+  // every rank alike unless heads is a multiple of every bag size the
+  // topology may use (heads_multiple()), so that no bag fails while others
+  // go on.
   absl::StatusOr<at::Tensor> PreAttn(const at::Tensor& x) const;
   // q, k and v (same rows and heads; any dtypes and head dims) in one
   // exchange.
@@ -177,9 +189,11 @@ class SequenceBalancer {
   // attention), in PreAttn's output order.
   const std::vector<int64_t>& attention_lengths() const;
 
+  // This step's bag (it changes from step to step under "auto").
   int bag_gpus() const;
-  // The least common multiple of the topology's bag sizes: PreAttn needs
-  // heads to be a multiple of it.
+  int bag_first_rank() const;
+  // The least common multiple of the bag sizes the topology may use (under
+  // "auto", its largest bag): PreAttn needs heads to be a multiple of it.
   int heads_multiple() const;
   // Bytes per token the last RouteTensors moved (summed over its tensors);
   // 0 before the first.

@@ -5,11 +5,14 @@
 // that every routed chunk holds exactly the tokens the plan names, and that
 // multi-head attention through route / pre_attn / attention / post_attn /
 // reverse_route equals per-sequence attention without balancing, forward
-// and gradients (inputs and all-reduced weights).
+// and gradients (inputs and all-reduced weights); under topology "auto" the
+// same with a layout that changes from step to step.
 #include "client/sequence_balancer.h"
 
 #include <cmath>
 #include <random>
+#include <set>
+#include <string>
 
 #include <torch/torch.h>
 
@@ -320,6 +323,61 @@ const bool kErrors = RegisterScenario("errors", [](Worker& w) {
   EXPECT_THAT(std::string(refused.message()), testing::HasSubstr("ranks[2][0]: sequence length -1"));
 });
 
+// This rank's lengths at `step` of the auto scenario: the data changes
+// kind every step, and so does the layout the planner chooses for it.
+std::vector<int64_t> AutoLengths(int rank, uint64_t step) {
+  std::mt19937_64 random(rank * 7919 + step);
+  switch (step % 4) {
+    case 0:  // even: single-GPU bags, no Ulysses traffic
+      return {64, 64};
+    case 1:  // one sequence outweighs everything else
+      if (rank == 5) return {2400, 16};
+      return {static_cast<int64_t>(8 + random() % 24)};
+    case 2:  // two long ones in different nodes, an empty rank, zero lengths
+      if (rank == 1) return {};
+      if (rank == 2 || rank == 6) return {0, 1200, 3};
+      return {0, static_cast<int64_t>(1 + random() % 40)};
+    default:  // ragged
+      return {static_cast<int64_t>(1 + random() % 200), static_cast<int64_t>(1 + random() % 9)};
+  }
+}
+
+// topology "auto" on 2 nodes of 4: every step the layout may change; the
+// balancer uses the bags each plan names (prepared once in Create), routes
+// and attends exactly, and sees more than one layout over the steps.
+const bool kAutoLayout = RegisterScenario("auto_layout", [](Worker& w) {
+  SequenceBalancerOptions options = Options(w);
+  options.machine.gpus_per_node = 4;
+  auto balancer = SequenceBalancer::Create(options, w.transport.get());
+  ASSERT_TRUE(balancer.ok()) << balancer.status();
+  EXPECT_EQ((*balancer)->heads_multiple(), 4);
+  EXPECT_EQ((*balancer)->spec().topology(), "auto:max_bag=4");
+  const PlanSource source = w.args.count("planner") ? PlanSource::kService : PlanSource::kLocal;
+  std::set<std::string> layouts;
+  std::set<int> bag_sizes;
+  for (uint64_t step = 0; step < 8; ++step) {
+    const std::vector<int64_t> lengths = AutoLengths(w.rank, step);
+    absl::Status planned = (*balancer)->PlanRouting(lengths);
+    ASSERT_TRUE(planned.ok()) << planned;
+    const StepPlan& plan = (*balancer)->step_plan();
+    EXPECT_EQ(plan.source, source);
+    EXPECT_GT(plan.predicted_step_seconds, 0);
+    layouts.insert(plan.layout);
+    const int gpus = (*balancer)->bag_gpus();
+    bag_sizes.insert(gpus);
+    // An aligned block within this rank's node.
+    EXPECT_EQ((*balancer)->bag_first_rank() % gpus, 0);
+    EXPECT_EQ((*balancer)->bag_first_rank() / 4, w.rank / 4);
+    EXPECT_EQ(plan.plan.ulysses.gpus, gpus);
+    if (step % 4 == 0) EXPECT_EQ(plan.layout, "g1n8") << "step " << step;
+    if (step % 4 == 1) EXPECT_NE(plan.layout, "g1n8") << "step " << step;
+    CheckRoundTrip(w, **balancer, lengths);
+    CheckAttention(w, **balancer, lengths, step);
+  }
+  EXPECT_GE(layouts.size(), 2u);
+  if (w.rank == 5) EXPECT_GE(bag_sizes.size(), 2u);  // its bag grew for its long sequence
+});
+
 void ExpectBalanceRuns(const std::string& topology, int size) {
   WorkerRun run = RunWorkers("balance", size, {{"topology", topology}});
   EXPECT_TRUE(run.ok()) << run.output;
@@ -331,6 +389,11 @@ TEST(SequenceBalancer, EightSingleGpuBags) { ExpectBalanceRuns("g1n8", 8); }
 TEST(SequenceBalancer, OneBagOfEight) { ExpectBalanceRuns("g8n1", 8); }
 TEST(SequenceBalancer, MixedBagsOfOneTwoAndFour) { ExpectBalanceRuns("g1n2+g2n1+g4n1", 8); }
 TEST(SequenceBalancer, TwoReplicas) { ExpectBalanceRuns("g1n2+g2n1", 8); }
+
+TEST(SequenceBalancer, AutoLayoutChangesFromStepToStepPlannedLocally) {
+  WorkerRun run = RunWorkers("auto_layout", 8, {{"topology", "auto:max_bag=4"}});
+  EXPECT_TRUE(run.ok()) << run.output;
+}
 
 TEST(SequenceBalancer, ErrorsNameTheProblem) {
   WorkerRun run = RunWorkers("errors", 4, {{"topology", "g4n1"}});
@@ -356,6 +419,18 @@ TEST(SequenceBalancer, PlanningAheadWithTheServiceGivesTheSamePlansInEitherMode)
   for (const char* mode : {"group", "per-rank"}) {
     WorkerRun run = RunWorkers("plan_ahead", 4,
                                {{"topology", "g1n2+g2n1"},
+                                {"mode", mode},
+                                {"planner", absl::StrCat("127.0.0.1:", (*server)->port())}});
+    EXPECT_TRUE(run.ok()) << mode << ": " << run.output;
+  }
+}
+
+TEST(SequenceBalancer, AutoLayoutFromTheServiceInEitherMode) {
+  auto server = StartPlanner();
+  ASSERT_TRUE(server.ok()) << server.status();
+  for (const char* mode : {"group", "per-rank"}) {
+    WorkerRun run = RunWorkers("auto_layout", 8,
+                               {{"topology", "auto:max_bag=4"},
                                 {"mode", mode},
                                 {"planner", absl::StrCat("127.0.0.1:", (*server)->port())}});
     EXPECT_TRUE(run.ok()) << mode << ": " << run.output;
