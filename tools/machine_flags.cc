@@ -13,8 +13,8 @@ const std::vector<std::string>& MachineFlagNames() {
   return kNames;
 }
 
-absl::StatusOr<Machine> ParseMachineFlags(const Args& args) {
-  Machine machine;
+absl::StatusOr<Machine> ParseMachineFlags(const Args& args, const Machine& defaults) {
+  Machine machine = defaults;
   struct Rate {
     const char* flag;
     double* value;

@@ -15,9 +15,9 @@ namespace knapformer {
 // way), --gpus-per-node, --element-bytes, --blocks-per-route.
 const std::vector<std::string>& MachineFlagNames();
 
-// The defaults overridden by the flags given; InvalidArgument naming the
-// flag and its range.
-absl::StatusOr<Machine> ParseMachineFlags(const Args& args);
+// `defaults` overridden by the flags given; InvalidArgument naming the flag
+// and its range.
+absl::StatusOr<Machine> ParseMachineFlags(const Args& args, const Machine& defaults = Machine());
 
 }  // namespace knapformer
 

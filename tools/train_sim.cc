@@ -6,7 +6,10 @@
 // each rank's compute time per step (thread CPU time, one intra-op thread,
 // so that processes sharing cores do not blur it), the measured WIR
 // (max/min of those times) and the planner's predicted max/mean, and checks
-// that both runs give the same loss and all-reduced gradients.
+// that both runs give the same loss and all-reduced gradients. With several
+// topologies (--topology auto,g1n4,g4n1) every step is balanced once per
+// topology, on the same weights and tokens, and the summary compares their
+// slowest-rank compute: auto against the best fixed one, in the same run.
 //
 //   bazel run -c opt //tools:train_sim -- --procs 4 --steps 5
 //   (or: bash scripts/knapformer train-sim ...)
@@ -18,6 +21,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
+#include <numeric>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -28,26 +33,36 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/environment.h"
 #include "client/sequence_balancer.h"
 #include "client/varlen_attention.h"
 #include "planner/data_stream.h"
+#include "planner/auto_layout.h"
 #include "planner/topology.h"
 #include "planner/status_macros.h"
 #include "common/log.h"
 #include "tools/args.h"
 #include "tools/local_world.h"
+#include "tools/machine_flags.h"
 #include "tools/sample_stats.h"
 
 namespace knapformer {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: train_sim [--procs 4] [--steps 5] [--topology g1n2+g2n1]\n"
+    "usage: train_sim [--procs 4] [--steps 5] [--topology g1n2+g2n1[,auto,...]]\n"
     "                 [--data g2b4i256f1s0,g1b5i512f1s0,g1b1i2048f1s0] [--scale 8]\n"
     "                 [--d-model 64] [--heads 4] [--layers 2] [--gamma 1] [--seed 0]\n"
     "                 [--planner host:port] [--plan-ahead 0] [--first-step 0]\n"
-    "                 [--timeout-seconds 900]\n"
+    "                 [--timeout-seconds 900] [machine flags]\n"
+    "  --topology  one or more, comma-separated: each step is balanced with each\n"
+    "              (auto = the planner chooses the bags every step; the summary\n"
+    "              compares it with the best fixed topology of the run)\n"
+    "  machine flags (what prices auto's communication): --tflops 0.02\n"
+    "              --intra-node-gbps 2 --inter-node-gbps 2 --gpus-per-node <procs>\n"
+    "              --element-bytes 4 --blocks-per-route <layers>: these processes\n"
+    "              (one CPU thread each, float32, Gloo on 127.0.0.1), not a GPU node\n"
     "  --data   the paper's data codes (a mixed-resolution stream by default; the\n"
     "           world must be a multiple of their GPUs), or low-res/mixed-res/joint\n"
     "           with --procs 32; --scale divides every length (CPU attention)\n"
@@ -62,15 +77,23 @@ constexpr char kUsage[] =
     "rank's wait for it (wall time in the planner client); the summary gives its\n"
     "p50/p99 over the steps next to the balanced step's compute\n";
 
-const std::vector<std::string> kFlags = {"procs",   "steps",   "topology",   "data",
-                                         "scale",   "d-model", "heads",      "layers",
-                                         "gamma",   "seed",    "planner",    "first-step",
-                                         "timeout-seconds", "plan-ahead"};
+std::vector<std::string> Flags() {
+  std::vector<std::string> flags = {"procs",   "steps",   "topology",   "data",
+                                    "scale",   "d-model", "heads",      "layers",
+                                    "gamma",   "seed",    "planner",    "first-step",
+                                    "timeout-seconds", "plan-ahead"};
+  for (const std::string& flag : MachineFlagNames()) flags.push_back(flag);
+  return flags;
+}
+
+// At most this many topologies per run (a fixed-size record per rank and step).
+constexpr int kMaxTopologies = 8;
 
 struct SimOptions {
   int procs = 4;
   int steps = 5;
-  std::string topology = "g1n2+g2n1";
+  std::vector<std::string> topologies = {"g1n2+g2n1"};
+  Machine machine;
   std::string data = "g2b4i256f1s0,g1b5i512f1s0,g1b1i2048f1s0";
   int scale = 8;
   int d_model = 64;
@@ -85,7 +108,7 @@ struct SimOptions {
 };
 
 absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
-  KF_ASSIGN_OR_RETURN(Args args, Args::Parse(argv, kFlags));
+  KF_ASSIGN_OR_RETURN(Args args, Args::Parse(argv, Flags()));
   SimOptions o;
   KF_ASSIGN_OR_RETURN(int64_t procs, args.GetInt("procs", o.procs, 1, 64));
   KF_ASSIGN_OR_RETURN(int64_t steps, args.GetInt("steps", o.steps, 1, 1000));
@@ -108,7 +131,7 @@ absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
   o.layers = static_cast<int>(layers);
   o.seed = static_cast<uint64_t>(seed);
   o.timeout_seconds = static_cast<int>(timeout);
-  o.topology = args.GetString("topology", o.topology);
+  o.topologies = absl::StrSplit(args.GetString("topology", o.topologies.front()), ',');
   o.data = args.GetString("data", o.data);
   const std::string scenario = ScenarioCodes(o.data);
   if (!scenario.empty()) o.data = scenario;
@@ -124,18 +147,52 @@ absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
   if (!stream.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--data/--procs: ", stream.status().message()));
   }
-  auto topology = Topology::Parse(o.topology);
-  if (!topology.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--topology: ", topology.status().message()));
+  // The simulation's own machine: CPU processes, float32, one node.
+  Machine simulated;
+  simulated.flops_per_second = 0.02e12;
+  simulated.intra_node_bytes_per_second = 2e9;
+  simulated.inter_node_bytes_per_second = 2e9;
+  simulated.gpus_per_node = o.procs;
+  simulated.element_bytes = sizeof(float);
+  simulated.blocks_per_route = o.layers;
+  KF_ASSIGN_OR_RETURN(o.machine, ParseMachineFlags(args, simulated));
+  if (o.topologies.size() > kMaxTopologies) {
+    return absl::InvalidArgumentError(absl::StrCat("--topology: ", o.topologies.size(),
+                                                   " topologies, at most ", kMaxTopologies));
   }
-  auto world = World::Create(*topology, o.procs);
-  if (!world.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--topology/--procs: ", world.status().message()));
-  }
-  for (const Bag& bag : topology->bags()) {
-    if (o.heads % bag.gpus != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--heads: ", o.heads, " heads do not split over ",
-                                                     "a bag of ", bag.gpus, " GPUs of --topology"));
+  for (std::string& spec : o.topologies) {
+    // The largest bag this topology may use.
+    int max_bag = 1;
+    if (AutoLayout::Matches(spec)) {
+      auto layout = AutoLayout::Parse(spec);
+      if (!layout.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--topology: ", layout.status().message()));
+      }
+      auto shape = layout->Resolve(o.procs, o.machine);
+      if (!shape.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--topology/--procs: ", shape.status().message()));
+      }
+      spec = layout->spec();
+      max_bag = shape->max_bag;
+    } else {
+      auto topology = Topology::Parse(spec);
+      if (!topology.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--topology: ", topology.status().message()));
+      }
+      auto world = World::Create(*topology, o.procs);
+      if (!world.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--topology/--procs: ", world.status().message()));
+      }
+      spec = topology->spec();
+      for (const Bag& bag : topology->bags()) max_bag = std::lcm(max_bag, bag.gpus);
+    }
+    if (o.heads % max_bag != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--heads: ", o.heads,
+                                                     " heads do not split over a bag of ",
+                                                     max_bag, " GPUs of --topology ", spec));
     }
   }
   return o;
@@ -207,12 +264,23 @@ at::Tensor TakeGradients(const std::vector<Block>& blocks, c10d::ProcessGroup& g
   return all[0];
 }
 
-struct RankStep {
-  double unbalanced_seconds = 0, balanced_seconds = 0;
+// One rank's step with one topology.
+struct Balanced {
+  double seconds = 0;
   double loss_difference = 0, gradient_difference = 0;
-  double tokens_before = 0, tokens_after = 0;
   double plan_wait_seconds = 0;     // the planner client's wall time (StepPlan::wait_seconds)
   double service_wait_seconds = 0;  // of it, blocked on the service's answer
+};
+
+struct RankStep {
+  double unbalanced_seconds = 0;
+  Balanced balanced[kMaxTopologies];
+};
+
+// Rank 0's sums over the counted steps, per topology.
+struct TopologySummary {
+  double sum_max = 0, sum_wir = 0;
+  std::vector<double> plan_waits, service_waits, computes;  // the slowest rank's, per step
 };
 
 int RunWorker(const SimOptions& o) {
@@ -231,11 +299,11 @@ int RunWorker(const SimOptions& o) {
   auto stream = DataStream::Create(*ParseDataCodes(o.data), o.procs, o.seed);
   SequenceBalancerOptions balancer_options;
   balancer_options.job_id = "train-sim";
-  balancer_options.topology = o.topology;
   balancer_options.d_model = o.d_model;
   balancer_options.gamma = o.gamma;
   balancer_options.token_bytes = o.d_model * sizeof(float);
   balancer_options.first_step = static_cast<uint64_t>(o.first_step);
+  balancer_options.machine = o.machine;
   // The deployment's environment (deploy/k8s), then --planner over it.
   absl::Status environment = ApplyClientEnvironment(
       &balancer_options.planner, &balancer_options.job_id, &balancer_options.group_id);
@@ -244,15 +312,25 @@ int RunWorker(const SimOptions& o) {
     return 2;
   }
   if (!o.planner.empty()) balancer_options.planner.address = o.planner;
-  auto balancer = SequenceBalancer::Create(balancer_options, transport);
-  if (!balancer.ok()) {
-    std::cerr << "rank " << rank << ": " << balancer.status() << "\n";
-    return 2;
+  const int kinds = static_cast<int>(o.topologies.size());
+  // One balancer per topology, each its own job at the planner.
+  std::vector<std::unique_ptr<SequenceBalancer>> balancers;
+  for (int t = 0; t < kinds; ++t) {
+    SequenceBalancerOptions options = balancer_options;
+    options.topology = o.topologies[t];
+    if (kinds > 1) options.job_id = absl::StrCat(balancer_options.job_id, "-", t);
+    auto balancer = SequenceBalancer::Create(options, transport);
+    if (!balancer.ok()) {
+      std::cerr << "rank " << rank << ": " << balancer.status() << "\n";
+      return 2;
+    }
+    balancers.push_back(*std::move(balancer));
   }
   std::vector<Block> blocks = InitModel(o);
 
   if (rank == 0) {
-    std::cout << "train-sim: " << o.procs << " processes, topology " << o.topology << ", data "
+    std::cout << "train-sim: " << o.procs << " processes, topology "
+              << absl::StrJoin(o.topologies, ", ") << ", data "
               << o.data << " (lengths / " << o.scale << "), d_model " << o.d_model << ", "
               << o.heads << " heads, " << o.layers << " layers, "
               << (balancer_options.planner.address.empty()
@@ -265,11 +343,10 @@ int RunWorker(const SimOptions& o) {
                                  "per-rank compute (ms)", "WIR", "max (ms)",
                                  "planned max/mean");
   }
-  double sum_max_unbalanced = 0, sum_max_balanced = 0, sum_wir_unbalanced = 0, sum_wir_balanced = 0;
+  double sum_max_unbalanced = 0, sum_wir_unbalanced = 0;
   double worst_loss = 0, worst_gradient = 0;
   int counted = 0;
-  // The slowest rank's, per counted step.
-  std::vector<double> plan_waits, service_waits, balanced_computes;
+  std::vector<TopologySummary> summaries(kinds);
   auto scaled = [&](int64_t length) { return std::max<int64_t>(1, length / o.scale); };
   auto lengths_of = [&](int step) {
     std::vector<int64_t> lengths = stream->Batch(step)[rank];
@@ -294,29 +371,32 @@ int RunWorker(const SimOptions& o) {
     mine.unbalanced_seconds = ThreadCpuSeconds() - start;
     at::Tensor grad_unbalanced = TakeGradients(blocks, *group);
 
-    start = ThreadCpuSeconds();
-    absl::Status planned = (*balancer)->PlanRouting(lengths);
-    if (planned.ok() && o.plan_ahead && step + 1 < end_step) {
-      // The next batch is known now; its plan is asked for while this one computes.
-      planned = (*balancer)->PrefetchRouting(lengths_of(step + 1));
+    at::Tensor grad_balanced;
+    for (int t = 0; t < kinds; ++t) {
+      SequenceBalancer& balancer = *balancers[t];
+      Balanced& result = mine.balanced[t];
+      start = ThreadCpuSeconds();
+      absl::Status planned = balancer.PlanRouting(lengths);
+      if (planned.ok() && o.plan_ahead && step + 1 < end_step) {
+        // The next batch is known now; its plan is asked for while this one computes.
+        planned = balancer.PrefetchRouting(lengths_of(step + 1));
+      }
+      if (!planned.ok()) {
+        std::cerr << "rank " << rank << ": step " << step << ": " << planned << "\n";
+        return 1;
+      }
+      at::Tensor loss_balanced = Step(o, blocks, x, lengths, world_tokens, &balancer);
+      result.seconds = ThreadCpuSeconds() - start;
+      grad_balanced = TakeGradients(blocks, *group);
+      result.plan_wait_seconds = balancer.step_plan().wait_seconds;
+      result.service_wait_seconds = balancer.step_plan().service_wait_seconds;
+      result.loss_difference =
+          std::abs(loss_balanced.item<double>() - loss_unbalanced.item<double>()) /
+          std::max(1e-30, std::abs(loss_unbalanced.item<double>()));
+      result.gradient_difference = ((grad_balanced - grad_unbalanced).abs().max() /
+                                    grad_unbalanced.abs().max().clamp_min(1e-30))
+                                       .item<double>();
     }
-    if (!planned.ok()) {
-      std::cerr << "rank " << rank << ": step " << step << ": " << planned << "\n";
-      return 1;
-    }
-    at::Tensor loss_balanced = Step(o, blocks, x, lengths, world_tokens, balancer->get());
-    mine.balanced_seconds = ThreadCpuSeconds() - start;
-    at::Tensor grad_balanced = TakeGradients(blocks, *group);
-    mine.plan_wait_seconds = (*balancer)->step_plan().wait_seconds;
-    mine.service_wait_seconds = (*balancer)->step_plan().service_wait_seconds;
-    mine.tokens_before = static_cast<double>(tokens);
-    mine.tokens_after = 0;
-    for (int64_t l : (*balancer)->routed_lengths()) mine.tokens_after += l;
-    mine.loss_difference = std::abs(loss_balanced.item<double>() - loss_unbalanced.item<double>()) /
-                           std::max(1e-30, std::abs(loss_unbalanced.item<double>()));
-    mine.gradient_difference = ((grad_balanced - grad_unbalanced).abs().max() /
-                                grad_unbalanced.abs().max().clamp_min(1e-30))
-                                   .item<double>();
     {  // SGD on the (identical) gradients, so the model trains
       at::NoGradGuard no_grad;
       int64_t offset = 0;
@@ -335,61 +415,101 @@ int RunWorker(const SimOptions& o) {
     if (rank != 0) continue;
     std::vector<RankStep> ranks(o.procs);
     for (int r = 0; r < o.procs; ++r) std::memcpy(&ranks[r], (*all)[r].data(), sizeof(RankStep));
-    double max_u = 0, min_u = 1e30, max_b = 0, min_b = 1e30, max_plan = 0, max_service = 0;
-    std::vector<std::string> u_ms, b_ms;
+    double max_u = 0, min_u = 1e30;
+    std::vector<std::string> u_ms;
     for (const RankStep& s : ranks) {
       max_u = std::max(max_u, s.unbalanced_seconds);
       min_u = std::min(min_u, s.unbalanced_seconds);
-      max_b = std::max(max_b, s.balanced_seconds);
-      max_plan = std::max(max_plan, s.plan_wait_seconds);
-      max_service = std::max(max_service, s.service_wait_seconds);
-      min_b = std::min(min_b, s.balanced_seconds);
       u_ms.push_back(absl::StrFormat("%.0f", s.unbalanced_seconds * 1e3));
-      b_ms.push_back(absl::StrFormat("%.0f", s.balanced_seconds * 1e3));
-      worst_loss = std::max(worst_loss, s.loss_difference);
-      worst_gradient = std::max(worst_gradient, s.gradient_difference);
     }
-    const StepPlan& plan = (*balancer)->step_plan();
     std::cout << absl::StrFormat("%-5d %-10s %-28s %-7.2f %-9.0f %s\n", step, "unbalanced",
                                  absl::StrJoin(u_ms, " "), max_u / min_u, max_u * 1e3,
-                                 absl::StrFormat("%.3f", plan.max_over_mean_before));
-    std::cout << absl::StrFormat("%-5s %-10s %-28s %-7.2f %-9.0f %s (%s%s, waited %.2f ms)\n",
-                                 "", "balanced", absl::StrJoin(b_ms, " "), max_b / min_b,
-                                 max_b * 1e3, absl::StrFormat("%.3f", plan.max_over_mean_after),
-                                 PlanSourceName(plan.source), plan.prefetched ? ", ahead" : "",
-                                 max_plan * 1e3);
-    std::cout.flush();  // a test follows the run step by step
-    if (step > o.first_step || o.steps == 1) {  // step 0 warms up allocators and Gloo pairs
+                                 absl::StrFormat("%.3f",
+                                                 balancers[0]->step_plan().max_over_mean_before));
+    // step 0 warms up allocators and Gloo pairs
+    const bool count = step > o.first_step || o.steps == 1;
+    if (count) {
       sum_max_unbalanced += max_u;
-      sum_max_balanced += max_b;
       sum_wir_unbalanced += max_u / min_u;
-      sum_wir_balanced += max_b / min_b;
-      plan_waits.push_back(max_plan);
-      service_waits.push_back(max_service);
-      balanced_computes.push_back(max_b);
       ++counted;
     }
+    for (int t = 0; t < kinds; ++t) {
+      double max_b = 0, min_b = 1e30, max_plan = 0, max_service = 0;
+      std::vector<std::string> b_ms;
+      for (const RankStep& s : ranks) {
+        const Balanced& b = s.balanced[t];
+        max_b = std::max(max_b, b.seconds);
+        min_b = std::min(min_b, b.seconds);
+        max_plan = std::max(max_plan, b.plan_wait_seconds);
+        max_service = std::max(max_service, b.service_wait_seconds);
+        b_ms.push_back(absl::StrFormat("%.0f", b.seconds * 1e3));
+        worst_loss = std::max(worst_loss, b.loss_difference);
+        worst_gradient = std::max(worst_gradient, b.gradient_difference);
+      }
+      const StepPlan& plan = balancers[t]->step_plan();
+      // With several topologies, each row names its own (auto: the layout it chose).
+      const std::string which =
+          kinds == 1 ? "" : absl::StrCat(" ", o.topologies[t],
+                                         AutoLayout::Matches(o.topologies[t])
+                                             ? absl::StrCat(" -> ", plan.layout)
+                                             : "");
+      std::cout << absl::StrFormat("%-5s %-10s %-28s %-7.2f %-9.0f %s (%s%s, waited %.2f ms)%s\n",
+                                   "", "balanced", absl::StrJoin(b_ms, " "), max_b / min_b,
+                                   max_b * 1e3, absl::StrFormat("%.3f", plan.max_over_mean_after),
+                                   PlanSourceName(plan.source), plan.prefetched ? ", ahead" : "",
+                                   max_plan * 1e3, which);
+      if (count) {
+        TopologySummary& summary = summaries[t];
+        summary.sum_max += max_b;
+        summary.sum_wir += max_b / min_b;
+        summary.plan_waits.push_back(max_plan);
+        summary.service_waits.push_back(max_service);
+        summary.computes.push_back(max_b);
+      }
+    }
+    std::cout.flush();  // a test follows the run step by step
   }
   if (rank == 0) {
-    std::cout << absl::StrFormat(
-        "\nmean over steps %s: max per-rank compute %.0f ms unbalanced, %.0f ms balanced "
-        "(%.2fx); WIR %.2f -> %.2f\n",
-        o.steps > 1
-            ? absl::StrCat(o.first_step + 1, "..", o.first_step + o.steps - 1)
-            : std::to_string(o.first_step),
-        sum_max_unbalanced / counted * 1e3,
-        sum_max_balanced / counted * 1e3, sum_max_unbalanced / sum_max_balanced,
-        sum_wir_unbalanced / counted, sum_wir_balanced / counted);
-    std::cout << absl::StrFormat(
-        "waiting for the plan (slowest rank): p50 %.2f ms, p99 %.2f ms; balanced step compute "
-        "p50 %.0f ms%s\n",
-        Percentile(plan_waits, 0.5) * 1e3, Percentile(plan_waits, 0.99) * 1e3,
-        Percentile(balanced_computes, 0.5) * 1e3, o.plan_ahead ? " (planning one step ahead)" : "");
-    if (!balancer_options.planner.address.empty()) {
+    const std::string steps =
+        o.steps > 1 ? absl::StrCat(o.first_step + 1, "..", o.first_step + o.steps - 1)
+                    : std::to_string(o.first_step);
+    for (int t = 0; t < kinds; ++t) {
+      const TopologySummary& summary = summaries[t];
+      const std::string which = kinds == 1 ? "" : absl::StrCat(" [", o.topologies[t], "]");
       std::cout << absl::StrFormat(
-          "of which blocked on the service's answer: p50 %.2f ms, p99 %.2f ms; the rest is "
-          "the collectives that agree on the plan\n",
-          Percentile(service_waits, 0.5) * 1e3, Percentile(service_waits, 0.99) * 1e3);
+          "\nmean over steps %s%s: max per-rank compute %.0f ms unbalanced, %.0f ms balanced "
+          "(%.2fx); WIR %.2f -> %.2f\n",
+          steps, which, sum_max_unbalanced / counted * 1e3, summary.sum_max / counted * 1e3,
+          sum_max_unbalanced / summary.sum_max, sum_wir_unbalanced / counted,
+          summary.sum_wir / counted);
+      std::cout << absl::StrFormat(
+          "waiting for the plan (slowest rank): p50 %.2f ms, p99 %.2f ms; balanced step compute "
+          "p50 %.0f ms%s\n",
+          Percentile(summary.plan_waits, 0.5) * 1e3, Percentile(summary.plan_waits, 0.99) * 1e3,
+          Percentile(summary.computes, 0.5) * 1e3,
+          o.plan_ahead ? " (planning one step ahead)" : "");
+      if (!balancer_options.planner.address.empty()) {
+        std::cout << absl::StrFormat(
+            "of which blocked on the service's answer: p50 %.2f ms, p99 %.2f ms; the rest is "
+            "the collectives that agree on the plan\n",
+            Percentile(summary.service_waits, 0.5) * 1e3,
+            Percentile(summary.service_waits, 0.99) * 1e3);
+      }
+    }
+    // auto against the best fixed topology measured in this run.
+    int best_fixed = -1;
+    for (int t = 0; t < kinds; ++t) {
+      if (AutoLayout::Matches(o.topologies[t])) continue;
+      if (best_fixed < 0 || summaries[t].sum_max < summaries[best_fixed].sum_max) best_fixed = t;
+    }
+    for (int t = 0; t < kinds && best_fixed >= 0; ++t) {
+      if (!AutoLayout::Matches(o.topologies[t])) continue;
+      std::cout << absl::StrFormat(
+          "%s vs the best fixed topology %s: max per-rank compute %.0f ms vs %.0f ms "
+          "(%.3fx)\n",
+          o.topologies[t], o.topologies[best_fixed], summaries[t].sum_max / counted * 1e3,
+          summaries[best_fixed].sum_max / counted * 1e3,
+          summaries[t].sum_max / summaries[best_fixed].sum_max);
     }
     std::cout << absl::StrFormat(
         "balanced vs unbalanced: largest relative loss difference %.2e, gradient %.2e\n",
