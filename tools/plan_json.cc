@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "planner/auto_layout.h"
 #include "planner/balance_stats.h"
 #include "planner/cost_model.h"
 #include "planner/status_macros.h"
@@ -177,6 +178,27 @@ absl::StatusOr<std::string> PlanRequestToJson(absl::string_view request_json, Co
                                               const BalancerOptions& options,
                                               std::optional<int64_t> rank) {
   KF_ASSIGN_OR_RETURN(PlanRequest request, ParsePlanRequest(request_json));
+  if (AutoLayout::Matches(request.topology)) {
+    // The layout is chosen for these lengths on the default machine
+    // (planner/machine.h); "topology" in the answer is the one chosen.
+    KF_ASSIGN_OR_RETURN(AutoLayout layout, AutoLayout::Parse(request.topology));
+    const int64_t ranks = static_cast<int64_t>(request.ranks.size());
+    if (rank.has_value() && (*rank < 0 || *rank >= ranks)) {
+      return absl::InvalidArgumentError(absl::StrCat("rank: '", *rank,
+                                                     "' is not a whole number in [0, ",
+                                                     ranks - 1, "]"));
+    }
+    KF_ASSIGN_OR_RETURN(CostModel cost,
+                        CostModel::Create(request.d_model, request.gamma, cost_kind));
+    KF_ASSIGN_OR_RETURN(CommPrices prices,
+                        CommPrices::Create(Machine(), cost, request.token_bytes));
+    KF_ASSIGN_OR_RETURN(AutoPlan chosen,
+                        BalanceAuto(layout, ranks, cost, prices, request.ranks, options));
+    KF_RETURN_IF_ERROR(ValidatePlan(chosen.plan, chosen.world, request.ranks));
+    if (rank.has_value()) return RankPlanToJson(chosen.plan.Slice(static_cast<int32_t>(*rank)));
+    return PlanToJson(request, chosen.plan,
+                      MaxOverMeanLowerBound(chosen.world, cost, request.ranks));
+  }
   KF_ASSIGN_OR_RETURN(Topology topology, Topology::Parse(request.topology));
   const int64_t ranks = static_cast<int64_t>(request.ranks.size());
   if (ranks % topology.group_size() != 0) {  // world = number of ranks given

@@ -123,6 +123,35 @@ TEST(PlanJsonTest, WritesChunksWorkloadsAndNullForUnboundedRatios) {
   EXPECT_EQ(slice["compute_chunk_lengths"], (std::vector<int64_t>{7}));
 }
 
+// "topology": "auto" answers with the layout chosen for the lengths: even
+// lengths keep one-GPU bags, one sequence that outweighs the rest does not.
+TEST(PlanJsonTest, AutoAnswersTheChosenLayout) {
+  const std::string even =
+      R"({"topology": "auto", "d_model": 3072, "gamma": 0.49, "ranks": [[4096], [4096], [4096], )"
+      R"([4096], [4096], [4096], [4096], [4096]]})";
+  auto plan = PlanRequestToJson(even, CostKind::kTransformer, BalancerOptions(), std::nullopt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(nlohmann::json::parse(*plan)["topology"], "g1n8");
+  const std::string skewed =
+      R"({"topology": "auto:max_bag=4", "d_model": 3072, "gamma": 0.49, "ranks": [[262144], )"
+      R"([512], [512], [512], [512], [512], [512], [512]]})";
+  plan = PlanRequestToJson(skewed, CostKind::kTransformer, BalancerOptions(), std::nullopt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const auto out = nlohmann::json::parse(*plan);
+  const std::string layout = out["topology"];
+  EXPECT_NE(layout, "g1n8");
+  EXPECT_THAT(layout, HasSubstr("g4n"));
+  EXPECT_LT(out["after"]["max_over_mean"].get<double>(),
+            out["before"]["max_over_mean"].get<double>());
+  auto slice = PlanRequestToJson(skewed, CostKind::kTransformer, BalancerOptions(), 0);
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  EXPECT_EQ(nlohmann::json::parse(*slice)["ulysses"]["gpus"], 4);
+  auto bad = PlanRequestToJson(R"({"topology": "auto:max_bag=6", "ranks": [[1]]})",
+                               CostKind::kTransformer, BalancerOptions(), std::nullopt);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("max_bag=6 is not a power of two"));
+}
+
 TEST(PlanJsonTest, MovedBytesAreMovedTokensTimesTokenBytes) {
   auto world = World::Create(*Topology::Parse("g1n2"), 2);
   auto cost = CostModel::Create(1, 0.0);
