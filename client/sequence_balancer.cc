@@ -611,7 +611,9 @@ absl::StatusOr<std::vector<BagMembers>> BagsOfRank(const std::string& topology, 
   for (const Bag& bag : parsed->bags()) *heads_multiple = std::lcm(*heads_multiple, bag.gpus);
   const RankLocation here = layout->Locate(rank);
   BagMembers bag{parsed->bag(here.bag).gpus, {}};
-  for (int p = 0; p < bag.gpus; ++p) bag.ranks.push_back(layout->RankOf({here.replica, here.bag, p}));
+  for (int p = 0; p < bag.gpus; ++p) {
+    bag.ranks.push_back(layout->RankOf({here.replica, here.bag, p}));
+  }
   bags.push_back(std::move(bag));
   return bags;
 }

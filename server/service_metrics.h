@@ -32,7 +32,8 @@ namespace knapformer {
 //   knapformer_planner_rendezvous_wait_seconds{job}         histogram, first to last rank
 // and, read from the rendezvous at each scrape (so they vanish with the job):
 //   knapformer_planner_{wir,max_over_mean}_{before,after}_ratio{job,group}  gauges
-//   knapformer_planner_predicted_step_seconds{job,group}, knapformer_planner_bag_gpus{job,group,gpus}
+//   knapformer_planner_predicted_step_seconds{job,group}
+//   knapformer_planner_bag_gpus{job,group,gpus}
 //   knapformer_planner_pending_steps{job,group}, knapformer_planner_ranks_seen{job,group}
 //   knapformer_planner_jobs
 // Label cardinality is bounded: at most `max_jobs` job values (more are counted

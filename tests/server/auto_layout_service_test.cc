@@ -198,7 +198,8 @@ TEST(AutoLayoutServiceTest, RanksMustAgreeOnTheMachine) {
   }
   ASSERT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("spec.machine: rank 1 sent {"));
-  EXPECT_THAT(status.error_message(), HasSubstr("inter_node_bytes_per_second: 25000000000 gpus_per_node: 2"));
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("inter_node_bytes_per_second: 25000000000 gpus_per_node: 2"));
 
   v1::PlanRequest agreeing = MakeRequest(params, 2, 1, {200});
   MachineToProto(Machine(), agreeing.mutable_spec()->mutable_machine());
