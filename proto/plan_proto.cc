@@ -1,5 +1,7 @@
 #include "proto/plan_proto.h"
 
+#include <map>
+
 #include "absl/strings/str_cat.h"
 
 #include "planner/balance_stats.h"
@@ -134,8 +136,13 @@ v1::Balance BalanceToProto(const Plan& plan, int64_t token_bytes, int64_t plan_m
   balance.set_moved_bytes(plan.MovedBytes(token_bytes));
   balance.set_plan_micros(plan_micros);
   balance.set_layout(plan.topology);
-  auto& gpus_by_size = *balance.mutable_gpus_by_bag_size();
+  std::map<int32_t, int32_t> gpus_by_size;
   for (int32_t gpus : plan.bag_gpus) gpus_by_size[gpus] += gpus;
+  for (const auto& [bag_gpus, gpus] : gpus_by_size) {
+    v1::BagSizeGpus* entry = balance.add_gpus_by_bag_size();
+    entry->set_bag_gpus(bag_gpus);
+    entry->set_gpus(gpus);
+  }
   return balance;
 }
 

@@ -89,13 +89,10 @@ class GroupGaugeCollector final : public prometheus::Collectable {
         "the layout the planner chose).");
     for (const GroupGauges& g : groups) {
       if (!g.has_balance) continue;
-      // Sorted, so that a scrape lists sizes in the same order every time.
-      std::map<int32_t, int32_t> sizes(g.last_balance.gpus_by_bag_size().begin(),
-                                       g.last_balance.gpus_by_bag_size().end());
-      for (const auto& [gpus, count] : sizes) {
-        add(bag_gpus, g, count);
-        auto& labels = bag_gpus.metric.back().label;
-        labels.insert(labels.begin(), {"gpus", std::to_string(gpus)});  // names sorted
+      for (const v1::BagSizeGpus& size : g.last_balance.gpus_by_bag_size()) {
+        add(bag_gpus, g, size.gpus());
+        auto& labels = bag_gpus.metric.back().label;  // names sorted: gpus first
+        labels.insert(labels.begin(), {"gpus", std::to_string(size.bag_gpus())});
       }
     }
     MetricFamily& gamma = family("knapformer_planner_fitted_gamma",

@@ -114,8 +114,10 @@ TEST(AutoLayoutServiceTest, PlanGroupAnswersTheCoresChoiceAndNamesTheLayout) {
       gpus_by_size[bag.gpus] += bag.gpus;
     }
   }
-  const std::map<int32_t, int32_t> answered(response.balance().gpus_by_bag_size().begin(),
-                                            response.balance().gpus_by_bag_size().end());
+  std::map<int32_t, int32_t> answered;
+  for (const v1::BagSizeGpus& size : response.balance().gpus_by_bag_size()) {
+    answered[size.bag_gpus()] = size.gpus();
+  }
   EXPECT_EQ(answered, gpus_by_size);
   // Every rank's Ulysses bag is an aligned block of the layout.
   ASSERT_EQ(response.rank_plans_size(), 16);
@@ -223,8 +225,11 @@ TEST(AutoLayoutServiceTest, FixedTopologiesNameTheirSpecAndPredictTheirTime) {
   v1::PlanGroupResponse response;
   ASSERT_TRUE(stub->PlanGroup(&context, GroupRequest(params, lengths), &response).ok());
   EXPECT_EQ(response.balance().layout(), "g1n4+g2n2");
-  EXPECT_EQ(response.balance().gpus_by_bag_size().at(1), 8);
-  EXPECT_EQ(response.balance().gpus_by_bag_size().at(2), 8);
+  ASSERT_EQ(response.balance().gpus_by_bag_size_size(), 2);
+  EXPECT_EQ(response.balance().gpus_by_bag_size(0).bag_gpus(), 1);
+  EXPECT_EQ(response.balance().gpus_by_bag_size(0).gpus(), 8);
+  EXPECT_EQ(response.balance().gpus_by_bag_size(1).bag_gpus(), 2);
+  EXPECT_EQ(response.balance().gpus_by_bag_size(1).gpus(), 8);
   EXPECT_GT(response.balance().predicted_step_seconds(), 0);
   // No communication prices under a cost model other than the transformer.
   params.step = 1;
