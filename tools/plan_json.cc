@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -178,45 +180,42 @@ absl::StatusOr<std::string> PlanRequestToJson(absl::string_view request_json, Co
                                               const BalancerOptions& options,
                                               std::optional<int64_t> rank) {
   KF_ASSIGN_OR_RETURN(PlanRequest request, ParsePlanRequest(request_json));
+  const int64_t ranks = static_cast<int64_t>(request.ranks.size());  // the world size
+  // Under auto the world is the layout chosen for these lengths, on the
+  // default machine (planner/machine.h); "topology" in the answer names it.
+  std::optional<AutoLayout> layout;
+  std::optional<World> world;
   if (AutoLayout::Matches(request.topology)) {
-    // The layout is chosen for these lengths on the default machine
-    // (planner/machine.h); "topology" in the answer is the one chosen.
-    KF_ASSIGN_OR_RETURN(AutoLayout layout, AutoLayout::Parse(request.topology));
-    const int64_t ranks = static_cast<int64_t>(request.ranks.size());
-    if (rank.has_value() && (*rank < 0 || *rank >= ranks)) {
-      return absl::InvalidArgumentError(absl::StrCat("rank: '", *rank,
-                                                     "' is not a whole number in [0, ",
-                                                     ranks - 1, "]"));
+    KF_ASSIGN_OR_RETURN(layout, AutoLayout::Parse(request.topology));
+  } else {
+    KF_ASSIGN_OR_RETURN(Topology topology, Topology::Parse(request.topology));
+    if (ranks % topology.group_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ranks: ", ranks, " ranks is not a multiple of the group size ", topology.group_size(),
+          " of topology ", topology.spec()));
     }
-    KF_ASSIGN_OR_RETURN(CostModel cost,
-                        CostModel::Create(request.d_model, request.gamma, cost_kind));
+    KF_ASSIGN_OR_RETURN(world, World::Create(std::move(topology), ranks));
+  }
+  if (rank.has_value() && (*rank < 0 || *rank >= ranks)) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: '", *rank,
+                                                   "' is not a whole number in [0, ",
+                                                   ranks - 1, "]"));
+  }
+  KF_ASSIGN_OR_RETURN(CostModel cost, CostModel::Create(request.d_model, request.gamma, cost_kind));
+  Plan plan;
+  if (layout.has_value()) {
     KF_ASSIGN_OR_RETURN(CommPrices prices,
                         CommPrices::Create(Machine(), cost, request.token_bytes));
     KF_ASSIGN_OR_RETURN(AutoPlan chosen,
-                        BalanceAuto(layout, ranks, cost, prices, request.ranks, options));
-    KF_RETURN_IF_ERROR(ValidatePlan(chosen.plan, chosen.world, request.ranks));
-    if (rank.has_value()) return RankPlanToJson(chosen.plan.Slice(static_cast<int32_t>(*rank)));
-    return PlanToJson(request, chosen.plan,
-                      MaxOverMeanLowerBound(chosen.world, cost, request.ranks));
+                        BalanceAuto(*layout, ranks, cost, prices, request.ranks, options));
+    plan = std::move(chosen.plan);
+    world = std::move(chosen.world);
+  } else {
+    KF_ASSIGN_OR_RETURN(plan, BalanceGreedy(*world, cost, request.ranks, options));
   }
-  KF_ASSIGN_OR_RETURN(Topology topology, Topology::Parse(request.topology));
-  const int64_t ranks = static_cast<int64_t>(request.ranks.size());
-  if (ranks % topology.group_size() != 0) {  // world = number of ranks given
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ranks: ", ranks, " ranks is not a multiple of the group size ", topology.group_size(),
-        " of topology ", topology.spec()));
-  }
-  KF_ASSIGN_OR_RETURN(World world, World::Create(std::move(topology), ranks));
-  if (rank.has_value() && (*rank < 0 || *rank >= world.world_size())) {
-    return absl::InvalidArgumentError(absl::StrCat("rank: '", *rank,
-                                                   "' is not a whole number in [0, ",
-                                                   world.world_size() - 1, "]"));
-  }
-  KF_ASSIGN_OR_RETURN(CostModel cost, CostModel::Create(request.d_model, request.gamma, cost_kind));
-  KF_ASSIGN_OR_RETURN(Plan plan, BalanceGreedy(world, cost, request.ranks, options));
-  KF_RETURN_IF_ERROR(ValidatePlan(plan, world, request.ranks));
+  KF_RETURN_IF_ERROR(ValidatePlan(plan, *world, request.ranks));
   if (rank.has_value()) return RankPlanToJson(plan.Slice(static_cast<int32_t>(*rank)));
-  return PlanToJson(request, plan, MaxOverMeanLowerBound(world, cost, request.ranks));
+  return PlanToJson(request, plan, MaxOverMeanLowerBound(*world, cost, request.ranks));
 }
 
 }  // namespace knapformer
