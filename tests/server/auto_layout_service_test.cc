@@ -15,29 +15,22 @@
 #include "proto/plan_proto.h"
 #include "server/planner_server.h"
 #include "tests/server/service_test_util.h"
+#include "tests/server/test_server.h"
 
 namespace knapformer {
 namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
 using ::knapformer::testing_util::AsyncPlan;
+using ::knapformer::testing_util::AwaitPendingSteps;
 using ::knapformer::testing_util::LocalChannel;
 using ::knapformer::testing_util::MakeGroupRequests;
 using ::knapformer::testing_util::MakeRequest;
 using ::knapformer::testing_util::PlanConcurrently;
 using ::knapformer::testing_util::PlanResult;
+using ::knapformer::testing_util::StartServer;
 using ::knapformer::testing_util::StepParams;
 using ::testing::HasSubstr;
-
-std::unique_ptr<PlannerServer> StartServer() {
-  PlannerServerOptions options;
-  options.listen_address = "127.0.0.1:0";
-  options.service.solver_threads = 2;
-  options.service.limits.rendezvous_timeout = absl::Seconds(20);
-  auto server = PlannerServer::Start(options);
-  EXPECT_TRUE(server.ok()) << server.status();
-  return server.ok() ? *std::move(server) : nullptr;
-}
 
 // 16 ranks as 2 nodes of 8: node 0 holds short sequences only (single-GPU
 // bags suit it), node 1 one very long sequence among short ones (it needs a
@@ -186,11 +179,8 @@ TEST(AutoLayoutServiceTest, RanksMustAgreeOnTheMachine) {
   v1::PlanRequest slower = MakeRequest(params, 2, 1, {200});
   slower.mutable_spec()->mutable_machine()->set_inter_node_bytes_per_second(25e9);
   slower.mutable_spec()->mutable_machine()->set_gpus_per_node(2);
-  const absl::Time limit = absl::Now() + absl::Seconds(10);
-  while (server->service().rendezvous().pending_steps() != 1 && absl::Now() < limit) {
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  ASSERT_EQ(server->service().rendezvous().pending_steps(), 1);
+  AwaitPendingSteps(*server, 1);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   grpc::Status status;
   v1::PlanResponse response;
   {

@@ -20,34 +20,24 @@
 #include "proto/plan_proto.h"
 #include "server/planner_server.h"
 #include "tests/server/service_test_util.h"
+#include "tests/server/test_server.h"
 
 namespace knapformer {
 namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
 using ::knapformer::testing_util::AsyncPlan;
+using ::knapformer::testing_util::AwaitPendingSteps;
 using ::knapformer::testing_util::LocalChannel;
 using ::knapformer::testing_util::MakeGroupRequests;
 using ::knapformer::testing_util::MakeRequest;
 using ::knapformer::testing_util::PlanConcurrently;
 using ::knapformer::testing_util::PlanResult;
 using ::knapformer::testing_util::RandomLengths;
+using ::knapformer::testing_util::StartServer;
 using ::knapformer::testing_util::StepParams;
+using ::knapformer::testing_util::TestOptions;
 using ::testing::HasSubstr;
-
-PlannerServerOptions TestOptions() {
-  PlannerServerOptions options;
-  options.listen_address = "127.0.0.1:0";
-  options.service.solver_threads = 2;
-  options.service.limits.rendezvous_timeout = absl::Seconds(20);
-  return options;
-}
-
-std::unique_ptr<PlannerServer> StartServer(const PlannerServerOptions& options = TestOptions()) {
-  auto server = PlannerServer::Start(options);
-  EXPECT_TRUE(server.ok()) << server.status();
-  return server.ok() ? *std::move(server) : nullptr;
-}
 
 // The plan the core computes for the same input.
 Plan CorePlan(const StepParams& params, const RankLengths& lengths,
@@ -293,16 +283,6 @@ grpc::Status PlanOnce(v1::Planner::Stub* stub, const v1::PlanRequest& request,
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   v1::PlanResponse ignored;
   return stub->Plan(&context, request, response != nullptr ? response : &ignored);
-}
-
-// Waits (bounded) until the server holds `steps` pending steps, so that an
-// asynchronous call is known to have arrived before the test goes on.
-void AwaitPendingSteps(PlannerServer& server, int32_t steps) {
-  const absl::Time limit = absl::Now() + absl::Seconds(10);
-  while (server.service().rendezvous().pending_steps() != steps && absl::Now() < limit) {
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  ASSERT_EQ(server.service().rendezvous().pending_steps(), steps);
 }
 
 TEST(ServiceTest, MalformedRequestsAreInvalidArgumentNamingTheField) {
