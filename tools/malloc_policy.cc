@@ -19,4 +19,13 @@ absl::Status RetainFreedMemory() {
   return absl::OkStatus();
 }
 
+absl::Status KeepAllFreedMemory() {
+  if (mallopt(M_MMAP_MAX, 0) != 1) return absl::InternalError("mallopt(M_MMAP_MAX, 0) failed");
+  // -1 disables trimming (glibc's documented "never" value).
+  if (mallopt(M_TRIM_THRESHOLD, -1) != 1) {
+    return absl::InternalError("mallopt(M_TRIM_THRESHOLD, -1) failed");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace knapformer

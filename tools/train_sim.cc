@@ -3,7 +3,7 @@
 // each step twice on the same weights and tokens: without balancing (every
 // rank on its own sequences) and with the SequenceBalancer (plan, route,
 // Ulysses attention in multi-GPU bags, reverse route, backward). It prints
-// each rank's compute time per step (thread CPU time, one intra-op thread,
+// each rank's compute time per step (thread user CPU time, one intra-op thread,
 // so that processes sharing cores do not blur it), the measured WIR
 // (max/min of those times) and the planner's predicted max/mean, and checks
 // that both runs give the same loss and all-reduced gradients. With several
@@ -14,13 +14,15 @@
 //   bazel run -c opt //tools:train_sim -- --procs 4 --steps 5
 //   (or: bash scripts/knapformer train-sim ...)
 
-#include <time.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <numeric>
 
@@ -37,6 +39,7 @@
 #include "client/environment.h"
 #include "client/sequence_balancer.h"
 #include "client/varlen_attention.h"
+#include "planner/calibration.h"
 #include "planner/data_stream.h"
 #include "planner/auto_layout.h"
 #include "planner/topology.h"
@@ -45,6 +48,7 @@
 #include "tools/args.h"
 #include "tools/local_world.h"
 #include "tools/machine_flags.h"
+#include "tools/malloc_policy.h"
 #include "tools/sample_stats.h"
 
 namespace knapformer {
@@ -53,12 +57,14 @@ namespace {
 constexpr char kUsage[] =
     "usage: train_sim [--procs 4] [--steps 5] [--topology g1n2+g2n1[,auto,...]]\n"
     "                 [--data g2b4i256f1s0,g1b5i512f1s0,g1b1i2048f1s0] [--scale 8]\n"
-    "                 [--d-model 64] [--heads 4] [--layers 2] [--gamma 1] [--seed 0]\n"
+    "                 [--d-model 64] [--heads 4] [--layers 2] [--gamma fit] [--seed 0]\n"
     "                 [--planner host:port] [--plan-ahead 0] [--first-step 0]\n"
     "                 [--timeout-seconds 900] [machine flags]\n"
     "  --topology  one or more, comma-separated: each step is balanced with each\n"
     "              (auto = the planner chooses the bags every step; the summary\n"
     "              compares it with the best fixed topology of the run)\n"
+    "  --gamma  the cost model's attention weight; fit (the default): every rank\n"
+    "           times one block at 6 lengths first and gamma is fitted to them\n"
     "  machine flags (what prices auto's communication): --tflops 0.02\n"
     "              --intra-node-gbps 2 --inter-node-gbps 2 --gpus-per-node <procs>\n"
     "              --element-bytes 4 --blocks-per-route <layers>: these processes\n"
@@ -100,6 +106,7 @@ struct SimOptions {
   int heads = 4;
   int layers = 2;
   double gamma = 1.0;
+  bool fit_gamma = true;  // --gamma fit (the default): fitted to timed blocks
   uint64_t seed = 0;
   std::string planner;
   bool plan_ahead = false;
@@ -122,7 +129,15 @@ absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
   o.first_step = static_cast<int>(first_step);
   KF_ASSIGN_OR_RETURN(int64_t plan_ahead, args.GetInt("plan-ahead", 0, 0, 1));
   o.plan_ahead = plan_ahead == 1;
-  KF_ASSIGN_OR_RETURN(o.gamma, args.GetDouble("gamma", o.gamma));
+  o.fit_gamma = args.GetString("gamma", "fit") == "fit";
+  if (!o.fit_gamma) {
+    absl::StatusOr<double> gamma = args.GetDouble("gamma", o.gamma);
+    if (!gamma.ok() || *gamma < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--gamma: '", args.GetString("gamma", ""), "' is neither fit nor a finite number >= 0"));
+    }
+    o.gamma = *gamma;
+  }
   o.procs = static_cast<int>(procs);
   o.steps = static_cast<int>(steps);
   o.scale = static_cast<int>(scale);
@@ -198,10 +213,14 @@ absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
   return o;
 }
 
-double ThreadCpuSeconds() {
-  timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
+// The calling thread's CPU time in user mode. Kernel time is left out: it is
+// page faults (the heap growing to a step's new peak; see
+// KeepAllFreedMemory), which a GPU's caching allocator does not pay and
+// which fall on whichever rank and topology first needs the memory.
+double ThreadUserSeconds() {
+  rusage usage;
+  getrusage(RUSAGE_THREAD, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_utime.tv_usec * 1e-6;
 }
 
 struct Block {
@@ -227,25 +246,31 @@ std::vector<at::Tensor> Parameters(const std::vector<Block>& blocks) {
   return params;
 }
 
+// One transformer block's forward on the rows `h` (sequences of
+// `attention_lengths` after Ulysses); `balancer` null = no Ulysses.
+at::Tensor BlockForward(const SimOptions& o, const Block& b, const at::Tensor& h,
+                        const std::vector<int64_t>& attention_lengths,
+                        const SequenceBalancer* balancer) {
+  const int64_t head_dim = o.d_model / o.heads;
+  std::vector<at::Tensor> qkv = at::matmul(h, b.w_qkv).reshape({-1, 3, o.heads, head_dim}).unbind(1);
+  if (balancer != nullptr) {
+    for (at::Tensor& t : qkv) t = balancer->PreAttn(t).value();
+  }
+  at::Tensor a = VarlenAttention(qkv[0], qkv[1], qkv[2], attention_lengths);
+  if (balancer != nullptr) a = balancer->PostAttn(a).value();
+  at::Tensor out = h + at::matmul(a.reshape({-1, o.d_model}), b.w_out);
+  return out + at::matmul(at::gelu(at::matmul(out, b.w_up)), b.w_down);
+}
+
 // Runs one forward and backward; `balancer` null = no balancing. Returns the
 // loss (this rank's share of the world's mean square output).
 at::Tensor Step(const SimOptions& o, const std::vector<Block>& blocks, const at::Tensor& x,
                 const std::vector<int64_t>& lengths, int64_t world_tokens,
                 const SequenceBalancer* balancer) {
-  const int64_t head_dim = o.d_model / o.heads;
   at::Tensor h = balancer != nullptr ? balancer->Route(x).value() : x;
   const std::vector<int64_t>& attention_lengths =
       balancer != nullptr ? balancer->attention_lengths() : lengths;
-  for (const Block& b : blocks) {
-    std::vector<at::Tensor> qkv = at::matmul(h, b.w_qkv).reshape({-1, 3, o.heads, head_dim}).unbind(1);
-    if (balancer != nullptr) {
-      for (at::Tensor& t : qkv) t = balancer->PreAttn(t).value();
-    }
-    at::Tensor a = VarlenAttention(qkv[0], qkv[1], qkv[2], attention_lengths);
-    if (balancer != nullptr) a = balancer->PostAttn(a).value();
-    h = h + at::matmul(a.reshape({-1, o.d_model}), b.w_out);
-    h = h + at::matmul(at::gelu(at::matmul(h, b.w_up)), b.w_down);
-  }
+  for (const Block& b : blocks) h = BlockForward(o, b, h, attention_lengths, balancer);
   at::Tensor out = balancer != nullptr ? balancer->ReverseRoute(h).value() : h;
   at::Tensor loss = (out * out).sum() / static_cast<double>(world_tokens * o.d_model);
   torch::autograd::backward({loss});
@@ -262,6 +287,61 @@ at::Tensor TakeGradients(const std::vector<Block>& blocks, c10d::ProcessGroup& g
   std::vector<at::Tensor> all = {at::cat(flat)};
   group.allreduce(all)->wait();
   return all[0];
+}
+
+// One block's forward and backward on one sequence of `length` tokens:
+// thread user CPU seconds, the least of `repeats` runs (the others were slowed by
+// the processes sharing its core).
+double TimeBlock(const SimOptions& o, const Block& block, int64_t length, int repeats) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < repeats; ++r) {
+    at::Tensor x = at::randn({length, o.d_model}).requires_grad_(true);
+    const double start = ThreadUserSeconds();
+    at::Tensor h = BlockForward(o, block, x, {length}, nullptr);
+    torch::autograd::backward({(h * h).sum()});
+    best = std::min(best, ThreadUserSeconds() - start);
+  }
+  for (const at::Tensor& p : {block.w_qkv, block.w_out, block.w_up, block.w_down}) {
+    p.mutable_grad().zero_();
+  }
+  return best;
+}
+
+// --gamma fit: every rank times one block at the same lengths (from the
+// shortest to the longest sequence of the first step's world batch) while
+// the others do the same, as in the run; the cost model's k and gamma are
+// fitted to all ranks' times (planner/calibration.h), so every rank gets the
+// same fit from the same samples.
+absl::StatusOr<CostFit> FitGamma(const SimOptions& o, const Block& block,
+                                 const std::vector<int64_t>& world_lengths,
+                                 Transport& transport) {
+  const auto [shortest, longest] =
+      std::minmax_element(world_lengths.begin(), world_lengths.end());
+  const double low = static_cast<double>(std::max<int64_t>(8, *shortest));
+  const double high = std::max(2 * low, static_cast<double>(*longest));
+  constexpr int kLengths = 6;
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < kLengths; ++i) {
+    lengths.push_back(std::llround(low * std::pow(high / low, i / (kLengths - 1.0))));
+  }
+  TimeBlock(o, block, lengths.back(), 1);  // grows the heap to its size once
+  std::vector<double> mine;
+  for (int64_t length : lengths) mine.push_back(TimeBlock(o, block, length, 3));
+  const absl::string_view bytes(reinterpret_cast<const char*>(mine.data()),
+                                mine.size() * sizeof(double));
+  KF_ASSIGN_OR_RETURN(std::vector<std::string> all, transport.AllGatherBytes(bytes));
+  std::vector<WorkSample> samples;
+  for (const std::string& theirs : all) {
+    std::vector<double> seconds(lengths.size());
+    if (theirs.size() != seconds.size() * sizeof(double)) {
+      return absl::InternalError("--gamma fit: a rank sent a different number of timings");
+    }
+    std::memcpy(seconds.data(), theirs.data(), theirs.size());
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      samples.push_back(SequenceSample(lengths[i], o.d_model, seconds[i]));
+    }
+  }
+  return FitCostModel(samples);
 }
 
 // One rank's step with one topology.
@@ -284,8 +364,13 @@ struct TopologySummary {
 };
 
 int RunWorker(const SimOptions& o) {
-  at::set_num_threads(1);  // thread CPU time = this rank's compute
+  at::set_num_threads(1);  // thread user CPU time = this rank's compute
   SetLogLevel(LogLevel::kWarning);
+  // Page faults are not compute (malloc_policy.h says how much they were).
+  if (absl::Status kept = KeepAllFreedMemory(); !kept.ok()) {
+    std::cerr << kept << "\n";
+    return 1;
+  }
   auto world = JoinLocalWorld(std::chrono::seconds(o.timeout_seconds));
   if (!world.ok()) {
     std::cerr << world.status() << "\n";
@@ -297,10 +382,33 @@ int RunWorker(const SimOptions& o) {
 
   // ParseOptions checked both.
   auto stream = DataStream::Create(*ParseDataCodes(o.data), o.procs, o.seed);
+  auto scaled = [&](int64_t length) { return std::max<int64_t>(1, length / o.scale); };
+  std::vector<Block> blocks = InitModel(o);
+  double gamma = o.gamma;
+  std::string gamma_source = "--gamma";
+  if (o.fit_gamma) {
+    std::vector<int64_t> world_lengths;
+    for (const auto& rank_lengths : stream->Batch(o.first_step)) {
+      for (int64_t l : rank_lengths) world_lengths.push_back(scaled(l));
+    }
+    absl::StatusOr<CostFit> fit = FitGamma(o, blocks.front(), world_lengths, *transport);
+    if (fit.ok()) {
+      gamma = fit->gamma;
+      gamma_source = absl::StrFormat(
+          "fitted to %d timed blocks (r^2 %.3f; k = %.3g s per unit, so --tflops %.3g would "
+          "price communication as this CPU computes forward and backward)",
+          fit->samples, fit->r_squared, fit->k, 2e-12 / fit->k);
+    } else if (absl::IsInternal(fit.status()) || absl::IsUnavailable(fit.status())) {
+      std::cerr << "rank " << rank << ": " << fit.status() << "\n";
+      return 1;
+    } else {  // the times did not follow the model (noise at tiny lengths)
+      gamma_source = absl::StrCat("the default: no fit (", fit.status().message(), ")");
+    }
+  }
   SequenceBalancerOptions balancer_options;
   balancer_options.job_id = "train-sim";
   balancer_options.d_model = o.d_model;
-  balancer_options.gamma = o.gamma;
+  balancer_options.gamma = gamma;
   balancer_options.token_bytes = o.d_model * sizeof(float);
   balancer_options.first_step = static_cast<uint64_t>(o.first_step);
   balancer_options.machine = o.machine;
@@ -326,18 +434,18 @@ int RunWorker(const SimOptions& o) {
     }
     balancers.push_back(*std::move(balancer));
   }
-  std::vector<Block> blocks = InitModel(o);
 
   if (rank == 0) {
     std::cout << "train-sim: " << o.procs << " processes, topology "
               << absl::StrJoin(o.topologies, ", ") << ", data "
               << o.data << " (lengths / " << o.scale << "), d_model " << o.d_model << ", "
               << o.heads << " heads, " << o.layers << " layers, "
+              << absl::StrFormat("gamma %.3g ", gamma) << gamma_source << ", "
               << (balancer_options.planner.address.empty()
                       ? "local planning"
                       : "planner service " + balancer_options.planner.address)
               << (o.plan_ahead ? ", planning one step ahead" : "")
-              << "\ncompute = forward + backward CPU seconds of each rank (one thread); "
+              << "\ncompute = forward + backward user CPU seconds of each rank (one thread); "
                  "WIR = max/min over ranks\n\n";
     std::cout << absl::StrFormat("%-5s %-10s %-28s %-7s %-9s %s\n", "step", "mode",
                                  "per-rank compute (ms)", "WIR", "max (ms)",
@@ -347,7 +455,6 @@ int RunWorker(const SimOptions& o) {
   double worst_loss = 0, worst_gradient = 0;
   int counted = 0;
   std::vector<TopologySummary> summaries(kinds);
-  auto scaled = [&](int64_t length) { return std::max<int64_t>(1, length / o.scale); };
   auto lengths_of = [&](int step) {
     std::vector<int64_t> lengths = stream->Batch(step)[rank];
     for (int64_t& l : lengths) l = scaled(l);
@@ -365,17 +472,17 @@ int RunWorker(const SimOptions& o) {
     at::manual_seed(o.seed * 1000003 + step * 1009 + rank);
     at::Tensor x = at::randn({tokens, o.d_model});
 
-    double start = ThreadCpuSeconds();
+    double start = ThreadUserSeconds();
     at::Tensor loss_unbalanced = Step(o, blocks, x, lengths, world_tokens, nullptr);
     RankStep mine;
-    mine.unbalanced_seconds = ThreadCpuSeconds() - start;
+    mine.unbalanced_seconds = ThreadUserSeconds() - start;
     at::Tensor grad_unbalanced = TakeGradients(blocks, *group);
 
     at::Tensor grad_balanced;
     for (int t = 0; t < kinds; ++t) {
       SequenceBalancer& balancer = *balancers[t];
       Balanced& result = mine.balanced[t];
-      start = ThreadCpuSeconds();
+      start = ThreadUserSeconds();
       absl::Status planned = balancer.PlanRouting(lengths);
       if (planned.ok() && o.plan_ahead && step + 1 < end_step) {
         // The next batch is known now; its plan is asked for while this one computes.
@@ -386,7 +493,7 @@ int RunWorker(const SimOptions& o) {
         return 1;
       }
       at::Tensor loss_balanced = Step(o, blocks, x, lengths, world_tokens, &balancer);
-      result.seconds = ThreadCpuSeconds() - start;
+      result.seconds = ThreadUserSeconds() - start;
       grad_balanced = TakeGradients(blocks, *group);
       result.plan_wait_seconds = balancer.step_plan().wait_seconds;
       result.service_wait_seconds = balancer.step_plan().service_wait_seconds;

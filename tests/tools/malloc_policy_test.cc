@@ -55,6 +55,16 @@ TEST(MallocPolicyTest, BlocksComeFromTheHeapAndStayForReuse) {
   const Observed after = AllocateAndFree(24 * kMiB, 3);
   EXPECT_LT(after.mmapped_while_live, 24 * kMiB);  // from the heap
   EXPECT_GE(after.kept_after_free, 72 * kMiB);     // not trimmed
+
+  // Above RetainFreedMemory's 32 MiB a block that no free heap space fits
+  // (72 MiB are free now) is still its own mmap, unmapped on free ...
+  const Observed large = AllocateAndFree(128 * kMiB, 1);
+  EXPECT_GE(large.mmapped_while_live, 128 * kMiB);
+  // ... and with KeepAllFreedMemory (train-sim's ranks) none is, of any size.
+  ASSERT_TRUE(KeepAllFreedMemory().ok());
+  const Observed kept = AllocateAndFree(128 * kMiB, 2);
+  EXPECT_EQ(kept.mmapped_while_live, 0u);
+  EXPECT_GE(kept.kept_after_free, 256 * kMiB);
 }
 
 }  // namespace

@@ -24,12 +24,19 @@ for (_, before), (_, after) in zip(unbalanced, balanced):
 match = re.search(r"largest relative loss difference ([\d.e+-]+), gradient ([\d.e+-]+)", text)
 assert match and float(match.group(1)) <= 1e-4 and float(match.group(2)) <= 1e-3, text
 assert "max per-rank compute" in text and "FAILED" not in text, text
-print("ok   train-sim output")
+# --gamma fit (the default): 6 lengths timed on each of the 4 ranks; a fit
+# the times refuse (noise at these tiny lengths) says why and keeps gamma 1.
+fit = re.search(r"gamma ([\d.e+-]+) fitted to (\d+) timed blocks \(r\^2 ([\d.-]+); k = ([\d.e+-]+) s", text)
+unfit = re.search(r"gamma 1 the default: no fit \(.+\)", text)
+assert fit or unfit, f"no gamma fit in the header:\n{text}"
+if fit:
+    assert int(fit.group(2)) == 24 and float(fit.group(1)) >= 0 and float(fit.group(4)) > 0, fit.group(0)
+print("ok   train-sim output,", (fit or unfit).group(0))
 PY
 
 # Planning ahead (locally here): every step after the first was prefetched,
 # and training still matches the unbalanced run (the binary checks it).
-if ! timeout 300 "$bin" --procs 4 --steps 3 --scale 32 --plan-ahead 1 >"$tmp/out" 2>"$tmp/err"; then
+if ! timeout 300 "$bin" --procs 4 --steps 3 --scale 32 --plan-ahead 1 --gamma 2.5 >"$tmp/out" 2>"$tmp/err"; then
   fail "train-sim --plan-ahead 1 exited non-zero: $(cat "$tmp/out" "$tmp/err")"
 fi
 python3 - "$tmp/out" <<'PY' || failures=$((failures + 1))
@@ -39,6 +46,7 @@ rows = re.findall(r"^\s+balanced\s.*\(local planner(, ahead)?, waited [\d.]+ ms\
 assert rows == ["", ", ahead", ", ahead"], f"steps 1 and 2 (only) planned ahead: {rows}\n{text}"
 assert re.search(r"waiting for the plan \(slowest rank\): p50 [\d.]+ ms, p99 [\d.]+ ms; "
                  r"balanced step compute p50 \d+ ms \(planning one step ahead\)", text), text
+assert "2 layers, gamma 2.5 --gamma, local planning" in text, text  # given, not fitted
 print("ok   train-sim --plan-ahead 1")
 PY
 # Several topologies in one run, auto among them: every step is balanced
@@ -81,6 +89,12 @@ fi
 code=$?
 if [[ $code -ne 2 ]] || ! grep -qF -- "plan-ahead" "$tmp/err"; then
   fail "--plan-ahead 2: exit $code, $(cat "$tmp/err")"
+fi
+
+"$bin" --procs 4 --gamma fast >"$tmp/out" 2>"$tmp/err"
+code=$?
+if [[ $code -ne 2 ]] || ! grep -qF -- "--gamma: 'fast' is neither fit nor a finite number >= 0" "$tmp/err"; then
+  fail "--gamma fast: exit $code, $(cat "$tmp/err")"
 fi
 
 "$bin" --procs 4 --heads 3 >"$tmp/out" 2>"$tmp/err"
