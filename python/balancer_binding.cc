@@ -22,6 +22,7 @@
 #include "planner/cost_model.h"
 #include "planner/plan.h"
 #include "python/bindings.h"
+#include "python/machine_arg.h"
 #include "python/status_exception.h"
 #include "transport/c10d_transport.h"
 
@@ -49,6 +50,7 @@ struct BalancerArgs {
   uint64_t first_step = 0;
   bool use_fitted_gamma = false;
   bool agree_on_errors = true;
+  Machine machine;  // set from a dict (python/machine_arg.h)
 };
 
 // An integer through __index__ (Python ints, numpy integers, 0-d integer
@@ -145,6 +147,8 @@ struct PlannedStep {
   std::vector<double> workload_before, workload_after;
   int64_t total_tokens = 0, moved_tokens = 0;
   std::vector<int64_t> seq_lens, chunk_lens, attention_seq_lens;
+  std::string layout;  // the bags it was planned on (auto: the chosen ones)
+  double predicted_step_seconds = 0;
 };
 
 // Whether this thread may let go of the GIL to destroy something.
@@ -220,6 +224,7 @@ class BalancerBinding {
     options.use_fitted_gamma = args.use_fitted_gamma;
     options.agree_on_errors = args.agree_on_errors;
     options.locality = args.locality;
+    options.machine = args.machine;
     fixed_d_model_ = args.d_model != 0;
 
     C10dTransportOptions transport;
@@ -266,7 +271,9 @@ class BalancerBinding {
                            plan.moved_tokens,
                            balancer_->input_lengths(),
                            balancer_->routed_lengths(),
-                           balancer_->attention_lengths()};
+                           balancer_->attention_lengths(),
+                           plan.layout,
+                           plan.predicted_step_seconds};
   }
 
   // The next step's lengths, while this one computes (PrefetchRouting).
@@ -359,6 +366,8 @@ class BalancerBinding {
     summary["seq_lens"] = p.seq_lens;
     summary["chunk_lens"] = p.chunk_lens;
     summary["attention_seq_lens"] = p.attention_seq_lens;
+    summary["layout"] = p.layout;
+    summary["predicted_step_seconds"] = p.predicted_step_seconds;
     return summary;
   }
 
@@ -459,7 +468,10 @@ void BindBalancer(py::module_& m) {
       .def_readwrite("planner_mode", &BalancerArgs::planner_mode)
       .def_readwrite("first_step", &BalancerArgs::first_step)
       .def_readwrite("use_fitted_gamma", &BalancerArgs::use_fitted_gamma)
-      .def_readwrite("agree_on_errors", &BalancerArgs::agree_on_errors);
+      .def_readwrite("agree_on_errors", &BalancerArgs::agree_on_errors)
+      .def_property(
+          "machine", [](const BalancerArgs& args) { return MachineToDict(args.machine); },
+          [](BalancerArgs& args, const py::dict& fields) { args.machine = MachineFromDict(fields); });
 
   py::class_<BalancerBinding>(m, "_SequenceBalancer")
       .def(py::init<ProcessGroupPtr, BagGroups, BalancerArgs, py::object, BagGroups>(),

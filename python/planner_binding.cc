@@ -2,6 +2,7 @@
 // streams: the planner core from Python, without torch.
 #include "python/bindings.h"
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -9,10 +10,12 @@
 #include <pybind11/stl.h>
 
 #include "absl/strings/str_cat.h"
+#include "planner/auto_layout.h"
 #include "planner/balancer.h"
 #include "planner/cost_model.h"
 #include "planner/data_stream.h"
 #include "planner/topology.h"
+#include "python/machine_arg.h"
 #include "python/status_exception.h"
 #include "tools/plan_json.h"
 
@@ -43,8 +46,26 @@ std::string PlanJson(const std::string& request_json, const std::string& cost_mo
 }
 
 // Rank lists (ascending) of every multi-GPU bag of every replica, in bag
-// order: the subgroups a balancer over this world needs.
-std::vector<std::vector<int>> MultiGpuBags(const std::string& topology, int64_t world_size) {
+// order: the subgroups a balancer over this world needs. Under "auto", every
+// aligned power-of-two block from 2 to the largest bag the machine allows
+// (planner/auto_layout.h), smallest first, as SequenceBalancer::Create
+// prepares them: any of them may be a step's bag.
+std::vector<std::vector<int>> MultiGpuBags(const std::string& topology, int64_t world_size,
+                                           const py::dict& machine_fields) {
+  const Machine machine = MachineFromDict(machine_fields);
+  if (AutoLayout::Matches(topology)) {
+    const AutoLayout layout = ValueOrThrow(AutoLayout::Parse(topology));
+    const AutoShape shape = ValueOrThrow(layout.Resolve(world_size, machine));
+    std::vector<std::vector<int>> bags;
+    for (int gpus = 2; gpus <= shape.max_bag; gpus *= 2) {
+      for (int first = 0; first + gpus <= world_size; first += gpus) {
+        std::vector<int> ranks(gpus);
+        for (int p = 0; p < gpus; ++p) ranks[p] = first + p;
+        bags.push_back(std::move(ranks));
+      }
+    }
+    return bags;
+  }
   Topology parsed = ValueOrThrow(Topology::Parse(topology));
   World world = ValueOrThrow(World::Create(std::move(parsed), world_size));
   std::vector<std::vector<int>> bags;
@@ -77,8 +98,10 @@ void BindPlanner(py::module_& m) {
         py::arg("locality"), py::arg("max_tokens_per_gpu"), py::arg("refine_rounds"),
         py::arg("rank"));
   m.def("multi_gpu_bags", &MultiGpuBags, py::arg("topology"), py::arg("world_size"),
+        py::arg("machine") = py::dict(),
         "Rank lists of every multi-GPU bag of every replica of `topology` over "
-        "`world_size` ranks, in bag order.");
+        "`world_size` ranks, in bag order; under auto, every aligned block a step "
+        "may use (`machine`: a dict of planner Machine fields).");
   m.def("synthetic_lengths", &SyntheticLengths, py::arg("data"), py::arg("world_size"),
         py::arg("seed"), py::arg("step"),
         "Sequence lengths of every rank at `step` of the paper's synthetic data "

@@ -1,6 +1,7 @@
 #include "tools/plan_json.h"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -35,6 +36,42 @@ json StatsJson(const BalanceStats& stats) {
               {"max_over_mean", Ratio(stats.max_over_mean)}};
 }
 
+// "machine": an object of planner/machine.h's fields by name.
+absl::Status ParseMachine(const json& fields, Machine* machine) {
+  if (!fields.is_object()) return FieldError("machine", "must be an object of machine fields");
+  for (const auto& item : fields.items()) {
+    const std::string field = absl::StrCat("machine.", item.key());
+    double* rate = item.key() == "flops_per_second" ? &machine->flops_per_second
+                   : item.key() == "intra_node_bytes_per_second"
+                       ? &machine->intra_node_bytes_per_second
+                   : item.key() == "inter_node_bytes_per_second"
+                       ? &machine->inter_node_bytes_per_second
+                       : nullptr;
+    int32_t* count = item.key() == "gpus_per_node"      ? &machine->gpus_per_node
+                     : item.key() == "element_bytes"    ? &machine->element_bytes
+                     : item.key() == "blocks_per_route" ? &machine->blocks_per_route
+                                                        : nullptr;
+    const json& value = item.value();
+    if (rate != nullptr) {
+      if (!value.is_number()) return FieldError(field, "must be a number");
+      *rate = value.get<double>();
+    } else if (count != nullptr) {
+      if (!value.is_number_integer()) return FieldError(field, "must be an integer");
+      const bool fits = value.is_number_unsigned()
+                            ? value.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
+                            : value.get<int64_t>() >= INT32_MIN && value.get<int64_t>() <= INT32_MAX;
+      if (!fits) return FieldError(field, absl::StrCat(value.dump(), " is not a 32-bit integer"));
+      *count = static_cast<int32_t>(value.get<int64_t>());
+    } else {
+      return FieldError(field,
+                        "unknown field (expected flops_per_second, intra_node_bytes_per_second, "
+                        "inter_node_bytes_per_second, gpus_per_node, element_bytes, "
+                        "blocks_per_route)");
+    }
+  }
+  return CheckMachine(*machine, "machine");
+}
+
 }  // namespace
 
 absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
@@ -52,9 +89,9 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
   for (const auto& item : root.items()) {
     const std::string& key = item.key();
     if (key != "topology" && key != "d_model" && key != "gamma" && key != "token_bytes" &&
-        key != "ranks") {
-      return FieldError(key,
-                        "unknown field (expected topology, d_model, gamma, token_bytes, ranks)");
+        key != "machine" && key != "ranks") {
+      return FieldError(
+          key, "unknown field (expected topology, d_model, gamma, token_bytes, machine, ranks)");
     }
   }
   PlanRequest request;
@@ -87,6 +124,8 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
     }
     request.token_bytes = bytes.get<int64_t>();
   }
+
+  if (root.contains("machine")) KF_RETURN_IF_ERROR(ParseMachine(root["machine"], &request.machine));
 
   if (!root.contains("ranks")) return FieldError("ranks", "missing");
   const json& ranks = root["ranks"];
@@ -182,7 +221,7 @@ absl::StatusOr<std::string> PlanRequestToJson(absl::string_view request_json, Co
   KF_ASSIGN_OR_RETURN(PlanRequest request, ParsePlanRequest(request_json));
   const int64_t ranks = static_cast<int64_t>(request.ranks.size());  // the world size
   // Under auto the world is the layout chosen for these lengths, on the
-  // default machine (planner/machine.h); "topology" in the answer names it.
+  // request's machine; "topology" in the answer names it.
   std::optional<AutoLayout> layout;
   std::optional<World> world;
   if (AutoLayout::Matches(request.topology)) {
@@ -205,7 +244,7 @@ absl::StatusOr<std::string> PlanRequestToJson(absl::string_view request_json, Co
   Plan plan;
   if (layout.has_value()) {
     KF_ASSIGN_OR_RETURN(CommPrices prices,
-                        CommPrices::Create(Machine(), cost, request.token_bytes));
+                        CommPrices::Create(request.machine, cost, request.token_bytes));
     KF_ASSIGN_OR_RETURN(AutoPlan chosen,
                         BalanceAuto(*layout, ranks, cost, prices, request.ranks, options));
     plan = std::move(chosen.plan);

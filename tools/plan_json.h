@@ -9,6 +9,7 @@
 #include "absl/strings/string_view.h"
 #include "planner/balancer.h"
 #include "planner/cost_model.h"
+#include "planner/machine.h"
 #include "planner/plan.h"
 
 namespace knapformer {
@@ -28,6 +29,9 @@ struct PlanRequest {
   int64_t d_model = 3072;
   double gamma = 0.49;
   int64_t token_bytes = 2 * 3072;
+  // What prices auto's communication ("machine": {"gpus_per_node": 4, ...};
+  // a field left out keeps planner/machine.h's default).
+  Machine machine;
   RankLengths ranks;
 };
 

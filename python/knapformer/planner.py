@@ -18,7 +18,8 @@ def _lengths_json(value):
 
 
 def plan(ranks, topology, d_model=3072, gamma=0.49, *, token_bytes=None, locality=True,
-         max_tokens_per_gpu=0, cost_model="transformer", refine_rounds=256, rank=None):
+         max_tokens_per_gpu=0, cost_model="transformer", refine_rounds=256, rank=None,
+         machine=None):
     """Plans one step for a whole world, like ``knapformer plan``.
 
     ``ranks[r]`` lists rank r's sequence lengths (a list of ints or a 1-D
@@ -27,13 +28,20 @@ def plan(ranks, topology, d_model=3072, gamma=0.49, *, token_bytes=None, localit
     dst_rank`` per chunk), per-rank ``gpu_workload`` and
     ``gpu_workload_before``, ``before``/``after`` balance figures, tokens and
     bytes moved. With ``rank``, only that rank's slice (sends, recvs,
-    compute_chunk_lengths, ulysses). Raises ValueError naming the field for
-    bad input (e.g. ``ranks[1][0]: sequence length -2 is outside ...``).
+    compute_chunk_lengths, ulysses). ``topology="auto"`` chooses the bags
+    (the answer's ``topology`` names them), pricing Ulysses traffic with
+    ``machine``: a dict of any of flops_per_second,
+    intra_node_bytes_per_second, inter_node_bytes_per_second, gpus_per_node,
+    element_bytes, blocks_per_route (the rest: docs/planner.md's defaults).
+    Raises ValueError naming the field for bad input (e.g.
+    ``ranks[1][0]: sequence length -2 is outside ...``).
     """
     request = {"topology": topology, "d_model": d_model, "gamma": gamma,
                "ranks": [r.tolist() if isinstance(r, torch.Tensor) else r for r in ranks]}
     if token_bytes is not None:
         request["token_bytes"] = token_bytes
+    if machine is not None:
+        request["machine"] = machine
     text = _C._plan_json(json.dumps(request, default=_lengths_json), cost_model, bool(locality),
                          max_tokens_per_gpu, refine_rounds, rank)
     return json.loads(text)

@@ -64,9 +64,14 @@ class SequenceBalancer:
 
     ``bag_specs`` is the topology of one balancing group, e.g.
     ``"g1n2+g2n1+g4n1"`` (N bags of G GPUs per term); the process group's
-    ranks are world_size / G replicas of it. Creating it is collective over
-    the process group, and over the whole job when the topology has
-    multi-GPU bags (their groups come from torch.distributed.new_group).
+    ranks are world_size / G replicas of it. ``"auto"`` (or
+    ``"auto:max_bag=4"``) lets the planner choose the bags every step,
+    aligned power-of-two blocks within a node, pricing Ulysses traffic with
+    ``machine``; ``get_routing_plan_summary()["layout"]`` names the step's
+    choice. Creating it is collective over the process group, and over the
+    whole job when the topology has multi-GPU bags (their groups come from
+    torch.distributed.new_group; under auto, one per block any step may
+    use, made once here).
 
     Keyword arguments:
       process_group: the group to balance over (default: the default group).
@@ -89,6 +94,10 @@ class SequenceBalancer:
         for its own slice); see docs/service.md.
       group_id, planner_deadline (seconds per planner call), first_step,
       use_fitted_gamma: see docs/python.md.
+      machine: for "auto", a dict of any of flops_per_second,
+        intra_node_bytes_per_second, inter_node_bytes_per_second,
+        gpus_per_node, element_bytes, blocks_per_route (the rest: an H100
+        node of 8, bf16; docs/planner.md). Every rank must pass the same.
       agree_on_errors: every exchange first agrees on every rank's verdict
         (one small all-gather), so one rank's mistake raises on every rank
         at once (default). False saves that all-gather: a mistake then
@@ -112,7 +121,7 @@ class SequenceBalancer:
                  job_id=None, d_model=None, max_tokens_per_gpu=0, cost_model="transformer",
                  locality=True, group_id=None, planner_deadline=None, first_step=0,
                  use_fitted_gamma=False, agree_on_errors=True, planner_mode=None,
-                 _metadata_on_gloo=False):
+                 machine=None, _metadata_on_gloo=False):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("SequenceBalancer: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first")
@@ -129,7 +138,11 @@ class SequenceBalancer:
             raise ValueError(f"process_group: backend '{backend}' is not supported (gloo with "
                              "CPU tensors, nccl with CUDA tensors)")
         device = "cpu" if backend == "gloo" else f"cuda:{torch.cuda.current_device()}"
-        bags = _C.multi_gpu_bags(bag_specs, group.size())
+        if machine is not None and not isinstance(machine, dict):
+            raise ValueError(f"machine: needs a dict of machine fields, got "
+                             f"{type(machine).__name__}")
+        machine = {} if machine is None else machine
+        bags = _C.multi_gpu_bags(bag_specs, group.size(), machine)
         default = dist.distributed_c10d._get_default_group()
         # Over a group other than the default one, every process takes part in
         # making every group's bags, bags of its own or not.
@@ -151,6 +164,7 @@ class SequenceBalancer:
         args.first_step = int(first_step)
         args.use_fitted_gamma = bool(use_fitted_gamma)
         args.agree_on_errors = bool(agree_on_errors)
+        args.machine = machine
         if d_model is not None and not 1 <= args.d_model <= 65536:
             raise ValueError(f"d_model: {d_model} is outside [1, 65536]")
         self.bag_specs = bag_specs

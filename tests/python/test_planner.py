@@ -60,6 +60,23 @@ def test_locality_moves_fewer_tokens_at_the_same_step_time():
         without["after"]["max_over_mean"] * (1 + 0.0005) + 1e-12
 
 
+def test_auto_takes_the_machine():
+    """One long sequence takes a 4-GPU bag on a node of 8 with free links,
+    and at most a 2-GPU bag on nodes of 2; the balancer's bag groups are
+    every aligned block up to the largest bag, smallest first."""
+    lengths = [[8192]] + [[512]] * 7
+    fast = {"intra_node_bytes_per_second": 1e20, "inter_node_bytes_per_second": 1e20}
+    wide = knapformer.plan(lengths, "auto:max_bag=4", d_model=64, gamma=1.0, machine=fast)
+    narrow = knapformer.plan(lengths, "auto:max_bag=4", d_model=64, gamma=1.0,
+                             machine=dict(fast, gpus_per_node=2))
+    assert "g4n" in wide["topology"], wide["topology"]
+    assert "g2n" in narrow["topology"] and "g4n" not in narrow["topology"], narrow["topology"]
+    assert narrow["after"]["max_over_mean"] > wide["after"]["max_over_mean"]
+    assert knapformer._C.multi_gpu_bags("auto", 8, {"gpus_per_node": 4}) == \
+        [[0, 1], [2, 3], [4, 5], [6, 7], [0, 1, 2, 3], [4, 5, 6, 7]]
+    assert knapformer._C.multi_gpu_bags("auto:max_bag=2", 4) == [[0, 1], [2, 3]]
+
+
 @pytest.mark.parametrize("call,kind,text", [
     (lambda: knapformer.plan([[5], [-3]], "g1n2"), ValueError,
      "ranks[1][0]: sequence length -3 is outside [0, 2147483648]"),
@@ -77,6 +94,16 @@ def test_locality_moves_fewer_tokens_at_the_same_step_time():
     (lambda: knapformer.plan([[50], [3]], "g1n2", max_tokens_per_gpu=10), RuntimeError,
      "RESOURCE_EXHAUSTED: max_tokens_per_gpu: sequence 0 of rank 0 (50 tokens)"),
     (lambda: knapformer.plan([[5], [object()]], "g1n2"), TypeError, "object is not a sequence"),
+    (lambda: knapformer.plan([[5], [3]], "auto", machine={"gpus_per_node": 0}), ValueError,
+     "machine.gpus_per_node: 0 is outside [1, 65536]"),
+    (lambda: knapformer.plan([[5], [3]], "auto", machine={"nvlink": 1}), ValueError,
+     "machine.nvlink: unknown field"),
+    (lambda: knapformer._C.multi_gpu_bags("auto", 8, {"gpus_per_node": True}), ValueError,
+     "machine.gpus_per_node: needs an int, got True"),
+    (lambda: knapformer._C.multi_gpu_bags("auto", 8, {"element_bytes": 2**40}), ValueError,
+     "machine.element_bytes: 1099511627776 is not a 32-bit integer"),
+    (lambda: knapformer._C.multi_gpu_bags("auto", 8, {"flops_per_second": -1.0}), ValueError,
+     "machine.flops_per_second: -1 is outside"),
 ])
 def test_plan_errors_name_the_field(call, kind, text):
     with pytest.raises(kind) as raised:

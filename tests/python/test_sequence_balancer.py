@@ -183,6 +183,64 @@ def test_round_trip_attention_and_gradients_are_exact(topology, size):
         assert len(figures) == 1
 
 
+# Links fast enough that Ulysses costs nothing in the plan: with D_MODEL 8 an
+# H100 node's prices would keep every step in one-GPU bags. Nodes of 4.
+AUTO_MACHINE = {"intra_node_bytes_per_second": 1e20, "inter_node_bytes_per_second": 1e20,
+                "gpus_per_node": 4}
+
+
+def auto_lengths(rank, step):
+    """Even (steps 0 and 3: one-GPU bags are best), one long sequence on
+    rank 5 (1) and sparse (2)."""
+    return [[40, 40], [30] if rank != 5 else [600], [5, 77] if rank == 0 else
+            [300] if rank == 6 else [], [40, 40]][step]
+
+
+def auto_world(rank, size):
+    import knapformer
+
+    balancer = knapformer.SequenceBalancer("auto", gamma=0.49, d_model=D_MODEL,
+                                           machine=AUTO_MACHINE)
+    steps = []
+    for step in range(4):
+        lens = auto_lengths(rank, step)
+        balancer.plan_routing(lens)
+        summary = balancer.get_routing_plan_summary()
+        expected = knapformer.plan(all_lengths(lens), "auto", d_model=D_MODEL, gamma=0.49,
+                                   machine=AUTO_MACHINE)
+        assert summary["layout"] == expected["topology"], (step, summary["layout"])
+        assert summary["workload_after"] == expected["gpu_workload"]
+        mine = [c["length"] for c in expected["chunks"] if c["dst_rank"] == rank]
+        ids = token_ids(rank, lens)
+        chunk_lens, routed, _ = balancer.route(ids)
+        assert chunk_lens.tolist() == mine
+        assert torch.equal(balancer.reverse_route(routed)[1], ids), f"step {step}: round trip"
+        balanced = attention_layer(balancer, lens, step + 11)
+        plain = attention_layer(None, lens, step + 11)
+        for got, want in [(balanced[0], plain[0]), (balanced[1], plain[1]),
+                          (balanced[2][0], plain[2][0]), (balanced[2][1], plain[2][1])]:
+            assert torch.allclose(got, want, rtol=1e-10, atol=1e-12), \
+                f"step {step}: max difference {(got - want).abs().max().item()}"
+        steps.append((summary["layout"], balancer.bag_gpus))
+    return steps
+
+
+def test_auto_follows_the_chosen_layout_every_step():
+    """topology "auto" through the Python package: every aligned block of 2
+    and 4 within a node of 4 is made once, each step uses the bag the plan
+    names (the planner core's plan for the same machine), and routes,
+    attention and gradients stay exact while the layout changes."""
+    results = run_world(auto_world, 8)
+    layouts = [layout for layout, _ in results[0]]
+    assert all([layout for layout, _ in r] == layouts for r in results), "ranks disagree"
+    assert layouts[0] == "g1n8" and layouts[3] == "g1n8", layouts
+    assert layouts[1] != "g1n8", "one long sequence takes a multi-GPU bag"
+    assert results[5][1][1] > 1, results[5]
+    for r, steps in enumerate(results):
+        for layout, gpus in steps:
+            assert gpus in (1, 2, 4), (r, layout, gpus)  # never past a node of 4
+
+
 def subgroup_world(rank, size, metadata_on_gloo=False):
     """Two independent balancers, one per half of the world, each over its
     own process group with 2-GPU bags: every process makes every bag's group

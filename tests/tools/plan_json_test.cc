@@ -11,6 +11,7 @@ namespace knapformer {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(PlanJsonTest, ParsesAFullRequest) {
   auto request = ParsePlanRequest(
@@ -77,6 +78,18 @@ TEST(PlanJsonTest, NamesTheBadField) {
       {R"({"topology": "g1n1", "token_bytes": 16777217, "ranks": [[1]]})",
        "token_bytes: must be in [0, 16777216]"},
       {R"({"topology": "g1n1", "ranks": [[1]], "rank": 3})", "rank: unknown field"},
+      {R"({"topology": "auto", "machine": 8, "ranks": [[1]]})",
+       "machine: must be an object of machine fields"},
+      {R"({"topology": "auto", "machine": {"gpus": 8}, "ranks": [[1]]})",
+       "machine.gpus: unknown field (expected flops_per_second,"},
+      {R"({"topology": "auto", "machine": {"gpus_per_node": 2.5}, "ranks": [[1]]})",
+       "machine.gpus_per_node: must be an integer"},
+      {R"({"topology": "auto", "machine": {"flops_per_second": "fast"}, "ranks": [[1]]})",
+       "machine.flops_per_second: must be a number"},
+      {R"({"topology": "auto", "machine": {"gpus_per_node": 0}, "ranks": [[1]]})",
+       "machine.gpus_per_node: 0 is outside [1, 65536]"},
+      {R"({"topology": "auto", "machine": {"element_bytes": 99999999999}, "ranks": [[1]]})",
+       "machine.element_bytes: 99999999999 is not a 32-bit integer"},
       // Found by plan_json_fuzzer: a number past a double was an uncaught
       // exception (the process aborted).
       {"77777777777777777777777777E777277E7772", "input: a number is out of range"},
@@ -146,6 +159,15 @@ TEST(PlanJsonTest, AutoAnswersTheChosenLayout) {
   auto slice = PlanRequestToJson(skewed, CostKind::kTransformer, BalancerOptions(), 0);
   ASSERT_TRUE(slice.ok()) << slice.status();
   EXPECT_EQ(nlohmann::json::parse(*slice)["ulysses"]["gpus"], 4);
+  // The request's machine: nodes of 2 GPUs allow no bag of 4.
+  const std::string small_nodes =
+      R"({"topology": "auto:max_bag=4", "d_model": 3072, "gamma": 0.49, )"
+      R"("machine": {"gpus_per_node": 2, "inter_node_bytes_per_second": 25e9}, "ranks": [[262144], )"
+      R"([512], [512], [512], [512], [512], [512], [512]]})";
+  plan = PlanRequestToJson(small_nodes, CostKind::kTransformer, BalancerOptions(), std::nullopt);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(std::string(nlohmann::json::parse(*plan)["topology"]), HasSubstr("g2n"));
+  EXPECT_THAT(std::string(nlohmann::json::parse(*plan)["topology"]), Not(HasSubstr("g4n")));
   auto bad = PlanRequestToJson(R"({"topology": "auto:max_bag=6", "ranks": [[1]]})",
                                CostKind::kTransformer, BalancerOptions(), std::nullopt);
   ASSERT_FALSE(bad.ok());
