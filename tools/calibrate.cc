@@ -4,10 +4,14 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "planner/cost_model.h"
@@ -18,7 +22,11 @@ namespace knapformer {
 const char kCalibrateUsage[] =
     "  calibrate --input FILE|- --d-model D\n"
     "            Fit the cost model's k and gamma (least squares, as in the paper) to\n"
-    "            measured block latencies: CSV rows \"length,seconds\".\n";
+    "            measured block latencies: CSV rows \"length,seconds\".\n"
+    "  calibrate --exchanges FILE|-\n"
+    "            Fit the machine's intra- and inter-node bandwidths to timed\n"
+    "            all-to-alls: CSV rows \"gpus,bytes_per_gpu,seconds,intra|inter\"\n"
+    "            (bench/exchange_times.py writes them).\n";
 
 absl::StatusOr<std::vector<WorkSample>> ParseTimingCsv(const std::string& text, int64_t d_model) {
   std::vector<WorkSample> samples;
@@ -51,6 +59,41 @@ absl::StatusOr<std::vector<WorkSample>> ParseTimingCsv(const std::string& text, 
   return samples;
 }
 
+absl::StatusOr<std::vector<ExchangeSample>> ParseExchangeCsv(const std::string& text) {
+  std::vector<ExchangeSample> samples;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<absl::string_view> fields = absl::StrSplit(line, ',');
+    for (absl::string_view& field : fields) field = absl::StripAsciiWhitespace(field);
+    ExchangeSample sample;
+    const bool numeric = fields.size() == 4 && absl::SimpleAtoi(fields[0], &sample.gpus) &&
+                         absl::SimpleAtod(fields[1], &sample.bytes_per_gpu) &&
+                         absl::SimpleAtod(fields[2], &sample.seconds) &&
+                         (fields[3] == "intra" || fields[3] == "inter");
+    if (!numeric) {
+      if (samples.empty() && line_number == 1) continue;  // a header
+      return absl::InvalidArgumentError(
+          absl::StrCat("--exchanges: line ", line_number,
+                       ": expected \"gpus,bytes_per_gpu,seconds,intra|inter\", got \"", line,
+                       "\""));
+    }
+    sample.inter_node = fields[3] == "inter";
+    if (sample.gpus < 2 || sample.gpus > 65536 || !(sample.bytes_per_gpu >= 0) ||
+        !std::isfinite(sample.bytes_per_gpu) || !(sample.seconds > 0) ||
+        !std::isfinite(sample.seconds)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--exchanges: line ", line_number,
+                       ": gpus must be in [2, 65536], bytes finite and >= 0, seconds finite "
+                       "and > 0"));
+    }
+    samples.push_back(sample);
+  }
+  return samples;
+}
+
 namespace {
 
 int Fail(const absl::Status& status) {
@@ -58,25 +101,77 @@ int Fail(const absl::Status& status) {
   return 2;
 }
 
+absl::StatusOr<std::string> ReadInput(const std::string& flag, const std::string& path) {
+  if (path == "-") return std::string(std::istreambuf_iterator<char>(std::cin), {});
+  std::ifstream file(path);
+  if (!file) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read '", path, "'"));
+  }
+  return std::string(std::istreambuf_iterator<char>(file), {});
+}
+
+std::string LinkLine(const char* name, const std::optional<LinkFit>& fit) {
+  if (!fit.has_value()) return absl::StrFormat("%-11s not measured (keeps its default)\n", name);
+  return absl::StrFormat(
+      "%-11s %.4g bytes/s (%.4g GB/s), latency %.3g us (not priced), %d samples, r^2 %.4f, "
+      "max relative error %.1f%%\n",
+      name, fit->bytes_per_second, fit->bytes_per_second / 1e9, fit->latency_seconds * 1e6,
+      fit->samples, fit->r_squared, 100 * fit->max_relative_error);
+}
+
+int RunExchanges(const std::string& text) {
+  auto samples = ParseExchangeCsv(text);
+  if (!samples.ok()) return Fail(samples.status());
+  if (samples->empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--exchanges: no rows \"gpus,bytes_per_gpu,seconds,intra|inter\" to fit"));
+  }
+  auto fit = FitExchanges(*samples);
+  if (!fit.ok()) return Fail(absl::Status(fit.status().code(),
+                                          absl::StrCat("--exchanges: ", fit.status().message())));
+  std::vector<std::string> fields, flags;
+  if (fit->intra_node.has_value()) {
+    fields.push_back(absl::StrFormat("\"intra_node_bytes_per_second\": %.4g",
+                                     fit->intra_node->bytes_per_second));
+    flags.push_back(absl::StrFormat("--intra-node-gbps %.4g", fit->intra_node->bytes_per_second / 1e9));
+  }
+  if (fit->inter_node.has_value()) {
+    fields.push_back(absl::StrFormat("\"inter_node_bytes_per_second\": %.4g",
+                                     fit->inter_node->bytes_per_second));
+    flags.push_back(absl::StrFormat("--inter-node-gbps %.4g", fit->inter_node->bytes_per_second / 1e9));
+  }
+  std::cout << "fit of seconds = latency + (gpus-1)/gpus * bytes_per_gpu / bandwidth, per link "
+               "(relative least squares)\n"
+            << LinkLine("intra-node", fit->intra_node) << LinkLine("inter-node", fit->inter_node)
+            << "machine     {" << absl::StrJoin(fields, ", ") << "}\n"
+            << "flags       " << absl::StrJoin(flags, " ") << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int RunCalibrate(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv, {"input", "d-model"});
+  auto args = Args::Parse(argv, {"input", "d-model", "exchanges"});
   if (!args.ok()) return Fail(args.status());
-  if (!args->Has("input")) return Fail(absl::InvalidArgumentError("--input: required (a file or -)"));
+  if (args->Has("exchanges")) {
+    if (args->Has("input") || args->Has("d-model")) {
+      return Fail(absl::InvalidArgumentError(
+          "--exchanges: fits the links alone; --input and --d-model fit the compute (run "
+          "calibrate once for each)"));
+    }
+    auto text = ReadInput("exchanges", args->GetString("exchanges", "-"));
+    if (!text.ok()) return Fail(text.status());
+    return RunExchanges(*text);
+  }
+  if (!args->Has("input")) {
+    return Fail(absl::InvalidArgumentError("--input: required (a file or -), or --exchanges"));
+  }
   if (!args->Has("d-model")) return Fail(absl::InvalidArgumentError("--d-model: required"));
   auto d_model = args->GetInt("d-model", 0, 1, CostModel::kMaxDModel);
   if (!d_model.ok()) return Fail(d_model.status());
-  const std::string path = args->GetString("input", "-");
-  std::string text;
-  if (path == "-") {
-    text.assign(std::istreambuf_iterator<char>(std::cin), {});
-  } else {
-    std::ifstream file(path);
-    if (!file) return Fail(absl::InvalidArgumentError(absl::StrCat("--input: cannot read '", path, "'")));
-    text.assign(std::istreambuf_iterator<char>(file), {});
-  }
-  auto samples = ParseTimingCsv(text, *d_model);
+  auto text = ReadInput("input", args->GetString("input", "-"));
+  if (!text.ok()) return Fail(text.status());
+  auto samples = ParseTimingCsv(*text, *d_model);
   if (!samples.ok()) return Fail(samples.status());
   auto fit = FitCostModel(*samples);
   if (!fit.ok()) return Fail(fit.status());

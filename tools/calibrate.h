@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "planner/calibration.h"
+#include "planner/exchange_fit.h"
 
 namespace knapformer {
 
@@ -16,6 +17,12 @@ extern const char kCalibrateUsage[];
 
 // Parses the CSV into samples; InvalidArgument naming the line otherwise.
 absl::StatusOr<std::vector<WorkSample>> ParseTimingCsv(const std::string& text, int64_t d_model);
+
+// `knapformer calibrate --exchanges FILE|-`: rows "gpus,bytes_per_gpu,seconds,link"
+// (one timed all-to-all in a bag of `gpus` GPUs, each holding bytes_per_gpu
+// for it; link is intra or inter), as bench/exchange_times.py writes them.
+// InvalidArgument naming the line otherwise.
+absl::StatusOr<std::vector<ExchangeSample>> ParseExchangeCsv(const std::string& text);
 
 // Exit code 0, or 2 with a one-line error on stderr.
 int RunCalibrate(const std::vector<std::string>& argv);
