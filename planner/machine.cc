@@ -6,6 +6,16 @@
 
 namespace knapformer {
 
+MachineField FieldOfMachine(Machine& machine, const std::string& name) {
+  if (name == "flops_per_second") return {&machine.flops_per_second, nullptr};
+  if (name == "intra_node_bytes_per_second") return {&machine.intra_node_bytes_per_second, nullptr};
+  if (name == "inter_node_bytes_per_second") return {&machine.inter_node_bytes_per_second, nullptr};
+  if (name == "gpus_per_node") return {nullptr, &machine.gpus_per_node};
+  if (name == "element_bytes") return {nullptr, &machine.element_bytes};
+  if (name == "blocks_per_route") return {nullptr, &machine.blocks_per_route};
+  return {};
+}
+
 absl::Status CheckMachine(const Machine& machine, const std::string& field) {
   struct Member {
     const char* name;

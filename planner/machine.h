@@ -36,6 +36,20 @@ struct Machine {
   int32_t blocks_per_route = 28;
 };
 
+// A Machine member by its name (as spelled in the struct), for the APIs
+// that take a machine as named fields (plan's JSON, Python's machine=):
+// `rate` for the three rates, `count` for the three integers, both null for
+// a name that is no member.
+struct MachineField {
+  double* rate = nullptr;
+  int32_t* count = nullptr;
+};
+MachineField FieldOfMachine(Machine& machine, const std::string& name);
+// The member names, comma-separated, for "unknown field" messages.
+inline constexpr char kMachineFieldNames[] =
+    "flops_per_second, intra_node_bytes_per_second, inter_node_bytes_per_second, "
+    "gpus_per_node, element_bytes, blocks_per_route";
+
 // InvalidArgument naming `field`.<member> unless the rates are finite and in
 // [1, 1e20], gpus_per_node in [1, 65536], element_bytes in [1, 64] and
 // blocks_per_route in [1, 1e6].

@@ -29,21 +29,14 @@ Machine MachineFromDict(const py::dict& fields) {
           "machine: keys are field names, got ", std::string(py::repr(key_handle)))));
     }
     const std::string key = key_handle.cast<std::string>();
-    double* rate = key == "flops_per_second"              ? &machine.flops_per_second
-                   : key == "intra_node_bytes_per_second" ? &machine.intra_node_bytes_per_second
-                   : key == "inter_node_bytes_per_second" ? &machine.inter_node_bytes_per_second
-                                                          : nullptr;
-    int32_t* count = key == "gpus_per_node"      ? &machine.gpus_per_node
-                     : key == "element_bytes"    ? &machine.element_bytes
-                     : key == "blocks_per_route" ? &machine.blocks_per_route
-                                                 : nullptr;
+    const MachineField member = FieldOfMachine(machine, key);
     const bool is_bool = py::isinstance<py::bool_>(value);
-    if (rate != nullptr) {
+    if (member.rate != nullptr) {
       if (is_bool || !(py::isinstance<py::int_>(value) || py::isinstance<py::float_>(value))) {
         ThrowIfError(WrongType(key, value, "a number"));
       }
-      *rate = value.cast<double>();
-    } else if (count != nullptr) {
+      *member.rate = value.cast<double>();
+    } else if (member.count != nullptr) {
       if (is_bool || !py::isinstance<py::int_>(value)) ThrowIfError(WrongType(key, value, "an int"));
       int overflow = 0;
       const long long wide = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
@@ -51,12 +44,10 @@ Machine MachineFromDict(const py::dict& fields) {
         ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
             "machine.", key, ": ", std::string(py::repr(value)), " is not a 32-bit integer")));
       }
-      *count = static_cast<int32_t>(wide);
+      *member.count = static_cast<int32_t>(wide);
     } else {
-      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
-          "machine: unknown field '", key, "' (fields: flops_per_second, "
-          "intra_node_bytes_per_second, inter_node_bytes_per_second, gpus_per_node, "
-          "element_bytes, blocks_per_route)")));
+      ThrowIfError(absl::InvalidArgumentError(
+          absl::StrCat("machine.", key, ": unknown field (expected ", kMachineFieldNames, ")")));
     }
   }
   ThrowIfError(CheckMachine(machine, "machine"));

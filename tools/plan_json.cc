@@ -41,32 +41,20 @@ absl::Status ParseMachine(const json& fields, Machine* machine) {
   if (!fields.is_object()) return FieldError("machine", "must be an object of machine fields");
   for (const auto& item : fields.items()) {
     const std::string field = absl::StrCat("machine.", item.key());
-    double* rate = item.key() == "flops_per_second" ? &machine->flops_per_second
-                   : item.key() == "intra_node_bytes_per_second"
-                       ? &machine->intra_node_bytes_per_second
-                   : item.key() == "inter_node_bytes_per_second"
-                       ? &machine->inter_node_bytes_per_second
-                       : nullptr;
-    int32_t* count = item.key() == "gpus_per_node"      ? &machine->gpus_per_node
-                     : item.key() == "element_bytes"    ? &machine->element_bytes
-                     : item.key() == "blocks_per_route" ? &machine->blocks_per_route
-                                                        : nullptr;
+    const MachineField member = FieldOfMachine(*machine, item.key());
     const json& value = item.value();
-    if (rate != nullptr) {
+    if (member.rate != nullptr) {
       if (!value.is_number()) return FieldError(field, "must be a number");
-      *rate = value.get<double>();
-    } else if (count != nullptr) {
+      *member.rate = value.get<double>();
+    } else if (member.count != nullptr) {
       if (!value.is_number_integer()) return FieldError(field, "must be an integer");
       const bool fits = value.is_number_unsigned()
                             ? value.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
                             : value.get<int64_t>() >= INT32_MIN && value.get<int64_t>() <= INT32_MAX;
       if (!fits) return FieldError(field, absl::StrCat(value.dump(), " is not a 32-bit integer"));
-      *count = static_cast<int32_t>(value.get<int64_t>());
+      *member.count = static_cast<int32_t>(value.get<int64_t>());
     } else {
-      return FieldError(field,
-                        "unknown field (expected flops_per_second, intra_node_bytes_per_second, "
-                        "inter_node_bytes_per_second, gpus_per_node, element_bytes, "
-                        "blocks_per_route)");
+      return FieldError(field, absl::StrCat("unknown field (expected ", kMachineFieldNames, ")"));
     }
   }
   return CheckMachine(*machine, "machine");
