@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "planner/cost_model.h"
+#include "planner/status_macros.h"
 #include "tools/args.h"
 
 namespace knapformer {
@@ -28,39 +29,16 @@ const char kCalibrateUsage[] =
     "            all-to-alls: CSV rows \"gpus,bytes_per_gpu,seconds,intra|inter\"\n"
     "            (bench/exchange_times.py writes them).\n";
 
-absl::StatusOr<std::vector<WorkSample>> ParseTimingCsv(const std::string& text, int64_t d_model) {
-  std::vector<WorkSample> samples;
-  int line_number = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++line_number;
-    line = absl::StripAsciiWhitespace(line);
-    if (line.empty() || line[0] == '#') continue;
-    std::vector<absl::string_view> fields = absl::StrSplit(line, ',');
-    int64_t length = 0;
-    double seconds = 0;
-    const bool numeric = fields.size() == 2 &&
-                         absl::SimpleAtoi(absl::StripAsciiWhitespace(fields[0]), &length) &&
-                         absl::SimpleAtod(absl::StripAsciiWhitespace(fields[1]), &seconds);
-    if (!numeric) {
-      if (samples.empty() && line_number == 1) continue;  // a header
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--input: line ", line_number, ": expected \"length,seconds\", got \"", line, "\""));
-    }
-    // SimpleAtod reads "2e9400" as infinity: a time, like a NaN, that no fit
-    // can use.
-    if (length < 1 || length > CostModel::kMaxLength || !(seconds >= 0) ||
-        !std::isfinite(seconds)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--input: line ", line_number, ": length must be in [1, ", CostModel::kMaxLength,
-          "] and seconds finite and >= 0"));
-    }
-    samples.push_back(SequenceSample(length, d_model, seconds));
-  }
-  return samples;
-}
+namespace {
 
-absl::StatusOr<std::vector<ExchangeSample>> ParseExchangeCsv(const std::string& text) {
-  std::vector<ExchangeSample> samples;
+// Calls `row` with the whitespace-stripped fields and the number of every
+// line of `text` that is not blank or a # comment. `row` answers false for
+// fields not in `format` (on line 1: a header, skipped; elsewhere an error)
+// or an error saying what is wrong with the values; errors name `flag` and
+// the line.
+template <typename Row>
+absl::Status ForEachCsvRow(const std::string& text, absl::string_view flag,
+                           absl::string_view format, Row&& row) {
   int line_number = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_number;
@@ -68,29 +46,67 @@ absl::StatusOr<std::vector<ExchangeSample>> ParseExchangeCsv(const std::string& 
     if (line.empty() || line[0] == '#') continue;
     std::vector<absl::string_view> fields = absl::StrSplit(line, ',');
     for (absl::string_view& field : fields) field = absl::StripAsciiWhitespace(field);
-    ExchangeSample sample;
-    const bool numeric = fields.size() == 4 && absl::SimpleAtoi(fields[0], &sample.gpus) &&
-                         absl::SimpleAtod(fields[1], &sample.bytes_per_gpu) &&
-                         absl::SimpleAtod(fields[2], &sample.seconds) &&
-                         (fields[3] == "intra" || fields[3] == "inter");
-    if (!numeric) {
-      if (samples.empty() && line_number == 1) continue;  // a header
+    absl::StatusOr<bool> parsed = row(fields);
+    if (!parsed.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--exchanges: line ", line_number,
-                       ": expected \"gpus,bytes_per_gpu,seconds,intra|inter\", got \"", line,
-                       "\""));
+          absl::StrCat("--", flag, ": line ", line_number, ": ", parsed.status().message()));
     }
-    sample.inter_node = fields[3] == "inter";
-    if (sample.gpus < 2 || sample.gpus > 65536 || !(sample.bytes_per_gpu >= 0) ||
-        !std::isfinite(sample.bytes_per_gpu) || !(sample.seconds > 0) ||
-        !std::isfinite(sample.seconds)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--exchanges: line ", line_number,
-                       ": gpus must be in [2, 65536], bytes finite and >= 0, seconds finite "
-                       "and > 0"));
-    }
-    samples.push_back(sample);
+    if (*parsed || line_number == 1) continue;  // a row, or a header
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": line ", line_number,
+                                                   ": expected \"", format, "\", got \"", line,
+                                                   "\""));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<WorkSample>> ParseTimingCsv(const std::string& text, int64_t d_model) {
+  std::vector<WorkSample> samples;
+  KF_RETURN_IF_ERROR(ForEachCsvRow(
+      text, "input", "length,seconds",
+      [&](const std::vector<absl::string_view>& fields) -> absl::StatusOr<bool> {
+        int64_t length = 0;
+        double seconds = 0;
+        if (fields.size() != 2 || !absl::SimpleAtoi(fields[0], &length) ||
+            !absl::SimpleAtod(fields[1], &seconds)) {
+          return false;
+        }
+        // SimpleAtod reads "2e9400" as infinity: a time, like a NaN, that no
+        // fit can use.
+        if (length < 1 || length > CostModel::kMaxLength || !(seconds >= 0) ||
+            !std::isfinite(seconds)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "length must be in [1, ", CostModel::kMaxLength, "] and seconds finite and >= 0"));
+        }
+        samples.push_back(SequenceSample(length, d_model, seconds));
+        return true;
+      }));
+  return samples;
+}
+
+absl::StatusOr<std::vector<ExchangeSample>> ParseExchangeCsv(const std::string& text) {
+  std::vector<ExchangeSample> samples;
+  KF_RETURN_IF_ERROR(ForEachCsvRow(
+      text, "exchanges", "gpus,bytes_per_gpu,seconds,intra|inter",
+      [&](const std::vector<absl::string_view>& fields) -> absl::StatusOr<bool> {
+        ExchangeSample sample;
+        if (fields.size() != 4 || !absl::SimpleAtoi(fields[0], &sample.gpus) ||
+            !absl::SimpleAtod(fields[1], &sample.bytes_per_gpu) ||
+            !absl::SimpleAtod(fields[2], &sample.seconds) ||
+            (fields[3] != "intra" && fields[3] != "inter")) {
+          return false;
+        }
+        sample.inter_node = fields[3] == "inter";
+        if (sample.gpus < 2 || sample.gpus > 65536 || !(sample.bytes_per_gpu >= 0) ||
+            !std::isfinite(sample.bytes_per_gpu) || !(sample.seconds > 0) ||
+            !std::isfinite(sample.seconds)) {
+          return absl::InvalidArgumentError(
+              "gpus must be in [2, 65536], bytes finite and >= 0, seconds finite and > 0");
+        }
+        samples.push_back(sample);
+        return true;
+      }));
   return samples;
 }
 
