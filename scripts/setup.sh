@@ -23,6 +23,7 @@ packages=(
   python3-venv             # the wheel's install test (a venv with --system-site-packages)
   clang libclang-rt-14-dev # libFuzzer with ASan + UBSan (tests/fuzz, --config=fuzz)
   cmake curl               # Debian's Abseil rebuilt for TSan (scripts/tsan_absl.sh)
+  podman buildah runc mmdebstrap  # the planner image, built offline and smoke-tested (deploy/docker/build.sh)
 )
 
 # Node.js for the deploy type checks: the image's own if it has one (Debian's

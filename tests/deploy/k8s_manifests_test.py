@@ -5,6 +5,7 @@ document type-checks against Kubernetes' API types (kubernetes-types + tsc
 gRPC probes, non-root, read-only root, named ports, the client's
 environment). Each check also rejects a deliberately broken copy."""
 import os
+import re
 
 import yaml
 
@@ -57,6 +58,39 @@ def check_job_id(env_list):
               name in names and "KNAPFORMER_JOB_ID" in names and
               names.index(name) < names.index("KNAPFORMER_JOB_ID"),
               f"base: {name} comes from {path}, before KNAPFORMER_JOB_ID")
+
+
+def image_problems(deploy, rendered):
+    """Where the manifests and the image build disagree: the image every
+    planner container runs must be the one deploy/docker/build.sh builds
+    (its tag the Dockerfile's version label), run as the Dockerfile's user."""
+    with open(os.path.join(deploy, "docker", "build.sh")) as f:
+        built = re.search(r'^readonly IMAGE_DEFAULT="([^"]+)"', f.read(), re.M)
+    with open(os.path.join(deploy, "docker", "Dockerfile")) as f:
+        dockerfile = f.read()
+    version = re.search(r'org\.opencontainers\.image\.version="([^"]+)"', dockerfile)
+    user = re.search(r"^USER (\d+):(\d+)$", dockerfile, re.M)
+    if not (built and version and user):
+        return ["build.sh names no IMAGE_DEFAULT, or the Dockerfile no version label or USER"]
+    problems = []
+    if built[1].rsplit(":", 1)[-1] != version[1]:
+        problems.append(f"build.sh builds {built[1]}, the Dockerfile's version label is {version[1]}")
+    for overlay, docs in rendered.items():
+        for doc in docs:
+            if doc["kind"] not in ("Job", "Deployment"):
+                continue
+            spec = pod_spec(doc)
+            for c in containers(doc):
+                if c["name"] != "planner":
+                    continue
+                if c["image"] != built[1]:
+                    problems.append(f"{overlay} {doc['kind']} runs {c['image']}, build.sh builds {built[1]}")
+                context = {**spec.get("securityContext", {}), **c.get("securityContext", {})}
+                if (str(context.get("runAsUser")), str(context.get("runAsGroup"))) != user.groups():
+                    problems.append(f"{overlay} {doc['kind']} runs the planner as "
+                                    f"{context.get('runAsUser')}:{context.get('runAsGroup')}, "
+                                    f"the image as {user[1]}:{user[2]}")
+    return problems
 
 
 def main():
@@ -145,6 +179,10 @@ def main():
         check(trainer_label.items() <= job["spec"]["template"]["metadata"]["labels"].items(),
               "standalone: the training Job's pods carry the trainer label")
 
+    problems = image_problems(deploy, rendered)
+    check(not problems, "the planner image the manifests run is the one deploy/docker builds, "
+          "as its user" + "".join(f"\n  {p}" for p in problems))
+
     # Deliberately broken inputs must be rejected.
     broken = copy_deploy(deploy)
     base = os.path.join(broken, "k8s", "base")
@@ -152,6 +190,13 @@ def main():
         f.write("  - no-such-file.yaml\n")
     code, _ = kustomize(base)
     check(code != 0, "broken: kustomize rejects a missing resource")
+    with open(os.path.join(broken, "docker", "build.sh")) as f:
+        script = f.read()
+    with open(os.path.join(broken, "docker", "build.sh"), "w") as f:
+        f.write(script.replace('IMAGE_DEFAULT="knapformer/planner:', 'IMAGE_DEFAULT="knapformer/planner:9'))
+    problems = image_problems(broken, rendered)
+    check(any("build.sh builds knapformer/planner:9" in p for p in problems),
+          "broken: an image tag the manifests do not run is named")
     docs, _ = render(deploy, "k8s/base")
     if docs:
         job = next(d for d in docs if d["kind"] == "Job")
