@@ -48,6 +48,10 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
+if [[ $(id -u) -ne 0 ]]; then
+  echo "build.sh: run as root (podman's rootful storage and runc; see --help)" >&2
+  exit 2
+fi
 tools=(podman runc python3)
 [[ -z "$base" ]] && tools+=(mmdebstrap)
 for tool in "${tools[@]}"; do
