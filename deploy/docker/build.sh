@@ -93,8 +93,11 @@ cleanup() {
     xargs -r podman --root "$work/storage" --runroot "$work/run" --storage-driver overlay \
       rm -f -t 0 >/dev/null 2>&1
   if [[ -z "$keep" ]]; then
-    pm system reset -f >/dev/null 2>&1
-    rm -rf "$work"
+    # Not `podman system reset`: as root it also deletes the host's podman
+    # networks. Removing the images unmounts their layers.
+    pm rm -a -f -t 0 >/dev/null 2>&1
+    pm rmi -a -f >/dev/null 2>&1
+    rm -rf "$work" 2>/dev/null || echo "build.sh: could not remove $work" >&2
   fi
 }
 trap cleanup EXIT
@@ -165,7 +168,8 @@ if [[ -z "$base" ]]; then
   rootfs="$cache/debian-bookworm-minbase-$key.tar"
   partial="$cache/incomplete-debian-bookworm-minbase-$key.tar"  # mmdebstrap reads .tar
   mkdir -p "$cache"
-  if [[ ! -s "$rootfs" ]]; then
+  # Made again after a week, so that the base carries Debian's updates.
+  if [[ ! -s "$rootfs" || -n "$(find "$rootfs" -mtime +7)" ]]; then
     echo "making the Debian bookworm base (mmdebstrap, about a minute)"
     if ! timeout 900 mmdebstrap "${mmdebstrap_args[@]}" "$partial"; then
       rm -f "$partial"
@@ -213,7 +217,8 @@ else
   fail "no compiler, Bazel or package lists in the image" "$message"
 fi
 
-size="$(pm image inspect --format '{{.Size}}' "$image")"
+size="$(pm image inspect --format '{{.Size}}' "$image" 2>/dev/null)"
+size="${size:-0}"
 echo "image $image: $((size / 1000000)) MB ($size bytes)"
 echo "packages in the image:"
 pm run --rm --entrypoint dpkg-query "$image" -W -f '  ${Package} ${Version}\n'
