@@ -3,15 +3,14 @@
 //   image_probe GRPC_PORT METRICS_PORT JOB
 // 1. gRPC health: the server ("") and knapformer.v1.Planner are SERVING;
 // 2. one PlanGroup of JOB (8 ranks, 25 tokens, g1n2+g2n1+g4n1) answers a plan
-//    whose chunks cover every token exactly once and whose heaviest rank is
-//    no heavier than before;
+//    that is a valid plan of those lengths (planner/validate.h: every token
+//    routed exactly once) and whose heaviest rank is no heavier than before;
 // 3. GET /metrics on METRICS_PORT shows JOB's 25 planned tokens.
 // Prints one line per check; exits 0 when all pass, else 1 after the first
 // failure, naming it. Every call has a deadline: a hung server fails, it does
 // not hang the build.
 #include <algorithm>
 #include <iostream>
-#include <map>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -23,6 +22,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "planner/plan_from_chunks.h"
+#include "proto/plan_proto.h"
+#include "proto/step_problem.h"
 #include "tests/server/service_test_util.h"
 
 namespace knapformer {
@@ -85,28 +87,17 @@ std::string CheckPlanGroup(const std::shared_ptr<grpc::Channel>& channel, const 
     return Fail(check, absl::StrCat("total_tokens ", response.balance().total_tokens(),
                                     ", want ", kTokens));
   }
-  // Every token of every sequence routed exactly once: per sequence, the
-  // chunks tile [0, length) in offset order.
-  const v1::Chunks& chunks = response.chunks();
-  std::map<std::pair<int, int>, int64_t> covered;
-  for (int i = 0; i < chunks.length_size(); ++i) {
-    const std::pair<int, int> sequence = {chunks.src_rank(i), chunks.seq_index(i)};
-    if (chunks.offset(i) != covered[sequence]) {
-      return Fail(check, absl::StrCat("chunk ", i, " of rank ", sequence.first, " sequence ",
-                                      sequence.second, " starts at ", chunks.offset(i),
-                                      ", want ", covered[sequence]));
-    }
-    covered[sequence] += chunks.length(i);
-  }
-  for (size_t rank = 0; rank < kLengths.size(); ++rank) {
-    for (size_t s = 0; s < kLengths[rank].size(); ++s) {
-      const int64_t got = covered[{static_cast<int>(rank), static_cast<int>(s)}];
-      if (got != kLengths[rank][s]) {
-        return Fail(check, absl::StrCat("rank ", rank, " sequence ", s, ": chunks cover ", got,
-                                        " of ", kLengths[rank][s], " tokens"));
-      }
-    }
-  }
+  // The client's own check of a group answer: the plan rebuilt from the
+  // chunk table on the answer's layout must be a valid plan of kLengths
+  // (every token routed exactly once, within one bag, indexes agreeing).
+  auto chunks = ChunksFromProto(response.chunks());
+  if (!chunks.ok()) return Fail(check, std::string(chunks.status().message()));
+  auto problem = StepProblemOf(request.spec());
+  if (!problem.ok()) return Fail(check, std::string(problem.status().message()));
+  auto world = WorldOfLayout(*problem, response.balance().layout());
+  if (!world.ok()) return Fail(check, std::string(world.status().message()));
+  auto plan = PlanFromChunks(*world, problem->cost, kLengths, *std::move(chunks));
+  if (!plan.ok()) return Fail(check, std::string(plan.status().message()));
   const auto max_of = [](const auto& values) {
     return values.empty() ? 0.0 : *std::max_element(values.begin(), values.end());
   };
@@ -114,7 +105,7 @@ std::string CheckPlanGroup(const std::shared_ptr<grpc::Channel>& channel, const 
     return Fail(check, "the planned heaviest rank is heavier than the unbalanced one");
   }
   std::cout << "ok: PlanGroup planned " << kTokens << " tokens over " << kLengths.size()
-            << " ranks in " << chunks.length_size() << " chunks\n";
+            << " ranks in " << plan->chunks.size() << " chunks\n";
   return "";
 }
 
