@@ -428,7 +428,7 @@ TEST_F(NcclOneDeviceTest, TwoRanksOnOneDeviceAreRefused) {
   }
   for (std::thread& thread : threads) thread.join();
   EXPECT_FALSE(results[0].ok() && results[1].ok())
-      << "NCCL accepted two ranks on one GPU; the README says it refuses them";
+      << "NCCL accepted two ranks on one GPU; docs/client.md (GPUs) says it refuses them";
 }
 
 // Where CUDA cannot run (no device or no driver), joining is a status naming
