@@ -60,10 +60,11 @@ def worker(rank, port, seed, results):
     import torch
     import torch.distributed as dist
     import knapformer
+    from knapformer._torch_compat import tcp_store
 
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, PROCS, False,
-                          timeout=datetime.timedelta(seconds=300))
+    store = tcp_store("127.0.0.1", port, PROCS, False,
+                      timeout=datetime.timedelta(seconds=300))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=PROCS,
                             timeout=datetime.timedelta(seconds=300))
     balancer = knapformer.SequenceBalancer(TOPOLOGY, gamma=1.0, d_model=D_MODEL)
@@ -103,11 +104,11 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-seconds", type=int, default=600)
     args = parser.parse_args()
-    import torch.distributed as dist
+    from knapformer._torch_compat import tcp_store
 
-    store = dist.TCPStore("127.0.0.1", 0, PROCS + 1, True,
-                          timeout=datetime.timedelta(seconds=args.timeout_seconds),
-                          wait_for_workers=False)
+    store = tcp_store("127.0.0.1", 0, PROCS + 1, True,
+                      timeout=datetime.timedelta(seconds=args.timeout_seconds),
+                      wait_for_workers=False)
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     procs = [context.Process(target=worker, args=(r, store.port, args.seed, results), daemon=True)
@@ -146,9 +147,10 @@ def fixed_costs(calls=2000):
     import torch
     import torch.distributed as dist
     import knapformer
+    from knapformer._torch_compat import tcp_store
 
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60))
+    store = tcp_store("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=60))
     balancer = knapformer.SequenceBalancer("g1n1", d_model=D_MODEL)

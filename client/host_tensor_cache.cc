@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <list>
 #include <map>
 #include <mutex>
@@ -11,6 +12,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 
 namespace knapformer {
 namespace {
@@ -153,13 +155,30 @@ Pool& ThePool() {
 
 void ReleaseBlock(void* context) { ThePool().Give(static_cast<Block*>(context)); }
 
+// torch 2.3 made c10::Allocator::allocate non-const and added copy_data
+// (used by Tensor.clone() on storages of this allocator).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define KNAPFORMER_TORCH_ALLOCATOR_2_3 1
+#else
+#define KNAPFORMER_TORCH_ALLOCATOR_2_3 0
+#endif
+
 class CachingHostAllocator final : public c10::Allocator {
  public:
+#if KNAPFORMER_TORCH_ALLOCATOR_2_3
+  c10::DataPtr allocate(size_t n) override {
+#else
   c10::DataPtr allocate(size_t n) const override {
+#endif
     if (n == 0) return {nullptr, nullptr, nullptr, c10::Device(c10::kCPU)};
     Block* block = ThePool().Take(n);
     return {block->data, block, &ReleaseBlock, c10::Device(c10::kCPU)};
   }
+#if KNAPFORMER_TORCH_ALLOCATOR_2_3
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    if (count > 0) std::memcpy(dest, src, count);
+  }
+#endif
 };
 
 c10::Allocator* TheAllocator() {
@@ -171,7 +190,7 @@ c10::Allocator* TheAllocator() {
 
 at::Tensor EmptyHostTensor(c10::IntArrayRef sizes, c10::ScalarType dtype) {
   return at::detail::empty_generic(sizes, TheAllocator(), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                   dtype, c10::nullopt);
+                                   dtype, /*memory_format_opt=*/{});
 }
 
 void SetHostCacheLimit(int64_t bytes) { ThePool().SetLimit(bytes); }

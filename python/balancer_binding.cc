@@ -151,11 +151,6 @@ struct PlannedStep {
   double predicted_step_seconds = 0;
 };
 
-// Whether this thread may let go of the GIL to destroy something.
-bool HoldsReleasableGil() {
-  return Py_IsInitialized() && !_Py_IsFinalizing() && PyGILState_Check();
-}
-
 // A process group joins its worker threads when destroyed, and a worker may
 // be freeing a tensor that has a Python object, which takes the GIL: with
 // the GIL held here, both wait forever (seen at exit after

@@ -13,6 +13,18 @@ void BindPlanner(pybind11::module_& m);   // planner_binding.cc
 void BindServer(pybind11::module_& m);    // server_binding.cc
 void BindBalancer(pybind11::module_& m);  // balancer_binding.cc
 
+// Whether this thread holds the GIL of a running (not finalizing)
+// interpreter, and so may let go of it to destroy something. Python 3.13
+// made Py_IsFinalizing public and dropped _Py_IsFinalizing.
+inline bool HoldsReleasableGil() {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  return Py_IsInitialized() && !finalizing && PyGILState_Check();
+}
+
 }  // namespace python
 }  // namespace knapformer
 

@@ -12,7 +12,6 @@ import os
 import zipfile
 
 NAME, VERSION = "knapformer", "0.1.0"
-TAG = "cp311-cp311-linux_x86_64"
 
 
 def digest(data):
@@ -23,6 +22,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--readme", required=True)
+    parser.add_argument("--tag", required=True, help="e.g. cp313-cp313-linux_x86_64")
+    parser.add_argument("--python-version", required=True, help="MAJOR.MINOR, e.g. 3.13")
     parser.add_argument("files", nargs="+", help="knapformer/*.py and knapformer/_C.so")
     args = parser.parse_args()
 
@@ -41,10 +42,10 @@ def main():
     metadata = (f"Metadata-Version: 2.1\nName: {NAME}\nVersion: {VERSION}\n"
                 "Summary: Online load balancing of sequences for distributed transformer "
                 "training (KnapFormer), with a gRPC planner service\n"
-                "Requires-Python: >=3.11,<3.12\n"
+                f"Requires-Python: =={args.python_version}.*\n"
                 "Description-Content-Type: text/markdown\n\n" + readme)
     wheel = (f"Wheel-Version: 1.0\nGenerator: knapformer make_wheel.py\n"
-             f"Root-Is-Purelib: false\nTag: {TAG}\n")
+             f"Root-Is-Purelib: false\nTag: {args.tag}\n")
     entries += [(f"{info}/METADATA", metadata.encode()), (f"{info}/WHEEL", wheel.encode()),
                 (f"{info}/top_level.txt", f"{NAME}\n".encode())]
     record = "".join(f"{name},{digest(data)},{len(data)}\n" for name, data in entries)

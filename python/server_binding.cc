@@ -49,7 +49,7 @@ class EmbeddedServer {
   ~EmbeddedServer() {
     std::unique_ptr<EmbeddedServe> server = std::move(server_);
     if (server == nullptr) return;
-    if (Py_IsInitialized() && !_Py_IsFinalizing() && PyGILState_Check()) {
+    if (HoldsReleasableGil()) {
       py::gil_scoped_release no_gil;
       server.reset();
     }

@@ -1,9 +1,41 @@
 #!/bin/bash
-# Installs every Debian package the project needs (Debian bookworm, as root).
-# Idempotent: does nothing when all are present; `apt-get update` runs once,
-# only when something is missing.
+# Installs every Debian package the project needs (Debian bookworm or trixie,
+# as root). Idempotent: does nothing when all are present; `apt-get update`
+# runs once, only when something is missing.
+#   bash scripts/setup.sh                  # everything .ci/run needs (--profile all)
+#   bash scripts/setup.sh --profile torch  # the build and its torch-facing tests only
+#   bash scripts/setup.sh --profile cuda-compile
+#       torch, but Debian's CUDA torch, NCCL and CUDA headers (trixie's contrib
+#       and non-free) on a machine without a GPU or network: cuDNN, which
+#       Debian's nvidia-cudnn would download, is declined and replaced by a
+#       stand-in that only links (scripts/cudnn_stub.sh). Not for GPU machines.
+# The torch 2.x lanes of .ci/run use the last two inside a Debian trixie
+# root (scripts/debian_root.sh).
 set -euo pipefail
 
+profile=all
+case "${1:-}" in
+  "") ;;
+  --profile)
+    profile="${2:-}"
+    [[ $# -eq 2 ]] || { echo "setup: --profile needs one of all, torch, cuda-compile" >&2; exit 2; } ;;
+  *) echo "setup: unknown argument '$1' (usage: setup.sh [--profile all|torch|cuda-compile])" >&2
+     exit 2 ;;
+esac
+case "$profile" in
+  all|torch|cuda-compile) ;;
+  *) echo "setup: unknown profile '$profile' (all, torch or cuda-compile)" >&2; exit 2 ;;
+esac
+
+# The release decides a few names: clang's sanitizer runtime follows the
+# release's default clang.
+codename="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
+case "$codename" in
+  bookworm) clang_rt=libclang-rt-14-dev ;;
+  *) clang_rt=libclang-rt-dev ;;  # trixie and later: the default clang's
+esac
+
+# The build, the C++ tests and the Python package: every profile.
 packages=(
   bazel-bootstrap          # Bazel 4.2.3, offline build
   g++ python3 default-jdk-headless  # compiler; python3 checks CLI output in tests
@@ -12,24 +44,50 @@ packages=(
   nlohmann-json3-dev       # JSON for the CLI
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev       # the planner service's /metrics
-  prometheus               # promtool checks the metrics page in tests
   openssl                  # tests make throwaway TLS certificates
-  libtorch-dev             # LibTorch (CPU) with c10d + Gloo: the client and its multi-process tests
-  libgloo-dev              # gloo/ headers that c10d's ProcessGroupGloo.hpp includes (libtorch-dev does not pull them in)
-  python3-yaml             # the deploy checks read YAML (tests/deploy)
   python3-dev pybind11-dev # the knapformer Python extension (python/)
-  python3-torch            # torch for /usr/bin/python3: the Python package and its tests
   python3-pytest           # the Python package's tests
   python3-venv             # the wheel's install test (a venv with --system-site-packages)
-  clang libclang-rt-14-dev # libFuzzer with ASan + UBSan (tests/fuzz, --config=fuzz)
-  cmake curl               # Debian's Abseil rebuilt for TSan (scripts/tsan_absl.sh)
-  podman buildah runc mmdebstrap  # the planner image, built offline and smoke-tested (deploy/docker/build.sh)
+  python3-yaml             # the deploy checks read YAML (tests/deploy)
 )
+if [[ "$profile" == cuda-compile ]]; then
+  packages+=(
+    libtorch-cuda-dev python3-torch-cuda  # Debian's CUDA build of torch (contrib)
+    libgloo-cuda-dev       # gloo/ headers for c10d's ProcessGroupGloo.hpp, CUDA build
+    libnccl-dev            # NCCL for the raw NCCL transport (non-free)
+    nvidia-cuda-dev        # the CUDA runtime's headers and libcudart (non-free)
+  )
+else
+  packages+=(
+    libtorch-dev           # LibTorch (CPU) with c10d + Gloo: the client and its multi-process tests
+    libgloo-dev            # gloo/ headers that c10d's ProcessGroupGloo.hpp includes (libtorch-dev does not pull them in)
+    python3-torch          # torch for /usr/bin/python3: the Python package and its tests
+  )
+fi
+if [[ "$profile" == all ]]; then
+  packages+=(
+    prometheus             # promtool checks the metrics page in tests
+    clang "$clang_rt"      # libFuzzer with ASan + UBSan (tests/fuzz, --config=fuzz)
+    cmake curl             # Debian's Abseil rebuilt for TSan (scripts/tsan_absl.sh)
+    podman buildah runc mmdebstrap  # the planner image (deploy/docker/build.sh) and the
+                                    # torch 2.x lanes' Debian roots (scripts/debian_root.sh)
+  )
+fi
+
+# pkg-config names Abseil's libraries for the build (third_party/pkg_config.bzl);
+# pkgconf where no pkg-config is installed (bookworm's pkg-config clashes with it).
+if ! command -v pkg-config >/dev/null; then
+  packages+=(pkgconf)
+fi
 
 # Node.js for the deploy type checks: the image's own if it has one (Debian's
 # nodejs would clash with it), else Debian's.
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+if [[ "$profile" == all ]] && { ! command -v node >/dev/null || ! command -v npm >/dev/null; }; then
   packages+=(nodejs npm)
+fi
+if [[ "$profile" == cuda-compile && "$codename" == bookworm ]]; then
+  echo "setup: --profile cuda-compile needs Debian trixie or later (bookworm has no CUDA torch)" >&2
+  exit 2
 fi
 
 missing=()
@@ -45,15 +103,31 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   fi
   echo "setup: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
+  if [[ "$profile" == cuda-compile ]]; then
+    # Decline nvidia-cudnn's download (NVIDIA's license, and no network).
+    echo "nvidia-cudnn nvidia-cudnn/question select I Decline" | debconf-set-selections
+  fi
   apt-get update -qq
-  apt-get install -y -qq "${missing[@]}" >/dev/null
+  log="$(mktemp)"
+  if ! apt-get install -y -qq "${missing[@]}" >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "setup: apt-get install failed (its last lines are above)" >&2
+    exit 1
+  fi
+  rm -f "$log"
+fi
+if [[ "$profile" == cuda-compile ]]; then
+  bash "$(dirname "${BASH_SOURCE[0]}")/cudnn_stub.sh"
 fi
 
-# kubectl (for `kubectl kustomize`) is not a Debian package; the machine
-# image provides it.
+[[ "$profile" == all ]] || exit 0
+
+# kubectl (for `kubectl kustomize`) is not a Debian package; the CI
+# machine's image provides it. Without it only tests/deploy's manifest
+# checks fail (naming it), so this is a warning, not a stop.
 if ! command -v kubectl >/dev/null; then
-  echo "setup: kubectl is missing (tests/deploy renders the manifests with kubectl kustomize)" >&2
-  exit 1
+  echo "setup: warning: kubectl is missing; tests/deploy renders the manifests with" \
+    "kubectl kustomize and fails without it" >&2
 fi
 
 # The pinned npm packages of the deploy type checks (package-lock.json),

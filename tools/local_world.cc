@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,34 @@ bool EnvInt(const char* name, int* value) {
   return text != nullptr && absl::SimpleAtoi(text, value);
 }
 
+// torch 2.x asks for a libuv TCPStore by default (TCPStoreOptions::useLibUV)
+// and a torch built without libuv (Debian's 2.6) throws; 1.13 has no such
+// option. Found by its presence rather than a version number, so that
+// every release in between is right.
+template <typename Options>
+auto TurnOffLibUv(Options& options, int) -> decltype(options.useLibUV = false, bool()) {
+  options.useLibUV = false;
+  return true;
+}
+template <typename Options>
+bool TurnOffLibUv(Options&, long) {
+  return false;
+}
+
+// A TCPStore on 127.0.0.1: torch's default server, or the one without
+// libuv where this torch lacks libuv.
+c10::intrusive_ptr<c10d::TCPStore> MakeLocalStore(c10d::TCPStoreOptions options) {
+  try {
+    return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+  } catch (const std::exception& e) {
+    if (std::string(e.what()).find("libuv") == std::string::npos ||
+        !TurnOffLibUv(options, 0)) {
+      throw;
+    }
+  }
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::TCPStore> StartLocalStore(std::chrono::milliseconds timeout) {
@@ -29,7 +58,7 @@ c10::intrusive_ptr<c10d::TCPStore> StartLocalStore(std::chrono::milliseconds tim
   options.isServer = true;
   options.waitWorkers = false;
   options.timeout = timeout;
-  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+  return MakeLocalStore(options);
 }
 
 std::vector<std::string> LocalWorldEnv(c10d::TCPStore& store, int rank, int size) {
@@ -51,7 +80,7 @@ absl::StatusOr<LocalWorld> JoinLocalWorld(std::chrono::milliseconds timeout) {
     store_options.port = static_cast<uint16_t>(port);
     store_options.isServer = false;
     store_options.timeout = timeout;
-    world.store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
+    world.store = MakeLocalStore(store_options);
     GlooGroupOptions gloo;
     gloo.hostname = "127.0.0.1";
     gloo.timeout = timeout;

@@ -80,7 +80,9 @@ class ScopedDevice {
   int previous_ = -1;  // to restore, or -1
 };
 
+// Called with `device` current (ScopedDevice).
 absl::Status CheckStreamDevice(cudaStream_t stream, int device) {
+#if CUDART_VERSION >= 12080
   int stream_device = -1;
   KNAPFORMER_RETURN_IF_ERROR(
       CudaStatus(cudaStreamGetDevice(stream, &stream_device), "cudaStreamGetDevice"));
@@ -90,6 +92,21 @@ absl::Status CheckStreamDevice(cudaStream_t stream, int device) {
                                                    device));
   }
   return absl::OkStatus();
+#else
+  // Before CUDA 12.8 the runtime cannot name a stream's device; recording an
+  // event made on `device` into the stream fails when they differ.
+  cudaEvent_t probe = nullptr;
+  KNAPFORMER_RETURN_IF_ERROR(CudaStatus(
+      cudaEventCreateWithFlags(&probe, cudaEventDisableTiming), "cudaEventCreate (stream check)"));
+  const cudaError_t recorded = cudaEventRecord(probe, stream);
+  cudaEventDestroy(probe);
+  if (recorded == cudaErrorInvalidResourceHandle) {
+    cudaGetLastError();  // not sticky: clear it
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stream: not on CUDA device ", device, ", the communicator's rank's device"));
+  }
+  return CudaStatus(recorded, "cudaEventRecord (stream check)");
+#endif
 }
 
 // Joins a communicator on the current device, non-blocking so that a

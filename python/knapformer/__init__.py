@@ -17,9 +17,25 @@ planner service inside this process) and ``synthetic_lengths`` (the paper's
 synthetic data streams).
 """
 
-import torch  # noqa: F401  (first: the extension uses torch's Python types)
+import torch  # first: the extension uses torch's Python types
 
-from knapformer import _C
+try:
+    from knapformer import _C
+except ImportError as error:
+    raise ImportError(f"knapformer: its C++ extension does not load with torch {torch.__version__} "
+                      f"({error}); it must be built against this interpreter's torch: "
+                      "bash scripts/build_wheel.sh --python <this python3>") from error
+
+
+def _major_minor(version):
+    return tuple(version.split("+")[0].split(".")[:2])
+
+
+if _major_minor(_C.__torch_version__) != _major_minor(torch.__version__):
+    raise ImportError(f"knapformer: its C++ extension was built against torch "
+                      f"{_C.__torch_version__}, but this is torch {torch.__version__} (C++ "
+                      "types differ between releases); rebuild it for this torch: "
+                      "bash scripts/build_wheel.sh --python <this python3>")
 from knapformer.planner import PlannerServer, plan, synthetic_lengths
 from knapformer.sequence_balancer import SequenceBalancer
 

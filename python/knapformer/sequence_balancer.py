@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 from knapformer import _C
+from knapformer._torch_compat import device_backend
 
 _COST_MODELS = ("transformer", "uniform", "linear")
 
@@ -133,10 +134,7 @@ class SequenceBalancer:
                              f"{', '.join(_COST_MODELS)}")
         group = process_group if process_group is not None else \
             dist.distributed_c10d._get_default_group()
-        backend = dist.get_backend(group)
-        if backend not in ("gloo", "nccl"):
-            raise ValueError(f"process_group: backend '{backend}' is not supported (gloo with "
-                             "CPU tensors, nccl with CUDA tensors)")
+        backend = device_backend(group)
         device = "cpu" if backend == "gloo" else f"cuda:{torch.cuda.current_device()}"
         if machine is not None and not isinstance(machine, dict):
             raise ValueError(f"machine: needs a dict of machine fields, got "

@@ -231,7 +231,7 @@ const bool kBalance = RegisterScenario("balance", [](Worker& w) {
   }
   for (int step = 0; step < steps; ++step) {
     if (step == stop_after) {
-      if (w.rank == 0) w.store->set("stop_planner", {1});
+      if (w.rank == 0) w.store->set("stop_planner", std::vector<uint8_t>{1});
       w.store->wait({"planner_stopped"});
     }
     const std::vector<int64_t> lengths = Lengths(w.rank, w.size, step);
@@ -369,13 +369,19 @@ const bool kAutoLayout = RegisterScenario("auto_layout", [](Worker& w) {
     EXPECT_EQ((*balancer)->bag_first_rank() % gpus, 0);
     EXPECT_EQ((*balancer)->bag_first_rank() / 4, w.rank / 4);
     EXPECT_EQ(plan.plan.ulysses.gpus, gpus);
-    if (step % 4 == 0) EXPECT_EQ(plan.layout, "g1n8") << "step " << step;
-    if (step % 4 == 1) EXPECT_NE(plan.layout, "g1n8") << "step " << step;
+    if (step % 4 == 0) {
+      EXPECT_EQ(plan.layout, "g1n8") << "step " << step;
+    }
+    if (step % 4 == 1) {
+      EXPECT_NE(plan.layout, "g1n8") << "step " << step;
+    }
     CheckRoundTrip(w, **balancer, lengths);
     CheckAttention(w, **balancer, lengths, step);
   }
   EXPECT_GE(layouts.size(), 2u);
-  if (w.rank == 5) EXPECT_GE(bag_sizes.size(), 2u);  // its bag grew for its long sequence
+  if (w.rank == 5) {
+    EXPECT_GE(bag_sizes.size(), 2u);  // its bag grew for its long sequence
+  }
 });
 
 void ExpectBalanceRuns(const std::string& topology, int size) {
@@ -451,7 +457,7 @@ TEST(SequenceBalancer, PlannerGoesDownMidRun) {
       std::chrono::seconds(180), [&](c10d::Store& store) {
         store.wait({"stop_planner"});
         (*server)->Shutdown(absl::Seconds(1));
-        store.set("planner_stopped", {1});
+        store.set("planner_stopped", std::vector<uint8_t>{1});
       });
   EXPECT_TRUE(run.ok()) << run.output;
 }

@@ -3,18 +3,20 @@
 # --system-site-packages (so that it sees Debian's torch), and the installed
 # package works from outside the source tree: its files come from the venv,
 # it plans, and two Gloo processes route and reverse-route through it.
+#   wheel_install_test.sh PYTHON WHEEL   (the interpreter it was built for)
 set -euo pipefail
+python="$1"
 runfiles="${TEST_SRCDIR}/${TEST_WORKSPACE}"
-wheel="$runfiles/python/knapformer-0.1.0-cp311-cp311-linux_x86_64.whl"
+wheel="$runfiles/$2"
 venv="$TEST_TMPDIR/venv"
 fail() { echo "FAIL: $*"; exit 1; }
 
-unzip -l "$wheel" >"$TEST_TMPDIR/contents" 2>/dev/null || /usr/bin/python3 -m zipfile -l "$wheel" >"$TEST_TMPDIR/contents"
+unzip -l "$wheel" >"$TEST_TMPDIR/contents" 2>/dev/null || "$python" -m zipfile -l "$wheel" >"$TEST_TMPDIR/contents"
 for member in knapformer/__init__.py knapformer/_C.so knapformer-0.1.0.dist-info/RECORD; do
   grep -q "$member" "$TEST_TMPDIR/contents" || fail "the wheel lacks $member"
 done
 
-/usr/bin/python3 -m venv --system-site-packages "$venv"
+"$python" -m venv --system-site-packages "$venv"
 "$venv/bin/pip" install --quiet --no-index --no-deps "$wheel" || fail "pip install refused the wheel"
 
 cd "$TEST_TMPDIR"  # nothing of the source tree on the path
@@ -24,6 +26,7 @@ cat >check_installed.py <<'PY'
 import sys, datetime, multiprocessing, os
 import torch
 import knapformer
+from knapformer._torch_compat import tcp_store
 
 venv = sys.argv[1]
 assert knapformer.__file__.startswith(venv), knapformer.__file__
@@ -34,7 +37,7 @@ assert plan["total_tokens"] == 44, plan
 
 def worker(rank, port, results):
     import torch.distributed as dist
-    store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
+    store = tcp_store("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
     balancer = knapformer.SequenceBalancer("g2n1")
@@ -48,8 +51,8 @@ def worker(rank, port, results):
 
 if __name__ == "__main__":
     import torch.distributed as dist
-    store = dist.TCPStore("127.0.0.1", 0, 3, True, timeout=datetime.timedelta(seconds=60),
-                          wait_for_workers=False)
+    store = tcp_store("127.0.0.1", 0, 3, True, timeout=datetime.timedelta(seconds=60),
+                      wait_for_workers=False)
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     procs = [context.Process(target=worker, args=(r, store.port, results)) for r in range(2)]

@@ -19,15 +19,17 @@ class WorldFailure(AssertionError):
     pass
 
 
-def _worker(rank, size, port, fn, args, results, group_timeout):
+def _worker(rank, size, port, fn, args, results, group_timeout, backend):
     import torch
     import torch.distributed as dist
+    from knapformer._torch_compat import tcp_store
 
     torch.set_num_threads(1)  # two cores shared by up to 8 ranks
     try:
-        store = dist.TCPStore("127.0.0.1", port, size, False,
-                              timeout=datetime.timedelta(seconds=group_timeout))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
+        store = tcp_store("127.0.0.1", port, size, False,
+                          timeout=datetime.timedelta(seconds=group_timeout))
+        # backend None: torch 2.x's default, one backend per device.
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size,
                                 timeout=datetime.timedelta(seconds=group_timeout))
         value = fn(rank, size, *args)
         results.put(("ok", rank, value))
@@ -40,18 +42,20 @@ def _worker(rank, size, port, fn, args, results, group_timeout):
         pass
 
 
-def run_world(fn, size, *args, timeout=240, group_timeout=60, allow_errors=False):
+def run_world(fn, size, *args, timeout=240, group_timeout=60, allow_errors=False,
+              backend="gloo"):
     """fn's result by rank. With allow_errors, a rank that raised gives
     ("error", traceback) and one that exited without a report ("exited",
     exit code) instead of failing the run."""
-    import torch.distributed as dist
+    from knapformer._torch_compat import tcp_store
 
     context = multiprocessing.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, size + 1, True,
-                          timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
+    store = tcp_store("127.0.0.1", 0, size + 1, True,
+                      timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
     results = context.Queue()
     processes = [context.Process(target=_worker,
-                                 args=(r, size, store.port, fn, args, results, group_timeout),
+                                 args=(r, size, store.port, fn, args, results, group_timeout,
+                                       backend),
                                  daemon=True)
                  for r in range(size)]
     for p in processes:

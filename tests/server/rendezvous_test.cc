@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -64,7 +65,7 @@ Rendezvous::Arrival Arrive(Rendezvous& rendezvous, PendingCall* call, absl::Time
   auto checked = CheckPlanRequest(call->request(), ServiceLimits());
   if (!checked.ok()) {
     ADD_FAILURE() << "test request rejected: " << checked.status();
-    return Rendezvous::Arrival{checked.status(), nullptr};
+    return Rendezvous::Arrival{checked.status(), nullptr, {}};
   }
   return rendezvous.Arrive(call, *std::move(checked), now);
 }

@@ -3,22 +3,28 @@
 # then `knapformer calibrate --exchanges` on what it wrote: a row per bag
 # size and buffer size with the right link, and a fit of both links that
 # names the machine fields. Data the fit cannot use is exit 2 naming why.
+#   exchange_calibration_test.sh PYTHON EXCHANGE_TIMES_PY KNAPFORMER
 set -u
-script="$(realpath "$1")"
-bin="$(realpath "$2")"
+python="$1"
+script="$(realpath "$2")"
+bin="$(realpath "$3")"
+runfiles="${TEST_SRCDIR}/${TEST_WORKSPACE}"
+export PYTHONPATH="$runfiles/python"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 failures=0
 fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 
+# shellcheck source=tests/testing/launcher.sh
+source "$runfiles/tests/testing/launcher.sh"
+choose_launcher "$python" 4
 cd "$tmp"
-if ! timeout 300 /usr/bin/python3 -m torch.distributed.run --nproc_per_node 4 --redirects 1 \
-    --tee 1 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:0 "$script" --gpus-per-node 2 \
+if ! timeout 300 "$python" "${launcher[@]}" "$script" --gpus-per-node 2 \
     --sizes 65536,16777216 --repeats 3 --warmup 1 --out "$tmp/exchanges.csv" >"$tmp/run.log" 2>&1; then
   fail "exchange_times.py: $(cat "$tmp/run.log")"
 fi
 cat "$tmp/exchanges.csv"
-/usr/bin/python3 - "$tmp/exchanges.csv" <<'PY' || failures=$((failures + 1))
+"$python" - "$tmp/exchanges.csv" <<'PY' || failures=$((failures + 1))
 import sys
 lines = open(sys.argv[1]).read().split("\n")
 assert lines[0] == "gpus,bytes_per_gpu,seconds,link", lines
@@ -35,7 +41,7 @@ if ! "$bin" calibrate --exchanges "$tmp/exchanges.csv" >"$tmp/fit" 2>"$tmp/err";
   fail "calibrate --exchanges: $(cat "$tmp/err")"
 fi
 cat "$tmp/fit"
-/usr/bin/python3 - "$tmp/fit" <<'PY' || failures=$((failures + 1))
+"$python" - "$tmp/fit" <<'PY' || failures=$((failures + 1))
 import json, re, sys
 text = open(sys.argv[1]).read()
 for link in ("intra-node", "inter-node"):

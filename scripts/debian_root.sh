@@ -1,0 +1,136 @@
+#!/bin/bash
+# Runs a command inside a root file system of another Debian release, over a
+# copy of this checkout at /src; the torch 2.x and CUDA lanes of .ci/run use it.
+#   bash scripts/debian_root.sh --release trixie --profile torch [--out DIR] -- COMMAND...
+#
+# The root is made offline from the Debian mirror (mmdebstrap, minbase, as
+# deploy/docker/build.sh makes its base, keeping man pages: OpenJDK's
+# postinst needs their folders), then `bash scripts/setup.sh
+# --profile PROFILE` installs that profile's packages in it. It is cached in
+# $KNAPFORMER_ROOT_CACHE (default ~/.cache/knapformer/roots) under a name
+# that hashes the mmdebstrap arguments and scripts/setup.sh: a change of
+# either (a package list) makes a new root and removes the release and
+# profile's older ones; a root older than 7 days is made again (Debian's
+# updates). Bazel's cache lives in the root (/root/.cache/bazel), so a
+# second run rebuilds only what changed.
+#
+# COMMAND runs as root in /src with a clean environment, in a private mount
+# namespace (unshare) with /proc, /sys, /dev and a tmpfs /dev/shm mounted,
+# on the host's network. --out DIR is bind-mounted at /out (results for the
+# host). Needs root, mmdebstrap and unshare/chroot (util-linux, coreutils).
+# Exits with COMMAND's status, or 2 for a usage error, 3 if the root cannot
+# be made.
+set -uo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+release="" profile="" out=""
+usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --release|--profile|--out)
+      [[ $# -ge 2 && -n "$2" ]] || { echo "debian_root: $1 needs a value" >&2; exit 2; }
+      case "$1" in --release) release="$2" ;; --profile) profile="$2" ;; --out) out="$2" ;; esac
+      shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; break ;;
+    *) echo "debian_root: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[[ -n "$release" ]] || { echo "debian_root: --release is required (e.g. trixie)" >&2; exit 2; }
+[[ -n "$profile" ]] || { echo "debian_root: --profile is required (see scripts/setup.sh)" >&2; exit 2; }
+[[ $# -gt 0 ]] || { echo "debian_root: no command after --" >&2; exit 2; }
+if [[ $(id -u) -ne 0 ]]; then
+  echo "debian_root: run as root (mmdebstrap, chroot and mounts need it)" >&2
+  exit 2
+fi
+for tool in mmdebstrap unshare chroot git; do
+  command -v "$tool" >/dev/null ||
+    { echo "debian_root: '$tool' is missing (bash scripts/setup.sh installs it)" >&2; exit 2; }
+done
+if [[ -n "$out" ]]; then
+  mkdir -p "$out" && out="$(cd "$out" && pwd)" ||
+    { echo "debian_root: cannot make --out $out" >&2; exit 2; }
+fi
+
+cache="${KNAPFORMER_ROOT_CACHE:-$HOME/.cache/knapformer/roots}"
+mmdebstrap_args=(--quiet --variant=minbase
+  --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
+  --components=main,contrib,non-free
+  --aptopt='Acquire::Languages "none"'
+  --dpkgopt='path-exclude=/usr/share/doc/*'
+  --dpkgopt='path-include=/usr/share/doc/*/copyright'
+  --dpkgopt='path-exclude=/usr/share/locale/*'
+  --include=ca-certificates
+  "$release")
+key="$( { printf '%s\n' "${mmdebstrap_args[@]}" "$profile"; cat "$repo/scripts/setup.sh"; } |
+  sha256sum | cut -c1-12)"
+root="$cache/$release-$profile-$key"
+
+# Runs "$@" inside the root at $1 with the mounts it needs; the namespace
+# (and so every mount) ends with the command.
+in_root() {
+  local dir="$1"
+  shift
+  cp /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null
+  local command
+  command="$(printf '%q ' "$@")"
+  local binds=""
+  if [[ -n "$out" ]]; then
+    mkdir -p "$dir/out"
+    binds="mount --bind $(printf '%q' "$out") $(printf '%q' "$dir/out");"
+  fi
+  unshare --mount --propagation private -- bash -c "
+    set -e
+    mount -t proc proc $(printf '%q' "$dir/proc")
+    mount --rbind /sys $(printf '%q' "$dir/sys")
+    mount --rbind /dev $(printf '%q' "$dir/dev")
+    mount -t tmpfs -o size=4g tmpfs $(printf '%q' "$dir/dev/shm")
+    $binds
+    exec chroot $(printf '%q' "$dir") /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
+      PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+      bash -c 'cd /src && exec \"\$@\"' bash $command"
+}
+
+# This checkout's files (tracked and untracked, not ignored, as they are in
+# the working tree) replace /src's; Bazel's convenience links stay.
+copy_checkout() {
+  local dir="$1"
+  mkdir -p "$dir/src"
+  find "$dir/src" -mindepth 1 -maxdepth 1 ! -name 'bazel-*' -exec rm -rf {} +
+  (cd "$repo" && git ls-files -z --cached --others --exclude-standard |
+    xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh |
+    tar --null -T - -cf -) | tar -xf - -C "$dir/src"
+}
+
+if [[ -d "$root" && -n "$(find "$root" -maxdepth 0 -mtime +7)" ]]; then
+  echo "debian_root: $root is older than a week; making it again" >&2
+  rm -rf "$root"
+fi
+if [[ ! -d "$root" ]]; then
+  partial="$cache/incomplete-$release-$profile-$key"
+  rm -rf "$partial"
+  mkdir -p "$cache"
+  started=$SECONDS
+  echo "debian_root: making the Debian $release root for '$profile' (mmdebstrap + setup.sh)" >&2
+  if ! timeout 900 mmdebstrap "${mmdebstrap_args[@]}" "$partial" >&2; then
+    rm -rf "$partial"
+    echo "debian_root: mmdebstrap could not make the $release root" >&2
+    exit 3
+  fi
+  copy_checkout "$partial"
+  if ! in_root "$partial" bash scripts/setup.sh --profile "$profile" >&2 ||
+     ! in_root "$partial" apt-get clean >&2; then
+    echo "debian_root: scripts/setup.sh --profile $profile failed in the $release root" \
+      "(left in $partial for a look; the next run removes it)" >&2
+    exit 3
+  fi
+  # Older roots of this release and profile (other package lists).
+  find "$cache" -mindepth 1 -maxdepth 1 -name "$release-$profile-*" ! -name "$(basename "$root")" \
+    -exec rm -rf {} +
+  mv "$partial" "$root"
+  echo "debian_root: made $root in $((SECONDS - started)) s" \
+    "($(du -sh "$root" 2>/dev/null | cut -f1))" >&2
+fi
+
+copy_checkout "$root"
+in_root "$root" "$@"
