@@ -5,10 +5,10 @@
 #                 that touches torch (the rdeps of //third_party:torch and
 #                 the tests tagged "torch").
 #   cuda-compile  Debian's CUDA torch, NCCL and CUDA toolkit, no GPU: build
-#                 the NCCL transport, its test and the Python extension with
-#                 --config=cuda, as C++20 (--config=cxx20: the next torch
-#                 releases need it); run the NCCL test (its GPU cases skip
-#                 visibly) and the Python tests on that torch (CPU, Gloo).
+#                 everything with --config=cuda (the NCCL transport and its
+#                 test among it) as C++20 (--config=cxx20: the torch releases
+#                 after 2.11 need it); run the NCCL test (its GPU cases skip
+#                 visibly) and every Python test on that torch (CPU, Gloo).
 # Writes every test.xml under /out/testlogs and /out/status (one line:
 # "build=N test=N"). Exits non-zero on any failure.
 set -uo pipefail
@@ -26,16 +26,14 @@ python3 -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.v
 build_status=0 test_status=0
 if [[ "$lane" == torch ]]; then
   flags=()
-  bazel build "${flags[@]}" --keep_going //... || build_status=$?
   tests="$(bazel query --keep_going 'kind(".*_test", rdeps(//..., //third_party:torch))
       + attr(tags, "torch", tests(//...))' 2>/dev/null | sort -u)"
 else
   flags=(--config=cuda --config=cxx20)
-  targets=(//transport:nccl_transport //tests/transport:nccl_transport_test //python:wheel)
-  bazel build "${flags[@]}" --keep_going "${targets[@]}" || build_status=$?
-  tests="$(printf '%s\n' //tests/transport:nccl_transport_test //tests/python:sequence_balancer_test \
-    //tests/python:planner_test //tests/python:agreed_errors_test)"
+  tests="$(bazel query 'tests(//tests/python/...) + //tests/transport:nccl_transport_test' \
+    2>/dev/null | sort -u)"
 fi
+bazel build "${flags[@]}" --keep_going //... || build_status=$?
 echo "tests in this lane:"
 echo "$tests" | sed 's/^/  /'
 # shellcheck disable=SC2086  # one target per word

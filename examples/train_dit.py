@@ -6,7 +6,9 @@ stream, each step twice on the same weights and tokens: without balancing
         examples/train_dit.py [--steps 5] [--planner host:port]
 
 (CPU and Gloo here; with a CUDA build of torch, --device cuda uses NCCL.
-`--redirects 1 --tee 1` work around torchrun's crash on Python 3.11.)
+`--redirects 1 --tee 1` work around torchrun's crash on Python 3.11. On a
+torch without libuv, such as Debian's 2.6, torchrun cannot start: use
+`python3 -m knapformer.launch --nproc_per_node 4 examples/train_dit.py`.)
 
 The integration is the reference implementation's: route once before the
 blocks, pre_attn/post_attn around attention inside every block, reverse_route

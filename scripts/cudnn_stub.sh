@@ -12,7 +12,10 @@
 set -euo pipefail
 libdir="${1:-/usr/lib/x86_64-linux-gnu}"
 target="$libdir/libcudnn.so.9"
-if [[ -e "$target" ]] && ! grep -q knapformer_cudnn_stub "$target" 2>/dev/null; then
+if [[ -e "$target" ]]; then
+  if grep -q knapformer_cudnn_stub "$target" 2>/dev/null; then
+    exit 0  # already the stand-in
+  fi
   echo "cudnn_stub: $target exists and is not the stand-in; leaving it" >&2
   exit 0
 fi

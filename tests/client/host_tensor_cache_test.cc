@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include "gtest/gtest.h"
 
@@ -129,6 +130,23 @@ TEST_F(HostTensorCacheTest, TensorsResizeAndViewLikeAnyOther) {
   (grad_input * 3).sum().backward();
   EXPECT_TRUE(at::equal(grad_input.grad(), at::full({4, 3}, 3.0, at::kDouble)));
   EXPECT_EQ(view.size(0), 5);  // the old storage lives on in its views
+}
+
+// torch 2.3+ has copy-on-write storages: the first write to a lazy clone
+// copies the storage through its allocator's copy_data (ours since 2.3).
+TEST_F(HostTensorCacheTest, ALazyCloneIsCopiedThroughTheAllocatorWhenWritten) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  at::Tensor t = Floats(kMiB);
+  t.copy_(at::arange(kMiB / 4, at::kFloat));
+  at::Tensor lazy = at::_lazy_clone(t);
+  lazy.add_(1.0f);
+  EXPECT_EQ(t[7].item<float>(), 7.0f);
+  EXPECT_EQ(lazy[7].item<float>(), 8.0f);
+  EXPECT_EQ(lazy[kMiB / 4 - 1].item<float>(), static_cast<float>(kMiB / 4));
+  EXPECT_NE(lazy.data_ptr(), t.data_ptr());
+#else
+  GTEST_SKIP() << "torch " << TORCH_VERSION << " has no copy-on-write storages (2.3+)";
+#endif
 }
 
 TEST_F(HostTensorCacheTest, ThreadsNeverShareABlockInUse) {

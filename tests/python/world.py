@@ -9,8 +9,11 @@ ranks that were still running; a rank that raises fails the test with its
 traceback.
 """
 import datetime
+import faulthandler
 import multiprocessing
+import os
 import queue
+import signal
 import time
 import traceback
 
@@ -25,6 +28,8 @@ def _worker(rank, size, port, fn, args, results, group_timeout, backend):
     from knapformer._torch_compat import tcp_store
 
     torch.set_num_threads(1)  # two cores shared by up to 8 ranks
+    # A straggler's stack, printed when run_world gives up on it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         store = tcp_store("127.0.0.1", port, size, False,
                           timeout=datetime.timedelta(seconds=group_timeout))
@@ -36,6 +41,11 @@ def _worker(rank, size, port, fn, args, results, group_timeout, backend):
     except BaseException:  # noqa: BLE001  (report everything to the parent)
         results.put(("error", rank, traceback.format_exc()))
         return
+    # The report is on its way before the teardown: on Debian's CUDA torch
+    # 2.6 destroy_process_group() was seen to block now and then, holding
+    # the GIL, which kept the queue's feeder thread from sending it.
+    results.close()
+    results.join_thread()
     try:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001
@@ -67,6 +77,10 @@ def run_world(fn, size, *args, timeout=240, group_timeout=60, allow_errors=False
             left = deadline - time.monotonic()
             if left <= 0:
                 missing = sorted(set(range(size)) - set(outcomes))
+                for r in missing:  # their stacks go to the test log
+                    if processes[r].is_alive():
+                        os.kill(processes[r].pid, signal.SIGUSR1)
+                time.sleep(2)
                 raise WorldFailure(f"ranks {missing} did not finish within {timeout} s; "
                                    f"finished: {sorted(outcomes)}")
             try:
