@@ -8,9 +8,9 @@
 # postinst needs their folders), then `bash scripts/setup.sh
 # --profile PROFILE` installs that profile's packages in it. It is cached in
 # $KNAPFORMER_ROOT_CACHE (default ~/.cache/knapformer/roots) under a name
-# that hashes the mmdebstrap arguments and scripts/setup.sh: a change of
-# either (a package list) makes a new root and removes the release and
-# profile's older ones; a root older than 7 days is made again (Debian's
+# that hashes the mmdebstrap arguments, scripts/setup.sh and the script it
+# runs (cudnn_stub.sh): a change of any (a package list) makes a new root and
+# removes the release and profile's older ones; a root older than 7 days is made again (Debian's
 # updates). Bazel's cache lives in the root (/root/.cache/bazel), so a
 # second run rebuilds only what changed.
 #
@@ -57,13 +57,14 @@ mmdebstrap_args=(--quiet --variant=minbase
   --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
   --components=main,contrib,non-free
   --aptopt='Acquire::Languages "none"'
+  --aptopt='APT::Install-Recommends "false"'
   --dpkgopt='path-exclude=/usr/share/doc/*'
   --dpkgopt='path-include=/usr/share/doc/*/copyright'
   --dpkgopt='path-exclude=/usr/share/locale/*'
   --include=ca-certificates
   "$release")
-key="$( { printf '%s\n' "${mmdebstrap_args[@]}" "$profile"; cat "$repo/scripts/setup.sh"; } |
-  sha256sum | cut -c1-12)"
+key="$( { printf '%s\n' "${mmdebstrap_args[@]}" "$profile"
+  cat "$repo/scripts/setup.sh" "$repo/scripts/cudnn_stub.sh"; } | sha256sum | cut -c1-12)"
 root="$cache/$release-$profile-$key"
 
 # Runs "$@" inside the root at $1 with the mounts it needs; the namespace
