@@ -35,7 +35,10 @@ fi
 cd "$root"
 flags=(-c opt --noshow_progress --repo_env=KNAPFORMER_PYTHON="$python")
 bazel build "${flags[@]}" //python:wheel >&2
-wheel="$(bazel cquery "${flags[@]}" --output=files //python:wheel 2>/dev/null)"
+# The wheel's name carries the interpreter's tag: ask Bazel which it made.
+wheel="$(bazel cquery "${flags[@]}" --output=starlark \
+  --starlark:expr='" ".join([f.path for f in target.files.to_list()])' //python:wheel 2>/dev/null)" ||
+  true
 [[ -f "$wheel" ]] || { echo "build_wheel: bazel made no wheel (cquery said '$wheel')" >&2; exit 1; }
 mkdir -p dist
 install -m 0644 "$wheel" "dist/$(basename "$wheel")"

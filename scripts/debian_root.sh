@@ -88,6 +88,7 @@ in_root() {
     mount -t tmpfs -o size=4g tmpfs $(printf '%q' "$dir/dev/shm")
     $binds
     exec chroot $(printf '%q' "$dir") /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
+      NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt \
       PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
       bash -c 'cd /src && exec \"\$@\"' bash $command"
 }
@@ -119,6 +120,12 @@ if [[ ! -d "$root" ]]; then
     exit 3
   fi
   copy_checkout "$partial"
+  # The root trusts what the host trusts beyond Debian's CAs (a proxy's CA
+  # in /usr/local/share/ca-certificates), for setup's downloads (npm).
+  if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    cp /usr/local/share/ca-certificates/*.crt "$partial/usr/local/share/ca-certificates/"
+    in_root "$partial" update-ca-certificates >/dev/null 2>&1
+  fi
   if ! in_root "$partial" bash scripts/setup.sh --profile "$profile" >&2 ||
      ! in_root "$partial" apt-get clean >&2; then
     echo "debian_root: scripts/setup.sh --profile $profile failed in the $release root" \

@@ -9,11 +9,17 @@
 # The source comes from Debian's archive, checked against its published
 # SHA-256.
 set -euo pipefail
-version="20220623.1"
-sha256="abfe2897f3a30edaa74bc34365afe3c2a3cd012091a97dc7e008f7016adcd5fe"
+# The upstream releases Debian ships, with the SHA-256 of their source
+# tarballs from Debian's archive (its .dsc files list them).
+declare -A sha256s=(
+  [20220623.1]=abfe2897f3a30edaa74bc34365afe3c2a3cd012091a97dc7e008f7016adcd5fe  # bookworm
+  [20240722.0]=df6d1f5ef540725f3851201176a60486aab332410788465c9877910bb471c34a  # trixie
+)
 installed="$(dpkg-query -W -f='${Version}' libabsl-dev 2>/dev/null || true)"
-if [[ "$installed" != "$version"-* ]]; then
-  echo "tsan_absl: libabsl-dev is '$installed', this script builds $version" >&2
+version="${installed%-*}"
+sha256="${sha256s[$version]:-}"
+if [[ -z "$sha256" ]]; then
+  echo "tsan_absl: libabsl-dev is '$installed'; this script knows ${!sha256s[*]}" >&2
   exit 1
 fi
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/knapformer/tsan-absl-$installed"
