@@ -156,7 +156,8 @@ Pool& ThePool() {
 void ReleaseBlock(void* context) { ThePool().Give(static_cast<Block*>(context)); }
 
 // torch 2.3 made c10::Allocator::allocate non-const and added copy_data
-// (used by Tensor.clone() on storages of this allocator).
+// (what a copy-on-write storage of this allocator is copied with when first
+// written, e.g. after at::_lazy_clone).
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
 #define KNAPFORMER_TORCH_ALLOCATOR_2_3 1
 #else

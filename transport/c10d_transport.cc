@@ -407,9 +407,9 @@ absl::StatusOr<std::unique_ptr<Transport>> C10dTransport::Subgroup(const std::ve
 #if TORCH_VERSION_MAJOR >= 2
 namespace {
 
-// torch 2.0-2.5 construct a ProcessGroup with Options (backend name and
-// timeout), 2.6 and later with the store, rank and size alone. Chosen by
-// which constructor exists, so that every 2.x release is right.
+// Earlier 2.x releases construct a ProcessGroup with Options (backend name
+// and timeout), 2.6 with the store, rank and size alone. Chosen by which
+// constructor exists, so that every 2.x release is right.
 template <typename Group = c10d::ProcessGroup>
 c10::intrusive_ptr<Group> MakeProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int size, std::chrono::milliseconds timeout) {

@@ -115,21 +115,8 @@ fail() {
 write_junit() {
   [[ -n "$junit" ]] || return 0
   mkdir -p "$(dirname "$junit")"
-  python3 - "$results" "$junit" <<'PY'
-import sys
-from xml.sax.saxutils import escape, quoteattr
-rows = [line.rstrip("\n").split("\t", 2) for line in open(sys.argv[1]) if line.strip()]
-failed = sum(1 for _, result, _ in rows if result == "fail")
-with open(sys.argv[2], "w") as out:
-    out.write('<?xml version="1.0" encoding="UTF-8"?>\n')
-    out.write(f'<testsuites><testsuite name="planner_image" tests="{len(rows)}" failures="{failed}">\n')
-    for name, result, message in rows:
-        out.write(f'  <testcase classname="deploy.docker.build_sh" name={quoteattr(name)}>')
-        if result == "fail":
-            out.write(f'<failure message={quoteattr(message)}>{escape(message)}</failure>')
-        out.write("</testcase>\n")
-    out.write("</testsuite></testsuites>\n")
-PY
+  python3 "$repo/tests/testing/checks_to_junit.py" "$results" "$junit" planner_image \
+    deploy.docker.build_sh
 }
 finish() {
   write_junit

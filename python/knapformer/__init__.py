@@ -36,6 +36,7 @@ if _major_minor(_C.__torch_version__) != _major_minor(torch.__version__):
                       f"{_C.__torch_version__}, but this is torch {torch.__version__} (C++ "
                       "types differ between releases); rebuild it for this torch: "
                       "bash scripts/build_wheel.sh --python <this python3>")
+
 from knapformer.planner import PlannerServer, plan, synthetic_lengths
 from knapformer.sequence_balancer import SequenceBalancer
 

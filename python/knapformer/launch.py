@@ -48,8 +48,8 @@ def main(argv=None):
         base["USE_LIBUV"] = "0"
     copies = []
     for rank in range(size):
-        env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
-                   ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(size))
+        env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank),
+                   ROLE_WORLD_SIZE=str(size))
         copies.append(subprocess.Popen([sys.executable, args.script, *args.args], env=env))
 
     status = 0

@@ -91,21 +91,8 @@ bazel build --noshow_progress "$torch_target" >/dev/null 2>&1 ||
 
 if [[ -n "$junit" ]]; then
   mkdir -p "$(dirname "$junit")"
-  python3 - "$results" "$junit" <<'PY'
-import sys
-from xml.sax.saxutils import escape, quoteattr
-rows = [line.rstrip("\n").split("\t", 2) for line in open(sys.argv[1]) if line.strip()]
-failed = sum(1 for _, result, _ in rows if result == "fail")
-with open(sys.argv[2], "w") as out:
-    out.write('<?xml version="1.0" encoding="UTF-8"?>\n')
-    out.write(f'<testsuites><testsuite name="torch_configure" tests="{len(rows)}" failures="{failed}">\n')
-    for name, result, message in rows:
-        out.write(f'  <testcase classname="tests.tools.torch_configure_checks" name={quoteattr(name)}>')
-        if result == "fail":
-            out.write(f'<failure message={quoteattr(message)}>{escape(message)}</failure>')
-        out.write("</testcase>\n")
-    out.write("</testsuite></testsuites>\n")
-PY
+  python3 tests/testing/checks_to_junit.py "$results" "$junit" torch_configure \
+    tests.tools.torch_configure_checks
 fi
 failures="$(grep -c $'\tfail\t' "$results")"
 echo "torch configure checks: $(grep -c $'\tpass\t' "$results") passed, $failures failed"
