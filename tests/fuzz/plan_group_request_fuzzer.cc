@@ -35,7 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto& field = request.ranks(r).sequence_lengths();
     lengths[r].assign(field.begin(), field.end());
   }
-  fuzz::SolveAndCheck(*checked->world, checked->cost, lengths,
-                      BalancerOptionsForSpec(BalancerOptions(), request.spec()));
+  fuzz::SolveStepAndCheck(*checked, lengths,
+                          BalancerOptionsForSpec(BalancerOptions(), request.spec()),
+                          request.spec().token_bytes());
   return 0;
 }

@@ -31,7 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   const int32_t world_size = request.spec().world_size();
-  fuzz::Require(world_size == checked->world->world_size(), "the world is the spec's");
+  fuzz::Require(world_size == checked->world_size, "the world is the spec's");
   fuzz::Require(request.rank() >= 0 && request.rank() < world_size, "the rank is in the world");
   fuzz::Require(CheckLocality(request.spec()).ok(), "an accepted spec has a known locality");
   const int n = request.sequence_lengths_size();
@@ -40,7 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int32_t r = 0; r < world_size; ++r) {
     for (int i = 0; i < n; ++i) lengths[r].push_back(request.sequence_lengths((i + r) % n));
   }
-  fuzz::SolveAndCheck(*checked->world, checked->cost, lengths,
-                      BalancerOptionsForSpec(BalancerOptions(), request.spec()));
+  fuzz::SolveStepAndCheck(*checked, lengths,
+                          BalancerOptionsForSpec(BalancerOptions(), request.spec()),
+                          request.spec().token_bytes());
   return 0;
 }

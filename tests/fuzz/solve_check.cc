@@ -7,6 +7,7 @@
 #include "knapformer/v1/planner.pb.h"
 #include "planner/validate.h"
 #include "proto/plan_proto.h"
+#include "proto/step_problem.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace knapformer::fuzz {
@@ -35,6 +36,17 @@ void CheckSlice(const Plan& plan, const World& world, const RankLengths& lengths
   }
 }
 
+void CheckSolved(const Plan& plan, const World& world, const RankLengths& lengths) {
+  absl::Status valid = ValidatePlan(plan, world, lengths);
+  Require(valid.ok(), "the plan is valid", valid.ToString());
+  valid = ValidateSlices(plan, lengths);
+  Require(valid.ok(), "the slices are valid", valid.ToString());
+  for (int32_t rank = 0; rank < plan.world_size; ++rank) {
+    const int64_t rows = std::accumulate(lengths[rank].begin(), lengths[rank].end(), int64_t{0});
+    if (rows <= kMaxRowsToList) CheckSlice(plan, world, lengths, rank);
+  }
+}
+
 }  // namespace
 
 void SolveAndCheck(const World& world, const CostModel& cost, const RankLengths& lengths,
@@ -44,14 +56,20 @@ void SolveAndCheck(const World& world, const CostModel& cost, const RankLengths&
     Require(!plan.status().message().empty(), "a refused step says why");
     return;
   }
-  absl::Status valid = ValidatePlan(*plan, world, lengths);
-  Require(valid.ok(), "the plan is valid", valid.ToString());
-  valid = ValidateSlices(*plan, lengths);
-  Require(valid.ok(), "the slices are valid", valid.ToString());
-  for (int32_t rank = 0; rank < plan->world_size; ++rank) {
-    const int64_t rows = std::accumulate(lengths[rank].begin(), lengths[rank].end(), int64_t{0});
-    if (rows <= kMaxRowsToList) CheckSlice(*plan, world, lengths, rank);
+  CheckSolved(*plan, world, lengths);
+}
+
+void SolveStepAndCheck(const StepProblem& problem, const RankLengths& lengths,
+                       const BalancerOptions& options, int64_t route_token_bytes) {
+  absl::StatusOr<SolvedStep> solved =
+      SolveStep(problem, problem.cost, lengths, options, route_token_bytes);
+  if (!solved.ok()) {
+    Require(!solved.status().message().empty(), "a refused step says why");
+    return;
   }
+  absl::StatusOr<World> world = WorldOfLayout(problem, solved->plan.topology);
+  Require(world.ok(), "the plan's layout is one the problem allows", world.status().ToString());
+  CheckSolved(solved->plan, *world, lengths);
 }
 
 }  // namespace knapformer::fuzz

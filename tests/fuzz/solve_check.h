@@ -4,6 +4,7 @@
 #include "planner/balancer.h"
 #include "planner/cost_model.h"
 #include "planner/topology.h"
+#include "proto/step_problem.h"
 
 namespace knapformer::fuzz {
 
@@ -13,6 +14,12 @@ namespace knapformer::fuzz {
 // client's checks (client/route_layout.h) with a consistent layout.
 void SolveAndCheck(const World& world, const CostModel& cost, const RankLengths& lengths,
                    const BalancerOptions& options);
+
+// The same for a request's problem, solved as the service solves it
+// (SolveStep: a fixed topology, or "auto" choosing its layout), the plan
+// checked on the world of the layout it names.
+void SolveStepAndCheck(const StepProblem& problem, const RankLengths& lengths,
+                       const BalancerOptions& options, int64_t route_token_bytes);
 
 }  // namespace knapformer::fuzz
 
