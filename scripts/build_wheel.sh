@@ -19,12 +19,14 @@ while [[ $# -gt 0 ]]; do
       [[ -n "${2:-}" ]] || { echo "build_wheel: $1 needs a value" >&2; exit 2; }
       if [[ "$1" == --venv ]]; then venv="$2"; else python="$2"; fi
       shift 2 ;;
-    *) echo "build_wheel: unknown argument '$1' (usage: build_wheel.sh [--python PATH] [--venv DIR])" >&2
+    *) echo "build_wheel: unknown argument '$1'" \
+         "(usage: build_wheel.sh [--python PATH] [--venv DIR])" >&2
        exit 2 ;;
   esac
 done
 if [[ "$python" != /* ]]; then
-  found="$(command -v "$python")" || { echo "build_wheel: --python $python: not found" >&2; exit 2; }
+  found="$(command -v "$python")" ||
+    { echo "build_wheel: --python $python: not found" >&2; exit 2; }
   python="$found"
 fi
 [[ -x "$python" ]] || { echo "build_wheel: --python $python is not an executable" >&2; exit 2; }
@@ -36,9 +38,9 @@ cd "$root"
 flags=(-c opt --noshow_progress --repo_env=KNAPFORMER_PYTHON="$python")
 bazel build "${flags[@]}" //python:wheel >&2
 # The wheel's name carries the interpreter's tag: ask Bazel which it made.
-wheel="$(bazel cquery "${flags[@]}" --output=starlark \
-  --starlark:expr='" ".join([f.path for f in target.files.to_list()])' //python:wheel 2>/dev/null)" ||
-  true
+files='" ".join([f.path for f in target.files.to_list()])'
+wheel="$(bazel cquery "${flags[@]}" --output=starlark --starlark:expr="$files" //python:wheel \
+  2>/dev/null)" || true
 [[ -f "$wheel" ]] || { echo "build_wheel: bazel made no wheel (cquery said '$wheel')" >&2; exit 1; }
 mkdir -p dist
 install -m 0644 "$wheel" "dist/$(basename "$wheel")"

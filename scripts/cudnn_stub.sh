@@ -36,7 +36,8 @@ trap 'rm -rf "$work"' EXIT
   for symbol in $symbols; do
     case "$symbol" in
       cudnnGetVersion|cudnnGetCudartVersion) echo "size_t $symbol(void) { return 0; }" ;;
-      cudnnGetErrorString) echo "const char* $symbol(int s) { (void)s; return \"cuDNN stand-in: not cuDNN\"; }" ;;
+      cudnnGetErrorString)
+        echo "const char* $symbol(int s) { (void)s; return \"cuDNN stand-in: not cuDNN\"; }" ;;
       cudnnGetLastErrorString) echo "void $symbol(char* m, size_t n) { if (n) m[0] = 0; }" ;;
       *) echo "int $symbol(void) { return 3000; /* CUDNN_STATUS_NOT_SUPPORTED */ }" ;;
     esac

@@ -37,7 +37,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ -n "$release" ]] || { echo "debian_root: --release is required (e.g. trixie)" >&2; exit 2; }
-[[ -n "$profile" ]] || { echo "debian_root: --profile is required (see scripts/setup.sh)" >&2; exit 2; }
+[[ -n "$profile" ]] ||
+  { echo "debian_root: --profile is required (see scripts/setup.sh)" >&2; exit 2; }
 [[ $# -gt 0 ]] || { echo "debian_root: no command after --" >&2; exit 2; }
 if [[ $(id -u) -ne 0 ]]; then
   echo "debian_root: run as root (mmdebstrap, chroot and mounts need it)" >&2

@@ -18,7 +18,8 @@ case "${1:-}" in
   "") ;;
   --profile)
     profile="${2:-}"
-    [[ $# -eq 2 ]] || { echo "setup: --profile needs one of all, torch, cuda-compile" >&2; exit 2; } ;;
+    [[ $# -eq 2 ]] ||
+      { echo "setup: --profile needs one of all, torch, cuda-compile" >&2; exit 2; } ;;
   *) echo "setup: unknown argument '$1' (usage: setup.sh [--profile all|torch|cuda-compile])" >&2
      exit 2 ;;
 esac
@@ -60,7 +61,7 @@ if [[ "$profile" == cuda-compile ]]; then
 else
   packages+=(
     libtorch-dev           # LibTorch (CPU) with c10d + Gloo: the client and its multi-process tests
-    libgloo-dev            # gloo/ headers that c10d's ProcessGroupGloo.hpp includes (libtorch-dev does not pull them in)
+    libgloo-dev            # gloo/ headers c10d's ProcessGroupGloo.hpp includes (not pulled in)
     python3-torch          # torch for /usr/bin/python3: the Python package and its tests
   )
 fi

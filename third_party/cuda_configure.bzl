@@ -143,7 +143,8 @@ def _cuda_configure_impl(repository_ctx):
     if not _has_lib(repository_ctx, nccl_libs, "nccl"):
         nccl_link = nccl_link[:-1] + ["-l:libnccl.so.2"]
 
-    repository_ctx.file("BUILD.bazel", """# Made by //third_party:cuda_configure.bzl: CUDA {version} at {home}, NCCL at {nccl}.
+    repository_ctx.file("BUILD.bazel", """# Made by //third_party:cuda_configure.bzl:
+# CUDA {version} at {home}, NCCL at {nccl}.
 package(default_visibility = ["//visibility:public"])
 
 cc_library(
@@ -172,7 +173,7 @@ cc_library(
         cudart = str(_link_flags(cuda_libs, "cudart")),
         nccl_link = str(nccl_link),
     ))
-    repository_ctx.file("defs.bzl", "CUDA_VERSION = \"%d.%d\"\nCUDA_HOME = \"%s\"\nNCCL_HOME = \"%s\"\n" %
+    repository_ctx.file("defs.bzl", 'CUDA_VERSION = "%d.%d"\nCUDA_HOME = "%s"\nNCCL_HOME = "%s"\n' %
                                     (version[0], version[1], home, nccl_home))
 
 cuda_configure = repository_rule(

@@ -17,13 +17,17 @@ def _pkg_config_library_impl(repository_ctx):
         fail("\n[knapformer pkg_config] pkg-config --libs %s failed: %s\n" %
              (" ".join(repository_ctx.attr.modules), result.stderr.strip()))
     flags = [f for f in result.stdout.strip().replace("\t", " ").split(" ") if f]
-    repository_ctx.file("BUILD.bazel", """# Made by //third_party:pkg_config.bzl: pkg-config --libs {modules}
+    repository_ctx.file("BUILD.bazel", """# Made by //third_party:pkg_config.bzl:
+# pkg-config --libs {modules}
 cc_library(
     name = "lib",
     linkopts = {flags},
     visibility = ["//visibility:public"],
 )
-""".format(modules = " ".join(repository_ctx.attr.modules), flags = repr(flags + repository_ctx.attr.extra_linkopts)))
+""".format(
+        modules = " ".join(repository_ctx.attr.modules),
+        flags = repr(flags + repository_ctx.attr.extra_linkopts),
+    ))
 
 pkg_config_library = repository_rule(
     implementation = _pkg_config_library_impl,

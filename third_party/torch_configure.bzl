@@ -121,7 +121,11 @@ def _torch_configure_impl(repository_ctx):
     torch = facts["torch"]
     py = facts["python"]
 
-    torch_globs, torch_includes = _header_folders(repository_ctx, torch["includes"], "torch_include")
+    torch_globs, torch_includes = _header_folders(
+        repository_ctx,
+        torch["includes"],
+        "torch_include",
+    )
     extra = [py["include"]]
     if torch["pybind11_include"] not in torch["includes"]:
         extra.append(torch["pybind11_include"])
@@ -139,7 +143,8 @@ def _torch_configure_impl(repository_ctx):
         if value:
             pybind_defines.append('PYBIND11_%s=\\\\\\"%s\\\\\\"' % (name, value))
 
-    repository_ctx.file("BUILD.bazel", """# Made by //third_party:torch_configure.bzl for {python}: torch {torch}.
+    repository_ctx.file("BUILD.bazel", """# Made by //third_party:torch_configure.bzl
+# for {python}: torch {torch}.
 package(default_visibility = ["//visibility:public"])
 
 exports_files(["probe.json"])

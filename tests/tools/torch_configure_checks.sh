@@ -51,12 +51,15 @@ check() {
   local name="$1" expected="$2" python="$3"
   shift 3
   local out="$work/$name.log" status=0
-  bazel build --noshow_progress --repo_env=KNAPFORMER_PYTHON="$python" "$@" >"$out" 2>&1 || status=$?
+  bazel build --noshow_progress --repo_env=KNAPFORMER_PYTHON="$python" "$@" >"$out" 2>&1 ||
+    status=$?
   if [[ $status -ne 0 ]] && grep -qF -- "$expected" "$out"; then
     printf '%s\tpass\t\n' "$name" >>"$results"
     echo "PASS $name"
   else
-    local why="exit $status; expected '$expected' in: $(grep -m3 -E 'ERROR|Error|knapformer' "$out" | tr '\t\n' '  ')"
+    local why
+    why="exit $status; expected '$expected' in:"
+    why+=" $(grep -m3 -E 'ERROR|Error|knapformer' "$out" | tr '\t\n' '  ')"
     printf '%s\tfail\t%s\n' "$name" "$why" >>"$results"
     echo "FAIL $name: $why"
   fi
@@ -64,13 +67,16 @@ check() {
 
 torch_target=//transport:c10d_transport
 check "an old-ABI torch is refused" "was built with the old C++ string ABI" \
-  "$(stand_in old_abi 'facts["torch"]["cxx11_abi"] = False; facts["torch"]["full_version"] = "2.5.1+cu121"')" \
+  "$(stand_in old_abi 'facts["torch"]["cxx11_abi"] = False
+facts["torch"]["full_version"] = "2.5.1+cu121"')" \
   "$torch_target"
 check "an interpreter without torch is refused" "cannot import torch (ModuleNotFoundError" \
-  "$(stand_in no_torch 'facts["torch"] = None; facts["torch_error"] = "ModuleNotFoundError: No module named '"'"'torch'"'"'"')" \
+  "$(stand_in no_torch 'facts["torch"] = None
+facts["torch_error"] = "ModuleNotFoundError: No module named torch"')" \
   "$torch_target"
 check "a torch older than 1.13 is refused" "torch 1.12.1 is older than 1.13" \
-  "$(stand_in old_torch 'facts["torch"]["version"] = "1.12.1"; facts["torch"]["full_version"] = "1.12.1"')" \
+  "$(stand_in old_torch 'facts["torch"]["version"] = "1.12.1"
+facts["torch"]["full_version"] = "1.12.1"')" \
   "$torch_target"
 check "a torch without Gloo is refused" "without torch.distributed or without Gloo" \
   "$(stand_in no_gloo 'facts["torch"]["gloo"] = False')" \
