@@ -21,7 +21,7 @@ if [[ -e "$target" ]]; then
 fi
 importers=("$libdir"/libtorch_cuda.so.* "$libdir"/libtorch_python.so.*)
 symbols="$(for lib in "${importers[@]}"; do
-  [[ -f "$lib" && ! -L "$lib" ]] && nm -D --undefined-only "$lib"
+  if [[ -f "$lib" && ! -L "$lib" ]]; then nm -D --undefined-only "$lib"; fi
 done | awk '{print $2}' | sed -n 's/^\(cudnn[A-Za-z0-9_]*\)@libcudnn\.so\.9$/\1/p' | sort -u)"
 if [[ -z "$symbols" ]]; then
   echo "cudnn_stub: no library in $libdir imports cuDNN 9 symbols; nothing to do" >&2
