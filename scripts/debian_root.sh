@@ -10,8 +10,8 @@
 # $KNAPFORMER_ROOT_CACHE (default ~/.cache/knapformer/roots) under a name
 # that hashes the mmdebstrap arguments, scripts/setup.sh and the script it
 # runs (cudnn_stub.sh): a change of any (a package list) makes a new root and
-# removes the release and profile's older ones; a root older than 7 days is made again (Debian's
-# updates). Bazel's cache lives in the root (/root/.cache/bazel), so a
+# removes the release and profile's older ones; a root older than 7 days is
+# made again (Debian's updates). Bazel's cache lives in the root (/root/.cache/bazel), so a
 # second run rebuilds only what changed.
 #
 # COMMAND runs as root in /src with a clean environment, in a private mount
@@ -109,7 +109,9 @@ if [[ -d "$root" && -n "$(find "$root" -maxdepth 0 -mtime +7)" ]]; then
   echo "debian_root: $root is older than a week; making it again" >&2
   rm -rf "$root"
 fi
-if [[ ! -d "$root" ]]; then
+if [[ -d "$root" ]]; then
+  copy_checkout "$root"
+else
   partial="$cache/incomplete-$release-$profile-$key"
   rm -rf "$partial"
   mkdir -p "$cache"
@@ -140,6 +142,4 @@ if [[ ! -d "$root" ]]; then
   echo "debian_root: made $root in $((SECONDS - started)) s" \
     "($(du -sh "$root" 2>/dev/null | cut -f1))" >&2
 fi
-
-copy_checkout "$root"
 in_root "$root" "$@"

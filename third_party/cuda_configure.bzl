@@ -17,10 +17,9 @@ The repository holds :headers, :cudart and :nccl, and defs.bzl with
 CUDA_VERSION and NCCL_HOME.
 """
 
-load("//third_party:torch_configure.bzl", "probe_interpreter")
+load("//third_party:torch_configure.bzl", "SYSTEM_INCLUDE", "header_folders", "probe_interpreter")
 
 _TOOLKITS = ["/usr", "/usr/local/cuda-13.0", "/usr/local/cuda"]
-_SYSTEM_INCLUDE = "/usr/include"
 _SYSTEM_LIB = "/usr/lib/x86_64-linux-gnu"
 
 def _fail(message):
@@ -37,7 +36,7 @@ def _define(repository_ctx, header, name):
     return None
 
 def _include_dir(home):
-    return _SYSTEM_INCLUDE if home == "/usr" else home + "/include"
+    return SYSTEM_INCLUDE if home == "/usr" else home + "/include"
 
 def _lib_dirs(repository_ctx, home):
     if home == "/usr":
@@ -115,7 +114,6 @@ def _pick_nccl(repository_ctx, home, torch):
                     return candidate, include, libs
     _fail("no NCCL (nccl.h and libnccl.so) in %s (Debian: apt-get install libnccl-dev; " %
           candidates + "elsewhere --repo_env=KNAPFORMER_NCCL_HOME=/path)")
-    return None
 
 def _cuda_configure_impl(repository_ctx):
     _, facts = probe_interpreter(repository_ctx)
@@ -133,12 +131,10 @@ def _cuda_configure_impl(repository_ctx):
         _fail("no libcudart.so in %s" % cuda_libs)
     nccl_home, nccl_include, nccl_libs = _pick_nccl(repository_ctx, home, torch)
 
-    headers = []
-    for name, folder in [("cuda_include", _include_dir(home)), ("nccl_include", nccl_include)]:
-        if folder == _SYSTEM_INCLUDE or folder in [h[1] for h in headers]:
-            continue
-        repository_ctx.symlink(folder, name)
-        headers.append((name, folder))
+    folders = [_include_dir(home)]
+    if nccl_include not in folders:
+        folders.append(nccl_include)
+    globs, includes = header_folders(repository_ctx, folders, "include")
     nccl_link = _link_flags(nccl_libs, "nccl")
     if not _has_lib(repository_ctx, nccl_libs, "nccl"):
         nccl_link = nccl_link[:-1] + ["-l:libnccl.so.2"]
@@ -168,10 +164,10 @@ cc_library(
         version = "%d.%d" % version,
         home = home,
         nccl = nccl_home,
-        globs = str([name + "/**" for name, _ in headers]),
-        includes = str([name for name, _ in headers]),
-        cudart = str(_link_flags(cuda_libs, "cudart")),
-        nccl_link = str(nccl_link),
+        globs = repr(globs),
+        includes = repr(includes),
+        cudart = repr(_link_flags(cuda_libs, "cudart")),
+        nccl_link = repr(nccl_link),
     ))
     repository_ctx.file("defs.bzl", 'CUDA_VERSION = "%d.%d"\nCUDA_HOME = "%s"\nNCCL_HOME = "%s"\n' %
                                     (version[0], version[1], home, nccl_home))

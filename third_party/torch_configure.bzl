@@ -24,7 +24,7 @@ _MIN_TORCH = (1, 13)
 
 # Folders the compiler searches without being told; a header folder that is
 # only a set of links into one of them needs no flag (Debian's torch/include).
-_SYSTEM_INCLUDE = "/usr/include"
+SYSTEM_INCLUDE = "/usr/include"
 
 def _fail(python, message):
     fail("\n[knapformer torch_configure] interpreter %s (set it with " % python +
@@ -69,15 +69,16 @@ def _links_into_system(repository_ctx, folder):
         return False
     for entry in entries:
         target = repository_ctx.execute(["readlink", "-f", str(entry)]).stdout.strip()
-        if target != _SYSTEM_INCLUDE + "/" + entry.basename:
+        if target != SYSTEM_INCLUDE + "/" + entry.basename:
             return False
     return True
 
-def _header_folders(repository_ctx, folders, prefix):
-    """Links each folder into the repository; returns (globs, includes)."""
+def header_folders(repository_ctx, folders, prefix):
+    """Links each folder into the repository, but for the system's; returns
+    (globs, includes) for a cc_library of their headers."""
     globs, includes = [], []
     for i, folder in enumerate(folders):
-        if folder == _SYSTEM_INCLUDE or _links_into_system(repository_ctx, folder):
+        if folder == SYSTEM_INCLUDE or _links_into_system(repository_ctx, folder):
             continue
         name = "%s_%d" % (prefix, i)
         repository_ctx.symlink(folder, name)
@@ -112,16 +113,13 @@ def _check(python, facts):
                       torch["full_version"] +
                       "module nor /usr/include/pybind11 exists (apt-get install pybind11-dev)")
 
-def _string_list(values):
-    return "[" + ", ".join(['"%s"' % v for v in values]) + "]"
-
 def _torch_configure_impl(repository_ctx):
     python, facts = probe_interpreter(repository_ctx)
     _check(python, facts)
     torch = facts["torch"]
     py = facts["python"]
 
-    torch_globs, torch_includes = _header_folders(
+    torch_globs, torch_includes = header_folders(
         repository_ctx,
         torch["includes"],
         "torch_include",
@@ -129,7 +127,7 @@ def _torch_configure_impl(repository_ctx):
     extra = [py["include"]]
     if torch["pybind11_include"] not in torch["includes"]:
         extra.append(torch["pybind11_include"])
-    python_globs, python_includes = _header_folders(repository_ctx, extra, "python_include")
+    python_globs, python_includes = header_folders(repository_ctx, extra, "python_include")
 
     link_dirs = []
     for folder in torch["library_dirs"]:
@@ -141,7 +139,8 @@ def _torch_configure_impl(repository_ctx):
     for name in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI"):
         value = torch["pybind11"][name]
         if value:
-            pybind_defines.append('PYBIND11_%s=\\\\\\"%s\\\\\\"' % (name, value))
+            # Quoted for the shell-like tokenizing Bazel gives defines.
+            pybind_defines.append('PYBIND11_%s=\\"%s\\"' % (name, value))
 
     repository_ctx.file("BUILD.bazel", """# Made by //third_party:torch_configure.bzl
 # for {python}: torch {torch}.
@@ -168,12 +167,12 @@ cc_library(
 """.format(
         python = python,
         torch = torch["full_version"],
-        torch_globs = _string_list(torch_globs),
-        torch_includes = _string_list(torch_includes),
-        link_dirs = _string_list(link_dirs),
-        python_globs = _string_list(python_globs),
-        python_includes = _string_list(python_includes),
-        pybind_defines = "[" + ", ".join(['"%s"' % d for d in pybind_defines]) + "]",
+        torch_globs = repr(torch_globs),
+        torch_includes = repr(torch_includes),
+        link_dirs = repr(link_dirs),
+        python_globs = repr(python_globs),
+        python_includes = repr(python_includes),
+        pybind_defines = repr(pybind_defines),
     ))
 
     tag = "%s-%s-%s" % (py["abi_tag"], py["abi_tag"], py["platform_tag"])
@@ -188,7 +187,7 @@ TORCH_CUDA = {cuda}
         python_version = py["version"],
         tag = tag,
         torch = torch["full_version"],
-        cuda = '"%s"' % torch["cuda"] if torch["cuda"] else "None",
+        cuda = repr(torch["cuda"]),
     ))
     repository_ctx.file("probe.json", json.encode_indent(facts) + "\n")
 
