@@ -245,8 +245,9 @@ StepPlan StepPlanOf(Plan plan, int32_t rank, PlanSource source) {
   result.total_tokens = plan.TotalTokens();
   result.moved_tokens = plan.MovedTokens();
   result.layout = plan.topology;
-  result.workload_before = std::move(plan.workload_before);
-  result.workload_after = std::move(plan.workload_after);
+  result.workload_before = plan.workload_before;
+  result.workload_after = plan.workload_after;
+  result.whole = std::make_shared<const Plan>(std::move(plan));
   return result;
 }
 

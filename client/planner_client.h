@@ -94,6 +94,10 @@ struct StepPlan {
   // balancing and under this plan: what WIR and max/mean are computed from.
   std::vector<double> workload_before;
   std::vector<double> workload_after;
+  // The whole group's plan where this rank has it: planned locally, or from
+  // the service in group mode (per-rank mode's answers are one rank's
+  // slice; null then). Shared so that keeping it costs no copy.
+  std::shared_ptr<const Plan> whole;
   // Whether the step was requested ahead (PlannerClient::Prefetch).
   bool prefetched = false;
   // Wall time this rank spent in Plan for the step: what the step waited

@@ -21,6 +21,8 @@
 #include "planner/balance_stats.h"
 #include "planner/cost_model.h"
 #include "planner/plan.h"
+#include "planner/topology.h"
+#include "proto/plan_proto.h"
 #include "python/bindings.h"
 #include "python/machine_arg.h"
 #include "python/status_exception.h"
@@ -149,7 +151,60 @@ struct PlannedStep {
   std::vector<int64_t> seq_lens, chunk_lens, attention_seq_lens;
   std::string layout;  // the bags it was planned on (auto: the chosen ones)
   double predicted_step_seconds = 0;
+  std::shared_ptr<const Plan> whole;  // null in per-rank mode (StepPlan::whole)
+  std::optional<CostModel> cost;      // the spec's, for per-sequence workloads
 };
+
+// Ranks per replica of a plan's layout ("g1n2+g2n1", or one spec per
+// replica joined by ';', all of one group size).
+int32_t ReplicaSize(const Plan& plan) {
+  const std::string& layout = plan.topology;
+  absl::StatusOr<Topology> first = Topology::Parse(layout.substr(0, layout.find(';')));
+  return first.ok() ? first->group_size() : plan.world_size;
+}
+
+// The whole step's plan as flat lists, from which the Python layer builds
+// the reference implementation's tables (knapformer/_reference_tables.py).
+py::dict TablesOf(const Plan& plan, const std::optional<CostModel>& cost) {
+  std::vector<int32_t> seq_src_rank, seq_index, seq_bag;
+  std::vector<int64_t> seq_length;
+  std::vector<double> seq_workload;
+  for (const PlacedSequence& s : plan.sequences) {
+    seq_src_rank.push_back(s.src_rank);
+    seq_index.push_back(s.seq_index);
+    seq_length.push_back(s.length);
+    seq_bag.push_back(s.bag);
+    seq_workload.push_back(cost.has_value() ? cost->Workload(s.length) : 0.0);
+  }
+  std::vector<int32_t> chunk_src_rank, chunk_seq_index, chunk_dst_rank;
+  std::vector<int64_t> chunk_offset, chunk_length;
+  for (const Chunk& c : plan.chunks) {
+    chunk_src_rank.push_back(c.src_rank);
+    chunk_seq_index.push_back(c.seq_index);
+    chunk_offset.push_back(c.offset);
+    chunk_length.push_back(c.length);
+    chunk_dst_rank.push_back(c.dst_rank);
+  }
+  py::dict tables;
+  tables["world_size"] = plan.world_size;
+  tables["replica_size"] = ReplicaSize(plan);
+  tables["layout"] = plan.topology;
+  tables["seq_src_rank"] = seq_src_rank;
+  tables["seq_index"] = seq_index;
+  tables["seq_length"] = seq_length;
+  tables["seq_bag"] = seq_bag;
+  tables["seq_workload"] = seq_workload;
+  tables["chunk_src_rank"] = chunk_src_rank;
+  tables["chunk_seq_index"] = chunk_seq_index;
+  tables["chunk_offset"] = chunk_offset;
+  tables["chunk_length"] = chunk_length;
+  tables["chunk_dst_rank"] = chunk_dst_rank;
+  tables["bag_first_rank"] = plan.bag_first_rank;
+  tables["bag_gpus"] = plan.bag_gpus;
+  tables["workload_before"] = plan.workload_before;
+  tables["workload_after"] = plan.workload_after;
+  return tables;
+}
 
 // A process group joins its worker threads when destroyed, and a worker may
 // be freeing a tensor that has a Python object, which takes the GIL: with
@@ -268,7 +323,11 @@ class BalancerBinding {
                            balancer_->routed_lengths(),
                            balancer_->attention_lengths(),
                            plan.layout,
-                           plan.predicted_step_seconds};
+                           plan.predicted_step_seconds,
+                           plan.whole,
+                           std::nullopt};
+    absl::StatusOr<CostModel> cost = CostModelFromSpec(spec);
+    if (cost.ok()) planned_->cost = *cost;
   }
 
   // The next step's lengths, while this one computes (PrefetchRouting).
@@ -366,6 +425,17 @@ class BalancerBinding {
     return summary;
   }
 
+  // The last planned step's whole plan as flat lists (TablesOf), or None
+  // where this rank has only its slice (per-rank planner mode).
+  py::object Tables() const {
+    if (!planned_.has_value()) {
+      ThrowIfError(absl::FailedPreconditionError(
+          "no step has been planned yet; call plan_routing first"));
+    }
+    if (planned_->whole == nullptr) return py::none();
+    return TablesOf(*planned_->whole, planned_->cost);
+  }
+
   // For bench/python_route_bench.py: Route + ReverseRoute called from C++,
   // as a C++ trainer calls them, timed in C++ (seconds).
   double TimeRouteAndReverseInCpp(const at::Tensor& x) const {
@@ -382,6 +452,9 @@ class BalancerBinding {
     return std::chrono::duration<double>(end - start).count();
   }
 
+  bool planned() const { return planned_.has_value(); }
+  int64_t planned_total_tokens() const { return planned_.has_value() ? planned_->total_tokens : 0; }
+  int32_t planned_d_model() const { return planned_.has_value() ? planned_->d_model : 0; }
   void RecordComputeSeconds(double seconds) { balancer_->RecordComputeSeconds(seconds); }
   int rank() const { return world_->rank(); }
   int world_size() const { return world_->size(); }
@@ -483,6 +556,7 @@ void BindBalancer(py::module_& m) {
       .def("refuse", &BalancerBinding::Refuse, py::arg("call"), py::arg("message"))
       .def("lengths", &BalancerBinding::Lengths, py::arg("which"), py::arg("device"))
       .def("summary", &BalancerBinding::Summary)
+      .def("tables", &BalancerBinding::Tables)
       .def("record_compute_seconds", &BalancerBinding::RecordComputeSeconds, py::arg("seconds"))
       .def("_time_route_and_reverse_in_cpp", &BalancerBinding::TimeRouteAndReverseInCpp,
            py::arg("x"))
@@ -491,6 +565,9 @@ void BindBalancer(py::module_& m) {
       .def_property_readonly("bag_gpus", &BalancerBinding::bag_gpus)
       .def_property_readonly("heads_multiple", &BalancerBinding::heads_multiple)
       .def_property_readonly("step", &BalancerBinding::step)
+      .def_property_readonly("planned", &BalancerBinding::planned)
+      .def_property_readonly("planned_total_tokens", &BalancerBinding::planned_total_tokens)
+      .def_property_readonly("planned_d_model", &BalancerBinding::planned_d_model)
       .def_property_readonly("source", &BalancerBinding::source);
 }
 

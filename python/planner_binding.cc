@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "planner/auto_layout.h"
 #include "planner/balancer.h"
+#include "planner/calibration.h"
 #include "planner/cost_model.h"
 #include "planner/data_stream.h"
 #include "planner/topology.h"
@@ -80,6 +81,50 @@ std::vector<std::vector<int>> MultiGpuBags(const std::string& topology, int64_t 
   return bags;
 }
 
+// Ranks in each replica (balancing group) of `topology` over `world_size`
+// ranks: the topology's group size, or under "auto" its group (default:
+// the world).
+int32_t ReplicaSize(const std::string& topology, int64_t world_size,
+                    const py::dict& machine_fields) {
+  if (AutoLayout::Matches(topology)) {
+    const AutoLayout layout = ValueOrThrow(AutoLayout::Parse(topology));
+    return ValueOrThrow(layout.Resolve(world_size, MachineFromDict(machine_fields))).group;
+  }
+  Topology parsed = ValueOrThrow(Topology::Parse(topology));
+  return ValueOrThrow(World::Create(std::move(parsed), world_size)).group_size();
+}
+
+// The calibration fit (planner/calibration.h) of sequences timed alone:
+// `seconds[i]` for one sequence of `lengths[i]` tokens at width d_model.
+py::dict FitCostModelOf(const std::vector<int64_t>& lengths, const std::vector<double>& seconds,
+                        int64_t d_model) {
+  if (lengths.size() != seconds.size()) {
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+        "seconds: ", seconds.size(), " timings for ", lengths.size(), " lengths")));
+  }
+  if (d_model < 1 || d_model > CostModel::kMaxDModel) {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat("d_model: ", d_model, " is outside [1, ", CostModel::kMaxDModel, "]")));
+  }
+  std::vector<WorkSample> samples;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    if (lengths[i] < 1 || lengths[i] > CostModel::kMaxLength) {
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+          "lengths[", i, "]: ", lengths[i], " is outside [1, ", CostModel::kMaxLength, "]")));
+    }
+    samples.push_back(SequenceSample(lengths[i], d_model, seconds[i]));
+  }
+  const CostFit fit = ValueOrThrow(FitCostModel(samples));
+  py::dict result;
+  result["k"] = fit.k;
+  result["gamma"] = fit.gamma;
+  result["samples"] = fit.samples;
+  result["rmse_seconds"] = fit.rmse_seconds;
+  result["r_squared"] = fit.r_squared;
+  result["max_relative_error"] = fit.max_relative_error;
+  return result;
+}
+
 RankLengths SyntheticLengths(const std::string& data, int64_t world_size, uint64_t seed,
                              int64_t step) {
   const std::string scenario = ScenarioCodes(data);
@@ -102,6 +147,14 @@ void BindPlanner(py::module_& m) {
         "Rank lists of every multi-GPU bag of every replica of `topology` over "
         "`world_size` ranks, in bag order; under auto, every aligned block a step "
         "may use (`machine`: a dict of planner Machine fields).");
+  m.def("replica_size", &ReplicaSize, py::arg("topology"), py::arg("world_size"),
+        py::arg("machine") = py::dict(),
+        "Ranks in each replica (balancing group) of `topology` over `world_size` ranks.");
+  m.def("fit_cost_model", &FitCostModelOf, py::arg("lengths"), py::arg("seconds"),
+        py::arg("d_model"),
+        "The calibration fit seconds ~= k * (24*l*d^2 + gamma*4*l^2*d) of sequences "
+        "timed alone (relative least squares): a dict of k, gamma, samples, "
+        "rmse_seconds, r_squared, max_relative_error.");
   m.def("synthetic_lengths", &SyntheticLengths, py::arg("data"), py::arg("world_size"),
         py::arg("seed"), py::arg("step"),
         "Sequence lengths of every rank at `step` of the paper's synthetic data "

@@ -50,6 +50,7 @@ packages=(
   python3-pytest           # the Python package's tests
   python3-venv             # the wheel's install test (a venv with --system-site-packages)
   python3-yaml             # the deploy checks read YAML (tests/deploy)
+  python3-matplotlib       # knapformer.plot_plan and its test (an optional dependency of the package)
 )
 if [[ "$profile" == cuda-compile ]]; then
   packages+=(

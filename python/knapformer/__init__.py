@@ -12,9 +12,11 @@ planner service client and differentiable exchanges:
     chunk_lens, o = balancer.post_attn(o)
     seq_lens, x, features = balancer.reverse_route(x, features)
 
-Also: ``plan`` (the planner on lists of lengths), ``PlannerServer`` (the
-planner service inside this process) and ``synthetic_lengths`` (the paper's
-synthetic data streams).
+Also: ``TheoreticalWorkloadEstimator`` (the reference's: times a model,
+fits the cost model's gamma), ``plan`` (the planner on lists of lengths),
+``plot_plan`` (a picture of one step's plan; needs matplotlib),
+``PlannerServer`` (the planner service inside this process) and
+``synthetic_lengths`` (the paper's synthetic data streams).
 """
 
 import torch  # first: the extension uses torch's Python types
@@ -39,6 +41,18 @@ if _major_minor(_C.__torch_version__) != _major_minor(torch.__version__):
 
 from knapformer.planner import PlannerServer, plan, synthetic_lengths
 from knapformer.sequence_balancer import SequenceBalancer
+from knapformer.workload_estimator import TheoreticalWorkloadEstimator
+
+
+def __getattr__(name):
+    # knapformer.plot is imported when first used, not here: `python3 -m
+    # knapformer.plot` warns about a module imported before it runs.
+    if name == "plot_plan":
+        from knapformer.plot import plot_plan
+        return plot_plan
+    raise AttributeError(f"module 'knapformer' has no attribute '{name}'")
+
 
 __version__ = "0.1.0"
-__all__ = ["SequenceBalancer", "PlannerServer", "plan", "synthetic_lengths", "__version__"]
+__all__ = ["SequenceBalancer", "TheoreticalWorkloadEstimator", "PlannerServer", "plan",
+           "plot_plan", "synthetic_lengths", "__version__"]

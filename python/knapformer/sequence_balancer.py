@@ -1,10 +1,15 @@
 """SequenceBalancer with the KnapFormer reference implementation's API, over
 the trainer's torch.distributed process group."""
 
+import math
+import time
+
 import torch
 import torch.distributed as dist
 
 from knapformer import _C
+from knapformer import _reference_tables as reference
+from knapformer._reference_tables import tflops_estimator, workload_estimator  # noqa: F401
 from knapformer._torch_compat import device_backend
 
 _COST_MODELS = ("transformer", "uniform", "linear")
@@ -15,12 +20,14 @@ def _global_rank(group, rank):
     return get(group, rank)
 
 
-def _make_bag_groups(group, bags, backend):
+def _make_bag_groups(group, bags, backend, made_for_group=None):
     """One process group per multi-GPU bag, keyed by the bag's ranks in
     ``group``. dist.new_group must be entered by every process of the job in
     the same order (torch's rule), so every process makes every bag's group:
     those of its own world directly, those of other groups (when ``group`` is
-    not the default one) after an all-gather of everyone's bags."""
+    not the default one) after an all-gather of everyone's bags. Every group
+    made for a bag of ``group`` (this rank's or not: torch's handle for a
+    non-member) also goes into ``made_for_group``, keyed by global ranks."""
     default = dist.distributed_c10d._get_default_group()
     to_global = [_global_rank(group, r) for r in range(group.size())]
     mine = {tuple(to_global[r] for r in bag): tuple(bag) for bag in bags}
@@ -33,6 +40,8 @@ def _make_bag_groups(group, bags, backend):
     bag_groups = {}
     for global_ranks in every:
         made = dist.new_group(list(global_ranks), backend=backend)
+        if global_ranks in mine and made_for_group is not None:
+            made_for_group[global_ranks] = made
         if global_ranks in mine and group.rank() in mine[global_ranks]:
             bag_groups[mine[global_ranks]] = made
     return bag_groups
@@ -70,9 +79,20 @@ class SequenceBalancer:
     aligned power-of-two blocks within a node, pricing Ulysses traffic with
     ``machine``; ``get_routing_plan_summary()["layout"]`` names the step's
     choice. Creating it is collective over the process group, and over the
-    whole job when the topology has multi-GPU bags (their groups come from
-    torch.distributed.new_group; under auto, one per block any step may
-    use, made once here).
+    whole job when the topology has multi-GPU bags or several replicas
+    (their groups come from torch.distributed.new_group; under auto, one
+    per block any step may use, made once here).
+
+    The reference implementation's attributes are here too, with its names,
+    types and meaning: ``this_gpu_id``, ``balance_process_group`` (the
+    rank's replica), ``balance_gpu_ids``, the bag tables
+    (``bag_id2gpu_ids``, ...) and, after plan_routing, the step's tables
+    (``gpu_id2seq_lens``, ``chunk_id2seq_id``, ``balance_gpu_id2chunk_lens``,
+    ...; docs/python.md lists them): read-only, derived from the step's
+    plan for this rank's replica, made when first read. They need the whole
+    plan on this rank, which the per-rank planner mode does not give
+    (RuntimeError there). Tracking (turn_on_tracking, ``tracked_*``,
+    print_tracking_results) and nice_print as in the reference.
 
     Keyword arguments:
       process_group: the group to balance over (default: the default group).
@@ -141,10 +161,21 @@ class SequenceBalancer:
                              f"{type(machine).__name__}")
         machine = {} if machine is None else machine
         bags = _C.multi_gpu_bags(bag_specs, group.size(), machine)
+        replica_size = _C.replica_size(bag_specs, group.size(), machine)
         default = dist.distributed_c10d._get_default_group()
         # Over a group other than the default one, every process takes part in
         # making every group's bags, bags of its own or not.
-        bag_groups = _make_bag_groups(group, bags, backend) if bags or group is not default else {}
+        self._bag_process_groups = {}
+        bag_groups = _make_bag_groups(group, bags, backend, self._bag_process_groups) \
+            if bags or group is not default else {}
+        # The reference balances each replica alone over its own group.
+        replicas = [tuple(range(first, first + replica_size))
+                    for first in range(0, group.size(), replica_size)]
+        if len(replicas) > 1 or group is not default:
+            made = _make_bag_groups(group, replicas if len(replicas) > 1 else [], backend)
+            balance_group = made.get(replicas[group.rank() // replica_size], group)
+        else:
+            balance_group = group
 
         args = _C._BalancerArgs()
         args.device = device
@@ -167,6 +198,21 @@ class SequenceBalancer:
             raise ValueError(f"d_model: {d_model} is outside [1, 65536]")
         self.bag_specs = bag_specs
         self.gamma = gamma
+        self._group = group
+        self._replica_size = replica_size
+        self._gpu_of = [_global_rank(group, r) for r in range(group.size())]
+        self._tables = None  # the step's reference tables, made when first read
+        self._spec_bags = None if bag_specs.startswith("auto") else \
+            reference.BagTables.of_spec(bag_specs, replica_size, group.rank(), self._gpu_of)
+        self.this_gpu_id = dist.get_rank()
+        self.this_device = torch.device("cpu") if device == "cpu" else \
+            torch.cuda.current_device()
+        self.balance_process_group = balance_group
+        first = group.rank() // replica_size * replica_size
+        self.balance_gpu_ids = self._gpu_of[first:first + replica_size]
+        self.metrics = {"start_time": 0, "end_time": 0, "total_tokens": 0, "duration_sec": 0,
+                        "avg_per_gpu_tokens": 0}
+        self.tracking = False
         host_group, host_bag_groups = None, {}
         if backend == "nccl" or _metadata_on_gloo:
             # Gloo twins of the group and its bags for the small host-side
@@ -183,9 +229,13 @@ class SequenceBalancer:
         tensor; empty and zero-length are fine). ``token_dim`` is the hidden
         size: the cost model's d_model unless one was given at construction.
         A bad input on any rank raises on every rank."""
+        self.metrics["start_time"] = time.time()
+        self._tables = None
         # Checked in C++ after this rank has joined the step, so that a rank
         # that gets it wrong alone fails the step on every rank, not a hang.
         self._impl.plan_routing(local_seq_lens, token_dim)
+        if self.tracking:
+            self._track()
 
     def prefetch_routing(self, local_seq_lens, token_dim=None):
         """Plan ahead: starts planning the next step (the next
@@ -235,23 +285,28 @@ class SequenceBalancer:
                 self._refuse(what, f"{what}: {name} must be a tensor, got {type(value).__name__}")
         return list(named.values())
 
-    def route(self, packed_seqs, packed_features=None):
+    def route(self, packed_seqs, packed_features=None, force_fp32_buffer=False):
         """Collective: ``packed_seqs`` [tokens, dim] (this rank's sequences
         packed in plan_routing's order) and per-token ``packed_features``
         (any dtypes) -> ``(chunk_lens, seqs, features)``: the chunks this rank
         computes on. ``chunk_lens`` is int32 on the input's device;
-        ``features`` keep their dtypes and are None when none were given."""
+        ``features`` keep their dtypes and are None when none were given.
+        ``force_fp32_buffer`` is accepted for the reference's signature and
+        changes nothing: every tensor moves bit for bit in its own dtype, so
+        there is no shared buffer dtype to choose."""
         tensors = self._with_features("route", packed_seqs, packed_features)
         moved = self._impl.route(tensors)
         lengths = self._impl.lengths("chunk", str(packed_seqs.device))
         return lengths, moved[0], (moved[1:] if packed_features is not None else None)
 
-    def reverse_route(self, packed_seqs, packed_features=None):
+    def reverse_route(self, packed_seqs, packed_features=None, force_fp32_buffer=False):
         """Collective: the inverse of route -> ``(seq_lens, seqs, features)``,
-        every token back where it came from (gradients too)."""
+        every token back where it came from (gradients too).
+        ``force_fp32_buffer``: as in route."""
         tensors = self._with_features("reverse_route", packed_seqs, packed_features)
         moved = self._impl.reverse_route(tensors)
         lengths = self._impl.lengths("sequence", str(packed_seqs.device))
+        self._count_step()
         return lengths, moved[0], (moved[1:] if packed_features is not None else None)
 
     def pre_attn(self, packed_q, packed_k, packed_v):
@@ -264,11 +319,11 @@ class SequenceBalancer:
         lengths = self._impl.lengths("attention", str(packed_q.device))
         return lengths, moved[0], moved[1], moved[2]
 
-    def post_attn(self, packed_out):
+    def post_attn(self, packed_seqs):
         """Collective within the bag: attention's output -> ``(chunk_lens,
         out)`` back on the routed tokens with every head."""
-        moved = self._impl.post_attn(self._tensors("post_attn", packed_out=packed_out))
-        lengths = self._impl.lengths("chunk", str(packed_out.device))
+        moved = self._impl.post_attn(self._tensors("post_attn", packed_seqs=packed_seqs))
+        lengths = self._impl.lengths("chunk", str(packed_seqs.device))
         return lengths, moved[0]
 
     # -- reporting ----------------------------------------------------------
@@ -280,20 +335,154 @@ class SequenceBalancer:
         and after (``workload_before``/``workload_after``), ``wir_*``,
         ``max_over_mean_*``, ``total_tokens``, ``moved_tokens``,
         ``token_bytes`` (of this step's route; the previous step's before it)
-        and ``moved_bytes``, and this rank's ``seq_lens``, ``chunk_lens`` and
-        ``attention_seq_lens``."""
-        return self._impl.summary()
+        and ``moved_bytes``, this rank's ``seq_lens``, ``chunk_lens`` and
+        ``attention_seq_lens``; the whole step's ``chunks`` (as `knapformer
+        plan` prints them) and the reference implementation's 13 keys
+        (``chunk_id2seq_id``, ``gpu_id2seq_lens``, ...) for this rank's
+        balancing group. The last two need the whole plan on this rank: not
+        in the per-rank planner mode, where they are left out."""
+        summary = self._impl.summary()
+        tables = self._impl.tables()
+        if tables is not None:
+            summary["chunks"] = reference.chunk_list(tables)
+            summary.update(self._reference_tables("get_routing_plan_summary").summary())
+        return summary
+
+    def nice_print(self):
+        """Prints every entry of get_routing_plan_summary(), one line each,
+        prefixed with this rank (the reference logs them)."""
+        for key, value in self.get_routing_plan_summary().items():
+            print(f"Rank {self.this_gpu_id} {key}: {value}", flush=True)
+
+    # -- the reference's tracking of balance over a run ----------------------
+
+    def turn_on_tracking(self, num_layers=1, include_bwd=False):
+        """From the next plan_routing on, records every step's
+        per_gpu_capacity, max/min workload before and after balancing and
+        hardware TFLOPs of its balancing group (``tracked_*`` lists), as the
+        reference does; ``num_layers`` and ``include_bwd`` scale the TFLOPs
+        (tflops_estimator)."""
+        self.tracking = True
+        self.tracked_per_gpu_capacity = []
+        self.tracked_original_imbalance_ratio = []
+        self.tracked_balanced_imbalance_ratio = []
+        self.tracked_tflops = []
+        self.num_layers = num_layers
+        self.include_bwd = include_bwd
+
+    def turn_off_tracking(self):
+        """Stops tracking and empties the tracked lists."""
+        self.tracking = False
+        self.tracked_per_gpu_capacity = []
+        self.tracked_original_imbalance_ratio = []
+        self.tracked_balanced_imbalance_ratio = []
+        self.tracked_tflops = []
+
+    def tracking_results(self):
+        """Mean and (population) standard deviation of the tracked
+        per_gpu_capacity and imbalance ratios: {name: (mean, std)}."""
+        def mean_std(values):
+            if not values:
+                return math.nan, math.nan
+            mean = sum(values) / len(values)
+            if math.isinf(mean):
+                return mean, math.nan
+            return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+        return {"Per GPU Capacity": mean_std(self.tracked_per_gpu_capacity),
+                "Original Imbalance Ratio": mean_std(self.tracked_original_imbalance_ratio),
+                "Balanced Imbalance Ratio": mean_std(self.tracked_balanced_imbalance_ratio)}
+
+    def print_tracking_results(self):
+        """Prints tracking_results(), one line per figure, as the reference
+        logs them."""
+        for name, (mean, std) in self.tracking_results().items():
+            print(f"{name}: {mean}, std: {std}", flush=True)
+
+    def _track(self):
+        tables = self._reference_tables("turn_on_tracking")
+        self.tracked_per_gpu_capacity.append(tables.per_gpu_capacity)
+        self.tracked_original_imbalance_ratio.append(
+            reference.ratio(list(tables.gpu_id2total_workload.values())))
+        self.tracked_balanced_imbalance_ratio.append(
+            reference.ratio(list(tables.balance_gpu_id2total_workload.values())))
+        d_model = self._impl.planned_d_model
+        self.tracked_tflops.append(sum(
+            tflops_estimator(length, d_model, self.num_layers, self.include_bwd)
+            for length in tables.seq_id2seq_len.values()))
+
+    def _count_step(self):
+        """The reference's run-time metrics, at the end of a step."""
+        end = time.time()
+        total_tokens = self._impl.planned_total_tokens
+        self.metrics["end_time"] = end
+        self.metrics["duration_sec"] = end - self.metrics["start_time"]
+        self.metrics["total_tokens"] = total_tokens
+        self.metrics["avg_per_gpu_tokens"] = total_tokens / self._impl.world_size
+
+    # -- the reference's plan tables -----------------------------------------
+
+    def _reference_tables(self, name):
+        """This step's reference tables (made on first use)."""
+        if self._tables is None:
+            if not self._impl.planned:
+                raise AttributeError(
+                    f"'SequenceBalancer' object has no attribute '{name}' before the first "
+                    "plan_routing (it describes a planned step)")
+            tables = self._impl.tables()
+            if tables is None:
+                raise RuntimeError(
+                    f"SequenceBalancer.{name}: this rank has only its own slice of the step's "
+                    "plan (planner_mode='per-rank'); the reference's whole-step tables need "
+                    "planner_mode='group' (the default) or local planning")
+            self._tables = reference.ReferenceTables(tables, self._group.rank(), self._gpu_of)
+        return self._tables
+
+    def _bag_tables(self, name):
+        """The bags of this rank's balancing group: the last planned step's
+        (under auto, its chosen layout), else the topology's."""
+        if self._tables is not None:
+            return self._tables.bags
+        if self._spec_bags is not None:
+            return self._spec_bags
+        return self._reference_tables(name).bags
+
+    @property
+    def bag_id2process_group(self):
+        """Each bag of this balancing group -> its process group (None for a
+        one-GPU bag; torch's non-member handle for a bag without this rank)."""
+        bags = self._bag_tables("bag_id2process_group")
+        return {b: (self._bag_process_groups.get(tuple(members)) if len(members) > 1 else None)
+                for b, members in bags.bag_id2gpu_ids.items()}
+
+    @property
+    def local_seq_lens(self):
+        """This rank's lengths of the planned step, int32 on its device."""
+        if not self._impl.planned:
+            raise AttributeError("'SequenceBalancer' object has no attribute 'local_seq_lens' "
+                                 "before the first plan_routing (it describes a planned step)")
+        return self._impl.lengths("sequence", str(self._device()))
+
+    @property
+    def ulysses_bag(self):
+        """This rank's bag of the planned step, with the reference's
+        UlyssesBag attributes and its pre_attn / post_attn."""
+        return _UlyssesBagView(self)
+
+    def _device(self):
+        return torch.device("cpu") if isinstance(self.this_device, torch.device) \
+            else torch.device("cuda", self.this_device)
 
     def imbalance_report(self):
         """print_imbalance's text."""
-        s = self.get_routing_plan_summary()
+        s = self._impl.summary()
         lines = []
         for tag, workloads in (("original", s["workload_before"]),
                                ("balanced", s["workload_after"])):
             mean = sum(workloads) / len(workloads) if workloads else 0.0
             shares = " ".join(f"{r}: {w / mean:.2f}" if mean > 0 else f"{r}: 0"
                               for r, w in enumerate(workloads))
-            lines.append(f"{tag} - per_gpu_capacity={mean:.4g} - {shares}")
+            # In the reference's units (the per_gpu_capacity attribute's).
+            lines.append(f"{tag} - per_gpu_capacity={mean / 1e12:.4g} - {shares}")
         moved_bytes = f" ({s['moved_bytes']} bytes)" if s["token_bytes"] else ""
         lines.append(f"max/min workload ratio: {s['wir_before']:.4f} ---> {s['wir_after']:.4f}; "
                      f"max/mean {s['max_over_mean_before']:.4f} ---> "
@@ -323,3 +512,58 @@ class SequenceBalancer:
     @property
     def step(self):
         return self._impl.step
+
+
+class _UlyssesBagView:
+    """The reference's UlyssesBag for this rank's bag of the planned step:
+    its tables (the balancing group's, after routing), this rank's chunk and
+    attention lengths, and pre_attn / post_attn through the balancer."""
+
+    def __init__(self, balancer):
+        tables = balancer._reference_tables("ulysses_bag")
+        self._balancer = balancer
+        self.this_gpu_id = balancer.this_gpu_id
+        self.bag_id = tables.bags.gpu_id2bag_id[self.this_gpu_id]
+        self.gpu_ids = tables.bag_id2gpu_ids[self.bag_id]
+        self.gpu_id2chunk_ids = tables.balance_gpu_id2chunk_ids
+        self.gpu_id2chunk_lens = tables.balance_gpu_id2chunk_lens
+        self.chunk_id2gpu_id = tables.balance_chunk_id2gpu_id
+        self.chunk_id2chunk_len = tables.balance_chunk_id2chunk_len
+        self.chunk_id2seq_id = tables.chunk_id2seq_id
+        self.seq_id2seq_len = tables.seq_id2seq_len
+        self.process_group = balancer.bag_id2process_group[self.bag_id]
+        device = str(balancer._device())
+        self.this_chunk_lens = balancer._impl.lengths("chunk", device)
+        self.this_attn_seq_lens = balancer._impl.lengths("attention", device)
+
+    def pre_attn(self, packed_q, packed_k, packed_v):
+        return self._balancer.pre_attn(packed_q, packed_k, packed_v)
+
+    def post_attn(self, packed_chunks):
+        return self._balancer.post_attn(packed_chunks)
+
+
+def _step_attribute(name):
+    def get(self):
+        return getattr(self._reference_tables(name), name)
+    get.__name__ = name
+    get.__doc__ = (f"The reference implementation's ``{name}`` for the last planned step "
+                   "(this rank's balancing group; read-only, derived from the plan: editing "
+                   "it changes no route).")
+    return property(get)
+
+
+def _bag_attribute(name):
+    def get(self):
+        return getattr(self._bag_tables(name), name)
+    get.__name__ = name
+    get.__doc__ = (f"The reference implementation's ``{name}`` of this rank's balancing "
+                   "group (under auto: the last planned step's layout; read-only).")
+    return property(get)
+
+
+for _name in reference.STEP_ATTRIBUTES:
+    setattr(SequenceBalancer, _name, _step_attribute(_name))
+for _name in reference.BAG_ATTRIBUTES:
+    setattr(SequenceBalancer, _name, _bag_attribute(_name))
+del _name
