@@ -123,6 +123,17 @@ def main():
     plan = knapformer.plan([[5, 9], [30]], "g1n2", d_model=16, gamma=1.0)
     assert plan["total_tokens"] == 44, plan
     print("ok   plan")
+    from knapformer import TheoreticalWorkloadEstimator, plot_plan  # the reference's names too
+    estimator = TheoreticalWorkloadEstimator(seq_len_test_range=(64, 512), seg_n_bins=3,
+                                             d_token=16)
+    lengths = estimator.seq_len_test_list
+    estimator.benchmark_workload(None, test_seq_lens=torch.tensor(lengths),
+                                 test_latencies=torch.tensor(
+                                     [1e-9 * (24 * n * 256 + 0.5 * 4 * n * n * 16)
+                                      for n in lengths]))
+    assert abs(estimator.gamma.item() - 0.5) < 1e-9, estimator.gamma
+    assert callable(plot_plan)
+    print("ok   TheoreticalWorkloadEstimator and plot_plan")
 
     store = tcp_store("127.0.0.1", 0, SIZE + 1, True, timeout=datetime.timedelta(seconds=60),
                       wait_for_workers=False)
