@@ -130,7 +130,7 @@ def main():
     estimator.benchmark_workload(None, test_seq_lens=torch.tensor(lengths),
                                  test_latencies=torch.tensor(
                                      [1e-9 * (24 * n * 256 + 0.5 * 4 * n * n * 16)
-                                      for n in lengths]))
+                                      for n in lengths], dtype=torch.float64))
     assert abs(estimator.gamma.item() - 0.5) < 1e-9, estimator.gamma
     assert callable(plot_plan)
     print("ok   TheoreticalWorkloadEstimator and plot_plan")

@@ -188,18 +188,30 @@ def per_rank_world(rank, size):
     except RuntimeError as error:
         refused = str(error)
     bags = balancer.bag_id2gpu_ids  # from the topology: no whole plan needed
+    local = balancer.local_seq_lens.tolist()
+    # Group mode (the default): rank 0's answer carries the whole plan.
+    grouped = knapformer.SequenceBalancer("g2n2", planner_address=address[0],
+                                          job_id="group-tables", planner_deadline=20)
+    grouped.plan_routing([5 + rank, 2], D_MODEL)
+    group_source = grouped.get_routing_plan_summary()["source"]
+    group_lens = grouped.gpu_id2seq_lens
     dist.barrier()
     if server:
         server.shutdown(grace=1)
-    return source, "chunk_id2seq_id" in summary_keys, refused, bags
+    return (source, "chunk_id2seq_id" in summary_keys, refused, bags, local, group_source,
+            group_lens)
 
 
 def test_per_rank_mode_refuses_the_whole_step_tables_with_a_reason():
-    for source, has_reference_keys, refused, bags in run_world(per_rank_world, 4):
+    for rank, (source, has_reference_keys, refused, bags, local, group_source,
+               group_lens) in enumerate(run_world(per_rank_world, 4)):
         assert source == "planner service"
         assert not has_reference_keys
         assert "planner_mode='per-rank'" in refused and "gpu_id2seq_lens" in refused
         assert bags == {0: [0], 1: [1], 2: [2], 3: [3]}  # g1n4: four one-GPU bags
+        assert local == [5 + rank]
+        assert group_source == "planner service"
+        assert group_lens == {r: [5 + r, 2] for r in range(4)}
 
 
 def widths_world(rank, size):
