@@ -132,9 +132,10 @@ class SequenceBalancer:
     or device) raises on every rank of the call's group (the process group
     for plan_routing and the routes, the bag for pre/post_attn) with the
     lowest failing rank's reason ("rank 2: ..."), at once, and the next call
-    works (for the tensor calls: unless agree_on_errors=False). A peer that dies raises RuntimeError (UNAVAILABLE or
-    DEADLINE_EXCEEDED) on every survivor within the process group's
-    timeout; the balancer is unusable after that. Backward exchanges run in
+    works (for the tensor calls: unless agree_on_errors=False). A peer that
+    dies raises RuntimeError (UNAVAILABLE or DEADLINE_EXCEEDED) on every
+    survivor within the process group's timeout; the balancer is unusable
+    after that. Backward exchanges run in
     the reverse of the forward order on every rank.
     """
 

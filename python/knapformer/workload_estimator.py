@@ -34,6 +34,17 @@ class WorkloadEstimator(torch.nn.Module):
         raise NotImplementedError
 
 
+def _integer_at_least(value, name, least):
+    """``value`` as an int (anything with __index__), else ValueError naming it."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}: needs an integer >= {least}, got {value!r}") from None
+    if number < least:
+        raise ValueError(f"{name}: needs an integer >= {least}, got {number}")
+    return number
+
+
 def _test_lengths(seq_len_test_range, seq_len_test_pow_base, seg_n_bins):
     try:
         lo, hi = (operator.index(v) for v in seq_len_test_range)
@@ -54,12 +65,7 @@ def _test_lengths(seq_len_test_range, seq_len_test_pow_base, seg_n_bins):
         if seg_n_bins is None:
             raise ValueError("seg_n_bins: needed (an integer >= 2) when seq_len_test_pow_base "
                              "is None")
-        try:
-            bins = operator.index(seg_n_bins)
-        except TypeError:
-            raise ValueError(f"seg_n_bins: needs an integer >= 2, got {seg_n_bins!r}") from None
-        if bins < 2:
-            raise ValueError(f"seg_n_bins: needs an integer >= 2, got {bins}")
+        bins = _integer_at_least(seg_n_bins, "seg_n_bins", 2)
         # numpy.linspace(lo, hi, bins).astype(int32), as the reference has
         # it, without numpy (pip's torch does not need it): i * step + lo in
         # float64, the last one exactly hi, truncated.
@@ -173,12 +179,7 @@ class TheoreticalWorkloadEstimator(WorkloadEstimator):
     def __init__(self, seq_len_test_range=(448, 65536), seq_len_test_pow_base=None,
                  seg_n_bins=10, d_token=4096, gamma_correction=True):
         super().__init__()
-        try:
-            d_token = operator.index(d_token)
-        except TypeError:
-            raise ValueError(f"d_token: needs an integer >= 1, got {d_token!r}") from None
-        if d_token < 1:
-            raise ValueError(f"d_token: needs an integer >= 1, got {d_token}")
+        d_token = _integer_at_least(d_token, "d_token", 1)
         self.gamma_correction = bool(gamma_correction)
         self.d_token = d_token
         self.seq_len_test_list = _test_lengths(seq_len_test_range, seq_len_test_pow_base,

@@ -38,6 +38,13 @@ def lengths_of(rank, step):
     return lens + [200] if rank == step % 4 else lens
 
 
+def group_size(group):
+    """Ranks in a bag's group; None for no group or a bag without this rank."""
+    if group is None or group == dist.GroupMember.NON_GROUP_MEMBER:
+        return None
+    return dist.get_world_size(group)
+
+
 def tables_world(rank, size, topology):
     import knapformer
 
@@ -77,8 +84,7 @@ def tables_world(rank, size, topology):
                 "bag_id2occupancy", "orig_minmax_workload", "bala_minmax_workload",
                 "tracked_per_gpu_capacity", "tracked_tflops")},
             "summary": balancer.get_routing_plan_summary(),
-            "bag_groups": {b: (g is None, None if g is None or g == dist.GroupMember.NON_GROUP_MEMBER
-                               else dist.get_world_size(g))
+            "bag_groups": {b: (g is None, group_size(g))
                            for b, g in balancer.bag_id2process_group.items()},
             "ulysses": (balancer.ulysses_bag.bag_id, balancer.ulysses_bag.gpu_ids,
                         balancer.ulysses_bag.this_attn_seq_lens.tolist())}
