@@ -1,6 +1,7 @@
 #include "client/environment.h"
 
 #include <cstdlib>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,17 @@ absl::Status ApplyClientEnvironment(PlannerClientOptions* planner, std::string* 
     new_job = job;
   }
   if (const char* group = get("KNAPFORMER_GROUP_ID")) new_group = group;
+  if (const char* text = get("KNAPFORMER_REQUIRE_PLANNER")) {
+    const std::string value = text;
+    if (value == "1" || value == "true") {
+      new_planner.require_service = true;
+    } else if (value == "0" || value == "false" || value.empty()) {
+      new_planner.require_service = false;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KNAPFORMER_REQUIRE_PLANNER: '", value, "' is not one of 1, true, 0, false"));
+    }
+  }
   if (const char* text = get("KNAPFORMER_PLANNER_DEADLINE_SECONDS")) {
     double seconds = 0;
     if (!absl::SimpleAtod(text, &seconds) || !(seconds > 0) || seconds > 86400) {

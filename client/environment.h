@@ -8,6 +8,8 @@
 //   KNAPFORMER_JOB_ID                    the job (the service's key)
 //   KNAPFORMER_GROUP_ID                  the balancing group within the job
 //   KNAPFORMER_PLANNER_DEADLINE_SECONDS  deadline of one Plan call, > 0
+//   KNAPFORMER_REQUIRE_PLANNER           1/true: a step the service does not
+//                                        plan is an error, not a local plan
 
 #include <functional>
 #include <string>

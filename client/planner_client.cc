@@ -452,6 +452,21 @@ struct PlannerClient::Rep {
   // probe since (the same on every rank: decided from all-gathered
   // outcomes and probes, or from rank 0's broadcast).
   bool service_down = false;
+  // Steps planned locally although a service is configured, and why the
+  // last one was (the summary's figures; a warning every kLocalStepsWarning).
+  int64_t local_steps = 0;
+  std::string local_reason;
+  static constexpr int64_t kLocalStepsWarning = 100;
+
+  void CountLocalStep(const v1::StepSpec& spec) {
+    ++local_steps;
+    if (local_steps % kLocalStepsWarning != 0 || transport->rank() != 0) return;
+    Log(LogLevel::kWarning,
+        absl::StrCat("rank 0: ", local_steps, " steps planned locally so far, step ",
+                     spec.step(), " included, although the planner service at ",
+                     options.address, " is configured (last reason: ", local_reason,
+                     "); set require_planner to make that an error"));
+  }
   // A service that answers probes but fails steps (overloaded, slow to
   // plan) must not cost a step every few steps: each relapse soon after
   // coming back doubles the steps planned locally before it is asked again.
@@ -598,9 +613,18 @@ struct PlannerClient::Rep {
                      " again; asking it from step ", spec.step() + 1));
   }
 
+  // The error of a step the service did not plan, under require_service:
+  // the same on every rank (decided from shared outcomes).
+  absl::Status Required(const v1::StepSpec& spec, const std::string& why) const {
+    return absl::UnavailableError(absl::StrCat(
+        "step ", spec.step(), ": the planner service at ", options.address,
+        " did not plan it (", why, ") and require_planner is set, so no rank plans it locally"));
+  }
+
   // After a step the service failed: local planning, probes, a longer hold
   // after a relapse. Decided from shared outcomes: the same on every rank.
   void MarkDown(const v1::StepSpec& spec, const std::string& why) {
+    local_reason = why;
     LogSource(PlanSource::kLocal, spec.step(),
               absl::StrCat(why, "; not asking it again until ",
                            group_mode() ? "rank 0's" : "every rank's", " probe is answered"));
@@ -746,6 +770,10 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
     // disagree, that is its error (FailedPrecondition naming the rank);
     // otherwise the conflict came from outside the run, and must neither
     // fail nor stall it. The service stays in use for the next step.
+    const std::string why = absl::StrCat("rank ", first_conflict, ": ",
+                                         (*all)[first_conflict].substr(2));
+    if (options.require_service) return Required(spec, why);
+    local_reason = why;
     absl::StatusOr<StepPlan> local = PlanLocally(spec, lengths, "");
     if (local.ok()) {
       Log(LogLevel::kWarning,
@@ -760,8 +788,10 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
     return local;
   }
   if (first_fallback >= 0) {
-    MarkDown(spec, absl::StrCat("rank ", first_fallback, " could not get its plan from ",
-                                options.address, ": ", (*all)[first_fallback].substr(2)));
+    const std::string why = absl::StrCat("rank ", first_fallback, " could not get its plan from ",
+                                         options.address, ": ", (*all)[first_fallback].substr(2));
+    if (options.require_service) return Required(spec, why);
+    MarkDown(spec, why);
     return PlanLocally(spec, lengths, "");
   }
   LogSource(PlanSource::kService, spec.step(), options.address);
@@ -899,6 +929,8 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::FinishGroup(const v1::StepSpec& spe
                         absl::StrCat("rank 0's request was refused by the planner: ", payload));
   }
   if (outcome == kConflict) {
+    if (options.require_service) return Required(spec, payload);
+    local_reason = absl::StrCat("refused for a conflict: ", payload);
     absl::StatusOr<StepPlan> local = SolveLocally(spec, gathered.lengths);
     if (local.ok()) {
       Log(LogLevel::kWarning,
@@ -923,6 +955,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::FinishGroup(const v1::StepSpec& spe
   } else {
     why = absl::StrCat("rank 0 could not get the plan from ", options.address, ": ", payload);
   }
+  if (options.require_service) return Required(spec, why);
   MarkDown(spec, why);
   return SolveLocally(spec, gathered.lengths);
 }
@@ -950,6 +983,11 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
   auto rep = std::make_unique<Rep>();
   rep->transport = transport;
   rep->has_service = !options.address.empty();
+  if (options.require_service && !rep->has_service) {
+    return absl::InvalidArgumentError(
+        "require_planner: set, but no planner address is (planner_address, "
+        "KNAPFORMER_PLANNER_ADDRESS)");
+  }
   // In group mode only rank 0 talks to the service.
   if (rep->has_service && (options.mode == PlannerMode::kPerRank || transport->rank() == 0)) {
     grpc::ChannelArguments args;
@@ -994,6 +1032,9 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
     result->prefetched = was_prefetched;
     result->wait_seconds = SecondsSince(start);
     result->service_wait_seconds = rep.service_wait_seconds;
+    if (rep.has_service && result->source == PlanSource::kLocal) rep.CountLocalStep(spec);
+    result->local_steps = rep.local_steps;
+    result->local_reason = rep.local_steps > 0 ? rep.local_reason : "";
   }
   return result;
 }

@@ -72,6 +72,10 @@ struct PlannerClientOptions {
   // run's requests reproducible.
   uint64_t incarnation = 0;
   PlannerMode mode = PlannerMode::kGroup;
+  // A step the service cannot plan (down, unreachable, refusing it for a
+  // conflict) fails with Unavailable on every rank instead of being planned
+  // locally. Needs an address.
+  bool require_service = false;
   // For local planning (the service uses its own).
   BalancerOptions balancer;
 };
@@ -98,6 +102,10 @@ struct StepPlan {
   // the service in group mode (per-rank mode's answers are one rank's
   // slice; null then). Shared so that keeping it costs no copy.
   std::shared_ptr<const Plan> whole;
+  // Steps of this client planned locally although a service is configured,
+  // this one included, and why the last of them was.
+  int64_t local_steps = 0;
+  std::string local_reason;
   // Whether the step was requested ahead (PlannerClient::Prefetch).
   bool prefetched = false;
   // Wall time this rank spent in Plan for the step: what the step waited

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "client/host_tensor_cache.h"
 #include "client/route_layout.h"
+#include "client/settings_agreement.h"
 #include "planner/auto_layout.h"
 #include "planner/machine.h"
 #include "planner/topology.h"
@@ -623,6 +624,12 @@ absl::StatusOr<std::vector<BagMembers>> BagsOfRank(const std::string& topology, 
 absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
     SequenceBalancerOptions options, Transport* world) {
   if (world == nullptr) return absl::InvalidArgumentError("world: must not be null");
+  // Before anything that could differ between ranks (a bad setting refused
+  // here but not there, subgroups of other bags): a rank configured
+  // differently fails every rank now instead of hanging them later.
+  if (absl::Status agreed = AgreeOnSettings(*world, SharedSettingsOf(options)); !agreed.ok()) {
+    return agreed;
+  }
   if (absl::Status machine = CheckMachine(options.machine); !machine.ok()) return machine;
   std::string topology;
   int heads_multiple = 1;

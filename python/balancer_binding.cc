@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/environment.h"
 #include "client/sequence_balancer.h"
+#include "client/settings_agreement.h"
 #include "planner/balance_stats.h"
 #include "planner/cost_model.h"
 #include "planner/plan.h"
@@ -49,6 +50,7 @@ struct BalancerArgs {
   std::optional<bool> locality;
   std::optional<double> planner_deadline_s;
   std::optional<std::string> planner_mode;
+  std::optional<bool> require_planner;  // unset: KNAPFORMER_REQUIRE_PLANNER
   uint64_t first_step = 0;
   bool use_fitted_gamma = false;
   bool agree_on_errors = true;
@@ -153,6 +155,8 @@ struct PlannedStep {
   double predicted_step_seconds = 0;
   std::shared_ptr<const Plan> whole;  // null in per-rank mode (StepPlan::whole)
   std::optional<CostModel> cost;      // the spec's, for per-sequence workloads
+  int64_t local_steps = 0;            // StepPlan::local_steps, local_reason
+  std::string local_reason;
 };
 
 // Ranks per replica of a plan's layout ("g1n2+g2n1", or one spec per
@@ -234,6 +238,46 @@ SubgroupFactory FactoryOf(BagGroups groups, const std::string& what) {
   };
 }
 
+// The balancer's options from the Python arguments and the environment
+// (ApplyClientEnvironment; an argument given wins); raises on a bad one.
+SequenceBalancerOptions OptionsOf(const BalancerArgs& args) {
+  CostKind kind = ValueOrThrow(ParseCostKind(args.cost_model, "cost_model"));
+  SequenceBalancerOptions options;
+  std::string job_id = "default", group_id;
+  ThrowIfError(ApplyClientEnvironment(&options.planner, &job_id, &group_id));
+  if (args.planner_address.has_value()) options.planner.address = *args.planner_address;
+  if (args.require_planner.has_value()) options.planner.require_service = *args.require_planner;
+  if (args.job_id.has_value()) job_id = *args.job_id;
+  if (args.group_id.has_value()) group_id = *args.group_id;
+  if (args.planner_deadline_s.has_value()) {
+    if (!(*args.planner_deadline_s > 0)) {
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+          "planner_deadline: must be > 0 seconds, got ", *args.planner_deadline_s)));
+    }
+    options.planner.call_deadline = absl::Seconds(*args.planner_deadline_s);
+  }
+  if (args.planner_mode.has_value()) {
+    options.planner.mode = ValueOrThrow(ParsePlannerMode(*args.planner_mode));
+  }
+  if (args.max_tokens_per_gpu < 0) {
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+        "max_tokens_per_gpu: must be >= 0 (0 = no cap), got ", args.max_tokens_per_gpu)));
+  }
+  options.job_id = job_id;
+  options.group_id = group_id;
+  options.topology = args.topology;
+  options.cost_model = kind;
+  options.d_model = args.d_model;
+  options.gamma = args.gamma;
+  options.max_tokens_per_gpu = args.max_tokens_per_gpu;
+  options.first_step = args.first_step;
+  options.use_fitted_gamma = args.use_fitted_gamma;
+  options.agree_on_errors = args.agree_on_errors;
+  options.locality = args.locality;
+  options.machine = args.machine;
+  return options;
+}
+
 class BalancerBinding {
  public:
   // `host_group` (None, or a Gloo group over the same ranks) and
@@ -242,39 +286,7 @@ class BalancerBinding {
   BalancerBinding(ProcessGroupPtr group, BagGroups bag_groups, BalancerArgs args,
                   const py::object& host_group, BagGroups host_bag_groups)
       : device_(ValueOrThrow(ParseDevice(args.device))) {
-    CostKind kind = ValueOrThrow(ParseCostKind(args.cost_model, "cost_model"));
-    SequenceBalancerOptions options;
-    std::string job_id = "default", group_id;
-    ThrowIfError(ApplyClientEnvironment(&options.planner, &job_id, &group_id));
-    if (args.planner_address.has_value()) options.planner.address = *args.planner_address;
-    if (args.job_id.has_value()) job_id = *args.job_id;
-    if (args.group_id.has_value()) group_id = *args.group_id;
-    if (args.planner_deadline_s.has_value()) {
-      if (!(*args.planner_deadline_s > 0)) {
-        ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
-            "planner_deadline: must be > 0 seconds, got ", *args.planner_deadline_s)));
-      }
-      options.planner.call_deadline = absl::Seconds(*args.planner_deadline_s);
-    }
-    if (args.planner_mode.has_value()) {
-      options.planner.mode = ValueOrThrow(ParsePlannerMode(*args.planner_mode));
-    }
-    if (args.max_tokens_per_gpu < 0) {
-      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
-          "max_tokens_per_gpu: must be >= 0 (0 = no cap), got ", args.max_tokens_per_gpu)));
-    }
-    options.job_id = job_id;
-    options.group_id = group_id;
-    options.topology = args.topology;
-    options.cost_model = kind;
-    options.d_model = args.d_model;
-    options.gamma = args.gamma;
-    options.max_tokens_per_gpu = args.max_tokens_per_gpu;
-    options.first_step = args.first_step;
-    options.use_fitted_gamma = args.use_fitted_gamma;
-    options.agree_on_errors = args.agree_on_errors;
-    options.locality = args.locality;
-    options.machine = args.machine;
+    SequenceBalancerOptions options = OptionsOf(args);
     fixed_d_model_ = args.d_model != 0;
 
     C10dTransportOptions transport;
@@ -325,7 +337,9 @@ class BalancerBinding {
                            plan.layout,
                            plan.predicted_step_seconds,
                            plan.whole,
-                           std::nullopt};
+                           std::nullopt,
+                           plan.local_steps,
+                           plan.local_reason};
     absl::StatusOr<CostModel> cost = CostModelFromSpec(spec);
     if (cost.ok()) planned_->cost = *cost;
   }
@@ -422,6 +436,8 @@ class BalancerBinding {
     summary["attention_seq_lens"] = p.attention_seq_lens;
     summary["layout"] = p.layout;
     summary["predicted_step_seconds"] = p.predicted_step_seconds;
+    summary["local_steps"] = p.local_steps;
+    summary["local_reason"] = p.local_reason;
     return summary;
   }
 
@@ -534,12 +550,27 @@ void BindBalancer(py::module_& m) {
       .def_readwrite("locality", &BalancerArgs::locality)
       .def_readwrite("planner_deadline_s", &BalancerArgs::planner_deadline_s)
       .def_readwrite("planner_mode", &BalancerArgs::planner_mode)
+      .def_readwrite("require_planner", &BalancerArgs::require_planner)
       .def_readwrite("first_step", &BalancerArgs::first_step)
       .def_readwrite("use_fitted_gamma", &BalancerArgs::use_fitted_gamma)
       .def_readwrite("agree_on_errors", &BalancerArgs::agree_on_errors)
       .def_property(
           "machine", [](const BalancerArgs& args) { return MachineToDict(args.machine); },
           [](BalancerArgs& args, const py::dict& fields) { args.machine = MachineFromDict(fields); });
+
+  m.def(
+      "_encoded_settings",
+      [](const BalancerArgs& args) {
+        return py::bytes(EncodeSettings(SharedSettingsOf(OptionsOf(args))));
+      },
+      py::arg("args"),
+      "The settings every rank's balancer must share, encoded; raises on a bad argument.");
+  m.def(
+      "_check_settings_agree",
+      [](const std::vector<std::string>& encoded) { ThrowIfError(CheckSettingsAgree(encoded)); },
+      py::arg("encoded"),
+      "Raises (FAILED_PRECONDITION) naming the setting and the ranks unless every rank's "
+      "encoded settings are the same.");
 
   py::class_<BalancerBinding>(m, "_SequenceBalancer")
       .def(py::init<ProcessGroupPtr, BagGroups, BalancerArgs, py::object, BagGroups>(),

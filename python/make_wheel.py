@@ -9,9 +9,25 @@ import argparse
 import base64
 import hashlib
 import os
+import re
 import zipfile
 
 NAME, VERSION = "knapformer", "0.1.0"
+
+
+def torch_requirement(torch_version):
+    """The Requires-Dist value for the torch release the extension was built
+    against: its major.minor, as knapformer/__init__.py checks it on import
+    (a local label such as +cu121 or +gitunknown is ignored there and here).
+    The lower bound is X.Y.dev0 so that pre-releases and dev builds of X.Y
+    match too: Debian's python3-torch registers as 1.13.0a0+gitunknown,
+    which ">=1.13" would refuse. "<X.(Y+1)" excludes X.(Y+1)'s pre-releases."""
+    match = re.match(r"(\d+)\.(\d+)(?:[.+a-z]|$)", torch_version)
+    if match is None:
+        raise SystemExit(f"make_wheel: --torch-version: cannot read MAJOR.MINOR from "
+                         f"{torch_version!r}")
+    major, minor = int(match.group(1)), int(match.group(2))
+    return f"torch (>={major}.{minor}.dev0,<{major}.{minor + 1})"
 
 
 def digest(data):
@@ -24,6 +40,8 @@ def main():
     parser.add_argument("--readme", required=True)
     parser.add_argument("--tag", required=True, help="e.g. cp313-cp313-linux_x86_64")
     parser.add_argument("--python-version", required=True, help="MAJOR.MINOR, e.g. 3.13")
+    parser.add_argument("--torch-version", required=True,
+                        help="the torch the extension was built against, e.g. 1.13.0a0")
     parser.add_argument("files", nargs="+", help="knapformer/*.py and knapformer/_C.so")
     args = parser.parse_args()
 
@@ -43,6 +61,9 @@ def main():
                 "Summary: Online load balancing of sequences for distributed transformer "
                 "training (KnapFormer), with a gRPC planner service\n"
                 f"Requires-Python: =={args.python_version}.*\n"
+                f"Requires-Dist: {torch_requirement(args.torch_version)}\n"
+                "Provides-Extra: plot\n"
+                'Requires-Dist: matplotlib; extra == "plot"\n'
                 "Description-Content-Type: text/markdown\n\n" + readme)
     wheel = (f"Wheel-Version: 1.0\nGenerator: knapformer make_wheel.py\n"
              f"Root-Is-Purelib: false\nTag: {args.tag}\n")

@@ -69,6 +69,40 @@ def _make_host_groups(group, bags):
     return host_group, host_bag_groups
 
 
+def _arguments(bag_specs, gamma, device, planner_address, job_id, group_id, d_model,
+               max_tokens_per_gpu, cost_model, locality, planner_deadline, planner_mode,
+               require_planner, first_step, use_fitted_gamma, agree_on_errors, machine):
+    """The C++ balancer's arguments, checked; ValueError naming a bad one."""
+    if not isinstance(bag_specs, str):
+        raise ValueError(f"bag_specs: needs a topology string such as 'g1n2+g2n1+g4n1', "
+                         f"got {type(bag_specs).__name__}")
+    if cost_model not in _COST_MODELS:
+        raise ValueError(f"cost_model: '{cost_model}' is not one of {', '.join(_COST_MODELS)}")
+    if machine is not None and not isinstance(machine, dict):
+        raise ValueError(f"machine: needs a dict of machine fields, got {type(machine).__name__}")
+    args = _C._BalancerArgs()
+    args.device = device
+    args.topology = bag_specs
+    args.gamma = float(gamma)
+    args.planner_address = planner_address
+    args.job_id = job_id
+    args.group_id = group_id
+    args.d_model = 0 if d_model is None else int(d_model)
+    args.max_tokens_per_gpu = int(max_tokens_per_gpu)
+    args.cost_model = cost_model
+    args.locality = None if locality is None else bool(locality)
+    args.planner_deadline_s = None if planner_deadline is None else float(planner_deadline)
+    args.planner_mode = None if planner_mode is None else str(planner_mode)
+    args.require_planner = None if require_planner is None else bool(require_planner)
+    args.first_step = int(first_step)
+    args.use_fitted_gamma = bool(use_fitted_gamma)
+    args.agree_on_errors = bool(agree_on_errors)
+    args.machine = {} if machine is None else machine
+    if d_model is not None and not 1 <= args.d_model <= 65536:
+        raise ValueError(f"d_model: {d_model} is outside [1, 65536]")
+    return args
+
+
 class SequenceBalancer:
     """Balances the sequences of a training step over compute bags of ranks.
 
@@ -119,11 +153,23 @@ class SequenceBalancer:
         intra_node_bytes_per_second, inter_node_bytes_per_second,
         gpus_per_node, element_bytes, blocks_per_route (the rest: an H100
         node of 8, bf16; docs/planner.md). Every rank must pass the same.
+      require_planner: a step the planner service does not plan (down,
+        unreachable, a mistyped address) raises RuntimeError (UNAVAILABLE)
+        on every rank instead of being planned locally. Default: the
+        KNAPFORMER_REQUIRE_PLANNER environment variable (1/true), else
+        False; needs a planner address. Without it, the summary's
+        ``local_steps`` and ``local_reason`` count the steps planned locally.
       agree_on_errors: every exchange first agrees on every rank's verdict
         (one small all-gather), so one rank's mistake raises on every rank
         at once (default). False saves that all-gather: a mistake then
         raises on its rank only, and its peers wait in the exchange until
         that process exits or the group's timeout.
+
+    Creating it first agrees on every rank's settings (topology, d_model,
+    gamma, cost model, locality, token cap, planner address and mode,
+    require_planner, job and group ids, first_step, machine): one that
+    differs raises RuntimeError (FAILED_PRECONDITION) on every rank at once,
+    naming the setting, its values and their ranks.
 
     Every method that moves tensors is collective (every rank calls it, in
     the same order) and differentiable. Errors raise ValueError (invalid
@@ -143,26 +189,40 @@ class SequenceBalancer:
                  job_id=None, d_model=None, max_tokens_per_gpu=0, cost_model="transformer",
                  locality=True, group_id=None, planner_deadline=None, first_step=0,
                  use_fitted_gamma=False, agree_on_errors=True, planner_mode=None,
-                 machine=None, _metadata_on_gloo=False):
+                 machine=None, require_planner=None, _metadata_on_gloo=False):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("SequenceBalancer: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first")
-        if not isinstance(bag_specs, str):
-            raise ValueError(f"bag_specs: needs a topology string such as 'g1n2+g2n1+g4n1', "
-                             f"got {type(bag_specs).__name__}")
-        if cost_model not in _COST_MODELS:
-            raise ValueError(f"cost_model: '{cost_model}' is not one of "
-                             f"{', '.join(_COST_MODELS)}")
         group = process_group if process_group is not None else \
             dist.distributed_c10d._get_default_group()
         backend = device_backend(group)
         device = "cpu" if backend == "gloo" else f"cuda:{torch.cuda.current_device()}"
-        if machine is not None and not isinstance(machine, dict):
-            raise ValueError(f"machine: needs a dict of machine fields, got "
-                             f"{type(machine).__name__}")
-        machine = {} if machine is None else machine
-        bags = _C.multi_gpu_bags(bag_specs, group.size(), machine)
-        replica_size = _C.replica_size(bag_specs, group.size(), machine)
+        # Every rank's settings are agreed before anything else collective,
+        # and before anything one rank could refuse alone: a rank configured
+        # differently would otherwise make other groups than its peers (a
+        # hang), or fail while they wait for it.
+        failure = None
+        try:
+            args = _arguments(bag_specs, gamma, device, planner_address, job_id, group_id,
+                              d_model, max_tokens_per_gpu, cost_model, locality,
+                              planner_deadline, planner_mode, require_planner, first_step,
+                              use_fitted_gamma, agree_on_errors, machine)
+            bags = _C.multi_gpu_bags(bag_specs, group.size(), args.machine)
+            replica_size = _C.replica_size(bag_specs, group.size(), args.machine)
+            mine = ("ok", _C._encoded_settings(args))
+        except (ValueError, TypeError, RuntimeError) as error:
+            failure = error
+            mine = ("error", f"{type(error).__name__}: {error}")
+        everyone = [None] * group.size()
+        dist.all_gather_object(everyone, mine, group=group)
+        if failure is not None:
+            raise failure
+        refused = [(r, text) for r, (kind, text) in enumerate(everyone) if kind == "error"]
+        if refused:
+            rank, text = refused[0]
+            raise ValueError(f"SequenceBalancer: rank {rank} refused its arguments ({text}); "
+                             "every rank fails with it")
+        _C._check_settings_agree([text for _, text in everyone])
         default = dist.distributed_c10d._get_default_group()
         # Over a group other than the default one, every process takes part in
         # making every group's bags, bags of its own or not.
@@ -178,25 +238,6 @@ class SequenceBalancer:
         else:
             balance_group = group
 
-        args = _C._BalancerArgs()
-        args.device = device
-        args.topology = bag_specs
-        args.gamma = float(gamma)
-        args.planner_address = planner_address
-        args.job_id = job_id
-        args.group_id = group_id
-        args.d_model = 0 if d_model is None else int(d_model)
-        args.max_tokens_per_gpu = int(max_tokens_per_gpu)
-        args.cost_model = cost_model
-        args.locality = None if locality is None else bool(locality)
-        args.planner_deadline_s = None if planner_deadline is None else float(planner_deadline)
-        args.planner_mode = None if planner_mode is None else str(planner_mode)
-        args.first_step = int(first_step)
-        args.use_fitted_gamma = bool(use_fitted_gamma)
-        args.agree_on_errors = bool(agree_on_errors)
-        args.machine = machine
-        if d_model is not None and not 1 <= args.d_model <= 65536:
-            raise ValueError(f"d_model: {d_model} is outside [1, 65536]")
         self.bag_specs = bag_specs
         self.gamma = gamma
         self._group = group

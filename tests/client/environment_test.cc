@@ -53,5 +53,24 @@ TEST(ClientEnvironment, MalformedVariablesAreErrorsNamingThemAndChangeNothing) {
             "KNAPFORMER_JOB_ID: set but empty");
 }
 
+TEST(ClientEnvironment, RequirePlannerIsOneOfFourWords) {
+  PlannerClientOptions planner;
+  std::string job = "default", group;
+  for (const auto& [text, expected] : std::map<std::string, bool>{
+           {"1", true}, {"true", true}, {"0", false}, {"false", false}, {"", false}}) {
+    planner.require_service = !expected;
+    ASSERT_TRUE(ApplyClientEnvironment(&planner, &job, &group,
+                                       From({{"KNAPFORMER_REQUIRE_PLANNER", text}}))
+                    .ok())
+        << text;
+    EXPECT_EQ(planner.require_service, expected) << text;
+  }
+  planner.require_service = false;
+  absl::Status status = ApplyClientEnvironment(&planner, &job, &group,
+                                               From({{"KNAPFORMER_REQUIRE_PLANNER", "yes"}}));
+  EXPECT_EQ(status.message(), "KNAPFORMER_REQUIRE_PLANNER: 'yes' is not one of 1, true, 0, false");
+  EXPECT_FALSE(planner.require_service);
+}
+
 }  // namespace
 }  // namespace knapformer

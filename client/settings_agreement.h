@@ -1,0 +1,43 @@
+#ifndef KNAPFORMER_CLIENT_SETTINGS_AGREEMENT_H_
+#define KNAPFORMER_CLIENT_SETTINGS_AGREEMENT_H_
+
+// The settings every rank of one balancer must share (topology, cost model,
+// planner...), and the check that they do: a rank configured differently
+// would otherwise make other subgroups or plan other steps than its peers,
+// which hangs the job instead of failing it.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "client/sequence_balancer.h"
+#include "transport/transport.h"
+
+namespace knapformer {
+
+// (name, value) of every setting the ranks must share, in a fixed order;
+// values as text (numbers exactly: %.17g).
+using SharedSettings = std::vector<std::pair<std::string, std::string>>;
+SharedSettings SharedSettingsOf(const SequenceBalancerOptions& options);
+
+// Every rank's settings as one string and back (for an all-gather).
+std::string EncodeSettings(const SharedSettings& settings);
+
+// Empty when every rank's encoded settings are the same; else why not: the
+// first setting (in SharedSettingsOf's order) that differs, with the ranks
+// holding each value, e.g. "topology is 'g1n4' on rank 3 but 'g1n2+g2n1' on
+// ranks 0-2". A blob that does not decode is named too.
+std::string SettingsDisagreement(const std::vector<std::string>& encoded);
+
+// FailedPrecondition carrying SettingsDisagreement's reason, or OK.
+absl::Status CheckSettingsAgree(const std::vector<std::string>& encoded);
+
+// Collective over `world`: all-gathers the settings; CheckSettingsAgree's
+// error on every rank when they differ, the transport's when the
+// all-gather fails.
+absl::Status AgreeOnSettings(Transport& world, const SharedSettings& mine);
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_CLIENT_SETTINGS_AGREEMENT_H_

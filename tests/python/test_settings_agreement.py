@@ -1,0 +1,127 @@
+"""A rank configured differently fails every rank at construction, at once,
+naming the setting, the values and their ranks (it used to hang the job);
+require_planner makes a step the service cannot plan an error, and without
+it the summary counts the steps planned locally."""
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from world import run_world
+
+BASE = {"bag_specs": "g1n2+g2n1", "gamma": 0.49, "d_model": 8}
+
+# One setting differs on the last rank: (what the message names, the
+# keyword arguments of ranks 0-2, those of rank 3, the values as named).
+CASES = {
+    "topology": ({}, {"bag_specs": "g1n4"}, "'g1n4' on rank 3 but 'g1n2+g2n1' on ranks 0-2"),
+    "d_model": ({}, {"d_model": 16}, "'16' on rank 3 but '8' on ranks 0-2"),
+    "gamma": ({}, {"gamma": 1.0}, "'1' on rank 3 but '0.48999999999999999' on ranks 0-2"),
+    "cost_model": ({}, {"cost_model": "linear"}, "'linear' on rank 3"),
+    "locality": ({}, {"locality": False}, "'off' on rank 3 but 'on' on ranks 0-2"),
+    "max_tokens_per_gpu": ({}, {"max_tokens_per_gpu": 512}, "'512' on rank 3"),
+    "planner_address": ({}, {"planner_address": "127.0.0.1:1"}, "'127.0.0.1:1' on rank 3"),
+    "planner_mode": ({}, {"planner_mode": "per-rank"}, "'per-rank' on rank 3"),
+    "require_planner": ({"planner_address": "127.0.0.1:1"},
+                        {"planner_address": "127.0.0.1:1", "require_planner": True},
+                        "'true' on rank 3 but 'false' on ranks 0-2"),
+    "job_id": ({}, {"job_id": "other"}, "'other' on rank 3"),
+    "first_step": ({}, {"first_step": 7}, "'7' on rank 3"),
+    "machine.gpus_per_node": ({}, {"machine": {"gpus_per_node": 4}}, "'4' on rank 3"),
+}
+
+
+def mismatch_world(rank, size, case):
+    import knapformer
+
+    common, odd, _ = CASES[case]
+    kwargs = dict(BASE, **common)
+    if rank == size - 1:
+        kwargs.update(odd)
+    start = time.monotonic()
+    try:
+        knapformer.SequenceBalancer(**kwargs)
+        return None, time.monotonic() - start
+    except RuntimeError as error:
+        return str(error), time.monotonic() - start
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_one_rank_configured_differently_fails_every_rank_at_once(case):
+    _, _, named = CASES[case]
+    for message, seconds in run_world(mismatch_world, 4, case, group_timeout=30):
+        assert message is not None, "no error"
+        assert message.startswith("FAILED_PRECONDITION: the ranks' balancer settings differ: "
+                                  f"{case} is "), message
+        assert named in message, message
+        assert seconds < 1.0, seconds
+
+
+def refused_world(rank, size):
+    """One rank's own argument is refused: every rank raises, naming it."""
+    import knapformer
+
+    try:
+        knapformer.SequenceBalancer("g1n2+g2n1" if rank != 1 else "g1n2+x", d_model=8)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_a_rank_whose_arguments_are_refused_fails_every_rank():
+    for rank, message in enumerate(run_world(refused_world, 4)):
+        assert message is not None
+        if rank == 1:
+            assert "g1n2+x" in message or "'x'" in message, message
+        else:
+            assert message.startswith("SequenceBalancer: rank 1 refused its arguments"), message
+
+
+def unreachable_world(rank, size, require):
+    import knapformer
+
+    balancer = knapformer.SequenceBalancer("g1n4", d_model=8, planner_address="127.0.0.1:1",
+                                           planner_deadline=2, require_planner=require,
+                                           job_id="unreachable")
+    outcomes = []
+    for step in range(3):
+        try:
+            balancer.plan_routing([3 + rank, 5])
+            summary = balancer.get_routing_plan_summary()
+            outcomes.append((summary["source"], summary["local_steps"],
+                             summary["local_reason"]))
+        except RuntimeError as error:
+            outcomes.append(("error", str(error)))
+    return outcomes
+
+
+def test_a_mistyped_address_is_an_error_with_require_planner():
+    for outcomes in run_world(unreachable_world, 4, True):
+        for step, outcome in enumerate(outcomes):
+            assert outcome[0] == "error"
+            assert outcome[1].startswith(f"UNAVAILABLE: step {step}: the planner service at "
+                                         "127.0.0.1:1 did not plan it"), outcome[1]
+            assert "require_planner is set" in outcome[1]
+
+
+def test_without_require_planner_the_summary_counts_local_steps():
+    for outcomes in run_world(unreachable_world, 4, False):
+        assert [o[:2] for o in outcomes] == [("local planner", 1), ("local planner", 2),
+                                             ("local planner", 3)]
+        assert "127.0.0.1:1" in outcomes[0][2], outcomes[0][2]
+
+
+def no_address_world(rank, size):
+    import knapformer
+
+    try:
+        knapformer.SequenceBalancer("g1n4", d_model=8, require_planner=True)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_require_planner_needs_an_address():
+    for message in run_world(no_address_world, 4):
+        assert message is not None and "require_planner" in message, message
