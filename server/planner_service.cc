@@ -151,8 +151,8 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   std::vector<WorkSample> rank_work;
   if (rendezvous_.WantsWork(spec.job_id())) rank_work = RankWork(*plan, cost.d_model());
   rendezvous_.RecordPlanned(spec, plan->topology, *balance, solved, std::move(rank_work));
-  metrics_.RecordStep(spec.job_id(), *balance, absl::ToDoubleSeconds(solved - start),
-                      wait_seconds, solved);
+  metrics_.RecordStep(spec.job_id(), *balance, spec.token_bytes(),
+                      absl::ToDoubleSeconds(solved - start), wait_seconds, solved);
   return plan;
 }
 

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "proto/plan_proto.h"
 #include "server/rank_ranges.h"
 
@@ -367,6 +368,21 @@ void Rendezvous::RecordPlanned(const v1::StepSpec& spec, const std::string& topo
     while (static_cast<int32_t>(group.work.size()) > limits_.timed_steps) group.work.pop_front();
   }
   Refit(*place.job);  // once per step, so the exported gamma keeps up
+  if (group.steps_planned == 0) {
+    Log(LogLevel::kInfo,
+        absl::StrCat(place.job->planned ? "job '" : "new job '", spec.job_id(), "'",
+                     place.job->planned ? ": new " : ": ",
+                     spec.group_id().empty() ? "" : absl::StrCat("group '", spec.group_id(), "' "),
+                     "incarnation ", absl::Hex(spec.incarnation()), ", ", spec.world_size(),
+                     " ranks, topology ", topology, ", from step ", spec.step(),
+                     place.job->planned ? " (a restart, or another run with this job id)" : ""));
+  }
+  // A planned step had every rank: in group mode (one PlanGroup call for
+  // all) as in per-rank mode (every rank's request).
+  if (group.ranks_seen < spec.world_size()) {
+    group.seen.assign(spec.world_size(), true);
+    group.ranks_seen = spec.world_size();
+  }
   ++group.steps_planned;
   group.last_step = spec.step();
   group.world_size = spec.world_size();

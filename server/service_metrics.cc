@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "planner/plan.h"
 #include "prometheus/metric_family.h"
 
 namespace knapformer {
@@ -45,7 +46,9 @@ class GroupGaugeCollector final : public prometheus::Collectable {
         family("knapformer_planner_pending_steps", "Steps waiting for ranks, per group.");
     for (const GroupGauges& g : groups) add(pending, g, g.pending_steps);
     MetricFamily& seen = family("knapformer_planner_ranks_seen",
-                                "Distinct ranks that have sent a Plan request, per group.");
+                                "Distinct ranks of a group that took part in a step: every rank of a "
+                                "planned step (PlanGroup or Plan), and in per-rank mode the "
+                                "ranks that have sent a Plan request before one was.");
     for (const GroupGauges& g : groups) add(seen, g, g.ranks_seen);
 
     struct Ratio {
@@ -120,6 +123,9 @@ struct ServiceMetrics::JobSeries {
   prometheus::Counter* moved_bytes;
   prometheus::Histogram* planning_seconds;
   prometheus::Histogram* wait_seconds;
+  // Moved tokens of steps planned without their bytes per token (a
+  // client's first step), counted in bytes at the next step that has them.
+  int64_t moved_tokens_without_bytes = 0;
 };
 
 ServiceMetrics::ServiceMetrics(const Rendezvous* rendezvous, int32_t max_jobs)
@@ -150,7 +156,8 @@ ServiceMetrics::ServiceMetrics(const Rendezvous* rendezvous, int32_t max_jobs)
       moved_bytes_(prometheus::BuildCounter()
                        .Name("knapformer_planner_moved_bytes_total")
                        .Help("Bytes the planned routes send to another rank, from the "
-                             "clients' token_bytes.")
+                             "clients' token_bytes (a client's first step, before its route "
+                             "has told it the bytes per token, is counted at its next step).")
                        .Register(*registry_)),
       planning_seconds_(prometheus::BuildHistogram()
                             .Name("knapformer_planner_planning_duration_seconds")
@@ -158,7 +165,8 @@ ServiceMetrics::ServiceMetrics(const Rendezvous* rendezvous, int32_t max_jobs)
                             .Register(*registry_)),
       wait_seconds_(prometheus::BuildHistogram()
                         .Name("knapformer_planner_rendezvous_wait_seconds")
-                        .Help("Time from a step's first rank request to its last.")
+                        .Help("Per-rank mode only: time from a step's first rank request "
+                              "to its last (group mode sends one PlanGroup: no rendezvous).")
                         .Register(*registry_)) {}
 
 ServiceMetrics::~ServiceMetrics() = default;
@@ -212,13 +220,21 @@ void ServiceMetrics::CountRequest(const std::string& job, const char* method,
 }
 
 void ServiceMetrics::RecordStep(const std::string& job, const v1::Balance& balance,
-                                double plan_seconds, double wait_seconds, absl::Time now) {
+                                int64_t token_bytes, double plan_seconds, double wait_seconds,
+                                absl::Time now) {
   absl::MutexLock lock(&mu_);
   JobSeries& series = Series(job, now);
   series.steps->Increment();
   series.tokens->Increment(static_cast<double>(balance.total_tokens()));
   series.moved_tokens->Increment(static_cast<double>(balance.moved_tokens()));
-  series.moved_bytes->Increment(static_cast<double>(balance.moved_bytes()));
+  if (token_bytes > 0) {
+    series.moved_bytes->Increment(
+        static_cast<double>(balance.moved_bytes()) +
+        static_cast<double>(MovedBytes(series.moved_tokens_without_bytes, token_bytes)));
+    series.moved_tokens_without_bytes = 0;
+  } else {
+    series.moved_tokens_without_bytes += balance.moved_tokens();
+  }
   series.planning_seconds->Observe(plan_seconds);
   if (wait_seconds >= 0) series.wait_seconds->Observe(wait_seconds);
 }

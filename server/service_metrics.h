@@ -51,8 +51,13 @@ class ServiceMetrics {
   // `job` may be "" for requests that named no valid job.
   void CountRequest(const std::string& job, const char* method, absl::StatusCode code,
                     absl::Time now);
-  void RecordStep(const std::string& job, const v1::Balance& balance, double plan_seconds,
-                  double wait_seconds, absl::Time now);
+  // `token_bytes`: the step's StepSpec.token_bytes, which a client sets to
+  // what its previous step's route moved per token (0 at its first step,
+  // whose bytes it cannot know yet): moved tokens planned with 0 are
+  // counted in bytes at the job's next step that has them, so the bytes
+  // counter covers every step. `wait_seconds` < 0: no rendezvous (PlanGroup).
+  void RecordStep(const std::string& job, const v1::Balance& balance, int64_t token_bytes,
+                  double plan_seconds, double wait_seconds, absl::Time now);
   void CountTimeout(const std::string& job, absl::Time now);
 
   // Removes every series of jobs not used for `ttl`.

@@ -168,6 +168,67 @@ TEST_F(MetricsTest, EverySeriesHasTheRightValueAndThePagePassesPromtool) {
   EXPECT_NE(RunWithInput("promtool check metrics", bad, &output), 0) << output;
 }
 
+// Group mode (one PlanGroup per step, the client's default): every rank of a
+// planned step counts as seen; its first step's bytes, unknown to the
+// client until its first route (token_bytes 0), are counted at the next
+// step with the bytes that step reports; no rendezvous wait is observed.
+TEST_F(MetricsTest, GroupModeCountsRanksAndTheFirstStepsBytes) {
+  StartServer(absl::Hours(1));
+  int64_t moved = 0;
+  testing::internal::CaptureStderr();
+  for (int step = 0; step < 3; ++step) {
+    StepParams params;
+    params.job_id = "group-mode";
+    params.step = step;
+    params.token_bytes = step == 0 ? 0 : 100;
+    const RankLengths lengths = RandomLengths(8, 20 + step);
+    v1::PlanGroupRequest request;
+    *request.mutable_spec() = MakeRequest(params, 8, 0, {}).spec();
+    for (const auto& rank : lengths) {
+      request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
+    }
+    grpc::ClientContext context;
+    v1::PlanGroupResponse response;
+    ASSERT_TRUE(stub_->PlanGroup(&context, request, &response).ok());
+    moved += response.balance().moved_tokens();
+    if (step == 0) {
+      const std::map<std::string, double> samples = ParseSamples(Scrape());
+      EXPECT_EQ(samples.at("knapformer_planner_moved_bytes_total{job_id=\"group-mode\"}"), 0);
+      EXPECT_EQ(samples.at("knapformer_planner_ranks_seen{group=\"\",job_id=\"group-mode\"}"),
+                8);
+    }
+  }
+  ASSERT_GT(moved, 0);
+  const std::map<std::string, double> samples = ParseSamples(Scrape());
+  EXPECT_EQ(samples.at("knapformer_planner_moved_tokens_total{job_id=\"group-mode\"}"), moved);
+  EXPECT_EQ(samples.at("knapformer_planner_moved_bytes_total{job_id=\"group-mode\"}"),
+            moved * 100);
+  EXPECT_EQ(samples.at("knapformer_planner_steps_total{job_id=\"group-mode\"}"), 3);
+  EXPECT_EQ(samples.at(
+                "knapformer_planner_rendezvous_wait_seconds_count{job_id=\"group-mode\"}"),
+            0);
+
+  // The job restarts: a new incarnation, logged as such (the first was
+  // logged as a new job, once).
+  StepParams params;
+  params.job_id = "group-mode";
+  v1::PlanGroupRequest request;
+  *request.mutable_spec() = MakeRequest(params, 2, 0, {}).spec();
+  request.mutable_spec()->set_topology("g1n2");
+  request.mutable_spec()->set_incarnation(0xabc);
+  request.add_ranks()->add_sequence_lengths(5);
+  request.add_ranks()->add_sequence_lengths(7);
+  grpc::ClientContext context;
+  v1::PlanGroupResponse response;
+  ASSERT_TRUE(stub_->PlanGroup(&context, request, &response).ok());
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_THAT(log, HasSubstr("new job 'group-mode': incarnation 0, 8 ranks, topology "
+                             "g1n2+g2n1+g4n1, from step 0"));
+  EXPECT_EQ(log.find("new job"), log.rfind("new job")) << log;
+  EXPECT_THAT(log, HasSubstr("job 'group-mode': new incarnation abc, 2 ranks, topology g1n2, "
+                             "from step 0 (a restart, or another run with this job id)"));
+}
+
 // Ranks report their compute time of the previous step; the service pairs it
 // with the work that step's plan gave them, fits gamma per job, exports it,
 // and plans with it when a step asks for use_fitted_gamma.
