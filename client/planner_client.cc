@@ -458,6 +458,21 @@ struct PlannerClient::Rep {
   std::string local_reason;
   static constexpr int64_t kLocalStepsWarning = 100;
 
+  // Why the online gamma fit is not used, logged by rank 0 when it changes
+  // (a fit that never comes is otherwise silent).
+  std::string last_gamma_note;
+  bool gamma_note_logged = false;
+  void LogGammaNote(const v1::StepSpec& spec, const std::string& note) {
+    if (transport->rank() != 0 || (gamma_note_logged && note == last_gamma_note)) return;
+    gamma_note_logged = true;
+    last_gamma_note = note;
+    Log(note.empty() ? LogLevel::kInfo : LogLevel::kWarning,
+        note.empty() ? absl::StrCat("rank 0: step ", spec.step(),
+                                    " is planned with the service's fitted gamma")
+                     : absl::StrCat("rank 0: online gamma fit not used at step ", spec.step(),
+                                    ": ", note, "; planning with gamma ", spec.gamma()));
+  }
+
   void CountLocalStep(const v1::StepSpec& spec) {
     ++local_steps;
     if (local_steps % kLocalStepsWarning != 0 || transport->rank() != 0) return;
@@ -804,6 +819,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
   result.moved_tokens = response.balance().moved_tokens();
   result.layout = response.balance().layout();
   result.predicted_step_seconds = response.balance().predicted_step_seconds();
+  result.gamma_note = response.balance().gamma_note();
   result.workload_before.resize(all->size());
   result.workload_after.resize(all->size());
   for (size_t r = 0; r < all->size(); ++r) {
@@ -856,6 +872,7 @@ absl::StatusOr<StepPlan> PlanFromGroupAnswer(const v1::StepSpec& spec, const Gat
                               response.workload_after().end());
   StepPlan step = StepPlanOf(*std::move(plan), rank, PlanSource::kService);
   step.predicted_step_seconds = response.balance().predicted_step_seconds();
+  step.gamma_note = response.balance().gamma_note();
   return step;
 }
 
@@ -1033,6 +1050,14 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
     result->wait_seconds = SecondsSince(start);
     result->service_wait_seconds = rep.service_wait_seconds;
     if (rep.has_service && result->source == PlanSource::kLocal) rep.CountLocalStep(spec);
+    if (spec.use_fitted_gamma()) {
+      if (result->source == PlanSource::kLocal) {
+        result->gamma_note = rep.has_service
+                                 ? "planned locally: the fitted gamma lives in the service"
+                                 : "no planner service: the fit is the service's";
+      }
+      rep.LogGammaNote(spec, result->gamma_note);
+    }
     result->local_steps = rep.local_steps;
     result->local_reason = rep.local_steps > 0 ? rep.local_reason : "";
   }

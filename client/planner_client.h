@@ -106,6 +106,10 @@ struct StepPlan {
   // this one included, and why the last of them was.
   int64_t local_steps = 0;
   std::string local_reason;
+  // Under StepSpec.use_fitted_gamma: why the service's fitted gamma did not
+  // plan this step (too few timings, a failed fit, a local plan); empty
+  // when it did.
+  std::string gamma_note;
   // Whether the step was requested ahead (PlannerClient::Prefetch).
   bool prefetched = false;
   // Wall time this rank spent in Plan for the step: what the step waited

@@ -157,6 +157,7 @@ struct PlannedStep {
   std::optional<CostModel> cost;      // the spec's, for per-sequence workloads
   int64_t local_steps = 0;            // StepPlan::local_steps, local_reason
   std::string local_reason;
+  std::string gamma_note;             // StepPlan::gamma_note
 };
 
 // Ranks per replica of a plan's layout ("g1n2+g2n1", or one spec per
@@ -339,7 +340,8 @@ class BalancerBinding {
                            plan.whole,
                            std::nullopt,
                            plan.local_steps,
-                           plan.local_reason};
+                           plan.local_reason,
+                           plan.gamma_note};
     absl::StatusOr<CostModel> cost = CostModelFromSpec(spec);
     if (cost.ok()) planned_->cost = *cost;
   }
@@ -438,6 +440,7 @@ class BalancerBinding {
     summary["predicted_step_seconds"] = p.predicted_step_seconds;
     summary["local_steps"] = p.local_steps;
     summary["local_reason"] = p.local_reason;
+    summary["gamma_note"] = p.gamma_note;
     return summary;
   }
 

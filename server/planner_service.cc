@@ -135,11 +135,19 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   const absl::Time start = absl::Now();
   const BalancerOptions balancer = BalancerOptionsForSpec(options_.balancer, spec);
   CostModel cost = checked.cost;
+  std::string gamma_note;
   if (spec.use_fitted_gamma() && cost.kind() == CostKind::kTransformer) {
-    if (std::optional<CostFit> fit = rendezvous_.FittedCost(spec.job_id())) {
+    if (std::optional<CostFit> fit = rendezvous_.FittedCost(spec.job_id(), &gamma_note)) {
       absl::StatusOr<CostModel> fitted = CostModel::Create(cost.d_model(), fit->gamma);
-      if (fitted.ok()) cost = *fitted;
+      if (fitted.ok()) {
+        cost = *fitted;
+      } else {
+        gamma_note = absl::StrCat("the fitted gamma is not usable: ", fitted.status().message());
+      }
     }
+  } else if (spec.use_fitted_gamma()) {
+    gamma_note = absl::StrCat("the ", CostKindName(cost.kind()),
+                              " cost model has no gamma to fit");
   }
   absl::StatusOr<SolvedStep> step =
       SolveStep(checked, cost, lengths, balancer, spec.token_bytes());
@@ -148,6 +156,10 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   absl::StatusOr<knapformer::Plan> plan = std::move(step->plan);
   *balance = BalanceToProto(*plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start));
   balance->set_predicted_step_seconds(step->predicted_seconds);
+  if (spec.use_fitted_gamma()) {
+    balance->set_gamma_used(cost.gamma());
+    balance->set_gamma_note(gamma_note);
+  }
   std::vector<WorkSample> rank_work;
   if (rendezvous_.WantsWork(spec.job_id())) rank_work = RankWork(*plan, cost.d_model());
   rendezvous_.RecordPlanned(spec, plan->topology, *balance, solved, std::move(rank_work));

@@ -428,18 +428,38 @@ bool Rendezvous::WantsWork(const std::string& job_id) const {
 void Rendezvous::Refit(Job& job) const {
   if (!job.timings_changed) return;
   job.timings_changed = false;
-  if (static_cast<int32_t>(job.timings.size()) >= limits_.min_timing_samples) {
-    absl::StatusOr<CostFit> fit =
-        FitCostModel(std::vector<WorkSample>(job.timings.begin(), job.timings.end()));
-    if (fit.ok()) job.fit = *fit;
+  if (static_cast<int32_t>(job.timings.size()) < limits_.min_timing_samples) {
+    job.fit_note = absl::StrCat(job.timings.size(), " timing samples, the fit needs ",
+                                limits_.min_timing_samples,
+                                " (every rank's record_compute_seconds, one per step)");
+    return;
+  }
+  absl::StatusOr<CostFit> fit =
+      FitCostModel(std::vector<WorkSample>(job.timings.begin(), job.timings.end()));
+  if (fit.ok()) {
+    job.fit = *fit;
+    job.fit_note.clear();
+  } else {
+    job.fit_note = absl::StrCat("the fit of ", job.timings.size(),
+                                " timing samples failed: ", fit.status().message(),
+                                job.fit.has_value() ? " (the previous fit is used)" : "");
   }
 }
 
-std::optional<CostFit> Rendezvous::FittedCost(const std::string& job_id) {
+std::optional<CostFit> Rendezvous::FittedCost(const std::string& job_id,
+                                              std::string* note) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return std::nullopt;
+  if (it == jobs_.end()) {
+    if (note != nullptr) *note = "no timings of this job yet";
+    return std::nullopt;
+  }
   Refit(it->second);
+  if (note != nullptr) {
+    *note = it->second.fit_note.empty() && !it->second.fit.has_value()
+                ? "no timings of this job yet (record_compute_seconds on every rank)"
+                : it->second.fit_note;
+  }
   return it->second.fit;
 }
 

@@ -131,7 +131,9 @@ class Rendezvous {
   // nullopt until a refit succeeds. A refit that fails (say, a window of one
   // sequence length, which cannot tell the two terms apart) keeps the last
   // good fit: the hardware did not change, the data just stopped showing it.
-  std::optional<CostFit> FittedCost(const std::string& job_id);
+  // `note` (optional): why there is no fit, or why the last refit failed
+  // (then the previous fit, if any, is returned); empty when the fit is new.
+  std::optional<CostFit> FittedCost(const std::string& job_id, std::string* note = nullptr);
 
   // Forgets jobs without pending steps and idle for job_ttl; returns their
   // ids, and those of the jobs evicted since the last call (at max_jobs, a
@@ -193,6 +195,7 @@ class Rendezvous {
     std::deque<WorkSample> timings;  // the last timing_window samples
     bool timings_changed = false;
     std::optional<CostFit> fit;
+    std::string fit_note;  // why the last refit did not give `fit` (or empty)
   };
 
   // Where a (job, group) lives; both null if it does not exist.

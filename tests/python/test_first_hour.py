@@ -1,7 +1,8 @@
-"""A rank configured differently fails every rank at construction, at once,
-naming the setting, the values and their ranks (it used to hang the job);
-require_planner makes a step the service cannot plan an error, and without
-it the summary counts the steps planned locally."""
+"""What a new user meets first: a rank configured differently fails every
+rank at construction, at once, naming the setting, the values and their
+ranks (it used to hang the job); require_planner makes a step the service
+cannot plan an error, and without it the summary counts the steps planned
+locally; an online gamma fit that is not used says why."""
 import time
 
 import pytest
@@ -125,3 +126,37 @@ def no_address_world(rank, size):
 def test_require_planner_needs_an_address():
     for message in run_world(no_address_world, 4):
         assert message is not None and "require_planner" in message, message
+
+
+def gamma_world(rank, size):
+    import knapformer
+
+    server = knapformer.PlannerServer("127.0.0.1:0") if rank == 0 else None
+    address = [server.address if server else None]
+    dist.broadcast_object_list(address, src=0)
+    balancer = knapformer.SequenceBalancer("g1n4", gamma=0.49, d_model=8,
+                                           planner_address=address[0], job_id="gamma-note",
+                                           use_fitted_gamma=True, planner_deadline=20)
+    notes = []
+    for step in range(3):
+        balancer.plan_routing([10 + rank, 3 * step + 1])
+        balancer.record_compute_seconds(0.01 * (rank + 1))
+        notes.append(balancer.get_routing_plan_summary()["gamma_note"])
+    dist.barrier()
+    if server:
+        server.shutdown(grace=1)
+    return notes
+
+
+def test_an_online_gamma_fit_that_is_not_used_says_why(capfd):
+    for notes in run_world(gamma_world, 4):
+        assert notes[0] == "no timings of this job yet (record_compute_seconds on every rank)"
+        # The service pairs a timing with the work its step's plan gave the
+        # rank, which it keeps from the job's first timing on: step 1's
+        # timings (4 ranks), sent with step 2, are the first samples.
+        assert notes[1] == notes[0]
+        assert notes[2].startswith("4 timing samples, the fit needs 16"), notes
+    log = capfd.readouterr().err
+    assert "rank 0: online gamma fit not used at step 0: no timings of this job yet" in log, log
+    assert "rank 0: online gamma fit not used at step 2: 4 timing samples" in log, log
+    assert "at step 1:" not in log, log  # logged when the reason changes
