@@ -1,5 +1,5 @@
 #!/bin/bash
-# Installs every Debian package the project needs (Debian bookworm or trixie,
+# Installs the Debian packages the project needs (Debian bookworm or trixie,
 # as root). Idempotent: does nothing when all are present; `apt-get update`
 # runs once, only when something is missing.
 #   bash scripts/setup.sh                  # everything .ci/run needs (--profile all)
@@ -9,23 +9,33 @@
 #       and non-free) on a machine without a GPU or network: cuDNN, which
 #       Debian's nvidia-cudnn would download, is declined and replaced by a
 #       stand-in that only links (scripts/cudnn_stub.sh). Not for GPU machines.
-# The torch 2.x lanes of .ci/run use the last two inside a Debian trixie
-# root (scripts/debian_root.sh).
+#   bash scripts/setup.sh --profile cli    # only what builds and runs the command
+#       line (//tools:knapformer): Bazel, g++ and the libraries it links
+#   bash scripts/setup.sh --profile train-sim  # cli, and LibTorch for //tools:train_sim
+#   bash scripts/setup.sh --profile P --print  # list P's packages; install nothing
+# The torch 2.x lanes of .ci/run use torch and cuda-compile inside a Debian
+# trixie root (scripts/debian_root.sh); scripts/knapformer uses cli and train-sim.
 set -euo pipefail
 
+profiles="all, torch, cuda-compile, cli or train-sim"
 profile=all
-case "${1:-}" in
-  "") ;;
-  --profile)
-    profile="${2:-}"
-    [[ $# -eq 2 ]] ||
-      { echo "setup: --profile needs one of all, torch, cuda-compile" >&2; exit 2; } ;;
-  *) echo "setup: unknown argument '$1' (usage: setup.sh [--profile all|torch|cuda-compile])" >&2
-     exit 2 ;;
-esac
+print=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --profile)
+      [[ $# -ge 2 && -n "$2" ]] || { echo "setup: --profile needs one of $profiles" >&2; exit 2; }
+      profile="$2"
+      shift 2 ;;
+    --print) print=1; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup: unknown argument '$1' (usage: setup.sh [--profile P] [--print]; P is" \
+         "$profiles)" >&2
+       exit 2 ;;
+  esac
+done
 case "$profile" in
-  all|torch|cuda-compile) ;;
-  *) echo "setup: unknown profile '$profile' (all, torch or cuda-compile)" >&2; exit 2 ;;
+  all|torch|cuda-compile|cli|train-sim) ;;
+  *) echo "setup: unknown profile '$profile' ($profiles)" >&2; exit 2 ;;
 esac
 
 # The release decides a few names: clang's sanitizer runtime follows the
@@ -36,7 +46,27 @@ case "$codename" in
   *) clang_rt=libclang-rt-dev ;;  # trixie and later: the default clang's
 esac
 
-# The build, the C++ tests and the Python package: every profile.
+# The command line: what //tools:knapformer links (tools/BUILD.bazel's deps
+# through third_party/BUILD.bazel) and Bazel to build it. The cli profile is
+# only this, so that `bash scripts/knapformer simulate` pulls no test tools.
+cli_packages=(
+  bazel-bootstrap          # Bazel 4.2.3, offline build
+  g++ default-jdk-headless # compiler; Bazel's JDK
+  libabsl-dev              # absl::Status, strings
+  nlohmann-json3-dev       # JSON for the CLI
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler  # serve
+  prometheus-cpp-dev       # the planner service's /metrics
+)
+# LibTorch (CPU) with c10d + Gloo, as the torch of /usr/bin/python3 describes
+# it: third_party/torch_configure.bzl asks that interpreter for torch's folders
+# and refuses to configure without pybind11's and CPython's headers.
+torch_packages=(
+  libtorch-dev           # LibTorch (CPU) with c10d + Gloo: the client and its multi-process tests
+  libgloo-dev            # gloo/ headers c10d's ProcessGroupGloo.hpp includes (not pulled in)
+  python3-torch          # torch for /usr/bin/python3: the Python package and its tests
+)
+
+# The build, the C++ tests and the Python package: the profiles of CI.
 packages=(
   bazel-bootstrap          # Bazel 4.2.3, offline build
   g++ python3 default-jdk-headless  # compiler; python3 checks CLI output in tests
@@ -60,11 +90,7 @@ if [[ "$profile" == cuda-compile ]]; then
     nvidia-cuda-dev        # the CUDA runtime's headers and libcudart (non-free)
   )
 else
-  packages+=(
-    libtorch-dev           # LibTorch (CPU) with c10d + Gloo: the client and its multi-process tests
-    libgloo-dev            # gloo/ headers c10d's ProcessGroupGloo.hpp includes (not pulled in)
-    python3-torch          # torch for /usr/bin/python3: the Python package and its tests
-  )
+  packages+=("${torch_packages[@]}")
 fi
 if [[ "$profile" == all ]]; then
   packages+=(
@@ -75,6 +101,12 @@ if [[ "$profile" == all ]]; then
                                     # torch 2.x lanes' Debian roots (scripts/debian_root.sh)
   )
 fi
+
+# scripts/knapformer's profiles: the command line alone, none of the tests' tools.
+case "$profile" in
+  cli) packages=("${cli_packages[@]}") ;;
+  train-sim) packages=("${cli_packages[@]}" "${torch_packages[@]}" pybind11-dev python3-dev) ;;
+esac
 
 # pkg-config names Abseil's libraries for the build (third_party/pkg_config.bzl);
 # pkgconf where no pkg-config is installed (bookworm's pkg-config clashes with it).
@@ -90,6 +122,10 @@ fi
 if [[ "$profile" == cuda-compile && "$codename" == bookworm ]]; then
   echo "setup: --profile cuda-compile needs Debian trixie or later (bookworm has no CUDA torch)" >&2
   exit 2
+fi
+if [[ $print -eq 1 ]]; then
+  printf '%s\n' "${packages[@]}"
+  exit 0
 fi
 
 missing=()

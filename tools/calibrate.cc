@@ -20,14 +20,30 @@
 
 namespace knapformer {
 
-const char kCalibrateUsage[] =
-    "  calibrate --input FILE|- --d-model D\n"
-    "            Fit the cost model's k and gamma (least squares, as in the paper) to\n"
-    "            measured block latencies: CSV rows \"length,seconds\".\n"
-    "  calibrate --exchanges FILE|-\n"
-    "            Fit the machine's intra- and inter-node bandwidths to timed\n"
-    "            all-to-alls: CSV rows \"gpus,bytes_per_gpu,seconds,intra|inter\"\n"
-    "            (bench/exchange_times.py writes them).\n";
+namespace {
+
+const std::vector<OptionSpec>& CalibrateOptions() {
+  static const std::vector<OptionSpec> kOptions = {
+      {"input", "FILE|-", "", "block latencies, rows \"length,seconds\"; - reads stdin"},
+      {"d-model", "D", "", "the model width the blocks were timed at (required with --input)"},
+      {"exchanges", "FILE|-", "",
+       "timed all-to-alls, rows \"gpus,bytes_per_gpu,seconds,intra|inter\""},
+  };
+  return kOptions;
+}
+
+}  // namespace
+
+std::string CalibrateUsage() {
+  return FormatUsage(
+      "knapformer calibrate --input FILE|- --d-model D\n"
+      "knapformer calibrate --exchanges FILE|-",
+      "With --input: fit the cost model's k and gamma (least squares, as in the paper) to\n"
+      "measured latencies of one transformer block per sequence length. With --exchanges:\n"
+      "fit the machine's intra- and inter-node bandwidths to timed all-to-alls, as\n"
+      "bench/exchange_times.py writes them. A header row and # comments are skipped.",
+      CalibrateOptions());
+}
 
 namespace {
 
@@ -113,7 +129,7 @@ absl::StatusOr<std::vector<ExchangeSample>> ParseExchangeCsv(const std::string& 
 namespace {
 
 int Fail(const absl::Status& status) {
-  std::cerr << "knapformer: " << status.message() << "\n";
+  std::cerr << "knapformer calibrate: " << status.message() << "\n";
   return 2;
 }
 
@@ -167,7 +183,11 @@ int RunExchanges(const std::string& text) {
 }  // namespace
 
 int RunCalibrate(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv, {"input", "d-model", "exchanges"});
+  if (Args::WantsHelp(argv)) {
+    std::cout << CalibrateUsage();
+    return 0;
+  }
+  auto args = Args::ParseOptions(argv, CalibrateOptions());
   if (!args.ok()) return Fail(args.status());
   if (args->Has("exchanges")) {
     if (args->Has("input") || args->Has("d-model")) {

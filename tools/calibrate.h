@@ -13,7 +13,8 @@ namespace knapformer {
 // `knapformer calibrate --input FILE|- --d-model D`: fits k and gamma from a
 // CSV of "length,seconds" rows (one timed transformer block per sequence
 // length; a header row and # comments are skipped) and prints the fit.
-extern const char kCalibrateUsage[];
+// Its usage text (--help).
+std::string CalibrateUsage();
 
 // Parses the CSV into samples; InvalidArgument naming the line otherwise.
 absl::StatusOr<std::vector<WorkSample>> ParseTimingCsv(const std::string& text, int64_t d_model);

@@ -1,9 +1,9 @@
 // knapformer: the command line of the planner core.
-//   knapformer plan --input FILE|- [--rank R] [--locality on|off] ...
-//   knapformer simulate [--data D] [--world W] [--topology T[,T...]] [--steps N]
-//                       [--seed S] [--d-model D] [--gamma G] ...
-//   knapformer calibrate --input FILE|- --d-model D
+//   knapformer plan --input FILE|- [--rank R] [--pretty] ...
+//   knapformer simulate [--data D] [--world W] [--topology T[,T...]] [--steps N] ...
+//   knapformer calibrate --input FILE|- --d-model D  |  --exchanges FILE|-
 //   knapformer serve [--listen ADDR] [--metrics ADDR] ... (see tools/serve.cc)
+//   knapformer help [COMMAND], knapformer COMMAND --help: the usage texts
 // Exit codes: 0 success, 2 bad input (one line on stderr naming the field),
 // 1 internal error.
 
@@ -19,7 +19,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
 #include "planner/balance_stats.h"
 #include "planner/balancer.h"
 #include "planner/cost_model.h"
@@ -39,34 +42,87 @@ constexpr char kUsage[] =
     "usage: knapformer <command> [options]\n"
     "\n"
     "commands:\n"
-    "  plan      --input FILE|-  [--rank R] [--locality on|off]\n"
-    "            [--max-tokens-per-gpu N]   (0 = no cap)\n"
-    "            [--cost-model transformer|uniform|linear]\n"
-    "            Read {\"topology\", \"d_model\", \"gamma\", \"token_bytes\",\n"
-    "            \"ranks\": [[lengths]...]} and print the plan as JSON (or only rank R's\n"
-    "            slice).\n"
-    "  simulate  [--data mixed-res|low-res|joint|curriculum|CODES[;CODES...]] [--world 32]\n"
-    "            [--topology g1n32,g2n16,g4n8,g8n4,auto]   (auto[:max_bag=8][:group=T])\n"
-    "            [--tflops 989.4] [--intra-node-gbps 450] [--inter-node-gbps 50]\n"
-    "            [--gpus-per-node 8] [--element-bytes 2] [--blocks-per-route 28]\n"
-    "            [--steps 20] [--seed 0] [--d-model 3072] [--gamma 0.49]\n"
-    "            [--refine-rounds 256]   (0 = the paper's greedy, with --locality off)\n"
-    "            [--cost-model transformer|uniform|linear]\n"
-    "            [--locality on|off]     (on: move as few tokens as possible at the\n"
-    "                                     same max/mean, within 0.05%)\n"
-    "            [--max-tokens-per-gpu N]   (0 = no cap)\n"
-    "            [--token-bytes B]       (bytes a routed token occupies; default\n"
-    "                                     2 x d-model, a bf16 hidden state)\n"
-    "            Balance the paper's synthetic data streams and print WIR before and\n"
-    "            after, max/mean, the lower bound, the tokens and bytes moved per step\n"
-    "            and the planning time.\n"
-    "            --data takes low-res, mixed-res, joint or codes g{G}b{B}i{R}f{F}s{S},...\n";
+    "  plan       print the balanced plan of one step's sequence lengths, as JSON\n"
+    "  simulate   balance the paper's synthetic data streams and compare topologies\n"
+    "  calibrate  fit the cost model (or the links) to measured times\n"
+    "  serve      run the planner as a gRPC service\n"
+    "  help       print this text, or a command's usage: knapformer help COMMAND\n"
+    "\n"
+    "knapformer COMMAND --help (or -h) lists the command's options and their defaults.\n"
+    "train-sim, the client on CPU processes, is a binary of its own (it links LibTorch):\n"
+    "bash scripts/knapformer train-sim --help.\n";
 
-// The usage text: the planner commands, then serve's.
-void PrintUsage(std::ostream& out) { out << kUsage << kCalibrateUsage << kServeUsage; }
+const std::vector<OptionSpec>& PlanOptions() {
+  static const std::vector<OptionSpec> kOptions = {
+      {"input", "FILE|-", "", "the request as JSON; - reads stdin (required)"},
+      {"rank", "R", "", "print only rank R's slice: sends, recvs, compute, ulysses"},
+      {"locality", "on|off", OnOff(BalancerOptions().locality),
+       "move as few tokens as possible at the same max/mean"},
+      {"max-tokens-per-gpu", "N", "0", "cap on the tokens of one GPU; 0 = no cap"},
+      {"cost-model", "KIND", "transformer", "transformer, uniform or linear"},
+      {"pretty", "", "", "indent the JSON by 2 spaces (default: one line)"},
+  };
+  return kOptions;
+}
 
-int Fail(const absl::Status& status) {
-  std::cerr << "knapformer: " << status.message() << "\n";
+std::string PlanUsage() {
+  return FormatUsage(
+      "knapformer plan --input FILE|- [options]",
+      "Read a plan request, {\"topology\", \"ranks\": [[lengths]...], \"d_model\", \"gamma\",\n"
+      "\"token_bytes\", \"machine\"}, and print the plan as JSON: chunks, workloads before\n"
+      "and after, balance figures, moved tokens (docs/cli.md).",
+      PlanOptions());
+}
+
+std::vector<OptionSpec> SimulateOptionSpecs() {
+  const SimulateOptions defaults;
+  std::vector<OptionSpec> options = {
+      {"data", "D", defaults.data, "low-res, mixed-res, joint, curriculum or data codes"},
+      {"world", "N", absl::StrCat(defaults.world), "GPUs"},
+      {"topology", "T[,T...]", absl::StrJoin(defaults.topologies, ","),
+       "fixed or auto[:max_bag=G][:group=T]"},
+      {"steps", "N", absl::StrCat(defaults.steps), "batches per topology"},
+      {"seed", "S", absl::StrCat(defaults.seed), "the data stream's seed"},
+      {"d-model", "D", absl::StrCat(defaults.d_model), "the model width (cost model)"},
+      {"gamma", "G", absl::StrFormat("%g", defaults.gamma), "the cost model's attention weight"},
+      {"refine-rounds", "N", absl::StrCat(defaults.refine_rounds),
+       "local refinement; 0 with --locality off = the paper's greedy"},
+      {"locality", "on|off", OnOff(defaults.locality),
+       "move as few tokens as possible at the same max/mean"},
+      {"cost-model", "KIND", "transformer", "transformer, uniform or linear"},
+      {"max-tokens-per-gpu", "N", "0", "cap on the tokens of one GPU; 0 = no cap"},
+      {"token-bytes", "B", "2 x d-model", "bytes a routed token occupies"},
+  };
+  for (OptionSpec& option : MachineFlagOptions(defaults.machine)) {
+    options.push_back(std::move(option));
+  }
+  return options;
+}
+
+std::string SimulateUsage() {
+  return FormatUsage(
+      "knapformer simulate [options]",
+      "Balance the paper's synthetic data streams on each topology and print WIR before\n"
+      "and after, max/mean, its lower bound, the tokens and bytes moved per step, the\n"
+      "planning time and each topology's predicted step time on the machine described by\n"
+      "the machine flags (docs/cli.md). --data takes data codes g{G}b{B}i{R}f{F}s{S},...\n"
+      "too, and phases of a stream that changes over the steps joined by ';'.",
+      SimulateOptionSpecs());
+}
+
+// The usage of `command`, or "" for none.
+std::string UsageOf(const std::string& command) {
+  if (command == "plan") return PlanUsage();
+  if (command == "simulate") return SimulateUsage();
+  if (command == "calibrate") return CalibrateUsage();
+  if (command == "serve") return ServeUsage();
+  return "";
+}
+
+// One line naming the command, so that an error in a script's output says
+// which call made it.
+int FailIn(absl::string_view command, const absl::Status& status) {
+  std::cerr << "knapformer " << command << ": " << status.message() << "\n";
   return status.code() == absl::StatusCode::kInvalidArgument ||
                  status.code() == absl::StatusCode::kResourceExhausted
              ? 2
@@ -83,7 +139,12 @@ absl::StatusOr<std::string> ReadInput(const std::string& path) {
 }
 
 int RunPlan(const std::vector<std::string>& argv) {
-  auto args = Args::Parse(argv, {"input", "rank", "locality", "max-tokens-per-gpu", "cost-model"});
+  auto Fail = [](const absl::Status& status) { return FailIn("plan", status); };
+  if (Args::WantsHelp(argv)) {
+    std::cout << PlanUsage();
+    return 0;
+  }
+  auto args = Args::ParseOptions(argv, PlanOptions());
   if (!args.ok()) return Fail(args.status());
   auto locality = args->GetOnOff("locality", BalancerOptions().locality);
   if (!locality.ok()) return Fail(locality.status());
@@ -92,7 +153,9 @@ int RunPlan(const std::vector<std::string>& argv) {
   auto cap = args->GetInt("max-tokens-per-gpu", 0, 0, INT64_MAX);
   if (!cap.ok()) return Fail(cap.status());
   balancer.max_tokens_per_gpu = *cap;
-  if (!args->Has("input")) return Fail(absl::InvalidArgumentError("--input: required (a file or -)"));
+  if (!args->Has("input")) {
+    return Fail(absl::InvalidArgumentError("--input: required (a file or -)"));
+  }
   auto kind = ParseCostKind(args->GetString("cost-model", "transformer"), "--cost-model");
   if (!kind.ok()) return Fail(kind.status());
   std::optional<int64_t> rank;
@@ -112,16 +175,23 @@ int RunPlan(const std::vector<std::string>& argv) {
     }
     return Fail(json.status());
   }
-  std::cout << *json;
+  if (args->Has("pretty")) {
+    // Parsed again rather than built twice: the plan's own serializer
+    // (plan_json.cc) stays the one place that decides the fields.
+    std::cout << nlohmann::json::parse(*json).dump(2) << "\n";
+  } else {
+    std::cout << *json;
+  }
   return 0;
 }
 
 int RunSimulate(const std::vector<std::string>& argv) {
-  std::vector<std::string> flags = {"data", "world", "topology", "steps", "seed", "d-model",
-                                    "gamma", "refine-rounds", "locality", "cost-model",
-                                    "max-tokens-per-gpu", "token-bytes"};
-  flags.insert(flags.end(), MachineFlagNames().begin(), MachineFlagNames().end());
-  auto args = Args::Parse(argv, flags);
+  auto Fail = [](const absl::Status& status) { return FailIn("simulate", status); };
+  if (Args::WantsHelp(argv)) {
+    std::cout << SimulateUsage();
+    return 0;
+  }
+  auto args = Args::ParseOptions(argv, SimulateOptionSpecs());
   if (!args.ok()) return Fail(args.status());
   SimulateOptions options;
   auto machine = ParseMachineFlags(*args);
@@ -175,16 +245,40 @@ int RunSimulate(const std::vector<std::string>& argv) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
-    knapformer::PrintUsage(std::cout);
-    return args.empty() ? 2 : 0;
+  if (args.empty()) {
+    std::cerr << knapformer::kUsage;
+    return 2;
   }
   const std::string command = args[0];
   args.erase(args.begin());
+  if (command == "help" || command == "--help" || command == "-h") {
+    if (args.empty()) {
+      std::cout << knapformer::kUsage;
+      return 0;
+    }
+    const std::string usage = knapformer::UsageOf(args[0]);
+    if (!usage.empty() && args.size() == 1) {
+      std::cout << usage;
+      return 0;
+    }
+    if (args[0] == "train-sim") {
+      std::cout << "train-sim is a binary of its own (it links LibTorch): "
+                   "bash scripts/knapformer train-sim --help\n";
+      return 0;
+    }
+    std::cerr << "knapformer help: " << (usage.empty() ? "unknown command '" : "one command, not '")
+              << absl::StrJoin(args, " ") << "' (plan, simulate, calibrate, serve)\n";
+    return 2;
+  }
   if (command == "plan") return knapformer::RunPlan(args);
   if (command == "simulate") return knapformer::RunSimulate(args);
   if (command == "serve") return knapformer::RunServe(args);
   if (command == "calibrate") return knapformer::RunCalibrate(args);
-  std::cerr << "knapformer: unknown command '" << command << "' (plan, simulate, calibrate, serve, help)\n";
+  std::string hint;
+  const std::vector<std::string> close =
+      knapformer::SuggestOptions(command, {"plan", "simulate", "calibrate", "serve", "help"});
+  if (!close.empty()) hint = absl::StrCat("; did you mean ", absl::StrJoin(close, " or "), "?");
+  std::cerr << "knapformer: unknown command '" << command
+            << "' (plan, simulate, calibrate, serve, help" << hint << ")\n";
   return 2;
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace knapformer {
 
@@ -11,6 +12,23 @@ const std::vector<std::string>& MachineFlagNames() {
                                                   "inter-node-gbps", "gpus-per-node",
                                                   "element-bytes", "blocks-per-route"};
   return kNames;
+}
+
+std::vector<OptionSpec> MachineFlagOptions(const Machine& defaults) {
+  auto number = [](double value) { return absl::StrFormat("%g", value); };
+  return {
+      {"tflops", "X", number(defaults.flops_per_second / 1e12),
+       "TFLOP/s one GPU computes"},
+      {"intra-node-gbps", "X", number(defaults.intra_node_bytes_per_second / 1e9),
+       "GB/s each way between GPUs of one node"},
+      {"inter-node-gbps", "X", number(defaults.inter_node_bytes_per_second / 1e9),
+       "GB/s each way between nodes"},
+      {"gpus-per-node", "N", absl::StrCat(defaults.gpus_per_node), "GPUs in one node"},
+      {"element-bytes", "B", absl::StrCat(defaults.element_bytes),
+       "bytes of one activation element"},
+      {"blocks-per-route", "N", absl::StrCat(defaults.blocks_per_route),
+       "transformer blocks between a route and its reverse"},
+  };
 }
 
 absl::StatusOr<Machine> ParseMachineFlags(const Args& args, const Machine& defaults) {

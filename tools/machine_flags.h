@@ -15,6 +15,9 @@ namespace knapformer {
 // way), --gpus-per-node, --element-bytes, --blocks-per-route.
 const std::vector<std::string>& MachineFlagNames();
 
+// The same flags for a usage text, with `defaults` as their defaults.
+std::vector<OptionSpec> MachineFlagOptions(const Machine& defaults = Machine());
+
 // `defaults` overridden by the flags given; InvalidArgument naming the flag
 // and its range.
 absl::StatusOr<Machine> ParseMachineFlags(const Args& args, const Machine& defaults = Machine());

@@ -15,23 +15,76 @@
 
 namespace knapformer {
 
-const char kServeUsage[] =
-    "  serve     [--listen 127.0.0.1:50051] [--metrics 127.0.0.1:9464 | --metrics off]\n"
-    "            [--rendezvous-timeout-ms 60000] [--job-ttl-s 3600]\n"
-    "            [--max-world-size 16384] [--max-sequences-per-rank 65536]\n"
-    "            [--max-sequences-per-step 4194304] [--max-pending-steps 1024]\n"
-    "            [--max-pending-steps-per-job 256] [--max-jobs 256] [--max-groups-per-job 1024]\n"
-    "            [--max-message-bytes 67108864] [--remembered-steps 64]\n"
-    "            [--timed-steps 8] [--timing-window 4096] [--min-timing-samples 16]\n"
-    "            [--refine-rounds 256] [--locality on|off] [--solver-threads 0 (= cores)]\n"
-    "            [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]\n"
-    "            [--log-level info] [--shutdown-grace-ms 5000] [--port-file FILE]\n"
-    "            [--retain-freed-memory on|off]  (on: malloc keeps freed memory\n"
-    "                                              for the next plan)\n"
-    "            [--answer-delay-file FILE]  (fault injection for tests: while FILE\n"
-    "                                        holds N, answers wait N ms)\n"
-    "            Run the gRPC planner service (knapformer.v1.Planner, health,\n"
-    "            reflection) and its Prometheus metrics until SIGTERM.\n";
+namespace {
+
+// The defaults that ServeConfig's members do not carry themselves.
+constexpr char kDefaultMetrics[] = "127.0.0.1:9464";
+constexpr char kDefaultLogLevel[] = "info";
+
+const std::vector<OptionSpec>& ServeOptions() {
+  static const std::vector<OptionSpec> kOptions = [] {
+    const ServeConfig config;
+    const PlannerServerOptions& server = config.server;
+    const ServiceLimits& limits = server.service.limits;
+    auto number = [](int64_t value) { return absl::StrCat(value); };
+    return std::vector<OptionSpec>{
+        {"listen", "HOST:PORT", server.listen_address, "gRPC address; port 0 picks a free one"},
+        {"metrics", "HOST:PORT|off", kDefaultMetrics, "Prometheus /metrics address"},
+        {"rendezvous-timeout-ms", "MS",
+         number(absl::ToInt64Milliseconds(limits.rendezvous_timeout)),
+         "a step waits this long for its last rank"},
+        {"job-ttl-s", "S", number(absl::ToInt64Seconds(limits.job_ttl)),
+         "a job idle this long is forgotten"},
+        {"max-world-size", "N", number(limits.max_world_size), "ranks in one group"},
+        {"max-sequences-per-rank", "N", number(limits.max_sequences_per_rank),
+         "sequences in one rank's request"},
+        {"max-sequences-per-step", "N", number(limits.max_sequences_per_step),
+         "sequences in one step of a group"},
+        {"max-pending-steps", "N", number(limits.max_pending_steps),
+         "steps waiting for ranks, all jobs"},
+        {"max-pending-steps-per-job", "N", number(limits.max_pending_steps_per_job),
+         "steps waiting for ranks, one job"},
+        {"max-jobs", "N", number(limits.max_jobs), "jobs tracked at once"},
+        {"max-groups-per-job", "N", number(limits.max_groups_per_job), "groups of one job"},
+        {"max-message-bytes", "N", number(limits.max_message_bytes),
+         "largest request gRPC accepts"},
+        {"remembered-steps", "N", number(limits.remembered_steps),
+         "answered steps remembered per group"},
+        {"refine-rounds", "N", number(server.service.balancer.refine_rounds),
+         "local refinement rounds per plan"},
+        {"locality", "on|off", OnOff(server.service.balancer.locality),
+         "move as few tokens as possible at the same max/mean"},
+        {"timed-steps", "N", number(limits.timed_steps),
+         "steps per group kept to pair with timings (gamma fit)"},
+        {"timing-window", "N", number(limits.timing_window), "timing samples kept per job"},
+        {"min-timing-samples", "N", number(limits.min_timing_samples),
+         "samples a gamma fit needs"},
+        {"solver-threads", "N", number(server.service.solver_threads),
+         "threads that solve steps; 0 = one per core"},
+        {"tls-cert", "PEM", "", "the server's certificate chain (TLS; with --tls-key)"},
+        {"tls-key", "PEM", "", "its private key"},
+        {"tls-client-ca", "PEM", "", "require client certificates signed by this CA"},
+        {"log-level", "LEVEL", kDefaultLogLevel, "debug, info, warning or error"},
+        {"shutdown-grace-ms", "MS", number(absl::ToInt64Milliseconds(config.shutdown_grace)),
+         "after SIGTERM, pending ranks get this long"},
+        {"port-file", "FILE", "", "write \"<grpc port> <metrics port>\" once serving"},
+        {"retain-freed-memory", "on|off", OnOff(config.retain_freed_memory),
+         "malloc keeps freed memory for the next plan"},
+        {"answer-delay-file", "FILE", "",
+         "fault injection for tests: while FILE holds N, answers wait N ms"},
+    };
+  }();
+  return kOptions;
+}
+
+}  // namespace
+
+std::string ServeUsage() {
+  return FormatUsage("knapformer serve [options]",
+                     "Run the gRPC planner service (knapformer.v1.Planner, health, reflection)\n"
+                     "and its Prometheus metrics until SIGTERM or SIGINT (docs/service.md).",
+                     ServeOptions());
+}
 
 namespace {
 
@@ -47,29 +100,22 @@ absl::Duration DelayInFile(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv) {
-  KF_ASSIGN_OR_RETURN(
-      Args args,
-      Args::Parse(argv, {"listen", "metrics", "rendezvous-timeout-ms", "job-ttl-s",
-                         "max-world-size", "max-sequences-per-rank", "max-sequences-per-step",
-                         "max-pending-steps", "max-pending-steps-per-job", "max-jobs",
-                         "max-groups-per-job",
-                         "max-message-bytes", "remembered-steps", "refine-rounds", "locality",
-                         "timed-steps", "timing-window", "min-timing-samples",
-                         "solver-threads", "tls-cert", "tls-key", "tls-client-ca",
-                         "log-level", "shutdown-grace-ms", "port-file", "answer-delay-file",
-                         "retain-freed-memory"}));
+  KF_ASSIGN_OR_RETURN(Args args, Args::ParseOptions(argv, ServeOptions()));
   ServeConfig config;
   PlannerServerOptions& server = config.server;
   ServiceLimits& limits = server.service.limits;
   constexpr int64_t kInt32Max = 2147483647;
-  server.listen_address = args.GetString("listen", "127.0.0.1:50051");
-  server.metrics_address = args.GetString("metrics", "127.0.0.1:9464");
+  server.listen_address = args.GetString("listen", server.listen_address);
+  server.metrics_address = args.GetString("metrics", kDefaultMetrics);
   if (server.metrics_address == "off") server.metrics_address.clear();
 
   KF_ASSIGN_OR_RETURN(int64_t timeout_ms,
-                      args.GetInt("rendezvous-timeout-ms", 60000, 1, 24LL * 3600 * 1000));
+                      args.GetInt("rendezvous-timeout-ms",
+                                  absl::ToInt64Milliseconds(limits.rendezvous_timeout), 1,
+                                  24LL * 3600 * 1000));
   limits.rendezvous_timeout = absl::Milliseconds(timeout_ms);
-  KF_ASSIGN_OR_RETURN(int64_t ttl_s, args.GetInt("job-ttl-s", 3600, 1, 30LL * 24 * 3600));
+  KF_ASSIGN_OR_RETURN(int64_t ttl_s, args.GetInt("job-ttl-s", absl::ToInt64Seconds(limits.job_ttl),
+                                                 1, 30LL * 24 * 3600));
   limits.job_ttl = absl::Seconds(ttl_s);
   KF_ASSIGN_OR_RETURN(limits.max_world_size,
                       args.GetInt("max-world-size", limits.max_world_size, 1,
@@ -107,8 +153,11 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
   server.tls.cert_file = args.GetString("tls-cert", "");
   server.tls.key_file = args.GetString("tls-key", "");
   server.tls.client_ca_file = args.GetString("tls-client-ca", "");
-  KF_ASSIGN_OR_RETURN(config.log_level, ParseLogLevel(args.GetString("log-level", "info")));
-  KF_ASSIGN_OR_RETURN(int64_t grace_ms, args.GetInt("shutdown-grace-ms", 5000, 0, 600000));
+  KF_ASSIGN_OR_RETURN(config.log_level,
+                      ParseLogLevel(args.GetString("log-level", kDefaultLogLevel)));
+  KF_ASSIGN_OR_RETURN(int64_t grace_ms,
+                      args.GetInt("shutdown-grace-ms",
+                                  absl::ToInt64Milliseconds(config.shutdown_grace), 0, 600000));
   config.shutdown_grace = absl::Milliseconds(grace_ms);
   config.port_file = args.GetString("port-file", "");
   if (std::string path = args.GetString("answer-delay-file", ""); !path.empty()) {
@@ -120,9 +169,13 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
 }
 
 int RunServe(const std::vector<std::string>& argv) {
+  if (Args::WantsHelp(argv)) {
+    std::cout << ServeUsage();
+    return 0;
+  }
   absl::StatusOr<ServeConfig> config = ParseServeArgs(argv);
   if (!config.ok()) {
-    std::cerr << "knapformer: " << config.status().message() << "\n";
+    std::cerr << "knapformer serve: " << config.status().message() << "\n";
     return 2;
   }
   SetLogLevel(config->log_level);
@@ -147,7 +200,7 @@ int RunServe(const std::vector<std::string>& argv) {
 
   absl::StatusOr<std::unique_ptr<PlannerServer>> server = PlannerServer::Start(config->server);
   if (!server.ok()) {
-    std::cerr << "knapformer: " << server.status().message() << "\n";
+    std::cerr << "knapformer serve: " << server.status().message() << "\n";
     return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   if (!config->port_file.empty()) {
@@ -159,7 +212,7 @@ int RunServe(const std::vector<std::string>& argv) {
       out << (*server)->port() << " " << (*server)->metrics_port() << "\n";
     }
     if (std::rename(temporary.c_str(), config->port_file.c_str()) != 0) {
-      std::cerr << "knapformer: --port-file: cannot write '" << config->port_file << "'\n";
+      std::cerr << "knapformer serve: --port-file: cannot write '" << config->port_file << "'\n";
       return 1;
     }
   }

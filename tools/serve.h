@@ -11,8 +11,8 @@
 
 namespace knapformer {
 
-// `knapformer serve` flags and their defaults, for the usage text.
-extern const char kServeUsage[];
+// `knapformer serve`'s usage text (--help): its flags and their defaults.
+std::string ServeUsage();
 
 struct ServeConfig {
   PlannerServerOptions server;

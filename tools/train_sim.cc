@@ -54,47 +54,6 @@
 namespace knapformer {
 namespace {
 
-constexpr char kUsage[] =
-    "usage: train_sim [--procs 4] [--steps 5] [--topology g1n2+g2n1[,auto,...]]\n"
-    "                 [--data g2b4i256f1s0,g1b5i512f1s0,g1b1i2048f1s0] [--scale 8]\n"
-    "                 [--d-model 64] [--heads 4] [--layers 2] [--gamma fit] [--seed 0]\n"
-    "                 [--planner host:port] [--plan-ahead 0] [--first-step 0]\n"
-    "                 [--timeout-seconds 900] [machine flags]\n"
-    "  --topology  one or more, comma-separated: each step is balanced with each\n"
-    "              (auto = the planner chooses the bags every step; the summary\n"
-    "              compares it with the best fixed topology of the run)\n"
-    "  --gamma  the cost model's attention weight; fit (the default): every rank\n"
-    "           times one block at 6 lengths first and gamma is fitted to them\n"
-    "  machine flags (what prices auto's communication): --tflops 0.02\n"
-    "              --intra-node-gbps 2 --inter-node-gbps 2 --gpus-per-node <procs>\n"
-    "              --element-bytes 4 --blocks-per-route <layers>: these processes\n"
-    "              (one CPU thread each, float32, Gloo on 127.0.0.1), not a GPU node\n"
-    "  --data   the paper's data codes (a mixed-resolution stream by default; the\n"
-    "           world must be a multiple of their GPUs), or low-res/mixed-res/joint\n"
-    "           with --procs 32; --scale divides every length (CPU attention)\n"
-    "  --planner  a planner service (default: $KNAPFORMER_PLANNER_ADDRESS); without\n"
-    "             one every rank plans locally\n"
-    "  --plan-ahead 1  prefetch step N+1's plan while step N computes\n"
-    "                  (SequenceBalancer::PrefetchRouting), as a data loader that\n"
-    "                  knows the next batch would\n"
-    "  --first-step  the first step's number (a run resumed from a checkpoint); the\n"
-    "                data of step N is the same in every run\n"
-    "each balanced row ends with where the step's plan came from and the slowest\n"
-    "rank's wait for it (wall time in the planner client); the summary gives its\n"
-    "p50/p99 over the steps next to the balanced step's compute\n";
-
-std::vector<std::string> Flags() {
-  std::vector<std::string> flags = {"procs",   "steps",   "topology",   "data",
-                                    "scale",   "d-model", "heads",      "layers",
-                                    "gamma",   "seed",    "planner",    "first-step",
-                                    "timeout-seconds", "plan-ahead"};
-  for (const std::string& flag : MachineFlagNames()) flags.push_back(flag);
-  return flags;
-}
-
-// At most this many topologies per run (a fixed-size record per rank and step).
-constexpr int kMaxTopologies = 8;
-
 struct SimOptions {
   int procs = 4;
   int steps = 5;
@@ -114,8 +73,71 @@ struct SimOptions {
   int timeout_seconds = 900;
 };
 
+// The simulation's own machine: CPU processes, float32, one node.
+Machine SimulatedMachine(int procs, int layers) {
+  Machine simulated;
+  simulated.flops_per_second = 0.02e12;
+  simulated.intra_node_bytes_per_second = 2e9;
+  simulated.inter_node_bytes_per_second = 2e9;
+  simulated.gpus_per_node = procs;
+  simulated.element_bytes = sizeof(float);
+  simulated.blocks_per_route = layers;
+  return simulated;
+}
+
+const std::vector<OptionSpec>& Options() {
+  static const std::vector<OptionSpec> kOptions = [] {
+    const SimOptions o;
+    std::vector<OptionSpec> options = {
+        {"procs", "N", absl::StrCat(o.procs), "CPU processes, one rank each"},
+        {"steps", "N", absl::StrCat(o.steps), "training steps"},
+        {"topology", "T[,T...]", absl::StrJoin(o.topologies, ","),
+         "each step is balanced with each (auto: chosen per step)"},
+        {"data", "D", "", "the paper's data codes or scenario (below)"},
+        {"scale", "N", absl::StrCat(o.scale), "divides every length (CPU attention)"},
+        {"d-model", "D", absl::StrCat(o.d_model), "the model width"},
+        {"heads", "N", absl::StrCat(o.heads), "attention heads; must divide --d-model"},
+        {"layers", "N", absl::StrCat(o.layers), "transformer blocks"},
+        {"gamma", "fit|G", "fit", "attention weight; fit: to blocks every rank times first"},
+        {"seed", "S", absl::StrCat(o.seed), "the data stream's seed"},
+        {"planner", "HOST:PORT", "$KNAPFORMER_PLANNER_ADDRESS",
+         "planner service; none: plan locally"},
+        {"first-step", "N", absl::StrCat(o.first_step),
+         "the first step's number (a resumed run; step N's data is fixed)"},
+        {"timeout-seconds", "S", absl::StrCat(o.timeout_seconds), "the whole run's limit"},
+        {"plan-ahead", "0|1", absl::StrCat(o.plan_ahead ? 1 : 0),
+         "1: prefetch step N+1's plan while step N computes"},
+    };
+    for (OptionSpec& option : MachineFlagOptions(SimulatedMachine(o.procs, o.layers))) {
+      // These two follow other flags rather than a fixed number.
+      if (option.name == "gpus-per-node") option.default_value = "--procs";
+      if (option.name == "blocks-per-route") option.default_value = "--layers";
+      options.push_back(std::move(option));
+    }
+    return options;
+  }();
+  return kOptions;
+}
+
+std::string Usage() {
+  return FormatUsage(
+      "train_sim [options]   (bash scripts/knapformer train-sim [options])",
+      "Train a small transformer block stack on N CPU processes (Gloo on 127.0.0.1), each\n"
+      "step without balancing and with the SequenceBalancer, and print each rank's compute\n"
+      "time, the measured and predicted WIR, where each plan came from and the slowest\n"
+      "rank's wait for it; check that both runs give the same loss and gradients. The\n"
+      "machine flags price auto's communication; their defaults describe these processes\n"
+      "(one CPU thread each, float32), not a GPU node (docs/client.md).\n"
+      "--data: codes g{G}b{B}i{R}f{F}s{S},... (default " + SimOptions().data + ")\n"
+      "or low-res, mixed-res, joint with --procs 32.",
+      Options());
+}
+
+// At most this many topologies per run (a fixed-size record per rank and step).
+constexpr int kMaxTopologies = 8;
+
 absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
-  KF_ASSIGN_OR_RETURN(Args args, Args::Parse(argv, Flags()));
+  KF_ASSIGN_OR_RETURN(Args args, Args::ParseOptions(argv, Options()));
   SimOptions o;
   KF_ASSIGN_OR_RETURN(int64_t procs, args.GetInt("procs", o.procs, 1, 64));
   KF_ASSIGN_OR_RETURN(int64_t steps, args.GetInt("steps", o.steps, 1, 1000));
@@ -162,15 +184,7 @@ absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
   if (!stream.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--data/--procs: ", stream.status().message()));
   }
-  // The simulation's own machine: CPU processes, float32, one node.
-  Machine simulated;
-  simulated.flops_per_second = 0.02e12;
-  simulated.intra_node_bytes_per_second = 2e9;
-  simulated.inter_node_bytes_per_second = 2e9;
-  simulated.gpus_per_node = o.procs;
-  simulated.element_bytes = sizeof(float);
-  simulated.blocks_per_route = o.layers;
-  KF_ASSIGN_OR_RETURN(o.machine, ParseMachineFlags(args, simulated));
+  KF_ASSIGN_OR_RETURN(o.machine, ParseMachineFlags(args, SimulatedMachine(o.procs, o.layers)));
   if (o.topologies.size() > kMaxTopologies) {
     return absl::InvalidArgumentError(absl::StrCat("--topology: ", o.topologies.size(),
                                                    " topologies, at most ", kMaxTopologies));
@@ -637,13 +651,14 @@ int RunWorker(const SimOptions& o) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty() && (args[0] == "help" || args[0] == "--help")) {
-    std::cout << knapformer::kUsage;
+  if ((!args.empty() && args[0] == "help") || knapformer::Args::WantsHelp(args)) {
+    std::cout << knapformer::Usage();
     return 0;
   }
   auto options = knapformer::ParseOptions(args);
   if (!options.ok()) {
-    std::cerr << "train-sim: " << options.status().message() << "\n" << knapformer::kUsage;
+    // One line, as the planner CLI's errors: the usage is a --help away.
+    std::cerr << "train-sim: " << options.status().message() << "\n";
     return 2;
   }
   return knapformer::RunAsLocalWorld("train-sim", options->procs, args,

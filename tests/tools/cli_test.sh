@@ -32,7 +32,7 @@ cat >"$tmp/good.json" <<'JSON'
 JSON
 expect plan-ok 0 "" -- "$bin" plan --input "$tmp/good.json"
 # Every token of every input sequence appears exactly once in the chunks.
-python3 - "$tmp/out" "$tmp/good.json" <<'PY' || { echo "FAIL plan-coverage"; failures=$((failures + 1)); }
+if python3 - "$tmp/out" "$tmp/good.json" <<'PY'
 import json, sys
 plan = json.load(open(sys.argv[1])); req = json.load(open(sys.argv[2]))
 covered = {}
@@ -50,7 +50,12 @@ assert not covered, covered
 assert len(plan["gpu_workload"]) == 8
 assert abs(sum(plan["gpu_workload"]) - sum(plan["gpu_workload_before"])) < 1e-6 * sum(plan["gpu_workload_before"])
 PY
-echo "ok   plan-coverage"
+then
+  echo "ok   plan-coverage"
+else
+  echo "FAIL plan-coverage"
+  failures=$((failures + 1))
+fi
 # Moved bytes price the moved tokens at 2 x d_model bytes (a bf16 hidden
 # state) unless the request says otherwise.
 if python3 - "$tmp/out" <<'PY'; then echo "ok   plan-moved-bytes"; else echo "FAIL plan-moved-bytes"; failures=$((failures + 1)); fi
@@ -82,10 +87,130 @@ echo 'not json' >"$tmp/bad_json.json"
 expect bad-json 2 "input: not valid JSON" -- "$bin" plan --input "$tmp/bad_json.json"
 expect missing-file 2 "--input: cannot read" -- "$bin" plan --input "$tmp/none.json"
 expect missing-input 2 "--input: required" -- "$bin" plan
-expect unknown-option 2 "--bogus: unknown option" -- "$bin" plan --bogus 1
+expect unknown-option 2 "--bogus: unknown option (known: --input, --rank," -- "$bin" plan --bogus 1
 expect unknown-command 2 "unknown command 'frobnicate'" -- "$bin" frobnicate
+want="unknown command 'simulte' (plan, simulate, calibrate, serve, help; did you mean simulate?)"
+expect unknown-command-close 2 "$want" \
+  -- "$bin" simulte
 expect help 0 "" -- "$bin" help
 grep -q "^  serve " "$tmp/out" || { echo "FAIL help: no serve in the usage"; failures=$((failures + 1)); }
+
+fail() { echo "FAIL $1"; failures=$((failures + 1)); }
+
+# No command: the usage, on stderr (it is an error), exit 2.
+"$bin" >"$tmp/out" 2>"$tmp/err"
+code=$?
+if [[ $code -eq 2 && ! -s "$tmp/out" ]] && grep -q "^usage: knapformer <command>" "$tmp/err"; then
+  echo "ok   no-command"
+else
+  fail "no-command: exit $code, stdout $(head -c 100 "$tmp/out"), stderr $(head -c 100 "$tmp/err")"
+fi
+
+# Every command answers --help and -h with its own usage: stdout, exit 0,
+# nothing on stderr, one line per option (with its default where it has
+# one), within 100 columns; `help COMMAND` prints the same.
+for command in plan simulate calibrate serve; do
+  for flag in --help -h; do
+    "$bin" "$command" "$flag" >"$tmp/help" 2>"$tmp/err"
+    code=$?
+    if [[ $code -ne 0 || -s "$tmp/err" ]]; then
+      fail "$command-$flag: exit $code, stderr: $(cat "$tmp/err")"
+    elif ! head -n 1 "$tmp/help" | grep -q "^usage: knapformer $command "; then
+      fail "$command-$flag: not its usage: $(head -n 3 "$tmp/help")"
+    elif awk 'length > 100 { exit 1 }' "$tmp/help"; [[ $? -ne 0 ]]; then
+      fail "$command-$flag: lines past 100 columns: $(awk 'length > 100' "$tmp/help")"
+    elif ! grep -q "^  -h, --help  *print this text and exit$" "$tmp/help"; then
+      fail "$command-$flag: no -h, --help line"
+    else
+      echo "ok   $command-$flag"
+    fi
+  done
+  "$bin" help "$command" >"$tmp/help_command" 2>"$tmp/err"
+  if [[ $? -eq 0 ]] && cmp -s "$tmp/help" "$tmp/help_command" && [[ ! -s "$tmp/err" ]]; then
+    echo "ok   help-$command"
+  else
+    fail "help-$command: differs from $command --help: $(head -n 3 "$tmp/help_command")"
+  fi
+  # Every option the usage lists is one the command parses: given without a
+  # value it is never unknown (and no command starts: a value is missing).
+  options="$(sed -n '/^options:$/,$p' "$tmp/help" | grep -o '^  --[a-z-]*' | sed 's/^  --//')"
+  [[ $(wc -w <<<"$options") -ge 3 ]] || fail "$command-options: too few in the usage: $options"
+  for option in $options; do
+    timeout 10 "$bin" "$command" "--$option" >/dev/null 2>"$tmp/err" </dev/null
+    if [[ $? -eq 0 ]] || grep -q "unknown option" "$tmp/err"; then
+      fail "$command-options: --$option is in the usage but: $(cat "$tmp/err")"
+    fi
+  done
+  echo "ok   $command-options-parse ($(wc -w <<<"$options") options)"
+done
+# The defaults shown are the ones used.
+"$bin" simulate --help >"$tmp/help"
+grep -q -- "--steps N .*(default 20)$" "$tmp/help" ||
+  fail "simulate-defaults: no --steps default 20"
+grep -q -- "--inter-node-gbps X .*(default 50)$" "$tmp/help" ||
+  fail "simulate-defaults: no machine flag default"
+"$bin" serve --help >"$tmp/help"
+grep -q -- "--max-pending-steps N .*(default 1024)$" "$tmp/help" ||
+  fail "serve-defaults: no --max-pending-steps default 1024"
+# Help wins over a bad option next to it, and does not run the command.
+expect help-beside-bad-option 0 "" -- "$bin" simulate --topologyy g1n8 --help
+grep -q "^usage: knapformer simulate" "$tmp/out" || fail "help-beside-bad-option: no usage"
+expect help-unknown-command 2 "knapformer help: unknown command 'frobnicate'" \
+  -- "$bin" help frobnicate
+expect help-train-sim 0 "" -- "$bin" help train-sim
+grep -q "bash scripts/knapformer train-sim --help" "$tmp/out" || fail "help-train-sim: no pointer"
+
+# An unknown option names the closest valid one, in every command.
+want="knapformer simulate: --topologyy: unknown option (did you mean --topology?)"
+expect suggest-simulate 2 "$want" \
+  -- "$bin" simulate --topologyy g1n8
+expect suggest-simulate-transposed 2 "--stpes: unknown option (did you mean --steps?)" \
+  -- "$bin" simulate --stpes 2
+expect suggest-plan 2 "knapformer plan: --rnak: unknown option (did you mean --rank?)" \
+  -- "$bin" plan --input "$tmp/good.json" --rnak 1
+expect suggest-plan-prefix 2 "--max-tokens: unknown option (did you mean --max-tokens-per-gpu?)" \
+  -- "$bin" plan --max-tokens 9
+want="knapformer calibrate: --exchange: unknown option (did you mean --exchanges?)"
+expect suggest-calibrate 2 "$want" \
+  -- "$bin" calibrate --exchange x.csv
+expect suggest-calibrate-underscore 2 "--d_model: unknown option (did you mean --d-model?)" \
+  -- "$bin" calibrate --input x.csv --d_model 64
+expect suggest-serve 2 "knapformer serve: --max-job: unknown option (did you mean --max-jobs?)" \
+  -- "$bin" serve --max-job 3
+expect suggest-help 2 "--hlep: unknown option (did you mean --help?)" -- "$bin" serve --hlep
+expect suggest-one-dash 2 "unexpected argument '-topology' (did you mean --topology?)" \
+  -- "$bin" simulate -topology g1n8
+want="--verbose: unknown option (known: --input, --d-model, --exchanges; --help for the usage)"
+expect suggest-none 2 "$want" \
+  -- "$bin" calibrate --verbose
+expect missing-value-before-option 2 "--topology: missing value" \
+  -- "$bin" simulate --topology --steps 2
+
+# --pretty: the same JSON, indented by 2 spaces; without it, one line.
+"$bin" plan --input "$tmp/good.json" >"$tmp/compact.json" 2>"$tmp/err"
+expect plan-pretty 0 "" -- "$bin" plan --input "$tmp/good.json" --pretty
+cp "$tmp/out" "$tmp/pretty.json"
+if python3 - "$tmp/compact.json" "$tmp/pretty.json" <<'PY'
+import json, sys
+compact, pretty = (open(p).read() for p in sys.argv[1:])
+assert compact.count("\n") == 1 and compact.endswith("\n"), "the default is not one line"
+assert json.loads(pretty) == json.loads(compact), "--pretty changed the plan"
+lines = pretty.splitlines()
+assert lines[0] == "{" and lines[-1] == "}", lines[:2]
+assert lines[1].startswith('  "') and not lines[1].startswith('   '), lines[1]
+assert any(line.startswith('    ') for line in lines), "nothing nested"
+assert all((len(l) - len(l.lstrip(" "))) % 2 == 0 for l in lines), "indent not by 2"
+PY
+then
+  echo "ok   plan-pretty-json"
+else
+  fail "plan-pretty-json"
+fi
+expect plan-pretty-rank 0 "" -- "$bin" plan --input "$tmp/good.json" --rank 3 --pretty
+grep -q '^  "ulysses": {$' "$tmp/out" ||
+  fail "plan-pretty-rank: no indented ulysses: $(head -c 300 "$tmp/out")"
+expect plan-pretty-value 2 "--pretty: takes no value, got 'yes'" \
+  -- "$bin" plan --input "$tmp/good.json" --pretty=yes
 expect serve-bad-flag 2 "--max-pending-steps: '0' is not a whole number" -- "$bin" serve --max-pending-steps 0
 expect serve-bad-retain 2 "--retain-freed-memory: must be on or off, got 'yes'" -- "$bin" serve --retain-freed-memory yes
 
