@@ -462,15 +462,15 @@ struct PlannerClient::Rep {
   // (a fit that never comes is otherwise silent).
   std::string last_gamma_note;
   bool gamma_note_logged = false;
-  void LogGammaNote(const v1::StepSpec& spec, const std::string& note) {
+  void LogGammaNote(const v1::StepSpec& spec, const std::string& note, double gamma) {
     if (transport->rank() != 0 || (gamma_note_logged && note == last_gamma_note)) return;
     gamma_note_logged = true;
     last_gamma_note = note;
     Log(note.empty() ? LogLevel::kInfo : LogLevel::kWarning,
         note.empty() ? absl::StrCat("rank 0: step ", spec.step(),
-                                    " is planned with the service's fitted gamma")
+                                    " is planned with the service's fitted gamma ", gamma)
                      : absl::StrCat("rank 0: online gamma fit not used at step ", spec.step(),
-                                    ": ", note, "; planning with gamma ", spec.gamma()));
+                                    ": ", note, "; planning with gamma ", gamma));
   }
 
   void CountLocalStep(const v1::StepSpec& spec) {
@@ -820,6 +820,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
   result.layout = response.balance().layout();
   result.predicted_step_seconds = response.balance().predicted_step_seconds();
   result.gamma_note = response.balance().gamma_note();
+  result.gamma_used = response.balance().gamma_used();
   result.workload_before.resize(all->size());
   result.workload_after.resize(all->size());
   for (size_t r = 0; r < all->size(); ++r) {
@@ -873,6 +874,7 @@ absl::StatusOr<StepPlan> PlanFromGroupAnswer(const v1::StepSpec& spec, const Gat
   StepPlan step = StepPlanOf(*std::move(plan), rank, PlanSource::kService);
   step.predicted_step_seconds = response.balance().predicted_step_seconds();
   step.gamma_note = response.balance().gamma_note();
+  step.gamma_used = response.balance().gamma_used();
   return step;
 }
 
@@ -1056,7 +1058,8 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
                                  ? "planned locally: the fitted gamma lives in the service"
                                  : "no planner service: the fit is the service's";
       }
-      rep.LogGammaNote(spec, result->gamma_note);
+      rep.LogGammaNote(spec, result->gamma_note,
+                       result->gamma_used > 0 ? result->gamma_used : spec.gamma());
     }
     result->local_steps = rep.local_steps;
     result->local_reason = rep.local_steps > 0 ? rep.local_reason : "";

@@ -110,6 +110,9 @@ struct StepPlan {
   // plan this step (too few timings, a failed fit, a local plan); empty
   // when it did.
   std::string gamma_note;
+  // The gamma the step was planned with, when the service says (under
+  // use_fitted_gamma); 0 = the spec's.
+  double gamma_used = 0;
   // Whether the step was requested ahead (PlannerClient::Prefetch).
   bool prefetched = false;
   // Wall time this rank spent in Plan for the step: what the step waited

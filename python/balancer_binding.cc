@@ -157,7 +157,8 @@ struct PlannedStep {
   std::optional<CostModel> cost;      // the spec's, for per-sequence workloads
   int64_t local_steps = 0;            // StepPlan::local_steps, local_reason
   std::string local_reason;
-  std::string gamma_note;             // StepPlan::gamma_note
+  std::string gamma_note;             // StepPlan::gamma_note, gamma_used
+  double gamma_used = 0;
 };
 
 // Ranks per replica of a plan's layout ("g1n2+g2n1", or one spec per
@@ -341,7 +342,8 @@ class BalancerBinding {
                            std::nullopt,
                            plan.local_steps,
                            plan.local_reason,
-                           plan.gamma_note};
+                           plan.gamma_note,
+                           plan.gamma_used > 0 ? plan.gamma_used : spec.gamma()};
     absl::StatusOr<CostModel> cost = CostModelFromSpec(spec);
     if (cost.ok()) planned_->cost = *cost;
   }
@@ -441,6 +443,7 @@ class BalancerBinding {
     summary["local_steps"] = p.local_steps;
     summary["local_reason"] = p.local_reason;
     summary["gamma_note"] = p.gamma_note;
+    summary["gamma_used"] = p.gamma_used;
     return summary;
   }
 

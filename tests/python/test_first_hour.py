@@ -141,7 +141,9 @@ def gamma_world(rank, size):
     for step in range(3):
         balancer.plan_routing([10 + rank, 3 * step + 1])
         balancer.record_compute_seconds(0.01 * (rank + 1))
-        notes.append(balancer.get_routing_plan_summary()["gamma_note"])
+        summary = balancer.get_routing_plan_summary()
+        assert summary["gamma_used"] == 0.49, summary["gamma_used"]
+        notes.append(summary["gamma_note"])
     dist.barrier()
     if server:
         server.shutdown(grace=1)
