@@ -1066,7 +1066,9 @@ TEST(RendezvousTest, GaugesReportEachGroup) {
   EXPECT_EQ(gauges[2].job_id, "b");
   EXPECT_EQ(gauges[2].group_id, "y");
   EXPECT_EQ(gauges[2].pending_steps, 0);
-  EXPECT_EQ(gauges[2].ranks_seen, 0);
+  // Planned without a rendezvous (PlanGroup: Touch, then RecordPlanned):
+  // every rank of the planned step took part.
+  EXPECT_EQ(gauges[2].ranks_seen, 4);
   EXPECT_TRUE(gauges[2].has_balance);
   EXPECT_DOUBLE_EQ(gauges[2].last_balance.wir_after(), 1.25);
   EXPECT_EQ(rendezvous.pending_steps(), 3);
