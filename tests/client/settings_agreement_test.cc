@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/sequence_balancer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
