@@ -1004,8 +1004,8 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
   rep->has_service = !options.address.empty();
   if (options.require_service && !rep->has_service) {
     return absl::InvalidArgumentError(
-        "require_planner: set, but no planner address is (planner_address, "
-        "KNAPFORMER_PLANNER_ADDRESS)");
+        "require_planner: set, but no planner address is (planner_address= or "
+        "KNAPFORMER_PLANNER_ADDRESS): there is no service to require");
   }
   // In group mode only rank 0 talks to the service.
   if (rep->has_service && (options.mode == PlannerMode::kPerRank || transport->rank() == 0)) {
