@@ -15,7 +15,11 @@ Conventions, as in the reference:
 """
 
 import math
+import re
 from collections import Counter
+
+# One term of a topology spec, as the C++ parser accepts it.
+_TERM = re.compile(r"g([1-9][0-9]*)n([1-9][0-9]*)")
 
 # The reference divides its workloads by 1e12 (TFLOP-like units).
 _WORKLOAD_UNIT = 1e12
@@ -48,12 +52,14 @@ SUMMARY_KEYS = (
 
 def parse_bag_specs(spec):
     """[(gpus per bag, bags)] of a canonical-or-not fixed topology spec
-    ("g1n2+g2n1+g4n1"), equal sizes merged, sizes ascending. The spec was
-    validated by the C++ parser before this runs."""
+    ("g1n2+g2n1+g4n1"), equal sizes merged, sizes ascending; None when
+    ``spec`` is not g{G}n{N} terms (e.g. "auto")."""
     counts = Counter()
     for term in spec.split("+"):
-        gpus, bags = term[1:].split("n")
-        counts[int(gpus)] += int(bags)
+        match = _TERM.fullmatch(term)
+        if not match:
+            return None
+        counts[int(match[1])] += int(match[2])
     return sorted(counts.items())
 
 

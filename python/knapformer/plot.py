@@ -11,8 +11,9 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
+
+from knapformer._reference_tables import parse_bag_specs
 
 _DPI = 100
 _FORMATS = {".png": "png", ".svg": "svg"}
@@ -38,7 +39,6 @@ _COLORMAP = "viridis"
 # exact at 100 dpi (Agg truncates it).
 _LEFT, _GAP, _CBAR_GAP, _CBAR, _RIGHT = 1.0, 1.0, 0.125, 0.25, 0.875
 _BOTTOM, _TOP = 1.25, 1.0
-_TERM = re.compile(r"g([1-9][0-9]*)n([1-9][0-9]*)")
 
 
 def plot_plan(summary_or_plan, path, *, title=None):
@@ -184,16 +184,10 @@ def _chunks(chunks, world_size):
 def _replica_bags(spec):
     """Bag sizes of one replica, in rank order (sizes ascending, as the
     planner lays them out); None when ``spec`` is not g{G}n{N} terms."""
-    counts = {}
-    for term in spec.split("+"):
-        match = _TERM.fullmatch(term)
-        if not match:
-            return None
-        gpus, count = int(match[1]), int(match[2])
-        counts[gpus] = counts.get(gpus, 0) + count
-    if sum(g * n for g, n in counts.items()) > 1 << 20:
-        return None  # beyond any world; spares expanding a typo'd giant spec
-    return [g for g in sorted(counts) for _ in range(counts[g])]
+    counts = parse_bag_specs(spec)
+    if counts is None or sum(g * n for g, n in counts) > 1 << 20:
+        return None  # beyond any world: spares expanding a typo'd giant spec
+    return [g for g, n in counts for _ in range(n)]
 
 
 def _bags(layout, world_size):
