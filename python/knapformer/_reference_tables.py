@@ -132,6 +132,7 @@ class ReferenceTables:
     global rank of every group rank (``gpu_of``)."""
 
     def __init__(self, tables, rank, gpu_of):
+        self.flat = tables  # the whole step's plan as _C gave it
         size = tables["replica_size"]
         replica = rank // size
         ranks = range(replica * size, (replica + 1) * size)

@@ -241,7 +241,6 @@ class SequenceBalancer:
         self.bag_specs = bag_specs
         self.gamma = gamma
         self._group = group
-        self._replica_size = replica_size
         self._gpu_of = [_global_rank(group, r) for r in range(group.size())]
         self._tables = None  # the step's reference tables, made when first read
         self._spec_bags = None if bag_specs.startswith("auto") else \
@@ -383,11 +382,11 @@ class SequenceBalancer:
         (``chunk_id2seq_id``, ``gpu_id2seq_lens``, ...) for this rank's
         balancing group. The last two need the whole plan on this rank: not
         in the per-rank planner mode, where they are left out."""
-        summary = self._impl.summary()
-        tables = self._impl.tables()
+        summary = self._impl.summary()  # raises before the first step
+        tables = self._whole_plan()
         if tables is not None:
-            summary["chunks"] = reference.chunk_list(tables)
-            summary.update(self._reference_tables("get_routing_plan_summary").summary())
+            summary["chunks"] = reference.chunk_list(tables.flat)
+            summary.update(tables.summary())
         return summary
 
     def nice_print(self):
@@ -404,17 +403,16 @@ class SequenceBalancer:
         hardware TFLOPs of its balancing group (``tracked_*`` lists), as the
         reference does; ``num_layers`` and ``include_bwd`` scale the TFLOPs
         (tflops_estimator)."""
-        self.tracking = True
-        self.tracked_per_gpu_capacity = []
-        self.tracked_original_imbalance_ratio = []
-        self.tracked_balanced_imbalance_ratio = []
-        self.tracked_tflops = []
+        self._track_from_scratch(True)
         self.num_layers = num_layers
         self.include_bwd = include_bwd
 
     def turn_off_tracking(self):
         """Stops tracking and empties the tracked lists."""
-        self.tracking = False
+        self._track_from_scratch(False)
+
+    def _track_from_scratch(self, tracking):
+        self.tracking = tracking
         self.tracked_per_gpu_capacity = []
         self.tracked_original_imbalance_ratio = []
         self.tracked_balanced_imbalance_ratio = []
@@ -463,21 +461,29 @@ class SequenceBalancer:
 
     # -- the reference's plan tables -----------------------------------------
 
-    def _reference_tables(self, name):
-        """This step's reference tables (made on first use)."""
+    def _whole_plan(self):
+        """This step's reference tables (made on first use), or None where
+        this rank has only its slice of the plan (per-rank planner mode)."""
         if self._tables is None:
-            if not self._impl.planned:
-                raise AttributeError(
-                    f"'SequenceBalancer' object has no attribute '{name}' before the first "
-                    "plan_routing (it describes a planned step)")
-            tables = self._impl.tables()
-            if tables is None:
-                raise RuntimeError(
-                    f"SequenceBalancer.{name}: this rank has only its own slice of the step's "
-                    "plan (planner_mode='per-rank'); the reference's whole-step tables need "
-                    "planner_mode='group' (the default) or local planning")
-            self._tables = reference.ReferenceTables(tables, self._group.rank(), self._gpu_of)
+            flat = self._impl.tables()
+            if flat is not None:
+                self._tables = reference.ReferenceTables(flat, self._group.rank(), self._gpu_of)
         return self._tables
+
+    def _reference_tables(self, name):
+        """This step's reference tables; AttributeError before the first
+        step, RuntimeError in the per-rank planner mode, naming `name`."""
+        if not self._impl.planned:
+            raise AttributeError(
+                f"'SequenceBalancer' object has no attribute '{name}' before the first "
+                "plan_routing (it describes a planned step)")
+        tables = self._whole_plan()
+        if tables is None:
+            raise RuntimeError(
+                f"SequenceBalancer.{name}: this rank has only its own slice of the step's "
+                "plan (planner_mode='per-rank'); the reference's whole-step tables need "
+                "planner_mode='group' (the default) or local planning")
+        return tables
 
     def _bag_tables(self, name):
         """The bags of this rank's balancing group: the last planned step's
