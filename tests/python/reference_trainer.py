@@ -147,9 +147,16 @@ def batch(rank, step):
     return lens, x, [pe, tag, t], vec
 
 
-def fitted_gamma():
+def fitted_gamma(attempts=3):
     """The reference's README step: benchmark one block, fit gamma. Rank 0
-    times it alone (the others wait), then every rank takes its gamma."""
+    times it alone (the others wait), then every rank takes its gamma.
+
+    Lengths 64..512 at d = 64 keep both terms of the cost model in view (the
+    linear one is 6/7 of the work at 64 tokens and 3/7 at 512 for
+    gamma = 1), so the fit is
+    well posed. Timings on a machine shared with other tests can still be
+    stretched by another process's time slice, which the fit rightly refuses
+    (k or gamma < 0): such a run is timed again, as a user would."""
     result = [None]
     if dist.get_rank() == 0:
         block = DoubleStreamBlock().double()
@@ -159,10 +166,18 @@ def fitted_gamma():
             return (torch.randn(n, D_MODEL, dtype=torch.float64), [n], zeros,
                     torch.ones(n, 1, dtype=torch.long), zeros, torch.zeros(n, dtype=torch.long),
                     torch.randn(1, D_MODEL, dtype=torch.float64))
-        estimator = TheoreticalWorkloadEstimator(seq_len_test_range=(256, 2048), seg_n_bins=5,
-                                                 d_token=D_MODEL)
-        estimator.benchmark_workload(block, d_head=D_MODEL // HEADS, inputs=inputs,
-                                     num_warmup=1, num_repeat=2)
+        for attempt in range(1, attempts + 1):
+            estimator = TheoreticalWorkloadEstimator(seq_len_test_range=(64, 512),
+                                                     seg_n_bins=5, d_token=D_MODEL)
+            try:
+                estimator.benchmark_workload(block, d_head=D_MODEL // HEADS, inputs=inputs,
+                                             num_warmup=2, num_repeat=3)
+                break
+            except RuntimeError as refused:
+                print(f"timing {attempt} of {attempts} refused by the fit: {refused}",
+                      flush=True)
+                if attempt == attempts:
+                    raise
         gamma = estimator.gamma.item()
         predicted = [estimator.predict_workload(n) for n in estimator.seq_len_test_list]
         result = [{"gamma": gamma, "k": estimator.k.item(), "predicted": predicted,
