@@ -15,10 +15,10 @@
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
 #include "planner/data_stream.h"
+#include "planner/plan_json.h"
 #include "planner/topology.h"
 #include "python/machine_arg.h"
 #include "python/status_exception.h"
-#include "tools/plan_json.h"
 
 namespace knapformer {
 namespace python {

@@ -14,9 +14,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/args.h"
 #include "planner/cost_model.h"
 #include "planner/status_macros.h"
-#include "tools/args.h"
 
 namespace knapformer {
 

@@ -2,7 +2,7 @@
 //   knapformer plan --input FILE|- [--rank R] [--pretty] ...
 //   knapformer simulate [--data D] [--world W] [--topology T[,T...]] [--steps N] ...
 //   knapformer calibrate --input FILE|- --d-model D  |  --exchanges FILE|-
-//   knapformer serve [--listen ADDR] [--metrics ADDR] ... (see tools/serve.cc)
+//   knapformer serve [--listen ADDR] [--metrics ADDR] ... (see server/serve_flags.cc)
 //   knapformer help [COMMAND], knapformer COMMAND --help: the usage texts
 // Exit codes: 0 success, 2 bad input (one line on stderr naming the field),
 // 1 internal error.
@@ -23,16 +23,17 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "common/args.h"
 #include "planner/balance_stats.h"
 #include "planner/balancer.h"
 #include "planner/cost_model.h"
+#include "planner/plan_json.h"
 #include "planner/topology.h"
 #include "planner/validate.h"
-#include "tools/args.h"
+#include "server/serve_flags.h"
 #include "tools/calibrate.h"
-#include "tools/plan_json.h"
-#include "tools/serve.h"
 #include "tools/machine_flags.h"
+#include "tools/serve.h"
 #include "tools/simulate.h"
 
 namespace knapformer {

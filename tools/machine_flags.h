@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/args.h"
 #include "planner/machine.h"
-#include "tools/args.h"
 
 namespace knapformer {
 

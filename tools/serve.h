@@ -4,30 +4,11 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
-#include "absl/time/time.h"
-#include "common/log.h"
-#include "server/planner_server.h"
-
 namespace knapformer {
 
-// `knapformer serve`'s usage text (--help): its flags and their defaults.
-std::string ServeUsage();
-
-struct ServeConfig {
-  PlannerServerOptions server;
-  LogLevel log_level = LogLevel::kInfo;
-  absl::Duration shutdown_grace = absl::Seconds(5);
-  std::string port_file;  // written with "<grpc port> <metrics port>\n" once serving
-  // glibc malloc keeps freed memory for the next plan (tools/malloc_policy.h).
-  bool retain_freed_memory = true;
-};
-
-// InvalidArgument naming the flag for a bad value.
-absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv);
-
-// Runs the planner until SIGTERM or SIGINT, then shuts down (pending ranks get
-// UNAVAILABLE) and returns 0. 2 for bad flags, 1 when it cannot start.
+// `knapformer serve`: runs the planner (flags: server/serve_flags.h) until
+// SIGTERM or SIGINT, then shuts down (pending ranks get UNAVAILABLE) and
+// returns 0. 2 for bad flags, 1 when it cannot start.
 int RunServe(const std::vector<std::string>& argv);
 
 }  // namespace knapformer

@@ -8,10 +8,10 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "planner/plan_json.h"
 #include "planner/topology.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/solve_check.h"
-#include "tools/plan_json.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace knapformer;

@@ -1,11 +1,10 @@
-#ifndef KNAPFORMER_TOOLS_EMBEDDED_SERVE_H_
-#define KNAPFORMER_TOOLS_EMBEDDED_SERVE_H_
+#ifndef KNAPFORMER_SERVER_EMBEDDED_SERVE_H_
+#define KNAPFORMER_SERVER_EMBEDDED_SERVE_H_
 
 // The planner service inside another process (a trainer's rank 0, the Python
 // package's PlannerServer), configured with `knapformer serve`'s flags less
 // the two that act on a whole process of its own (--port-file,
-// --retain-freed-memory). Keeps server/ behind tools/: callers see no server
-// header.
+// --retain-freed-memory). Callers see no other server header (nor gRPC's).
 
 #include <memory>
 #include <optional>
@@ -44,4 +43,4 @@ class EmbeddedServe {
 
 }  // namespace knapformer
 
-#endif  // KNAPFORMER_TOOLS_EMBEDDED_SERVE_H_
+#endif  // KNAPFORMER_SERVER_EMBEDDED_SERVE_H_

@@ -1,5 +1,5 @@
-#ifndef KNAPFORMER_TOOLS_ARGS_H_
-#define KNAPFORMER_TOOLS_ARGS_H_
+#ifndef KNAPFORMER_COMMON_ARGS_H_
+#define KNAPFORMER_COMMON_ARGS_H_
 
 #include <cstdint>
 #include <map>
@@ -77,4 +77,4 @@ inline std::string OnOff(bool value) { return value ? "on" : "off"; }
 
 }  // namespace knapformer
 
-#endif  // KNAPFORMER_TOOLS_ARGS_H_
+#endif  // KNAPFORMER_COMMON_ARGS_H_

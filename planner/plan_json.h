@@ -1,5 +1,5 @@
-#ifndef KNAPFORMER_TOOLS_PLAN_JSON_H_
-#define KNAPFORMER_TOOLS_PLAN_JSON_H_
+#ifndef KNAPFORMER_PLANNER_PLAN_JSON_H_
+#define KNAPFORMER_PLANNER_PLAN_JSON_H_
 
 #include <cstdint>
 #include <optional>
@@ -60,4 +60,4 @@ absl::StatusOr<std::string> PlanRequestToJson(absl::string_view request_json, Co
 
 }  // namespace knapformer
 
-#endif  // KNAPFORMER_TOOLS_PLAN_JSON_H_
+#endif  // KNAPFORMER_PLANNER_PLAN_JSON_H_

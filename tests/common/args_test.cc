@@ -1,4 +1,4 @@
-#include "tools/args.h"
+#include "common/args.h"
 
 #include <string>
 #include <vector>

@@ -1,10 +1,10 @@
-#include "tools/embedded_serve.h"
+#include "server/embedded_serve.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "server/planner_server.h"
-#include "tools/serve.h"
+#include "server/serve_flags.h"
 
 namespace knapformer {
 namespace {

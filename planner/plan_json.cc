@@ -1,4 +1,4 @@
-#include "tools/plan_json.h"
+#include "planner/plan_json.h"
 
 #include <cmath>
 #include <cstdint>
