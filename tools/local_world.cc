@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tools/spawn.h"
+#include "transport/gloo_group.h"
 
 namespace knapformer {
 namespace {

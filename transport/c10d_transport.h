@@ -124,23 +124,6 @@ class C10dTransport : public Transport {
   absl::Status broken_;            // the first failed collective
 };
 
-struct GlooGroupOptions {
-  // The host name or address whose interface Gloo binds ("127.0.0.1" for
-  // one machine); empty = Gloo's default device (the host's name).
-  std::string hostname;
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);
-};
-
-// A Gloo process group over `store` (a TCPStore shared by all ranks).
-c10::intrusive_ptr<c10d::ProcessGroup> NewGlooGroup(c10::intrusive_ptr<c10d::Store> store,
-                                                    int rank, int size,
-                                                    const GlooGroupOptions& options);
-
-// Subgroups as Gloo groups over PrefixStores of `store`, named by their rank
-// list and how many times that list was asked for.
-SubgroupFactory GlooSubgroupFactory(c10::intrusive_ptr<c10d::Store> store,
-                                    GlooGroupOptions options);
-
 }  // namespace knapformer
 
 #endif  // KNAPFORMER_TRANSPORT_C10D_TRANSPORT_H_
