@@ -12,6 +12,7 @@ namespace python {
 void BindPlanner(pybind11::module_& m);   // planner_binding.cc
 void BindServer(pybind11::module_& m);    // server_binding.cc
 void BindBalancer(pybind11::module_& m);  // balancer_binding.cc
+void BindNccl(pybind11::module_& m);      // nccl_binding.cc (raw NCCL, CUDA builds)
 
 // Whether this thread holds the GIL of a running (not finalizing)
 // interpreter, and so may let go of it to destroy something. Python 3.13

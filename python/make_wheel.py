@@ -12,22 +12,18 @@ import os
 import re
 import zipfile
 
-NAME, VERSION = "knapformer", "0.1.0"
+import package_facts
+
+NAME = package_facts.NAME
 
 
 def torch_requirement(torch_version):
     """The Requires-Dist value for the torch release the extension was built
-    against: its major.minor, as knapformer/__init__.py checks it on import
-    (a local label such as +cu121 or +gitunknown is ignored there and here).
-    The lower bound is X.Y.dev0 so that pre-releases and dev builds of X.Y
-    match too: Debian's python3-torch registers as 1.13.0a0+gitunknown,
-    which ">=1.13" would refuse. "<X.(Y+1)" excludes X.(Y+1)'s pre-releases."""
-    match = re.match(r"(\d+)\.(\d+)(?:[.+a-z]|$)", torch_version)
-    if match is None:
-        raise SystemExit(f"make_wheel: --torch-version: cannot read MAJOR.MINOR from "
-                         f"{torch_version!r}")
-    major, minor = int(match.group(1)), int(match.group(2))
-    return f"torch (>={major}.{minor}.dev0,<{major}.{minor + 1})"
+    against (package_facts.torch_specifier says which)."""
+    try:
+        return f"torch ({package_facts.torch_specifier(torch_version)})"
+    except ValueError as error:
+        raise SystemExit(f"make_wheel: --torch-version: {error}")
 
 
 def digest(data):
@@ -38,12 +34,18 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--readme", required=True)
+    parser.add_argument("--version", required=True, help="the version in the wheel's name")
     parser.add_argument("--tag", required=True, help="e.g. cp313-cp313-linux_x86_64")
     parser.add_argument("--python-version", required=True, help="MAJOR.MINOR, e.g. 3.13")
     parser.add_argument("--torch-version", required=True,
                         help="the torch the extension was built against, e.g. 1.13.0a0")
-    parser.add_argument("files", nargs="+", help="knapformer/*.py and knapformer/_C.so")
+    parser.add_argument("files", nargs="+",
+                        help="knapformer/*.py (_build_info.py among them) and knapformer/_C.so")
     args = parser.parse_args()
+    version = package_facts.version()
+    if args.version != version:
+        raise SystemExit(f"make_wheel: --version {args.version} (python/version.bzl) differs "
+                         f"from knapformer/_version.py's {version}: change both together")
 
     entries = []
     for path in sorted(args.files):
@@ -56,8 +58,8 @@ def main():
     with open(args.readme, encoding="utf-8") as f:
         readme = f.read()
 
-    info = f"{NAME}-{VERSION}.dist-info"
-    metadata = (f"Metadata-Version: 2.1\nName: {NAME}\nVersion: {VERSION}\n"
+    info = f"{NAME}-{version}.dist-info"
+    metadata = (f"Metadata-Version: 2.1\nName: {NAME}\nVersion: {version}\n"
                 "Summary: Online load balancing of sequences for distributed transformer "
                 "training (KnapFormer), with a gRPC planner service\n"
                 f"Requires-Python: =={args.python_version}.*\n"

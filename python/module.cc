@@ -12,6 +12,7 @@ PYBIND11_MODULE(_C, m) {
   knapformer::python::BindPlanner(m);
   knapformer::python::BindServer(m);
   knapformer::python::BindBalancer(m);
+  knapformer::python::BindNccl(m);
   // torch.__version__ of the torch this module was built against; the
   // package refuses another major.minor on import (python/knapformer).
   m.attr("__torch_version__") = KNAPFORMER_BUILT_TORCH_VERSION;

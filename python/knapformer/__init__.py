@@ -21,23 +21,14 @@ fits the cost model's gamma), ``plan`` (the planner on lists of lengths),
 
 import torch  # first: the extension uses torch's Python types
 
-try:
-    from knapformer import _C
-except ImportError as error:
-    raise ImportError(f"knapformer: its C++ extension does not load with torch {torch.__version__} "
-                      f"({error}); it must be built against this interpreter's torch: "
-                      "bash scripts/build_wheel.sh --python <this python3>") from error
+from knapformer._version import __version__
+from knapformer._build_check import check_build, load_extension
 
-
-def _major_minor(version):
-    return tuple(version.split("+")[0].split(".")[:2])
-
-
-if _major_minor(_C.__torch_version__) != _major_minor(torch.__version__):
-    raise ImportError(f"knapformer: its C++ extension was built against torch "
-                      f"{_C.__torch_version__}, but this is torch {torch.__version__} (C++ "
-                      "types differ between releases); rebuild it for this torch: "
-                      "bash scripts/build_wheel.sh --python <this python3>")
+# What this copy was built against, compared with the running torch before
+# the extension loads: a mismatch is an ImportError saying how to rebuild,
+# not an undefined symbol.
+build_info = check_build(torch)
+_C = load_extension(build_info)
 
 from knapformer.planner import PlannerServer, plan, synthetic_lengths
 from knapformer.sequence_balancer import SequenceBalancer
@@ -53,6 +44,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'knapformer' has no attribute '{name}'")
 
 
-__version__ = "0.1.0"
 __all__ = ["SequenceBalancer", "TheoreticalWorkloadEstimator", "PlannerServer", "plan",
-           "plot_plan", "synthetic_lengths", "__version__"]
+           "plot_plan", "synthetic_lengths", "build_info", "__version__"]
