@@ -1,0 +1,428 @@
+"""How `pip install --no-build-isolation .` finds what the extension needs.
+
+setup.py (the repository's root) builds knapformer._C with setuptools and
+torch.utils.cpp_extension against the torch of the interpreter that runs
+pip. This module decides everything before anything compiles, and refuses,
+naming the package to install or the torch to use, what cannot work:
+  - torch: importable, >= 1.13, built with torch.distributed, and with the
+    new C++ string ABI (the system's gRPC, protobuf and Abseil use it), as
+    third_party/torch_configure.bzl refuses for the Bazel build;
+  - gRPC, protobuf, Abseil, prometheus-cpp and nlohmann-json: from their own
+    pkg-config files (PKG_CONFIG_PATH / PKG_CONFIG_LIBDIR and
+    PKG_CONFIG_SYSROOT_DIR point at unpacked packages, docs/development.md);
+    protoc and grpc_cpp_plugin from PATH, or KNAPFORMER_PROTOC and
+    KNAPFORMER_GRPC_CPP_PLUGIN;
+  - with a CUDA torch, the raw NCCL transport: the CUDA runtime's headers
+    (CUDA_HOME, torch's CUDA_HOME, pip's nvidia-* packages, /usr) of the
+    torch's CUDA major, and the NCCL that torch loads (pip's nvidia-nccl, else
+    the system's; KNAPFORMER_NCCL_HOME). KNAPFORMER_NCCL=0 builds without it.
+
+SOURCES and the lists beside it are the same files as Bazel's
+//python:knapformer/_C.so: tests/python:pip_sources_test compares them (with
+--config=cuda, CUDA_SOURCES too), so the two builds cannot drift apart.
+"""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The extension's C++ sources and headers, by room.
+SOURCES = [
+    "client/environment.cc",
+    "client/host_tensor_cache.cc",
+    "client/planner_client.cc",
+    "client/route_layout.cc",
+    "client/sequence_balancer.cc",
+    "client/settings_agreement.cc",
+    "common/args.cc",
+    "common/log.cc",
+    "planner/auto_layout.cc",
+    "planner/balance_stats.cc",
+    "planner/balancer.cc",
+    "planner/calibration.cc",
+    "planner/cost_model.cc",
+    "planner/data_stream.cc",
+    "planner/locality.cc",
+    "planner/machine.cc",
+    "planner/plan.cc",
+    "planner/plan_from_chunks.cc",
+    "planner/plan_json.cc",
+    "planner/refine.cc",
+    "planner/step_time.cc",
+    "planner/topology.cc",
+    "planner/validate.cc",
+    "proto/plan_proto.cc",
+    "proto/step_problem.cc",
+    "python/balancer_binding.cc",
+    "python/machine_arg.cc",
+    "python/module.cc",
+    "python/nccl_binding.cc",
+    "python/planner_binding.cc",
+    "python/server_binding.cc",
+    "python/status_exception.cc",
+    "server/embedded_serve.cc",
+    "server/planner_server.cc",
+    "server/planner_service.cc",
+    "server/rank_ranges.cc",
+    "server/rendezvous.cc",
+    "server/request_check.cc",
+    "server/serve_flags.cc",
+    "server/service_metrics.cc",
+    "server/thread_pool.cc",
+    "transport/agreement.cc",
+    "transport/c10d_transport.cc",
+    "transport/transport.cc",
+]
+HEADERS = [
+    "client/environment.h",
+    "client/host_tensor_cache.h",
+    "client/planner_client.h",
+    "client/route_layout.h",
+    "client/sequence_balancer.h",
+    "client/settings_agreement.h",
+    "common/args.h",
+    "common/log.h",
+    "planner/auto_layout.h",
+    "planner/bag_members.h",
+    "planner/balance_stats.h",
+    "planner/balancer.h",
+    "planner/calibration.h",
+    "planner/cost_model.h",
+    "planner/data_stream.h",
+    "planner/locality.h",
+    "planner/machine.h",
+    "planner/min_tree.h",
+    "planner/plan.h",
+    "planner/plan_from_chunks.h",
+    "planner/plan_json.h",
+    "planner/refine.h",
+    "planner/replica_solve.h",
+    "planner/sequence_table.h",
+    "planner/splitmix64.h",
+    "planner/status_macros.h",
+    "planner/step_time.h",
+    "planner/token_cap.h",
+    "planner/topology.h",
+    "planner/validate.h",
+    "proto/plan_proto.h",
+    "proto/step_problem.h",
+    "python/bindings.h",
+    "python/machine_arg.h",
+    "python/status_exception.h",
+    "server/arena_message_allocator.h",
+    "server/embedded_serve.h",
+    "server/planner_server.h",
+    "server/planner_service.h",
+    "server/rank_ranges.h",
+    "server/rendezvous.h",
+    "server/request_check.h",
+    "server/serve_flags.h",
+    "server/service_limits.h",
+    "server/service_metrics.h",
+    "server/thread_pool.h",
+    "transport/agreement.h",
+    "transport/c10d_transport.h",
+    "transport/transport.h",
+]
+# Compiled to C++ with protoc and grpc_cpp_plugin; included as
+# "knapformer/v1/planner.pb.h" (relative to proto/).
+PROTOS = ["proto/knapformer/v1/planner.proto"]
+PROTO_ROOT = "proto"
+# The raw NCCL transport, with a CUDA torch (Bazel: --config=cuda).
+CUDA_SOURCES = [
+    "transport/deadline_watchdog.cc",
+    "transport/exchange_plan.cc",
+    "transport/nccl_transport.cc",
+]
+CUDA_HEADERS = [
+    "transport/deadline_watchdog.h",
+    "transport/exchange_plan.h",
+    "transport/nccl_transport.h",
+]
+
+# pkg-config modules, and the Debian package that ships each (Bazel's
+# //third_party targets link the same).
+PKG_CONFIG_MODULES = [
+    ("grpc++", "libgrpc++-dev"),
+    ("protobuf", "libprotobuf-dev"),
+    ("absl_status", "libabsl-dev"),
+    ("absl_statusor", "libabsl-dev"),
+    ("absl_strings", "libabsl-dev"),
+    ("absl_str_format", "libabsl-dev"),
+    ("absl_synchronization", "libabsl-dev"),
+    ("absl_time", "libabsl-dev"),
+    ("prometheus-cpp-pull", "prometheus-cpp-dev"),
+    ("prometheus-cpp-core", "prometheus-cpp-dev"),
+    ("nlohmann_json", "nlohmann-json3-dev"),
+]
+# Libraries without a pkg-config file, found beside the ones above.
+PLAIN_LIBRARIES = [("grpc++_reflection", "libgrpc++-dev")]
+TOOLS = [
+    ("protoc", "KNAPFORMER_PROTOC", "protobuf-compiler"),
+    ("grpc_cpp_plugin", "KNAPFORMER_GRPC_CPP_PLUGIN", "protobuf-compiler-grpc"),
+]
+MIN_TORCH = (1, 13)
+# Folders the dynamic linker searches anyway: no rpath for them.
+_SYSTEM_LIBRARY_DIRS = {"/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu",
+                        "/usr/lib/x86_64-linux-gnu"}
+
+
+class ConfigureError(Exception):
+    """What cannot work, and what to do about it."""
+
+
+def _probe_module():
+    import importlib.util
+    path = os.path.join(ROOT, "third_party", "torch_probe.py")
+    spec = importlib.util.spec_from_file_location("knapformer_torch_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def torch_facts():
+    """third_party/torch_probe.py's facts about this interpreter's torch
+    (the same the Bazel build reads)."""
+    try:
+        return _probe_module().torch_facts()
+    except ImportError as error:
+        raise ConfigureError(
+            f"cannot import torch in {sys.executable} ({error}). Install knapformer into the "
+            "environment that has your trainer's torch, with pip's --no-build-isolation (an "
+            "isolated build environment has no torch, or a different one):\n"
+            f"  {sys.executable} -m pip install --no-build-isolation .") from None
+
+
+def _version_tuple(text):
+    parts = re.findall(r"\d+", text)[:2]
+    return tuple(int(p) for p in parts) + (0,) * (2 - len(parts))
+
+
+def check_torch(facts):
+    """Refuses a torch the extension cannot be built against (the checks of
+    third_party/torch_configure.bzl)."""
+    name = f"torch {facts['full_version']} ({facts['file']})"
+    if _version_tuple(facts["version"]) < MIN_TORCH:
+        raise ConfigureError(f"{name} is older than {MIN_TORCH[0]}.{MIN_TORCH[1]}, the oldest "
+                             "this code is written for")
+    if not facts["cxx11_abi"]:
+        raise ConfigureError(
+            f"{name} was built with the old C++ string ABI (torch._C._GLIBCXX_USE_CXX11_ABI is "
+            "False: pip wheels of torch 2.4-2.6 other than the cu126 builds). knapformer links "
+            "the system's gRPC, protobuf and Abseil, built with the new ABI, and the two "
+            "cannot share C++ types. Use a torch built with the new ABI: pip torch >= 2.7, "
+            "Debian's python3-torch, or an NGC container's torch.")
+    if not facts["distributed"]:
+        raise ConfigureError(f"{name} was built without torch.distributed; the client's "
+                             "exchanges need c10d (Gloo on CPU, NCCL on GPUs)")
+    if facts["pybind11_include"] is None:
+        raise ConfigureError(f"no pybind11 headers: {name} ships none and neither the pybind11 "
+                             "module nor /usr/include/pybind11 exists (Debian: apt-get install "
+                             "pybind11-dev; pip: pip install pybind11)")
+
+
+def _pkg_config_program():
+    for name in (os.environ.get("PKG_CONFIG"), "pkg-config", "pkgconf"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    raise ConfigureError("pkg-config is missing (Debian: apt-get install pkgconf; or carry it "
+                         "with the other packages: docs/development.md)")
+
+
+def _run(command, env=None):
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    return result.returncode, result.stdout.strip(), result.stderr.strip()
+
+
+class Flags:
+    """Compiler and linker flags gathered from pkg-config and the probes."""
+
+    def __init__(self):
+        self.include_dirs = []
+        self.define_macros = []
+        self.compile_args = []
+        self.link_args = []
+        self.library_dirs = []
+
+    def add_cflags(self, text):
+        for flag in text.split():
+            if flag.startswith("-I"):
+                if flag[2:] not in self.include_dirs:
+                    self.include_dirs.append(flag[2:])
+            elif flag.startswith("-D"):
+                name, _, value = flag[2:].partition("=")
+                macro = (name, value or None)
+                if macro not in self.define_macros:
+                    self.define_macros.append(macro)
+            elif flag not in self.compile_args:
+                self.compile_args.append(flag)
+
+    def add_libs(self, text):
+        # Kept in order (--push-state ... --pop-state pairs, static orders).
+        for flag in text.split():
+            if flag.startswith("-L") and flag[2:] not in self.library_dirs:
+                self.library_dirs.append(flag[2:])
+            self.link_args.append(flag)
+
+    def rpaths(self):
+        """Non-system library folders, so that the installed extension finds
+        the libraries it was linked with there (an unpacked prefix)."""
+        return [f"-Wl,-rpath,{d}" for d in self.library_dirs
+                if os.path.realpath(d) not in _SYSTEM_LIBRARY_DIRS]
+
+
+def system_libraries():
+    """Flags for gRPC, protobuf, Abseil, prometheus-cpp and nlohmann-json."""
+    program = _pkg_config_program()
+    missing = [(module, package) for module, package in PKG_CONFIG_MODULES
+               if _run([program, "--exists", module])[0] != 0]
+    if missing:
+        packages = sorted({package for _, package in missing})
+        where = os.environ.get("PKG_CONFIG_LIBDIR") or os.environ.get("PKG_CONFIG_PATH") or \
+            "pkg-config's default folders"
+        raise ConfigureError(
+            f"pkg-config finds no {', '.join(m for m, _ in missing)} (searched: {where}). "
+            f"Install {' '.join(packages)} (Debian/Ubuntu: apt-get install {' '.join(packages)}), "
+            "or point PKG_CONFIG_PATH and PKG_CONFIG_SYSROOT_DIR at unpacked packages "
+            "(docs/development.md)")
+    modules = [module for module, _ in PKG_CONFIG_MODULES]
+    flags = Flags()
+    for option, add in (("--cflags", flags.add_cflags), ("--libs", flags.add_libs)):
+        code, out, err = _run([program, option] + modules)
+        if code != 0:
+            raise ConfigureError(f"pkg-config {option} {' '.join(modules)} failed: {err}")
+        add(out)
+    for library, package in PLAIN_LIBRARIES:
+        if not _find_library(library, flags.library_dirs + _default_library_dirs()):
+            raise ConfigureError(f"lib{library}.so is missing (install {package})")
+        flags.link_args.append(f"-l{library}")
+    return flags
+
+
+def _default_library_dirs():
+    return ["/usr/lib/x86_64-linux-gnu", "/usr/lib", "/lib/x86_64-linux-gnu"]
+
+
+def _find_library(name, folders):
+    for folder in folders:
+        if glob.glob(os.path.join(folder, f"lib{name}.so*")):
+            return folder
+    return None
+
+
+def find_tools(flags):
+    """protoc and grpc_cpp_plugin, and the environment that runs them (the
+    library folders found above on LD_LIBRARY_PATH: tools unpacked from
+    packages link libprotoc there)."""
+    found = {}
+    for name, variable, package in TOOLS:
+        path = os.environ.get(variable) or shutil.which(name)
+        if not path or not os.access(path, os.X_OK):
+            raise ConfigureError(f"{name} is missing (install {package}; or set {variable} to "
+                                 "its path)")
+        found[name] = path
+    env = dict(os.environ)
+    extra = [d for d in flags.library_dirs if os.path.realpath(d) not in _SYSTEM_LIBRARY_DIRS]
+    if extra:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            extra + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+    code, out, err = _run([found["protoc"], "--version"], env=env)
+    if code != 0:
+        raise ConfigureError(f"{found['protoc']} does not run: {err or out}")
+    return found, env, out
+
+
+def _cuda_homes(facts):
+    homes = [os.environ.get("KNAPFORMER_CUDA_HOME"), os.environ.get("CUDA_HOME"),
+             os.environ.get("CUDA_PATH")]
+    try:
+        from torch.utils import cpp_extension
+        homes.append(cpp_extension.CUDA_HOME)
+    except Exception:  # an old setuptools, no toolkit: the other places remain
+        pass
+    site = os.path.dirname(facts["file"])
+    # pip's CUDA wheels: nvidia/cuda_runtime (CUDA 12) or nvidia/cu13 (13).
+    homes += sorted(glob.glob(os.path.join(site, "nvidia", "cu*"))) + \
+        [os.path.join(site, "nvidia", "cuda_runtime"), "/usr/local/cuda", "/usr"]
+    seen = []
+    for home in homes:
+        if home and home not in seen:
+            seen.append(home)
+    return seen
+
+
+def _cuda_version(include):
+    try:
+        with open(os.path.join(include, "cuda_runtime_api.h"), encoding="utf-8") as f:
+            match = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", f.read())
+    except OSError:
+        return None
+    if match is None:
+        return None
+    number = int(match.group(1))
+    return number // 1000, (number % 1000) // 10
+
+
+def cuda_libraries(facts):
+    """Flags for the raw NCCL transport, or None without a CUDA torch (or
+    with KNAPFORMER_NCCL=0)."""
+    if not facts["cuda"] or os.environ.get("KNAPFORMER_NCCL", "1") == "0":
+        return None
+    wanted = _version_tuple(facts["cuda"])
+    flags = Flags()
+    tried = []
+    for home in _cuda_homes(facts):
+        include = "/usr/include" if home == "/usr" else os.path.join(home, "include")
+        version = _cuda_version(include)
+        tried.append(f"{home} ({'CUDA %d.%d' % version if version else 'no cuda_runtime_api.h'})")
+        if version is None or version[0] != wanted[0]:
+            continue
+        folders = _default_library_dirs() if home == "/usr" else \
+            [os.path.join(home, sub) for sub in ("lib64", "lib", "targets/x86_64-linux/lib")]
+        library = _find_library("cudart", folders)
+        if library is None:
+            tried[-1] += ", no libcudart.so"
+            continue
+        flags.include_dirs.append(include)
+        flags.library_dirs.append(library)
+        cudart = "-lcudart" if glob.glob(os.path.join(library, "libcudart.so")) else \
+            f"-l:{os.path.basename(sorted(glob.glob(os.path.join(library, 'libcudart.so.*')))[0])}"
+        flags.link_args += [f"-L{library}", cudart]
+        break
+    else:
+        raise ConfigureError(
+            f"torch {facts['full_version']} is built for CUDA {facts['cuda']}, but no CUDA "
+            f"{wanted[0]}.x runtime headers and libcudart were found (tried: {'; '.join(tried)}). "
+            "Set CUDA_HOME to the toolkit of that CUDA major (Debian: apt-get install "
+            "nvidia-cuda-dev), or build without the raw NCCL transport: KNAPFORMER_NCCL=0")
+    nccl_homes = [os.environ.get("KNAPFORMER_NCCL_HOME"), facts.get("pip_nccl"), "/usr"]
+    for home in [h for h in nccl_homes if h]:
+        include = "/usr/include" if home == "/usr" else os.path.join(home, "include")
+        folders = _default_library_dirs() if home == "/usr" else [os.path.join(home, "lib")]
+        library = _find_library("nccl", folders)
+        if os.path.isfile(os.path.join(include, "nccl.h")) and library:
+            if include not in flags.include_dirs:
+                flags.include_dirs.append(include)
+            # pip's nvidia-nccl has libnccl.so.2 only; torch has loaded it.
+            nccl = "-lnccl" if os.path.exists(os.path.join(library, "libnccl.so")) else \
+                "-l:libnccl.so.2"
+            flags.library_dirs.append(library)
+            flags.link_args += [f"-L{library}", nccl]
+            flags.define_macros.append(("KNAPFORMER_HAVE_NCCL", None))
+            return flags
+    raise ConfigureError(
+        f"torch {facts['full_version']} is a CUDA build, but no NCCL (nccl.h and libnccl.so) "
+        "was found where it loads NCCL from (pip: the nvidia-nccl package beside torch; Debian: "
+        "apt-get install libnccl-dev; or set KNAPFORMER_NCCL_HOME), or build without the raw "
+        "NCCL transport: KNAPFORMER_NCCL=0")
+
+
+def cxx_standard(facts):
+    """-std for torch releases whose cpp_extension default is older than
+    the C++17 this code needs (1.x defaults to C++14); later ones choose
+    their own (C++17, C++20 for the releases after 2.11)."""
+    return ["-std=c++17"] if _version_tuple(facts["version"]) < (2, 0) else []
