@@ -270,9 +270,15 @@ class Flags:
 
     def rpaths(self):
         """Non-system library folders, so that the installed extension finds
-        the libraries it was linked with there (an unpacked prefix)."""
-        return [f"-Wl,-rpath,{d}" for d in self.library_dirs
-                if os.path.realpath(d) not in _SYSTEM_LIBRARY_DIRS]
+        the libraries it was linked with there (an unpacked prefix) without
+        LD_LIBRARY_PATH. As DT_RPATH, not DT_RUNPATH: RUNPATH serves only
+        the extension's own dependencies, RPATH theirs too (libgrpc++ needs
+        libgrpc, Abseil, c-ares, ... from the same folder)."""
+        folders = [d for d in self.library_dirs
+                   if os.path.realpath(d) not in _SYSTEM_LIBRARY_DIRS]
+        if not folders:
+            return []
+        return ["-Wl,--disable-new-dtags"] + [f"-Wl,-rpath,{d}" for d in folders]
 
 
 def system_libraries():

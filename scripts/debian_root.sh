@@ -1,7 +1,8 @@
 #!/bin/bash
 # Runs a command inside a root file system of another Debian release, over a
 # copy of this checkout at /src; the torch 2.x and CUDA lanes of .ci/run use it.
-#   bash scripts/debian_root.sh --release trixie --profile torch [--out DIR] -- COMMAND...
+#   bash scripts/debian_root.sh --release trixie --profile torch [--out DIR] [--offline] \
+#     -- COMMAND...
 #
 # The root is made offline from the Debian mirror (mmdebstrap, minbase, as
 # deploy/docker/build.sh makes its base, keeping man pages: OpenJDK's
@@ -16,14 +17,16 @@
 #
 # COMMAND runs as root in /src with a clean environment, in a private mount
 # namespace (unshare) with /proc, /sys, /dev and a tmpfs /dev/shm mounted,
-# on the host's network. --out DIR is bind-mounted at /out (results for the
+# on the host's network, or, with --offline, in a network namespace of its
+# own with only loopback up (nothing outside the machine answers: the
+# offline recipe's proof). --out DIR is bind-mounted at /out (results for the
 # host). Needs root, mmdebstrap and unshare/chroot (util-linux, coreutils).
 # Exits with COMMAND's status, or 2 for a usage error, 3 if the root cannot
 # be made.
 set -uo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-release="" profile="" out=""
+release="" profile="" out="" offline=0
 usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -31,6 +34,7 @@ while [[ $# -gt 0 ]]; do
       [[ $# -ge 2 && -n "$2" ]] || { echo "debian_root: $1 needs a value" >&2; exit 2; }
       case "$1" in --release) release="$2" ;; --profile) profile="$2" ;; --out) out="$2" ;; esac
       shift 2 ;;
+    --offline) offline=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     *) echo "debian_root: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -44,7 +48,9 @@ if [[ $(id -u) -ne 0 ]]; then
   echo "debian_root: run as root (mmdebstrap, chroot and mounts need it)" >&2
   exit 2
 fi
-for tool in mmdebstrap unshare chroot git; do
+tools=(mmdebstrap unshare chroot git)
+[[ $offline -eq 0 ]] || tools+=(ip)
+for tool in "${tools[@]}"; do
   command -v "$tool" >/dev/null ||
     { echo "debian_root: '$tool' is missing (bash scripts/setup.sh installs it)" >&2; exit 2; }
 done
@@ -69,10 +75,15 @@ key="$( { printf '%s\n' "${mmdebstrap_args[@]}" "$profile"
 root="$cache/$release-$profile-$key"
 
 # Runs "$@" inside the root at $1 with the mounts it needs; the namespace
-# (and so every mount) ends with the command.
+# (and so every mount) ends with the command. With offline=1 (only for the
+# command, never while the root is made), no network but loopback.
 in_root() {
-  local dir="$1"
+  local dir="$1" net=() lo=""
   shift
+  if [[ "${in_root_offline:-0}" -eq 1 ]]; then
+    net=(--net)
+    lo="ip link set lo up;"
+  fi
   cp /etc/resolv.conf "$dir/etc/resolv.conf" 2>/dev/null
   local command
   command="$(printf '%q ' "$@")"
@@ -81,8 +92,9 @@ in_root() {
     mkdir -p "$dir/out"
     binds="mount --bind $(printf '%q' "$out") $(printf '%q' "$dir/out");"
   fi
-  unshare --mount --propagation private -- bash -c "
+  unshare --mount "${net[@]}" --propagation private -- bash -c "
     set -e
+    $lo
     mount -t proc proc $(printf '%q' "$dir/proc")
     mount --rbind /sys $(printf '%q' "$dir/sys")
     mount --rbind /dev $(printf '%q' "$dir/dev")
@@ -142,4 +154,4 @@ else
   echo "debian_root: made $root in $((SECONDS - started)) s" \
     "($(du -sh "$root" 2>/dev/null | cut -f1))" >&2
 fi
-in_root "$root" "$@"
+in_root_offline=$offline in_root "$root" "$@"

@@ -12,12 +12,15 @@
 #   bash scripts/setup.sh --profile cli    # only what builds and runs the command
 #       line (//tools:knapformer): Bazel, g++ and the libraries it links
 #   bash scripts/setup.sh --profile train-sim  # cli, and LibTorch for //tools:train_sim
+#   bash scripts/setup.sh --profile trainer    # a trainer's machine without the build's
+#       libraries: torch, a compiler and pip's build tools only (the offline
+#       recipe's proof in .ci/run brings the rest as carried packages)
 #   bash scripts/setup.sh --profile P --print  # list P's packages; install nothing
 # The torch 2.x lanes of .ci/run use torch and cuda-compile inside a Debian
 # trixie root (scripts/debian_root.sh); scripts/knapformer uses cli and train-sim.
 set -euo pipefail
 
-profiles="all, torch, cuda-compile, cli or train-sim"
+profiles="all, torch, cuda-compile, cli, train-sim or trainer"
 profile=all
 print=0
 while [[ $# -gt 0 ]]; do
@@ -34,7 +37,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 case "$profile" in
-  all|torch|cuda-compile|cli|train-sim) ;;
+  all|torch|cuda-compile|cli|train-sim|trainer) ;;
   *) echo "setup: unknown profile '$profile' ($profiles)" >&2; exit 2 ;;
 esac
 
@@ -79,6 +82,7 @@ packages=(
   python3-dev pybind11-dev # the knapformer Python extension (python/)
   python3-pytest           # the Python package's tests
   python3-venv             # the wheel's install test (a venv with --system-site-packages)
+  python3-setuptools python3-wheel ninja-build  # pip install --no-build-isolation . (setup.py)
   python3-yaml             # the deploy checks read YAML (tests/deploy)
   python3-matplotlib       # knapformer.plot_plan and its test (an optional dependency of the package)
 )
@@ -99,6 +103,7 @@ if [[ "$profile" == all ]]; then
     cmake curl             # Debian's Abseil rebuilt for TSan (scripts/tsan_absl.sh)
     podman buildah runc mmdebstrap  # the planner image (deploy/docker/build.sh) and the
                                     # torch 2.x lanes' Debian roots (scripts/debian_root.sh)
+    iproute2               # loopback in the offline root (scripts/debian_root.sh --offline)
   )
 fi
 
@@ -106,11 +111,16 @@ fi
 case "$profile" in
   cli) packages=("${cli_packages[@]}") ;;
   train-sim) packages=("${cli_packages[@]}" "${torch_packages[@]}" pybind11-dev python3-dev) ;;
+  # Debian's torch stands for the trainer's (its headers package pulls in
+  # libprotobuf-dev; nothing else of the build's libraries is here).
+  trainer) packages=(g++ python3-dev python3-venv python3-setuptools python3-wheel python3-pytest
+                     python3-torch libtorch-dev pybind11-dev ninja-build) ;;
 esac
 
 # pkg-config names Abseil's libraries for the build (third_party/pkg_config.bzl);
 # pkgconf where no pkg-config is installed (bookworm's pkg-config clashes with it).
-if ! command -v pkg-config >/dev/null; then
+# A trainer's machine brings its own with the carried packages.
+if [[ "$profile" != trainer ]] && ! command -v pkg-config >/dev/null; then
   packages+=(pkgconf)
 fi
 

@@ -22,8 +22,12 @@ SCRIPT = textwrap.dedent("""
     total = torch.tensor([rank + 1.0])
     dist.all_reduce(total)
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
-    print("rank", rank, "sum", int(total.item()), *(os.environ[k] for k in keys),
-          "args", *sys.argv[2:], flush=True)
+    # One write per line: with PYTHONUNBUFFERED print writes each word on
+    # its own, and the copies' words interleave in the shared pipe.
+    words = ["rank", rank, "sum", int(total.item()), *(os.environ[k] for k in keys),
+             "args", *sys.argv[2:]]
+    sys.stdout.write(" ".join(map(str, words)) + "\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 """)
 

@@ -66,7 +66,8 @@ def test_a_missing_library_names_its_debian_package(tmp_path, monkeypatch):
 def test_unpacked_packages_get_an_rpath(tmp_path):
     flags = pip_configure.Flags()
     flags.add_libs(f"-L{tmp_path}/usr/lib/x86_64-linux-gnu -lgrpc++ -L/usr/lib/x86_64-linux-gnu")
-    assert flags.rpaths() == [f"-Wl,-rpath,{tmp_path}/usr/lib/x86_64-linux-gnu"]
+    assert flags.rpaths() == ["-Wl,--disable-new-dtags",
+                              f"-Wl,-rpath,{tmp_path}/usr/lib/x86_64-linux-gnu"]
     assert flags.link_args[1] == "-lgrpc++"  # order kept
 
 
