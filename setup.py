@@ -125,7 +125,7 @@ setup(
     long_description=LONG_DESCRIPTION,
     long_description_content_type="text/markdown",
     python_requires=f"=={sys.version_info.major}.{sys.version_info.minor}.*",
-    packages=["knapformer"],
+    packages=["knapformer", "knapformer.gpu_check"],
     package_dir={"": "python"},
     ext_modules=[extension()],
     install_requires=[f"torch{package_facts.torch_specifier(FACTS['full_version'])}"],

@@ -26,6 +26,18 @@ def torch_requirement(torch_version):
         raise SystemExit(f"make_wheel: --torch-version: {error}")
 
 
+def archive_name(path):
+    """The file's name in the wheel: its path from the package's folder on, so that
+    subpackages (knapformer/gpu_check/) keep theirs. The last knapformer/ folder in the
+    path is the package's: the checkout's own folder may be called knapformer too."""
+    parts = os.path.normpath(path).split(os.sep)
+    folders = parts[:-1]
+    if NAME not in folders:
+        raise SystemExit(f"make_wheel: {path} is not in a {NAME}/ folder")
+    root = len(folders) - 1 - folders[::-1].index(NAME)
+    return "/".join(parts[root:])
+
+
 def digest(data):
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
@@ -40,7 +52,8 @@ def main():
     parser.add_argument("--torch-version", required=True,
                         help="the torch the extension was built against, e.g. 1.13.0a0")
     parser.add_argument("files", nargs="+",
-                        help="knapformer/*.py (_build_info.py among them) and knapformer/_C.so")
+                        help="knapformer/*.py (_build_info.py among them), "
+                             "knapformer/gpu_check/*.py and knapformer/_C.so")
     args = parser.parse_args()
     version = package_facts.version()
     if args.version != version:
@@ -49,10 +62,8 @@ def main():
 
     entries = []
     for path in sorted(args.files):
-        if os.path.basename(os.path.dirname(path)) != NAME:
-            raise SystemExit(f"make_wheel: {path} is not in a {NAME}/ folder")
         with open(path, "rb") as f:
-            entries.append((f"{NAME}/{os.path.basename(path)}", f.read()))
+            entries.append((archive_name(path), f.read()))
     if not any(name.endswith("/_C.so") for name, _ in entries):
         raise SystemExit("make_wheel: the extension knapformer/_C.so is missing")
     with open(args.readme, encoding="utf-8") as f:

@@ -101,13 +101,11 @@ class PyNcclTransport {
                     std::uintptr_t stream) {
     CheckTensor(send, "send", send_rows);
     CheckTensor(recv, "recv", recv_rows);
-    const int64_t send_row_bytes = RowBytes(send);
-    const int64_t recv_row_bytes = RowBytes(recv);
-    if (send.numel() > 0 && recv.numel() > 0 && send_row_bytes != recv_row_bytes) {
-      throw py::value_error(absl::StrCat("recv: rows of ", recv_row_bytes,
-                                         " bytes, but send's are ", send_row_bytes));
+    const int64_t row_bytes = RowBytes(send);
+    if (RowBytes(recv) != row_bytes) {
+      throw py::value_error(absl::StrCat("recv: rows of ", RowBytes(recv),
+                                         " bytes, but send's are ", row_bytes));
     }
-    const int64_t row_bytes = send.numel() > 0 ? send_row_bytes : recv_row_bytes;
     *caller_stream_ = reinterpret_cast<cudaStream_t>(stream);
     py::gil_scoped_release no_gil;
     ThrowIfError(transport_->AllToAllRows(send.numel() > 0 ? send.data_ptr() : nullptr,
@@ -129,14 +127,8 @@ class PyNcclTransport {
  private:
   void CheckTensor(const at::Tensor& tensor, const char* name,
                    const std::vector<int64_t>& rows) const {
-    if (tensor.numel() == 0) return;
-    if (!tensor.is_cuda() || tensor.get_device() != transport_->device()) {
-      throw py::value_error(absl::StrCat(name, ": needs a tensor on cuda:",
-                                         transport_->device(), ", got one on ",
-                                         tensor.device().str()));
-    }
-    if (!tensor.is_contiguous() || tensor.dim() == 0) {
-      throw py::value_error(absl::StrCat(name, ": needs a contiguous tensor of rows (dim >= 1)"));
+    if (tensor.dim() == 0) {
+      throw py::value_error(absl::StrCat(name, ": needs a tensor of rows (dim >= 1)"));
     }
     int64_t total = 0;
     for (int64_t n : rows) total += n;
@@ -144,11 +136,23 @@ class PyNcclTransport {
       throw py::value_error(absl::StrCat(name, ": ", tensor.size(0),
                                          " rows, but its row counts add up to ", total));
     }
+    if (tensor.numel() == 0) return;
+    if (!tensor.is_cuda() || tensor.get_device() != transport_->device()) {
+      throw py::value_error(absl::StrCat(name, ": needs a tensor on cuda:",
+                                         transport_->device(), ", got one on ",
+                                         tensor.device().str()));
+    }
+    if (!tensor.is_contiguous()) {
+      throw py::value_error(absl::StrCat(name, ": needs a contiguous tensor"));
+    }
   }
 
+  // From the shape, not nbytes / rows: a rank with no rows to move still
+  // states the row size its peers' count check compares.
   static int64_t RowBytes(const at::Tensor& tensor) {
-    return tensor.size(0) == 0 ? 0
-                               : static_cast<int64_t>(tensor.nbytes()) / tensor.size(0);
+    int64_t bytes = static_cast<int64_t>(tensor.element_size());
+    for (int64_t d = 1; d < tensor.dim(); ++d) bytes *= tensor.size(d);
+    return bytes;
   }
 
   void Release() {

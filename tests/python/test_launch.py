@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
     # its own, and the copies' words interleave in the shared pipe.
     words = ["rank", rank, "sum", int(total.item()), *(os.environ[k] for k in keys),
              "args", *sys.argv[2:]]
-    sys.stdout.write(" ".join(map(str, words)) + "\n")
+    sys.stdout.write(" ".join(map(str, words)) + "\\n")
     sys.stdout.flush()
     dist.destroy_process_group()
 """)

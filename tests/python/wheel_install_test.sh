@@ -16,7 +16,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 unzip -l "$wheel" >"$TEST_TMPDIR/contents" 2>/dev/null ||
   "$python" -m zipfile -l "$wheel" >"$TEST_TMPDIR/contents"
-for member in knapformer/__init__.py knapformer/_C.so knapformer-0.1.0.dist-info/RECORD; do
+for member in knapformer/__init__.py knapformer/_C.so knapformer/gpu_check/__main__.py \
+    knapformer-0.1.0.dist-info/RECORD; do
   grep -q "$member" "$TEST_TMPDIR/contents" || fail "the wheel lacks $member"
 done
 

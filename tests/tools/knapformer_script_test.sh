@@ -201,7 +201,7 @@ FAKE_UID=1000 FAKE_MISSING=libabsl-dev setup --profile cli
 [[ $code -eq 1 ]] && grep -q "missing packages (libabsl-dev); run as root" "$tmp/err" &&
   echo "ok   cli-not-root" || fail "cli-not-root: exit $code, $(cat "$tmp/err")"
 setup --profile everything
-[[ $code -eq 2 ]] && grep -q "unknown profile 'everything' (.*cli or train-sim)" "$tmp/err" &&
+[[ $code -eq 2 ]] && grep -q "unknown profile 'everything' (.*train-sim or trainer)" "$tmp/err" &&
   echo "ok   unknown-profile" || fail "unknown-profile: exit $code, $(cat "$tmp/err")"
 setup --help
 [[ $code -eq 0 ]] && grep -q -- "--profile cli" "$tmp/out" && echo "ok   setup-help" ||

@@ -1,0 +1,141 @@
+"""Checks every GPU path of knapformer on this machine and reports which are right.
+
+    python -m knapformer.gpu_check                                # one GPU, world size 1
+    torchrun --nproc_per_node N -m knapformer.gpu_check           # N GPUs (N >= 2)
+    python -m knapformer.gpu_check --dry-run                      # what would run here
+    python -m knapformer.gpu_check --device cpu [--ranks 4]       # self-test of the checks
+
+Nothing here has run on a GPU before this command does: it is the one command
+a user with GPUs runs to tell whether the package's CUDA paths (the trainer's
+ProcessGroupNCCL, the raw NCCL transport, stream ordering, host syncs, copy
+and exchange speed, a dead peer) behave as the CPU tests say they should.
+
+Checks (one row each in the report; PASS/FAIL are verdicts, INFO rows are
+figures, SKIP rows say why they did not run):
+
+  nccl_group   ProcessGroupNCCL at the world's size (one GPU: world size 1 on
+               a TCPStore made in-process), an all_reduce on it, and a
+               SequenceBalancer over it: this_device is the rank's GPU, the
+               routed rows are exactly the planner's chunk table and come
+               back bit-exact. PASS/FAIL; figure: init_s (group creation and
+               first collective).
+  raw_nccl     The extension's raw NCCL transport (knapformer._C.NcclTransport,
+               only in CUDA builds): an all-to-all of rows of 24 and 7 bytes
+               (some rank pairs empty) must arrive bit-exact; rank 0 then
+               declares one row more than its peer sends, which must raise
+               ValueError with the same message on every rank, leave the
+               transport usable (not aborted) and the next exchange exact;
+               all_gather_bytes must return every rank's bytes. PASS/FAIL.
+  python_step  A full Python step against the same model run unbalanced, in
+               float64, for each topology that fits the world (world size N:
+               g1nN, g1n{N/2}+g{N/2}n1, gNn1): plan_routing, route of the tokens
+               with float32 positions, int64 token ids and a bf16 column as
+               features, pre_attn, a per-sequence (varlen) attention,
+               post_attn, reverse_route, backward. Routing must be bit-exact
+               (routed ids equal the planner's table, chunk lengths, the round
+               trip of every dtype, gradients of the round trip); outputs and
+               input, weight and feature-weight gradients must equal the
+               unbalanced model's within rtol 1e-10, atol 1e-12. PASS/FAIL;
+               figure: max_rel_diff. Runs on CPU too (--device cpu).
+  side_stream  Stream order. The input is filled on a non-blocking side stream
+               behind a ~50 ms kernel (torch.cuda._sleep), the current stream
+               waits for it (current.wait_stream(side)), then route: the
+               routed rows must be the filled values, which proves the
+               exchange is ordered after the caller's stream and not run early
+               on another one. Then the route's output (and reverse_route's)
+               consumed at once on the current stream, and the whole call made
+               with the side stream current: values right. With the raw
+               transport, the same for all_to_all_rows given the stream
+               handle. PASS/FAIL; figure: route_host_ms (how long route held
+               the host while the GPU slept; about the sleep means a sync).
+  host_syncs   Host synchronisations per balanced step (route, pre_attn,
+               post_attn, reverse_route and the backward pass; plan_routing
+               counted apart), counted with torch.profiler (CPU and CUDA
+               activities): CUDA runtime calls cudaStreamSynchronize,
+               cudaDeviceSynchronize, cudaEventSynchronize and cudaMemcpy
+               (synchronous; not cudaMemcpyAsync) inside each call, averaged
+               over 3 steps after 2 warm-up steps; attention is stood in for by
+               elementwise work that syncs nothing. INFO (figures:
+               syncs_per_step, in_<call>, calls_<runtime call>); SKIP when the
+               profiler cannot start or records no CUDA runtime calls (no
+               CUPTI).
+  copy_bandwidth  route + reverse_route of one tensor (--copy-mb, 64 MB) where
+               every token stays on its GPU (one-GPU group), against
+               dst.copy_(src) twice of the same bytes: CUDA events, median of
+               --repeats; GB/s of both and their ratio. INFO.
+  route_vs_all_to_all  With 2 or more ranks: route + reverse_route against two
+               bare dist.all_to_all_single calls with the plan's own splits
+               (topology gNn1: every sequence spread over every rank), at each
+               --sizes-mb per rank (1 and 16 MB; CPU: 0.25 and 1), slowest
+               rank per repeat, median of --repeats; both times and their
+               ratio. INFO. Runs on CPU too.
+  killed_rank  A small world of its own (one process per GPU, up to 4, only
+               where this node has 2 or more GPUs; on CPU, 3 Gloo processes)
+               over a SequenceBalancer (and the raw transport where built):
+               the last rank exits (os._exit) after a route and before the
+               reverse_route; every survivor's reverse_route, its next
+               plan_routing and its next raw exchange must raise, not hang,
+               within --kill-timeout-s plus slack (15 s + a quarter of it).
+               PASS/FAIL; figures: max_error_s, timeout_s. Under torchrun
+               rank 0 starts it after every rank has reported, since torchrun
+               ends the whole job when one of its workers dies.
+
+Output: a header (devices, torch, its CUDA and NCCL, knapformer's build
+info), a table with one row per check (name, verdict, figures, detail), every
+FAIL's full detail below it, and a JSON file (--json, ./gpu_check.json) with
+every figure, verdict and detail, every rank's own verdict, and the header.
+Under torchrun only rank 0 prints and writes; the others send it their
+results.
+
+--dry-run checks the arguments, says what would run here and why the rest
+would not (with no GPU: "no GPU: torch X (CPU build ...)"), writes the JSON
+with every check SKIP and exits 0. --device cpu is the self-test of this
+command's own logic, for CI: python_step, route_vs_all_to_all (smaller
+sizes) and killed_rank on --ranks CPU processes over Gloo, the CUDA-only
+checks SKIP.
+
+Exit status: 0 nothing FAILed; 1 a check FAILed; 2 bad arguments; 3 no GPU
+was found (outside --dry-run and --device cpu): nothing was checked. Under
+torchrun, ranks other than 0 exit 0 once they have reported (a worker that
+exits non-zero makes torchrun stop rank 0 before it reports).
+
+Every wait is bounded. A check that runs longer than --timeout-s (300 s) is
+reported as hung: the table and JSON are written with that check FAIL and the
+later ones SKIP, every thread's stack goes to stderr, and the run exits 1; the
+process groups' and the raw transport's own timeouts are 60 s longer, so the
+report comes first. The worlds this command spawns (--device cpu,
+killed_rank) are ended when they overstay, and a rank that never reported
+FAILs the check naming it.
+
+The environment variable KNAPFORMER_GPU_CHECK_FAULT is for the command's own
+tests: corrupt_route adds 1 to one routed value in python_step, which must
+then FAIL (a check that cannot fail proves nothing); hang stops python_step on
+rank 0, which must be reported as hung. The report names the fault.
+"""
+
+# The parts, one job each: common (check names, exit statuses, a result), machine
+# (what torch and the launcher provide here), options (arguments; what runs and why
+# not), report (header, table, JSON), context (a rank's world and what the checks
+# share), nccl_checks, step_checks, cuda_checks, host_syncs (the checks),
+# world_checks (running them in order under a watchdog), worlds (spawned processes),
+# killed_rank, cli (the modes and main).
+from knapformer.gpu_check.cli import main
+from knapformer.gpu_check.common import (BAD_ARGUMENTS, CHECKS, CUDA_ONLY, FAILED, FAULT_ENV,
+                                         FAULTS, NO_GPU, OK)
+from knapformer.gpu_check.host_syncs import count_host_syncs
+from knapformer.gpu_check.killed_rank import killed_rank_row
+from knapformer.gpu_check.options import skip_reasons
+from knapformer.gpu_check.report import exit_status, merge_ranks, render_report, write_json
+
+# Internals the tests drive through the package, as they did when it was one module.
+from knapformer import _C  # noqa: F401
+from knapformer.gpu_check.common import _result  # noqa: F401
+from knapformer.gpu_check.context import _Context  # noqa: F401
+from knapformer.gpu_check.host_syncs import _on_host  # noqa: F401
+from knapformer.gpu_check.options import _parse  # noqa: F401
+from knapformer.gpu_check.report import _header  # noqa: F401
+from knapformer.gpu_check.world_checks import _world_checks  # noqa: F401
+
+__all__ = ["BAD_ARGUMENTS", "CHECKS", "CUDA_ONLY", "FAILED", "FAULTS", "FAULT_ENV", "NO_GPU",
+           "OK", "count_host_syncs", "exit_status", "killed_rank_row", "main", "merge_ranks",
+           "render_report", "skip_reasons", "write_json"]
