@@ -62,8 +62,8 @@ fi
 
 # The caller's folder stays the working one (the report lands there); no
 # folder of the checkout holds a package named knapformer at its top.
-gpus="$("$python" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' \
-  2>/dev/null || echo 0)"
+gpus="$("$python" -c 'import torch
+print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)"
 if [[ "$gpus" -ge 2 ]]; then
   exec "$python" -m torch.distributed.run --nproc_per_node "$gpus" --redirects 1 --tee 1 \
     -m knapformer.gpu_check "$@"

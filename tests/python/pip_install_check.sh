@@ -30,7 +30,8 @@ done
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 venv="$work/venv"
-"$python" -m venv --system-site-packages "$venv" || { echo "pip_install_check: no venv" >&2; exit 1; }
+"$python" -m venv --system-site-packages "$venv" ||
+  { echo "pip_install_check: no venv" >&2; exit 1; }
 
 # The install, as a user runs it. --no-index: nothing to fetch (torch and
 # the build tools are the interpreter's).
@@ -50,7 +51,11 @@ if ! install; then
 fi
 echo "pip install --no-build-isolation . (cold): ${seconds} s"
 if [[ $warm -eq 1 ]]; then
-  install || { tail -n 40 "$work/pip.log"; echo "pip_install_check: the warm install failed"; exit 1; }
+  if ! install; then
+    tail -n 40 "$work/pip.log"
+    echo "pip_install_check: the warm install failed"
+    exit 1
+  fi
   echo "pip install --no-build-isolation . (warm, build folder kept): ${seconds} s"
 fi
 
@@ -61,7 +66,8 @@ cp -r "$root/tests/python" "$tree/tests/python"
 cp -r "$root/examples" "$tree/examples"
 cd "$tree"
 unset PYTHONPATH
-where="$("$venv/bin/python" -c 'import knapformer, os; print(os.path.dirname(knapformer.__file__))')" ||
+where="$("$venv/bin/python" -c 'import knapformer, os
+print(os.path.dirname(knapformer.__file__))')" ||
   { echo "pip_install_check: the installed package does not import"; exit 1; }
 case "$where" in
   "$venv"/*) echo "knapformer imported from $where" ;;
