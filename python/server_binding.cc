@@ -9,7 +9,7 @@
 
 #include "python/bindings.h"
 #include "python/status_exception.h"
-#include "server/embedded_serve.h"
+#include "tools/embedded_serve.h"
 
 namespace knapformer {
 namespace python {

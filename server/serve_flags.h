@@ -3,7 +3,7 @@
 
 // `knapformer serve`'s flags, declared once for the planner process
 // (tools/serve.h) and for the planner embedded in another process
-// (embedded_serve.h).
+// (tools/embedded_serve.h).
 
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "server/embedded_serve.h"
+#include "tools/embedded_serve.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"

@@ -1,10 +1,13 @@
-#ifndef KNAPFORMER_SERVER_EMBEDDED_SERVE_H_
-#define KNAPFORMER_SERVER_EMBEDDED_SERVE_H_
+#ifndef KNAPFORMER_TOOLS_EMBEDDED_SERVE_H_
+#define KNAPFORMER_TOOLS_EMBEDDED_SERVE_H_
 
 // The planner service inside another process (a trainer's rank 0, the Python
 // package's PlannerServer), configured with `knapformer serve`'s flags less
 // the two that act on a whole process of its own (--port-file,
-// --retain-freed-memory). Callers see no other server header (nor gRPC's).
+// --retain-freed-memory). In tools/ because only the command line and the
+// tests include server/: the Python package reaches the service through this
+// library (never through the command's own code in serve.cc), and sees no
+// server header, nor gRPC's.
 
 #include <memory>
 #include <optional>
@@ -43,4 +46,4 @@ class EmbeddedServe {
 
 }  // namespace knapformer
 
-#endif  // KNAPFORMER_SERVER_EMBEDDED_SERVE_H_
+#endif  // KNAPFORMER_TOOLS_EMBEDDED_SERVE_H_
