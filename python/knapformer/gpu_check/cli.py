@@ -18,7 +18,8 @@ from knapformer.gpu_check.killed_rank import _run_killed_rank
 from knapformer.gpu_check.machine import (_UsageError, _device_text, _gpu_count, _no_gpu_text,
                                           _torchrun_env, _transport_built)
 from knapformer.gpu_check.options import _parse, skip_reasons
-from knapformer.gpu_check.report import _finish, _header, merge_ranks, write_json
+from knapformer.gpu_check.report import (_finish, _header, _write_json_saying_where,
+                                         merge_ranks)
 from knapformer.gpu_check.world_checks import _WORLD_CHECKS, _world_checks
 from knapformer.gpu_check.worlds import _run_world, _world_results
 
@@ -208,11 +209,7 @@ def _dry_run(opts, fault, argv, gpus, world):
             by_reason.setdefault(reasons[name], []).append(name)
     for reason, names in by_reason.items():
         print(f"would skip {', '.join(names)}: {reason}")
-    try:
-        write_json(opts.json, header, rows, OK)
-        print(f"JSON (every check SKIP): {os.path.abspath(opts.json)}", flush=True)
-    except OSError as error:
-        print(f"gpu_check: could not write {opts.json}: {error}", file=sys.stderr, flush=True)
+    _write_json_saying_where(opts.json, header, rows, OK, label="JSON (every check SKIP)")
     return OK
 
 

@@ -37,6 +37,19 @@ def _stamped(ids, width, k):
                                                 device=ids.device)[None, :] + 0.25 * k
 
 
+def _fill_behind_sleep(current, side, cycles, target, values):
+    """target <- values on `side`, behind a kernel that sleeps `cycles`; then the
+    `current` stream waits for `side`, as a trainer that fills on a side stream does.
+    Until the sleep ends the target still holds what it held before."""
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(cycles)
+        target.copy_(values)
+    target.record_stream(side)
+    values.record_stream(side)
+    current.wait_stream(side)
+
+
 def _check_side_stream(ctx):
     dev = ctx.device
     topology = f"g1n{ctx.size}"
@@ -58,13 +71,7 @@ def _check_side_stream(ctx):
         # a) filled on the side stream behind a slow kernel; the current stream waits.
         values, want = _stamped(ids, width, 4 * k), _stamped(want_ids, width, 4 * k)
         x = torch.full_like(values, -1.0)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(cycles)
-            x.copy_(values)
-        x.record_stream(side)
-        values.record_stream(side)
-        current.wait_stream(side)
+        _fill_behind_sleep(current, side, cycles, x, values)
         began = time.perf_counter()
         _, routed, _ = balancer.route(x)
         host_ms.append((time.perf_counter() - began) * 1e3)
@@ -115,13 +122,7 @@ def _check_side_stream_raw(ctx, side, cycles, problems):
 
     def behind_sleep(send):
         filled = torch.full_like(send, 5)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(cycles)
-            filled.copy_(send)
-        filled.record_stream(side)
-        send.record_stream(side)
-        current.wait_stream(side)
+        _fill_behind_sleep(current, side, cycles, filled, send)
         return filled
 
     got, want = _raw_exchange(ctx, transport, 3, torch.int64, fill=behind_sleep)

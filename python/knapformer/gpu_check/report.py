@@ -149,12 +149,18 @@ def write_json(path, header, rows, status):
     os.replace(temporary, path)  # a reader never sees half a file
 
 
+def _write_json_saying_where(path, header, rows, status, label="JSON"):
+    """write_json, then the file's path on stdout; a file that cannot be written is
+    said on stderr and costs the report nothing else."""
+    try:
+        write_json(path, header, rows, status)
+        print(f"{label}: {os.path.abspath(path)}", flush=True)
+    except OSError as error:
+        print(f"gpu_check: could not write {path}: {error}", file=sys.stderr, flush=True)
+
+
 def _finish(opts, header, rows):
     status = exit_status(rows)
     print(render_report(header, rows), end="", flush=True)
-    try:
-        write_json(opts.json, header, rows, status)
-        print(f"JSON: {os.path.abspath(opts.json)}", flush=True)
-    except OSError as error:
-        print(f"gpu_check: could not write {opts.json}: {error}", file=sys.stderr, flush=True)
+    _write_json_saying_where(opts.json, header, rows, status)
     return status
