@@ -9,6 +9,7 @@ how it is found: python/pip_configure.py and docs/python.md; the Bazel build
 files (tests/python:pip_sources_test).
 """
 import os
+import subprocess
 import sys
 
 from setuptools import setup
@@ -67,7 +68,9 @@ class BuildWithProtos(BuildExtension):
                    f"--grpc_out={generated}",
                    f"--plugin=protoc-gen-grpc={tools['grpc_cpp_plugin']}", *protos]
         print(f"knapformer: {protoc_version}: {' '.join(command)}", flush=True)
-        self.spawn_with_env(command, env)
+        status = subprocess.run(command, env=env).returncode
+        if status != 0:
+            fail(f"protoc exited {status} on {' '.join(command)}")
         sources = []
         for proto in pip_configure.PROTOS:
             base = os.path.relpath(os.path.join(ROOT, proto), proto_root)[:-len(".proto")]
@@ -76,13 +79,6 @@ class BuildWithProtos(BuildExtension):
             extension.sources += sources
             extension.include_dirs.append(generated)
         super().build_extensions()
-
-    @staticmethod
-    def spawn_with_env(command, env):
-        import subprocess
-        result = subprocess.run(command, env=env)
-        if result.returncode != 0:
-            fail(f"protoc exited {result.returncode} on {' '.join(command)}")
 
 
 def extension():

@@ -166,9 +166,10 @@ TOOLS = [
     ("grpc_cpp_plugin", "KNAPFORMER_GRPC_CPP_PLUGIN", "protobuf-compiler-grpc"),
 ]
 MIN_TORCH = (1, 13)
-# Folders the dynamic linker searches anyway: no rpath for them.
-_SYSTEM_LIBRARY_DIRS = {"/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu",
-                        "/usr/lib/x86_64-linux-gnu"}
+# Folders the dynamic linker searches anyway (no rpath for them), in the order
+# the build looks for a library without a pkg-config file there.
+_SYSTEM_LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib", "/lib/x86_64-linux-gnu", "/lib",
+                        "/usr/lib64", "/lib64")
 
 
 class ConfigureError(Exception):
@@ -268,14 +269,18 @@ class Flags:
                 self.library_dirs.append(flag[2:])
             self.link_args.append(flag)
 
+    def private_library_dirs(self):
+        """The library folders the dynamic linker does not search by itself
+        (an unpacked prefix)."""
+        return [d for d in self.library_dirs if os.path.realpath(d) not in _SYSTEM_LIBRARY_DIRS]
+
     def rpaths(self):
-        """Non-system library folders, so that the installed extension finds
-        the libraries it was linked with there (an unpacked prefix) without
-        LD_LIBRARY_PATH. As DT_RPATH, not DT_RUNPATH: RUNPATH serves only
-        the extension's own dependencies, RPATH theirs too (libgrpc++ needs
-        libgrpc, Abseil, c-ares, ... from the same folder)."""
-        folders = [d for d in self.library_dirs
-                   if os.path.realpath(d) not in _SYSTEM_LIBRARY_DIRS]
+        """The private library folders, so that the installed extension finds
+        the libraries it was linked with there without LD_LIBRARY_PATH. As
+        DT_RPATH, not DT_RUNPATH: RUNPATH serves only the extension's own
+        dependencies, RPATH theirs too (libgrpc++ needs libgrpc, Abseil,
+        c-ares, ... from the same folder)."""
+        folders = self.private_library_dirs()
         if not folders:
             return []
         return ["-Wl,--disable-new-dtags"] + [f"-Wl,-rpath,{d}" for d in folders]
@@ -303,14 +308,10 @@ def system_libraries():
             raise ConfigureError(f"pkg-config {option} {' '.join(modules)} failed: {err}")
         add(out)
     for library, package in PLAIN_LIBRARIES:
-        if not _find_library(library, flags.library_dirs + _default_library_dirs()):
+        if not _find_library(library, flags.library_dirs + list(_SYSTEM_LIBRARY_DIRS)):
             raise ConfigureError(f"lib{library}.so is missing (install {package})")
         flags.link_args.append(f"-l{library}")
     return flags
-
-
-def _default_library_dirs():
-    return ["/usr/lib/x86_64-linux-gnu", "/usr/lib", "/lib/x86_64-linux-gnu"]
 
 
 def _find_library(name, folders):
@@ -332,7 +333,7 @@ def find_tools(flags):
                                  "its path)")
         found[name] = path
     env = dict(os.environ)
-    extra = [d for d in flags.library_dirs if os.path.realpath(d) not in _SYSTEM_LIBRARY_DIRS]
+    extra = flags.private_library_dirs()
     if extra:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             extra + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
@@ -387,7 +388,7 @@ def cuda_libraries(facts):
         tried.append(f"{home} ({'CUDA %d.%d' % version if version else 'no cuda_runtime_api.h'})")
         if version is None or version[0] != wanted[0]:
             continue
-        folders = _default_library_dirs() if home == "/usr" else \
+        folders = _SYSTEM_LIBRARY_DIRS if home == "/usr" else \
             [os.path.join(home, sub) for sub in ("lib64", "lib", "targets/x86_64-linux/lib")]
         library = _find_library("cudart", folders)
         if library is None:
@@ -408,7 +409,7 @@ def cuda_libraries(facts):
     nccl_homes = [os.environ.get("KNAPFORMER_NCCL_HOME"), facts.get("pip_nccl"), "/usr"]
     for home in [h for h in nccl_homes if h]:
         include = "/usr/include" if home == "/usr" else os.path.join(home, "include")
-        folders = _default_library_dirs() if home == "/usr" else [os.path.join(home, "lib")]
+        folders = _SYSTEM_LIBRARY_DIRS if home == "/usr" else [os.path.join(home, "lib")]
         library = _find_library("nccl", folders)
         if os.path.isfile(os.path.join(include, "nccl.h")) and library:
             if include not in flags.include_dirs:
