@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from knapformer import _C
+from knapformer import _compile
 from knapformer import _reference_tables as reference
 from knapformer._reference_tables import tflops_estimator, workload_estimator  # noqa: F401
 from knapformer._torch_compat import device_backend
@@ -261,6 +262,10 @@ class SequenceBalancer:
             # agreement), so that they cost no GPU round trip and host sync.
             host_group, host_bag_groups = _make_host_groups(group, bags)
         self._impl = _C._SequenceBalancer(group, bag_groups, args, host_group, host_bag_groups)
+        # For torch.compile: the custom ops' handle and the step's shape
+        # carriers (knapformer/_compile.py), made by plan_routing.
+        self._handle = _compile.register(self) if _compile.available() else None
+        self._shapes = None
 
     # -- planning ---------------------------------------------------------
 
@@ -275,6 +280,8 @@ class SequenceBalancer:
         # Checked in C++ after this rank has joined the step, so that a rank
         # that gets it wrong alone fails the step on every rank, not a hang.
         self._impl.plan_routing(local_seq_lens, token_dim)
+        if self._handle is not None:
+            self._shapes = self._shape_carriers()
         if self.tracking:
             self._track()
 
@@ -336,6 +343,8 @@ class SequenceBalancer:
         changes nothing: every tensor moves bit for bit in its own dtype, so
         there is no shared buffer dtype to choose."""
         tensors = self._with_features("route", packed_seqs, packed_features)
+        if self._traced():
+            return self._traced_exchange("route", tensors, "chunk", "sequence", packed_features)
         moved = self._impl.route(tensors)
         lengths = self._impl.lengths("chunk", str(packed_seqs.device))
         return lengths, moved[0], (moved[1:] if packed_features is not None else None)
@@ -345,6 +354,9 @@ class SequenceBalancer:
         every token back where it came from (gradients too).
         ``force_fp32_buffer``: as in route."""
         tensors = self._with_features("reverse_route", packed_seqs, packed_features)
+        if self._traced():
+            return self._traced_exchange("reverse_route", tensors, "sequence", "chunk",
+                                         packed_features)
         moved = self._impl.reverse_route(tensors)
         lengths = self._impl.lengths("sequence", str(packed_seqs.device))
         self._count_step()
@@ -355,17 +367,60 @@ class SequenceBalancer:
         [tokens, heads, head_dim] -> ``(seq_lens, q, k, v)`` of whole
         sequences with heads / bag_gpus heads, in one exchange. ``seq_lens``
         (int32) is what a varlen attention kernel's cu_seqlens are made of."""
-        moved = self._impl.pre_attn(
-            self._tensors("pre_attn", packed_q=packed_q, packed_k=packed_k, packed_v=packed_v))
+        tensors = self._tensors("pre_attn", packed_q=packed_q, packed_k=packed_k,
+                                packed_v=packed_v)
+        if self._traced():
+            lengths, moved = self._traced_exchange("pre_attn", tensors, "attention", "chunk")
+            return lengths, moved[0], moved[1], moved[2]
+        moved = self._impl.pre_attn(tensors)
         lengths = self._impl.lengths("attention", str(packed_q.device))
         return lengths, moved[0], moved[1], moved[2]
 
     def post_attn(self, packed_seqs):
         """Collective within the bag: attention's output -> ``(chunk_lens,
         out)`` back on the routed tokens with every head."""
-        moved = self._impl.post_attn(self._tensors("post_attn", packed_seqs=packed_seqs))
+        tensors = self._tensors("post_attn", packed_seqs=packed_seqs)
+        if self._traced():
+            lengths, moved = self._traced_exchange("post_attn", tensors, "chunk", "attention")
+            return lengths, moved[0]
+        moved = self._impl.post_attn(tensors)
         lengths = self._impl.lengths("chunk", str(packed_seqs.device))
         return lengths, moved[0]
+
+    # -- under torch.compile -------------------------------------------------
+
+    def _traced(self):
+        """Whether torch.compile is tracing this call (then the exchanges
+        are the custom ops of knapformer/_compile.py)."""
+        return self._handle is not None and _compile.compiling()
+
+    def _shape_carriers(self):
+        """The step's shape carriers (knapformer/_compile.py), by row set."""
+        device = self._device()
+        carriers = {}
+        for which in ("sequence", "chunk", "attention"):
+            lengths = self._impl.lengths(which, "cpu")
+            bag_gpus = 1 if which == "sequence" else self._impl.bag_gpus
+            carriers[which] = _compile.shape_carrier(int(lengths.sum()), lengths.numel(),
+                                                     bag_gpus, device)
+        return carriers
+
+    def _traced_exchange(self, call, tensors, to, source, features=()):
+        """``call`` as the custom op: (lengths of ``to``, moved tensors); for
+        the routes, the reference's (lengths, tensor, features) triple."""
+        if self._shapes is None:
+            # What the eager call says too (an error agreed on every rank).
+            self._impl.refuse(call, f"{call}: no plan for this step yet; call plan_routing first")
+        lengths = _compile.lengths(self._handle, to, self._shapes[to])
+        if call in ("pre_attn", "post_attn") and self._shapes[to].shape[2] == 1:
+            # A one-GPU bag: identity, as in eager mode (torch specialises a
+            # size of 1, so this is decided when tracing, not each step).
+            return lengths, list(tensors)
+        moved = _compile.exchange(self._handle, call, tensors, self._shapes[to],
+                                  self._shapes[source])
+        if call in ("route", "reverse_route"):
+            return lengths, moved[0], (moved[1:] if features is not None else None)
+        return lengths, moved
 
     # -- reporting ----------------------------------------------------------
 
