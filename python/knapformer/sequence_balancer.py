@@ -16,6 +16,11 @@ from knapformer._torch_compat import device_backend
 _COST_MODELS = ("transformer", "uniform", "linear")
 
 
+# The autograd graph task this thread runs, -1 outside a backward pass
+# (torch 2.x; on 1.13 recomputation is not checked).
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+
+
 def _global_rank(group, rank):
     get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
     return get(group, rank)
@@ -266,6 +271,7 @@ class SequenceBalancer:
         # carriers (knapformer/_compile.py), made by plan_routing.
         self._handle = _compile.register(self) if _compile.available() else None
         self._shapes = None
+        self._forward_step = None  # the step of the last exchange outside a backward
 
     # -- planning ---------------------------------------------------------
 
@@ -345,6 +351,7 @@ class SequenceBalancer:
         tensors = self._with_features("route", packed_seqs, packed_features)
         if self._traced():
             return self._traced_exchange("route", tensors, "chunk", "sequence", packed_features)
+        self._check_recomputation("route")
         moved = self._impl.route(tensors)
         lengths = self._impl.lengths("chunk", str(packed_seqs.device))
         return lengths, moved[0], (moved[1:] if packed_features is not None else None)
@@ -357,6 +364,7 @@ class SequenceBalancer:
         if self._traced():
             return self._traced_exchange("reverse_route", tensors, "sequence", "chunk",
                                          packed_features)
+        self._check_recomputation("reverse_route")
         moved = self._impl.reverse_route(tensors)
         lengths = self._impl.lengths("sequence", str(packed_seqs.device))
         self._count_step()
@@ -372,6 +380,7 @@ class SequenceBalancer:
         if self._traced():
             lengths, moved = self._traced_exchange("pre_attn", tensors, "attention", "chunk")
             return lengths, moved[0], moved[1], moved[2]
+        self._check_recomputation("pre_attn")
         moved = self._impl.pre_attn(tensors)
         lengths = self._impl.lengths("attention", str(packed_q.device))
         return lengths, moved[0], moved[1], moved[2]
@@ -383,9 +392,24 @@ class SequenceBalancer:
         if self._traced():
             lengths, moved = self._traced_exchange("post_attn", tensors, "chunk", "attention")
             return lengths, moved[0]
+        self._check_recomputation("post_attn")
         moved = self._impl.post_attn(tensors)
         lengths = self._impl.lengths("chunk", str(packed_seqs.device))
         return lengths, moved[0]
+
+    def _check_recomputation(self, what):
+        """An exchange called during a backward pass is activation
+        checkpointing recomputing a forward: it must use the plan its
+        forward used, so plan_routing must not have run in between. Every
+        rank runs the same program, so every rank refuses alike (agreed,
+        like any refusal), instead of moving rows by another step's plan."""
+        if _graph_task_id() == -1:
+            self._forward_step = self._impl.step
+        elif self._forward_step != self._impl.step:
+            self._refuse(what, f"{what}: recomputed in a backward pass (activation "
+                               f"checkpointing) under the plan of step {self._impl.step}, but "
+                               f"its forward ran at step {self._forward_step}: run the "
+                               "backward before the next plan_routing")
 
     # -- under torch.compile -------------------------------------------------
 
