@@ -3,12 +3,20 @@ stream, each step twice on the same weights and tokens: without balancing
 (every rank on its own sequences) and with knapformer's SequenceBalancer.
 
     /usr/bin/python3 -m torch.distributed.run --nproc_per_node 4 --redirects 1 --tee 1 \\
-        examples/train_dit.py [--steps 5] [--planner host:port]
+        examples/train_dit.py [--steps 5] [--planner host:port] \\
+        [--fsdp] [--checkpoint] [--compile]
 
 (CPU and Gloo here; with a CUDA build of torch, --device cuda uses NCCL.
 `--redirects 1 --tee 1` work around torchrun's crash on Python 3.11. On a
 torch without libuv, such as Debian's 2.6, torchrun cannot start: use
 `python3 -m knapformer.launch --nproc_per_node 4 examples/train_dit.py`.)
+
+--fsdp shards the model (fully_shard, FSDP2, where it runs; torch 2.6's does
+not run on CPU, so there FullyShardedDataParallel; --fsdp fsdp1|fsdp2 picks),
+--checkpoint recomputes every block in the backward pass (non-reentrant;
+--checkpoint reentrant), --compile compiles every block with torch.compile
+(torch >= 2.4; --compile-backend, default inductor). The balancer needs
+nothing else from them: docs/python.md says in which order to apply them.
 
 The integration is the reference implementation's: route once before the
 blocks, pre_attn/post_attn around attention inside every block, reverse_route
@@ -68,6 +76,16 @@ def varlen_attention(q, k, v, seq_lens):
     return torch.cat(outs) if outs else q[:0] * 0
 
 
+def masked_attention(q, k, v, seq_lens):
+    """The same, for torch.compile: one block-diagonal mask made from the
+    lengths tensor (a Python loop over its values would break the graph)."""
+    segment = torch.repeat_interleave(torch.arange(seq_lens.numel(), device=q.device),
+                                      seq_lens.long(), output_size=q.shape[0])
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(segment[None, :, None] != segment[None, None, :], float("-inf"))
+    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
+
+
 class DiTBlock(nn.Module):
     """Attention and MLP, each modulated by the token's timestep (adaLN)."""
 
@@ -81,17 +99,19 @@ class DiTBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
                                  nn.Linear(4 * d_model, d_model))
         self.modulation = nn.Linear(d_model, 6 * d_model)
+        self.attention = varlen_attention
 
     def forward(self, x, cond, seq_lens, balancer=None):
         shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(F.silu(cond)).chunk(6, -1)
         h = self.norm1(x) * (1 + scale1) + shift1
-        q, k, v = self.qkv(h).reshape(x.shape[0], 3, self.heads, -1).unbind(1)
+        head_dim = x.shape[1] // self.heads
+        q, k, v = self.qkv(h).reshape(x.shape[0], 3, self.heads, head_dim).unbind(1)
         if balancer is not None:  # whole sequences, heads / bag size
             seq_lens, q, k, v = balancer.pre_attn(q, k, v)
-        o = varlen_attention(q, k, v, seq_lens)
+        o = self.attention(q, k, v, seq_lens)
         if balancer is not None:  # back to this rank's chunks, every head
             _, o = balancer.post_attn(o)
-        x = x + gate1 * self.proj(o.reshape(x.shape[0], -1))
+        x = x + gate1 * self.proj(o.reshape(x.shape[0], x.shape[1]))
         return x + gate2 * self.mlp(self.norm2(x) * (1 + scale2) + shift2)
 
 
@@ -134,9 +154,22 @@ def make_batch(lengths, d_model, seed, step, rank):
     return x_t, noise - x0, t_per_token, positions
 
 
-def train_step(model, batch, lengths, world_tokens, balancer):
+def local_gradients(model, sharded):
+    """Every parameter's gradient: this rank's shard under FSDP (already
+    reduced over the ranks), else all-reduced here."""
+    grads = []
+    for p in model.parameters():
+        grad = p.grad.detach() if p.grad is not None else torch.zeros_like(p)
+        grads.append(grad.to_local().clone() if hasattr(grad, "to_local") else grad.clone())
+    if not sharded:
+        for grad in grads:
+            dist.all_reduce(grad)
+    return grads
+
+
+def train_step(model, batch, lengths, world_tokens, balancer, sharded):
     """Forward and backward; returns (this rank's loss share, compute seconds,
-    all-reduced gradients)."""
+    reduced gradients)."""
     x_t, target, t_per_token, positions = batch
     model.zero_grad(set_to_none=True)
     start = time.thread_time()
@@ -145,11 +178,63 @@ def train_step(model, batch, lengths, world_tokens, balancer):
     loss = ((pred - target) ** 2).mean(dim=-1).sum() / world_tokens
     loss.backward()
     seconds = time.thread_time() - start
-    grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-             for p in model.parameters()]
-    for grad in grads:
-        dist.all_reduce(grad)
-    return loss.detach(), seconds, grads
+    return loss.detach(), seconds, local_gradients(model, sharded)
+
+
+def fully_shard_function():
+    """torch's fully_shard (FSDP2) or None."""
+    for where in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        try:
+            return __import__(where, fromlist=["fully_shard"]).fully_shard
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def dtensor_class():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5
+        from torch.distributed._tensor import DTensor
+    return DTensor
+
+
+def prepare(model, args, device):
+    """Compile, checkpoint and shard the model, in that order (innermost
+    first): each block's forward is compiled, the checkpoint wrapper
+    recomputes it, FSDP shards the wrapped blocks. Returns the model to train."""
+    blocks = list(model.blocks)
+    if args.compile:
+        if not hasattr(torch.library, "custom_op"):
+            raise SystemExit(f"--compile: torch {torch.__version__} has no "
+                             "torch.library.custom_op (2.4+), which the exchanges need")
+        for block in blocks:
+            block.attention = masked_attention
+            # Dynamic shapes from the start: lengths change every step.
+            block.forward = torch.compile(block.forward, backend=args.compile_backend,
+                                          dynamic=True)
+    if args.checkpoint:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+        impl = CheckpointImpl.REENTRANT if args.checkpoint == "reentrant" else \
+            CheckpointImpl.NO_REENTRANT
+        apply_activation_checkpointing(
+            model, checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=impl),
+            check_fn=lambda m: isinstance(m, DiTBlock))
+    if args.fsdp == "fsdp2":
+        fully_shard = fully_shard_function()
+        if fully_shard is None:
+            raise SystemExit(f"--fsdp fsdp2: torch {torch.__version__} has no fully_shard")
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    elif args.fsdp == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        wrapped = type(model.blocks[0])  # the checkpoint wrapper's class, if any
+        model = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({wrapped}),
+                                         device_id=device, use_orig_params=True)
+    return model
 
 
 def main():
@@ -169,7 +254,20 @@ def main():
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--print-imbalance", action="store_true",
                         help="rank 0 prints the planned per-rank workloads every step")
+    parser.add_argument("--fsdp", nargs="?", const="auto", choices=["auto", "fsdp1", "fsdp2"],
+                        help="shard the model: fully_shard (fsdp2), FullyShardedDataParallel "
+                        "(fsdp1), or auto: fsdp2 on CUDA, fsdp1 on CPU (torch 2.6's fully_shard "
+                        "does not run on CPU)")
+    parser.add_argument("--checkpoint", nargs="?", const="non-reentrant",
+                        choices=["non-reentrant", "reentrant"],
+                        help="activation checkpointing on every block")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every block")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile's backend (default inductor; aot_eager needs no "
+                        "C++ compiler)")
     args = parser.parse_args()
+    if args.fsdp == "auto":
+        args.fsdp = "fsdp2" if args.device == "cuda" else "fsdp1"
     if args.steps < 1 or args.scale < 1 or args.d_model % args.heads:
         raise SystemExit("--steps and --scale must be >= 1 and --heads must divide --d-model")
 
@@ -188,7 +286,8 @@ def main():
         raise SystemExit(f"--data: {e}")
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    model = DiT(args.d_model, args.heads, args.layers).to(device)
+    model = prepare(DiT(args.d_model, args.heads, args.layers).to(device), args, device)
+    sharded = args.fsdp is not None
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     balancer = SequenceBalancer(args.topology, gamma=args.gamma)
 
@@ -202,18 +301,23 @@ def main():
         dist.all_reduce(world_tokens)
 
         plain_loss, plain_seconds, plain_grads = train_step(
-            model, batch, lengths, world_tokens.item(), None)
+            model, batch, lengths, world_tokens.item(), None, sharded)
         balancer.plan_routing(lengths, args.d_model)
         if args.print_imbalance and rank == 0:
             balancer.print_imbalance()
-        loss, seconds, grads = train_step(model, batch, lengths, world_tokens.item(), balancer)
+        loss, seconds, grads = train_step(model, batch, lengths, world_tokens.item(), balancer,
+                                          sharded)
 
         losses = torch.stack([plain_loss, loss])
         dist.all_reduce(losses)
         times = [None] * world_size
         dist.all_gather_object(times, (plain_seconds, seconds, sum(lengths)))
-        grad_diff = max(((g - p).abs().max() / p.abs().max().clamp_min(1e-12)).item()
-                        for g, p in zip(grads, plain_grads))
+        grad_diff = max([((g - p).abs().max() / p.abs().max().clamp_min(1e-12)).item()
+                         for g, p in zip(grads, plain_grads) if p.numel()], default=0.0)
+        # Sharded gradients: every rank compared its own shards.
+        grad_diff_all = torch.tensor([grad_diff], device=device)
+        dist.all_reduce(grad_diff_all, op=dist.ReduceOp.MAX)
+        grad_diff = grad_diff_all.item()
         worst_grad_diff = max(worst_grad_diff, grad_diff)
         loss_diff = abs(losses[0] - losses[1]).item() / max(abs(losses[0].item()), 1e-12)
         ok = ok and grad_diff < 1e-3 and loss_diff < 1e-5
@@ -231,6 +335,8 @@ def main():
                   f"{speedup:.2f}x faster balanced, relative gradient difference "
                   f"{grad_diff:.1e}", flush=True)
         for p, g in zip(model.parameters(), grads):
+            if hasattr(p, "to_local"):  # FSDP2's DTensor parameters
+                g = dtensor_class().from_local(g, p.device_mesh, p.placements)
             p.grad = g
         optimizer.step()
 
@@ -238,9 +344,13 @@ def main():
         measured = slice(1, None) if args.steps > 1 else slice(None)  # step 0 warms up
         plain = sum(slowest["unbalanced"][measured]) / len(slowest["unbalanced"][measured])
         balanced = sum(slowest["balanced"][measured]) / len(slowest["balanced"][measured])
-        print(f"slowest-rank compute, mean over steps {'1' if args.steps > 1 else '0'}-"
-              f"{args.steps - 1}: unbalanced {plain * 1e3:.0f} ms, balanced {balanced * 1e3:.0f} ms "
-              f"({plain / balanced:.2f}x); losses and gradients "
+        setup = ", ".join(f"{name} {value}" for name, value in
+                          (("fsdp", args.fsdp), ("checkpoint", args.checkpoint),
+                           ("compile", args.compile_backend if args.compile else None)) if value)
+        first = "1" if args.steps > 1 else "0"
+        print(f"[{setup or 'plain'}] slowest-rank compute, mean over steps {first}-"
+              f"{args.steps - 1}: unbalanced {plain * 1e3:.0f} ms, balanced "
+              f"{balanced * 1e3:.0f} ms ({plain / balanced:.2f}x); losses and gradients "
               f"{'agree' if ok else 'DISAGREE'} (worst relative gradient difference "
               f"{worst_grad_diff:.1e})", flush=True)
     dist.destroy_process_group()
