@@ -3,9 +3,11 @@
 every check SKIP), the no-GPU exit 3, the report (table, JSON, exit status)
 from given results, the host-sync counter on made-up profiler events, the
 --device cpu self-test on 4 Gloo processes (python_step exact,
-route_vs_all_to_all figures, a killed rank raising on every survivor, the
-CUDA-only checks SKIP), an injected fault that python_step must catch (exit
-1), a hung check reported as such within its bound, and the CUDA-only
+route_vs_all_to_all figures, fsdp2_checkpoint and compiled_block PASS or SKIP
+with the reason this torch gives, a killed rank raising on every survivor,
+the CUDA-only checks SKIP), injected faults that python_step and
+compiled_block must catch (exit 1), a hung check reported as such within its
+bound, and the CUDA-only
 checks' own code run on CPU tensors with torch.cuda's streams and events
 stubbed and a Gloo stand-in for the raw NCCL transport, sound and with flaws
 the checks must report."""
@@ -23,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from knapformer import gpu_check
+from knapformer.gpu_check.fsdp_checks import compile_missing, fsdp2_missing
 from world import run_world
 
 CLI_TIMEOUT_S = 600
@@ -49,6 +52,10 @@ def run_cli(args, tmp_path, env=None, timeout=120):
 
 def no_gpu_here():
     return not torch.cuda.is_available()
+
+
+# The checks that need more of torch than the rest, and whether this one has it.
+TORCH_NEEDS = {"fsdp2_checkpoint": fsdp2_missing(), "compiled_block": compile_missing()}
 
 
 @pytest.mark.parametrize("args,option", [
@@ -83,11 +90,14 @@ def test_skip_reasons_follow_the_machine():
     assert "nccl_transport_available" in one["raw_nccl"]
     assert "2 or more ranks" in one["route_vs_all_to_all"]
     assert "found 1" in one["killed_rank"]
+    assert {n: one[n] for n in TORCH_NEEDS} == TORCH_NEEDS
     two = gpu_check.skip_reasons(opts, gpus=2, world_size=2, transport_built=True)
-    assert all(reason is None for reason in two.values()), two
+    assert {n: r for n, r in two.items() if r is not None} == \
+        {n: r for n, r in TORCH_NEEDS.items() if r is not None}, two
     cpu = gpu_check.skip_reasons(gpu_check._parse(["--device", "cpu", "--skip", "killed_rank"]),
                                  gpus=0, world_size=1, transport_built=False)
-    assert [n for n, r in cpu.items() if r is None] == ["python_step", "route_vs_all_to_all"]
+    assert [n for n, r in cpu.items() if r is None] == \
+        ["python_step", "route_vs_all_to_all"] + [n for n, r in TORCH_NEEDS.items() if r is None]
     assert cpu["killed_rank"] == "skipped (--skip)"
     assert all("CUDA only" in cpu[n] for n in gpu_check.CUDA_ONLY)
 
@@ -110,9 +120,19 @@ def test_dry_run_without_a_gpu_says_so_and_writes_every_check_skip(tmp_path):
     # What the CPU self-test would run, without running it.
     status, out, _ = run_cli(["--dry-run", "--device", "cpu", "--ranks", "3"], tmp_path)
     assert status == 0 and "3 CPU processes" in out
-    assert "would run: python_step, route_vs_all_to_all, killed_rank" in out, out
+    runs = ["python_step", "route_vs_all_to_all"] + \
+        [n for n, r in TORCH_NEEDS.items() if r is None] + ["killed_rank"]
+    assert f"would run: {', '.join(runs)}" in out, out
+    for name, reason in TORCH_NEEDS.items():  # both listed: to run, or skipped and why
+        if reason is not None:
+            assert f"would skip {name}: {reason}" in out, out
     document = json.loads((tmp_path / "gpu_check.json").read_text())
     assert {c["verdict"] for c in document["checks"]} == {"SKIP"}
+    assert [c["name"] for c in document["checks"]] == list(gpu_check.CHECKS)
+    for name, reason in TORCH_NEEDS.items():
+        detail = document["checks"][gpu_check.CHECKS.index(name)]["detail"]
+        assert detail == ("--dry-run: would run" if reason is None else
+                          f"--dry-run; would be skipped: {reason}"), detail
 
 
 @pytest.mark.skipif(not no_gpu_here(), reason="this machine has a GPU")
@@ -208,7 +228,8 @@ def load_json(tmp_path, name="gpu_check.json"):
 
 def test_cpu_self_test_on_4_processes(tmp_path):
     began = time.monotonic()
-    status, out, err = run_cli(["--device", "cpu", "--ranks", "4", "--timeout-s", "120",
+    # --timeout-s: compiled_block compiles 3 times on each of 4 processes sharing the cores.
+    status, out, err = run_cli(["--device", "cpu", "--ranks", "4", "--timeout-s", "300",
                                 "--kill-timeout-s", "10", "--sizes-mb", "0.0625,0.25",
                                 "--repeats", "3"], tmp_path, timeout=CLI_TIMEOUT_S)
     assert status == 0, (out, err)
@@ -239,6 +260,31 @@ def test_cpu_self_test_on_4_processes(tmp_path):
         first = killed["ranks"][rank]["value"]["first"]
         assert first[0] == "RuntimeError" and first[2] < 10, first
 
+    fsdp2 = checks["fsdp2_checkpoint"]
+    if TORCH_NEEDS["fsdp2_checkpoint"] is not None:  # no fully_shard in this torch
+        assert fsdp2["verdict"] == "SKIP" and fsdp2["detail"] == TORCH_NEEDS["fsdp2_checkpoint"]
+        assert "has no usable fully_shard" in fsdp2["detail"], fsdp2
+    elif fsdp2["verdict"] == "SKIP":  # fully_shard cannot run on CPU (torch 2.6), with why
+        assert f"fully_shard does not run on cpu with torch {torch.__version__}" in \
+            fsdp2["detail"] and "Error" in fsdp2["detail"], fsdp2
+    else:
+        assert fsdp2["verdict"] == "PASS", fsdp2
+        assert 0 <= fsdp2["figures"]["max_rel_diff"] <= 1e-10, fsdp2
+
+    compiled = checks["compiled_block"]
+    if TORCH_NEEDS["compiled_block"] is not None:
+        assert compiled["verdict"] == "SKIP", compiled
+        assert compiled["detail"] == TORCH_NEEDS["compiled_block"]
+        assert "torch.library.custom_op" in compiled["detail"] or \
+            "not supported" in compiled["detail"], compiled
+    else:
+        assert compiled["verdict"] == "PASS", compiled
+        assert {r["verdict"] for r in compiled["ranks"].values()} == {"PASS"}
+        figures = compiled["figures"]
+        assert figures["graph_breaks"] == 0 and 1 <= figures["compiles"] <= 4, figures
+        assert 0 <= figures["max_rel_diff"] <= 1e-10, figures
+        assert f"compiled {figures['compiles']} time(s)" in compiled["detail"], compiled
+
     for name in gpu_check.CUDA_ONLY:
         assert checks[name]["verdict"] == "SKIP" and "CUDA only" in checks[name]["detail"]
 
@@ -252,7 +298,8 @@ def test_cpu_self_test_on_4_processes(tmp_path):
 def test_an_injected_fault_fails_python_step(tmp_path):
     """A check that cannot fail proves nothing: one routed value off by one."""
     status, out, err = run_cli(["--device", "cpu", "--ranks", "2", "--timeout-s", "120",
-                                "--skip", "route_vs_all_to_all,killed_rank"], tmp_path,
+                                "--skip", "route_vs_all_to_all,fsdp2_checkpoint,compiled_block,"
+                                          "killed_rank"], tmp_path,
                                env={gpu_check.FAULT_ENV: "corrupt_route"}, timeout=CLI_TIMEOUT_S)
     assert status == 1, (out, err)
     document, checks = load_json(tmp_path)
@@ -262,6 +309,26 @@ def test_an_injected_fault_fails_python_step(tmp_path):
     assert "route + reverse_route changed the float64 tokens" in step["detail"]
     assert "differs from the unbalanced model's" in step["detail"]
     assert "FAULT INJECTED" in out and "FAIL python_step" in out
+
+
+@pytest.mark.skipif(TORCH_NEEDS["compiled_block"] is not None,
+                    reason=f"compiled_block does not run here: {TORCH_NEEDS['compiled_block']}")
+def test_an_injected_fault_fails_compiled_block(tmp_path):
+    """One value of the compiled block's output off by one on rank 0."""
+    status, out, err = run_cli(["--device", "cpu", "--ranks", "2", "--timeout-s", "300",
+                                "--skip", "python_step,route_vs_all_to_all,fsdp2_checkpoint,"
+                                          "killed_rank"], tmp_path,
+                               env={gpu_check.FAULT_ENV: "corrupt_compiled"},
+                               timeout=CLI_TIMEOUT_S)
+    assert status == 1, (out, err)
+    document, checks = load_json(tmp_path)
+    assert document["header"]["fault"] == "corrupt_compiled"
+    compiled = checks["compiled_block"]
+    assert compiled["verdict"] == "FAIL", compiled
+    assert "differs from the unbalanced model's" in compiled["detail"], compiled
+    assert compiled["ranks"]["0"]["verdict"] == "FAIL"
+    assert checks["python_step"]["verdict"] == "SKIP"
+    assert "FAULT INJECTED" in out and "FAIL compiled_block" in out
 
 
 def test_a_hung_check_is_reported_and_the_run_ends(tmp_path):
@@ -403,6 +470,8 @@ def stubbed_cuda_world(rank, size, flaw):
     ctx.cuda = True  # the CUDA code paths, on CPU tensors and the stubs
     reasons = gpu_check.skip_reasons(opts, gpus=size, world_size=size, transport_built=True)
     reasons["killed_rank"] = "not in this world"
+    for name in ("fsdp2_checkpoint", "compiled_block"):  # not CUDA-only: the self-test's
+        reasons[name] = "not in this world"
     results = gpu_check._world_checks(ctx, reasons)
     return {r["name"]: (r["verdict"], r["detail"], r["figures"]) for r in results}
 

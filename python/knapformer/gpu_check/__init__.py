@@ -69,6 +69,31 @@ figures, SKIP rows say why they did not run):
                --sizes-mb per rank (1 and 16 MB; CPU: 0.25 and 1), slowest
                rank per repeat, median of --repeats; both times and their
                ratio. INFO. Runs on CPU too.
+  fsdp2_checkpoint  The training setup of issue 35: a 2-block float64 model
+               with one MLP per modality in each block, non-reentrant
+               activation checkpointing on every block, and fully_shard (FSDP2)
+               on every modality MLP, every block and the model;
+               route/reverse_route around the blocks and pre_attn/post_attn in
+               each (topology with multi-GPU bags from 2 ranks on: the mix
+               g1n{N/2}+g{N/2}n1 or gNn1), 3 steps, one where only rank 0 has
+               a sequence (5 tokens) and a rank with no tokens of one
+               modality. Outputs, input gradients and every rank's own shards
+               of the parameter gradients must equal the same model's run
+               unbalanced within rtol 1e-10. PASS/FAIL (the largest
+               difference); figures: max_rel_diff, moved_tokens. SKIP with
+               torch's own error where this torch has no fully_shard, or where
+               fully_shard cannot run a plain Linear here (on CPU with torch
+               2.6 its streams have no record_event). Runs on CPU too where
+               fully_shard does.
+  compiled_block  torch.compile(fullgraph=True, dynamic=None, backend
+               aot_eager) of one attention block calling pre_attn and
+               post_attn (routes eager), 8 steps of changing lengths, float64:
+               outputs and gradients equal the unbalanced eager block's within
+               rtol 1e-10, no graph break, and no compile after step 3
+               (counted from 0). PASS/FAIL; figures: compiles, graph_breaks,
+               max_rel_diff. SKIP where torch has no torch.library.custom_op
+               (before 2.4: the exchanges cannot be custom ops). Runs on CPU
+               too.
   killed_rank  A small world of its own (one process per GPU, up to 4, only
                where this node has 2 or more GPUs; on CPU, 3 Gloo processes)
                over a SequenceBalancer (and the raw transport where built):
@@ -91,8 +116,8 @@ results.
 would not (with no GPU: "no GPU: torch X (CPU build ...)"), writes the JSON
 with every check SKIP and exits 0. --device cpu is the self-test of this
 command's own logic, for CI: python_step, route_vs_all_to_all (smaller
-sizes) and killed_rank on --ranks CPU processes over Gloo, the CUDA-only
-checks SKIP.
+sizes), fsdp2_checkpoint, compiled_block and killed_rank on --ranks CPU
+processes over Gloo, the CUDA-only checks SKIP.
 
 Exit status: 0 nothing FAILed; 1 a check FAILed; 2 bad arguments; 3 no GPU
 was found (outside --dry-run and --device cpu): nothing was checked. Under
@@ -109,14 +134,16 @@ FAILs the check naming it.
 
 The environment variable KNAPFORMER_GPU_CHECK_FAULT is for the command's own
 tests: corrupt_route adds 1 to one routed value in python_step, which must
-then FAIL (a check that cannot fail proves nothing); hang stops python_step on
-rank 0, which must be reported as hung. The report names the fault.
+then FAIL (a check that cannot fail proves nothing); corrupt_compiled adds 1
+to one value of the compiled block's output on rank 0 in compiled_block,
+which must then FAIL; hang stops python_step on rank 0, which must be
+reported as hung. The report names the fault.
 """
 
 # The parts, one job each: common (check names, exit statuses, a result), machine
 # (what torch and the launcher provide here), options (arguments; what runs and why
 # not), report (header, table, JSON), context (a rank's world and what the checks
-# share), nccl_checks, step_checks, cuda_checks, host_syncs (the checks),
+# share), nccl_checks, step_checks, cuda_checks, host_syncs, fsdp_checks (the checks),
 # world_checks (running them in order under a watchdog), worlds (spawned processes),
 # killed_rank, cli (the modes and main).
 from knapformer.gpu_check.cli import main

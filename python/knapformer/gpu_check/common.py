@@ -2,10 +2,11 @@
 check's result (one row of the report, or one rank's part of it)."""
 
 CHECKS = ("nccl_group", "raw_nccl", "python_step", "side_stream", "host_syncs",
-          "copy_bandwidth", "route_vs_all_to_all", "killed_rank")
+          "copy_bandwidth", "route_vs_all_to_all", "fsdp2_checkpoint", "compiled_block",
+          "killed_rank")
 CUDA_ONLY = ("nccl_group", "raw_nccl", "side_stream", "host_syncs", "copy_bandwidth")
 FAULT_ENV = "KNAPFORMER_GPU_CHECK_FAULT"
-FAULTS = ("corrupt_route", "hang")
+FAULTS = ("corrupt_route", "corrupt_compiled", "hang")
 
 # Exit statuses.
 OK, FAILED, BAD_ARGUMENTS, NO_GPU = 0, 1, 2, 3

@@ -5,6 +5,7 @@ import math
 import sys
 
 from knapformer.gpu_check.common import CHECKS, CUDA_ONLY
+from knapformer.gpu_check.fsdp_checks import compile_missing, fsdp2_missing
 from knapformer.gpu_check.machine import _no_gpu_text
 
 
@@ -116,8 +117,8 @@ def skip_reasons(opts, gpus, world_size, transport_built):
         if name in opts.skip:
             reason = "skipped (--skip)"
         elif cpu and name in CUDA_ONLY:
-            reason = ("CUDA only; --device cpu runs python_step, route_vs_all_to_all and "
-                      "killed_rank on CPU processes")
+            reason = ("CUDA only; --device cpu runs python_step, route_vs_all_to_all, "
+                      "fsdp2_checkpoint, compiled_block and killed_rank on CPU processes")
         elif not cpu and gpus == 0:
             reason = "no GPU: " + _no_gpu_text()
         elif name == "raw_nccl" and not transport_built:
@@ -127,6 +128,10 @@ def skip_reasons(opts, gpus, world_size, transport_built):
             reason = ("needs 2 or more ranks: --ranks 2 or more" if cpu else
                       "needs 2 or more ranks: torchrun --nproc_per_node N -m "
                       "knapformer.gpu_check (N >= 2)")
+        elif name == "fsdp2_checkpoint" and fsdp2_missing() is not None:
+            reason = fsdp2_missing()
+        elif name == "compiled_block" and compile_missing() is not None:
+            reason = compile_missing()
         elif name == "killed_rank" and _killed_world_size(opts, gpus) < 2:
             reason = ("needs 2 or more processes: --ranks 2 or more" if cpu else
                       f"needs 2 or more GPUs on this node (found {gpus}): it starts a world "

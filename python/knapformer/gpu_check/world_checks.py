@@ -9,6 +9,7 @@ import traceback
 
 from knapformer.gpu_check.common import FAILED, _one_line, _result
 from knapformer.gpu_check.cuda_checks import _check_copy_bandwidth, _check_side_stream
+from knapformer.gpu_check.fsdp_checks import _check_compiled_block, _check_fsdp2_checkpoint
 from knapformer.gpu_check.host_syncs import _check_host_syncs
 from knapformer.gpu_check.nccl_checks import _check_nccl_group, _check_raw_nccl
 from knapformer.gpu_check.step_checks import _check_python_step, _check_route_vs_all_to_all
@@ -68,7 +69,9 @@ def _hung_results(results, name, bound_s, reasons):
 _WORLD_CHECKS = (("nccl_group", _check_nccl_group), ("raw_nccl", _check_raw_nccl),
                  ("python_step", _check_python_step), ("side_stream", _check_side_stream),
                  ("host_syncs", _check_host_syncs), ("copy_bandwidth", _check_copy_bandwidth),
-                 ("route_vs_all_to_all", _check_route_vs_all_to_all))
+                 ("route_vs_all_to_all", _check_route_vs_all_to_all),
+                 ("fsdp2_checkpoint", _check_fsdp2_checkpoint),
+                 ("compiled_block", _check_compiled_block))
 
 
 def _world_checks(ctx, reasons):

@@ -1,0 +1,390 @@
+"""The checks of the training setup around the balancer (issue 35), on any device:
+fsdp2_checkpoint, a model sharded with FSDP2 (fully_shard) and non-reentrant
+activation checkpointing on every block, and compiled_block, one attention block
+under torch.compile. Both run every step twice on the same weights, unbalanced and
+balanced, in float64, and must agree within rtol 1e-10. The model is the one of
+tests/python/test_fsdp.py and test_compile.py (this package cannot import the tests);
+where torch lacks what a check needs, its row is SKIP with the reason."""
+import functools
+import math
+
+import torch
+import torch.distributed as dist
+
+import knapformer
+from knapformer import _compile
+from knapformer.gpu_check.common import _one_line, _problems_text, _result
+from knapformer.gpu_check.step_checks import RTOL, _compare
+
+HEAD_DIM = 4
+TEXT, IMAGE = 0, 1
+FSDP_STEPS = 3  # an ordinary step, one where only rank 0 has a (short) sequence, another
+COMPILE_STEPS = 8
+SETTLED_AFTER = 3  # no step after this one (counted from 0) may compile
+
+
+# -- what this torch offers ---------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _fully_shard():
+    """(fully_shard, None), or (None, why not: the import errors)."""
+    errors = []
+    for where in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        try:
+            module = __import__(where, fromlist=["fully_shard"])
+        except Exception as error:  # noqa: BLE001  (any import failure is the reason)
+            errors.append(f"{where}: {type(error).__name__}: {_one_line(error)}")
+            continue
+        if hasattr(module, "fully_shard"):
+            return module.fully_shard, None
+        errors.append(f"{where} has no fully_shard")
+    return None, f"torch {torch.__version__} has no usable fully_shard (FSDP2): " + \
+        "; ".join(errors)
+
+
+def fsdp2_missing():
+    """None when this torch has fully_shard, else why not (the same on every rank)."""
+    return _fully_shard()[1]
+
+
+def compile_missing():
+    """None when the balancer's exchanges can be traced by torch.compile here."""
+    if not _compile.available():
+        return (f"torch {torch.__version__} has no torch.library.custom_op (2.4+): the "
+                "balancer's exchanges cannot be custom ops there, and torch.compile would "
+                "break the graph at each")
+    try:
+        from torch._dynamo.eval_frame import is_dynamo_supported
+        supported = is_dynamo_supported()
+    except Exception:  # noqa: BLE001  (no such probe in this torch: assume it works)
+        supported = True
+    if not supported:
+        return f"torch.compile is not supported by torch {torch.__version__} on this Python"
+    return None
+
+
+def _topology(ctx):
+    """One with multi-GPU bags where the world has 2 or more ranks (the mix where it
+    fits, else one bag of every rank); one-GPU bags on one rank."""
+    mixed = [t for t in ctx.topologies if "+" in t]
+    return mixed[0] if mixed else ctx.topologies[-1]
+
+
+def _heads(topology):
+    """4, or a multiple of the topology's largest bag (attention splits the heads over
+    a bag's GPUs): 4 heads of 4 on 4 ranks, as in tests/python/test_fsdp.py."""
+    bag = max(int(term[1:].split("n")[0]) for term in topology.split("+"))
+    return math.lcm(4, bag)
+
+
+def _rows(a, b, problems, where, names):
+    """The largest relative difference of every pair, problems noted by _compare."""
+    return max([0.0] + [_compare(got, want, f"{where}: {name}", problems)
+                        for name, got, want in zip(names, a, b)])
+
+
+def _failure_text(worst, problems):
+    largest = f"largest relative difference {worst:.3g}: " if worst > RTOL else ""
+    return largest + _problems_text(problems)
+
+
+def _local(tensor):
+    """A gradient's local part: FSDP2's are DTensors, sharded over the ranks."""
+    if tensor is None:
+        return None
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+# -- fsdp2_checkpoint ---------------------------------------------------------------------
+
+def _attention(q, k, v, seq_lens):
+    outs, start = [], 0
+    for n in seq_lens.tolist():
+        qs, ks, vs = (x[start:start + n].transpose(0, 1) for x in (q, k, v))
+        weights = torch.softmax(qs @ ks.transpose(1, 2) / math.sqrt(q.shape[-1]), dim=-1)
+        outs.append((weights @ vs).transpose(0, 1))
+        start += n
+    # No sequences (a rank or bag without tokens): still in the graph, so that the qkv
+    # weights get a (zero) gradient on every rank; FSDP2 reduce-scatters only the
+    # gradients a rank has, and ranks that disagree on which would not match.
+    return torch.cat(outs) if outs else q[:0] * 0
+
+
+class _StreamMLP(torch.nn.Module):
+    """One modality's MLP (MMDiT-style): an FSDP unit of its own, so every rank runs
+    it every step, with or without tokens of its modality."""
+
+    def __init__(self, d_model):
+        super().__init__()
+        self.up = torch.nn.Linear(d_model, 2 * d_model)
+        self.down = torch.nn.Linear(2 * d_model, d_model)
+
+    def forward(self, h):
+        return self.down(torch.nn.functional.gelu(self.up(h)))
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, d_model, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
+        self.proj = torch.nn.Linear(d_model, d_model)
+        self.streams = torch.nn.ModuleList([_StreamMLP(d_model), _StreamMLP(d_model)])
+        self.balancer = None  # set per run: None = unbalanced
+
+    def forward(self, h, modality, seq_lens):
+        d_model = h.shape[1]
+        q, k, v = self.qkv(h).reshape(h.shape[0], 3, self.heads,
+                                      d_model // self.heads).unbind(1)
+        if self.balancer is not None:
+            seq_lens, q, k, v = self.balancer.pre_attn(q, k, v)
+        o = _attention(q, k, v, seq_lens)
+        if self.balancer is not None:
+            _, o = self.balancer.post_attn(o)
+        h = h + self.proj(o.reshape(h.shape[0], d_model))
+        mixed = torch.zeros_like(h)
+        for kind, stream in enumerate(self.streams):
+            rows = (modality == kind).nonzero().squeeze(1)
+            # Called on no rows too: FSDP needs every rank in every unit.
+            mixed = mixed.index_add(0, rows, stream(h.index_select(0, rows)))
+        return h + mixed
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, d_model, heads):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Block(d_model, heads) for _ in range(2))
+
+    def forward(self, x, modality, seq_lens, balancer):
+        if balancer is not None:
+            seq_lens, x, (modality,) = balancer.route(x, [modality])
+        for block in self.blocks:
+            x = block(x, modality, seq_lens)
+        if balancer is not None:
+            _, x, _ = balancer.reverse_route(x)
+        return x
+
+
+def _sharded(model, fully_shard, mesh):
+    """Non-reentrant activation checkpointing on every block, then fully_shard on every
+    stream MLP, every (wrapped) block and the model: torch's own order in its FSDP2
+    tests."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+
+    apply_activation_checkpointing(
+        model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper,
+                                                       checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda m: isinstance(m, _Block))
+    for block in model.blocks:
+        for inner in block.modules():
+            if isinstance(inner, _StreamMLP):
+                fully_shard(inner, mesh=mesh)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _batch(rank, size, step):
+    """(lengths, modality per sequence). Step 1: only rank 0 has a sequence (5 image
+    tokens), so whole bags receive nothing. Rank 1 (rank 0 alone in a world of one)
+    has no image tokens in the other steps."""
+    if step == 1:
+        return ([5], [IMAGE]) if rank == 0 else ([], [])
+    g = torch.Generator().manual_seed(100 * step + rank)
+    count = int(torch.randint(2, 6, (1,), generator=g))
+    lengths = torch.randint(1, 30, (count,), generator=g).tolist()
+    text_only = rank == min(1, size - 1)
+    kinds = [TEXT if text_only else int(k) for k in torch.randint(0, 2, (count,), generator=g)]
+    return lengths, kinds
+
+
+def _fsdp_step(ctx, model, balancer, lengths, kinds, step, d_model):
+    """Output, input gradient and this rank's parameter-gradient shards of one step."""
+    g = torch.Generator().manual_seed(7 * step + ctx.rank)
+    x = torch.randn(sum(lengths), d_model, generator=g, dtype=torch.float64).to(ctx.device)
+    x.requires_grad_(True)
+    modality = torch.repeat_interleave(torch.tensor(kinds, dtype=torch.long),
+                                       torch.tensor(lengths, dtype=torch.long)).to(ctx.device)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device=ctx.device)
+    for block in model.modules():
+        if isinstance(block, _Block):
+            block.balancer = balancer
+    model.zero_grad(set_to_none=True)
+    out = model(x, modality, seq_lens, balancer)
+    (out ** 2).sum().backward()
+    grads = [_local(p.grad) for p in model.parameters()]
+    grads = [None if grad is None else grad.detach().clone() for grad in grads]
+    return [out.detach(), x.grad] + grads
+
+
+def _fsdp2_cannot_run(ctx, fully_shard):
+    """(mesh, None), or (None, why fully_shard does not run here): a plain Linear
+    sharded and run forward and backward, agreed by every rank."""
+    mesh, failure = None, None
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(ctx.device.type, (ctx.size,))
+        probe = torch.nn.Linear(4, 4).double().to(ctx.device)
+        fully_shard(probe, mesh=mesh)
+        probe(torch.ones(2, 4, dtype=torch.float64, device=ctx.device)).sum().backward()
+    except Exception as error:  # noqa: BLE001  (torch's own error is the reason)
+        failure = f"{type(error).__name__}: {_one_line(error)}"
+    failures = [(r, f) for r, f in enumerate(ctx.gather(failure)) if f]
+    if not failures:
+        return mesh, None
+    rank, text = failures[0]
+    where = f"rank {rank}: " if ctx.size > 1 else ""
+    return None, (f"fully_shard does not run on {ctx.device.type} with torch "
+                  f"{torch.__version__} (a plain Linear sharded and run, no balancer): "
+                  f"{where}{text}")
+
+
+def _check_fsdp2_checkpoint(ctx):
+    fully_shard, missing = _fully_shard()
+    if fully_shard is None:
+        return _result("fsdp2_checkpoint", "SKIP", missing)
+    mesh, failure = _fsdp2_cannot_run(ctx, fully_shard)
+    if failure is not None:
+        return _result("fsdp2_checkpoint", "SKIP", failure)
+    topology = _topology(ctx)
+    heads = _heads(topology)
+    d_model = heads * HEAD_DIM
+    torch.manual_seed(0)  # the same weights on every rank, as FSDP expects
+    model = _sharded(_Model(d_model, heads).double().to(ctx.device), fully_shard, mesh)
+    balancer = knapformer.SequenceBalancer(topology)
+    names = ["output", "input gradient"] + [
+        f"gradient of {name.replace('_checkpoint_wrapped_module.', '')} (this rank's shard)"
+        for name, _ in model.named_parameters()]
+    problems, worst, moved = [], 0.0, 0
+    for step in range(FSDP_STEPS):
+        lengths, kinds = _batch(ctx.rank, ctx.size, step)
+        plain = _fsdp_step(ctx, model, None, lengths, kinds, step, d_model)
+        balancer.plan_routing(lengths, token_dim=d_model)
+        moved += balancer.get_routing_plan_summary()["moved_tokens"]
+        balanced = _fsdp_step(ctx, model, balancer, lengths, kinds, step, d_model)
+        worst = max(worst, _rows(balanced, plain, problems, f"step {step}", names))
+    local = sum(_local(p).numel() for p in model.parameters())
+    whole = sum(p.numel() for p in model.parameters())
+    if ctx.size > 1 and local >= whole:
+        problems.append(f"not sharded: this rank holds all {whole} parameter elements")
+    figures = {"max_rel_diff": worst, "steps": FSDP_STEPS, "moved_tokens": moved,
+               "shard_elements": local}
+    if problems:
+        return _result("fsdp2_checkpoint", "FAIL", _failure_text(worst, problems), figures)
+    return _result("fsdp2_checkpoint", "PASS",
+                   f"fully_shard (stream MLPs, blocks, model) + non-reentrant checkpointing "
+                   f"of every block, {topology} on {ctx.size} rank(s), {FSDP_STEPS} steps (one "
+                   f"where only rank 0 has tokens, a rank without image tokens): outputs, "
+                   f"input gradients and every rank's gradient shards equal the unbalanced "
+                   f"run's (max relative difference {worst:.2g})", figures)
+
+
+# -- compiled_block -----------------------------------------------------------------------
+
+def _masked_attention(q, k, v, seq_lens):
+    """Each sequence attends to itself, through a block-diagonal mask made from the
+    lengths tensor (no Python loop over it, which would break the graph)."""
+    segment = torch.repeat_interleave(torch.arange(seq_lens.numel(), device=q.device),
+                                      seq_lens.long(), output_size=q.shape[0])
+    scores = torch.einsum("qhd,khd->hqk", q, k) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(segment[None, :, None] != segment[None, None, :], float("-inf"))
+    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
+
+
+class _CompiledBlock(torch.nn.Module):
+    def __init__(self, d_model, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
+        self.proj = torch.nn.Linear(d_model, d_model)
+
+    def forward(self, h, seq_lens, balancer):
+        d_model = h.shape[1]
+        q, k, v = self.qkv(h).reshape(h.shape[0], 3, self.heads,
+                                      d_model // self.heads).unbind(1)
+        if balancer is not None:
+            seq_lens, q, k, v = balancer.pre_attn(q, k, v)
+        o = _masked_attention(q, k, v, seq_lens)
+        if balancer is not None:
+            _, o = balancer.post_attn(o)
+        return h + self.proj(o.reshape(h.shape[0], d_model))
+
+
+def _compile_lengths(rank, step):
+    """4..7 sequences of 3..40 tokens, different on every rank and step: no row set of
+    0 or 1 rows (torch specialises such sizes, which would add compiles)."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    count = int(torch.randint(4, 8, (1,), generator=g))
+    return torch.randint(3, 41, (count,), generator=g).tolist()
+
+
+def _compiled_step(ctx, block, compiled, lengths, step, balancer, d_model):
+    g = torch.Generator().manual_seed(7 * step + ctx.rank)
+    x = torch.randn(sum(lengths), d_model, generator=g, dtype=torch.float64).to(ctx.device)
+    x.requires_grad_(True)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device=ctx.device)
+    block.zero_grad(set_to_none=True)
+    if balancer is None:
+        out = block(x, seq_lens, None)
+    else:
+        seq_lens, h, _ = balancer.route(x)
+        h = compiled(block, h, seq_lens, balancer)
+        if ctx.fault == "corrupt_compiled" and ctx.rank == 0 and h.numel() > 0:
+            bump = torch.zeros_like(h)
+            bump.view(-1)[0] = 1
+            h = h + bump
+        _, out, _ = balancer.reverse_route(h)
+    (out ** 2).sum().backward()
+    grads = torch.cat([p.grad.flatten() for p in block.parameters()])
+    dist.all_reduce(grads)  # each rank holds a partial sum
+    return [out.detach(), x.grad, grads]
+
+
+def _check_compiled_block(ctx):
+    missing = compile_missing()
+    if missing is not None:
+        return _result("compiled_block", "SKIP", missing)
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    breaks_before = sum(counters["graph_break"].values())
+    topology = _topology(ctx)
+    heads = _heads(topology)
+    d_model = heads * HEAD_DIM
+    torch.manual_seed(0)
+    block = _CompiledBlock(d_model, heads).double().to(ctx.device)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(_CompiledBlock.forward, backend=counter, fullgraph=True,
+                             dynamic=None)
+    balancer = knapformer.SequenceBalancer(topology)
+    problems, worst, compiles = [], 0.0, []
+    names = ("output", "input gradient", "the parameters' gradient (summed over the ranks)")
+    for step in range(COMPILE_STEPS):
+        lengths = _compile_lengths(ctx.rank, step)
+        plain = _compiled_step(ctx, block, compiled, lengths, step, None, d_model)
+        balancer.plan_routing(lengths, token_dim=d_model)
+        balanced = _compiled_step(ctx, block, compiled, lengths, step, balancer, d_model)
+        worst = max(worst, _rows(balanced, plain, problems, f"step {step}", names))
+        compiles.append(counter.frame_count)
+    breaks = sum(counters["graph_break"].values()) - breaks_before
+    if breaks:
+        problems.append(f"{breaks} graph break(s) (fullgraph=True)")
+    late = [s for s in range(SETTLED_AFTER + 1, COMPILE_STEPS) if compiles[s] > compiles[s - 1]]
+    if late:
+        problems.append(f"compiled again at step(s) {', '.join(map(str, late))} (compiles "
+                        f"after each step: {compiles}; none may come after step "
+                        f"{SETTLED_AFTER})")
+    figures = {"compiles": compiles[-1], "graph_breaks": breaks, "max_rel_diff": worst,
+               "steps": COMPILE_STEPS}
+    if problems:
+        return _result("compiled_block", "FAIL", _failure_text(worst, problems), figures)
+    return _result("compiled_block", "PASS",
+                   f"torch.compile(fullgraph=True, backend aot_eager) of a block with pre_attn "
+                   f"and post_attn, {topology} on {ctx.size} rank(s), {COMPILE_STEPS} steps of "
+                   f"changing lengths: compiled {compiles[-1]} time(s) (after each step: "
+                   f"{compiles}), none after step {SETTLED_AFTER}, no graph break; outputs "
+                   f"and gradients equal the unbalanced eager block's (max relative "
+                   f"difference {worst:.2g})", figures)
