@@ -18,8 +18,9 @@ iterations of python / c++ within an iteration (paired: the two ran back to
 back, so drifts of the shared cores cancel).
 Then, in this process alone (a world of one rank: no peers, no scheduling
 noise from them), the fixed cost of one route + reverse of 16 tokens from
-Python and from C++, median of 2000 calls each. Figures only: nothing is
-asserted about time.
+Python and from C++, and of one pre_attn + post_attn from Python (a bag of
+one GPU: what the Python layer adds around the exchange), median of 2000
+calls each. Figures only: nothing is asserted about time.
 
     bazel run -c opt //bench:python_route_bench [-- --seed 0]
 """
@@ -156,16 +157,22 @@ def fixed_costs(calls=2000):
     balancer = knapformer.SequenceBalancer("g1n1", d_model=D_MODEL)
     balancer.plan_routing([10, 6], D_MODEL)
     x = torch.randn(16, D_MODEL)
-    times = {"py": [], "c++": []}
+    q = x.reshape(16, 8, -1)
+    times = {"py": [], "c++": [], "attn": []}
     for i in range(calls):
         start = time.perf_counter()
         _, routed, _ = balancer.route(x)
         balancer.reverse_route(routed)
         times["py"].append(time.perf_counter() - start)
         times["c++"].append(balancer._impl._time_route_and_reverse_in_cpp(x))
-    py, cpp = (statistics.median(times[v]) * 1e6 for v in ("py", "c++"))
+        start = time.perf_counter()
+        _, q2, k2, v2 = balancer.pre_attn(q, q, q)
+        balancer.post_attn(q2)
+        times["attn"].append(time.perf_counter() - start)
+    py, cpp, attn = (statistics.median(times[v]) * 1e6 for v in ("py", "c++", "attn"))
     print(f"fixed cost of one route + reverse (1 process, 16 tokens, median of {calls}): "
-          f"python {py:.1f} us, c++ {cpp:.1f} us, python adds {py - cpp:.1f} us")
+          f"python {py:.1f} us, c++ {cpp:.1f} us, python adds {py - cpp:.1f} us; "
+          f"pre_attn + post_attn (a bag of one GPU) from python {attn:.1f} us")
     dist.destroy_process_group()
 
 

@@ -40,12 +40,14 @@ def available():
     return hasattr(torch, "library") and hasattr(torch.library, "custom_op")
 
 
-def compiling():
-    """Whether torch.compile (dynamo) is tracing the caller."""
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling"):
-        return compiler.is_compiling()
+def _is_compiling():
     return False
+
+
+# Whether torch.compile (dynamo) is tracing the caller: torch's own function
+# (dynamo answers True for it while tracing), called on every eager
+# exchange, so looked up once here.
+compiling = getattr(getattr(torch, "compiler", None), "is_compiling", _is_compiling)
 
 
 def register(balancer):

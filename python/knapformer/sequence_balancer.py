@@ -19,6 +19,8 @@ _COST_MODELS = ("transformer", "uniform", "linear")
 # The autograd graph task this thread runs, -1 outside a backward pass
 # (torch 2.x; on 1.13 recomputation is not checked).
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+_compiling = _compile.compiling
+_Tensor = torch.Tensor
 
 
 def _global_rank(group, rank):
@@ -271,7 +273,11 @@ class SequenceBalancer:
         # carriers (knapformer/_compile.py), made by plan_routing.
         self._handle = _compile.register(self) if _compile.available() else None
         self._shapes = None
-        self._forward_step = None  # the step of the last exchange outside a backward
+        # Plans made (plan_routing calls), and the count when the last
+        # exchange outside a backward pass ran (_check_recomputation).
+        self._plans = 0
+        self._forward_plans = None
+        self._device_names = {}
 
     # -- planning ---------------------------------------------------------
 
@@ -283,6 +289,7 @@ class SequenceBalancer:
         A bad input on any rank raises on every rank."""
         self.metrics["start_time"] = time.time()
         self._tables = None
+        self._plans += 1
         # Checked in C++ after this rank has joined the step, so that a rank
         # that gets it wrong alone fails the step on every rank, not a hang.
         self._impl.plan_routing(local_seq_lens, token_dim)
@@ -349,11 +356,10 @@ class SequenceBalancer:
         changes nothing: every tensor moves bit for bit in its own dtype, so
         there is no shared buffer dtype to choose."""
         tensors = self._with_features("route", packed_seqs, packed_features)
-        if self._traced():
+        if not self._eager("route"):
             return self._traced_exchange("route", tensors, "chunk", "sequence", packed_features)
-        self._check_recomputation("route")
         moved = self._impl.route(tensors)
-        lengths = self._impl.lengths("chunk", str(packed_seqs.device))
+        lengths = self._impl.lengths("chunk", self._device_name(packed_seqs.device))
         return lengths, moved[0], (moved[1:] if packed_features is not None else None)
 
     def reverse_route(self, packed_seqs, packed_features=None, force_fp32_buffer=False):
@@ -361,12 +367,11 @@ class SequenceBalancer:
         every token back where it came from (gradients too).
         ``force_fp32_buffer``: as in route."""
         tensors = self._with_features("reverse_route", packed_seqs, packed_features)
-        if self._traced():
+        if not self._eager("reverse_route"):
             return self._traced_exchange("reverse_route", tensors, "sequence", "chunk",
                                          packed_features)
-        self._check_recomputation("reverse_route")
         moved = self._impl.reverse_route(tensors)
-        lengths = self._impl.lengths("sequence", str(packed_seqs.device))
+        lengths = self._impl.lengths("sequence", self._device_name(packed_seqs.device))
         self._count_step()
         return lengths, moved[0], (moved[1:] if packed_features is not None else None)
 
@@ -375,48 +380,60 @@ class SequenceBalancer:
         [tokens, heads, head_dim] -> ``(seq_lens, q, k, v)`` of whole
         sequences with heads / bag_gpus heads, in one exchange. ``seq_lens``
         (int32) is what a varlen attention kernel's cu_seqlens are made of."""
-        tensors = self._tensors("pre_attn", packed_q=packed_q, packed_k=packed_k,
-                                packed_v=packed_v)
-        if self._traced():
+        if isinstance(packed_q, _Tensor) and isinstance(packed_k, _Tensor) and \
+                isinstance(packed_v, _Tensor):
+            tensors = [packed_q, packed_k, packed_v]
+        else:
+            tensors = self._tensors("pre_attn", packed_q=packed_q, packed_k=packed_k,
+                                    packed_v=packed_v)
+        if not self._eager("pre_attn"):
             lengths, moved = self._traced_exchange("pre_attn", tensors, "attention", "chunk")
             return lengths, moved[0], moved[1], moved[2]
-        self._check_recomputation("pre_attn")
         moved = self._impl.pre_attn(tensors)
-        lengths = self._impl.lengths("attention", str(packed_q.device))
+        lengths = self._impl.lengths("attention", self._device_name(packed_q.device))
         return lengths, moved[0], moved[1], moved[2]
 
     def post_attn(self, packed_seqs):
         """Collective within the bag: attention's output -> ``(chunk_lens,
         out)`` back on the routed tokens with every head."""
-        tensors = self._tensors("post_attn", packed_seqs=packed_seqs)
-        if self._traced():
+        tensors = [packed_seqs] if isinstance(packed_seqs, _Tensor) else \
+            self._tensors("post_attn", packed_seqs=packed_seqs)
+        if not self._eager("post_attn"):
             lengths, moved = self._traced_exchange("post_attn", tensors, "chunk", "attention")
             return lengths, moved[0]
-        self._check_recomputation("post_attn")
         moved = self._impl.post_attn(tensors)
-        lengths = self._impl.lengths("chunk", str(packed_seqs.device))
+        lengths = self._impl.lengths("chunk", self._device_name(packed_seqs.device))
         return lengths, moved[0]
 
-    def _check_recomputation(self, what):
-        """An exchange called during a backward pass is activation
-        checkpointing recomputing a forward: it must use the plan its
-        forward used, so plan_routing must not have run in between. Every
-        rank runs the same program, so every rank refuses alike (agreed,
-        like any refusal), instead of moving rows by another step's plan."""
+    def _device_name(self, device):
+        """str(device), remembered: the length tensors are made on it at
+        every exchange."""
+        name = self._device_names.get(device)
+        if name is None:
+            name = self._device_names[device] = str(device)
+        return name
+
+    def _eager(self, what):
+        """False while torch.compile traces the call (the exchange is then
+        the custom op of knapformer/_compile.py). In eager mode, checks that
+        an exchange called during a backward pass, i.e. activation
+        checkpointing recomputing a forward, uses the plan its forward used:
+        plan_routing must not have run in between. Every rank runs the same
+        program, so every rank refuses alike (agreed, like any refusal)
+        instead of moving rows by another step's plan. One call per
+        exchange: it is on every eager exchange's path."""
+        if self._handle is not None and _compiling():
+            return False
         if _graph_task_id() == -1:
-            self._forward_step = self._impl.step
-        elif self._forward_step != self._impl.step:
+            self._forward_plans = self._plans
+        elif self._forward_plans != self._plans:
             self._refuse(what, f"{what}: recomputed in a backward pass (activation "
-                               f"checkpointing) under the plan of step {self._impl.step}, but "
-                               f"its forward ran at step {self._forward_step}: run the "
-                               "backward before the next plan_routing")
+                               "checkpointing) after plan_routing planned step "
+                               f"{self._impl.step}, but its forward ran under the plan before: "
+                               "run the backward before the next plan_routing")
+        return True
 
     # -- under torch.compile -------------------------------------------------
-
-    def _traced(self):
-        """Whether torch.compile is tracing this call (then the exchanges
-        are the custom ops of knapformer/_compile.py)."""
-        return self._handle is not None and _compile.compiling()
 
     def _shape_carriers(self):
         """The step's shape carriers (knapformer/_compile.py), by row set."""

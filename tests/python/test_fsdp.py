@@ -70,7 +70,7 @@ def attention(q, k, v, seq_lens):
         weights = torch.softmax(qs @ ks.transpose(1, 2) / q.shape[-1] ** 0.5, dim=-1)
         outs.append((weights @ vs).transpose(0, 1))
         start += n
-    return torch.cat(outs) if outs else q.new_zeros(0, q.shape[1], q.shape[2])
+    return torch.cat(outs) if outs else q[:0] * 0  # no sequences: q, k, v stay in the graph
 
 
 class StreamMLP(torch.nn.Module):
@@ -136,13 +136,6 @@ def sharded(model, wrap, checkpoint):
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
 
-    if wrap == "fsdp2":
-        fully_shard = fully_shard_function()
-        for block in model.blocks:
-            for stream in block.streams:
-                fully_shard(stream)
-            fully_shard(block)
-        fully_shard(model)
     if checkpoint != "none":
         impl = CheckpointImpl.REENTRANT if checkpoint == "reentrant" else \
             CheckpointImpl.NO_REENTRANT
@@ -150,6 +143,14 @@ def sharded(model, wrap, checkpoint):
             model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper,
                                                            checkpoint_impl=impl),
             check_fn=lambda m: isinstance(m, Block))
+    if wrap == "fsdp2":  # after the checkpoint wrappers, as torch's own FSDP2 tests do
+        fully_shard = fully_shard_function()
+        for block in blocks_of(model):
+            for stream in block.streams:
+                fully_shard(stream)
+        for wrapped in model.blocks:
+            fully_shard(wrapped)
+        fully_shard(model)
     if wrap == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -331,5 +332,5 @@ def plan_before_backward_world(rank, size):
 def test_a_recomputation_after_the_next_plan_routing_refuses_on_every_rank():
     for rank, (error, took) in enumerate(run_world(plan_before_backward_world, 4, timeout=120)):
         assert error is not None and "recomputed in a backward pass" in error and \
-            "its forward ran at step 0" in error, (rank, error)
+            "its forward ran under the plan before" in error, (rank, error)
         assert took < 5.0, (rank, took)
