@@ -140,6 +140,8 @@ def compiled_world(rank, size, what, dynamic, sparse):
 def check(results, most, settled_from):
     """Exact, no graph break, at most ``most`` compiles, none from step
     ``settled_from`` on."""
+    print(f"compiles per rank over {STEPS} steps: {[r['compiles'][-1] for r in results]}; "
+          f"largest difference from unbalanced {max(r['worst'] for r in results):.1e}")
     for rank, r in enumerate(results):
         assert r["worst"] < TOL, f"rank {rank}: compiled differs from unbalanced by {r['worst']}"
         assert r["graph_breaks"] == 0, f"rank {rank}: {r['graph_breaks']} graph breaks"
