@@ -214,13 +214,18 @@ def prepare(model, args, device):
             block.forward = torch.compile(block.forward, backend=args.compile_backend,
                                           dynamic=True)
     if args.checkpoint:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+        try:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                CheckpointImpl, checkpoint_wrapper)
+        except Exception as error:  # noqa: BLE001  (torch 1.13 on Python 3.11: ValueError)
+            raise SystemExit(f"--checkpoint: torch {torch.__version__}'s checkpoint_wrapper "
+                             f"does not import here ({type(error).__name__}: {error})")
         impl = CheckpointImpl.REENTRANT if args.checkpoint == "reentrant" else \
             CheckpointImpl.NO_REENTRANT
-        apply_activation_checkpointing(
-            model, checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=impl),
-            check_fn=lambda m: isinstance(m, DiTBlock))
+        # What apply_activation_checkpointing does (which imports FSDP, and
+        # torch 1.13's FSDP does not import on Python 3.11).
+        for i, block in enumerate(blocks):
+            model.blocks[i] = checkpoint_wrapper(block, checkpoint_impl=impl)
     if args.fsdp == "fsdp2":
         fully_shard = fully_shard_function()
         if fully_shard is None:

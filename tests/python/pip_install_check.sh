@@ -89,12 +89,14 @@ EOF
 [[ $install_only -eq 0 ]] || exit 0
 
 # Every test of the package, but those about the Bazel build itself
-# (pip_sources, pip_configure) and the one comparing with the Bazel-built
-# command line, which this tree does not have.
+# (pip_sources, pip_configure), the one comparing with the Bazel-built
+# command line, which this tree does not have, and the trainer setups (FSDP,
+# the example's options), which test how a trainer wraps its model, not the
+# install, and take minutes (the Bazel lanes run them).
 tests=()
 for file in tests/python/test_*.py; do
   case "$(basename "$file")" in
-    test_pip_sources.py|test_pip_configure.py) ;;
+    test_pip_sources.py|test_pip_configure.py|test_fsdp.py|test_train_dit_options.py) ;;
     *) tests+=("$file") ;;
   esac
 done

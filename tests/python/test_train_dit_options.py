@@ -17,13 +17,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "..", "examples", "train_dit.py")
 
 
-def fsdp_missing():
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: F401
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: F401
-    except Exception as error:  # noqa: BLE001  (any import failure is the reason)
-        return f"{type(error).__name__}: {error}"
+def import_failure(*modules):
+    """None when every module imports, else why not (torch 1.13's FSDP and
+    checkpoint wrapper do not import on Python 3.11)."""
+    for module in modules:
+        try:
+            __import__(module)
+        except Exception as error:  # noqa: BLE001  (any import failure is the reason)
+            return f"{type(error).__name__}: {error}"
     return None
+
+
+def fsdp_missing():
+    return import_failure("torch.distributed.fsdp", "torch.distributed.fsdp.wrap")
+
+
+def checkpoint_wrapper_missing():
+    return import_failure("torch.distributed.algorithms._checkpoint.checkpoint_wrapper")
 
 
 def label(fsdp, checkpoint, compile_):
@@ -41,6 +51,9 @@ def test_train_dit_matches_unbalanced(fsdp, checkpoint, compile_):
                     f"{torch.__version__} has none")
     if fsdp and fsdp_missing():
         pytest.skip(f"torch {torch.__version__}'s FSDP does not import ({fsdp_missing()})")
+    if checkpoint and checkpoint_wrapper_missing():
+        pytest.skip(f"torch {torch.__version__}'s checkpoint_wrapper does not import "
+                    f"({checkpoint_wrapper_missing()})")
     command = [sys.executable, "-m", "knapformer.launch", "--nproc_per_node", "4", EXAMPLE,
                "--steps", "3", "--compile-backend", "aot_eager"]
     command += ["--fsdp"] if fsdp else []
