@@ -274,7 +274,7 @@ class SequenceBalancer:
         self._handle = _compile.register(self) if _compile.available() else None
         self._shapes = None
         # Plans made (plan_routing calls), and the count when the last
-        # exchange outside a backward pass ran (_check_recomputation).
+        # exchange outside a backward pass ran (_eager).
         self._plans = 0
         self._forward_plans = None
         self._device_names = {}
