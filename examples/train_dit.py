@@ -186,7 +186,7 @@ def fully_shard_function():
     for where in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
         try:
             return __import__(where, fromlist=["fully_shard"]).fully_shard
-        except (ImportError, AttributeError):
+        except Exception:  # noqa: BLE001  (not there, or not importable on this Python)
             continue
     return None
 
@@ -234,8 +234,12 @@ def prepare(model, args, device):
             fully_shard(block)
         fully_shard(model)
     elif args.fsdp == "fsdp1":
-        from torch.distributed.fsdp import FullyShardedDataParallel
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        try:
+            from torch.distributed.fsdp import FullyShardedDataParallel
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        except Exception as error:  # noqa: BLE001  (torch 1.13 on Python 3.11: ValueError)
+            raise SystemExit(f"--fsdp fsdp1: torch {torch.__version__}'s FSDP does not import "
+                             f"here ({type(error).__name__}: {error})")
         wrapped = type(model.blocks[0])  # the checkpoint wrapper's class, if any
         model = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({wrapped}),
                                          device_id=device, use_orig_params=True)
