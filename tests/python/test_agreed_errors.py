@@ -3,26 +3,16 @@ bad length or bad tensor, at every entry point, raises on every rank of the
 call's group within 5 s with that rank's reason, and the next call is exact;
 a peer that exits mid-step raises on every survivor within the group's
 timeout, and every later call fails at once."""
-import time
 
 import torch
 
-from world import run_world
+from world import run_world, timed
 
 BOUND_S = 5.0  # an agreed error is two tiny collectives; a hang is Gloo's 60 s
 
 
 def lens_of(rank):
     return [3 + rank, 9, 2 * rank + 1]
-
-
-def timed(fn):
-    start = time.monotonic()
-    try:
-        fn()
-    except (ValueError, RuntimeError) as e:
-        return type(e).__name__, str(e), time.monotonic() - start
-    return None, None, time.monotonic() - start
 
 
 def one_rank_errs_world(rank, size, metadata_on_gloo):

@@ -8,6 +8,8 @@ against the unbalanced computation (1e-10)."""
 import pytest
 import torch
 
+# The GPU check's compiled_block runs this same block and lengths.
+from knapformer.gpu_check.fsdp_checks import CompiledBlock, compile_lengths
 from world import run_world
 
 pytestmark = pytest.mark.skipif(
@@ -21,42 +23,13 @@ TOL = 1e-10
 
 
 def lengths_of(rank, step, sparse=False):
-    """4..7 sequences of 3..40 tokens, different on every rank and step:
-    enough that no rank's row sets have 0 or 1 rows or lengths (torch
-    specialises such sizes, which would add compiles). ``sparse``: rank 0
-    has one sequence of 5 tokens, the others none, so that whole bags
+    """The GPU check's lengths (4..7 sequences of 3..40 tokens, so that no
+    row set has 0 or 1 rows or lengths, which torch specialises); ``sparse``:
+    rank 0 has one sequence of 5 tokens, the others none, so that whole bags
     receive no tokens."""
     if sparse:
         return [5] if rank == 0 else []
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    count = int(torch.randint(4, 8, (1,), generator=g))
-    return torch.randint(3, 41, (count,), generator=g).tolist()
-
-
-def masked_attention(q, k, v, seq_lens):
-    """Each sequence attends to itself: a block-diagonal mask built from the
-    lengths tensor, no Python loop over it (which would break the graph)."""
-    segment = torch.repeat_interleave(torch.arange(seq_lens.numel(), device=q.device),
-                                      seq_lens.long(), output_size=q.shape[0])
-    scores = torch.einsum("qhd,khd->hqk", q, k) / q.shape[-1] ** 0.5
-    scores = scores.masked_fill(segment[None, :, None] != segment[None, None, :], float("-inf"))
-    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
-
-
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv = torch.nn.Linear(D_MODEL, 3 * D_MODEL)
-        self.proj = torch.nn.Linear(D_MODEL, D_MODEL)
-
-    def forward(self, h, seq_lens, balancer):
-        q, k, v = self.qkv(h).reshape(h.shape[0], 3, HEADS, D_MODEL // HEADS).unbind(1)
-        if balancer is not None:
-            seq_lens, q, k, v = balancer.pre_attn(q, k, v)
-        o = masked_attention(q, k, v, seq_lens)
-        if balancer is not None:
-            _, o = balancer.post_attn(o)
-        return h + self.proj(o.reshape(h.shape[0], D_MODEL))
+    return compile_lengths(rank, step)
 
 
 def whole_forward(blocks, x, positions, seq_lens, balancer):
@@ -102,10 +75,10 @@ def compiled_world(rank, size, what, dynamic, sparse):
 
     balancer = knapformer.SequenceBalancer("g1n2+g2n1")
     torch.manual_seed(0)
-    blocks = torch.nn.ModuleList(Block() for _ in range(2)).double()
+    blocks = torch.nn.ModuleList(CompiledBlock(D_MODEL, HEADS) for _ in range(2)).double()
     counter = CompileCounterWithBackend("aot_eager")
     if what == "block":  # the usual: each block compiled, routes eager
-        compiled_block = torch.compile(Block.forward, backend=counter, fullgraph=True,
+        compiled_block = torch.compile(CompiledBlock.forward, backend=counter, fullgraph=True,
                                        dynamic=dynamic)
 
         def forward(blocks, x, positions, seq_lens, balancer):

@@ -14,16 +14,17 @@ error, and the GPU check runs them (knapformer.gpu_check). FSDP1
 (FullyShardedDataParallel) runs the same cases on CPU.
 """
 import functools
-import time
 
 import pytest
 import torch
 
-from world import run_world
+# The GPU check's fsdp2_checkpoint runs these same models and batches.
+from knapformer.gpu_check.fsdp_checks import Block, Model, StreamMLP, batch_of, \
+    fully_shard_or_reason
+from world import run_world, timed
 
 D_MODEL, HEADS = 16, 4
 TOL = 1e-10
-TEXT, IMAGE = 0, 1
 CHECKPOINTS = ("none", "non_reentrant", "reentrant")
 
 
@@ -41,89 +42,7 @@ def fsdp1_missing():
 
 
 def fully_shard_function():
-    for where in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
-        try:
-            module = __import__(where, fromlist=["fully_shard"])
-            return module.fully_shard
-        except Exception:  # noqa: BLE001  (not there, or not importable)
-            continue
-    return None
-
-
-def batch_of(rank, step, size):
-    """(lengths, modality per sequence) of one rank at one step. Step 1:
-    only rank 0 has a sequence (5 tokens), so whole bags receive nothing.
-    Rank 1 never has image tokens."""
-    if step == 1:
-        return ([5], [IMAGE]) if rank == 0 else ([], [])
-    g = torch.Generator().manual_seed(100 * step + rank)
-    count = int(torch.randint(2, 6, (1,), generator=g))
-    lengths = torch.randint(1, 30, (count,), generator=g).tolist()
-    kinds = [TEXT if rank == 1 else int(k) for k in torch.randint(0, 2, (count,), generator=g)]
-    return lengths, kinds
-
-
-def attention(q, k, v, seq_lens):
-    outs, start = [], 0
-    for n in seq_lens.tolist():
-        qs, ks, vs = (x[start:start + n].transpose(0, 1) for x in (q, k, v))
-        weights = torch.softmax(qs @ ks.transpose(1, 2) / q.shape[-1] ** 0.5, dim=-1)
-        outs.append((weights @ vs).transpose(0, 1))
-        start += n
-    return torch.cat(outs) if outs else q[:0] * 0  # no sequences: q, k, v stay in the graph
-
-
-class StreamMLP(torch.nn.Module):
-    """One modality's MLP (MMDiT-style): an FSDP unit of its own, so every
-    rank must run it every step, with or without tokens of its modality."""
-
-    def __init__(self):
-        super().__init__()
-        self.up = torch.nn.Linear(D_MODEL, 2 * D_MODEL)
-        self.down = torch.nn.Linear(2 * D_MODEL, D_MODEL)
-
-    def forward(self, h):
-        return self.down(torch.nn.functional.gelu(self.up(h)))
-
-
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv = torch.nn.Linear(D_MODEL, 3 * D_MODEL)
-        self.proj = torch.nn.Linear(D_MODEL, D_MODEL)
-        self.streams = torch.nn.ModuleList([StreamMLP(), StreamMLP()])
-        self.balancer = None  # set per run: None = unbalanced
-
-    def forward(self, h, modality, seq_lens):
-        q, k, v = self.qkv(h).reshape(h.shape[0], 3, HEADS, D_MODEL // HEADS).unbind(1)
-        if self.balancer is not None:
-            seq_lens, q, k, v = self.balancer.pre_attn(q, k, v)
-        o = attention(q, k, v, seq_lens)
-        if self.balancer is not None:
-            _, o = self.balancer.post_attn(o)
-        h = h + self.proj(o.reshape(h.shape[0], D_MODEL))
-        mixed = torch.zeros_like(h)
-        for kind, stream in enumerate(self.streams):
-            rows = (modality == kind).nonzero().squeeze(1)
-            # Called even on no rows: the balancer's empty tensors are
-            # well-formed, and FSDP needs every rank in every unit.
-            mixed = mixed.index_add(0, rows, stream(h.index_select(0, rows)))
-        return h + mixed
-
-
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = torch.nn.ModuleList(Block() for _ in range(2))
-
-    def forward(self, x, modality, seq_lens, balancer):
-        if balancer is not None:
-            seq_lens, x, (modality,) = balancer.route(x, [modality])
-        for block in self.blocks:
-            x = block(x, modality, seq_lens)
-        if balancer is not None:
-            _, x, _ = balancer.reverse_route(x)
-        return x
+    return fully_shard_or_reason()[0]
 
 
 def blocks_of(model):
@@ -193,12 +112,12 @@ def fsdp_world(rank, size, wrap, checkpoint):
     import knapformer
 
     torch.manual_seed(0)
-    model = sharded(Model().double(), wrap, checkpoint)
+    model = sharded(Model(D_MODEL, HEADS).double(), wrap, checkpoint)
     topology = "g1n2+g2n1" if size == 4 else "g1n2+g2n1+g4n1"
     balancer = knapformer.SequenceBalancer(topology)
     worst, moved = [], []
     for step in range(3):
-        lengths, kinds = batch_of(rank, step, size)
+        lengths, kinds = batch_of(rank, size, step)
         plain = run_step(model, None, lengths, kinds, step, rank)
         balancer.plan_routing(lengths, token_dim=D_MODEL)
         moved.append(balancer.get_routing_plan_summary()["moved_tokens"])
@@ -284,18 +203,13 @@ def recompute_mistake_world(rank, size):
 
     out = checkpoint(block, routed, use_reentrant=False)
     _, back, _ = balancer.reverse_route(out)
-    start = time.monotonic()
-    try:
-        back.sum().backward()
-    except (RuntimeError, ValueError) as error:
-        return str(error), time.monotonic() - start
-    return None, time.monotonic() - start
+    return timed(lambda: back.sum().backward())
 
 
 def test_a_mistake_in_a_recomputed_exchange_raises_on_every_rank_not_a_hang():
     results = run_world(recompute_mistake_world, 4, timeout=120)
-    for rank, (error, took) in enumerate(results):
-        assert error is not None and "rank 1: pre_attn" in error, (rank, error)
+    for rank, (kind, error, took) in enumerate(results):
+        assert kind is not None and "rank 1: pre_attn" in error, (rank, error)
         assert took < 5.0, (rank, took)
 
 
@@ -318,19 +232,15 @@ def plan_before_backward_world(rank, size):
     out = checkpoint(block, routed, use_reentrant=False)
     _, back, _ = balancer.reverse_route(out)
     balancer.plan_routing([3, 3 + rank], token_dim=8)  # too early
-    start = time.monotonic()
-    try:
-        back.sum().backward()
-    except (RuntimeError, ValueError) as error:
-        return str(error), time.monotonic() - start
-    return None, time.monotonic() - start
+    return timed(lambda: back.sum().backward())
 
 
 @pytest.mark.skipif(not hasattr(torch._C, "_current_graph_task_id"),
                     reason=f"torch {torch.__version__} cannot tell a recomputation from a "
                            "forward (no torch._C._current_graph_task_id)")
 def test_a_recomputation_after_the_next_plan_routing_refuses_on_every_rank():
-    for rank, (error, took) in enumerate(run_world(plan_before_backward_world, 4, timeout=120)):
-        assert error is not None and "recomputed in a backward pass" in error and \
+    for rank, (kind, error, took) in enumerate(run_world(plan_before_backward_world, 4,
+                                                         timeout=120)):
+        assert kind is not None and "recomputed in a backward pass" in error and \
             "its forward ran under the plan before" in error, (rank, error)
         assert took < 5.0, (rank, took)

@@ -52,6 +52,17 @@ def _worker(rank, size, port, fn, args, results, group_timeout, backend):
         pass
 
 
+def timed(fn):
+    """(error type name, message, seconds) of fn(); (None, None, seconds) when
+    it raises no ValueError or RuntimeError (the balancer's agreed errors)."""
+    start = time.monotonic()
+    try:
+        fn()
+    except (ValueError, RuntimeError) as e:
+        return type(e).__name__, str(e), time.monotonic() - start
+    return None, None, time.monotonic() - start
+
+
 def run_world(fn, size, *args, timeout=240, group_timeout=60, allow_errors=False,
               backend="gloo"):
     """fn's result by rank. With allow_errors, a rank that raised gives

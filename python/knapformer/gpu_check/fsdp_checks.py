@@ -2,9 +2,10 @@
 fsdp2_checkpoint, a model sharded with FSDP2 (fully_shard) and non-reentrant
 activation checkpointing on every block, and compiled_block, one attention block
 under torch.compile. Both run every step twice on the same weights, unbalanced and
-balanced, in float64, and must agree within rtol 1e-10. The model is the one of
-tests/python/test_fsdp.py and test_compile.py (this package cannot import the tests);
-where torch lacks what a check needs, its row is SKIP with the reason."""
+balanced, in float64, and must agree within rtol 1e-10; where torch lacks what a
+check needs, its row is SKIP with the reason. The models (Model, Block, StreamMLP;
+CompiledBlock, masked_attention) are also what tests/python/test_fsdp.py and
+test_compile.py run on CPU, so the GPU check runs what CI proves there."""
 import functools
 import math
 
@@ -14,7 +15,7 @@ import torch.distributed as dist
 import knapformer
 from knapformer import _compile
 from knapformer.gpu_check.common import _one_line, _problems_text, _result
-from knapformer.gpu_check.step_checks import RTOL, _compare
+from knapformer.gpu_check.step_checks import RTOL, _compare, _varlen_attention
 
 HEAD_DIM = 4
 TEXT, IMAGE = 0, 1
@@ -26,7 +27,7 @@ SETTLED_AFTER = 3  # no step after this one (counted from 0) may compile
 # -- what this torch offers ---------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def _fully_shard():
+def fully_shard_or_reason():
     """(fully_shard, None), or (None, why not: the import errors)."""
     errors = []
     for where in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
@@ -44,7 +45,7 @@ def _fully_shard():
 
 def fsdp2_missing():
     """None when this torch has fully_shard, else why not (the same on every rank)."""
-    return _fully_shard()[1]
+    return fully_shard_or_reason()[1]
 
 
 def compile_missing():
@@ -97,20 +98,7 @@ def _local(tensor):
 
 # -- fsdp2_checkpoint ---------------------------------------------------------------------
 
-def _attention(q, k, v, seq_lens):
-    outs, start = [], 0
-    for n in seq_lens.tolist():
-        qs, ks, vs = (x[start:start + n].transpose(0, 1) for x in (q, k, v))
-        weights = torch.softmax(qs @ ks.transpose(1, 2) / math.sqrt(q.shape[-1]), dim=-1)
-        outs.append((weights @ vs).transpose(0, 1))
-        start += n
-    # No sequences (a rank or bag without tokens): still in the graph, so that the qkv
-    # weights get a (zero) gradient on every rank; FSDP2 reduce-scatters only the
-    # gradients a rank has, and ranks that disagree on which would not match.
-    return torch.cat(outs) if outs else q[:0] * 0
-
-
-class _StreamMLP(torch.nn.Module):
+class StreamMLP(torch.nn.Module):
     """One modality's MLP (MMDiT-style): an FSDP unit of its own, so every rank runs
     it every step, with or without tokens of its modality."""
 
@@ -123,13 +111,13 @@ class _StreamMLP(torch.nn.Module):
         return self.down(torch.nn.functional.gelu(self.up(h)))
 
 
-class _Block(torch.nn.Module):
+class Block(torch.nn.Module):
     def __init__(self, d_model, heads):
         super().__init__()
         self.heads = heads
         self.qkv = torch.nn.Linear(d_model, 3 * d_model)
         self.proj = torch.nn.Linear(d_model, d_model)
-        self.streams = torch.nn.ModuleList([_StreamMLP(d_model), _StreamMLP(d_model)])
+        self.streams = torch.nn.ModuleList([StreamMLP(d_model), StreamMLP(d_model)])
         self.balancer = None  # set per run: None = unbalanced
 
     def forward(self, h, modality, seq_lens):
@@ -138,7 +126,9 @@ class _Block(torch.nn.Module):
                                       d_model // self.heads).unbind(1)
         if self.balancer is not None:
             seq_lens, q, k, v = self.balancer.pre_attn(q, k, v)
-        o = _attention(q, k, v, seq_lens)
+        # With no sequences still in the graph: every rank's qkv weights get a
+        # gradient, and FSDP2 reduce-scatters only the gradients a rank has.
+        o = _varlen_attention(q, k, v, seq_lens)
         if self.balancer is not None:
             _, o = self.balancer.post_attn(o)
         h = h + self.proj(o.reshape(h.shape[0], d_model))
@@ -150,10 +140,10 @@ class _Block(torch.nn.Module):
         return h + mixed
 
 
-class _Model(torch.nn.Module):
+class Model(torch.nn.Module):
     def __init__(self, d_model, heads):
         super().__init__()
-        self.blocks = torch.nn.ModuleList(_Block(d_model, heads) for _ in range(2))
+        self.blocks = torch.nn.ModuleList(Block(d_model, heads) for _ in range(2))
 
     def forward(self, x, modality, seq_lens, balancer):
         if balancer is not None:
@@ -175,17 +165,17 @@ def _sharded(model, fully_shard, mesh):
     apply_activation_checkpointing(
         model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper,
                                                        checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-        check_fn=lambda m: isinstance(m, _Block))
+        check_fn=lambda m: isinstance(m, Block))
     for block in model.blocks:
         for inner in block.modules():
-            if isinstance(inner, _StreamMLP):
+            if isinstance(inner, StreamMLP):
                 fully_shard(inner, mesh=mesh)
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
 
 
-def _batch(rank, size, step):
+def batch_of(rank, size, step):
     """(lengths, modality per sequence). Step 1: only rank 0 has a sequence (5 image
     tokens), so whole bags receive nothing. Rank 1 (rank 0 alone in a world of one)
     has no image tokens in the other steps."""
@@ -208,7 +198,7 @@ def _fsdp_step(ctx, model, balancer, lengths, kinds, step, d_model):
                                        torch.tensor(lengths, dtype=torch.long)).to(ctx.device)
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device=ctx.device)
     for block in model.modules():
-        if isinstance(block, _Block):
+        if isinstance(block, Block):
             block.balancer = balancer
     model.zero_grad(set_to_none=True)
     out = model(x, modality, seq_lens, balancer)
@@ -241,7 +231,7 @@ def _fsdp2_cannot_run(ctx, fully_shard):
 
 
 def _check_fsdp2_checkpoint(ctx):
-    fully_shard, missing = _fully_shard()
+    fully_shard, missing = fully_shard_or_reason()
     if fully_shard is None:
         return _result("fsdp2_checkpoint", "SKIP", missing)
     mesh, failure = _fsdp2_cannot_run(ctx, fully_shard)
@@ -251,14 +241,14 @@ def _check_fsdp2_checkpoint(ctx):
     heads = _heads(topology)
     d_model = heads * HEAD_DIM
     torch.manual_seed(0)  # the same weights on every rank, as FSDP expects
-    model = _sharded(_Model(d_model, heads).double().to(ctx.device), fully_shard, mesh)
+    model = _sharded(Model(d_model, heads).double().to(ctx.device), fully_shard, mesh)
     balancer = knapformer.SequenceBalancer(topology)
     names = ["output", "input gradient"] + [
         f"gradient of {name.replace('_checkpoint_wrapped_module.', '')} (this rank's shard)"
         for name, _ in model.named_parameters()]
     problems, worst, moved = [], 0.0, 0
     for step in range(FSDP_STEPS):
-        lengths, kinds = _batch(ctx.rank, ctx.size, step)
+        lengths, kinds = batch_of(ctx.rank, ctx.size, step)
         plain = _fsdp_step(ctx, model, None, lengths, kinds, step, d_model)
         balancer.plan_routing(lengths, token_dim=d_model)
         moved += balancer.get_routing_plan_summary()["moved_tokens"]
@@ -282,7 +272,7 @@ def _check_fsdp2_checkpoint(ctx):
 
 # -- compiled_block -----------------------------------------------------------------------
 
-def _masked_attention(q, k, v, seq_lens):
+def masked_attention(q, k, v, seq_lens):
     """Each sequence attends to itself, through a block-diagonal mask made from the
     lengths tensor (no Python loop over it, which would break the graph)."""
     segment = torch.repeat_interleave(torch.arange(seq_lens.numel(), device=q.device),
@@ -292,7 +282,7 @@ def _masked_attention(q, k, v, seq_lens):
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
 
 
-class _CompiledBlock(torch.nn.Module):
+class CompiledBlock(torch.nn.Module):
     def __init__(self, d_model, heads):
         super().__init__()
         self.heads = heads
@@ -305,13 +295,13 @@ class _CompiledBlock(torch.nn.Module):
                                       d_model // self.heads).unbind(1)
         if balancer is not None:
             seq_lens, q, k, v = balancer.pre_attn(q, k, v)
-        o = _masked_attention(q, k, v, seq_lens)
+        o = masked_attention(q, k, v, seq_lens)
         if balancer is not None:
             _, o = balancer.post_attn(o)
         return h + self.proj(o.reshape(h.shape[0], d_model))
 
 
-def _compile_lengths(rank, step):
+def compile_lengths(rank, step):
     """4..7 sequences of 3..40 tokens, different on every rank and step: no row set of
     0 or 1 rows (torch specialises such sizes, which would add compiles)."""
     g = torch.Generator().manual_seed(1000 * step + rank)
@@ -355,15 +345,15 @@ def _check_compiled_block(ctx):
     heads = _heads(topology)
     d_model = heads * HEAD_DIM
     torch.manual_seed(0)
-    block = _CompiledBlock(d_model, heads).double().to(ctx.device)
+    block = CompiledBlock(d_model, heads).double().to(ctx.device)
     counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(_CompiledBlock.forward, backend=counter, fullgraph=True,
+    compiled = torch.compile(CompiledBlock.forward, backend=counter, fullgraph=True,
                              dynamic=None)
     balancer = knapformer.SequenceBalancer(topology)
     problems, worst, compiles = [], 0.0, []
     names = ("output", "input gradient", "the parameters' gradient (summed over the ranks)")
     for step in range(COMPILE_STEPS):
-        lengths = _compile_lengths(ctx.rank, step)
+        lengths = compile_lengths(ctx.rank, step)
         plain = _compiled_step(ctx, block, compiled, lengths, step, None, d_model)
         balancer.plan_routing(lengths, token_dim=d_model)
         balanced = _compiled_step(ctx, block, compiled, lengths, step, balancer, d_model)
