@@ -171,7 +171,7 @@ absl::Status AutoLayout::CheckChosen(const World& world, const Machine& machine)
 absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_size,
                                      const CostModel& cost, const CommPrices& prices,
                                      const RankLengths& lengths,
-                                     const BalancerOptions& options) {
+                                     const BalancerOptions& options, const RankMasks* masks) {
   absl::StatusOr<AutoShape> shape = layout.Resolve(world_size, prices.machine());
   if (!shape.ok()) return shape.status();
   const int32_t group = shape->group;
@@ -181,6 +181,9 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_siz
   if (absl::Status status = internal::CheckBalancerInput(ranks, lengths, options.limits);
       !status.ok()) {
     return status;
+  }
+  if (masks != nullptr) {
+    if (absl::Status status = CheckRankMasks(lengths, *masks); !status.ok()) return status;
   }
   std::vector<int32_t> first_sequence = internal::FirstSequences(lengths);
   std::vector<int32_t> bag_of(first_sequence.back(), -1);
@@ -206,14 +209,27 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_siz
     const int32_t first_rank = replica * group;
     workloads.clear();
     double total = 0;
-    int64_t tokens = 0, longest = 0;
+    int64_t tokens = 0;
+    // The longest sequence and the one of the most attention (the same one
+    // without masks), each a bound on what one GPU must hold alone.
+    int64_t longest = 0, heaviest = 0;
+    double longest_attention = 0, heaviest_attention = 0;
     for (int32_t rank = first_rank; rank < first_rank + group; ++rank) {
-      for (int64_t length : lengths[rank]) {
+      for (size_t i = 0; i < lengths[rank].size(); ++i) {
+        const int64_t length = lengths[rank][i];
         if (length == 0) continue;
-        workloads.push_back(cost.Workload(length));
+        const double attention = cost.Attention(length, MaskOf(masks, rank, i));
+        workloads.push_back(cost.Linear(length) + attention);
         total += workloads.back();
         tokens += length;
-        longest = std::max(longest, length);
+        if (length > longest || (length == longest && attention > longest_attention)) {
+          longest = length;
+          longest_attention = attention;
+        }
+        if (attention > heaviest_attention) {
+          heaviest = length;
+          heaviest_attention = attention;
+        }
       }
     }
     std::vector<std::string> specs = homogeneous;
@@ -228,17 +244,22 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_siz
       const Topology* topology = topology_of(specs[i]);
       double least_ulysses = std::numeric_limits<double>::infinity();
       double longest_alone = std::numeric_limits<double>::infinity();
+      double heaviest_alone = std::numeric_limits<double>::infinity();
       for (int32_t b = 0; b < topology->num_bags(); ++b) {
         const int32_t g = topology->bag(b).gpus;
         if (b > 0 && g == topology->bag(b - 1).gpus) continue;
         const double ulysses = prices.UlyssesPerToken(g, false);
         least_ulysses = std::min(least_ulysses, ulysses);
-        const int64_t chunk = (longest + g - 1) / g;
-        longest_alone = std::min(longest_alone, cost.Linear(chunk) + cost.Attention(longest) / g +
-                                                    ulysses * static_cast<double>(chunk));
+        auto alone = [&](int64_t length, double attention) {
+          const int64_t chunk = (length + g - 1) / g;
+          return cost.Linear(chunk) + attention / g + ulysses * static_cast<double>(chunk);
+        };
+        longest_alone = std::min(longest_alone, alone(longest, longest_attention));
+        heaviest_alone = std::min(heaviest_alone, alone(heaviest, heaviest_attention));
       }
       const double mean = (total + least_ulysses * static_cast<double>(tokens)) / group;
-      candidates.push_back({topology, std::max(mean, longest_alone) * kSlack,
+      candidates.push_back({topology,
+                            std::max({mean, longest_alone, heaviest_alone}) * kSlack,
                             static_cast<int32_t>(i)});
     }
     std::stable_sort(candidates.begin(), candidates.end(),
@@ -254,13 +275,13 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_siz
       ++solved;
       absl::Status assigned = internal::AssignReplicaBags(*candidate.topology, cost, options,
                                                           lengths, first_rank, first_sequence,
-                                                          trial);
+                                                          trial, masks);
       if (!assigned.ok()) {
         if (first_error.ok()) first_error = assigned;
         continue;
       }
       const PredictedStep step = PredictReplica(*candidate.topology, first_rank, lengths,
-                                                first_sequence, trial, cost, prices);
+                                                first_sequence, trial, cost, prices, masks);
       if (best == nullptr || step.time < best_step.time ||
           (step.time == best_step.time && candidate.order < best->order)) {
         best = &candidate;
@@ -277,7 +298,7 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_siz
   absl::StatusOr<World> world = World::FromReplicas(std::move(chosen));
   if (!world.ok()) return world.status();
   absl::StatusOr<Plan> plan = internal::BuildPlan(*world, cost, lengths, options.limits,
-                                                  std::move(first_sequence), bag_of);
+                                                  std::move(first_sequence), bag_of, masks);
   if (!plan.ok()) return plan.status();
   return AutoPlan{*std::move(plan), *std::move(world), predicted, considered, solved};
 }

@@ -88,7 +88,8 @@ struct AutoPlan {
 absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_size,
                                      const CostModel& cost, const CommPrices& prices,
                                      const RankLengths& lengths,
-                                     const BalancerOptions& options = BalancerOptions());
+                                     const BalancerOptions& options = BalancerOptions(),
+                                     const RankMasks* masks = nullptr);
 
 }  // namespace knapformer
 

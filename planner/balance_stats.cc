@@ -24,7 +24,7 @@ BalanceStats ComputeBalanceStats(const std::vector<double>& workload) {
 }
 
 double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
-                             const RankLengths& lengths) {
+                             const RankLengths& lengths, const RankMasks* masks) {
   const int32_t group = world.group_size();
   double total = 0;
   double bound = 0;
@@ -32,10 +32,12 @@ double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
     const int64_t gpus = world.replica_topology(replica).max_bag_gpus();
     double replica_total = 0;
     for (int32_t rank = replica * group; rank < (replica + 1) * group; ++rank) {
-      for (int64_t length : lengths[rank]) {
-        replica_total += cost.Workload(length);
+      for (size_t i = 0; i < lengths[rank].size(); ++i) {
+        const int64_t length = lengths[rank][i];
+        const AttentionMask* mask = MaskOf(masks, rank, i);
+        replica_total += cost.Workload(length, mask);
         const int64_t largest_chunk = (length + gpus - 1) / gpus;
-        bound = std::max(bound, cost.Linear(largest_chunk) + cost.Attention(length) / gpus);
+        bound = std::max(bound, cost.Linear(largest_chunk) + cost.Attention(length, mask) / gpus);
       }
     }
     total += replica_total;

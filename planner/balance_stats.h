@@ -26,8 +26,9 @@ BalanceStats ComputeBalanceStats(const std::vector<double>& workload);
 // least the mean of the busiest replica, and at least what the heaviest
 // sequence puts on one GPU of the largest bag (ceil(l/G) tokens of linear work
 // plus 1/G of its attention).
+// `masks` (null or empty: all full) price the attention.
 double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
-                             const RankLengths& lengths);
+                             const RankLengths& lengths, const RankMasks* masks = nullptr);
 
 }  // namespace knapformer
 

@@ -106,7 +106,7 @@ absl::Status CapError(const std::vector<int32_t>& first_sequence, int32_t id, in
 absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
                                const BalancerOptions& options, const RankLengths& lengths,
                                int32_t first_rank, const std::vector<int32_t>& first_sequence,
-                               std::vector<int32_t>& bag_of) {
+                               std::vector<int32_t>& bag_of, const RankMasks* masks) {
   const int32_t group = topology.group_size();
   const int32_t num_bags = topology.num_bags();
   // 16 bytes, so the sort moves little; the length is looked up by id.
@@ -124,7 +124,7 @@ absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
     for (size_t i = 0; i < lengths[rank].size(); ++i) {
       const int64_t length = lengths[rank][i];
       if (length == 0) continue;
-      const double workload = cost.Workload(length);
+      const double workload = cost.Workload(length, MaskOf(masks, rank, i));
       total += workload;
       items.push_back({workload, first_sequence[rank] + static_cast<int32_t>(i),
                        topology.BagOfRank(rank - first_rank)});
@@ -137,7 +137,20 @@ absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
   // (length desc, id asc) orders by workload descending; a stable radix sort
   // on lengths of items already in id order gives it in O(S), several times
   // faster than std::sort here.
-  SortByLengthDescending(items, [&](const Item& item) { return length_of[item.id - first_id]; });
+  if (masks == nullptr || masks->empty()) {
+    SortByLengthDescending(items,
+                           [&](const Item& item) { return length_of[item.id - first_id]; });
+  } else {
+    // Under masks a longer sequence may cost less (causal vs full): sort by
+    // workload itself, ties by length (the linear part, for the uniform
+    // model) and id, as unmasked plans are ordered.
+    std::sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+      if (a.workload != b.workload) return a.workload > b.workload;
+      const int64_t la = length_of[a.id - first_id], lb = length_of[b.id - first_id];
+      if (la != lb) return la > lb;
+      return a.id < b.id;
+    });
+  }
   // From here on every per-sequence vector is indexed by position in this
   // order: the table's.
   const int32_t n = static_cast<int32_t>(items.size());
@@ -408,7 +421,7 @@ Plan EmptyPlanOf(const World& world) {
 absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
                                const RankLengths& lengths, const BalancerLimits& limits,
                                std::vector<int32_t> first_sequence,
-                               const std::vector<int32_t>& bag_of) {
+                               const std::vector<int32_t>& bag_of, const RankMasks* masks) {
   const int32_t world_size = world.world_size();
   const int32_t group = world.group_size();
   const int32_t total_bags = world.total_bags();
@@ -450,7 +463,8 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
       seq.seq_index = static_cast<int32_t>(i);
       seq.length = length;
       seq.first_chunk = next_chunk;
-      plan.workload_before[rank] += cost.Workload(length);
+      const AttentionMask* mask = MaskOf(masks, rank, i);
+      plan.workload_before[rank] += cost.Workload(length, mask);
       if (bag_of[base + i] < 0) continue;
       const int32_t bag = first_bag + bag_of[base + i];
       const int32_t gpus = plan.bag_gpus[bag];
@@ -471,7 +485,7 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
       }
       rotation[bag] = (start + extra) % gpus;
       seq.num_chunks = next_chunk - seq.first_chunk;
-      bag_attention[bag] += cost.Attention(length);
+      bag_attention[bag] += cost.Attention(length, mask);
     }
   }
   for (int32_t bag = 0; bag < total_bags; ++bag) {
@@ -489,11 +503,14 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
 
 absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                                    const RankLengths& lengths,
-                                   const BalancerOptions& options) {
+                                   const BalancerOptions& options, const RankMasks* masks) {
   if (absl::Status status =
           internal::CheckBalancerInput(world.world_size(), lengths, options.limits);
       !status.ok()) {
     return status;
+  }
+  if (masks != nullptr) {
+    if (absl::Status status = CheckRankMasks(lengths, *masks); !status.ok()) return status;
   }
   std::vector<int32_t> first_sequence = internal::FirstSequences(lengths);
   // Phase 1: replica-relative bag per sequence.
@@ -502,11 +519,11 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
   for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
     absl::Status assigned =
         internal::AssignReplicaBags(world.replica_topology(replica), cost, options, lengths,
-                                    replica * group, first_sequence, bag_of);
+                                    replica * group, first_sequence, bag_of, masks);
     if (!assigned.ok()) return assigned;
   }
   return internal::BuildPlan(world, cost, lengths, options.limits, std::move(first_sequence),
-                             bag_of);
+                             bag_of, masks);
 }
 
 }  // namespace knapformer

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "planner/attention_mask.h"
 #include "planner/cost_model.h"
 #include "planner/plan.h"
 #include "planner/topology.h"
@@ -78,11 +79,19 @@ struct BalancerOptions {
 // options.refine_rounds per replica) and, with locality, one more packing
 // and the repair (locality.h).
 //
-// Errors: InvalidArgument if lengths.size() != world size or a length is
-// outside [0, CostModel::kMaxLength]; ResourceExhausted past options.limits.
+// Attention masks: `masks` (attention_mask.h; null or empty: every sequence
+// attends fully) price each sequence's attention by the pairs it attends.
+// Sequences then go heaviest first by that workload (ties: the longer, then
+// the lower global id) in an O(S log S) sort. Without masks the plan is
+// exactly the unmasked one.
+//
+// Errors: InvalidArgument if lengths.size() != world size, a length is
+// outside [0, CostModel::kMaxLength] or a mask is malformed (CheckRankMasks,
+// naming masks[rank][i]); ResourceExhausted past options.limits.
 absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                                    const RankLengths& lengths,
-                                   const BalancerOptions& options = BalancerOptions());
+                                   const BalancerOptions& options = BalancerOptions(),
+                                   const RankMasks* masks = nullptr);
 
 }  // namespace knapformer
 

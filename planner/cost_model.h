@@ -5,12 +5,14 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "planner/attention_mask.h"
 
 namespace knapformer {
 
 // The cost of one sequence of `l` tokens, in three kinds:
 //  - transformer (the paper's per-block workload, embedding dimension d):
-//    w(l) = 24*l*d^2 + gamma*4*l^2*d  (linear layers + attention). gamma
+//    w(l) = 24*l*d^2 + gamma*4*l^2*d  (linear layers + attention; under an
+//    attention mask l^2 becomes the pairs it attends, attention_mask.h). gamma
 //    corrects the attention term for being memory-bound; it is fitted per GPU
 //    architecture (the paper uses 0.49 for FLUX on H100).
 //  - uniform: every non-empty sequence costs 1 (a text encoder whose inputs
@@ -54,6 +56,16 @@ class CostModel {
     return per_token_squared_ * l * l + (length > 0 ? per_sequence_ : 0.0);
   }
   double Workload(int64_t length) const { return Linear(length) + Attention(length); }
+  // The same under an attention mask: the attention term scales with the
+  // pairs the mask attends (gamma*4*d*A, attention_mask.h). A null or full
+  // mask gives exactly the unmasked figures above.
+  double Attention(int64_t length, const AttentionMask* mask) const {
+    if (mask == nullptr || mask->kind == AttentionMask::Kind::kFull) return Attention(length);
+    return per_token_squared_ * AttendedPairs(length, *mask) + (length > 0 ? per_sequence_ : 0.0);
+  }
+  double Workload(int64_t length, const AttentionMask* mask) const {
+    return Linear(length) + Attention(length, mask);
+  }
 
  private:
   CostModel(CostKind kind, int64_t d_model, double gamma, double per_token,

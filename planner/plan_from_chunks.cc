@@ -18,11 +18,15 @@ absl::Status Malformed(const std::string& what) {
 }  // namespace
 
 absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
-                                    const RankLengths& lengths, std::vector<Chunk> chunks) {
+                                    const RankLengths& lengths, std::vector<Chunk> chunks,
+                                    const RankMasks* masks) {
   const int32_t world_size = world.world_size();
   if (static_cast<int64_t>(lengths.size()) != world_size) {
     return absl::InvalidArgumentError(absl::StrCat("lengths: ", lengths.size(),
                                                    " ranks, the world has ", world_size));
+  }
+  if (masks != nullptr) {
+    if (absl::Status status = CheckRankMasks(lengths, *masks); !status.ok()) return status;
   }
   Plan plan = internal::EmptyPlanOf(world);
   const int32_t total_bags = world.total_bags();
@@ -53,7 +57,7 @@ absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
       seq.src_rank = rank;
       seq.seq_index = static_cast<int32_t>(i);
       seq.length = lengths[rank][i];
-      plan.workload_before[rank] += cost.Workload(seq.length);
+      plan.workload_before[rank] += cost.Workload(seq.length, MaskOf(masks, rank, i));
     }
   }
 
@@ -83,7 +87,8 @@ absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
     PlacedSequence& seq = plan.sequences[id];
     if (seq.num_chunks == 0) {
       seq.bag = bag_of_rank[chunk.dst_rank];
-      bag_attention[seq.bag] += cost.Attention(seq.length);
+      bag_attention[seq.bag] +=
+          cost.Attention(seq.length, MaskOf(masks, chunk.src_rank, chunk.seq_index));
     }
     ++seq.num_chunks;
     plan.workload_after[chunk.dst_rank] += cost.Linear(chunk.length);

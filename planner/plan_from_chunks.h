@@ -18,8 +18,10 @@ namespace knapformer {
 // Plan::chunks is. Internal naming the first problem unless the result is a
 // valid plan of `lengths` on `world` (ValidatePlan): the table is someone
 // else's, and a wrong one must never route a token. Cost O(S + C).
+// `masks` (null or empty: all full) price the workloads.
 absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
-                                    const RankLengths& lengths, std::vector<Chunk> chunks);
+                                    const RankLengths& lengths, std::vector<Chunk> chunks,
+                                    const RankMasks* masks = nullptr);
 
 }  // namespace knapformer
 

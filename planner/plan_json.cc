@@ -12,6 +12,7 @@
 #include "planner/auto_layout.h"
 #include "planner/balance_stats.h"
 #include "planner/cost_model.h"
+#include "planner/mask_json.h"
 #include "planner/status_macros.h"
 #include "planner/topology.h"
 #include "planner/validate.h"
@@ -77,9 +78,10 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
   for (const auto& item : root.items()) {
     const std::string& key = item.key();
     if (key != "topology" && key != "d_model" && key != "gamma" && key != "token_bytes" &&
-        key != "machine" && key != "ranks") {
-      return FieldError(
-          key, "unknown field (expected topology, d_model, gamma, token_bytes, machine, ranks)");
+        key != "machine" && key != "ranks" && key != "masks") {
+      return FieldError(key,
+                        "unknown field (expected topology, d_model, gamma, token_bytes, machine, "
+                        "ranks, masks)");
     }
   }
   PlanRequest request;
@@ -139,6 +141,10 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
       }
       request.ranks[r].push_back(length.get<int64_t>());
     }
+  }
+  if (root.contains("masks")) {
+    KF_ASSIGN_OR_RETURN(request.masks, RankMasksFromJson(root["masks"], "masks"));
+    KF_RETURN_IF_ERROR(CheckRankMasks(request.ranks, request.masks, "masks"));
   }
   return request;
 }
@@ -234,15 +240,18 @@ absl::StatusOr<std::string> PlanRequestToJson(absl::string_view request_json, Co
     KF_ASSIGN_OR_RETURN(CommPrices prices,
                         CommPrices::Create(request.machine, cost, request.token_bytes));
     KF_ASSIGN_OR_RETURN(AutoPlan chosen,
-                        BalanceAuto(*layout, ranks, cost, prices, request.ranks, options));
+                        BalanceAuto(*layout, ranks, cost, prices, request.ranks, options,
+                                    &request.masks));
     plan = std::move(chosen.plan);
     world = std::move(chosen.world);
   } else {
-    KF_ASSIGN_OR_RETURN(plan, BalanceGreedy(*world, cost, request.ranks, options));
+    KF_ASSIGN_OR_RETURN(plan,
+                        BalanceGreedy(*world, cost, request.ranks, options, &request.masks));
   }
   KF_RETURN_IF_ERROR(ValidatePlan(plan, *world, request.ranks));
   if (rank.has_value()) return RankPlanToJson(plan.Slice(static_cast<int32_t>(*rank)));
-  return PlanToJson(request, plan, MaxOverMeanLowerBound(*world, cost, request.ranks));
+  return PlanToJson(request, plan,
+                    MaxOverMeanLowerBound(*world, cost, request.ranks, &request.masks));
 }
 
 }  // namespace knapformer

@@ -16,10 +16,13 @@ namespace knapformer {
 
 // The input of `knapformer plan`:
 //   {"topology": "g1n2+g2n1+g4n1", "d_model": 3072, "gamma": 0.49,
-//    "token_bytes": 6144, "ranks": [[l, l, ...], ...]}
+//    "token_bytes": 6144, "ranks": [[l, l, ...], ...],
+//    "masks": [[mask, mask, ...], ...]}
 // topology and ranks are required; d_model defaults to 3072, gamma to 0.49
 // and token_bytes (what one token occupies in the route, for moved_bytes)
-// to 2 * d_model: one bf16 hidden state per token.
+// to 2 * d_model: one bf16 hidden state per token. masks, optional, gives
+// every sequence's attention mask (masks[r][i] for ranks[r][i], in the forms
+// of mask_json.h); without it every sequence attends fully.
 struct PlanRequest {
   // The largest token_bytes accepted: 16 MiB a token is far past any model
   // (d_model 65536 in float64 is 512 KiB), and keeps the products in range.
@@ -33,6 +36,7 @@ struct PlanRequest {
   // a field left out keeps planner/machine.h's default).
   Machine machine;
   RankLengths ranks;
+  RankMasks masks;  // empty: all full
 };
 
 // Parses and checks the JSON text. InvalidArgument naming the field ("ranks[3][1]:

@@ -29,11 +29,12 @@ std::vector<int32_t> FirstSequences(const RankLengths& lengths);
 // Phase 1 of BalanceGreedy for the replica of `topology` that starts at
 // `first_rank`: sets bag_of[id], for every non-empty sequence id of its
 // ranks, to a bag id of `topology` (replica-relative). ResourceExhausted
-// naming the sequence that fits under no bag's token cap.
+// naming the sequence that fits under no bag's token cap. `masks` (null or
+// empty: all full) price each sequence's attention.
 absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
                                const BalancerOptions& options, const RankLengths& lengths,
                                int32_t first_rank, const std::vector<int32_t>& first_sequence,
-                               std::vector<int32_t>& bag_of);
+                               std::vector<int32_t>& bag_of, const RankMasks* masks = nullptr);
 
 // A plan of `world` with no sequences yet: its size, layout spec and global
 // bag tables (bag_first_rank, bag_gpus).
@@ -44,7 +45,8 @@ Plan EmptyPlanOf(const World& world);
 absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
                                const RankLengths& lengths, const BalancerLimits& limits,
                                std::vector<int32_t> first_sequence,
-                               const std::vector<int32_t>& bag_of);
+                               const std::vector<int32_t>& bag_of,
+                               const RankMasks* masks = nullptr);
 
 }  // namespace internal
 }  // namespace knapformer

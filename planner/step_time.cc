@@ -8,7 +8,7 @@ PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
                              const RankLengths& lengths,
                              const std::vector<int32_t>& first_sequence,
                              const std::vector<int32_t>& bag_of, const CostModel& cost,
-                             const CommPrices& prices) {
+                             const CommPrices& prices, const RankMasks* masks) {
   const int32_t group = topology.group_size();
   const int32_t num_bags = topology.num_bags();
   struct BagState {
@@ -44,7 +44,7 @@ PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
       state.rotation = (state.rotation + extra) % gpus;
       state.shares += share;
       state.extras += extra;
-      state.attention += cost.Attention(length);
+      state.attention += cost.Attention(length, MaskOf(masks, rank, i));
       const int64_t moved = length - kept;
       const bool inter =
           prices.NodeOf(rank) != prices.NodeOf(first_rank + bag.first_rank) ||
@@ -94,7 +94,8 @@ PredictedStep Slower(const PredictedStep& earlier, const PredictedStep& later) {
 }
 
 PredictedStep PredictStep(const Plan& plan, const World& world, const RankLengths& lengths,
-                          const CostModel& cost, const CommPrices& prices) {
+                          const CostModel& cost, const CommPrices& prices,
+                          const RankMasks* masks) {
   const int32_t group = world.group_size();
   std::vector<int32_t> bag_of(plan.sequences.size(), -1);
   for (size_t id = 0; id < plan.sequences.size(); ++id) {
@@ -105,7 +106,7 @@ PredictedStep PredictStep(const Plan& plan, const World& world, const RankLength
   for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
     const PredictedStep step =
         PredictReplica(world.replica_topology(replica), replica * group, lengths,
-                       plan.rank_first_sequence, bag_of, cost, prices);
+                       plan.rank_first_sequence, bag_of, cost, prices, masks);
     slowest = replica == 0 ? step : Slower(slowest, step);
   }
   return slowest;

@@ -40,7 +40,7 @@ PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
                              const RankLengths& lengths,
                              const std::vector<int32_t>& first_sequence,
                              const std::vector<int32_t>& bag_of, const CostModel& cost,
-                             const CommPrices& prices);
+                             const CommPrices& prices, const RankMasks* masks = nullptr);
 
 // The slower of two parts of one world, `earlier` covering lower ranks
 // (ties: `earlier`), with the max_compute of both.
@@ -48,8 +48,10 @@ PredictedStep Slower(const PredictedStep& earlier, const PredictedStep& later);
 
 // The whole plan: the slowest GPU over its replicas (ties: the lowest rank).
 // REQUIRES: `plan` is a valid plan of `lengths` on `world` (ValidatePlan).
+// `masks` (null or empty: all full) price the attention.
 PredictedStep PredictStep(const Plan& plan, const World& world, const RankLengths& lengths,
-                          const CostModel& cost, const CommPrices& prices);
+                          const CostModel& cost, const CommPrices& prices,
+                          const RankMasks* masks = nullptr);
 
 }  // namespace knapformer
 

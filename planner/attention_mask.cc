@@ -1,0 +1,125 @@
+#include "planner/attention_mask.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace knapformer {
+namespace {
+
+double Triangle(double n) { return n * (n + 1) / 2; }
+
+}  // namespace
+
+double AttendedPairs(int64_t length, const AttentionMask& mask) {
+  const double l = static_cast<double>(length);
+  switch (mask.kind) {
+    case AttentionMask::Kind::kFull:
+      return l * l;
+    case AttentionMask::Kind::kCausal:
+      return Triangle(l);
+    case AttentionMask::Kind::kWindow: {
+      // Tokens 0..w-1 see i+1 keys, the rest w each.
+      const int64_t ramp = std::min(length, mask.window);
+      const double w = static_cast<double>(mask.window);
+      return Triangle(static_cast<double>(ramp)) + static_cast<double>(length - ramp) * w;
+    }
+    case AttentionMask::Kind::kSpans: {
+      double pairs = 0, before = 0;
+      for (const MaskSpan& span : mask.spans) {
+        const double n = static_cast<double>(span.length);
+        pairs += n * before + (span.causal ? Triangle(n) : n * n);
+        before += n;
+      }
+      return pairs;
+    }
+  }
+  return l * l;
+}
+
+absl::Status CheckMask(int64_t length, const AttentionMask& mask, const std::string& field) {
+  switch (mask.kind) {
+    case AttentionMask::Kind::kFull:
+    case AttentionMask::Kind::kCausal:
+      return absl::OkStatus();
+    case AttentionMask::Kind::kWindow:
+      if (mask.window < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".window: must be at least 1, got ", mask.window));
+      }
+      return absl::OkStatus();
+    case AttentionMask::Kind::kSpans: {
+      const int64_t count = static_cast<int64_t>(mask.spans.size());
+      if (count == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".spans: must not be empty"));
+      }
+      if (count > AttentionMask::kMaxSpans) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".spans: ", count,
+                                                       " spans exceed the limit of ",
+                                                       AttentionMask::kMaxSpans));
+      }
+      int64_t sum = 0;
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t n = mask.spans[j].length;
+        if (n < 1 || n > length) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ".spans[", j, "]: length must be in [1, ", length,
+              "] (the sequence's length), got ", n));
+        }
+        sum += n;  // count * length <= 2^12 * 2^31: no overflow
+      }
+      if (sum != length) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".spans: lengths add up to ", sum,
+                                                       ", the sequence has ", length,
+                                                       " tokens"));
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": unknown mask kind ", static_cast<int>(mask.kind)));
+}
+
+absl::Status CheckRankMasks(const std::vector<std::vector<int64_t>>& lengths,
+                            const RankMasks& masks, const std::string& field) {
+  if (masks.empty()) return absl::OkStatus();
+  if (masks.size() != lengths.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": got masks for ", masks.size(),
+                                                   " ranks, there are ", lengths.size()));
+  }
+  for (size_t rank = 0; rank < masks.size(); ++rank) {
+    if (masks[rank].size() != lengths[rank].size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "[", rank, "]: ", masks[rank].size(), " masks for ", lengths[rank].size(),
+          " sequences (give one per sequence, on every rank, or none at all)"));
+    }
+    for (size_t i = 0; i < masks[rank].size(); ++i) {
+      absl::Status status =
+          CheckMask(lengths[rank][i], masks[rank][i], absl::StrCat(field, "[", rank, "][", i, "]"));
+      if (!status.ok()) return status;
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string MaskText(const AttentionMask& mask) {
+  switch (mask.kind) {
+    case AttentionMask::Kind::kFull:
+      return "full";
+    case AttentionMask::Kind::kCausal:
+      return "causal";
+    case AttentionMask::Kind::kWindow:
+      return absl::StrCat("window=", mask.window);
+    case AttentionMask::Kind::kSpans: {
+      std::string text = "spans=";
+      for (size_t j = 0; j < mask.spans.size(); ++j) {
+        absl::StrAppend(&text, j > 0 ? "," : "", mask.spans[j].length,
+                        mask.spans[j].causal ? ":c" : ":f");
+      }
+      return text;
+    }
+  }
+  return "full";
+}
+
+}  // namespace knapformer
