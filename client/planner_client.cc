@@ -21,6 +21,7 @@
 #include "planner/cost_model.h"
 #include "planner/plan_from_chunks.h"
 #include "planner/topology.h"
+#include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
 #include "proto/step_problem.h"
 
@@ -75,6 +76,9 @@ struct RankBlob {
   std::string spec;             // serialized StepSpec, token_bytes cleared
   uint64_t timing_step = 0;     // StepTiming to pass on (compute_seconds 0 = none)
   double timing_seconds = 0;
+  // Empty without masks, else a serialized v1::RankLengths of the lengths
+  // and their masks.
+  std::string masks;
   std::vector<int64_t> lengths;
 };
 constexpr char kPlanCall = 'G';
@@ -107,7 +111,8 @@ bool Take(const std::string& in, size_t& at, T* value) {
 
 std::string Pack(const RankBlob& blob) {
   std::string out;
-  out.reserve(40 + blob.error.size() + blob.spec.size() + 8 * blob.lengths.size());
+  out.reserve(48 + blob.error.size() + blob.spec.size() + blob.masks.size() +
+              8 * blob.lengths.size());
   Put(out, blob.kind);
   Put(out, static_cast<char>(blob.probe_answered ? 1 : 0));
   Put(out, blob.error_code);
@@ -115,8 +120,10 @@ std::string Pack(const RankBlob& blob) {
   Put(out, blob.timing_seconds);
   Put(out, static_cast<uint64_t>(blob.error.size()));
   Put(out, static_cast<uint64_t>(blob.spec.size()));
+  Put(out, static_cast<uint64_t>(blob.masks.size()));
   out += blob.error;
   out += blob.spec;
+  out += blob.masks;
   out.append(reinterpret_cast<const char*>(blob.lengths.data()),
              sizeof(int64_t) * blob.lengths.size());
   return out;
@@ -126,21 +133,23 @@ std::string Pack(const RankBlob& blob) {
 bool Unpack(const std::string& in, RankBlob* blob) {
   size_t at = 0;
   char probe = 0;
-  uint64_t error_size = 0, spec_size = 0;
+  uint64_t error_size = 0, spec_size = 0, masks_size = 0;
   if (!Take(in, at, &blob->kind) || !Take(in, at, &probe) || !Take(in, at, &blob->error_code) ||
       !Take(in, at, &blob->timing_step) || !Take(in, at, &blob->timing_seconds) ||
-      !Take(in, at, &error_size) || !Take(in, at, &spec_size)) {
+      !Take(in, at, &error_size) || !Take(in, at, &spec_size) || !Take(in, at, &masks_size)) {
     return false;
   }
   blob->probe_answered = probe == 1;
   const size_t rest = in.size() - at;
   if (error_size > rest || spec_size > rest - error_size ||
-      (rest - error_size - spec_size) % sizeof(int64_t) != 0) {
+      masks_size > rest - error_size - spec_size ||
+      (rest - error_size - spec_size - masks_size) % sizeof(int64_t) != 0) {
     return false;
   }
   blob->error.assign(in.data() + at, error_size);
   blob->spec.assign(in.data() + at + error_size, spec_size);
-  at += error_size + spec_size;
+  blob->masks.assign(in.data() + at + error_size + spec_size, masks_size);
+  at += error_size + spec_size + masks_size;
   blob->lengths.resize((in.size() - at) / sizeof(int64_t));
   if (!blob->lengths.empty()) {
     std::memcpy(blob->lengths.data(), in.data() + at, in.size() - at);
@@ -151,10 +160,34 @@ bool Unpack(const std::string& in, RankBlob* blob) {
 // What one all-gather of RankBlobs tells every rank: the same on all.
 struct Gathered {
   RankLengths lengths;
+  RankMasks masks;  // empty when no rank gave any
   std::vector<v1::StepTiming> timings;  // by rank
   bool any_timing = false;
   bool probes_answered = false;  // every probing rank's last probe was answered
 };
+
+// Every rank's masks from the blobs: empty when none gave any. Each rank
+// checked its own (BlobFor); whether all gave them is decided here, from
+// the same bytes on every rank.
+absl::StatusOr<RankMasks> GatheredMasks(const std::vector<RankBlob>& blobs) {
+  const int32_t ranks = static_cast<int32_t>(blobs.size());
+  std::vector<v1::RankLengths> given(ranks);
+  bool any = false;
+  for (int32_t r = 0; r < ranks; ++r) {
+    if (blobs[r].masks.empty()) {
+      given[r].mutable_sequence_lengths()->Add(blobs[r].lengths.begin(), blobs[r].lengths.end());
+    } else if (!given[r].ParseFromString(blobs[r].masks)) {
+      return absl::InternalError(absl::StrCat("rank ", r, " sent malformed masks"));
+    } else {
+      any = true;
+    }
+  }
+  if (!any) return RankMasks();
+  return RankMasksFromProto(
+      ranks, [&](int32_t r) -> const ProtoMasks& { return given[r].attention_masks(); },
+      [&](int32_t r) -> const ProtoLengths& { return given[r].sequence_lengths(); },
+      [](int32_t r) { return absl::StrCat("rank ", r, ": attention_masks"); });
+}
 
 // The blobs' verdict: the first rank in another call, the lowest rank's
 // error, the first spec that differs from rank 0's; else what they carry.
@@ -181,6 +214,10 @@ absl::StatusOr<Gathered> Digest(const std::vector<std::string>& all, int probing
     }
   }
   Gathered gathered;
+  // Before the lengths move out of the blobs: the check needs them.
+  absl::StatusOr<RankMasks> masks = GatheredMasks(blobs);
+  if (!masks.ok()) return masks.status();
+  gathered.masks = *std::move(masks);
   gathered.lengths.resize(blobs.size());
   gathered.timings.resize(blobs.size());
   gathered.probes_answered = true;
@@ -215,13 +252,20 @@ std::string ComparedSpec(const v1::StepSpec& spec) {
 // Why a step cannot use what was prefetched for it; empty if it can.
 std::string PrefetchMismatch(const v1::StepSpec& prefetched_spec,
                              const std::vector<int64_t>& prefetched,
-                             const v1::StepSpec& spec, const std::vector<int64_t>& lengths) {
+                             const std::vector<AttentionMask>& prefetched_masks,
+                             const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
+                             const std::vector<AttentionMask>& masks) {
   if (ComparedSpec(prefetched_spec) != ComparedSpec(spec)) {
     return absl::StrCat("step ", spec.step(),
                         ": its spec differs from the one prefetched for it (topology, cost "
                         "model, d_model, token cap or locality changed)");
   }
-  if (prefetched == lengths) return "";
+  if (prefetched == lengths) {
+    if (prefetched_masks == masks) return "";
+    return absl::StrCat("step ", spec.step(),
+                        ": its attention masks differ from those prefetched for it; prefetch "
+                        "the masks the step will use");
+  }
   size_t i = 0;
   while (i < lengths.size() && i < prefetched.size() && lengths[i] == prefetched[i]) ++i;
   std::string where =
@@ -430,6 +474,7 @@ absl::StatusOr<PlannerMode> ParsePlannerMode(const std::string& name) {
 struct Prefetched {
   v1::StepSpec spec;
   std::vector<int64_t> lengths;
+  std::vector<AttentionMask> masks;
   // Group mode: what the all-gather brought.
   std::optional<Gathered> gathered;
   // The service's answer, while `call` runs (per-rank mode: this rank's
@@ -535,11 +580,13 @@ struct PlannerClient::Rep {
   }
 
   v1::PlanRequest RankRequest(const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
+                              const std::vector<AttentionMask>& masks,
                               const v1::StepTiming* previous) const {
     v1::PlanRequest request;
     *request.mutable_spec() = RequestSpec(spec);
     request.set_rank(transport->rank());
     request.mutable_sequence_lengths()->Add(lengths.begin(), lengths.end());
+    for (const AttentionMask& mask : masks) MaskToProto(mask, request.add_attention_masks());
     if (previous != nullptr) *request.mutable_previous() = *previous;
     return request;
   }
@@ -548,8 +595,14 @@ struct PlannerClient::Rep {
     v1::PlanGroupRequest request;
     *request.mutable_spec() = RequestSpec(spec);
     request.mutable_ranks()->Reserve(static_cast<int>(gathered.lengths.size()));
-    for (const std::vector<int64_t>& rank : gathered.lengths) {
-      request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
+    for (size_t r = 0; r < gathered.lengths.size(); ++r) {
+      v1::RankLengths* rank = request.add_ranks();
+      rank->mutable_sequence_lengths()->Add(gathered.lengths[r].begin(),
+                                            gathered.lengths[r].end());
+      if (gathered.masks.empty()) continue;
+      for (const AttentionMask& mask : gathered.masks[r]) {
+        MaskToProto(mask, rank->add_attention_masks());
+      }
     }
     if (gathered.any_timing) {
       for (const v1::StepTiming& timing : gathered.timings) *request.add_previous() = timing;
@@ -588,12 +641,27 @@ struct PlannerClient::Rep {
   }
 
   RankBlob BlobFor(char kind, const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
-                   const v1::StepTiming* previous) const {
+                   const std::vector<AttentionMask>& masks, const v1::StepTiming* previous,
+                   const absl::Status& refused = absl::OkStatus()) const {
     RankBlob blob;
     blob.kind = kind;
     blob.probe_answered = service_down && prober != nullptr && prober->answered();
     blob.spec = ComparedSpec(spec);
     blob.lengths = lengths;
+    if (!masks.empty()) {
+      v1::RankLengths mine;
+      mine.mutable_sequence_lengths()->Add(lengths.begin(), lengths.end());
+      for (const AttentionMask& mask : masks) MaskToProto(mask, mine.add_attention_masks());
+      blob.masks = mine.SerializeAsString();
+      // This rank's own masks, checked here so that a bad one is this
+      // rank's agreed error.
+      if (absl::Status checked = CheckProtoMasks(mine.attention_masks(),
+                                                 mine.sequence_lengths(), "attention_masks");
+          !checked.ok()) {
+        blob.error_code = static_cast<char>(checked.code());
+        blob.error = std::string(checked.message());
+      }
+    }
     if (previous != nullptr && previous->compute_seconds() > 0) {
       blob.timing_step = previous->step();
       blob.timing_seconds = previous->compute_seconds();
@@ -601,6 +669,10 @@ struct PlannerClient::Rep {
     if (absl::Status sized = CheckWorldSize(spec); !sized.ok()) {
       blob.error_code = static_cast<char>(sized.code());
       blob.error = std::string(sized.message());
+    }
+    if (!refused.ok()) {
+      blob.error_code = static_cast<char>(refused.code());
+      blob.error = std::string(refused.message());
     }
     return blob;
   }
@@ -660,12 +732,14 @@ struct PlannerClient::Rep {
 
   // The step solved here, from every rank's lengths (every rank computes
   // the identical plan).
-  absl::StatusOr<StepPlan> SolveLocally(const v1::StepSpec& spec, const RankLengths& group) {
+  absl::StatusOr<StepPlan> SolveLocally(const v1::StepSpec& spec, const RankLengths& group,
+                                        const RankMasks& masks) {
     auto problem = StepProblemOf(spec);
     if (!problem.ok()) return problem.status();
     if (absl::Status locality = CheckLocality(spec); !locality.ok()) return locality;
     auto solved = SolveStep(*problem, problem->cost, group,
-                            BalancerOptionsForSpec(options.balancer, spec), spec.token_bytes());
+                            BalancerOptionsForSpec(options.balancer, spec), spec.token_bytes(),
+                            &masks);
     if (!solved.ok()) return solved.status();
     StepPlan step = StepPlanOf(std::move(solved->plan), transport->rank(), PlanSource::kLocal);
     step.predicted_step_seconds = solved->predicted_seconds;
@@ -676,8 +750,10 @@ struct PlannerClient::Rep {
   // verdict on a prefetch), then the local solve.
   absl::StatusOr<StepPlan> PlanLocally(const v1::StepSpec& spec,
                                        const std::vector<int64_t>& lengths,
-                                       const std::string& mismatch) {
-    RankBlob mine = BlobFor(kPlanCall, spec, lengths, nullptr);
+                                       const std::vector<AttentionMask>& masks,
+                                       const std::string& mismatch,
+                                       const absl::Status& refused = absl::OkStatus()) {
+    RankBlob mine = BlobFor(kPlanCall, spec, lengths, masks, nullptr, refused);
     if (!mismatch.empty() && mine.error.empty()) {
       mine.error_code = static_cast<char>(absl::StatusCode::kFailedPrecondition);
       mine.error = mismatch;
@@ -685,15 +761,19 @@ struct PlannerClient::Rep {
     absl::StatusOr<Gathered> gathered = Gather(mine);
     if (!gathered.ok()) return gathered.status();
     MaybeBackUp(spec, gathered->probes_answered);
-    return SolveLocally(spec, gathered->lengths);
+    return SolveLocally(spec, gathered->lengths, gathered->masks);
   }
 
   absl::StatusOr<StepPlan> PlanPerRank(const v1::StepSpec& spec,
                                        const std::vector<int64_t>& lengths,
+                                       const std::vector<AttentionMask>& masks,
+                                       const absl::Status& refused,
                                        const v1::StepTiming* previous,
                                        std::unique_ptr<Prefetched> prefetched);
   absl::StatusOr<StepPlan> PlanGroup(const v1::StepSpec& spec,
                                      const std::vector<int64_t>& lengths,
+                                     const std::vector<AttentionMask>& masks,
+                                     const absl::Status& refused,
                                      const v1::StepTiming* previous,
                                      std::unique_ptr<Prefetched> prefetched);
   // Group mode: the step's plan from rank 0's broadcast answer, or planned
@@ -704,18 +784,20 @@ struct PlannerClient::Rep {
 
 absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spec,
                                                          const std::vector<int64_t>& lengths,
+                                                         const std::vector<AttentionMask>& masks,
+                                                         const absl::Status& refused,
                                                          const v1::StepTiming* previous,
                                                          std::unique_ptr<Prefetched> prefetched) {
   const std::string mismatch =
-      prefetched != nullptr
-          ? PrefetchMismatch(prefetched->spec, prefetched->lengths, spec, lengths)
-          : "";
+      prefetched != nullptr ? PrefetchMismatch(prefetched->spec, prefetched->lengths,
+                                               prefetched->masks, spec, lengths, masks)
+                            : "";
   if (!has_service) {
     LogSource(PlanSource::kLocal, spec.step(), "no planner service configured");
-    return PlanLocally(spec, lengths, mismatch);
+    return PlanLocally(spec, lengths, masks, mismatch, refused);
   }
   if (absl::Status agreed = EnsureIncarnation(); !agreed.ok()) return agreed;
-  if (service_down) return PlanLocally(spec, lengths, mismatch);
+  if (service_down) return PlanLocally(spec, lengths, masks, mismatch, refused);
 
   // A rank whose step differs from its prefetch still completes the
   // service's rendezvous (with what it prefetched), so that no peer waits
@@ -728,8 +810,14 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
     status = prefetched->call->Wait();
     request = std::move(prefetched->request);
     response = std::move(prefetched->response);
+  } else if (!refused.ok()) {
+    // The rank still asks (with a length the service refuses at once), so
+    // that its peers' rendezvous ends; its own verdict is the refusal.
+    request = RankRequest(spec, {-1}, {}, previous);
+    AskRank(request, &response, nullptr);
+    status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(refused.message()));
   } else {
-    request = RankRequest(spec, lengths, previous);
+    request = RankRequest(spec, lengths, masks, previous);
     status = AskRank(request, &response, nullptr);
   }
   service_wait_seconds = SecondsSince(asked);
@@ -742,6 +830,12 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
       status = grpc::Status(grpc::StatusCode::INTERNAL,
                             std::string("the service's answer is malformed: ") +
                                 std::string(plan.status().message()));
+    } else if (request.attention_masks_size() > 0 && plan->attention_masks.empty() &&
+               !plan->route.recvs.empty()) {
+      // A service from before masks ignores them: its plan is mask-blind,
+      // and the trainer would not learn the masks it holds.
+      status = grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                            "the service ignored the attention masks (it predates them)");
     }
   }
   const Outcome outcome = mismatch.empty() ? Classify(status.error_code()) : kMismatch;
@@ -789,7 +883,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
                                          (*all)[first_conflict].substr(2));
     if (options.require_service) return Required(spec, why);
     local_reason = why;
-    absl::StatusOr<StepPlan> local = PlanLocally(spec, lengths, "");
+    absl::StatusOr<StepPlan> local = PlanLocally(spec, lengths, masks, "");
     if (local.ok()) {
       Log(LogLevel::kWarning,
           absl::StrCat("rank ", transport->rank(), ": step ", spec.step(),
@@ -807,7 +901,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
                                          options.address, ": ", (*all)[first_fallback].substr(2));
     if (options.require_service) return Required(spec, why);
     MarkDown(spec, why);
-    return PlanLocally(spec, lengths, "");
+    return PlanLocally(spec, lengths, masks, "");
   }
   LogSource(PlanSource::kService, spec.step(), options.address);
   StepPlan result;
@@ -855,7 +949,8 @@ absl::StatusOr<StepPlan> PlanFromGroupAnswer(const v1::StepSpec& spec, const Gat
   if (!problem.ok()) return problem.status();
   auto world = WorldOfLayout(*problem, response.balance().layout());
   if (!world.ok()) return world.status();
-  auto plan = PlanFromChunks(*world, problem->cost, gathered.lengths, *std::move(chunks));
+  auto plan = PlanFromChunks(*world, problem->cost, gathered.lengths, *std::move(chunks),
+                             &gathered.masks);
   if (!plan.ok()) return plan.status();
   const int world_size = spec.world_size();
   if (response.workload_before_size() != world_size ||
@@ -882,6 +977,8 @@ absl::StatusOr<StepPlan> PlanFromGroupAnswer(const v1::StepSpec& spec, const Gat
 
 absl::StatusOr<StepPlan> PlannerClient::Rep::PlanGroup(const v1::StepSpec& spec,
                                                        const std::vector<int64_t>& lengths,
+                                                       const std::vector<AttentionMask>& masks,
+                                                       const absl::Status& refused,
                                                        const v1::StepTiming* previous,
                                                        std::unique_ptr<Prefetched> prefetched) {
   Gathered gathered;
@@ -889,23 +986,29 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanGroup(const v1::StepSpec& spec,
     // The lengths went out with the prefetch: only the ranks' verdicts now.
     RankBlob mine;
     mine.kind = kPrefetchedCall;
-    mine.error = PrefetchMismatch(prefetched->spec, prefetched->lengths, spec, lengths);
+    mine.error = PrefetchMismatch(prefetched->spec, prefetched->lengths, prefetched->masks, spec,
+                                  lengths, masks);
     mine.error_code = static_cast<char>(absl::StatusCode::kFailedPrecondition);
+    if (!refused.ok()) {
+      mine.error = std::string(refused.message());
+      mine.error_code = static_cast<char>(refused.code());
+    }
     absl::StatusOr<Gathered> agreed = Gather(mine);
     if (!agreed.ok()) return agreed.status();
     gathered = *std::move(prefetched->gathered);
   } else {
-    absl::StatusOr<Gathered> all = Gather(BlobFor(kPlanCall, spec, lengths, previous));
+    absl::StatusOr<Gathered> all =
+        Gather(BlobFor(kPlanCall, spec, lengths, masks, previous, refused));
     if (!all.ok()) return all.status();
     gathered = *std::move(all);
   }
   if (!has_service) {
     LogSource(PlanSource::kLocal, spec.step(), "no planner service configured");
-    return SolveLocally(spec, gathered.lengths);
+    return SolveLocally(spec, gathered.lengths, gathered.masks);
   }
   if (service_down) {
     MaybeBackUp(spec, gathered.probes_answered);
-    return SolveLocally(spec, gathered.lengths);
+    return SolveLocally(spec, gathered.lengths, gathered.masks);
   }
   return FinishGroup(spec, gathered, prefetched.get());
 }
@@ -950,7 +1053,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::FinishGroup(const v1::StepSpec& spe
   if (outcome == kConflict) {
     if (options.require_service) return Required(spec, payload);
     local_reason = absl::StrCat("refused for a conflict: ", payload);
-    absl::StatusOr<StepPlan> local = SolveLocally(spec, gathered.lengths);
+    absl::StatusOr<StepPlan> local = SolveLocally(spec, gathered.lengths, gathered.masks);
     if (local.ok()) {
       Log(LogLevel::kWarning,
           absl::StrCat("rank ", transport->rank(), ": step ", spec.step(),
@@ -976,7 +1079,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::FinishGroup(const v1::StepSpec& spe
   }
   if (options.require_service) return Required(spec, why);
   MarkDown(spec, why);
-  return SolveLocally(spec, gathered.lengths);
+  return SolveLocally(spec, gathered.lengths, gathered.masks);
 }
 
 PlannerClient::PlannerClient(std::unique_ptr<Rep> rep) : rep_(std::move(rep)) {}
@@ -1030,7 +1133,9 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
 
 absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
                                              const std::vector<int64_t>& lengths,
-                                             const v1::StepTiming* previous) {
+                                             const v1::StepTiming* previous,
+                                             const std::vector<AttentionMask>& masks,
+                                             const absl::Status& refused) {
   Rep& rep = *rep_;
   const auto start = std::chrono::steady_clock::now();
   rep.service_wait_seconds = 0;
@@ -1045,8 +1150,9 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
   }
   const bool was_prefetched = prefetched != nullptr;
   absl::StatusOr<StepPlan> result =
-      rep.group_mode() ? rep.PlanGroup(spec, lengths, previous, std::move(prefetched))
-                       : rep.PlanPerRank(spec, lengths, previous, std::move(prefetched));
+      rep.group_mode()
+          ? rep.PlanGroup(spec, lengths, masks, refused, previous, std::move(prefetched))
+          : rep.PlanPerRank(spec, lengths, masks, refused, previous, std::move(prefetched));
   if (result.ok()) {
     result->prefetched = was_prefetched;
     result->wait_seconds = SecondsSince(start);
@@ -1069,17 +1175,19 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
 
 absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec,
                                      const std::vector<int64_t>& lengths,
-                                     const v1::StepTiming* previous) {
+                                     const v1::StepTiming* previous,
+                                     const std::vector<AttentionMask>& masks) {
   Rep& rep = *rep_;
   rep.pending.reset();  // replaces an unused one, cancelling its call
   auto prefetched = std::make_unique<Prefetched>();
   prefetched->spec = spec;
   prefetched->lengths = lengths;
+  prefetched->masks = masks;
   Prefetched* const p = prefetched.get();
   Rep* const r = &rep;
   if (rep.group_mode()) {
-    absl::StatusOr<Gathered> gathered = rep.Gather(rep.BlobFor(kPrefetchCall, spec, lengths,
-                                                               previous));
+    absl::StatusOr<Gathered> gathered =
+        rep.Gather(rep.BlobFor(kPrefetchCall, spec, lengths, masks, previous));
     if (!gathered.ok()) return gathered.status();
     prefetched->gathered = *std::move(gathered);
     if (rep.stub != nullptr && !rep.service_down) {
@@ -1096,7 +1204,7 @@ absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec,
       if (absl::Status agreed = rep.EnsureIncarnation(); !agreed.ok()) return agreed;
     }
     if (rep.stub != nullptr && !rep.service_down) {
-      prefetched->request = rep.RankRequest(spec, lengths, previous);
+      prefetched->request = rep.RankRequest(spec, lengths, masks, previous);
       prefetched->call = std::make_unique<BackgroundCall>([r, p](CancelToken* token) {
         return r->AskRank(p->request, &p->response, token);
       });

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "knapformer/v1/planner.pb.h"
+#include "planner/attention_mask.h"
 #include "planner/balancer.h"
 #include "planner/plan.h"
 #include "transport/transport.h"
@@ -160,8 +161,18 @@ class PlannerClient {
   // sent then and is ignored here, and a step whose spec (token_bytes
   // aside) or lengths differ from the prefetched ones fails on every rank
   // with FailedPrecondition naming the step and the rank.
+  // `masks` (optional) are the attention masks of this rank's sequences,
+  // one per length (attention_mask.h); in a step where any rank gives them,
+  // every rank with sequences must, else every rank gets InvalidArgument
+  // naming the first rank without. The plan's attention_masks then list
+  // the masks of the sequences this rank's attention sees.
+  // `refused` (optional): an input this rank's caller could not read (a
+  // binding's verdict on its masks); the rank still joins the step, and
+  // every rank fails it with this error, naming this rank.
   absl::StatusOr<StepPlan> Plan(const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
-                                const v1::StepTiming* previous = nullptr);
+                                const v1::StepTiming* previous = nullptr,
+                                const std::vector<AttentionMask>& masks = {},
+                                const absl::Status& refused = absl::OkStatus());
 
   // Starts planning `spec.step()` ahead; its Plan call follows, with the
   // same spec and lengths. Call it on every rank (or on none) for a step: in
@@ -174,7 +185,8 @@ class PlannerClient {
   // disagree on the spec, a rank whose world size is not the transport's);
   // everything else is reported by the step's Plan, on every rank alike.
   absl::Status Prefetch(const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
-                        const v1::StepTiming* previous = nullptr);
+                        const v1::StepTiming* previous = nullptr,
+                        const std::vector<AttentionMask>& masks = {});
 
   // The incarnation this client's requests carry (see
   // PlannerClientOptions::incarnation); 0 until the first request to a

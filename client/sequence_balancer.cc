@@ -467,6 +467,22 @@ absl::Status SequenceBalancer::Rep::Derive(const std::vector<int64_t>& lengths) 
   ulysses_recv_rows = std::move(layout->ulysses_recv_rows);
   attention_lengths = std::move(layout->attention_lengths);
   attention_rows = layout->attention_rows;
+  // The masks of the sequences attention sees: one each, fitting each one's
+  // length, or none in a step without masks. A plan that says otherwise
+  // (a faulty service) must not hand the trainer a wrong mask.
+  const std::vector<AttentionMask>& masks = step_plan.plan.attention_masks;
+  if (!masks.empty() && masks.size() != attention_lengths.size()) {
+    return absl::InternalError(absl::StrCat("plan: ", masks.size(),
+                                            " attention masks for the ",
+                                            attention_lengths.size(),
+                                            " sequences attention sees on rank ",
+                                            world->rank()));
+  }
+  for (size_t i = 0; i < masks.size(); ++i) {
+    absl::Status fits = CheckMask(attention_lengths[i], masks[i],
+                                  absl::StrCat("plan.attention_masks[", i, "]"));
+    if (!fits.ok()) return absl::InternalError(fits.message());
+  }
   return absl::OkStatus();
 }
 
@@ -699,7 +715,8 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
 }
 
 absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
-                                           const StepOverrides& overrides) {
+                                           const StepOverrides& overrides,
+                                           const std::vector<AttentionMask>& masks) {
   Rep& r = *rep_;
   r.planned = false;
   r.spec = r.SpecOf(r.next_step++, overrides);
@@ -707,7 +724,8 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
   // goes with the next request.
   const bool prefetched = r.prefetched_step == r.spec.step();
   const bool send_timing = r.has_timing && !prefetched;
-  auto plan = r.planner->Plan(r.spec, lengths, send_timing ? &r.timing : nullptr);
+  auto plan = r.planner->Plan(r.spec, lengths, send_timing ? &r.timing : nullptr, masks,
+                              overrides.refused_input);
   if (send_timing) r.has_timing = false;
   if (!plan.ok()) return plan.status();
   r.step_plan = *std::move(plan);
@@ -752,10 +770,12 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
 }
 
 absl::Status SequenceBalancer::PrefetchRouting(const std::vector<int64_t>& lengths,
-                                               const StepOverrides& overrides) {
+                                               const StepOverrides& overrides,
+                                               const std::vector<AttentionMask>& masks) {
   Rep& r = *rep_;
   const v1::StepSpec spec = r.SpecOf(r.next_step, overrides);
-  absl::Status started = r.planner->Prefetch(spec, lengths, r.has_timing ? &r.timing : nullptr);
+  absl::Status started =
+      r.planner->Prefetch(spec, lengths, r.has_timing ? &r.timing : nullptr, masks);
   if (!started.ok()) return started;
   r.has_timing = false;
   r.prefetched_step = spec.step();
@@ -777,6 +797,9 @@ const std::vector<int64_t>& SequenceBalancer::routed_lengths() const {
 }
 const std::vector<int64_t>& SequenceBalancer::input_lengths() const {
   return rep_->input_lengths;
+}
+const std::vector<AttentionMask>& SequenceBalancer::attention_masks() const {
+  return rep_->step_plan.plan.attention_masks;
 }
 const std::vector<int64_t>& SequenceBalancer::attention_lengths() const {
   return rep_->attention_lengths;

@@ -82,6 +82,10 @@ struct StepOverrides {
   // SequenceBalancerOptions::token_bytes, or when that is 0, what the
   // previous step's Route moved per token.
   int64_t token_bytes = -1;
+  // An input the caller refused before it reached the balancer (a binding
+  // that could not read this rank's attention masks): the rank still joins
+  // PlanRouting, and every rank fails it with this error, naming this rank.
+  absl::Status refused_input;
 };
 
 // Errors are agreed: every collective call either succeeds on every rank of
@@ -119,9 +123,13 @@ class SequenceBalancer {
   // lengths in the order they are packed (zero-length sequences and no
   // sequences at all are fine). Errors are the same on every rank: every
   // rank learns of a refused input, a planner failure or an inconsistent
-  // plan in the same collectives.
+  // plan in the same collectives. `masks` (optional): the attention mask
+  // of each sequence (planner/attention_mask.h), which the plan prices;
+  // in a step where any rank gives them, every rank with sequences must,
+  // else every rank gets InvalidArgument naming the first rank without.
   absl::Status PlanRouting(const std::vector<int64_t>& lengths,
-                           const StepOverrides& overrides = {});
+                           const StepOverrides& overrides = {},
+                           const std::vector<AttentionMask>& masks = {});
 
   // Plan ahead: starts planning the step after the current one (the next
   // PlanRouting's) with these lengths, so that its PlanRouting finds the
@@ -133,7 +141,8 @@ class SequenceBalancer {
   // the same lengths and overrides: otherwise it fails on every rank with
   // FailedPrecondition naming the rank and the step.
   absl::Status PrefetchRouting(const std::vector<int64_t>& lengths,
-                               const StepOverrides& overrides = {});
+                               const StepOverrides& overrides = {},
+                               const std::vector<AttentionMask>& masks = {});
 
   // This rank's measured compute time (forward + backward) of the current
   // step; sent with the next PlanRouting for the service's gamma fit.
@@ -188,6 +197,10 @@ class SequenceBalancer {
   // Full lengths of the sequences attention sees on this rank (for varlen
   // attention), in PreAttn's output order.
   const std::vector<int64_t>& attention_lengths() const;
+  // In a step planned with masks, the mask of each of those sequences (in
+  // the same order), to build the attention kernel's mask from; empty in a
+  // step without masks.
+  const std::vector<AttentionMask>& attention_masks() const;
 
   // This step's bag (it changes from step to step under "auto").
   int bag_gpus() const;

@@ -6,6 +6,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "planner/attention_mask.h"
+
 namespace knapformer {
 
 // Plain softmax(q k^T / sqrt(head_dim)) v over each sequence of a packed
@@ -14,6 +16,16 @@ namespace knapformer {
 // e.g. flash-attention's varlen entry point, on the same lengths).
 at::Tensor VarlenAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::vector<int64_t>& lengths);
+
+// The same with each sequence's attention mask (masks[i] for lengths[i];
+// empty: all full), e.g. SequenceBalancer::attention_masks() after PreAttn.
+// REQUIRES: masks is empty or one valid mask per length (CheckMask).
+at::Tensor VarlenAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const std::vector<int64_t>& lengths,
+                           const std::vector<AttentionMask>& masks);
+
+// [length, length] booleans: true where query i attends to key j.
+at::Tensor AttendsMatrix(int64_t length, const AttentionMask& mask);
 
 }  // namespace knapformer
 

@@ -428,6 +428,7 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
 
   Plan plan = EmptyPlanOf(world);
   plan.rank_first_sequence = std::move(first_sequence);
+  if (masks != nullptr) plan.masks = *masks;
   const int32_t num_sequences = plan.rank_first_sequence[world_size];
 
   // Chunk count first, so an oversized plan fails before it is allocated.

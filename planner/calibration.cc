@@ -7,13 +7,16 @@
 
 namespace knapformer {
 
-WorkSample SequenceSample(int64_t length, int64_t d_model, double seconds) {
+WorkSample SequenceSample(int64_t length, int64_t d_model, double seconds,
+                          const AttentionMask* mask) {
   const double l = static_cast<double>(length);
   const double d = static_cast<double>(d_model);
-  return {24.0 * l * d * d, 4.0 * l * l * d, seconds};
+  const double attention =
+      mask == nullptr ? 4.0 * l * l * d : 4.0 * AttendedPairs(length, *mask) * d;
+  return {24.0 * l * d * d, attention, seconds};
 }
 
-std::vector<WorkSample> RankWork(const Plan& plan, int64_t d_model) {
+std::vector<WorkSample> RankWork(const Plan& plan, int64_t d_model, const RankMasks* masks) {
   const double d = static_cast<double>(d_model);
   std::vector<WorkSample> work(plan.world_size);
   for (const Chunk& chunk : plan.chunks) {
@@ -22,8 +25,11 @@ std::vector<WorkSample> RankWork(const Plan& plan, int64_t d_model) {
   for (const PlacedSequence& seq : plan.sequences) {
     if (seq.bag < 0) continue;
     const double l = static_cast<double>(seq.length);
+    const AttentionMask* mask = MaskOf(masks, seq.src_rank, seq.seq_index);
+    const double attention =
+        mask == nullptr ? 4.0 * l * l * d : 4.0 * AttendedPairs(seq.length, *mask) * d;
     const int32_t gpus = plan.bag_gpus[seq.bag];
-    const double share = 4.0 * l * l * d / gpus;
+    const double share = attention / gpus;
     for (int32_t p = 0; p < gpus; ++p) work[plan.bag_first_rank[seq.bag] + p].attention += share;
   }
   return work;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "planner/attention_mask.h"
 #include "planner/plan.h"
 
 namespace knapformer {
@@ -20,11 +21,15 @@ struct WorkSample {
 
 // The sample of one sequence of `length` tokens timed alone (the paper's
 // calibration: latency of a transformer block per sequence length).
-WorkSample SequenceSample(int64_t length, int64_t d_model, double seconds);
+// Under a mask (null: full) the attention is that of the pairs it attends.
+WorkSample SequenceSample(int64_t length, int64_t d_model, double seconds,
+                          const AttentionMask* mask = nullptr);
 
 // The work a plan gives each rank, by rank (seconds 0): linear units of the
 // tokens it computes on, and its share of its bag's attention units.
-std::vector<WorkSample> RankWork(const Plan& plan, int64_t d_model);
+// `masks` (null or empty: all full) as the plan was made with.
+std::vector<WorkSample> RankWork(const Plan& plan, int64_t d_model,
+                                 const RankMasks* masks = nullptr);
 
 // seconds ~= k * (linear + gamma * attention), by least squares (the paper's
 // fit), relative: each residual is divided by its measured time, since

@@ -126,6 +126,21 @@ absl::StatusOr<AttentionMask> ParseMaskJson(absl::string_view text, const std::s
   return MaskFromJson(*value, field);
 }
 
+absl::StatusOr<std::vector<AttentionMask>> ParseMaskListJson(absl::string_view text,
+                                                             const std::string& field) {
+  absl::StatusOr<json> value = ParseText(text, field);
+  if (!value.ok()) return value.status();
+  if (!value->is_array()) return FieldError(field, "must be a list of masks");
+  std::vector<AttentionMask> masks;
+  masks.reserve(value->size());
+  for (size_t i = 0; i < value->size(); ++i) {
+    absl::StatusOr<AttentionMask> mask = MaskFromJson((*value)[i], absl::StrCat(field, "[", i, "]"));
+    if (!mask.ok()) return mask.status();
+    masks.push_back(*std::move(mask));
+  }
+  return masks;
+}
+
 std::string MaskToJson(const AttentionMask& mask) {
   switch (mask.kind) {
     case AttentionMask::Kind::kFull:

@@ -25,6 +25,9 @@ absl::StatusOr<RankMasks> RankMasksFromJson(const nlohmann::json& value,
 absl::StatusOr<RankMasks> ParseRankMasksJson(absl::string_view text,
                                              const std::string& field = "masks");
 absl::StatusOr<AttentionMask> ParseMaskJson(absl::string_view text, const std::string& field);
+// One rank's masks: an array of masks, field[i] naming each.
+absl::StatusOr<std::vector<AttentionMask>> ParseMaskListJson(absl::string_view text,
+                                                             const std::string& field);
 
 // The JSON text of one mask, in the first of the forms above that fits.
 std::string MaskToJson(const AttentionMask& mask);

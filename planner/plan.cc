@@ -76,6 +76,9 @@ RankPlan Plan::Slice(int32_t rank) const {
       slice.route.recvs.push_back({mine->src_rank, mine->seq_index, mine->offset, mine->length});
       slice.compute_chunk_lengths.push_back(mine->length);
     }
+    if (!masks.empty() && (ulysses.gpus > 1 || mine != nullptr)) {
+      slice.attention_masks.push_back(masks[seq.src_rank][seq.seq_index]);
+    }
     if (ulysses.gpus > 1) {
       UlyssesSequence entry;
       entry.src_rank = seq.src_rank;

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "planner/attention_mask.h"
+
 namespace knapformer {
 
 // One contiguous piece [offset, offset+length) of sequence `seq_index` of
@@ -83,6 +85,12 @@ struct RankPlan {
   UlyssesBag ulysses;
   double workload_before = 0;  // cost-model workload without balancing
   double workload_after = 0;   // with this plan
+  // Empty unless the plan was made with attention masks: then the mask of
+  // each sequence attention sees on this rank, in the order it sees them
+  // (PreAttn's output order: the receives in a single-GPU bag, the Ulysses
+  // sequences in a multi-GPU one), so that the trainer can build its
+  // attention kernel's mask.
+  std::vector<AttentionMask> attention_masks;
 };
 
 // The plan of a whole world for one step. Deterministic: the same input gives
@@ -95,6 +103,9 @@ struct Plan {
   std::vector<Chunk> chunks;              // ordered by (src_rank, seq_index, offset)
   std::vector<double> workload_before;    // per rank: its own sequences, unmoved
   std::vector<double> workload_after;     // per rank: under this plan
+  // The attention masks the plan was made with (masks[rank][i]); empty when
+  // every sequence attends fully.
+  RankMasks masks;
 
   // Indexes for slicing; built by the balancer.
   std::vector<int32_t> rank_first_sequence;  // size world+1, into sequences

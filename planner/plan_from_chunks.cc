@@ -29,6 +29,7 @@ absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
     if (absl::Status status = CheckRankMasks(lengths, *masks); !status.ok()) return status;
   }
   Plan plan = internal::EmptyPlanOf(world);
+  if (masks != nullptr) plan.masks = *masks;
   const int32_t total_bags = world.total_bags();
   std::vector<int32_t> bag_of_rank(world_size);
   for (int32_t bag = 0; bag < total_bags; ++bag) {

@@ -206,6 +206,13 @@ std::string RankPlanToJson(const RankPlan& slice) {
                         {"sequences", std::move(sequences)}};
   out["workload_before"] = slice.workload_before;
   out["workload_after"] = slice.workload_after;
+  if (!slice.attention_masks.empty()) {
+    json masks = json::array();
+    for (const AttentionMask& mask : slice.attention_masks) {
+      masks.push_back(json::parse(MaskToJson(mask)));
+    }
+    out["attention_masks"] = std::move(masks);
+  }
   return out.dump() + "\n";
 }
 

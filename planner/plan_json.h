@@ -49,7 +49,8 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text);
 // balance figures.
 std::string PlanToJson(const PlanRequest& request, const Plan& plan, double lower_bound);
 
-// One rank's slice as JSON: sends, recvs, compute_chunk_lengths, ulysses.
+// One rank's slice as JSON: sends, recvs, compute_chunk_lengths, ulysses,
+// and attention_masks (what its attention sees) in a plan made with masks.
 std::string RankPlanToJson(const RankPlan& slice);
 
 // `knapformer plan` (and knapformer.plan in Python): parses the request,

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "planner/balance_stats.h"
+#include "proto/mask_proto.h"
 
 namespace knapformer {
 
@@ -163,6 +164,10 @@ void RankPlanToProto(const RankPlan& rank_plan, v1::RankPlan* out) {
   }
   out->set_workload_before(rank_plan.workload_before);
   out->set_workload_after(rank_plan.workload_after);
+  out->mutable_attention_masks()->Reserve(static_cast<int>(rank_plan.attention_masks.size()));
+  for (const AttentionMask& mask : rank_plan.attention_masks) {
+    MaskToProto(mask, out->add_attention_masks());
+  }
 }
 
 void ChunksToProto(const Plan& plan, v1::Chunks* out) {
@@ -225,6 +230,13 @@ absl::StatusOr<RankPlan> RankPlanFromProto(const v1::RankPlan& proto, int32_t wo
   }
   plan.workload_before = proto.workload_before();
   plan.workload_after = proto.workload_after();
+  plan.attention_masks.reserve(proto.attention_masks_size());
+  for (int i = 0; i < proto.attention_masks_size(); ++i) {
+    absl::StatusOr<AttentionMask> mask =
+        MaskFromProto(proto.attention_masks(i), absl::StrCat("plan.attention_masks[", i, "]"));
+    if (!mask.ok()) return absl::InternalError(mask.status().message());
+    plan.attention_masks.push_back(*std::move(mask));
+  }
   return plan;
 }
 

@@ -67,7 +67,7 @@ absl::StatusOr<StepProblem> StepProblemOf(const v1::StepSpec& spec,
 
 absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel& cost,
                                      const RankLengths& lengths, const BalancerOptions& options,
-                                     int64_t route_token_bytes) {
+                                     int64_t route_token_bytes, const RankMasks* masks) {
   SolvedStep solved;
   std::optional<CommPrices> prices;
   if (cost.kind() == CostKind::kTransformer) {
@@ -81,16 +81,17 @@ absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel
       return absl::InvalidArgumentError("cost_model: auto layouts need the transformer model");
     }
     absl::StatusOr<AutoPlan> chosen = BalanceAuto(*problem.auto_layout, problem.world_size, cost,
-                                                  *prices, lengths, options);
+                                                  *prices, lengths, options, masks);
     if (!chosen.ok()) return chosen.status();
     solved.plan = std::move(chosen->plan);
     solved.predicted = chosen->predicted;
   } else {
-    absl::StatusOr<Plan> plan = BalanceGreedy(*problem.world, cost, lengths, options);
+    absl::StatusOr<Plan> plan = BalanceGreedy(*problem.world, cost, lengths, options, masks);
     if (!plan.ok()) return plan.status();
     solved.plan = *std::move(plan);
     if (prices.has_value()) {
-      solved.predicted = PredictStep(solved.plan, *problem.world, lengths, cost, *prices);
+      solved.predicted =
+          PredictStep(solved.plan, *problem.world, lengths, cost, *prices, masks);
     }
   }
   if (solved.predicted.has_value()) {

@@ -62,10 +62,10 @@ struct SolvedStep {
 // a fitted one of the same kind), `options` (BalancerOptionsForSpec) and
 // `route_token_bytes` (StepSpec.token_bytes; 0 = the hidden states alone).
 // Fixed topologies are solved exactly as BalanceGreedy does; "auto" with
-// BalanceAuto.
+// BalanceAuto. `masks` (null or empty: all full) price the attention.
 absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel& cost,
                                      const RankLengths& lengths, const BalancerOptions& options,
-                                     int64_t route_token_bytes);
+                                     int64_t route_token_bytes, const RankMasks* masks = nullptr);
 
 // The world a plan of `problem` was made on, from its layout (an answer's
 // Balance.layout). Internal naming the layout when it is not one the

@@ -20,7 +20,9 @@
 #include "client/sequence_balancer.h"
 #include "client/settings_agreement.h"
 #include "planner/balance_stats.h"
+#include "planner/attention_mask.h"
 #include "planner/cost_model.h"
+#include "planner/mask_json.h"
 #include "planner/plan.h"
 #include "planner/topology.h"
 #include "proto/plan_proto.h"
@@ -159,6 +161,10 @@ struct PlannedStep {
   std::string local_reason;
   std::string gamma_note;             // StepPlan::gamma_note, gamma_used
   double gamma_used = 0;
+  // JSON text of this rank's attn_masks and of the masks of the sequences
+  // its attention sees; unset in a step without masks.
+  std::optional<std::string> input_masks;
+  std::optional<std::string> attention_masks;
 };
 
 // Ranks per replica of a plan's layout ("g1n2+g2n1", or one spec per
@@ -180,7 +186,9 @@ py::dict TablesOf(const Plan& plan, const std::optional<CostModel>& cost) {
     seq_index.push_back(s.seq_index);
     seq_length.push_back(s.length);
     seq_bag.push_back(s.bag);
-    seq_workload.push_back(cost.has_value() ? cost->Workload(s.length) : 0.0);
+    seq_workload.push_back(
+        cost.has_value() ? cost->Workload(s.length, MaskOf(&plan.masks, s.src_rank, s.seq_index))
+                         : 0.0);
   }
   std::vector<int32_t> chunk_src_rank, chunk_seq_index, chunk_dst_rank;
   std::vector<int64_t> chunk_offset, chunk_length;
@@ -318,9 +326,11 @@ class BalancerBinding {
   // Collective. A rank whose lengths or token_dim cannot be read still
   // joins the step, with a length or d_model no planner accepts, so every
   // rank fails it together; that rank raises the precise reason.
-  void PlanRouting(const py::handle& local_seq_lens, const py::handle& token_dim) {
+  void PlanRouting(const py::handle& local_seq_lens, const py::handle& token_dim,
+                   const std::optional<std::string>& masks_json, const std::string& masks_error) {
     lengths_cache_.clear();
-    CallWithStepInput(local_seq_lens, token_dim, &SequenceBalancer::PlanRouting);
+    const std::optional<std::string> input_masks = CallWithStepInput(
+        local_seq_lens, token_dim, masks_json, masks_error, &SequenceBalancer::PlanRouting);
     const StepPlan& plan = balancer_->step_plan();
     const v1::StepSpec& spec = balancer_->spec();
     planned_ = PlannedStep{balancer_->step(),
@@ -343,14 +353,32 @@ class BalancerBinding {
                            plan.local_steps,
                            plan.local_reason,
                            plan.gamma_note,
-                           plan.gamma_used > 0 ? plan.gamma_used : spec.gamma()};
+                           plan.gamma_used > 0 ? plan.gamma_used : spec.gamma(),
+                           input_masks,
+                           balancer_->attention_masks().empty() && input_masks.has_value()
+                               ? std::optional<std::string>("[]")
+                               : MasksJson(balancer_->attention_masks())};
     absl::StatusOr<CostModel> cost = CostModelFromSpec(spec);
     if (cost.ok()) planned_->cost = *cost;
   }
 
   // The next step's lengths, while this one computes (PrefetchRouting).
-  void PrefetchRouting(const py::handle& local_seq_lens, const py::handle& token_dim) {
-    CallWithStepInput(local_seq_lens, token_dim, &SequenceBalancer::PrefetchRouting);
+  void PrefetchRouting(const py::handle& local_seq_lens, const py::handle& token_dim,
+                       const std::optional<std::string>& masks_json,
+                       const std::string& masks_error) {
+    CallWithStepInput(local_seq_lens, token_dim, masks_json, masks_error,
+                      &SequenceBalancer::PrefetchRouting);
+  }
+
+  // The masks of the sequences attention sees on this rank, as JSON text
+  // (knapformer/sequence_balancer.py reads it); None in a step without.
+  py::object AttentionMasks() const {
+    if (!planned_.has_value()) {
+      ThrowIfError(absl::FailedPreconditionError(
+          "get_attention_masks: no step has been planned yet; call plan_routing first"));
+    }
+    if (!planned_->attention_masks.has_value()) return py::none();
+    return py::str(*planned_->attention_masks);
   }
 
   std::vector<at::Tensor> Route(const std::vector<at::Tensor>& xs) const {
@@ -444,6 +472,12 @@ class BalancerBinding {
     summary["local_reason"] = p.local_reason;
     summary["gamma_note"] = p.gamma_note;
     summary["gamma_used"] = p.gamma_used;
+    // JSON text, read into lists by the Python layer; None without masks.
+    summary["attn_masks"] = p.input_masks.has_value() ? py::object(py::str(*p.input_masks))
+                                                      : py::object(py::none());
+    summary["attention_masks"] = p.attention_masks.has_value()
+                                     ? py::object(py::str(*p.attention_masks))
+                                     : py::object(py::none());
     return summary;
   }
 
@@ -516,23 +550,68 @@ class BalancerBinding {
   // Python arguments, then raises what was wrong with them. A bad input
   // still takes part (as a length no planner accepts), so that the step
   // fails on every rank, not a hang.
-  void CallWithStepInput(const py::handle& local_seq_lens, const py::handle& token_dim,
-                         absl::Status (SequenceBalancer::*step_call)(const std::vector<int64_t>&,
-                                                                     const StepOverrides&)) {
+  // A step's masks (attn_masks) from the JSON text the Python layer made
+  // of them, checked against the lengths; the refusal names attn_masks[i].
+  static absl::StatusOr<std::vector<AttentionMask>> MasksFrom(
+      const std::optional<std::string>& masks_json, const std::string& masks_error,
+      const absl::StatusOr<std::vector<int64_t>>& lengths) {
+    if (!masks_error.empty()) return absl::InvalidArgumentError(masks_error);
+    if (!masks_json.has_value()) return std::vector<AttentionMask>();
+    absl::StatusOr<std::vector<AttentionMask>> masks = ParseMaskListJson(*masks_json, "attn_masks");
+    if (!masks.ok() || !lengths.ok()) return masks;
+    if (masks->size() != lengths->size()) {
+      return absl::InvalidArgumentError(absl::StrCat("attn_masks: ", masks->size(),
+                                                     " masks for ", lengths->size(),
+                                                     " sequences in local_seq_lens"));
+    }
+    for (size_t i = 0; i < masks->size(); ++i) {
+      absl::Status fits =
+          CheckMask((*lengths)[i], (*masks)[i], absl::StrCat("attn_masks[", i, "]"));
+      if (!fits.ok()) return fits;
+    }
+    return masks;
+  }
+
+  static std::optional<std::string> MasksJson(const std::vector<AttentionMask>& masks) {
+    if (masks.empty()) return std::nullopt;
+    std::string text = "[";
+    for (size_t i = 0; i < masks.size(); ++i) {
+      absl::StrAppend(&text, i > 0 ? "," : "", MaskToJson(masks[i]));
+    }
+    return text + "]";
+  }
+
+  using StepCall = absl::Status (SequenceBalancer::*)(const std::vector<int64_t>&,
+                                                      const StepOverrides&,
+                                                      const std::vector<AttentionMask>&);
+  // Returns the masks given, as JSON text (unset: none).
+  std::optional<std::string> CallWithStepInput(const py::handle& local_seq_lens,
+                                               const py::handle& token_dim,
+                                               const std::optional<std::string>& masks_json,
+                                               const std::string& masks_error,
+                                               StepCall step_call) {
     absl::StatusOr<std::vector<int64_t>> lengths = LengthsFrom(local_seq_lens);
     absl::StatusOr<int32_t> d_model = fixed_d_model_ ? absl::StatusOr<int32_t>(0)
                                                      : TokenDimFrom(token_dim);
+    absl::StatusOr<std::vector<AttentionMask>> masks = MasksFrom(masks_json, masks_error, lengths);
     StepOverrides overrides;
     overrides.d_model = d_model.ok() ? *d_model : -1;
+    if (lengths.ok() && d_model.ok() && !masks.ok()) overrides.refused_input = masks.status();
     absl::Status status;
     {
       py::gil_scoped_release no_gil;
       status = (balancer_.get()->*step_call)(
-          lengths.ok() ? *lengths : std::vector<int64_t>{-1}, overrides);
+          lengths.ok() ? *lengths : std::vector<int64_t>{-1}, overrides,
+          masks.ok() ? *masks : std::vector<AttentionMask>());
     }
     ThrowIfError(lengths.status());
     ThrowIfError(d_model.status());
+    // Refused masks: every rank's error names this rank; raise the same.
+    if (!overrides.refused_input.ok() && !status.ok()) ThrowIfError(status);
+    ThrowIfError(masks.status());
     ThrowIfError(status);
+    if (!masks_json.has_value()) return std::nullopt;
+    return MasksJson(*masks).value_or("[]");
   }
 
   std::unique_ptr<SequenceBalancer> balancer_;
@@ -583,9 +662,12 @@ void BindBalancer(py::module_& m) {
            py::arg("process_group"), py::arg("bag_groups"), py::arg("args"),
            py::arg("host_group") = py::none(), py::arg("host_bag_groups") = BagGroups())
       .def("plan_routing", &BalancerBinding::PlanRouting, py::arg("local_seq_lens"),
-           py::arg("token_dim"))
+           py::arg("token_dim"), py::arg("masks_json") = std::nullopt,
+           py::arg("masks_error") = "")
       .def("prefetch_routing", &BalancerBinding::PrefetchRouting, py::arg("local_seq_lens"),
-           py::arg("token_dim"))
+           py::arg("token_dim"), py::arg("masks_json") = std::nullopt,
+           py::arg("masks_error") = "")
+      .def("attention_masks", &BalancerBinding::AttentionMasks)
       .def("route", &BalancerBinding::Route, py::arg("tensors"))
       .def("reverse_route", &BalancerBinding::ReverseRoute, py::arg("tensors"))
       .def("pre_attn", &BalancerBinding::PreAttn, py::arg("tensors"))

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
+#include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
 #include "common/log.h"
 #include "server/request_check.h"
@@ -130,6 +131,7 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*co
 absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSpec& spec,
                                                                 const CheckedSpec& checked,
                                                                 const RankLengths& lengths,
+                                                                const RankMasks& masks,
                                                                 double wait_seconds,
                                                                 v1::Balance* balance) {
   const absl::Time start = absl::Now();
@@ -150,7 +152,7 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
                               " cost model has no gamma to fit");
   }
   absl::StatusOr<SolvedStep> step =
-      SolveStep(checked, cost, lengths, balancer, spec.token_bytes());
+      SolveStep(checked, cost, lengths, balancer, spec.token_bytes(), &masks);
   const absl::Time solved = absl::Now();
   if (!step.ok()) return step.status();
   absl::StatusOr<knapformer::Plan> plan = std::move(step->plan);
@@ -161,7 +163,7 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
     balance->set_gamma_note(gamma_note);
   }
   std::vector<WorkSample> rank_work;
-  if (rendezvous_.WantsWork(spec.job_id())) rank_work = RankWork(*plan, cost.d_model());
+  if (rendezvous_.WantsWork(spec.job_id())) rank_work = RankWork(*plan, cost.d_model(), &masks);
   rendezvous_.RecordPlanned(spec, plan->topology, *balance, solved, std::move(rank_work));
   metrics_.RecordStep(spec.job_id(), *balance, spec.token_bytes(),
                       absl::ToDoubleSeconds(solved - start), wait_seconds, solved);
@@ -175,11 +177,21 @@ void PlannerService::SolveAndAnswer(std::shared_ptr<ReadyStep> step) {
     const auto& field = step->calls[r]->request().sequence_lengths();
     lengths[r].assign(field.begin(), field.end());
   }
+  // Each request's masks were checked on arrival; whether every rank gave
+  // them is known only now, and fails the whole step.
+  absl::StatusOr<RankMasks> masks = RankMasksFromProto(
+      static_cast<int32_t>(step->calls.size()),
+      [&](int32_t r) -> const ProtoMasks& { return step->calls[r]->request().attention_masks(); },
+      [&](int32_t r) -> const ProtoLengths& {
+        return step->calls[r]->request().sequence_lengths();
+      },
+      [](int32_t r) { return absl::StrCat("rank ", r, ": attention_masks"); });
   v1::Balance solved_balance;
   absl::StatusOr<knapformer::Plan> plan =
-      SolveAndRecord(spec, step->checked, lengths,
-                     absl::ToDoubleSeconds(step->last_arrival - step->first_arrival),
-                     &solved_balance);
+      !masks.ok() ? absl::StatusOr<knapformer::Plan>(masks.status())
+                  : SolveAndRecord(spec, step->checked, lengths, *masks,
+                                   absl::ToDoubleSeconds(step->last_arrival - step->first_arrival),
+                                   &solved_balance);
   if (!plan.ok()) {
     Log(LogLevel::kWarning, absl::StrCat("job '", spec.job_id(), "' step ", spec.step(), ": ",
                                          plan.status().ToString()));
@@ -243,9 +255,16 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
       const auto& field = request->ranks(r).sequence_lengths();
       lengths[r].assign(field.begin(), field.end());
     }
+    absl::StatusOr<RankMasks> masks = RankMasksFromProto(
+        request->ranks_size(),
+        [&](int32_t r) -> const ProtoMasks& { return request->ranks(r).attention_masks(); },
+        [&](int32_t r) -> const ProtoLengths& { return request->ranks(r).sequence_lengths(); },
+        [](int32_t r) { return absl::StrCat("ranks[", r, "].attention_masks"); });
     v1::Balance balance;
     absl::StatusOr<knapformer::Plan> plan =
-        SolveAndRecord(spec, *shared_checked, lengths, /*wait_seconds=*/-1, &balance);
+        !masks.ok() ? absl::StatusOr<knapformer::Plan>(masks.status())
+                    : SolveAndRecord(spec, *shared_checked, lengths, *masks,
+                                     /*wait_seconds=*/-1, &balance);
     if (!plan.ok()) {
       finish(plan.status());
       return;

@@ -75,7 +75,8 @@ class PlannerService final : public v1::Planner::CallbackService {
   absl::StatusOr<knapformer::Plan> SolveAndRecord(const v1::StepSpec& spec,
                                                   const CheckedSpec& checked,
                                                   const RankLengths& lengths,
-                                                  double wait_seconds, v1::Balance* balance);
+                                                  const RankMasks& masks, double wait_seconds,
+                                                  v1::Balance* balance);
   void SolveAndAnswer(std::shared_ptr<ReadyStep> step);
   void AnswerRange(std::shared_ptr<const knapformer::Plan> plan,
                    std::shared_ptr<ReadyStep> step, std::shared_ptr<const v1::Balance> balance,

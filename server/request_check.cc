@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "planner/status_macros.h"
+#include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
 
 namespace knapformer {
@@ -128,6 +129,8 @@ absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
                                                    request.spec().world_size(), ")"));
   }
   KF_RETURN_IF_ERROR(CheckLengths("sequence_lengths", request.sequence_lengths(), limits));
+  KF_RETURN_IF_ERROR(
+      CheckProtoMasks(request.attention_masks(), request.sequence_lengths(), "attention_masks"));
   KF_RETURN_IF_ERROR(CheckTiming("previous", request.previous()));
   return checked;
 }
@@ -148,6 +151,17 @@ absl::StatusOr<CheckedSpec> CheckPlanGroupRequest(const v1::PlanGroupRequest& re
         CheckLengths(absl::StrCat("ranks[", r, "].sequence_lengths"), lengths, limits));
     sequences += lengths.size();
   }
+  // Each rank's masks, then that they are given on every rank or none.
+  KF_RETURN_IF_ERROR(RankMasksFromProto(
+                         request.ranks_size(),
+                         [&](int32_t r) -> const ProtoMasks& {
+                           return request.ranks(r).attention_masks();
+                         },
+                         [&](int32_t r) -> const ProtoLengths& {
+                           return request.ranks(r).sequence_lengths();
+                         },
+                         [](int32_t r) { return absl::StrCat("ranks[", r, "].attention_masks"); })
+                         .status());
   if (request.previous_size() != 0 && request.previous_size() != request.spec().world_size()) {
     return absl::InvalidArgumentError(absl::StrCat("previous: ", request.previous_size(),
                                                    " entries; give none or world_size = ",

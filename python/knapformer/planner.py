@@ -19,7 +19,7 @@ def _lengths_json(value):
 
 def plan(ranks, topology, d_model=3072, gamma=0.49, *, token_bytes=None, locality=True,
          max_tokens_per_gpu=0, cost_model="transformer", refine_rounds=256, rank=None,
-         machine=None):
+         machine=None, attn_masks=None):
     """Plans one step for a whole world, like ``knapformer plan``.
 
     ``ranks[r]`` lists rank r's sequence lengths (a list of ints or a 1-D
@@ -33,6 +33,11 @@ def plan(ranks, topology, d_model=3072, gamma=0.49, *, token_bytes=None, localit
     ``machine``: a dict of any of flops_per_second,
     intra_node_bytes_per_second, inter_node_bytes_per_second, gpus_per_node,
     element_bytes, blocks_per_route (the rest: docs/planner.md's defaults).
+    ``attn_masks[r][i]`` (optional) is the attention mask of ``ranks[r][i]``
+    (``"full"``, ``"causal"``, ``{"window": W}``, ``{"spans": [[n,
+    "full"|"causal"], ...]}``), as SequenceBalancer.plan_routing takes them:
+    workloads then price each sequence's attention by the pairs it attends,
+    and a rank's slice lists the ``attention_masks`` of what it attends.
     Raises ValueError naming the field for bad input (e.g.
     ``ranks[1][0]: sequence length -2 is outside ...``).
     """
@@ -42,6 +47,8 @@ def plan(ranks, topology, d_model=3072, gamma=0.49, *, token_bytes=None, localit
         request["token_bytes"] = token_bytes
     if machine is not None:
         request["machine"] = machine
+    if attn_masks is not None:
+        request["masks"] = [list(rank) for rank in attn_masks]
     text = _C._plan_json(json.dumps(request, default=_lengths_json), cost_model, bool(locality),
                          max_tokens_per_gpu, refine_rounds, rank)
     return json.loads(text)

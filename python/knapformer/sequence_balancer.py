@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from knapformer import _C
 from knapformer import _compile
+from knapformer import _masks
 from knapformer import _reference_tables as reference
 from knapformer._reference_tables import tflops_estimator, workload_estimator  # noqa: F401
 from knapformer._torch_compat import device_backend
@@ -281,33 +282,50 @@ class SequenceBalancer:
 
     # -- planning ---------------------------------------------------------
 
-    def plan_routing(self, local_seq_lens, token_dim=None):
+    def plan_routing(self, local_seq_lens, token_dim=None, attn_masks=None):
         """Collective: plans this step. ``local_seq_lens`` are this rank's
         sequence lengths in packing order (a list of ints or a 1-D integer
         tensor; empty and zero-length are fine). ``token_dim`` is the hidden
         size: the cost model's d_model unless one was given at construction.
+        ``attn_masks`` (optional) gives each sequence's attention mask, one
+        per length: ``"full"``, ``"causal"``, ``{"window": W}`` (causal, each
+        token sees its W latest keys) or ``{"spans": [[n, "full"|"causal"],
+        ...]}`` (block-causal: each span attends to every earlier span, and
+        to itself fully or causally; the n add up to the length). The plan
+        then prices each sequence's attention by the pairs it attends. In a
+        step where any rank gives masks, every rank with sequences must.
         A bad input on any rank raises on every rank."""
         self.metrics["start_time"] = time.time()
         self._tables = None
         self._plans += 1
+        masks_json, masks_error = _masks.to_json(attn_masks)
         # Checked in C++ after this rank has joined the step, so that a rank
         # that gets it wrong alone fails the step on every rank, not a hang.
-        self._impl.plan_routing(local_seq_lens, token_dim)
+        self._impl.plan_routing(local_seq_lens, token_dim, masks_json, masks_error)
         if self._handle is not None:
             self._shapes = self._shape_carriers()
         if self.tracking:
             self._track()
 
-    def prefetch_routing(self, local_seq_lens, token_dim=None):
+    def prefetch_routing(self, local_seq_lens, token_dim=None, attn_masks=None):
         """Plan ahead: starts planning the next step (the next
         plan_routing's) with these lengths, while this step computes, so
         that plan_routing finds its plan ready. Call it on every rank (or on
         none) as soon as the data loader has the next batch; collective in
         the default planner mode, and only the planner's RPC runs in the
         background. The next plan_routing must pass the same lengths (and
-        token_dim): otherwise it raises on every rank, naming the rank and
-        the step."""
-        self._impl.prefetch_routing(local_seq_lens, token_dim)
+        token_dim and attn_masks): otherwise it raises on every rank, naming
+        the rank and the step."""
+        masks_json, masks_error = _masks.to_json(attn_masks)
+        self._impl.prefetch_routing(local_seq_lens, token_dim, masks_json, masks_error)
+
+    def get_attention_masks(self):
+        """The attention masks of the sequences this rank's attention sees
+        this step, in the order of the lengths pre_attn returns (one per
+        sequence, in plan_routing's forms), to build the attention kernel's
+        mask from; None in a step planned without masks. Local, no
+        communication."""
+        return _masks.from_json(self._impl.attention_masks())
 
     def record_compute_seconds(self, seconds):
         """This rank's measured compute time of the current step, sent with
@@ -473,12 +491,16 @@ class SequenceBalancer:
         ``max_over_mean_*``, ``total_tokens``, ``moved_tokens``,
         ``token_bytes`` (of this step's route; the previous step's before it)
         and ``moved_bytes``, this rank's ``seq_lens``, ``chunk_lens`` and
-        ``attention_seq_lens``; the whole step's ``chunks`` (as `knapformer
+        ``attention_seq_lens``, its ``attn_masks`` as given and the
+        ``attention_masks`` of the sequences its attention sees (None in a
+        step without masks); the whole step's ``chunks`` (as `knapformer
         plan` prints them) and the reference implementation's 13 keys
         (``chunk_id2seq_id``, ``gpu_id2seq_lens``, ...) for this rank's
         balancing group. The last two need the whole plan on this rank: not
         in the per-rank planner mode, where they are left out."""
         summary = self._impl.summary()  # raises before the first step
+        for key in ("attn_masks", "attention_masks"):
+            summary[key] = _masks.from_json(summary[key])
         tables = self._whole_plan()
         if tables is not None:
             summary["chunks"] = reference.chunk_list(tables.flat)

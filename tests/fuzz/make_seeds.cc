@@ -10,6 +10,7 @@
 #include "knapformer/v1/planner.pb.h"
 #include "planner/balancer.h"
 #include "planner/topology.h"
+#include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
 
 namespace knapformer {
@@ -42,6 +43,33 @@ RankLengths Lengths(int32_t world_size, int seed) {
   }
   lengths[seed % world_size].push_back(250);
   return lengths;
+}
+
+// One mask of every kind in turn, spans cut in three.
+RankMasks MasksOf(const RankLengths& lengths) {
+  RankMasks masks(lengths.size());
+  int turn = 0;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    for (int64_t l : lengths[r]) {
+      switch (turn++ % 4) {
+        case 0:
+          masks[r].push_back(AttentionMask::Causal());
+          break;
+        case 1:
+          masks[r].push_back(AttentionMask::Window(1 + l / 4));
+          break;
+        case 2:
+          masks[r].push_back(l < 3 ? AttentionMask::Full()
+                                   : AttentionMask::Spans({{l / 3, true},
+                                                           {l / 3, false},
+                                                           {l - 2 * (l / 3), true}}));
+          break;
+        default:
+          masks[r].push_back(AttentionMask::Full());
+      }
+    }
+  }
+  return masks;
 }
 
 }  // namespace
@@ -85,6 +113,28 @@ int main(int argc, char** argv) {
       group.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
     }
     Write(absl::StrCat(dir, "/corpus/plan_group_request_fuzzer/seed_", c),
+          group.SerializeAsString());
+  }
+  // A masked step: every kind of mask, on every rank.
+  {
+    const v1::StepSpec spec = Spec("g1n2+g2n1+g4n1", 8);
+    const RankLengths lengths = Lengths(8, 4);
+    const RankMasks masks = MasksOf(lengths);
+    v1::PlanGroupRequest group;
+    *group.mutable_spec() = spec;
+    for (int32_t r = 0; r < 8; ++r) {
+      v1::RankLengths* rank = group.add_ranks();
+      rank->mutable_sequence_lengths()->Add(lengths[r].begin(), lengths[r].end());
+      for (const AttentionMask& mask : masks[r]) MaskToProto(mask, rank->add_attention_masks());
+      if (r != 5) continue;
+      v1::PlanRequest request;
+      *request.mutable_spec() = spec;
+      request.set_rank(r);
+      *request.mutable_sequence_lengths() = rank->sequence_lengths();
+      *request.mutable_attention_masks() = rank->attention_masks();
+      Write(absl::StrCat(dir, "/corpus/plan_request_fuzzer/masks"), request.SerializeAsString());
+    }
+    Write(absl::StrCat(dir, "/corpus/plan_group_request_fuzzer/masks"),
           group.SerializeAsString());
   }
   // Answers of an 8-rank g1n2+g2n1+g4n1 world, one seed per rank.

@@ -5,8 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/stubs/logging.h"
 #include "knapformer/v1/planner.pb.h"
+#include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
 #include "server/request_check.h"
 #include "server/service_limits.h"
@@ -35,8 +37,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto& field = request.ranks(r).sequence_lengths();
     lengths[r].assign(field.begin(), field.end());
   }
+  // The service's own conversion: accepted masks must convert.
+  absl::StatusOr<RankMasks> masks = RankMasksFromProto(
+      world_size,
+      [&](int32_t r) -> const ProtoMasks& { return request.ranks(r).attention_masks(); },
+      [&](int32_t r) -> const ProtoLengths& { return request.ranks(r).sequence_lengths(); },
+      [](int32_t r) { return absl::StrCat("ranks[", r, "].attention_masks"); });
+  fuzz::Require(masks.ok(), "accepted masks convert", masks.status().ToString());
   fuzz::SolveStepAndCheck(*checked, lengths,
                           BalancerOptionsForSpec(BalancerOptions(), request.spec()),
-                          request.spec().token_bytes());
+                          request.spec().token_bytes(), &*masks);
   return 0;
 }

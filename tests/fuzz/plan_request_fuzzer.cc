@@ -9,6 +9,7 @@
 
 #include "google/protobuf/stubs/logging.h"
 #include "knapformer/v1/planner.pb.h"
+#include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
 #include "server/request_check.h"
 #include "server/service_limits.h"
@@ -37,11 +38,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int n = request.sequence_lengths_size();
   if (world_size > 64 || int64_t{n} * world_size > (1 << 14)) return 0;
   RankLengths lengths(world_size);
+  RankMasks masks(request.attention_masks_size() > 0 ? world_size : 0);
   for (int32_t r = 0; r < world_size; ++r) {
-    for (int i = 0; i < n; ++i) lengths[r].push_back(request.sequence_lengths((i + r) % n));
+    for (int i = 0; i < n; ++i) {
+      lengths[r].push_back(request.sequence_lengths((i + r) % n));
+      if (masks.empty()) continue;
+      // Accepted masks convert (CheckPlanRequest checked each).
+      absl::StatusOr<AttentionMask> mask =
+          MaskFromProto(request.attention_masks((i + r) % n), "attention_masks");
+      fuzz::Require(mask.ok(), "an accepted mask converts", mask.status().ToString());
+      masks[r].push_back(*std::move(mask));
+    }
   }
   fuzz::SolveStepAndCheck(*checked, lengths,
                           BalancerOptionsForSpec(BalancerOptions(), request.spec()),
-                          request.spec().token_bytes());
+                          request.spec().token_bytes(), &masks);
   return 0;
 }

@@ -28,6 +28,17 @@ void CheckSlice(const Plan& plan, const World& world, const RankLengths& lengths
   absl::StatusOr<RouteLayout> layout =
       DeriveRouteLayout(*slice, lengths[rank], rank, plan.world_size, bag.gpus, first_rank);
   Require(layout.ok(), "the client accepts the service's slice", layout.status().ToString());
+  Require(slice->attention_masks.size() ==
+              (plan.masks.empty() ? 0 : layout->attention_lengths.size()),
+          "one mask per sequence attention sees, in a masked plan");
+  for (size_t k = 0; k < slice->attention_masks.size(); ++k) {
+    const UlyssesSequence* seq =
+        bag.gpus > 1 ? &slice->ulysses.sequences[k] : nullptr;
+    const int32_t src = seq != nullptr ? seq->src_rank : slice->route.recvs[k].peer;
+    const int32_t index = seq != nullptr ? seq->seq_index : slice->route.recvs[k].seq_index;
+    Require(slice->attention_masks[k] == plan.masks[src][index],
+            "a held mask is its sequence's own");
+  }
   RequirePermutation(layout->send_index, "the send order is a permutation of the input");
   if (bag.gpus > 1 && layout->attention_rows <= kMaxRowsToList) {
     const std::vector<int64_t> index = AttentionIndex(layout->ulysses_recv_rows, slice->ulysses);
@@ -60,9 +71,10 @@ void SolveAndCheck(const World& world, const CostModel& cost, const RankLengths&
 }
 
 void SolveStepAndCheck(const StepProblem& problem, const RankLengths& lengths,
-                       const BalancerOptions& options, int64_t route_token_bytes) {
+                       const BalancerOptions& options, int64_t route_token_bytes,
+                       const RankMasks* masks) {
   absl::StatusOr<SolvedStep> solved =
-      SolveStep(problem, problem.cost, lengths, options, route_token_bytes);
+      SolveStep(problem, problem.cost, lengths, options, route_token_bytes, masks);
   if (!solved.ok()) {
     Require(!solved.status().message().empty(), "a refused step says why");
     return;
