@@ -78,7 +78,7 @@ std::string PlanUsage() {
 std::vector<OptionSpec> SimulateOptionSpecs() {
   const SimulateOptions defaults;
   std::vector<OptionSpec> options = {
-      {"data", "D", defaults.data, "low-res, mixed-res, joint, curriculum or data codes"},
+      {"data", "D", defaults.data, "a scenario, data codes or a masked stream (above)"},
       {"world", "N", absl::StrCat(defaults.world), "GPUs"},
       {"topology", "T[,T...]", absl::StrJoin(defaults.topologies, ","),
        "fixed or auto[:max_bag=G][:group=T]"},
@@ -107,7 +107,10 @@ std::string SimulateUsage() {
       "and after, max/mean, its lower bound, the tokens and bytes moved per step, the\n"
       "planning time and each topology's predicted step time on the machine described by\n"
       "the machine flags (docs/cli.md). --data takes data codes g{G}b{B}i{R}f{F}s{S},...\n"
-      "too, and phases of a stream that changes over the steps joined by ';'.",
+      "too, and phases of a stream that changes over the steps joined by ';'. Scenarios:\n"
+      "low-res, mixed-res, joint, curriculum. Masked streams, alone: video-blockcausal,\n"
+      "interleaved, llm-packed; they compare the true max/mean of plans made by token\n"
+      "counts, mask-blind and with the masks (docs/planner.md).",
       SimulateOptionSpecs());
 }
 

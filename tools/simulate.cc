@@ -13,6 +13,9 @@
 #include "planner/balancer.h"
 #include "planner/cost_model.h"
 #include "planner/data_stream.h"
+#include "planner/masked_stream.h"
+#include "planner/plan_from_chunks.h"
+#include "planner/status_macros.h"
 #include "planner/step_time.h"
 #include "planner/topology.h"
 #include "planner/validate.h"
@@ -55,6 +58,78 @@ std::string Cell(const Summary& s) {
   return absl::StrCat(Ratio(s.mean), " ±", Ratio(s.stddev), " ^", Ratio(s.max));
 }
 
+struct Layout {
+  std::string name;
+  std::optional<World> fixed;
+  AutoLayout automatic;
+};
+
+// One step's data; masks empty for the paper's streams.
+struct StepData {
+  RankLengths lengths;
+  RankMasks masks;
+};
+
+// The true max/mean of `plan`, a plan of `world` made without masks: its
+// chunk table re-priced with them.
+absl::StatusOr<double> TrueMaxOverMean(const Plan& plan, const World& world,
+                                       const CostModel& cost, const StepData& data) {
+  KF_ASSIGN_OR_RETURN(const Plan priced,
+                      PlanFromChunks(world, cost, data.lengths, plan.chunks, &data.masks));
+  return ComputeBalanceStats(priced.workload_after).max_over_mean;
+}
+
+struct Baselines {
+  double blind = 0;   // true max/mean of the mask-blind plan
+  double tokens = 0;  // true max/mean of the token-count plan
+};
+
+// What planners that do not see the masks reach on a masked step, by the
+// GPUs' true work: today's planner (the transformer cost) and one that
+// balances token counts (the linear cost), on the layout the former chose.
+absl::StatusOr<Baselines> MaskBlindBaselines(const Layout& layout, int64_t world_size,
+                                             const CostModel& cost, const CommPrices& prices,
+                                             const BalancerOptions& balancer_options,
+                                             const StepData& data) {
+  std::optional<Plan> blind;
+  std::optional<AutoPlan> automatic;
+  if (layout.fixed.has_value()) {
+    KF_ASSIGN_OR_RETURN(blind,
+                        BalanceGreedy(*layout.fixed, cost, data.lengths, balancer_options));
+  } else {
+    KF_ASSIGN_OR_RETURN(automatic, BalanceAuto(layout.automatic, world_size, cost, prices,
+                                               data.lengths, balancer_options));
+    blind = std::move(automatic->plan);
+  }
+  const World& world = automatic.has_value() ? automatic->world : *layout.fixed;
+  KF_ASSIGN_OR_RETURN(const CostModel linear,
+                      CostModel::Create(cost.d_model(), cost.gamma(), CostKind::kLinear));
+  KF_ASSIGN_OR_RETURN(const Plan tokens,
+                      BalanceGreedy(world, linear, data.lengths, balancer_options));
+  Baselines out;
+  KF_ASSIGN_OR_RETURN(out.blind, TrueMaxOverMean(*blind, world, cost, data));
+  KF_ASSIGN_OR_RETURN(out.tokens, TrueMaxOverMean(tokens, world, cost, data));
+  return out;
+}
+
+// InvalidArgument unless a masked stream in `phases` is the whole of --data
+// and the cost model is the transformer's (the true work is priced by it).
+absl::Status CheckMaskedData(const SimulateOptions& options,
+                             const std::vector<std::string>& phases) {
+  for (const std::string& phase : phases) {
+    if (IsMaskedScenario(phase) && phases.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--data: the masked stream ", phase, " cannot be a phase; give it alone"));
+    }
+  }
+  if (IsMaskedScenario(options.data) && options.cost_model != CostKind::kTransformer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cost-model ", CostKindName(options.cost_model), ": the masked stream ", options.data,
+        " compares plans by the transformer cost model's work; use --cost-model transformer"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<std::string> DataPhases(const std::string& data) {
@@ -74,15 +149,25 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
     return absl::InvalidArgumentError(absl::StrCat("--data: ", phases.size(),
                                                    " phases need at least as many --steps"));
   }
+  if (absl::Status checked = CheckMaskedData(options, phases); !checked.ok()) return checked;
+  std::optional<MaskedStream> masked;
+  if (IsMaskedScenario(options.data)) {
+    auto stream = MaskedStream::Create(options.data, options.world, options.seed);
+    if (!stream.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--world: ", stream.status().message()));
+    }
+    masked = *std::move(stream);
+  }
   std::vector<DataStream> streams;
-  for (const std::string& phase : phases) {
+  for (const std::string& phase : masked.has_value() ? std::vector<std::string>() : phases) {
     std::string codes = ScenarioCodes(phase);
     if (codes.empty()) codes = phase;
     auto parsed = ParseDataCodes(codes);
     if (!parsed.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--data: ", parsed.status().message(),
-                       " (or a scenario: low-res, mixed-res, joint, curriculum)"));
+                       " (or a scenario: low-res, mixed-res, joint, curriculum, "
+                       "video-blockcausal, interleaved, llm-packed)"));
     }
     auto stream = DataStream::Create(*std::move(parsed), options.world, options.seed);
     if (!stream.ok()) {
@@ -109,11 +194,6 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
     prices = *std::move(created);
   }
 
-  struct Layout {
-    std::string name;
-    std::optional<World> fixed;
-    AutoLayout automatic;
-  };
   std::vector<Layout> layouts;
   for (const std::string& spec : options.topologies) {
     Layout layout;
@@ -155,7 +235,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
   balancer_options.max_tokens_per_gpu = options.max_tokens_per_gpu;
   struct Samples {
     std::vector<double> wir_before, wir_after, mom_before, mom_after, bound, micros, moved,
-        moved_tokens, moved_bytes, seconds, comm_share;
+        moved_tokens, moved_bytes, seconds, comm_share, blind_true, tokens_true;
     std::vector<std::vector<double>> phase_seconds;
     std::vector<double> gpus_by_size = std::vector<double>(21, 0.0);
   };
@@ -164,17 +244,26 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
   for (int64_t step = 0; step < options.steps; ++step) {
     const size_t phase = static_cast<size_t>(step * static_cast<int64_t>(phases.size()) /
                                              options.steps);
-    const RankLengths lengths = streams[phase].Batch(step);
+    StepData data;
+    if (masked.has_value()) {
+      MaskedStream::Step batch = masked->Batch(step);
+      data = {std::move(batch.lengths), std::move(batch.masks)};
+    } else {
+      data.lengths = streams[phase].Batch(step);
+    }
+    const RankLengths& lengths = data.lengths;
+    // Null for the paper's streams: planned exactly as without masks.
+    const RankMasks* masks = masked.has_value() ? &data.masks : nullptr;
     for (size_t t = 0; t < layouts.size(); ++t) {
       const Layout& layout = layouts[t];
       const auto start = std::chrono::steady_clock::now();
       absl::StatusOr<Plan> plan;
       std::optional<World> chosen_world;  // auto's layout of this step
       if (layout.fixed.has_value()) {
-        plan = BalanceGreedy(*layout.fixed, *cost, lengths, balancer_options);
+        plan = BalanceGreedy(*layout.fixed, *cost, lengths, balancer_options, masks);
       } else {
         auto chosen = BalanceAuto(layout.automatic, options.world, *cost, *prices, lengths,
-                                  balancer_options);
+                                  balancer_options, masks);
         if (chosen.ok()) {
           plan = std::move(chosen->plan);
           chosen_world = std::move(chosen->world);
@@ -199,7 +288,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
       s.wir_after.push_back(after.wir);
       s.mom_before.push_back(before.max_over_mean);
       s.mom_after.push_back(after.max_over_mean);
-      s.bound.push_back(MaxOverMeanLowerBound(world, *cost, lengths));
+      s.bound.push_back(MaxOverMeanLowerBound(world, *cost, lengths, masks));
       s.micros.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
       const int64_t total = plan->TotalTokens();
       const int64_t moved = plan->MovedTokens();
@@ -207,12 +296,24 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
       s.moved_tokens.push_back(static_cast<double>(moved));
       s.moved_bytes.push_back(static_cast<double>(plan->MovedBytes(token_bytes)));
       if (prices.has_value()) {
-        const PredictedStep predicted = PredictStep(*plan, world, lengths, *cost, *prices);
+        const PredictedStep predicted =
+            PredictStep(*plan, world, lengths, *cost, *prices, masks);
         const double seconds = predicted.time / options.machine.flops_per_second;
         s.seconds.push_back(seconds);
         s.phase_seconds[phase].push_back(seconds);
         s.comm_share.push_back(
             predicted.time > 0 ? (predicted.ulysses + predicted.route) / predicted.time : 0.0);
+      }
+      if (masked.has_value()) {
+        auto baselines =
+            MaskBlindBaselines(layout, options.world, *cost, *prices, balancer_options, data);
+        if (!baselines.ok()) {
+          return absl::Status(baselines.status().code(),
+                              absl::StrCat("step ", step, ", topology ", layout.name,
+                                           " (mask-blind): ", baselines.status().message()));
+        }
+        s.blind_true.push_back(baselines->blind);
+        s.tokens_true.push_back(baselines->tokens);
       }
       for (int32_t gpus : plan->bag_gpus) {
         int size_class = 0;
@@ -242,6 +343,12 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
     for (const std::vector<double>& phase : samples[t].phase_seconds) {
       result.phase_step_seconds.push_back(Summarize(phase));
     }
+    result.masked = masked.has_value();
+    if (result.masked) {
+      result.masked_true = result.max_over_mean_after;
+      result.blind_true = Summarize(samples[t].blind_true);
+      result.tokens_true = Summarize(samples[t].tokens_true);
+    }
     result.gpus_in_bags_of_size = samples[t].gpus_by_size;
     while (!result.gpus_in_bags_of_size.empty() && result.gpus_in_bags_of_size.back() == 0) {
       result.gpus_in_bags_of_size.pop_back();
@@ -251,25 +358,11 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
   return results;
 }
 
-std::string FormatSimulation(const SimulateOptions& options,
-                             const std::vector<TopologyResult>& results) {
-  std::string codes = ScenarioCodes(options.data);
-  std::string out = absl::StrCat(
-      "data ", options.data, codes.empty() ? "" : absl::StrCat(" (", codes, ")"),
-      "\nworld ", options.world, ", ", options.steps, " steps, seed ", options.seed,
-      ", cost model ", CostKindName(options.cost_model), ", d_model ", options.d_model,
-      ", gamma ", options.gamma, ", refine rounds ",
-      options.refine_rounds,
-      options.refine_rounds == 0 && !options.locality ? " (the paper's greedy)" : "",
-      ", locality ", options.locality ? "on" : "off",
-      options.max_tokens_per_gpu > 0
-          ? absl::StrCat(", at most ", options.max_tokens_per_gpu, " tokens per GPU")
-          : "",
-      "\n", "token bytes ", options.TokenBytes(),
-      options.token_bytes.has_value() ? "" : " (2 x d_model: one bf16 hidden state)",
-      "; moved = sent to another rank by the route (the reverse route sends it back)\n",
-      "figures: mean ±std ^max over steps; WIR = max/min per-GPU workload; "
-      "bound = lowest max/mean any plan can reach\n\n");
+namespace {
+
+// WIR, max/mean and the bound of each topology: the paper's streams.
+std::string BalanceTable(const std::vector<TopologyResult>& results) {
+  std::string out;
   constexpr char kRow[] = "%-16s %-30s %-30s %-10s %-10s %-8s %-7s %-8s %-8s %s\n";
   absl::StrAppend(&out, absl::StrFormat(kRow, "topology", "WIR before", "WIR after", "max/mean",
                                         "max/mean", "bound", "moved", "moved", "moved",
@@ -286,9 +379,42 @@ std::string FormatSimulation(const SimulateOptions& options,
                               absl::StrFormat("%.0f/%.0f", r.plan_micros.mean,
                                               r.plan_micros.max)));
   }
-  if (results.empty() || !results.front().predicted) return out;
+  return out;
+}
 
-  // Predicted step time: what a user picks a topology by.
+// The true max/mean of the plans made by token counts, mask-blind and with
+// the masks: the masked streams.
+std::string MaskedTable(const std::vector<TopologyResult>& results) {
+  std::string out =
+      "true max/mean = max/mean of the per-GPU work priced with the masks, of plans made by\n"
+      "token counts (linear cost), mask-blind (transformer cost, no masks) and with the masks;\n"
+      "all other figures are of the plans made with the masks\n\n";
+  constexpr char kRow[] = "%-16s %-9s %-9s %-10s %-20s %-8s %-7s %-8s %-8s %s\n";
+  absl::StrAppend(&out, absl::StrFormat(kRow, "topology", "max/mean", "true", "true",
+                                        "true max/mean", "bound", "moved", "moved", "moved",
+                                        "plan us"));
+  absl::StrAppend(&out, absl::StrFormat(kRow, "", "before", "tokens", "mask-blind",
+                                        "masked (mean ^max)", "", "share", "tok/step", "B/step",
+                                        "mean/max"));
+  for (const TopologyResult& r : results) {
+    absl::StrAppend(
+        &out, absl::StrFormat(kRow, r.topology, Ratio(r.max_over_mean_before.mean),
+                              Ratio(r.tokens_true.mean), Ratio(r.blind_true.mean),
+                              absl::StrCat(Ratio(r.masked_true.mean), " ^",
+                                           Ratio(r.masked_true.max)),
+                              Ratio(r.lower_bound.mean),
+                              absl::StrFormat("%.1f%%", 100 * r.moved_fraction.mean),
+                              Decimal(r.moved_tokens.mean), Decimal(r.moved_bytes.mean),
+                              absl::StrFormat("%.0f/%.0f", r.plan_micros.mean,
+                                              r.plan_micros.max)));
+  }
+  return out;
+}
+
+// Each topology's predicted step time: what a user picks a topology by.
+std::string PredictedTable(const SimulateOptions& options,
+                           const std::vector<TopologyResult>& results) {
+  std::string out;
   const std::vector<std::string> phases = DataPhases(options.data);
   const Machine& m = options.machine;
   absl::StrAppend(
@@ -298,7 +424,9 @@ std::string FormatSimulation(const SimulateOptions& options,
       absl::StrFormat("%.4g", m.intra_node_bytes_per_second / 1e9), " GB/s in a node of ",
       m.gpus_per_node, ", ", absl::StrFormat("%.4g", m.inter_node_bytes_per_second / 1e9),
       " GB/s across, ", m.element_bytes, "-byte elements, route over ", m.blocks_per_route,
-      " blocks); x = against the best row\n");
+      " blocks); x = against the best row",
+      results.front().masked ? "; the plans made with the masks, priced with them" : "",
+      "\n");
   double best = 0;
   std::vector<double> phase_best(phases.size(), 0.0);
   for (const TopologyResult& r : results) {
@@ -335,6 +463,36 @@ std::string FormatSimulation(const SimulateOptions& options,
     }
     absl::StrAppend(&out, row, bags, "\n");
   }
+  return out;
+}
+
+}  // namespace
+
+std::string FormatSimulation(const SimulateOptions& options,
+                             const std::vector<TopologyResult>& results) {
+  // The codes of a paper's scenario, or what a masked stream holds.
+  std::string codes = ScenarioCodes(options.data);
+  if (codes.empty()) codes = MaskedScenarioSummary(options.data);
+  std::string out = absl::StrCat(
+      "data ", options.data, codes.empty() ? "" : absl::StrCat(" (", codes, ")"),
+      "\nworld ", options.world, ", ", options.steps, " steps, seed ", options.seed,
+      ", cost model ", CostKindName(options.cost_model), ", d_model ", options.d_model,
+      ", gamma ", options.gamma, ", refine rounds ",
+      options.refine_rounds,
+      options.refine_rounds == 0 && !options.locality ? " (the paper's greedy)" : "",
+      ", locality ", options.locality ? "on" : "off",
+      options.max_tokens_per_gpu > 0
+          ? absl::StrCat(", at most ", options.max_tokens_per_gpu, " tokens per GPU")
+          : "",
+      "\n", "token bytes ", options.TokenBytes(),
+      options.token_bytes.has_value() ? "" : " (2 x d_model: one bf16 hidden state)",
+      "; moved = sent to another rank by the route (the reverse route sends it back)\n",
+      "figures: mean ±std ^max over steps; WIR = max/min per-GPU workload; "
+      "bound = lowest max/mean any plan can reach\n\n");
+  const bool masked = !results.empty() && results.front().masked;
+  absl::StrAppend(&out, masked ? MaskedTable(results) : BalanceTable(results));
+  if (results.empty() || !results.front().predicted) return out;
+  absl::StrAppend(&out, PredictedTable(options, results));
   return out;
 }
 

@@ -15,7 +15,10 @@ namespace knapformer {
 struct SimulateOptions {
   // A scenario name or comma-separated data codes; phases of a stream that
   // changes over the steps joined by ';' (each takes an equal share of the
-  // steps, in order), or "curriculum" (low-res;mixed-res;joint).
+  // steps, in order), or "curriculum" (low-res;mixed-res;joint). Or, alone,
+  // a masked stream (planner/masked_stream.h: video-blockcausal,
+  // interleaved, llm-packed), which needs the transformer cost model and
+  // adds the comparison of TopologyResult's masked fields.
   std::string data = "mixed-res";
   int64_t world = 32;
   // Fixed specs and "auto" layouts (planner/auto_layout.h).
@@ -67,6 +70,17 @@ struct TopologyResult {
   std::vector<Summary> phase_step_seconds;
   // Share of the GPUs in bags of each size (index log2 G), mean over steps.
   std::vector<double> gpus_in_bags_of_size;
+  // Masked streams only (planner/masked_stream.h): the true max/mean, the
+  // per-GPU work priced with the masks, of three plans of each step: made
+  // with the masks (what every figure above is about, so masked_true ==
+  // max_over_mean_after), mask-blind (the transformer cost without masks)
+  // and by token counts (the linear cost). Under auto the token-count plan
+  // takes the layout the mask-blind auto chose: without the transformer
+  // cost it has no step time to choose one by.
+  bool masked = false;
+  Summary masked_true;
+  Summary blind_true;
+  Summary tokens_true;
 };
 
 // The phases of SimulateOptions::data: its ';'-separated parts, with

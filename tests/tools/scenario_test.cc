@@ -1,6 +1,7 @@
 // The paper's 12 cells (3 scenarios x 4 topologies, 32 GPUs, d = 3072,
 // gamma = 0.49, 20 steps) against the reference implementation's figures in
-// docs/background.md.
+// docs/background.md; and the masked streams (planner/masked_stream.h):
+// plans made with the masks against mask-blind and token-count plans.
 
 #include <cstdint>
 #include <map>
@@ -8,17 +9,23 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/balance_stats.h"
 #include "planner/balancer.h"
 #include "planner/cost_model.h"
 #include "planner/data_stream.h"
+#include "planner/masked_stream.h"
 #include "planner/topology.h"
 #include "planner/validate.h"
 #include "tools/simulate.h"
 
 namespace knapformer {
 namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Mean WIR after balancing, reference implementation, 20 batches.
 const std::map<std::pair<std::string, std::string>, double> kReferenceWir = {
@@ -192,6 +199,126 @@ TEST(ScenarioTest, LocalityMovesFewerTokensAtTheSameMaxOverMeanInEveryStep) {
       }
     }
   }
+}
+
+// Issue 36's figures: on each masked stream at 32 and 256 GPUs, 10 steps,
+// the default planner (locality on), the plans made with the masks are, by
+// the GPUs' true work, better balanced than the mask-blind plan and the
+// token-count plan in every topology, and within 1% of the bound in every
+// fixed topology but two (below).
+struct MaskedCell {
+  const char* data;
+  int64_t world;
+  const char* topology;
+  // How far above the bound the masked plan's mean true max/mean may be.
+  double over_bound;
+};
+
+// Video in one- and two-GPU bags misses 1% (docs/planner.md, "Masked data
+// streams"). Not the bound's fault in g2: a local search that moves or
+// swaps sequences between the busiest bag and any other reaches 1.0034 (32
+// GPUs) and 1.0012 (256) on these steps; the planner's refinement only
+// pairs the busiest bag with the idlest and stops at 1.0118 / 1.0121. In g1
+// the heaviest clip is 0.8-1.3 of a GPU's share and cannot be split: the
+// same search stops at 1.028 / 1.016, the planner at 1.0446 / 1.0349, so
+// whether the bound can be reached there is open. Those cells hold what
+// the planner reaches today, so that a regression shows. auto chooses
+// layouts by predicted step time, communication included, not by
+// max/mean: its row is compared with the blind and token plans but not
+// with the bound.
+const MaskedCell kMaskedCells[] = {
+    {"video-blockcausal", 32, "g1n32", 1.05},    {"video-blockcausal", 32, "g2n16", 1.015},
+    {"video-blockcausal", 32, "g4n8", 1.01},     {"video-blockcausal", 32, "g8n4", 1.01},
+    {"video-blockcausal", 256, "g1n256", 1.05},  {"video-blockcausal", 256, "g2n128", 1.015},
+    {"video-blockcausal", 256, "g4n64", 1.01},   {"video-blockcausal", 256, "g8n32", 1.01},
+    {"interleaved", 32, "g1n32", 1.01},          {"interleaved", 32, "g2n16", 1.01},
+    {"interleaved", 32, "g4n8", 1.01},           {"interleaved", 32, "g8n4", 1.01},
+    {"interleaved", 256, "g1n256", 1.01},        {"interleaved", 256, "g2n128", 1.01},
+    {"interleaved", 256, "g4n64", 1.01},         {"interleaved", 256, "g8n32", 1.01},
+    {"llm-packed", 32, "g1n32", 1.01},           {"llm-packed", 32, "g2n16", 1.01},
+    {"llm-packed", 32, "g4n8", 1.01},            {"llm-packed", 32, "g8n4", 1.01},
+    {"llm-packed", 256, "g1n256", 1.01},         {"llm-packed", 256, "g2n128", 1.01},
+    {"llm-packed", 256, "g4n64", 1.01},          {"llm-packed", 256, "g8n32", 1.01},
+};
+
+double OverBound(const std::string& data, int64_t world, const std::string& topology) {
+  for (const MaskedCell& cell : kMaskedCells) {
+    if (cell.data == data && cell.world == world && cell.topology == topology) {
+      return cell.over_bound;
+    }
+  }
+  ADD_FAILURE() << "no cell " << data << " " << world << " " << topology;
+  return 1;
+}
+
+std::vector<TopologyResult> RunMasked(const std::string& data, int64_t world) {
+  SimulateOptions options;
+  options.data = data;
+  options.world = world;
+  options.steps = 10;
+  options.topologies.clear();
+  for (const MaskedCell& cell : kMaskedCells) {
+    if (cell.data == data && cell.world == world) options.topologies.push_back(cell.topology);
+  }
+  options.topologies.push_back("auto");
+  auto results = Simulate(options);
+  EXPECT_TRUE(results.ok()) << results.status();
+  return results.ok() ? *results : std::vector<TopologyResult>();
+}
+
+TEST(ScenarioTest, MaskedPlansBeatMaskBlindAndTokenPlansAndReachTheBound) {
+  for (const std::string& data : MaskedScenarioNames()) {
+    for (const int64_t world : {32, 256}) {
+      const std::vector<TopologyResult> results = RunMasked(data, world);
+      ASSERT_EQ(results.size(), 5u);
+      for (size_t t = 0; t < results.size(); ++t) {
+        const TopologyResult& r = results[t];
+        SCOPED_TRACE(absl::StrCat(data, " ", world, " ", r.topology, ": tokens ",
+                                  r.tokens_true.mean, ", blind ", r.blind_true.mean,
+                                  ", masked ", r.masked_true.mean, ", bound ",
+                                  r.lower_bound.mean));
+        ASSERT_TRUE(r.masked);
+        EXPECT_EQ(r.masked_true.mean, r.max_over_mean_after.mean);
+        EXPECT_LT(r.masked_true.mean, r.blind_true.mean);
+        EXPECT_LT(r.masked_true.mean, r.tokens_true.mean);
+        EXPECT_GE(r.masked_true.mean, r.lower_bound.mean * (1 - 1e-12));
+        if (t + 1 < results.size()) {  // not auto
+          EXPECT_LE(r.masked_true.mean, r.lower_bound.mean * OverBound(data, world, r.topology));
+        }
+      }
+    }
+  }
+}
+
+// The paper's streams keep their table and leave the masked fields unset;
+// a masked stream prints its own and is refused where it cannot be priced.
+TEST(ScenarioTest, MaskedStreamsHaveTheirOwnTableAndLimits) {
+  SimulateOptions options;
+  options.steps = 2;
+  options.topologies = {"g8n4"};
+  auto paper = Simulate(options);
+  ASSERT_TRUE(paper.ok()) << paper.status();
+  EXPECT_FALSE(paper->front().masked);
+  EXPECT_EQ(paper->front().blind_true.mean, 0);
+  EXPECT_THAT(FormatSimulation(options, *paper), HasSubstr("WIR before"));
+
+  options.data = "llm-packed";
+  auto masked = Simulate(options);
+  ASSERT_TRUE(masked.ok()) << masked.status();
+  const std::string table = FormatSimulation(options, *masked);
+  EXPECT_THAT(table, HasSubstr("data llm-packed (LLM documents packed to 131072 tokens"));
+  EXPECT_THAT(table, HasSubstr("tokens    mask-blind masked (mean ^max)"));
+  EXPECT_THAT(table, HasSubstr("the plans made with the masks, priced with them"));
+  EXPECT_THAT(table, Not(HasSubstr("WIR before")));
+
+  options.data = "llm-packed;mixed-res";
+  EXPECT_THAT(std::string(Simulate(options).status().message()),
+              HasSubstr("--data: the masked stream llm-packed cannot be a phase; give it alone"));
+  options.data = "interleaved";
+  options.cost_model = CostKind::kLinear;
+  EXPECT_THAT(std::string(Simulate(options).status().message()),
+              HasSubstr("--cost-model linear: the masked stream interleaved compares plans by "
+                        "the transformer cost model's work"));
 }
 
 }  // namespace
