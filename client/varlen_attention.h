@@ -19,7 +19,11 @@ at::Tensor VarlenAttention(const at::Tensor& q, const at::Tensor& k, const at::T
 
 // The same with each sequence's attention mask (masks[i] for lengths[i];
 // empty: all full), e.g. SequenceBalancer::attention_masks() after PreAttn.
-// REQUIRES: masks is empty or one valid mask per length (CheckMask).
+// Block-sparse, as a FlexAttention block mask runs: each span of a
+// block-causal sequence, and each block of 128 queries of a causal or
+// windowed one, attends only to the keys it may see, so the work follows
+// the pairs attended rather than l^2. REQUIRES: masks is empty or one valid
+// mask per length (CheckMask).
 at::Tensor VarlenAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::vector<int64_t>& lengths,
                            const std::vector<AttentionMask>& masks);

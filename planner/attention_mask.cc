@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace knapformer {
 namespace {
@@ -113,13 +116,49 @@ std::string MaskText(const AttentionMask& mask) {
     case AttentionMask::Kind::kSpans: {
       std::string text = "spans=";
       for (size_t j = 0; j < mask.spans.size(); ++j) {
-        absl::StrAppend(&text, j > 0 ? "," : "", mask.spans[j].length,
+        absl::StrAppend(&text, j > 0 ? ";" : "", mask.spans[j].length,
                         mask.spans[j].causal ? ":c" : ":f");
       }
       return text;
     }
   }
   return "full";
+}
+
+absl::StatusOr<AttentionMask> ParseMaskText(const std::string& text, const std::string& field) {
+  if (text == "full") return AttentionMask::Full();
+  if (text == "causal") return AttentionMask::Causal();
+  absl::string_view rest = text;
+  if (absl::ConsumePrefix(&rest, "window=")) {
+    int64_t window = 0;
+    if (!absl::SimpleAtoi(rest, &window) || window < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": '", text, "': the window must be a whole number of keys >= 1"));
+    }
+    return AttentionMask::Window(window);
+  }
+  if (absl::ConsumePrefix(&rest, "spans=")) {
+    std::vector<MaskSpan> spans;
+    for (absl::string_view item : absl::StrSplit(rest, ';')) {
+      if (static_cast<int64_t>(spans.size()) == AttentionMask::kMaxSpans) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": more than ",
+                                                       AttentionMask::kMaxSpans, " spans"));
+      }
+      MaskSpan span;
+      const bool causal = absl::ConsumeSuffix(&item, ":c");
+      const bool full = !causal && absl::ConsumeSuffix(&item, ":f");
+      if ((!causal && !full) || !absl::SimpleAtoi(item, &span.length) || span.length < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": span '", item, "' of '", text,
+            "' is not n:f or n:c (n >= 1 tokens attended fully or causally)"));
+      }
+      span.causal = causal;
+      spans.push_back(span);
+    }
+    return AttentionMask::Spans(std::move(spans));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": unknown mask '", text, "' (full, causal, window=W or spans=n:f;n:c;...)"));
 }
 
 }  // namespace knapformer

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace knapformer {
 
@@ -81,9 +82,14 @@ inline const AttentionMask* MaskOf(const RankMasks* masks, size_t rank, size_t i
   return masks == nullptr || masks->empty() ? nullptr : &(*masks)[rank][i];
 }
 
-// "full", "causal", "window=W", "spans=n:f,n:c,..." (f full, c causal): the
-// text form the CLI's summaries and error messages print.
+// "full", "causal", "window=W", "spans=n:f;n:c;..." (f full, c causal): the
+// text form of a mask in one CSV field (knapformer calibrate's timing rows)
+// and in messages.
 std::string MaskText(const AttentionMask& mask);
+
+// The inverse of MaskText; InvalidArgument naming `field` otherwise. The
+// values are checked against a length by CheckMask.
+absl::StatusOr<AttentionMask> ParseMaskText(const std::string& text, const std::string& field);
 
 }  // namespace knapformer
 

@@ -17,7 +17,7 @@ constexpr double kMinGain = 1e-12;
 
 void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
                 const SequenceTable& sequences, std::vector<int32_t>& bag,
-                std::vector<double>& assigned) {
+                std::vector<double>& assigned, int32_t partners) {
   const int32_t num_bags = static_cast<int32_t>(gpus.size());
   if (num_bags < 2) return;
   const std::vector<double>& workload = sequences.workload;
@@ -35,36 +35,30 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
   std::set<std::pair<double, int32_t>> order(by_load.begin(), by_load.end());
   std::vector<char> stuck(num_bags, 0);
 
-  for (int32_t round = 0; round < max_rounds; ++round) {
-    int32_t heavy = -1;
-    for (auto it = order.rbegin(); it != order.rend(); ++it) {
-      if (!stuck[it->second]) {
-        heavy = it->second;
-        break;
-      }
-    }
-    const int32_t light = order.begin()->second;
-    if (heavy < 0 || heavy == light) break;
+  // The best move or swap between `heavy` and `light`, or none.
+  struct Change {
+    int32_t move_item = -1, swap_heavy = -1, swap_light = -1;
+    bool found() const { return move_item >= 0 || swap_heavy >= 0; }
+  };
+  auto best_change = [&](int32_t heavy, int32_t light) {
     const double heavy_load = load(heavy);
     const double light_load = load(light);
-    const double bar = heavy_load * (1 - kMinGain);
-
+    Change change;
     // Best single move.
-    double best = bar;
-    int32_t move_item = -1;
+    double best = heavy_load * (1 - kMinGain);
     for (int32_t i : members.Get(heavy)) {
       if (!fits(i, light)) continue;
       const double peak = std::max(heavy_load - workload[i] / gpus[heavy],
                                    light_load + workload[i] / gpus[light]);
-      if (peak < best || (peak == best && move_item >= 0 && id[i] < id[move_item])) {
+      if (peak < best ||
+          (peak == best && change.move_item >= 0 && id[i] < id[change.move_item])) {
         best = peak;
-        move_item = i;
+        change.move_item = i;
       }
     }
     // Best swap. peak(delta) is convex in delta = a - b and smallest when both
     // bags end level, at delta*; so for each a only the two sequences of the
     // light bag around a - delta* can be best: O(n log n), not O(n^2).
-    int32_t swap_heavy = -1, swap_light = -1;
     const double level_delta = (heavy_load - light_load) / (1.0 / gpus[heavy] + 1.0 / gpus[light]);
     std::vector<int32_t>& candidates = members.Mutable(light);
     std::sort(candidates.begin(), candidates.end(), [&](int32_t x, int32_t y) {
@@ -85,18 +79,43 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
             std::max(heavy_load - delta / gpus[heavy], light_load + delta / gpus[light]);
         if (peak < best) {
           best = peak;
-          swap_heavy = i;
-          swap_light = j;
+          change.swap_heavy = i;
+          change.swap_light = j;
         }
       }
     }
-    if (swap_heavy < 0 && move_item < 0) {
+    return change;
+  };
+
+  for (int32_t round = 0; round < max_rounds; ++round) {
+    int32_t heavy = -1;
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      if (!stuck[it->second]) {
+        heavy = it->second;
+        break;
+      }
+    }
+    if (heavy < 0 || heavy == order.begin()->second) break;
+    // The least loaded bag first, then the next ones up to `partners`.
+    int32_t light = -1;
+    Change change;
+    int32_t tried = 0;
+    for (auto it = order.begin(); it != order.end() && tried < std::max(1, partners); ++it) {
+      if (it->second == heavy) break;  // the rest are at least as loaded
+      ++tried;
+      change = best_change(heavy, it->second);
+      if (change.found()) {
+        light = it->second;
+        break;
+      }
+    }
+    if (light < 0) {
       stuck[heavy] = 1;
       continue;
     }
 
-    order.erase({heavy_load, heavy});
-    order.erase({light_load, light});
+    order.erase({load(heavy), heavy});
+    order.erase({load(light), light});
     auto relocate = [&](int32_t i, int32_t from, int32_t to) {
       members.Remove(from, i);
       members.Mutable(to).push_back(i);
@@ -104,11 +123,11 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
       assigned[from] -= workload[i];
       assigned[to] += workload[i];
     };
-    if (swap_heavy >= 0) {
-      relocate(swap_heavy, heavy, light);
-      relocate(swap_light, light, heavy);
+    if (change.swap_heavy >= 0) {
+      relocate(change.swap_heavy, heavy, light);
+      relocate(change.swap_light, light, heavy);
     } else {
-      relocate(move_item, heavy, light);
+      relocate(change.move_item, heavy, light);
     }
     order.emplace(load(heavy), heavy);
     order.emplace(load(light), light);

@@ -22,9 +22,14 @@ namespace knapformer {
 // kept up to date. Deterministic: the same input gives the same rounds; the
 // heaviest and lightest bags tie by bag id, moves by sequence id, and swaps
 // go to the first found in the bags' member order.
+//
+// `partners` > 1: when H has no change with L, the next least loaded bags
+// are tried in turn, up to `partners` in all, before H counts as stuck
+// (coarse workloads, such as block-causal video, often level only with a
+// bag other than the least loaded one).
 void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
                 const SequenceTable& sequences, std::vector<int32_t>& bag,
-                std::vector<double>& assigned);
+                std::vector<double>& assigned, int32_t partners = 1);
 
 }  // namespace knapformer
 

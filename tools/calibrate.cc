@@ -24,7 +24,7 @@ namespace {
 
 const std::vector<OptionSpec>& CalibrateOptions() {
   static const std::vector<OptionSpec> kOptions = {
-      {"input", "FILE|-", "", "block latencies, rows \"length,seconds\"; - reads stdin"},
+      {"input", "FILE|-", "", "rows \"length,seconds[,mask]\" (docs/planner.md); - reads stdin"},
       {"d-model", "D", "", "the model width the blocks were timed at (required with --input)"},
       {"exchanges", "FILE|-", "",
        "timed all-to-alls, rows \"gpus,bytes_per_gpu,seconds,intra|inter\""},
@@ -80,11 +80,11 @@ absl::Status ForEachCsvRow(const std::string& text, absl::string_view flag,
 absl::StatusOr<std::vector<WorkSample>> ParseTimingCsv(const std::string& text, int64_t d_model) {
   std::vector<WorkSample> samples;
   KF_RETURN_IF_ERROR(ForEachCsvRow(
-      text, "input", "length,seconds",
+      text, "input", "length,seconds[,mask]",
       [&](const std::vector<absl::string_view>& fields) -> absl::StatusOr<bool> {
         int64_t length = 0;
         double seconds = 0;
-        if (fields.size() != 2 || !absl::SimpleAtoi(fields[0], &length) ||
+        if ((fields.size() != 2 && fields.size() != 3) || !absl::SimpleAtoi(fields[0], &length) ||
             !absl::SimpleAtod(fields[1], &seconds)) {
           return false;
         }
@@ -95,7 +95,15 @@ absl::StatusOr<std::vector<WorkSample>> ParseTimingCsv(const std::string& text, 
           return absl::InvalidArgumentError(absl::StrCat(
               "length must be in [1, ", CostModel::kMaxLength, "] and seconds finite and >= 0"));
         }
-        samples.push_back(SequenceSample(length, d_model, seconds));
+        // A row may name the mask its block attended with: the fit is
+        // against the pairs attended, A, not l^2.
+        AttentionMask mask;
+        if (fields.size() == 3) {
+          KF_ASSIGN_OR_RETURN(
+              mask, ParseMaskText(std::string(absl::StripAsciiWhitespace(fields[2])), "mask"));
+          KF_RETURN_IF_ERROR(CheckMask(length, mask, "mask"));
+        }
+        samples.push_back(SequenceSample(length, d_model, seconds, &mask));
         return true;
       }));
   return samples;

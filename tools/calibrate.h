@@ -11,8 +11,10 @@
 namespace knapformer {
 
 // `knapformer calibrate --input FILE|- --d-model D`: fits k and gamma from a
-// CSV of "length,seconds" rows (one timed transformer block per sequence
-// length; a header row and # comments are skipped) and prints the fit.
+// CSV of "length,seconds[,mask]" rows (one timed transformer block per
+// sequence length, attending with `mask` (MaskText's form; default full):
+// the fit prices its attention by the pairs attended; a header row and #
+// comments are skipped) and prints the fit.
 // Its usage text (--help).
 std::string CalibrateUsage();
 

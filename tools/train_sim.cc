@@ -50,6 +50,7 @@
 #include "tools/machine_flags.h"
 #include "tools/malloc_policy.h"
 #include "tools/sample_stats.h"
+#include "tools/sim_data.h"
 
 namespace knapformer {
 namespace {
@@ -71,6 +72,7 @@ struct SimOptions {
   bool plan_ahead = false;
   int first_step = 0;
   int timeout_seconds = 900;
+  bool masked = false;  // --data names a masked stream
 };
 
 // The simulation's own machine: CPU processes, float32, one node.
@@ -129,7 +131,9 @@ std::string Usage() {
       "machine flags price auto's communication; their defaults describe these processes\n"
       "(one CPU thread each, float32), not a GPU node (docs/client.md).\n"
       "--data: codes g{G}b{B}i{R}f{F}s{S},... (default " + SimOptions().data + ")\n"
-      "or low-res, mixed-res, joint with --procs 32.",
+      "or low-res, mixed-res, joint with --procs 32; or a masked stream (video-blockcausal,\n"
+      "interleaved, llm-packed): each step is then planned mask-blind and with the masks,\n"
+      "attention always masked (block-sparse), and the two plans' slowest ranks compared.",
       Options());
 }
 
@@ -172,22 +176,22 @@ absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
   o.data = args.GetString("data", o.data);
   const std::string scenario = ScenarioCodes(o.data);
   if (!scenario.empty()) o.data = scenario;
+  o.masked = IsMaskedScenario(o.data);
   o.planner = args.GetString("planner", o.planner);
   if (o.d_model % o.heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--heads: ", o.heads, " heads do not divide --d-model ", o.d_model));
   }
   // Checked here, once, rather than in every worker.
-  auto codes = ParseDataCodes(o.data);
-  if (!codes.ok()) return absl::InvalidArgumentError(absl::StrCat("--data: ", codes.status().message()));
-  auto stream = DataStream::Create(*codes, o.procs, o.seed);
-  if (!stream.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--data/--procs: ", stream.status().message()));
-  }
+  KF_RETURN_IF_ERROR(SimData::Create(o.data, o.procs, o.seed, o.scale).status());
   KF_ASSIGN_OR_RETURN(o.machine, ParseMachineFlags(args, SimulatedMachine(o.procs, o.layers)));
-  if (o.topologies.size() > kMaxTopologies) {
+  // A masked stream balances every step twice per topology: mask-blind and
+  // with the masks.
+  const size_t max_topologies = o.masked ? kMaxTopologies / 2 : kMaxTopologies;
+  if (o.topologies.size() > max_topologies) {
     return absl::InvalidArgumentError(absl::StrCat("--topology: ", o.topologies.size(),
-                                                   " topologies, at most ", kMaxTopologies));
+                                                   " topologies, at most ", max_topologies,
+                                                   o.masked ? " with a masked stream" : ""));
   }
   for (std::string& spec : o.topologies) {
     // The largest bag this topology may use.
@@ -264,27 +268,39 @@ std::vector<at::Tensor> Parameters(const std::vector<Block>& blocks) {
 // `attention_lengths` after Ulysses); `balancer` null = no Ulysses.
 at::Tensor BlockForward(const SimOptions& o, const Block& b, const at::Tensor& h,
                         const std::vector<int64_t>& attention_lengths,
+                        const std::vector<AttentionMask>& attention_masks,
                         const SequenceBalancer* balancer) {
   const int64_t head_dim = o.d_model / o.heads;
   std::vector<at::Tensor> qkv = at::matmul(h, b.w_qkv).reshape({-1, 3, o.heads, head_dim}).unbind(1);
   if (balancer != nullptr) {
     for (at::Tensor& t : qkv) t = balancer->PreAttn(t).value();
   }
-  at::Tensor a = VarlenAttention(qkv[0], qkv[1], qkv[2], attention_lengths);
+  at::Tensor a = VarlenAttention(qkv[0], qkv[1], qkv[2], attention_lengths, attention_masks);
   if (balancer != nullptr) a = balancer->PostAttn(a).value();
   at::Tensor out = h + at::matmul(a.reshape({-1, o.d_model}), b.w_out);
   return out + at::matmul(at::gelu(at::matmul(out, b.w_up)), b.w_down);
 }
 
-// Runs one forward and backward; `balancer` null = no balancing. Returns the
-// loss (this rank's share of the world's mean square output).
+// Runs one forward and backward; `balancer` null = no balancing. Attention
+// uses the masks of `batch` (none for the paper's streams), whichever way
+// the step was planned. Returns the loss (this rank's share of the world's
+// mean square output).
 at::Tensor Step(const SimOptions& o, const std::vector<Block>& blocks, const at::Tensor& x,
-                const std::vector<int64_t>& lengths, int64_t world_tokens,
+                const SimData::Batch& batch, int rank, int64_t world_tokens,
                 const SequenceBalancer* balancer) {
   at::Tensor h = balancer != nullptr ? balancer->Route(x).value() : x;
   const std::vector<int64_t>& attention_lengths =
-      balancer != nullptr ? balancer->attention_lengths() : lengths;
-  for (const Block& b : blocks) h = BlockForward(o, b, h, attention_lengths, balancer);
+      balancer != nullptr ? balancer->attention_lengths() : batch.lengths[rank];
+  std::vector<AttentionMask> attention_masks;
+  if (!batch.masks.empty()) {
+    attention_masks = balancer == nullptr ? batch.masks[rank]
+                      : !balancer->attention_masks().empty()
+                          ? balancer->attention_masks()
+                          : HeldMasks(balancer->step_plan().plan, batch.masks);
+  }
+  for (const Block& b : blocks) {
+    h = BlockForward(o, b, h, attention_lengths, attention_masks, balancer);
+  }
   at::Tensor out = balancer != nullptr ? balancer->ReverseRoute(h).value() : h;
   at::Tensor loss = (out * out).sum() / static_cast<double>(world_tokens * o.d_model);
   torch::autograd::backward({loss});
@@ -311,7 +327,7 @@ double TimeBlock(const SimOptions& o, const Block& block, int64_t length, int re
   for (int r = 0; r < repeats; ++r) {
     at::Tensor x = at::randn({length, o.d_model}).requires_grad_(true);
     const double start = ThreadUserSeconds();
-    at::Tensor h = BlockForward(o, block, x, {length}, nullptr);
+    at::Tensor h = BlockForward(o, block, x, {length}, {}, nullptr);
     torch::autograd::backward({(h * h).sum()});
     best = std::min(best, ThreadUserSeconds() - start);
   }
@@ -395,16 +411,15 @@ int RunWorker(const SimOptions& o) {
   c10d::ProcessGroup* group = world->group.get();
   Transport* transport = world->transport.get();
 
-  // ParseOptions checked both.
-  auto stream = DataStream::Create(*ParseDataCodes(o.data), o.procs, o.seed);
-  auto scaled = [&](int64_t length) { return std::max<int64_t>(1, length / o.scale); };
+  // ParseOptions checked it.
+  const SimData sim = *SimData::Create(o.data, o.procs, o.seed, o.scale);
   std::vector<Block> blocks = InitModel(o);
   double gamma = o.gamma;
   std::string gamma_source = "--gamma";
   if (o.fit_gamma) {
     std::vector<int64_t> world_lengths;
-    for (const auto& rank_lengths : stream->Batch(o.first_step)) {
-      for (int64_t l : rank_lengths) world_lengths.push_back(scaled(l));
+    for (const auto& rank_lengths : sim.At(o.first_step).lengths) {
+      for (int64_t l : rank_lengths) world_lengths.push_back(l);
     }
     absl::StatusOr<CostFit> fit = FitGamma(o, blocks.front(), world_lengths, *transport);
     if (fit.ok()) {
@@ -436,12 +451,28 @@ int RunWorker(const SimOptions& o) {
     return 2;
   }
   if (!o.planner.empty()) balancer_options.planner.address = o.planner;
-  const int kinds = static_cast<int>(o.topologies.size());
-  // One balancer per topology, each its own job at the planner.
+  // Every step is balanced once per variant: per topology, and with a
+  // masked stream twice, mask-blind then with the masks.
+  struct Variant {
+    int topology;
+    bool masks;
+    std::string name;  // a row's label beside its topology
+  };
+  std::vector<Variant> variants;
+  for (int t = 0; t < static_cast<int>(o.topologies.size()); ++t) {
+    if (o.masked) {
+      variants.push_back({t, false, "mask-blind"});
+      variants.push_back({t, true, "masked"});
+    } else {
+      variants.push_back({t, false, "balanced"});
+    }
+  }
+  const int kinds = static_cast<int>(variants.size());
+  // One balancer per variant, each its own job at the planner.
   std::vector<std::unique_ptr<SequenceBalancer>> balancers;
   for (int t = 0; t < kinds; ++t) {
     SequenceBalancerOptions options = balancer_options;
-    options.topology = o.topologies[t];
+    options.topology = o.topologies[variants[t].topology];
     if (kinds > 1) options.job_id = absl::StrCat(balancer_options.job_id, "-", t);
     auto balancer = SequenceBalancer::Create(options, transport);
     if (!balancer.ok()) {
@@ -471,17 +502,20 @@ int RunWorker(const SimOptions& o) {
   double worst_loss = 0, worst_gradient = 0;
   int counted = 0;
   std::vector<TopologySummary> summaries(kinds);
-  auto lengths_of = [&](int step) {
-    std::vector<int64_t> lengths = stream->Batch(step)[rank];
-    for (int64_t& l : lengths) l = scaled(l);
-    return lengths;
+  // This rank's masks of a batch for a variant: none when it plans blind.
+  auto masks_for = [&](const Variant& variant, const SimData::Batch& batch) {
+    return variant.masks ? batch.masks[rank] : std::vector<AttentionMask>();
   };
   const int end_step = o.first_step + o.steps;
+  std::optional<SimData::Batch> next_batch;
   for (int step = o.first_step; step < end_step; ++step) {
-    const std::vector<int64_t> lengths = lengths_of(step);
+    const SimData::Batch batch = next_batch.has_value() ? *std::move(next_batch) : sim.At(step);
+    next_batch.reset();
+    if (o.plan_ahead && step + 1 < end_step) next_batch = sim.At(step + 1);
+    const std::vector<int64_t>& lengths = batch.lengths[rank];
     int64_t world_tokens = 0;
-    for (const auto& rank_lengths : stream->Batch(step)) {
-      for (int64_t l : rank_lengths) world_tokens += scaled(l);
+    for (const auto& rank_lengths : batch.lengths) {
+      for (int64_t l : rank_lengths) world_tokens += l;
     }
     int64_t tokens = 0;
     for (int64_t l : lengths) tokens += l;
@@ -489,7 +523,7 @@ int RunWorker(const SimOptions& o) {
     at::Tensor x = at::randn({tokens, o.d_model});
 
     double start = ThreadUserSeconds();
-    at::Tensor loss_unbalanced = Step(o, blocks, x, lengths, world_tokens, nullptr);
+    at::Tensor loss_unbalanced = Step(o, blocks, x, batch, rank, world_tokens, nullptr);
     RankStep mine;
     mine.unbalanced_seconds = ThreadUserSeconds() - start;
     at::Tensor grad_unbalanced = TakeGradients(blocks, *group);
@@ -499,16 +533,17 @@ int RunWorker(const SimOptions& o) {
       SequenceBalancer& balancer = *balancers[t];
       Balanced& result = mine.balanced[t];
       start = ThreadUserSeconds();
-      absl::Status planned = balancer.PlanRouting(lengths);
-      if (planned.ok() && o.plan_ahead && step + 1 < end_step) {
+      absl::Status planned = balancer.PlanRouting(lengths, {}, masks_for(variants[t], batch));
+      if (planned.ok() && next_batch.has_value()) {
         // The next batch is known now; its plan is asked for while this one computes.
-        planned = balancer.PrefetchRouting(lengths_of(step + 1));
+        planned = balancer.PrefetchRouting(next_batch->lengths[rank], {},
+                                           masks_for(variants[t], *next_batch));
       }
       if (!planned.ok()) {
         std::cerr << "rank " << rank << ": step " << step << ": " << planned << "\n";
         return 1;
       }
-      at::Tensor loss_balanced = Step(o, blocks, x, lengths, world_tokens, &balancer);
+      at::Tensor loss_balanced = Step(o, blocks, x, batch, rank, world_tokens, &balancer);
       result.seconds = ThreadUserSeconds() - start;
       grad_balanced = TakeGradients(blocks, *group);
       result.plan_wait_seconds = balancer.step_plan().wait_seconds;
@@ -571,13 +606,15 @@ int RunWorker(const SimOptions& o) {
       }
       const StepPlan& plan = balancers[t]->step_plan();
       // With several topologies, each row names its own (auto: the layout it chose).
+      const std::string& topology = o.topologies[variants[t].topology];
       const std::string which =
-          kinds == 1 ? "" : absl::StrCat(" ", o.topologies[t],
-                                         AutoLayout::Matches(o.topologies[t])
-                                             ? absl::StrCat(" -> ", plan.layout)
-                                             : "");
+          o.topologies.size() == 1
+              ? ""
+              : absl::StrCat(" ", topology,
+                             AutoLayout::Matches(topology) ? absl::StrCat(" -> ", plan.layout)
+                                                           : "");
       std::cout << absl::StrFormat("%-5s %-10s %-28s %-7.2f %-9.0f %s (%s%s, waited %.2f ms)%s\n",
-                                   "", "balanced", absl::StrJoin(b_ms, " "), max_b / min_b,
+                                   "", variants[t].name, absl::StrJoin(b_ms, " "), max_b / min_b,
                                    max_b * 1e3, absl::StrFormat("%.3f", plan.max_over_mean_after),
                                    PlanSourceName(plan.source), plan.prefetched ? ", ahead" : "",
                                    max_plan * 1e3, which);
@@ -598,7 +635,11 @@ int RunWorker(const SimOptions& o) {
                     : std::to_string(o.first_step);
     for (int t = 0; t < kinds; ++t) {
       const TopologySummary& summary = summaries[t];
-      const std::string which = kinds == 1 ? "" : absl::StrCat(" [", o.topologies[t], "]");
+      const std::string which =
+          kinds == 1 ? ""
+          : o.masked ? absl::StrCat(" [", o.topologies[variants[t].topology], " ",
+                                    variants[t].name, "]")
+                     : absl::StrCat(" [", o.topologies[variants[t].topology], "]");
       std::cout << absl::StrFormat(
           "\nmean over steps %s%s: max per-rank compute %.0f ms unbalanced, %.0f ms balanced "
           "(%.2fx); WIR %.2f -> %.2f\n",
@@ -619,20 +660,34 @@ int RunWorker(const SimOptions& o) {
             Percentile(summary.service_waits, 0.99) * 1e3);
       }
     }
-    // auto against the best fixed topology measured in this run.
+    // auto against the best fixed topology measured in this run (with a
+    // masked stream, their plans made with the masks).
+    auto topology_of = [&](int t) -> const std::string& {
+      return o.topologies[variants[t].topology];
+    };
     int best_fixed = -1;
     for (int t = 0; t < kinds; ++t) {
-      if (AutoLayout::Matches(o.topologies[t])) continue;
+      if (AutoLayout::Matches(topology_of(t)) || variants[t].masks != o.masked) continue;
       if (best_fixed < 0 || summaries[t].sum_max < summaries[best_fixed].sum_max) best_fixed = t;
     }
     for (int t = 0; t < kinds && best_fixed >= 0; ++t) {
-      if (!AutoLayout::Matches(o.topologies[t])) continue;
+      if (!AutoLayout::Matches(topology_of(t)) || variants[t].masks != o.masked) continue;
       std::cout << absl::StrFormat(
           "%s vs the best fixed topology %s: max per-rank compute %.0f ms vs %.0f ms "
           "(%.3fx)\n",
-          o.topologies[t], o.topologies[best_fixed], summaries[t].sum_max / counted * 1e3,
+          topology_of(t), topology_of(best_fixed), summaries[t].sum_max / counted * 1e3,
           summaries[best_fixed].sum_max / counted * 1e3,
           summaries[t].sum_max / summaries[best_fixed].sum_max);
+    }
+    // Planned with the masks against planned blind: the same attention, the
+    // same weights and tokens, only the plan differs.
+    for (int t = 0; t + 1 < kinds && o.masked; t += 2) {
+      std::cout << absl::StrFormat(
+          "masked vs mask-blind [%s]: max per-rank compute %.0f ms vs %.0f ms (%.3fx); WIR "
+          "%.2f vs %.2f\n",
+          topology_of(t), summaries[t + 1].sum_max / counted * 1e3,
+          summaries[t].sum_max / counted * 1e3, summaries[t + 1].sum_max / summaries[t].sum_max,
+          summaries[t + 1].sum_wir / counted, summaries[t].sum_wir / counted);
     }
     std::cout << absl::StrFormat(
         "balanced vs unbalanced: largest relative loss difference %.2e, gradient %.2e\n",

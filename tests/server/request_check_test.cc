@@ -173,6 +173,64 @@ std::vector<BadRequest> BadRequests() {
        "sequence_lengths[0]", "2147483649 is outside [0, 2147483648]"},
       {"too many sequences", [](R&, L& l) { l.max_sequences_per_rank = 2; }, kExhausted,
        "sequence_lengths", "3 sequences exceed the limit of 2 per rank"},
+      // Masks: ValidRequest's lengths are {100, 0, 4096}.
+      {"masks for some sequences only", [](R& r, L&) { r.add_attention_masks(); }, kInvalid,
+       "attention_masks", "1 masks for 3 sequences (give one per sequence, or none at all)"},
+      {"spans that do not add up",
+       [](R& r, L&) {
+         for (int i = 0; i < 3; ++i) r.add_attention_masks();
+         v1::AttentionMask* m = r.mutable_attention_masks(2);
+         m->set_kind(v1::AttentionMask::SPANS);
+         m->add_span_lengths(4000);
+         m->add_span_lengths(95);
+       },
+       kInvalid, "attention_masks[2].spans", "lengths add up to 4095, the sequence has 4096"},
+      {"a window of 0",
+       [](R& r, L&) {
+         for (int i = 0; i < 3; ++i) r.add_attention_masks();
+         r.mutable_attention_masks(0)->set_kind(v1::AttentionMask::WINDOW);
+       },
+       kInvalid, "attention_masks[0].window", "must be at least 1, got 0"},
+      {"a negative window",
+       [](R& r, L&) {
+         for (int i = 0; i < 3; ++i) r.add_attention_masks();
+         r.mutable_attention_masks(0)->set_kind(v1::AttentionMask::WINDOW);
+         r.mutable_attention_masks(0)->set_window(-4);
+       },
+       kInvalid, "attention_masks[0].window", "must be at least 1, got -4"},
+      {"an unknown kind",
+       [](R& r, L&) {
+         for (int i = 0; i < 3; ++i) r.add_attention_masks();
+         r.mutable_attention_masks(1)->set_kind(static_cast<v1::AttentionMask::Kind>(9));
+       },
+       kInvalid, "attention_masks[1].kind", "unknown mask kind 9 (FULL, CAUSAL, WINDOW or SPANS)"},
+      {"more spans than the limit",
+       [](R& r, L&) {
+         for (int i = 0; i < 3; ++i) r.add_attention_masks();
+         v1::AttentionMask* m = r.mutable_attention_masks(2);
+         m->set_kind(v1::AttentionMask::SPANS);
+         for (int j = 0; j < 4097; ++j) m->add_span_lengths(1);
+       },
+       kInvalid, "attention_masks[2].spans", "4097 spans exceed the limit of 4096"},
+      {"span_causal of another size",
+       [](R& r, L&) {
+         for (int i = 0; i < 3; ++i) r.add_attention_masks();
+         v1::AttentionMask* m = r.mutable_attention_masks(0);
+         m->set_kind(v1::AttentionMask::SPANS);
+         m->add_span_lengths(100);
+         m->add_span_causal(true);
+         m->add_span_causal(false);
+       },
+       kInvalid, "attention_masks[0].span_causal", "2 entries for 1 span_lengths"},
+      {"an empty span",
+       [](R& r, L&) {
+         for (int i = 0; i < 3; ++i) r.add_attention_masks();
+         v1::AttentionMask* m = r.mutable_attention_masks(0);
+         m->set_kind(v1::AttentionMask::SPANS);
+         m->add_span_lengths(0);
+         m->add_span_lengths(100);
+       },
+       kInvalid, "attention_masks[0].spans[0]", "length must be in [1, 100]"},
   };
 }
 
@@ -377,6 +435,31 @@ TEST(CheckPlanGroupRequestTest, RejectsABadLengthNamingItsRank) {
   ASSERT_FALSE(checked.ok());
   EXPECT_THAT(Message(checked.status()),
               HasSubstr("ranks[6].sequence_lengths[0]: 2147483649 is outside"));
+}
+
+TEST(CheckPlanGroupRequestTest, TakesMasksOnEveryRankOrNoneAndChecksEach) {
+  v1::PlanGroupRequest request = ValidGroupRequest();
+  for (int r = 0; r < 8; ++r) {
+    for (int i = 0; i < request.ranks(r).sequence_lengths_size(); ++i) {
+      request.mutable_ranks(r)->add_attention_masks()->set_kind(v1::AttentionMask::CAUSAL);
+    }
+  }
+  EXPECT_TRUE(CheckPlanGroupRequest(request, ServiceLimits()).ok());
+  v1::PlanGroupRequest some = request;
+  some.mutable_ranks(3)->clear_attention_masks();
+  auto checked = CheckPlanGroupRequest(some, ServiceLimits());
+  EXPECT_EQ(checked.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(checked.status()),
+              StartsWith("ranks[3].attention_masks: none for 1 sequences, while "
+                         "ranks[0].attention_masks gives masks"));
+  v1::PlanGroupRequest bad = request;
+  v1::AttentionMask* mask = bad.mutable_ranks(5)->mutable_attention_masks(2);
+  mask->set_kind(v1::AttentionMask::SPANS);
+  mask->add_span_lengths(7);
+  checked = CheckPlanGroupRequest(bad, ServiceLimits());
+  EXPECT_THAT(Message(checked.status()),
+              StartsWith("ranks[5].attention_masks[2].spans: lengths add up to 7, the sequence "
+                         "has 602 tokens"));
 }
 
 TEST(CheckPlanGroupRequestTest, RejectsTooManySequencesInOneRank) {

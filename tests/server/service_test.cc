@@ -314,6 +314,65 @@ TEST(ServiceTest, MalformedRequestsAreInvalidArgumentNamingTheField) {
   }
 }
 
+// A step where one rank gives masks and another none fails on every rank
+// with InvalidArgument naming the rank; a rank's own bad mask is refused
+// at once, naming the sequence and the field; and a masked step's answer
+// names each rank the masks of the sequences it attends.
+TEST(ServiceTest, MasksOnSomeRanksOnlyFailTheStepOnEveryRank) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.topology = "g1n2";
+  v1::PlanRequest masked = MakeRequest(params, 2, 0, {10, 20});
+  masked.add_attention_masks()->set_kind(v1::AttentionMask::CAUSAL);
+  masked.add_attention_masks();
+  AsyncPlan rank0(stub.get(), masked);
+  AwaitPendingSteps(*server, 1);
+  grpc::Status status = PlanOnce(stub.get(), MakeRequest(params, 2, 1, {30}));
+  ASSERT_TRUE(rank0.WaitFor(absl::Seconds(10)));
+  for (const grpc::Status& s : {status, rank0.status()}) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("rank 1: attention_masks: none for 1 sequences, while rank 0: "
+                          "attention_masks gives masks"));
+  }
+
+  v1::PlanRequest bad = MakeRequest(params, 2, 1, {30});
+  v1::AttentionMask* spans = bad.add_attention_masks();
+  spans->set_kind(v1::AttentionMask::SPANS);
+  spans->add_span_lengths(20);
+  EXPECT_THAT(PlanOnce(stub.get(), bad).error_message(),
+              HasSubstr("attention_masks[0].spans: lengths add up to 20, the sequence has 30"));
+
+  params.step = 1;
+  masked = MakeRequest(params, 2, 0, {10, 20});
+  masked.add_attention_masks()->set_kind(v1::AttentionMask::CAUSAL);
+  masked.add_attention_masks()->set_kind(v1::AttentionMask::WINDOW);
+  masked.mutable_attention_masks(1)->set_window(4);
+  AsyncPlan again(stub.get(), masked);
+  AwaitPendingSteps(*server, 1);
+  v1::PlanRequest second = MakeRequest(params, 2, 1, {30});
+  second.add_attention_masks();  // full
+  v1::PlanResponse response;
+  status = PlanOnce(stub.get(), second, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_TRUE(again.WaitFor(absl::Seconds(10)));
+  ASSERT_TRUE(again.status().ok());
+  // Each rank attends whole sequences in a one-GPU bag: its masks are
+  // those of the sequences it receives, in order.
+  for (const v1::PlanResponse* answer :
+       std::vector<const v1::PlanResponse*>{&response, &again.response()}) {
+    const v1::RankPlan& plan = answer->plan();
+    ASSERT_EQ(plan.attention_masks_size(), plan.recvs().peer_size());
+    for (int k = 0; k < plan.attention_masks_size(); ++k) {
+      const v1::PlanRequest& source = plan.recvs().peer(k) == 0 ? masked : second;
+      EXPECT_TRUE(MessageDifferencer::Equals(plan.attention_masks(k),
+                                             source.attention_masks(plan.recvs().seq_index(k))));
+    }
+  }
+}
+
 TEST(ServiceTest, RanksThatDisagreeGetFailedPreconditionAndTheStepStillCompletes) {
   auto server = StartServer();
   ASSERT_NE(server, nullptr);

@@ -83,6 +83,33 @@ echo '{"topology": "g1n2", "ranks": [[1],[-2]]}' >"$tmp/bad_length.json"
 expect bad-length 2 "ranks[1][0]: sequence length -2" -- "$bin" plan --input "$tmp/bad_length.json"
 echo '{"topology": "g1n2", "ranks": [[1],[2]], "gamma": -1}' >"$tmp/bad_gamma.json"
 expect bad-gamma 2 "gamma: must be a finite number" -- "$bin" plan --input "$tmp/bad_gamma.json"
+# Attention masks: priced by the pairs they attend, and every malformed
+# one an error naming the rank, the sequence and the field.
+cat >"$tmp/masked.json" <<'JSON'
+{"topology": "g1n2", "d_model": 64, "gamma": 1.0, "ranks": [[4096], [3000]],
+ "masks": [["causal"], ["full"]]}
+JSON
+expect plan-masks 0 "" -- "$bin" plan --input "$tmp/masked.json"
+if python3 - "$tmp/out" <<'PY'; then echo "ok   plan-masks-priced"; else echo "FAIL plan-masks-priced"; failures=$((failures + 1)); fi
+import json, sys
+plan = json.load(open(sys.argv[1]))
+causal = 24 * 4096 * 64 ** 2 + 4 * 64 * 4096 * 4097 / 2
+assert abs(plan["gpu_workload_before"][0] - causal) < 1e-9 * causal, plan["gpu_workload_before"]
+PY
+expect plan-masks-rank 0 "" -- "$bin" plan --input "$tmp/masked.json" --rank 0
+grep -qF '"attention_masks":["causal"]' "$tmp/out" || { echo "FAIL plan-masks-rank: $(cat "$tmp/out")"; failures=$((failures + 1)); }
+bad_mask() {  # bad_mask NAME MASKS STDERR_SUBSTRING
+  echo "{\"topology\": \"g1n2\", \"ranks\": [[10, 6], [5]], \"masks\": $2}" >"$tmp/$1.json"
+  expect "$1" 2 "$3" -- "$bin" plan --input "$tmp/$1.json"
+}
+bad_mask mask-spans-sum '[["full", {"spans": [[2, "full"], [3, "causal"]]}], ["causal"]]' \
+  "masks[0][1].spans: lengths add up to 5, the sequence has 6 tokens"
+bad_mask mask-kind '[["full", "diagonal"], ["causal"]]' "masks[0][1]: unknown mask kind 'diagonal'"
+bad_mask mask-window '[["full", "causal"], [{"window": 0}]]' "masks[1][0].window: must be at least 1, got 0"
+bad_mask mask-some-ranks '[["full", "causal"], []]' "masks[1]: 0 masks for 1 sequences"
+spans=$(python3 -c 'print([[1, "full"]] * 4097)' | tr "'" '"')
+bad_mask mask-too-many-spans "[[{\"spans\": $spans}, \"full\"], [\"full\"]]" \
+  "masks[0][0].spans: 4097 spans exceed the limit of 4096"
 echo 'not json' >"$tmp/bad_json.json"
 expect bad-json 2 "input: not valid JSON" -- "$bin" plan --input "$tmp/bad_json.json"
 expect missing-file 2 "--input: cannot read" -- "$bin" plan --input "$tmp/none.json"
@@ -262,7 +289,7 @@ assert abs(gamma - 0.49) < 0.025, text
 assert "40 samples" in text, text
 PY
 printf 'length,seconds\n256,0.001\n512,soon\n' >"$tmp/bad_times.csv"
-expect calibrate-bad-line 2 "--input: line 3: expected \"length,seconds\", got \"512,soon\"" -- "$bin" calibrate --input "$tmp/bad_times.csv" --d-model 64
+expect calibrate-bad-line 2 "--input: line 3: expected \"length,seconds[,mask]\", got \"512,soon\"" -- "$bin" calibrate --input "$tmp/bad_times.csv" --d-model 64
 printf '512,0.001\n512,0.0011\n' >"$tmp/one_length.csv"
 expect calibrate-one-length 2 "time at least two different lengths" -- "$bin" calibrate --input "$tmp/one_length.csv" --d-model 64
 expect calibrate-no-d 2 "--d-model: required" -- "$bin" calibrate --input "$tmp/one_length.csv"
