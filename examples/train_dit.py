@@ -18,6 +18,13 @@ not run on CPU, so there FullyShardedDataParallel; --fsdp fsdp1|fsdp2 picks),
 (torch >= 2.4; --compile-backend, default inductor). The balancer needs
 nothing else from them: docs/python.md says in which order to apply them.
 
+--block-causal N trains an autoregressive video-diffusion-like model: every
+sequence is cut into chunks of N tokens, each attending fully to itself and
+to every earlier chunk. The balancer is told each sequence's mask
+(plan_routing's attn_masks), prices its attention by the pairs it attends,
+and after pre_attn names the masks of the sequences the rank now holds
+(get_attention_masks), from which attention builds its mask.
+
 The integration is the reference implementation's: route once before the
 blocks, pre_attn/post_attn around attention inside every block, reverse_route
 after them; nothing but those calls (and print_imbalance) touches the
@@ -86,6 +93,33 @@ def masked_attention(q, k, v, seq_lens):
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
 
 
+def block_causal_masks(lengths, chunk):
+    """Each sequence in chunks of `chunk` tokens, block-causal: the form
+    plan_routing's attn_masks takes."""
+    return [{"spans": [[min(chunk, n - start), "full"] for start in range(0, n, chunk)]}
+            if n else "full" for n in lengths]
+
+
+def attends(n, mask):
+    """[n, n] booleans, query i attends to key j, for a block-causal mask."""
+    if mask == "full":
+        return torch.ones(n, n, dtype=torch.bool)
+    span = torch.cat([torch.full((m,), s) for s, (m, _) in enumerate(mask["spans"])])
+    return span[None, :] <= span[:, None]
+
+
+def spans_attention(q, k, v, seq_lens, masks):
+    """Attention of each sequence on its own, under its mask."""
+    outs, start = [], 0
+    for n, mask in zip(seq_lens.tolist(), masks):
+        qs, ks, vs = (x[start:start + n].transpose(0, 1) for x in (q, k, v))
+        scores = qs @ ks.transpose(1, 2) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(~attends(n, mask).to(q.device), float("-inf"))
+        outs.append((torch.softmax(scores, dim=-1) @ vs).transpose(0, 1))
+        start += n
+    return torch.cat(outs) if outs else q[:0] * 0
+
+
 class DiTBlock(nn.Module):
     """Attention and MLP, each modulated by the token's timestep (adaLN)."""
 
@@ -100,6 +134,7 @@ class DiTBlock(nn.Module):
                                  nn.Linear(4 * d_model, d_model))
         self.modulation = nn.Linear(d_model, 6 * d_model)
         self.attention = varlen_attention
+        self.chunk = 0  # --block-causal
 
     def forward(self, x, cond, seq_lens, balancer=None):
         shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(F.silu(cond)).chunk(6, -1)
@@ -108,7 +143,14 @@ class DiTBlock(nn.Module):
         q, k, v = self.qkv(h).reshape(x.shape[0], 3, self.heads, head_dim).unbind(1)
         if balancer is not None:  # whole sequences, heads / bag size
             seq_lens, q, k, v = balancer.pre_attn(q, k, v)
-        o = self.attention(q, k, v, seq_lens)
+        if self.chunk:
+            # The masks of the sequences held now: the balancer's, or this
+            # rank's own without it.
+            masks = balancer.get_attention_masks() if balancer is not None else \
+                block_causal_masks(seq_lens.tolist(), self.chunk)
+            o = spans_attention(q, k, v, seq_lens, masks)
+        else:
+            o = self.attention(q, k, v, seq_lens)
         if balancer is not None:  # back to this rank's chunks, every head
             _, o = balancer.post_attn(o)
         x = x + gate1 * self.proj(o.reshape(x.shape[0], x.shape[1]))
@@ -271,6 +313,9 @@ def main():
                         choices=["non-reentrant", "reentrant"],
                         help="activation checkpointing on every block")
     parser.add_argument("--compile", action="store_true", help="torch.compile every block")
+    parser.add_argument("--block-causal", type=int, default=0, metavar="N",
+                        help="block-causal attention in chunks of N tokens, planned with the "
+                        "masks")
     parser.add_argument("--compile-backend", default="inductor",
                         help="torch.compile's backend (default inductor; aot_eager needs no "
                         "C++ compiler)")
@@ -279,6 +324,9 @@ def main():
         args.fsdp = "fsdp2" if args.device == "cuda" else "fsdp1"
     if args.steps < 1 or args.scale < 1 or args.d_model % args.heads:
         raise SystemExit("--steps and --scale must be >= 1 and --heads must divide --d-model")
+    if args.block_causal < 0 or (args.block_causal and args.compile):
+        raise SystemExit("--block-causal: N >= 1 tokens, and not with --compile (its masks "
+                         "are Python lists, which would break the graph)")
 
     torch.set_num_threads(1)
     device = torch.device("cpu")
@@ -295,7 +343,10 @@ def main():
         raise SystemExit(f"--data: {e}")
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    model = prepare(DiT(args.d_model, args.heads, args.layers).to(device), args, device)
+    dit = DiT(args.d_model, args.heads, args.layers).to(device)
+    for block in dit.blocks:
+        block.chunk = args.block_causal
+    model = prepare(dit, args, device)
     sharded = args.fsdp is not None
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     balancer = SequenceBalancer(args.topology, gamma=args.gamma)
@@ -311,7 +362,9 @@ def main():
 
         plain_loss, plain_seconds, plain_grads = train_step(
             model, batch, lengths, world_tokens.item(), None, sharded)
-        balancer.plan_routing(lengths, args.d_model)
+        balancer.plan_routing(lengths, args.d_model,
+                              attn_masks=block_causal_masks(lengths, args.block_causal)
+                              if args.block_causal else None)
         if args.print_imbalance and rank == 0:
             balancer.print_imbalance()
         loss, seconds, grads = train_step(model, batch, lengths, world_tokens.item(), balancer,
@@ -355,7 +408,8 @@ def main():
         balanced = sum(slowest["balanced"][measured]) / len(slowest["balanced"][measured])
         setup = ", ".join(f"{name} {value}" for name, value in
                           (("fsdp", args.fsdp), ("checkpoint", args.checkpoint),
-                           ("compile", args.compile_backend if args.compile else None)) if value)
+                           ("compile", args.compile_backend if args.compile else None),
+                           ("block-causal", args.block_causal or None)) if value)
         first = "1" if args.steps > 1 else "0"
         print(f"[{setup or 'plain'}] slowest-rank compute, mean over steps {first}-"
               f"{args.steps - 1}: unbalanced {plain * 1e3:.0f} ms, balanced "
