@@ -249,6 +249,24 @@ std::string ComparedSpec(const v1::StepSpec& spec) {
   return compared.SerializeAsString();
 }
 
+// This rank's own masks: none, or one valid mask per sequence (checked on
+// the masks themselves, before they become messages, so that an unknown
+// kind cannot pass as full).
+absl::Status CheckOwnMasks(const std::vector<int64_t>& lengths,
+                           const std::vector<AttentionMask>& masks) {
+  if (masks.empty()) return absl::OkStatus();
+  if (masks.size() != lengths.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention_masks: ", masks.size(), " masks for ", lengths.size(),
+        " sequences (give one per sequence, or none at all)"));
+  }
+  for (size_t i = 0; i < masks.size(); ++i) {
+    absl::Status status = CheckMask(lengths[i], masks[i], absl::StrCat("attention_masks[", i, "]"));
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
 // Why a step cannot use what was prefetched for it; empty if it can.
 std::string PrefetchMismatch(const v1::StepSpec& prefetched_spec,
                              const std::vector<int64_t>& prefetched,
@@ -648,19 +666,11 @@ struct PlannerClient::Rep {
     blob.probe_answered = service_down && prober != nullptr && prober->answered();
     blob.spec = ComparedSpec(spec);
     blob.lengths = lengths;
-    if (!masks.empty()) {
+    if (!masks.empty() && refused.ok()) {
       v1::RankLengths mine;
       mine.mutable_sequence_lengths()->Add(lengths.begin(), lengths.end());
       for (const AttentionMask& mask : masks) MaskToProto(mask, mine.add_attention_masks());
       blob.masks = mine.SerializeAsString();
-      // This rank's own masks, checked here so that a bad one is this
-      // rank's agreed error.
-      if (absl::Status checked = CheckProtoMasks(mine.attention_masks(),
-                                                 mine.sequence_lengths(), "attention_masks");
-          !checked.ok()) {
-        blob.error_code = static_cast<char>(checked.code());
-        blob.error = std::string(checked.message());
-      }
     }
     if (previous != nullptr && previous->compute_seconds() > 0) {
       blob.timing_step = previous->step();
@@ -811,16 +821,21 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
     request = std::move(prefetched->request);
     response = std::move(prefetched->response);
   } else if (!refused.ok()) {
-    // The rank still asks (with a length the service refuses at once), so
-    // that its peers' rendezvous ends; its own verdict is the refusal.
+    // The rank still asks, with a length the service refuses, as a rank
+    // with a bad length does: its peers wait in the rendezvous until its
+    // timeout, then every rank learns of the refusal below.
     request = RankRequest(spec, {-1}, {}, previous);
     AskRank(request, &response, nullptr);
-    status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(refused.message()));
   } else {
     request = RankRequest(spec, lengths, masks, previous);
     status = AskRank(request, &response, nullptr);
   }
   service_wait_seconds = SecondsSince(asked);
+  // This rank's refused input is its verdict, whatever the service said
+  // (also of a prefetched call, sent before the refusal was known).
+  if (!refused.ok()) {
+    status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(refused.message()));
+  }
   // A plan that is not even well-formed (columns of different lengths) is
   // the service failing, like an error: every rank falls back together.
   absl::StatusOr<RankPlan> plan = absl::UnknownError("no plan");
@@ -830,8 +845,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
       status = grpc::Status(grpc::StatusCode::INTERNAL,
                             std::string("the service's answer is malformed: ") +
                                 std::string(plan.status().message()));
-    } else if (request.attention_masks_size() > 0 && plan->attention_masks.empty() &&
-               !plan->route.recvs.empty()) {
+    } else if (request.attention_masks_size() > 0 && !response.balance().attention_masks()) {
       // A service from before masks ignores them: its plan is mask-blind,
       // and the trainer would not learn the masks it holds.
       status = grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
@@ -949,6 +963,10 @@ absl::StatusOr<StepPlan> PlanFromGroupAnswer(const v1::StepSpec& spec, const Gat
   if (!problem.ok()) return problem.status();
   auto world = WorldOfLayout(*problem, response.balance().layout());
   if (!world.ok()) return world.status();
+  if (!gathered.masks.empty() && !response.balance().attention_masks()) {
+    // A service from before masks ignores them: its plan is mask-blind.
+    return absl::UnimplementedError("the service ignored the attention masks (it predates them)");
+  }
   auto plan = PlanFromChunks(*world, problem->cost, gathered.lengths, *std::move(chunks),
                              &gathered.masks);
   if (!plan.ok()) return plan.status();
@@ -1135,8 +1153,9 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
                                              const std::vector<int64_t>& lengths,
                                              const v1::StepTiming* previous,
                                              const std::vector<AttentionMask>& masks,
-                                             const absl::Status& refused) {
+                                             const absl::Status& caller_refused) {
   Rep& rep = *rep_;
+  const absl::Status refused = !caller_refused.ok() ? caller_refused : CheckOwnMasks(lengths, masks);
   const auto start = std::chrono::steady_clock::now();
   rep.service_wait_seconds = 0;
   if (absl::Status sized = rep.CheckWorldSize(spec); !sized.ok()) return sized;
@@ -1176,8 +1195,10 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
 absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec,
                                      const std::vector<int64_t>& lengths,
                                      const v1::StepTiming* previous,
-                                     const std::vector<AttentionMask>& masks) {
+                                     const std::vector<AttentionMask>& masks,
+                                     const absl::Status& caller_refused) {
   Rep& rep = *rep_;
+  const absl::Status refused = !caller_refused.ok() ? caller_refused : CheckOwnMasks(lengths, masks);
   rep.pending.reset();  // replaces an unused one, cancelling its call
   auto prefetched = std::make_unique<Prefetched>();
   prefetched->spec = spec;
@@ -1187,7 +1208,7 @@ absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec,
   Rep* const r = &rep;
   if (rep.group_mode()) {
     absl::StatusOr<Gathered> gathered =
-        rep.Gather(rep.BlobFor(kPrefetchCall, spec, lengths, masks, previous));
+        rep.Gather(rep.BlobFor(kPrefetchCall, spec, lengths, masks, previous, refused));
     if (!gathered.ok()) return gathered.status();
     prefetched->gathered = *std::move(gathered);
     if (rep.stub != nullptr && !rep.service_down) {
@@ -1204,7 +1225,10 @@ absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec,
       if (absl::Status agreed = rep.EnsureIncarnation(); !agreed.ok()) return agreed;
     }
     if (rep.stub != nullptr && !rep.service_down) {
-      prefetched->request = rep.RankRequest(spec, lengths, masks, previous);
+      // A refused input asks with a length the service refuses; the step's
+      // Plan reports the refusal on every rank.
+      prefetched->request = refused.ok() ? rep.RankRequest(spec, lengths, masks, previous)
+                                         : rep.RankRequest(spec, {-1}, {}, previous);
       prefetched->call = std::make_unique<BackgroundCall>([r, p](CancelToken* token) {
         return r->AskRank(p->request, &p->response, token);
       });

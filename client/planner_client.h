@@ -186,7 +186,8 @@ class PlannerClient {
   // everything else is reported by the step's Plan, on every rank alike.
   absl::Status Prefetch(const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
                         const v1::StepTiming* previous = nullptr,
-                        const std::vector<AttentionMask>& masks = {});
+                        const std::vector<AttentionMask>& masks = {},
+                        const absl::Status& refused = absl::OkStatus());
 
   // The incarnation this client's requests carry (see
   // PlannerClientOptions::incarnation); 0 until the first request to a

@@ -775,7 +775,8 @@ absl::Status SequenceBalancer::PrefetchRouting(const std::vector<int64_t>& lengt
   Rep& r = *rep_;
   const v1::StepSpec spec = r.SpecOf(r.next_step, overrides);
   absl::Status started =
-      r.planner->Prefetch(spec, lengths, r.has_timing ? &r.timing : nullptr, masks);
+      r.planner->Prefetch(spec, lengths, r.has_timing ? &r.timing : nullptr, masks,
+                          overrides.refused_input);
   if (!started.ok()) return started;
   r.has_timing = false;
   r.prefetched_step = spec.step();

@@ -69,7 +69,12 @@ absl::Status CheckMask(int64_t length, const AttentionMask& mask, const std::str
               field, ".spans[", j, "]: length must be in [1, ", length,
               "] (the sequence's length), got ", n));
         }
-        sum += n;  // count * length <= 2^12 * 2^31: no overflow
+        if (n > length - sum) {  // checked before adding: no overflow, whatever length is
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ".spans: lengths add up to more than the sequence's ", length,
+              " tokens by span ", j));
+        }
+        sum += n;
       }
       if (sum != length) {
         return absl::InvalidArgumentError(absl::StrCat(field, ".spans: lengths add up to ", sum,

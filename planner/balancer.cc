@@ -292,8 +292,11 @@ absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
     // Under a cap, a bag that surfaces without room for the sequence is
     // parked: its key becomes +inf, so the tree stops offering it, and it
     // waits in a heap by room. Lengths only fall from one sequence to the
-    // next, so it comes back once its room fits the current one; it can only
-    // be parked again after taking a sequence. O((S + B) log B) in all,
+    // next (unmasked; under masks the order is by workload, and a bag may be
+    // parked and unparked again without taking one: still correct, as every
+    // unparking rechecks the room), so it comes back once its room fits the
+    // current one; it can only be parked again after taking a sequence.
+    // O((S + B) log B) in all,
     // where scanning every bag whenever the least occupied one was full cost
     // O(S * B) (240 ms at 4096 ranks under a binding cap).
     constexpr double kParked = std::numeric_limits<double>::infinity();

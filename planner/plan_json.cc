@@ -144,6 +144,11 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
   }
   if (root.contains("masks")) {
     KF_ASSIGN_OR_RETURN(request.masks, RankMasksFromJson(root["masks"], "masks"));
+    // Given, it has a list per rank: "masks": [] is no way to say "none".
+    if (request.masks.size() != request.ranks.size()) {
+      return FieldError("masks", absl::StrCat("got masks for ", request.masks.size(),
+                                              " ranks, there are ", request.ranks.size()));
+    }
     KF_RETURN_IF_ERROR(CheckRankMasks(request.ranks, request.masks, "masks"));
   }
   return request;

@@ -158,6 +158,7 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   absl::StatusOr<knapformer::Plan> plan = std::move(step->plan);
   *balance = BalanceToProto(*plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start));
   balance->set_predicted_step_seconds(step->predicted_seconds);
+  balance->set_attention_masks(!masks.empty());
   if (spec.use_fitted_gamma()) {
     balance->set_gamma_used(cost.gamma());
     balance->set_gamma_note(gamma_note);

@@ -236,6 +236,22 @@ const bool kMaskErrors = RegisterScenario("mask_errors", [](Worker& w) {
   EXPECT_THAT(std::string(refused.message()),
               HasSubstr("attn_masks[1]: unknown mask kind 'diagonal'"));
   EXPECT_THAT(std::string(refused.message()), HasSubstr("rank 3"));
+  // A bad mask in a prefetched step: the prefetch (group mode, or local
+  // planning) or the step's PlanRouting (per-rank) fails on every rank.
+  std::vector<AttentionMask> prefetched = {AttentionMask::Causal(), AttentionMask::Full()};
+  if (w.rank == 2) prefetched = {AttentionMask::Causal(), AttentionMask::Window(-2)};
+  absl::Status ahead = (*balancer)->PrefetchRouting(lengths, {}, prefetched);
+  if (ahead.ok()) ahead = (*balancer)->PlanRouting(lengths, {}, prefetched);
+  EXPECT_EQ(ahead.code(), absl::StatusCode::kInvalidArgument) << ahead;
+  EXPECT_THAT(std::string(ahead.message()),
+              HasSubstr("attention_masks[1].window: must be at least 1, got -2"));
+  EXPECT_THAT(std::string(ahead.message()), HasSubstr("rank 2"));
+  // An unknown kind is refused, not planned as a full mask.
+  std::vector<AttentionMask> unknown = {AttentionMask::Causal(), AttentionMask::Full()};
+  if (w.rank == 1) unknown[0].kind = static_cast<AttentionMask::Kind>(9);
+  absl::Status kind = (*balancer)->PlanRouting(lengths, {}, unknown);
+  EXPECT_EQ(kind.code(), absl::StatusCode::kInvalidArgument) << kind;
+  EXPECT_THAT(std::string(kind.message()), HasSubstr("attention_masks[0]: unknown mask kind 9"));
   // Nothing was planned by the refused steps; a good one goes through.
   absl::Status planned =
       (*balancer)->PlanRouting(lengths, {}, {AttentionMask::Causal(), AttentionMask::Full()});

@@ -92,6 +92,8 @@ TEST(MaskedBalancerTest, FullMasksGiveExactlyTheUnmaskedPlan) {
     }
     EXPECT_EQ(plain->workload_after, masked->workload_after);
     EXPECT_EQ(plain->workload_before, masked->workload_before);
+    // The step's real masks price it differently: the masks are used.
+    EXPECT_NE(none->workload_before, plain->workload_before);
     RankMasks empty;
     auto empty_plan = BalanceGreedy(world, cost, step.lengths, BalancerOptions(), &empty);
     EXPECT_EQ(empty_plan->workload_after, plain->workload_after);

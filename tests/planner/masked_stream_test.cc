@@ -142,7 +142,9 @@ TEST(MaskedStreamTest, VideoClipsAreACausalCaptionThenFullChunksOfSixFrames) {
           EXPECT_FALSE(mask.spans[j].causal);
           ASSERT_EQ(mask.spans[j].length % frame_tokens, 0);
           const int64_t chunk = mask.spans[j].length / frame_tokens;
-          if (j + 1 < mask.spans.size()) EXPECT_EQ(chunk, kVideoChunkFrames);
+          if (j + 1 < mask.spans.size()) {
+            EXPECT_EQ(chunk, kVideoChunkFrames);
+          }
           EXPECT_GE(chunk, 1);
           EXPECT_LE(chunk, kVideoChunkFrames);
           frames += chunk;
