@@ -249,24 +249,6 @@ std::string ComparedSpec(const v1::StepSpec& spec) {
   return compared.SerializeAsString();
 }
 
-// This rank's own masks: none, or one valid mask per sequence (checked on
-// the masks themselves, before they become messages, so that an unknown
-// kind cannot pass as full).
-absl::Status CheckOwnMasks(const std::vector<int64_t>& lengths,
-                           const std::vector<AttentionMask>& masks) {
-  if (masks.empty()) return absl::OkStatus();
-  if (masks.size() != lengths.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "attention_masks: ", masks.size(), " masks for ", lengths.size(),
-        " sequences (give one per sequence, or none at all)"));
-  }
-  for (size_t i = 0; i < masks.size(); ++i) {
-    absl::Status status = CheckMask(lengths[i], masks[i], absl::StrCat("attention_masks[", i, "]"));
-    if (!status.ok()) return status;
-  }
-  return absl::OkStatus();
-}
-
 // Why a step cannot use what was prefetched for it; empty if it can.
 std::string PrefetchMismatch(const v1::StepSpec& prefetched_spec,
                              const std::vector<int64_t>& prefetched,
@@ -1155,7 +1137,11 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
                                              const std::vector<AttentionMask>& masks,
                                              const absl::Status& caller_refused) {
   Rep& rep = *rep_;
-  const absl::Status refused = !caller_refused.ok() ? caller_refused : CheckOwnMasks(lengths, masks);
+  // This rank's own masks, checked before they become messages, so that an
+  // unknown kind cannot pass as full.
+  const absl::Status refused = !caller_refused.ok()
+                                   ? caller_refused
+                                   : CheckMaskList(lengths, masks, "attention_masks");
   const auto start = std::chrono::steady_clock::now();
   rep.service_wait_seconds = 0;
   if (absl::Status sized = rep.CheckWorldSize(spec); !sized.ok()) return sized;
@@ -1198,7 +1184,11 @@ absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec,
                                      const std::vector<AttentionMask>& masks,
                                      const absl::Status& caller_refused) {
   Rep& rep = *rep_;
-  const absl::Status refused = !caller_refused.ok() ? caller_refused : CheckOwnMasks(lengths, masks);
+  // This rank's own masks, checked before they become messages, so that an
+  // unknown kind cannot pass as full.
+  const absl::Status refused = !caller_refused.ok()
+                                   ? caller_refused
+                                   : CheckMaskList(lengths, masks, "attention_masks");
   rep.pending.reset();  // replaces an unused one, cancelling its call
   auto prefetched = std::make_unique<Prefetched>();
   prefetched->spec = spec;

@@ -88,6 +88,21 @@ absl::Status CheckMask(int64_t length, const AttentionMask& mask, const std::str
       absl::StrCat(field, ": unknown mask kind ", static_cast<int>(mask.kind)));
 }
 
+absl::Status CheckMaskList(const std::vector<int64_t>& lengths,
+                           const std::vector<AttentionMask>& masks, const std::string& field) {
+  if (masks.empty()) return absl::OkStatus();
+  if (masks.size() != lengths.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", masks.size(), " masks for ", lengths.size(),
+        " sequences (give one per sequence, or none at all)"));
+  }
+  for (size_t i = 0; i < masks.size(); ++i) {
+    absl::Status status = CheckMask(lengths[i], masks[i], absl::StrCat(field, "[", i, "]"));
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRankMasks(const std::vector<std::vector<int64_t>>& lengths,
                             const RankMasks& masks, const std::string& field) {
   if (masks.empty()) return absl::OkStatus();
@@ -96,16 +111,15 @@ absl::Status CheckRankMasks(const std::vector<std::vector<int64_t>>& lengths,
                                                    " ranks, there are ", lengths.size()));
   }
   for (size_t rank = 0; rank < masks.size(); ++rank) {
-    if (masks[rank].size() != lengths[rank].size()) {
+    // A rank without masks among ranks with them is refused too.
+    if (masks[rank].empty() && !lengths[rank].empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, "[", rank, "]: ", masks[rank].size(), " masks for ", lengths[rank].size(),
+          field, "[", rank, "]: 0 masks for ", lengths[rank].size(),
           " sequences (give one per sequence, on every rank, or none at all)"));
     }
-    for (size_t i = 0; i < masks[rank].size(); ++i) {
-      absl::Status status =
-          CheckMask(lengths[rank][i], masks[rank][i], absl::StrCat(field, "[", rank, "][", i, "]"));
-      if (!status.ok()) return status;
-    }
+    absl::Status status =
+        CheckMaskList(lengths[rank], masks[rank], absl::StrCat(field, "[", rank, "]"));
+    if (!status.ok()) return status;
   }
   return absl::OkStatus();
 }

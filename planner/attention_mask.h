@@ -69,6 +69,11 @@ double AttendedPairs(int64_t length, const AttentionMask& mask);
 // most kMaxSpans, each of length >= 1, adding up to `length`.
 absl::Status CheckMask(int64_t length, const AttentionMask& mask, const std::string& field);
 
+// One rank's masks: none, or one per sequence of `lengths`, each valid.
+// InvalidArgument naming "<field>" (the count) or "<field>[i]..." otherwise.
+absl::Status CheckMaskList(const std::vector<int64_t>& lengths,
+                           const std::vector<AttentionMask>& masks, const std::string& field);
+
 // Every mask of a step: `masks` is empty, or has one list per rank of
 // `lengths` with one mask per sequence (a rank with no sequences has an
 // empty list). InvalidArgument naming "<field>[rank]" or

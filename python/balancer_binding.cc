@@ -559,16 +559,13 @@ class BalancerBinding {
     if (!masks_json.has_value()) return std::vector<AttentionMask>();
     absl::StatusOr<std::vector<AttentionMask>> masks = ParseMaskListJson(*masks_json, "attn_masks");
     if (!masks.ok() || !lengths.ok()) return masks;
-    if (masks->size() != lengths->size()) {
-      return absl::InvalidArgumentError(absl::StrCat("attn_masks: ", masks->size(),
-                                                     " masks for ", lengths->size(),
-                                                     " sequences in local_seq_lens"));
+    if (masks->empty() && !lengths->empty()) {  // [] says "masks", not "none"
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attn_masks: 0 masks for ", lengths->size(),
+          " sequences (give one per sequence, or none at all)"));
     }
-    for (size_t i = 0; i < masks->size(); ++i) {
-      absl::Status fits =
-          CheckMask((*lengths)[i], (*masks)[i], absl::StrCat("attn_masks[", i, "]"));
-      if (!fits.ok()) return fits;
-    }
+    absl::Status fits = CheckMaskList(*lengths, *masks, "attn_masks");
+    if (!fits.ok()) return fits;
     return masks;
   }
 
