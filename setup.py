@@ -98,7 +98,7 @@ def extension():
     compile_args = pip_configure.cxx_standard(FACTS) + ["-O2", "-g0"] + \
         [a for f in flags for a in f.compile_args]
     link_args = [a for f in flags for a in f.link_args] + \
-        [r for f in flags for r in f.rpaths()]
+        [r for f in flags for r in f.rpaths()] + pip_configure.EXTENSION_LINK_ARGS
     return CppExtension(
         "knapformer._C",
         sources=sources,

@@ -434,6 +434,16 @@ def cuda_libraries(facts):
         "NCCL transport: KNAPFORMER_NCCL=0")
 
 
+# The extension exports none of the symbols of the static archives it was
+# linked with. Some toolchains link libstdc++ statically into every shared
+# object (the GPU machine's /opt/gcc g++ did): its std:: symbols, exported
+# from _C.so, then served prometheus-cpp's calls in place of the
+# libstdc++.so those libraries were built against, and the first scrape of
+# /metrics crashed in std::ostream's double output (seen on torch 2.11 with
+# bookworm's prometheus-cpp; docs/development.md).
+EXTENSION_LINK_ARGS = ["-Wl,--exclude-libs,ALL"]
+
+
 def cxx_standard(facts):
     """-std for torch releases whose cpp_extension default is older than
     the C++17 this code needs (1.x defaults to C++14); later ones choose

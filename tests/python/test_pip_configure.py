@@ -129,6 +129,35 @@ def test_old_torch_gets_cxx17():
     assert pip_configure.cxx_standard(facts()) == []
 
 
+def _exported_ostream_double(tmp_path, link_args):
+    """Whether a shared object linked with libstdc++ statically exports
+    std::ostream's double output (_ZNSo9_M_insertIdEERSoT_)."""
+    source = tmp_path / "uses_ostream.cc"
+    source.write_text("#include <sstream>\n#include <string>\n"
+                      "std::string show(double x) { std::ostringstream o; o << x; "
+                      "return o.str(); }\n")
+    library = tmp_path / f"uses_ostream{len(link_args)}.so"
+    compiler = os.environ.get("CXX", "g++")
+    built = subprocess.run([compiler, "-shared", "-fPIC", "-static-libstdc++", str(source),
+                            "-o", str(library)] + link_args,
+                           capture_output=True, text=True, timeout=120)
+    if built.returncode != 0:
+        pytest.skip(f"{compiler} cannot link libstdc++ statically here: {built.stderr[-300:]}")
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(library)],
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+    return "_ZNSo9_M_insertIdEERSoT_" in symbols
+
+
+def test_a_static_libstdcxx_stays_inside_the_extension(tmp_path):
+    # A toolchain that links libstdc++ statically exports its symbols from
+    # the extension, where they shadow the libstdc++.so of the libraries the
+    # extension loads (prometheus-cpp crashed in them on a GPU machine).
+    assert _exported_ostream_double(tmp_path, [])  # the hazard is real here
+    assert not _exported_ostream_double(tmp_path, pip_configure.EXTENSION_LINK_ARGS)
+    setup_py = open("setup.py", encoding="utf-8").read()
+    assert "pip_configure.EXTENSION_LINK_ARGS" in setup_py
+
+
 def run_setup(*args, env=None, prelude=""):
     """setup.py as pip runs it (metadata query), in a fresh interpreter."""
     code = (prelude + "import runpy, sys; sys.argv = ['setup.py', '--name']; "

@@ -6,7 +6,8 @@ fn(rank, size, *args) in each after torch.distributed.init_process_group,
 and returns every rank's result. Every wait is bounded: a world that does
 not finish within `timeout` seconds is killed and the test fails naming the
 ranks that were still running; a rank that raises fails the test with its
-traceback.
+traceback. The ranks see no GPU (CUDA_VISIBLE_DEVICES=""), also on a host
+that has some.
 """
 import datetime
 import faulthandler
@@ -79,8 +80,19 @@ def run_world(fn, size, *args, timeout=240, group_timeout=60, allow_errors=False
                                        backend),
                                  daemon=True)
                  for r in range(size)]
-    for p in processes:
-        p.start()
+    # These are CPU worlds: on a host with GPUs, a backend-less group or FSDP2
+    # would otherwise put every rank on cuda:0 (NCCL refuses two ranks on one
+    # device). The children take the environment at start.
+    shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        for p in processes:
+            p.start()
+    finally:
+        if shown is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = shown
     outcomes = {}
     deadline = time.monotonic() + timeout
     try:
