@@ -1,7 +1,9 @@
 #include "planner/balance_stats.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
+#include <vector>
 
 namespace knapformer {
 
@@ -23,25 +25,54 @@ BalanceStats ComputeBalanceStats(const std::vector<double>& workload) {
   return stats;
 }
 
+namespace {
+
+// Pigeonhole: when every bag of a replica has the same `gpus`, the k*bags + 1
+// heaviest sequences cannot go k to a bag, so some bag holds k + 1 of them,
+// at least the k + 1 lightest of them; its GPUs share that work (a sequence
+// never spans bags). `workloads` is sorted in descending order.
+double PigeonholeBound(const std::vector<double>& workloads, int32_t bags, int32_t gpus) {
+  double bound = 0;
+  const int64_t n = static_cast<int64_t>(workloads.size());
+  for (int64_t k = 1; k * bags + 1 <= n; ++k) {
+    double together = 0;
+    for (int64_t j = k * bags - k; j <= k * bags; ++j) together += workloads[j];
+    bound = std::max(bound, together / gpus);
+  }
+  return bound;
+}
+
+}  // namespace
+
 double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
                              const RankLengths& lengths, const RankMasks* masks) {
   const int32_t group = world.group_size();
   double total = 0;
   double bound = 0;
+  std::vector<double> workloads;
   for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
-    const int64_t gpus = world.replica_topology(replica).max_bag_gpus();
+    const Topology& topology = world.replica_topology(replica);
+    const int64_t gpus = topology.max_bag_gpus();
     double replica_total = 0;
+    workloads.clear();
     for (int32_t rank = replica * group; rank < (replica + 1) * group; ++rank) {
       for (size_t i = 0; i < lengths[rank].size(); ++i) {
         const int64_t length = lengths[rank][i];
         const AttentionMask* mask = MaskOf(masks, rank, i);
-        replica_total += cost.Workload(length, mask);
+        const double workload = cost.Workload(length, mask);
+        replica_total += workload;
+        if (length > 0) workloads.push_back(workload);
         const int64_t largest_chunk = (length + gpus - 1) / gpus;
         bound = std::max(bound, cost.Linear(largest_chunk) + cost.Attention(length, mask) / gpus);
       }
     }
     total += replica_total;
     bound = std::max(bound, replica_total / group);
+    if (topology.bags().front().gpus == gpus) {
+      std::sort(workloads.begin(), workloads.end(), std::greater<double>());
+      bound = std::max(bound, PigeonholeBound(workloads, topology.num_bags(),
+                                              static_cast<int32_t>(gpus)));
+    }
   }
   if (total == 0) return 1.0;
   return bound / (total / world.world_size());

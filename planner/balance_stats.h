@@ -25,7 +25,9 @@ BalanceStats ComputeBalanceStats(const std::vector<double>& workload);
 // A lower bound on max/mean that no plan on `world` can beat: the max is at
 // least the mean of the busiest replica, and at least what the heaviest
 // sequence puts on one GPU of the largest bag (ceil(l/G) tokens of linear work
-// plus 1/G of its attention).
+// plus 1/G of its attention), and, where every bag of a replica has G GPUs,
+// at least 1/G of the k + 1 lightest of its k * bags + 1 heaviest sequences
+// (some bag holds k + 1 of them: a sequence never spans bags).
 // `masks` (null or empty: all full) price the attention.
 double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
                              const RankLengths& lengths, const RankMasks* masks = nullptr);

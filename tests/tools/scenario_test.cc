@@ -205,7 +205,7 @@ TEST(ScenarioTest, LocalityMovesFewerTokensAtTheSameMaxOverMeanInEveryStep) {
 // the default planner (locality on), the plans made with the masks are, by
 // the GPUs' true work, better balanced than the mask-blind plan and the
 // token-count plan in every topology, and within 1% of the bound in every
-// fixed topology but two (below).
+// fixed topology but one (below).
 struct MaskedCell {
   const char* data;
   int64_t world;
@@ -214,22 +214,23 @@ struct MaskedCell {
   double over_bound;
 };
 
-// Video in one-GPU bags misses 1% (docs/planner.md, "Masked data
+// Video in 32 one-GPU bags misses 1% (docs/planner.md, "Masked data
 // streams"): the heaviest clip is 0.8-1.3 of a GPU's share and cannot be
-// split, so whether the bound can be reached there is open (a local search
-// that moves or swaps sequences between the busiest bag and any other
-// stopped at 1.028 / 1.016 on these steps; the planner reaches 1.0248 /
-// 1.0337). Those cells hold what the planner reaches today, so that a
-// regression shows. In two-GPU bags masked refinement's partners
+// split, and a GPU's share is about 2.5 clips. The planner tries MULTIFIT
+// there (planner/multifit.h), which brought g1n256 within 1% (1.0337 ->
+// 1.0072 on these steps, bound 1.0000) and g1n32 to 1.0218 (bound 1.0079,
+// the pigeonhole bound of planner/balance_stats.cc); whether g1n32's bound
+// can be reached is open. That cell holds what the planner reaches today,
+// so that a regression shows. In two-GPU bags masked refinement's partners
 // (planner/balancer.cc, kMaskedRefinePartners) bring video within 1%,
-// (1.0043 / 1.0037), where pairing the busiest bag with the idlest alone
-// stopped at 1.0118 / 1.0121. auto chooses layouts by predicted step time, communication
-// included, not by max/mean: its row is compared with the blind and token
-// plans but not with the bound.
+// where pairing the busiest bag with the idlest alone stopped at
+// 1.0118 / 1.0121. auto chooses layouts by predicted step time,
+// communication included, not by max/mean: its row is compared with the
+// blind and token plans but not with the bound.
 const MaskedCell kMaskedCells[] = {
-    {"video-blockcausal", 32, "g1n32", 1.04},    {"video-blockcausal", 32, "g2n16", 1.01},
+    {"video-blockcausal", 32, "g1n32", 1.015},    {"video-blockcausal", 32, "g2n16", 1.01},
     {"video-blockcausal", 32, "g4n8", 1.01},     {"video-blockcausal", 32, "g8n4", 1.01},
-    {"video-blockcausal", 256, "g1n256", 1.04},  {"video-blockcausal", 256, "g2n128", 1.01},
+    {"video-blockcausal", 256, "g1n256", 1.01},  {"video-blockcausal", 256, "g2n128", 1.01},
     {"video-blockcausal", 256, "g4n64", 1.01},   {"video-blockcausal", 256, "g8n32", 1.01},
     {"interleaved", 32, "g1n32", 1.01},          {"interleaved", 32, "g2n16", 1.01},
     {"interleaved", 32, "g4n8", 1.01},           {"interleaved", 32, "g8n4", 1.01},
