@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "planner/packing_bound.h"
+
 namespace knapformer {
 
 BalanceStats ComputeBalanceStats(const std::vector<double>& workload) {
@@ -24,25 +26,6 @@ BalanceStats ComputeBalanceStats(const std::vector<double>& workload) {
   stats.max_over_mean = stats.max / stats.mean;
   return stats;
 }
-
-namespace {
-
-// Pigeonhole: when every bag of a replica has the same `gpus`, the k*bags + 1
-// heaviest sequences cannot go k to a bag, so some bag holds k + 1 of them,
-// at least the k + 1 lightest of them; its GPUs share that work (a sequence
-// never spans bags). `workloads` is sorted in descending order.
-double PigeonholeBound(const std::vector<double>& workloads, int32_t bags, int32_t gpus) {
-  double bound = 0;
-  const int64_t n = static_cast<int64_t>(workloads.size());
-  for (int64_t k = 1; k * bags + 1 <= n; ++k) {
-    double together = 0;
-    for (int64_t j = k * bags - k; j <= k * bags; ++j) together += workloads[j];
-    bound = std::max(bound, together / gpus);
-  }
-  return bound;
-}
-
-}  // namespace
 
 double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
                              const RankLengths& lengths, const RankMasks* masks) {
@@ -70,8 +53,8 @@ double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
     bound = std::max(bound, replica_total / group);
     if (topology.bags().front().gpus == gpus) {
       std::sort(workloads.begin(), workloads.end(), std::greater<double>());
-      bound = std::max(bound, PigeonholeBound(workloads, topology.num_bags(),
-                                              static_cast<int32_t>(gpus)));
+      bound = UniformBagsLowerBound(workloads, topology.num_bags(),
+                                    static_cast<int32_t>(gpus), bound);
     }
   }
   if (total == 0) return 1.0;

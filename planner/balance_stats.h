@@ -26,8 +26,8 @@ BalanceStats ComputeBalanceStats(const std::vector<double>& workload);
 // least the mean of the busiest replica, and at least what the heaviest
 // sequence puts on one GPU of the largest bag (ceil(l/G) tokens of linear work
 // plus 1/G of its attention), and, where every bag of a replica has G GPUs,
-// at least 1/G of the k + 1 lightest of its k * bags + 1 heaviest sequences
-// (some bag holds k + 1 of them: a sequence never spans bags).
+// what packing its whole sequences into those bags needs (packing_bound.h:
+// pigeonhole and Martello-Toth L2).
 // `masks` (null or empty: all full) price the attention.
 double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
                              const RankLengths& lengths, const RankMasks* masks = nullptr);

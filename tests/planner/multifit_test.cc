@@ -2,14 +2,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
-#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "planner/balance_stats.h"
-#include "planner/cost_model.h"
-#include "planner/topology.h"
 
 namespace knapformer {
 namespace {
@@ -93,74 +88,6 @@ TEST(MultifitTest, RenumberingNeverCrossesBagSizes) {
   RenumberTowardHomes(gpus, length, home, bags, assigned);
   EXPECT_EQ(bags, (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(assigned, (std::vector<double>{100, 5}));
-}
-
-World MakeWorld(const std::string& spec, int64_t world_size) {
-  auto topology = Topology::Parse(spec);
-  EXPECT_TRUE(topology.ok()) << topology.status();
-  auto world = World::Create(*topology, world_size);
-  EXPECT_TRUE(world.ok()) << world.status();
-  return *world;
-}
-
-// The least max/mean of any placement of whole sequences on g1n3, by trying
-// every one.
-double BestMaxOverMean(const CostModel& cost, const RankLengths& lengths) {
-  std::vector<double> items;
-  for (const auto& rank : lengths) {
-    for (int64_t l : rank) items.push_back(cost.Workload(l));
-  }
-  double total = 0;
-  for (double w : items) total += w;
-  double best = 1e300;
-  std::vector<double> load(3, 0.0);
-  std::function<void(size_t)> place = [&](size_t k) {
-    if (k == items.size()) {
-      best = std::min(best, *std::max_element(load.begin(), load.end()));
-      return;
-    }
-    for (int b = 0; b < 3; ++b) {
-      load[b] += items[k];
-      place(k + 1);
-      load[b] -= items[k];
-    }
-  };
-  place(0);
-  return best / (total / 3);
-}
-
-TEST(LowerBoundTest, PigeonholeBoundIsTighterAndNeverAboveTheBestPlacement) {
-  const World world = MakeWorld("g1n3", 3);
-  const CostModel cost = *CostModel::Create(1, 0.0);  // workload = 24 * tokens
-  // Four equal sequences on three GPUs: two share one, 2 / (4/3) = 1.5, where
-  // the mean and the heaviest sequence alone say 1.
-  const RankLengths four = {{10, 10}, {10}, {10}};
-  EXPECT_DOUBLE_EQ(MaxOverMeanLowerBound(world, cost, four), 1.5);
-  EXPECT_DOUBLE_EQ(BestMaxOverMean(cost, four), 1.5);
-  // Random instances: the bound never exceeds the best placement.
-  uint64_t state = 12345;
-  auto next = [&]() {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    return static_cast<int64_t>((state >> 33) % 50) + 1;
-  };
-  int tighter = 0;
-  for (int trial = 0; trial < 300; ++trial) {
-    RankLengths lengths(3);
-    const int count = 2 + trial % 6;  // 2..7 sequences
-    for (int i = 0; i < count; ++i) lengths[i % 3].push_back(next());
-    const double bound = MaxOverMeanLowerBound(world, cost, lengths);
-    const double best = BestMaxOverMean(cost, lengths);
-    ASSERT_LE(bound, best * (1 + 1e-12)) << "trial " << trial;
-    double total = 0, heaviest = 0;
-    for (const auto& rank : lengths) {
-      for (int64_t l : rank) {
-        total += cost.Workload(l);
-        heaviest = std::max(heaviest, cost.Workload(l));
-      }
-    }
-    if (bound > std::max(total / 3, heaviest) / (total / 3) * (1 + 1e-9)) ++tighter;
-  }
-  EXPECT_GT(tighter, 30);  // the pigeonhole term decides often
 }
 
 }  // namespace
