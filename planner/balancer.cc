@@ -71,9 +71,11 @@ constexpr int32_t kMaskedRefinePartners = 32;
 // Capacities MULTIFIT tries under masks: the bisection's interval shrinks
 // 2^16-fold; 30 gave the same max/mean on the video stream.
 constexpr int32_t kMultifitRounds = 16;
-// Nor is it tried when the plan is within this share of the lower bound
-// (most layouts of the masked streams): it could gain no more, and costs
-// 15-25% more planning time there.
+// Nor is it tried when the plan is within this share of the simple lower
+// bound, the mean and the heaviest sequence per GPU (most layouts of the
+// masked streams): it could gain no more, and costs 15-25% more planning
+// time there. The packing terms of the published bound
+// (packing_bound.h) would cost more than MULTIFIT itself.
 constexpr double kMultifitMinGap = 1e-3;
 
 // Partners RepairToLimit tries per bag over the locality limit: enough to
@@ -393,8 +395,8 @@ absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
   // video in one-GPU bags), which the greedy leaves apart and pairwise
   // refinement cannot level: MULTIFIT (multifit.h), refined the same way, is
   // taken when it is strictly better. Video, 20 steps (tools/simulate):
-  // g1n256 max/mean 1.0337 -> 1.0117 (bound 1.0065), g1n32 1.0595 -> 1.0546
-  // (bound 1.0421), planning about twice as long there. Unmasked plans and
+  // g1n256 max/mean 1.0337 -> 1.0117 (bound 1.0075), g1n32 1.0595 -> 1.0545
+  // (bound 1.0458), planning about twice as long there. Unmasked plans and
   // plans under a token cap stay as they were.
   double lowest = target;  // no packing's maximum per GPU is below this
   if (masked && cap <= 0) {

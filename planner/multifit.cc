@@ -119,10 +119,12 @@ void RenumberTowardHomes(const std::vector<int32_t>& gpus, const std::vector<int
     renumbered[packed] = home;
     taken[home] = 1;
   }
-  // The rest in order, within their size (bags are sorted by size).
+  // The rest in order, within their size: each size's untaken bags match its
+  // packed bags without a number in count, and sizes come in ascending order.
   for (int32_t packed = 0, free = 0; packed < num_bags; ++packed) {
     if (renumbered[packed] >= 0) continue;
-    while (taken[free] || gpus[free] != gpus[packed]) ++free;
+    while (free < num_bags && (taken[free] || gpus[free] != gpus[packed])) ++free;
+    if (free == num_bags) return;  // `gpus` not ascending: leave the packing as it was
     renumbered[packed] = free;
     taken[free] = 1;
   }

@@ -24,6 +24,7 @@ bool Multifit(const std::vector<int32_t>& gpus, const std::vector<double>& workl
               double lo, double hi, int32_t rounds, std::vector<int32_t>& bags,
               std::vector<double>& assigned);
 
+// REQUIRES: `gpus` ascending (bags sorted by size, as topologies are).
 // Bags of one size are interchangeable in a packing: renumbers them within
 // each size so that a bag keeps the tokens of the sequences it is home to
 // (`home_bag[k]`), greedily, the pair (packed bag, home bag) with the most

@@ -3,18 +3,20 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 
 namespace knapformer {
 namespace {
 
 // The fewest bags of workload `capacity` the sequences need, by L2; more
 // than `bags` means that capacity is infeasible. `prefix[i]` is the sum of
-// the i heaviest. Rounding only ever lowers the count.
+// the i heaviest. The ceilings give 1e-9 of a bag away, so that rounding in
+// the sums (about 1e-16 relative) cannot add a bag that is not needed.
 int64_t BagsNeeded(const std::vector<double>& w, const std::vector<double>& prefix,
                    double capacity) {
   const int64_t n = static_cast<int64_t>(w.size());
   if (n == 0) return 0;
-  if (w[0] > capacity) return n + 1;  // more than any number of bags the caller has
+  if (w[0] > capacity) return std::numeric_limits<int64_t>::max();  // fits no bag
   auto ceil_down = [](double x) { return static_cast<int64_t>(std::ceil(x - 1e-9)); };
   // Counts of sequences above a threshold / at least a threshold (w is descending).
   // lower_bound finds the first workload not above t, upper_bound the first below it.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -88,6 +89,73 @@ TEST(MultifitTest, RenumberingNeverCrossesBagSizes) {
   RenumberTowardHomes(gpus, length, home, bags, assigned);
   EXPECT_EQ(bags, (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(assigned, (std::vector<double>{100, 5}));
+}
+
+TEST(MultifitTest, RenumberingSkipsTakenBagsWhenTwoWantTheSameHome) {
+  // Packed bags 0 and 1 both hold rank 2's tokens: bag 0 (more of them)
+  // gets number 2; bag 2 holds rank 0's and gets 0; bag 1 loses to bag 0
+  // and takes the number left, 1, past the taken 0.
+  const std::vector<int32_t> gpus = {1, 1, 1};
+  const std::vector<int64_t> length = {90, 40, 5};
+  const std::vector<int32_t> home = {2, 2, 0};
+  std::vector<int32_t> bags = {0, 1, 2};
+  std::vector<double> assigned = {90, 40, 5};
+  RenumberTowardHomes(gpus, length, home, bags, assigned);
+  EXPECT_EQ(bags, (std::vector<int32_t>{2, 1, 0}));
+  EXPECT_EQ(assigned, (std::vector<double>{5, 40, 90}));
+}
+
+TEST(MultifitTest, RandomPackingsAreCompleteAndWithinTheCapacityFound) {
+  uint64_t state = 99;
+  auto next = [&](int range) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<int32_t>((state >> 33) % range);
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    // Bags of 1, 2 and 4 GPUs, ascending; each sequence a random run of them.
+    std::vector<int32_t> gpus;
+    for (int32_t size : {1, 2, 4}) {
+      for (int32_t i = 1 + next(4); i > 0; --i) gpus.push_back(size);
+    }
+    const int32_t num_bags = static_cast<int32_t>(gpus.size());
+    std::vector<double> workload;
+    for (int i = 3 + next(40); i > 0; --i) workload.push_back(1 + next(1000));
+    std::sort(workload.begin(), workload.end(), std::greater<double>());
+    std::vector<int32_t> first(workload.size()), last(workload.size());
+    double total = 0;
+    for (size_t k = 0; k < workload.size(); ++k) {
+      first[k] = next(num_bags);
+      last[k] = first[k] + next(num_bags - first[k]);
+      total += workload[k];
+    }
+    std::vector<int32_t> bags;
+    std::vector<double> assigned;
+    if (!Multifit(gpus, workload, first, last, 0.0, total, 24, bags, assigned)) continue;
+    std::vector<double> sums(num_bags, 0.0);
+    for (size_t k = 0; k < workload.size(); ++k) {
+      ASSERT_GE(bags[k], first[k]) << "trial " << trial;
+      ASSERT_LE(bags[k], last[k]) << "trial " << trial;
+      sums[bags[k]] += workload[k];
+    }
+    for (int32_t b = 0; b < num_bags; ++b) ASSERT_DOUBLE_EQ(sums[b], assigned[b]);
+    // Renumbering keeps every load, moved whole to a bag of the same size.
+    std::vector<int32_t> home(workload.size());
+    std::vector<int64_t> length(workload.size());
+    for (size_t k = 0; k < workload.size(); ++k) {
+      home[k] = next(num_bags);
+      length[k] = 1 + next(100);
+    }
+    std::vector<int32_t> renumbered = bags;
+    std::vector<double> renumbered_assigned = assigned;
+    RenumberTowardHomes(gpus, length, home, renumbered, renumbered_assigned);
+    std::vector<int32_t> image(num_bags, -1);
+    for (size_t k = 0; k < workload.size(); ++k) {
+      ASSERT_EQ(gpus[renumbered[k]], gpus[bags[k]]);
+      if (image[bags[k]] < 0) image[bags[k]] = renumbered[k];
+      ASSERT_EQ(image[bags[k]], renumbered[k]);  // a packed bag moves whole
+      ASSERT_DOUBLE_EQ(renumbered_assigned[renumbered[k]], assigned[bags[k]]);
+    }
+  }
 }
 
 }  // namespace

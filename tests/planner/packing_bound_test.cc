@@ -50,18 +50,22 @@ TEST(PackingBoundTest, PigeonholeSeesTwoSequencesSharingABag) {
 }
 
 TEST(PackingBoundTest, L2SeesWhatNeitherTheMeanNorPigeonholeSees) {
-  // Three bags; 6, 6, 6 need a bag each, and 4, 4, 4 cannot all join them
-  // under 10 per bag... they can (6 + 4 = 10): the best is 10, the mean 10.
-  const std::vector<double> even = {6, 6, 6, 4, 4, 4};
-  EXPECT_DOUBLE_EQ(BestBusiest(even, 3), 10.0);
-  EXPECT_LE(UniformBagsLowerBound(even, 3, 1, 10.0), 10.0);
-  // 7, 7, 7 with 4, 4, 1: the mean is 10, pigeonhole (7 + 1) says 8, but a
-  // 7 and a 4 make 11 and three 4-or-more cannot join three 7s under 11.
+  // 7, 7, 7, 4, 4, 1 in three bags: the mean is 10 and pigeonhole (the
+  // third 7 with the 1) says 8. But every bag holds a 7 (two make 14), so a
+  // 4 joins a 7 somewhere: the best is 11.
   const std::vector<double> odd = {7, 7, 7, 4, 4, 1};
   EXPECT_DOUBLE_EQ(BestBusiest(odd, 3), 11.0);
   const double bound = UniformBagsLowerBound(odd, 3, 1, 10.0);
-  EXPECT_GT(bound, 10.5);
+  EXPECT_GT(bound, 10.5);  // L2 rules out every capacity below 11 it tries
   EXPECT_LE(bound, 11.0);
+}
+
+TEST(PackingBoundTest, EdgeCasesReturnWhatIsKnown) {
+  EXPECT_DOUBLE_EQ(UniformBagsLowerBound({}, 4, 1, 3.0), 3.0);
+  // More bags than sequences: each its own bag, the heaviest decides.
+  EXPECT_DOUBLE_EQ(UniformBagsLowerBound({9, 2}, 5, 1, 9.0), 9.0);
+  // A `known` below the heaviest sequence is raised to at least it.
+  EXPECT_GE(UniformBagsLowerBound({9, 2}, 5, 1, 1.0), 9.0 * (1 - 1e-9));
 }
 
 TEST(PackingBoundTest, NeverAboveTheBestPackingOfRandomSequences) {
@@ -84,6 +88,9 @@ TEST(PackingBoundTest, NeverAboveTheBestPackingOfRandomSequences) {
     const double best = BestBusiest(items, bags);
     ASSERT_LE(bound, best * (1 + 1e-12)) << "trial " << trial;
     ASSERT_GE(bound, known);
+    // Bags of two GPUs share their bag's work: the bound is per GPU.
+    ASSERT_LE(UniformBagsLowerBound(items, bags, 2, known / 2), best / 2 * (1 + 1e-12))
+        << "trial " << trial;
     if (bound > known * (1 + 1e-9)) ++above_mean;
   }
   EXPECT_GT(above_mean, 40);  // the packing terms decide often

@@ -152,7 +152,8 @@ def test_a_static_libstdcxx_stays_inside_the_extension(tmp_path):
     # A toolchain that links libstdc++ statically exports its symbols from
     # the extension, where they shadow the libstdc++.so of the libraries the
     # extension loads (prometheus-cpp crashed in them on a GPU machine).
-    assert _exported_ostream_double(tmp_path, [])  # the hazard is real here
+    if not _exported_ostream_double(tmp_path, []):
+        pytest.skip("this toolchain's static libstdc++ exports nothing to hide")
     assert not _exported_ostream_double(tmp_path, pip_configure.EXTENSION_LINK_ARGS)
     setup_py = open("setup.py", encoding="utf-8").read()
     assert "pip_configure.EXTENSION_LINK_ARGS" in setup_py
