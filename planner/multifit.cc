@@ -1,8 +1,8 @@
 #include "planner/multifit.h"
 
 #include <algorithm>
-#include <tuple>
 #include <limits>
+#include <tuple>
 
 namespace knapformer {
 namespace {
