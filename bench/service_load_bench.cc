@@ -336,8 +336,14 @@ class ServerProcess {
       return false;
     }
     if (pid == 0) {
-      close(port_pipe[0]);
-      close(stop_pipe[1]);
+      // Only this child's own pipe ends: a child that kept an earlier
+      // child's stop pipe open kept that child from ever seeing EOF, so
+      // every server child but the last was killed after kChildExitWaitMs.
+      const int keep_low = std::min(port_pipe[1], stop_pipe[0]);
+      const int keep_high = std::max(port_pipe[1], stop_pipe[0]);
+      close_range(3, keep_low - 1, 0);
+      close_range(keep_low + 1, keep_high - 1, 0);
+      close_range(keep_high + 1, ~0U, 0);
       RunServerChild(kind_, parent, port_pipe[1], stop_pipe[0]);
     }
     pid_ = pid;

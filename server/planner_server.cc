@@ -1,8 +1,16 @@
 #include "server/planner_server.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <exception>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +23,10 @@
 
 namespace knapformer {
 namespace {
+
+// After the last answer is handed to gRPC, how long it gets to be written
+// before the server cancels what is left (health Watch streams).
+constexpr absl::Duration kAnswerFlush = absl::Milliseconds(100);
 
 absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -63,6 +75,35 @@ std::string HostOf(const std::string& address) {
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
+// Where to connect to reach a listener bound to `host` ("0.0.0.0" and "[::]"
+// listen on loopback too).
+std::string WakeHost(const std::string& host) {
+  if (host.empty() || host == "0.0.0.0" || host == "*") return "127.0.0.1";
+  if (host == "[::]" || host == "::") return "::1";
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    return host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+// Opens a TCP connection to host:port and closes it; errors are ignored (the
+// listener may be gone already).
+void WakeListener(const std::string& host, int port) {
+  addrinfo hints = {};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    close(fd);
+    if (connected) break;
+  }
+  freeaddrinfo(found);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
@@ -105,6 +146,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     server->exposer_->RegisterCollectable(server->service_->metrics().gauges());
     const std::vector<int> ports = server->exposer_->GetListeningPorts();
     server->metrics_port_ = ports.empty() ? 0 : ports[0];
+    server->metrics_wake_host_ = WakeHost(HostOf(options.metrics_address));
   }
   Log(LogLevel::kInfo,
       absl::StrCat("planner serving on ", server->address(),
@@ -124,12 +166,36 @@ void PlannerServer::Shutdown(absl::Duration grace) {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
+  const absl::Time deadline = absl::Now() + grace;
   server_->GetHealthCheckService()->Shutdown();
-  service_->Drain();
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  service_->Drain();  // from here new steps are refused with UNAVAILABLE
+  const bool answered = service_->WaitForAnswers(deadline);
+  // What is left are answers on their way out and health Watch streams,
+  // which never end by themselves: given the whole grace, one open watch
+  // (a load balancer's, a probe's) held every stop for all of it.
+  server_->Shutdown(absl::ToChronoTime(answered ? std::min(deadline, absl::Now() + kAnswerFlush)
+                                                : absl::Now()));
   server_->Wait();
-  exposer_.reset();
+  StopMetrics();
   Log(LogLevel::kInfo, "planner stopped");
+}
+
+void PlannerServer::StopMetrics() {
+  if (exposer_ == nullptr) return;
+  // civetweb's accept loop looks at its stop flag only between polls of its
+  // listening socket, which wait up to 2 s (SOCKET_TIMEOUT_QUANTUM): the
+  // stop alone took ~2 s. A connection ends the poll; it is closed at once,
+  // so a worker that takes it sees EOF.
+  std::atomic<bool> stopped{false};
+  std::thread stopper([this, &stopped] {
+    exposer_.reset();
+    stopped = true;
+  });
+  while (!stopped) {
+    WakeListener(metrics_wake_host_, metrics_port_);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  stopper.join();
 }
 
 }  // namespace knapformer

@@ -59,19 +59,24 @@ class PlannerServer {
   // "host:port" of the gRPC listener, with the bound port.
   std::string address() const;
 
-  // Marks health NOT_SERVING, fails waiting ranks with UNAVAILABLE, stops
-  // accepting calls, and waits up to `grace` for answers being sent (then
-  // cancels them). Idempotent; returns when the server has stopped.
+  // Marks health NOT_SERVING, fails waiting ranks with UNAVAILABLE and
+  // refuses new steps with UNAVAILABLE, waits up to `grace` for the steps
+  // being solved to be answered, then stops at once: open channels and
+  // health Watch streams do not hold it (they are cancelled), so with
+  // nothing in flight it returns within a few hundred milliseconds.
+  // Idempotent; returns when the server has stopped.
   void Shutdown(absl::Duration grace = absl::Seconds(5));
 
   PlannerService& service() { return *service_; }
 
  private:
   PlannerServer() = default;
+  void StopMetrics();
 
   std::string host_;
   int port_ = 0;
   int metrics_port_ = 0;
+  std::string metrics_wake_host_;  // where StopMetrics connects to wake civetweb
   std::unique_ptr<PlannerService> service_;  // outlives server_
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;

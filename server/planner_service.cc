@@ -64,7 +64,9 @@ class PlannerService::PlanCall final : public grpc::ServerUnaryReactor, public P
     if (!status.ok() && LogEnabled(LogLevel::kDebug)) {
       Log(LogLevel::kDebug, absl::StrCat("Plan: ", status.ToString()));
     }
+    PlannerService* const service = service_;  // OnDone may delete this once finished
     Finish(ToGrpcStatus(status));
+    service->CallAnswered();
   }
 
   void OnCancel() override {
@@ -103,6 +105,7 @@ PlannerService::~PlannerService() {
 grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*context*/,
                                                const v1::PlanRequest* request,
                                                v1::PlanResponse* response) {
+  CallArrived();
   auto* call = new PlanCall(this, request, response);
   auto checked = CheckPlanRequest(*request, options_.limits, &worlds_);
   if (!checked.ok()) {
@@ -228,11 +231,13 @@ void PlannerService::AnswerRange(std::shared_ptr<const knapformer::Plan> plan,
 grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext* context,
                                                     const v1::PlanGroupRequest* request,
                                                     v1::PlanGroupResponse* response) {
+  CallArrived();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto finish = [this, reactor, request](const absl::Status& status) {
     metrics_.CountRequest(JobLabel(request->spec().job_id()), "PlanGroup", status.code(),
                           absl::Now());
     reactor->Finish(ToGrpcStatus(status));
+    CallAnswered();
   };
   auto checked = CheckPlanGroupRequest(*request, options_.limits, &worlds_);
   absl::Status status = checked.status();
@@ -292,6 +297,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* PlannerService::GetJob(grpc::CallbackServerContext* context,
                                                  const v1::GetJobRequest* request,
                                                  v1::JobState* response) {
+  CallArrived();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto answer = [this, reactor, request, response] {
     absl::StatusOr<v1::JobState> state = rendezvous_.GetJob(request->job_id(), absl::Now());
@@ -299,6 +305,7 @@ grpc::ServerUnaryReactor* PlannerService::GetJob(grpc::CallbackServerContext* co
     metrics_.CountRequest(JobLabel(request->job_id()), "GetJob", state.status().code(),
                           absl::Now());
     reactor->Finish(ToGrpcStatus(state.status()));
+    CallAnswered();
   };
   if (options_.answer_delay) {
     ScheduleAnswer(std::move(answer));
@@ -324,6 +331,24 @@ void PlannerService::SolveNowOrSchedule(int64_t sequences, std::function<void()>
   } else {
     ScheduleAnswer(std::move(task));
   }
+}
+
+void PlannerService::CallArrived() {
+  absl::MutexLock lock(&calls_mu_);
+  ++unanswered_calls_;
+}
+
+void PlannerService::CallAnswered() {
+  absl::MutexLock lock(&calls_mu_);
+  --unanswered_calls_;
+}
+
+bool PlannerService::AllAnswered() const { return unanswered_calls_ == 0; }
+
+bool PlannerService::WaitForAnswers(absl::Time deadline) {
+  absl::MutexLock lock(&calls_mu_);
+  return calls_mu_.AwaitWithDeadline(absl::Condition(this, &PlannerService::AllAnswered),
+                                     deadline);
 }
 
 void PlannerService::Drain() {

@@ -64,6 +64,12 @@ class PlannerService final : public v1::Planner::CallbackService {
   // Steps already being solved are still answered.
   void Drain();
 
+  // Waits until every Plan, PlanGroup and GetJob call has been answered
+  // (its status handed to gRPC), or until `deadline`; true when none is
+  // left unanswered. After Drain() no new call waits in a rendezvous, so
+  // this ends once the steps being solved are answered.
+  bool WaitForAnswers(absl::Time deadline);
+
   ServiceMetrics& metrics() { return metrics_; }
   const Rendezvous& rendezvous() const { return rendezvous_; }
 
@@ -89,6 +95,11 @@ class PlannerService final : public v1::Planner::CallbackService {
   // is injected; else as ScheduleAnswer does.
   void SolveNowOrSchedule(int64_t sequences, std::function<void()> task);
 
+  // Counts a call from its arrival until its answer (WaitForAnswers).
+  void CallArrived();
+  void CallAnswered();
+  bool AllAnswered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_);
+
   const ServiceOptions options_;
   ArenaMessageAllocator<v1::PlanRequest, v1::PlanResponse> plan_messages_;
   ArenaMessageAllocator<v1::PlanGroupRequest, v1::PlanGroupResponse> plan_group_messages_;
@@ -96,6 +107,9 @@ class PlannerService final : public v1::Planner::CallbackService {
   Rendezvous rendezvous_;
   ServiceMetrics metrics_;
   ThreadPool pool_;
+
+  absl::Mutex calls_mu_;
+  int64_t unanswered_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;
 
   absl::Mutex reaper_mu_;
   bool stop_reaper_ ABSL_GUARDED_BY(reaper_mu_) = false;

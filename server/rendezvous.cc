@@ -551,6 +551,11 @@ int32_t Rendezvous::pending_steps() const {
   return pending_steps_;
 }
 
+bool Rendezvous::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
 int32_t Rendezvous::jobs() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int32_t>(jobs_.size());

@@ -104,6 +104,7 @@ class Rendezvous {
 
   // Takes out every pending call; later arrivals get Unavailable.
   std::vector<PendingCall*> Close();
+  bool closed() const;
 
   // Creates the job and group if needed, for a PlanGroup request (which has
   // no rendezvous). ResourceExhausted past max_jobs (when every job has a

@@ -189,6 +189,38 @@ TEST(ServeProcessTest, SigtermFailsWaitingRanksWithUnavailableAndExitsZero) {
   EXPECT_THAT(serve.log(), HasSubstr("failing 1 waiting calls with UNAVAILABLE"));
 }
 
+// Issue 37: trainer ranks and load balancers keep channels and health
+// Watch streams open; a planner with nothing in flight exits within a
+// second of SIGTERM all the same (it took the whole 5 s grace with a watch
+// open, and 2 s more for the metrics endpoint).
+TEST(ServeProcessTest, SigtermExitsWithinASecondWithAnIdleChannelAndAHealthWatch) {
+  ServeProcess serve({"--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"});
+  ASSERT_TRUE(serve.WaitServing()) << serve.log();
+  auto channel = LocalChannel(serve.port());
+  auto stub = v1::Planner::NewStub(channel);
+  StepParams params;
+  params.job_id = "idle";
+  params.topology = "g1n2";
+  for (const PlanResult& r : PlanConcurrently(stub.get(), MakeGroupRequests(params, {{1}, {2}}))) {
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext watch_context;
+  watch_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  auto watch = health->Watch(&watch_context, grpc::health::v1::HealthCheckRequest());
+  grpc::health::v1::HealthCheckResponse update;
+  ASSERT_TRUE(watch->Read(&update));
+  const absl::Time start = absl::Now();
+  serve.Signal(SIGTERM);
+  ASSERT_TRUE(serve.WaitExit(absl::Seconds(10))) << serve.log();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(serve.exit_code(), 0) << serve.log();
+  EXPECT_LT(took, absl::Seconds(1)) << serve.log();
+  while (watch->Read(&update)) {
+  }
+  EXPECT_FALSE(watch->Finish().ok());
+}
+
 TEST(ServeProcessTest, BadFlagsExitTwoNamingTheFlag) {
   struct Case {
     std::vector<std::string> flags;

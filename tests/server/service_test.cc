@@ -7,9 +7,11 @@
 #include <cstdlib>
 #include <map>
 #include <random>
+#include <thread>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -588,6 +590,111 @@ TEST(ServiceTest, ShutdownFailsWaitingRanksWithUnavailableAndARestartServesAgain
   for (const PlanResult& result : results) {
     EXPECT_TRUE(result.status.ok()) << result.status.error_message();
   }
+}
+
+// Issue 37: a stop with nothing in flight is prompt whatever is connected.
+// An idle channel, and a health Watch stream (as load balancers and probes
+// hold), held the stop for the whole grace (5 s); the metrics endpoint's
+// own stop took 2 s.
+TEST(ServiceTest, ShutdownIsPromptWithAnIdleChannelAHealthWatchAndMetrics) {
+  PlannerServerOptions options = TestOptions();
+  options.metrics_address = "127.0.0.1:0";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  const int metrics_port = server->metrics_port();
+  ASSERT_GT(metrics_port, 0);
+  auto channel = LocalChannel(server->port());
+  auto stub = v1::Planner::NewStub(channel);
+  {  // One call, so that the channel is connected; then it stays idle.
+    StepParams params;
+    params.topology = "g1n2";
+    for (const PlanResult& r : PlanConcurrently(stub.get(), MakeGroupRequests(params, {{1}, {2}}))) {
+      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    }
+  }
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext watch_context;
+  watch_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  grpc::health::v1::HealthCheckRequest watched;  // "": the whole server
+  auto watch = health->Watch(&watch_context, watched);
+  grpc::health::v1::HealthCheckResponse update;
+  ASSERT_TRUE(watch->Read(&update));
+  EXPECT_EQ(update.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  const absl::Time start = absl::Now();
+  server->Shutdown(absl::Seconds(5));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  while (watch->Read(&update)) {
+  }
+  EXPECT_FALSE(watch->Finish().ok());  // ended by the stop, not by its deadline
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_FALSE(testing_util::HttpGet(metrics_port, "/metrics").ok());  // the endpoint is gone
+}
+
+// A step being answered when the stop begins is answered (within the
+// grace), and the stop waits for it; a step asked for once the planner is
+// draining is refused with UNAVAILABLE.
+TEST(ServiceTest, ShutdownAnswersTheStepInFlightAndRefusesNewOnes) {
+  PlannerServerOptions options = TestOptions();
+  auto scheduled = std::make_shared<absl::Notification>();
+  auto notified = std::make_shared<std::atomic<bool>>(false);
+  options.service.answer_delay = [scheduled, notified] {
+    if (!notified->exchange(true)) scheduled->Notify();
+    return absl::Milliseconds(800);
+  };
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.job_id = "in-flight";
+  params.topology = "g1n2";
+  auto group_request = [&](uint64_t step) {
+    params.step = step;
+    v1::PlanGroupRequest request;
+    *request.mutable_spec() = MakeRequest(params, 2, 0, {}).spec();
+    for (int r = 0; r < 2; ++r) request.add_ranks()->add_sequence_lengths(10 + r);
+    return request;
+  };
+  const v1::PlanGroupRequest in_flight = group_request(0);
+  v1::PlanGroupResponse in_flight_response;
+  grpc::ClientContext in_flight_context;
+  in_flight_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  absl::Notification in_flight_done;
+  grpc::Status in_flight_status;
+  stub->async()->PlanGroup(&in_flight_context, &in_flight, &in_flight_response,
+                           [&](grpc::Status status) {
+                             in_flight_status = std::move(status);
+                             in_flight_done.Notify();
+                           });
+  ASSERT_TRUE(scheduled->WaitForNotificationWithTimeout(absl::Seconds(10)))
+      << (in_flight_done.HasBeenNotified() ? in_flight_status.error_message() : "no answer");
+
+  const absl::Time start = absl::Now();
+  absl::Duration took;
+  std::thread stopper([&] {
+    server->Shutdown(absl::Seconds(5));
+    took = absl::Now() - start;
+  });
+  for (const absl::Time limit = absl::Now() + absl::Seconds(10);
+       !server->service().rendezvous().closed() && absl::Now() < limit;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_TRUE(server->service().rendezvous().closed());
+  {
+    const v1::PlanGroupRequest late = group_request(1);
+    v1::PlanGroupResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    const grpc::Status status = stub->PlanGroup(&context, late, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(status.error_message(), HasSubstr("shutting down"));
+  }
+  ASSERT_TRUE(in_flight_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(in_flight_status.ok()) << in_flight_status.error_message();
+  EXPECT_EQ(in_flight_response.step(), 0u);
+  stopper.join();
+  EXPECT_GE(took, absl::Milliseconds(500));  // it waited for the answer
+  EXPECT_LT(took, absl::Seconds(3));
 }
 
 TEST(ServiceTest, ManyStepsTimeoutsAndCancellationsLeaveNothingBehind) {
