@@ -255,6 +255,21 @@ absl::StatusOr<ChildServer> StartChildServer(ServerKind kind) {
   return child;
 }
 
+// Closes every descriptor above stderr but `a` and `b`: close_range where
+// the kernel has it (5.9+), else one by one.
+void CloseAllFdsBut(int a, int b) {
+  const int low = std::min(a, b);
+  const int high = std::max(a, b);
+  const bool ranged = (low <= 3 || close_range(3, low - 1, 0) == 0) &&
+                      (high <= low + 1 || close_range(low + 1, high - 1, 0) == 0) &&
+                      close_range(high + 1, ~0U, 0) == 0;
+  if (ranged) return;
+  const long most = std::min(sysconf(_SC_OPEN_MAX), 1L << 20);
+  for (int fd = 3; fd < most; ++fd) {
+    if (fd != a && fd != b) close(fd);
+  }
+}
+
 // Runs in the child, which has no threads yet. Never returns.
 [[noreturn]] void RunServerChild(ServerKind kind, pid_t parent, int port_fd, int stop_fd) {
   // SIGTERM is taken through a signalfd, so it is blocked before the server
@@ -339,11 +354,7 @@ class ServerProcess {
       // Only this child's own pipe ends: a child that kept an earlier
       // child's stop pipe open kept that child from ever seeing EOF, so
       // every server child but the last was killed after kChildExitWaitMs.
-      const int keep_low = std::min(port_pipe[1], stop_pipe[0]);
-      const int keep_high = std::max(port_pipe[1], stop_pipe[0]);
-      close_range(3, keep_low - 1, 0);
-      close_range(keep_low + 1, keep_high - 1, 0);
-      close_range(keep_high + 1, ~0U, 0);
+      CloseAllFdsBut(port_pipe[1], stop_pipe[0]);
       RunServerChild(kind_, parent, port_pipe[1], stop_pipe[0]);
     }
     pid_ = pid;

@@ -4,7 +4,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <fstream>
@@ -23,10 +22,6 @@
 
 namespace knapformer {
 namespace {
-
-// After the last answer is handed to gRPC, how long it gets to be written
-// before the server cancels what is left (health Watch streams).
-constexpr absl::Duration kAnswerFlush = absl::Milliseconds(100);
 
 absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -75,23 +70,35 @@ std::string HostOf(const std::string& address) {
   return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
-// Where to connect to reach a listener bound to `host` ("0.0.0.0" and "[::]"
-// listen on loopback too).
-std::string WakeHost(const std::string& host) {
+// The numeric address to connect to for reaching a listener bound to
+// `address` ("host:port", or a bare port: every interface), resolved once
+// here; empty if it does not resolve (the stop then waits out civetweb's
+// poll).
+std::string WakeHost(const std::string& address) {
+  std::string host = address.find(':') == std::string::npos ? "" : HostOf(address);
   if (host.empty() || host == "0.0.0.0" || host == "*") return "127.0.0.1";
   if (host == "[::]" || host == "::") return "::1";
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    return host.substr(1, host.size() - 2);
+    host = host.substr(1, host.size() - 2);
   }
-  return host;
-}
-
-// Opens a TCP connection to host:port and closes it; errors are ignored (the
-// listener may be gone already).
-void WakeListener(const std::string& host, int port) {
   addrinfo hints = {};
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return "";
+  char numeric[NI_MAXHOST];
+  const bool named = getnameinfo(found->ai_addr, found->ai_addrlen, numeric, sizeof(numeric),
+                                 nullptr, 0, NI_NUMERICHOST) == 0;
+  freeaddrinfo(found);
+  return named ? numeric : "";
+}
+
+// Opens a TCP connection to a numeric host:port and closes it; errors are
+// ignored (the listener may be gone already).
+void WakeListener(const std::string& host, int port) {
+  if (host.empty() || port <= 0) return;
+  addrinfo hints = {};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
   addrinfo* found = nullptr;
   if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
@@ -146,7 +153,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     server->exposer_->RegisterCollectable(server->service_->metrics().gauges());
     const std::vector<int> ports = server->exposer_->GetListeningPorts();
     server->metrics_port_ = ports.empty() ? 0 : ports[0];
-    server->metrics_wake_host_ = WakeHost(HostOf(options.metrics_address));
+    server->metrics_wake_host_ = WakeHost(options.metrics_address);
   }
   Log(LogLevel::kInfo,
       absl::StrCat("planner serving on ", server->address(),
@@ -169,12 +176,13 @@ void PlannerServer::Shutdown(absl::Duration grace) {
   const absl::Time deadline = absl::Now() + grace;
   server_->GetHealthCheckService()->Shutdown();
   service_->Drain();  // from here new steps are refused with UNAVAILABLE
-  const bool answered = service_->WaitForAnswers(deadline);
-  // What is left are answers on their way out and health Watch streams,
-  // which never end by themselves: given the whole grace, one open watch
-  // (a load balancer's, a probe's) held every stop for all of it.
-  server_->Shutdown(absl::ToChronoTime(answered ? std::min(deadline, absl::Now() + kAnswerFlush)
-                                                : absl::Now()));
+  service_->WaitForAnswers(deadline);
+  // What is left are health Watch streams, which never end by themselves
+  // (given the whole grace, one open watch, a load balancer's or a probe's,
+  // held every stop for all of it), and steps still being solved past the
+  // grace: gRPC cancels them all now. Wait() still waits for a solve that is
+  // under way to answer its cancelled call; a solve is never interrupted.
+  server_->Shutdown(absl::ToChronoTime(absl::Now()));
   server_->Wait();
   StopMetrics();
   Log(LogLevel::kInfo, "planner stopped");

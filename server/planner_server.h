@@ -60,11 +60,13 @@ class PlannerServer {
   std::string address() const;
 
   // Marks health NOT_SERVING, fails waiting ranks with UNAVAILABLE and
-  // refuses new steps with UNAVAILABLE, waits up to `grace` for the steps
-  // being solved to be answered, then stops at once: open channels and
-  // health Watch streams do not hold it (they are cancelled), so with
-  // nothing in flight it returns within a few hundred milliseconds.
-  // Idempotent; returns when the server has stopped.
+  // refuses new steps with UNAVAILABLE, waits up to `grace` for the calls
+  // in flight to be answered and their answers sent, then cancels what is
+  // left: open channels and health Watch streams do not hold it, so with
+  // nothing in flight it returns within milliseconds. A solve under way
+  // past the grace is not interrupted: the stop waits for it to answer its
+  // cancelled call. Idempotent; returns when the server has stopped. Not
+  // from a gRPC callback thread (it waits for every callback to end).
   void Shutdown(absl::Duration grace = absl::Seconds(5));
 
   PlannerService& service() { return *service_; }

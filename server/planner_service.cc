@@ -64,9 +64,7 @@ class PlannerService::PlanCall final : public grpc::ServerUnaryReactor, public P
     if (!status.ok() && LogEnabled(LogLevel::kDebug)) {
       Log(LogLevel::kDebug, absl::StrCat("Plan: ", status.ToString()));
     }
-    PlannerService* const service = service_;  // OnDone may delete this once finished
     Finish(ToGrpcStatus(status));
-    service->CallAnswered();
   }
 
   void OnCancel() override {
@@ -76,12 +74,31 @@ class PlannerService::PlanCall final : public grpc::ServerUnaryReactor, public P
     }
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->CallAnswered();
+    delete this;
+  }
 
  private:
   PlannerService* const service_;
   const v1::PlanRequest* const request_;
   v1::PlanResponse* const response_;
+};
+
+// A unary reactor that tells the service when gRPC is done with its call
+// (the answer sent, or the call cancelled), for WaitForAnswers.
+class PlannerService::CountedReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit CountedReactor(PlannerService* service) : service_(service) {
+    service_->CallArrived();
+  }
+  void OnDone() override {
+    service_->CallAnswered();
+    delete this;
+  }
+
+ private:
+  PlannerService* const service_;
 };
 
 PlannerService::PlannerService(const ServiceOptions& options)
@@ -228,16 +245,14 @@ void PlannerService::AnswerRange(std::shared_ptr<const knapformer::Plan> plan,
   }
 }
 
-grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext* context,
+grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext* /*context*/,
                                                     const v1::PlanGroupRequest* request,
                                                     v1::PlanGroupResponse* response) {
-  CallArrived();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::ServerUnaryReactor* reactor = new CountedReactor(this);
   auto finish = [this, reactor, request](const absl::Status& status) {
     metrics_.CountRequest(JobLabel(request->spec().job_id()), "PlanGroup", status.code(),
                           absl::Now());
     reactor->Finish(ToGrpcStatus(status));
-    CallAnswered();
   };
   auto checked = CheckPlanGroupRequest(*request, options_.limits, &worlds_);
   absl::Status status = checked.status();
@@ -294,18 +309,16 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
   return reactor;
 }
 
-grpc::ServerUnaryReactor* PlannerService::GetJob(grpc::CallbackServerContext* context,
+grpc::ServerUnaryReactor* PlannerService::GetJob(grpc::CallbackServerContext* /*context*/,
                                                  const v1::GetJobRequest* request,
                                                  v1::JobState* response) {
-  CallArrived();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::ServerUnaryReactor* reactor = new CountedReactor(this);
   auto answer = [this, reactor, request, response] {
     absl::StatusOr<v1::JobState> state = rendezvous_.GetJob(request->job_id(), absl::Now());
     if (state.ok()) *response = *std::move(state);
     metrics_.CountRequest(JobLabel(request->job_id()), "GetJob", state.status().code(),
                           absl::Now());
     reactor->Finish(ToGrpcStatus(state.status()));
-    CallAnswered();
   };
   if (options_.answer_delay) {
     ScheduleAnswer(std::move(answer));

@@ -64,10 +64,10 @@ class PlannerService final : public v1::Planner::CallbackService {
   // Steps already being solved are still answered.
   void Drain();
 
-  // Waits until every Plan, PlanGroup and GetJob call has been answered
-  // (its status handed to gRPC), or until `deadline`; true when none is
-  // left unanswered. After Drain() no new call waits in a rendezvous, so
-  // this ends once the steps being solved are answered.
+  // Waits until every Plan, PlanGroup and GetJob call is done (answered and
+  // its answer sent, or cancelled: gRPC's OnDone), or until `deadline`;
+  // true when none is left. After Drain() no new step waits in a
+  // rendezvous, so this ends once the steps being solved are answered.
   bool WaitForAnswers(absl::Time deadline);
 
   ServiceMetrics& metrics() { return metrics_; }
@@ -95,7 +95,9 @@ class PlannerService final : public v1::Planner::CallbackService {
   // is injected; else as ScheduleAnswer does.
   void SolveNowOrSchedule(int64_t sequences, std::function<void()> task);
 
-  // Counts a call from its arrival until its answer (WaitForAnswers).
+  class CountedReactor;
+
+  // Counts a call from its arrival until gRPC is done with it (WaitForAnswers).
   void CallArrived();
   void CallAnswered();
   bool AllAnswered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_);
@@ -104,12 +106,12 @@ class PlannerService final : public v1::Planner::CallbackService {
   ArenaMessageAllocator<v1::PlanRequest, v1::PlanResponse> plan_messages_;
   ArenaMessageAllocator<v1::PlanGroupRequest, v1::PlanGroupResponse> plan_group_messages_;
   WorldCache worlds_;
+  // Before pool_: its threads may still finish calls while it is joined.
+  absl::Mutex calls_mu_;
+  int64_t unanswered_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;
   Rendezvous rendezvous_;
   ServiceMetrics metrics_;
   ThreadPool pool_;
-
-  absl::Mutex calls_mu_;
-  int64_t unanswered_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;
 
   absl::Mutex reaper_mu_;
   bool stop_reaper_ ABSL_GUARDED_BY(reaper_mu_) = false;

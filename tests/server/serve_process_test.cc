@@ -190,10 +190,10 @@ TEST(ServeProcessTest, SigtermFailsWaitingRanksWithUnavailableAndExitsZero) {
 }
 
 // Issue 37: trainer ranks and load balancers keep channels and health
-// Watch streams open; a planner with nothing in flight exits within a
-// second of SIGTERM all the same (it took the whole 5 s grace with a watch
-// open, and 2 s more for the metrics endpoint).
-TEST(ServeProcessTest, SigtermExitsWithinASecondWithAnIdleChannelAndAHealthWatch) {
+// Watch streams open; a planner with nothing in flight exits promptly on
+// SIGTERM all the same (it took the whole 5 s grace with a watch open, and
+// 2 s more for the metrics endpoint).
+TEST(ServeProcessTest, SigtermExitsPromptlyWithAnIdleChannelAHealthWatchAndMetrics) {
   ServeProcess serve({"--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"});
   ASSERT_TRUE(serve.WaitServing()) << serve.log();
   auto channel = LocalChannel(serve.port());
@@ -215,7 +215,9 @@ TEST(ServeProcessTest, SigtermExitsWithinASecondWithAnIdleChannelAndAHealthWatch
   ASSERT_TRUE(serve.WaitExit(absl::Seconds(10))) << serve.log();
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(serve.exit_code(), 0) << serve.log();
-  EXPECT_LT(took, absl::Seconds(1)) << serve.log();
+  // Measured 32 ms; the bound leaves room for process teardown under the
+  // sanitizers on a loaded machine and still fails the old 5-7 s.
+  EXPECT_LT(took, absl::Seconds(2)) << serve.log();
   while (watch->Read(&update)) {
   }
   EXPECT_FALSE(watch->Finish().ok());
