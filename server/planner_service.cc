@@ -38,13 +38,30 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
+// A unary reactor that counts its call from arrival until gRPC is done with
+// it (the answer sent, or the call cancelled), for WaitForAnswers, and then
+// deletes itself. Every call's reactor is one.
+class PlannerService::CountedReactor : public grpc::ServerUnaryReactor {
+ public:
+  explicit CountedReactor(PlannerService* service) : service_(service) {
+    service_->CallArrived();
+  }
+  void OnDone() override {
+    service_->CallAnswered();
+    delete this;
+  }
+
+ private:
+  PlannerService* const service_;
+};
+
 // One rank's Plan call. Answered exactly once: by the fan-out of its solved
 // step, with the error of its step (timeout, drain), or at once when refused.
-// Deletes itself when gRPC is done with it.
-class PlannerService::PlanCall final : public grpc::ServerUnaryReactor, public PendingCall {
+// Deletes itself when gRPC is done with it (CountedReactor).
+class PlannerService::PlanCall final : public CountedReactor, public PendingCall {
  public:
   PlanCall(PlannerService* service, const v1::PlanRequest* request, v1::PlanResponse* response)
-      : service_(service), request_(request), response_(response) {}
+      : CountedReactor(service), service_(service), request_(request), response_(response) {}
 
   const v1::PlanRequest& request() const override { return *request_; }
 
@@ -74,31 +91,10 @@ class PlannerService::PlanCall final : public grpc::ServerUnaryReactor, public P
     }
   }
 
-  void OnDone() override {
-    service_->CallAnswered();
-    delete this;
-  }
-
  private:
   PlannerService* const service_;
   const v1::PlanRequest* const request_;
   v1::PlanResponse* const response_;
-};
-
-// A unary reactor that tells the service when gRPC is done with its call
-// (the answer sent, or the call cancelled), for WaitForAnswers.
-class PlannerService::CountedReactor final : public grpc::ServerUnaryReactor {
- public:
-  explicit CountedReactor(PlannerService* service) : service_(service) {
-    service_->CallArrived();
-  }
-  void OnDone() override {
-    service_->CallAnswered();
-    delete this;
-  }
-
- private:
-  PlannerService* const service_;
 };
 
 PlannerService::PlannerService(const ServiceOptions& options)
@@ -122,7 +118,6 @@ PlannerService::~PlannerService() {
 grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*context*/,
                                                const v1::PlanRequest* request,
                                                v1::PlanResponse* response) {
-  CallArrived();
   auto* call = new PlanCall(this, request, response);
   auto checked = CheckPlanRequest(*request, options_.limits, &worlds_);
   if (!checked.ok()) {
