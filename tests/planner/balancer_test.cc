@@ -8,21 +8,15 @@
 #include "gtest/gtest.h"
 #include "planner/balance_stats.h"
 #include "planner/validate.h"
+#include "tests/planner/make_world.h"
 
 namespace knapformer {
 namespace {
 
+using ::knapformer::testing_util::MakeWorld;
 using ::testing::ElementsAre;
 using ::testing::UnorderedElementsAre;
 using ::testing::HasSubstr;
-
-World MakeWorld(const std::string& spec, int64_t world_size) {
-  auto topology = Topology::Parse(spec);
-  EXPECT_TRUE(topology.ok()) << topology.status();
-  auto world = World::Create(*topology, world_size);
-  EXPECT_TRUE(world.ok()) << world.status();
-  return *world;
-}
 
 // d = 1, gamma = 0: workload = 24 * tokens, so hand-worked plans stay readable.
 CostModel LinearCost() { return *CostModel::Create(1, 0.0); }

@@ -15,15 +15,13 @@
 #include "planner/plan_from_chunks.h"
 #include "planner/step_time.h"
 #include "planner/validate.h"
+#include "tests/planner/make_world.h"
 
 namespace knapformer {
 namespace {
 
+using ::knapformer::testing_util::MakeWorld;
 using ::testing::HasSubstr;
-
-World MakeWorld(const std::string& spec, int32_t world_size) {
-  return *World::Create(*Topology::Parse(spec), world_size);
-}
 
 struct MaskedStep {
   RankLengths lengths;

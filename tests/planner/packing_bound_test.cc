@@ -11,9 +11,12 @@
 #include "planner/balance_stats.h"
 #include "planner/cost_model.h"
 #include "planner/topology.h"
+#include "tests/planner/make_world.h"
 
 namespace knapformer {
 namespace {
+
+using ::knapformer::testing_util::MakeWorld;
 
 // The least busiest-bag workload of any placement of whole sequences into
 // `bags` equal bags, by trying every one.
@@ -168,14 +171,6 @@ TEST(PackingBoundTest, EqualsMartelloAndTothsL2CountedByScanning) {
                      ReferenceBound(items, bags, known))
         << "trial " << trial;
   }
-}
-
-World MakeWorld(const std::string& spec, int64_t world_size) {
-  auto topology = Topology::Parse(spec);
-  EXPECT_TRUE(topology.ok()) << topology.status();
-  auto world = World::Create(*topology, world_size);
-  EXPECT_TRUE(world.ok()) << world.status();
-  return *world;
 }
 
 TEST(PackingBoundTest, MaxOverMeanLowerBoundUsesItForBagsOfOneSize) {

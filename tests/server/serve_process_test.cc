@@ -24,6 +24,7 @@ namespace {
 
 using ::knapformer::testing_util::AsyncPlan;
 using ::knapformer::testing_util::HttpGet;
+using ::knapformer::testing_util::IdleClientWithHealthWatch;
 using ::knapformer::testing_util::LocalChannel;
 using ::knapformer::testing_util::MakeGroupRequests;
 using ::knapformer::testing_util::MakeRequest;
@@ -196,20 +197,8 @@ TEST(ServeProcessTest, SigtermFailsWaitingRanksWithUnavailableAndExitsZero) {
 TEST(ServeProcessTest, SigtermExitsPromptlyWithAnIdleChannelAHealthWatchAndMetrics) {
   ServeProcess serve({"--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"});
   ASSERT_TRUE(serve.WaitServing()) << serve.log();
-  auto channel = LocalChannel(serve.port());
-  auto stub = v1::Planner::NewStub(channel);
-  StepParams params;
-  params.job_id = "idle";
-  params.topology = "g1n2";
-  for (const PlanResult& r : PlanConcurrently(stub.get(), MakeGroupRequests(params, {{1}, {2}}))) {
-    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
-  }
-  auto health = grpc::health::v1::Health::NewStub(channel);
-  grpc::ClientContext watch_context;
-  watch_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-  auto watch = health->Watch(&watch_context, grpc::health::v1::HealthCheckRequest());
-  grpc::health::v1::HealthCheckResponse update;
-  ASSERT_TRUE(watch->Read(&update));
+  IdleClientWithHealthWatch client(serve.port());
+  ASSERT_EQ(client.error(), "");
   const absl::Time start = absl::Now();
   serve.Signal(SIGTERM);
   ASSERT_TRUE(serve.WaitExit(absl::Seconds(10))) << serve.log();
@@ -218,9 +207,7 @@ TEST(ServeProcessTest, SigtermExitsPromptlyWithAnIdleChannelAHealthWatchAndMetri
   // Measured 32 ms; the bound leaves room for process teardown under the
   // sanitizers on a loaded machine and still fails the old 5-7 s.
   EXPECT_LT(took, absl::Seconds(2)) << serve.log();
-  while (watch->Read(&update)) {
-  }
-  EXPECT_FALSE(watch->Finish().ok());
+  EXPECT_FALSE(client.FinishWatch().ok());
 }
 
 TEST(ServeProcessTest, BadFlagsExitTwoNamingTheFlag) {

@@ -31,6 +31,7 @@ namespace {
 using ::google::protobuf::util::MessageDifferencer;
 using ::knapformer::testing_util::AsyncPlan;
 using ::knapformer::testing_util::AwaitPendingSteps;
+using ::knapformer::testing_util::IdleClientWithHealthWatch;
 using ::knapformer::testing_util::LocalChannel;
 using ::knapformer::testing_util::MakeGroupRequests;
 using ::knapformer::testing_util::MakeRequest;
@@ -604,30 +605,14 @@ TEST(ServiceTest, ShutdownIsPromptWithAnIdleChannelAHealthWatchAndMetrics) {
   ASSERT_NE(server, nullptr);
   const int metrics_port = server->metrics_port();
   ASSERT_GT(metrics_port, 0);
-  auto channel = LocalChannel(server->port());
-  auto stub = v1::Planner::NewStub(channel);
-  {  // One call, so that the channel is connected; then it stays idle.
-    StepParams params;
-    params.topology = "g1n2";
-    for (const PlanResult& r : PlanConcurrently(stub.get(), MakeGroupRequests(params, {{1}, {2}}))) {
-      ASSERT_TRUE(r.status.ok()) << r.status.error_message();
-    }
-  }
-  auto health = grpc::health::v1::Health::NewStub(channel);
-  grpc::ClientContext watch_context;
-  watch_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-  grpc::health::v1::HealthCheckRequest watched;  // "": the whole server
-  auto watch = health->Watch(&watch_context, watched);
-  grpc::health::v1::HealthCheckResponse update;
-  ASSERT_TRUE(watch->Read(&update));
-  EXPECT_EQ(update.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  IdleClientWithHealthWatch client(server->port());
+  ASSERT_EQ(client.error(), "");
+  EXPECT_EQ(client.first_status(), grpc::health::v1::HealthCheckResponse::SERVING);
 
   const absl::Time start = absl::Now();
   server->Shutdown(absl::Seconds(5));
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
-  while (watch->Read(&update)) {
-  }
-  EXPECT_FALSE(watch->Finish().ok());  // ended by the stop, not by its deadline
+  EXPECT_FALSE(client.FinishWatch().ok());  // ended by the stop, not by its deadline
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_FALSE(testing_util::HttpGet(metrics_port, "/metrics").ok());  // the endpoint is gone
 }

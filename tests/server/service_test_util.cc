@@ -110,6 +110,31 @@ std::vector<PlanResult> PlanConcurrently(v1::Planner::Stub* stub,
   return results;
 }
 
+IdleClientWithHealthWatch::IdleClientWithHealthWatch(int port)
+    : channel_(LocalChannel(port)), health_(grpc::health::v1::Health::NewStub(channel_)) {
+  auto stub = v1::Planner::NewStub(channel_);
+  StepParams params;
+  params.job_id = "idle";
+  params.topology = "g1n2";
+  for (const PlanResult& r : PlanConcurrently(stub.get(), MakeGroupRequests(params, {{1}, {2}}))) {
+    if (!r.status.ok()) {
+      error_ = absl::StrCat("the step before the watch failed: ", r.status.error_message());
+      return;
+    }
+  }
+  watch_context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  watch_ = health_->Watch(&watch_context_, grpc::health::v1::HealthCheckRequest());
+  if (!watch_->Read(&first_)) error_ = "the health watch ended before its first update";
+}
+
+grpc::Status IdleClientWithHealthWatch::FinishWatch() {
+  if (watch_ == nullptr) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, error_);
+  grpc::health::v1::HealthCheckResponse update;
+  while (watch_->Read(&update)) {
+  }
+  return watch_->Finish();
+}
+
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return absl::InternalError("socket() failed");

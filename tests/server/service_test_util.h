@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
@@ -74,6 +75,32 @@ struct PlanResult {
 std::vector<PlanResult> PlanConcurrently(v1::Planner::Stub* stub,
                                          const std::vector<v1::PlanRequest>& requests,
                                          absl::Duration timeout = absl::Seconds(30));
+
+// What trainer ranks and load balancers keep open to a planner while it
+// stops: a channel that has planned one g1n2 step and is now idle, and a
+// health Watch stream on the whole server (30 s deadline) whose first update
+// has been read.
+class IdleClientWithHealthWatch {
+ public:
+  explicit IdleClientWithHealthWatch(int port);
+
+  // Empty when all of the above happened; else what failed.
+  const std::string& error() const { return error_; }
+  // The first update's status (SERVING while the planner is up).
+  grpc::health::v1::HealthCheckResponse::ServingStatus first_status() const {
+    return first_.status();
+  }
+  // Reads the watch to its end; how it ended.
+  grpc::Status FinishWatch();
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+  grpc::ClientContext watch_context_;
+  std::unique_ptr<grpc::ClientReader<grpc::health::v1::HealthCheckResponse>> watch_;
+  grpc::health::v1::HealthCheckResponse first_;
+  std::string error_;
+};
 
 // The body of GET http://127.0.0.1:port/path (HTTP/1.0, 5 s timeout), or an
 // error naming what failed.
