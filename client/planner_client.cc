@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/planner_target.h"
 #include "common/log.h"
 #include "grpcpp/grpcpp.h"
 #include "knapformer/v1/planner.grpc.pb.h"
@@ -335,10 +336,13 @@ grpc::Status CallWithRetries(const PlannerClientOptions& options, CancelToken* t
                              const std::function<grpc::Status(grpc::ClientContext*)>& call) {
   const grpc::Status cancelled(grpc::StatusCode::CANCELLED, "cancelled: the step moved on");
   absl::Duration backoff = options.initial_backoff;
+  // The attempts share the step's deadline: a retry on another replica
+  // (round_robin picks the next ready one) takes what the first left.
+  const absl::Time deadline = absl::Now() + options.call_deadline;
   grpc::Status status;
   for (int attempt = 1; attempt <= std::max(1, options.max_attempts); ++attempt) {
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options.call_deadline));
+    context.set_deadline(absl::ToChronoTime(deadline));
     if (token != nullptr && !token->Enter(&context)) return cancelled;
     status = call(&context);
     if (token != nullptr) token->Leave();
@@ -346,6 +350,10 @@ grpc::Status CallWithRetries(const PlannerClientOptions& options, CancelToken* t
         attempt == options.max_attempts) {
       break;
     }
+    // The first retry goes at once: with several replicas it lands on
+    // another one, ready now. Later ones wait for a restart.
+    if (attempt == 1) continue;
+    if (absl::Now() + backoff >= deadline) break;
     if (token != nullptr) {
       if (!token->SleepFor(backoff)) return cancelled;
     } else {
@@ -1110,10 +1118,27 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
         "require_planner: set, but no planner address is (planner_address= or "
         "KNAPFORMER_PLANNER_ADDRESS): there is no service to require");
   }
+  if (rep->has_service && options.mode == PlannerMode::kPerRank) {
+    if (const int replicas = PlannerTargetReplicas(options.address); replicas > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "planner_address: '", options.address, "' names ", replicas,
+          " planner replicas, but per-rank mode needs every rank of a step to reach the same "
+          "one (the ranks meet in its memory); use group mode (the default, which any replica "
+          "answers) or one replica's address"));
+    }
+  }
   // In group mode only rank 0 talks to the service.
   if (rep->has_service && (options.mode == PlannerMode::kPerRank || transport->rank() == 0)) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);  // this client retries itself
+    // A target naming several replicas (dns:/// of a headless Service,
+    // ipv4:a:p,b:q) spreads group steps over the ready ones, and a step
+    // refused or lost by one is retried on the next.
+    args.SetLoadBalancingPolicyName(options.mode == PlannerMode::kGroup ? "round_robin"
+                                                                        : "pick_first");
+    // Replicas replaced by a rolling update are found again within a
+    // second of a disconnect, not gRPC's default 30 s between DNS queries.
+    args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
     // A restarted service is found within seconds, not after gRPC's default
     // reconnect backoff (up to two minutes).
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);

@@ -45,16 +45,27 @@ const char* PlannerModeName(PlannerMode mode);
 absl::StatusOr<PlannerMode> ParsePlannerMode(const std::string& name);
 
 struct PlannerClientOptions {
-  // host:port of the planner service; empty = always plan locally.
+  // The planner service as a gRPC target; empty = always plan locally.
+  // host:port names one planner; a target naming several replicas
+  // (dns:///NAME:PORT of a headless Service, ipv4:a:p,b:q) spreads group
+  // steps over them (round_robin), and a group step a replica refuses while
+  // draining, or loses when it dies, is retried on another within
+  // call_deadline. Per-rank mode refuses such a target at Create
+  // (InvalidArgument): its ranks must all meet in one replica
+  // (planner_target.h says how replicas are counted).
   std::string address;
   // Null = plaintext.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
-  // Deadline of one Plan call. Keep it longer than the server's rendezvous
-  // timeout, so that a missing rank is reported by the server (naming it).
+  // Deadline of one step's request, shared by its attempts. Keep it longer
+  // than the server's rendezvous timeout, so that a missing rank is
+  // reported by the server (naming it).
   absl::Duration call_deadline = absl::Seconds(90);
   // Attempts when the service answers UNAVAILABLE (restarting, shutting
-  // down, unreachable), with exponential backoff between them.
-  int max_attempts = 3;
+  // down, unreachable; with several replicas, each attempt goes to the next
+  // ready one), within call_deadline: the second at once, the later ones
+  // after an exponential backoff (initial_backoff, doubled up to
+  // max_backoff).
+  int max_attempts = 4;
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
   // After a step the service failed (an error, a deadline, a hang), the

@@ -1,0 +1,162 @@
+// The planner client against several planner replicas named by one target:
+// group steps spread over them (round_robin), a replica that stops between
+// steps costs no step (every step still comes from the service, exact), and
+// per-rank mode refuses a target naming several replicas.
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/barrier.h"
+#include "client/planner_client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "knapformer/v1/planner.grpc.pb.h"
+#include "planner/balancer.h"
+#include "server/planner_server.h"
+#include "transport/local_transport.h"
+
+namespace knapformer {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kRanks = 4;
+constexpr char kJob[] = "replicas-test";
+
+std::vector<int64_t> Lengths(uint64_t step, int rank) {
+  std::vector<int64_t> lengths;
+  for (uint64_t i = 0; i < 1 + (rank + step) % 3; ++i) {
+    lengths.push_back(static_cast<int64_t>(1 + (rank * 37 + i * 101 + step * 13) % 400));
+  }
+  if (static_cast<int>(step % kRanks) == rank) lengths.push_back(1200);
+  return lengths;
+}
+
+v1::StepSpec Spec(uint64_t step) {
+  v1::StepSpec spec;
+  spec.set_job_id(kJob);
+  spec.set_step(step);
+  spec.set_world_size(kRanks);
+  spec.set_topology("g1n2+g2n1");
+  spec.set_d_model(64);
+  spec.set_gamma(0.5);
+  return spec;
+}
+
+Plan CorePlan(uint64_t step) {
+  RankLengths lengths(kRanks);
+  for (int r = 0; r < kRanks; ++r) lengths[r] = Lengths(step, r);
+  auto world = World::Create(*Topology::Parse("g1n2+g2n1"), kRanks);
+  auto plan = BalanceGreedy(*world, *CostModel::Create(64, 0.5), lengths);
+  EXPECT_TRUE(plan.ok());
+  return *std::move(plan);
+}
+
+std::unique_ptr<PlannerServer> StartReplica() {
+  PlannerServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  auto server = PlannerServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+// The steps of kJob the replica at `address` planned (0 if it knows none).
+uint64_t StepsPlanned(const std::string& address) {
+  auto stub = v1::Planner::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::GetJobRequest request;
+  request.set_job_id(kJob);
+  v1::JobState state;
+  if (!stub->GetJob(&context, request, &state).ok()) return 0;
+  uint64_t planned = 0;
+  for (const v1::GroupState& group : state.groups()) planned += group.steps_planned();
+  return planned;
+}
+
+TEST(PlannerReplicasTest, GroupStepsSpreadOverReplicasAndAStoppedOneCostsNoStep) {
+  std::vector<std::unique_ptr<PlannerServer>> replicas;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 3; ++i) {
+    replicas.push_back(StartReplica());
+    ASSERT_NE(replicas.back(), nullptr);
+    addresses.push_back(replicas.back()->address());
+  }
+  PlannerClientOptions options;
+  options.address = absl::StrCat("ipv4:", absl::StrJoin(addresses, ","));
+  options.require_service = true;  // a step the replicas cannot plan fails
+  options.call_deadline = absl::Seconds(10);
+
+  constexpr int kSteps = 12;
+  constexpr int kStopBefore = 8;  // replica 0 stops (drains) before this step
+  uint64_t stopped_replica_steps = 0;
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+  absl::Barrier before_stop(kRanks);
+  absl::Barrier after_stop(kRanks);
+  std::vector<std::vector<absl::StatusOr<StepPlan>>> results(
+      kSteps, std::vector<absl::StatusOr<StepPlan>>(kRanks, absl::UnknownError("not run")));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      ASSERT_TRUE(client.ok()) << client.status();
+      for (int s = 0; s < kSteps; ++s) {
+        if (s == kStopBefore) {
+          // The last barrier's thread stops the replica; the others wait.
+          if (before_stop.Block()) {
+            stopped_replica_steps = StepsPlanned(addresses[0]);
+            replicas[0]->Shutdown();
+          }
+          after_stop.Block();
+        }
+        results[s][r] = (*client)->Plan(Spec(s), Lengths(s, r));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+
+  for (int s = 0; s < kSteps; ++s) {
+    const Plan core = CorePlan(s);
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_TRUE(results[s][r].ok()) << "step " << s << " rank " << r << ": "
+                                      << results[s][r].status();
+      EXPECT_EQ(results[s][r]->source, PlanSource::kService) << "step " << s;
+      EXPECT_EQ(results[s][r]->local_steps, 0) << "step " << s;
+      EXPECT_EQ(results[s][r]->workload_after, core.workload_after) << "step " << s;
+      EXPECT_EQ(results[s][r]->moved_tokens, core.MovedTokens()) << "step " << s;
+    }
+  }
+  // Each step was planned once, by some replica; the stopped one planned
+  // only steps before its stop, and the steps went to more than one.
+  const uint64_t others = StepsPlanned(addresses[1]) + StepsPlanned(addresses[2]);
+  EXPECT_EQ(stopped_replica_steps + others, static_cast<uint64_t>(kSteps));
+  EXPECT_LE(stopped_replica_steps, static_cast<uint64_t>(kStopBefore));
+  EXPECT_GT(stopped_replica_steps, 0u) << "round_robin never picked replica 0";
+  EXPECT_GT(StepsPlanned(addresses[1]), 0u);
+  EXPECT_GT(StepsPlanned(addresses[2]), 0u);
+}
+
+TEST(PlannerReplicasTest, PerRankModeRefusesATargetNamingSeveralReplicas) {
+  auto transports = LocalTransport::CreateGroup(1, absl::Seconds(5));
+  PlannerClientOptions options;
+  options.mode = PlannerMode::kPerRank;
+  options.address = "ipv4:127.0.0.1:50001,127.0.0.1:50002";
+  auto refused = PlannerClient::Create(options, transports[0].get());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("names 2 planner replicas"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("per-rank mode"));
+
+  options.address = "ipv4:127.0.0.1:50001";
+  EXPECT_TRUE(PlannerClient::Create(options, transports[0].get()).ok());
+  options.address = "ipv4:127.0.0.1:50001,127.0.0.1:50002";
+  options.mode = PlannerMode::kGroup;
+  EXPECT_TRUE(PlannerClient::Create(options, transports[0].get()).ok());
+}
+
+}  // namespace
+}  // namespace knapformer

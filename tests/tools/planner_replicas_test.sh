@@ -1,0 +1,190 @@
+#!/bin/bash
+# Proof with real processes (issue 37): three `knapformer serve` on loopback,
+# train-sim (4 Gloo processes, group mode, every step's loss and gradients
+# checked against unbalanced training by the binary itself) against all
+# three through one target (ipv4:a,b,c). Mid-run, one replica is SIGKILLed
+# and restarted 1 s later (a pod's restart), then the two others are, one
+# after the other, stopped with SIGTERM and restarted (a rolling update).
+# Every step must be planned by the service (0 local steps); each event's
+# step-time cost (the plan wait of the steps it touched, above the run's
+# median) is printed, and each SIGTERM's exit time is bounded. The same
+# kill and restart against one replica shows the steps it loses (planned
+# locally, still exact). 127.0.0.1 only; every wait bounded; every process
+# cleaned up.
+set -u
+knapformer="$1"
+train_sim="$2"
+failures=0
+tmp="$(mktemp -d)"
+declare -a pid port
+cleanup() {
+  for p in "${pid[@]}" $(jobs -p); do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+export KNAPFORMER_PLANNER_DEADLINE_SECONDS=10
+
+# Starts replica $1 on port $2 (0: any); sets pid[$1] and port[$1].
+start_replica() {
+  local i="$1"
+  rm -f "$tmp/port$i"
+  "$knapformer" serve --listen "127.0.0.1:$2" --metrics off --log-level warning \
+    --port-file "$tmp/port$i" >>"$tmp/replica$i.log" 2>&1 &
+  pid[$i]=$!
+  for _ in $(seq 300); do
+    [[ -s "$tmp/port$i" ]] && break
+    sleep 0.1
+  done
+  if [[ ! -s "$tmp/port$i" ]]; then
+    fail "replica $i did not start on port $2: $(cat "$tmp/replica$i.log")"
+    return 1
+  fi
+  port[$i]="$(cut -d' ' -f1 <"$tmp/port$i")"
+}
+
+# Waits (bounded) until the run's output $1 shows step $2's balanced row.
+wait_for_step() {
+  for _ in $(seq 600); do
+    if python3 - "$1" "$2" <<'PY'
+import re, sys
+rows = re.findall(r"^(\d+)\s+unbalanced", open(sys.argv[1]).read(), re.M)
+sys.exit(0 if rows and int(rows[-1]) >= int(sys.argv[2]) else 1)
+PY
+    then return 0; fi
+    sleep 0.05
+  done
+  return 1
+}
+
+# SIGKILL replica $1, and start it again on its port 1 s later.
+kill_and_restart() {
+  kill -9 "${pid[$1]}"
+  wait "${pid[$1]}" 2>/dev/null
+  sleep 1
+  start_replica "$1" "${port[$1]}" || fail "replica $1 did not restart"
+}
+
+# SIGTERM replica $1 (it drains and exits), then start it again on its port:
+# one pod of a rolling update. Appends the exit time (ms) to $tmp/exits.
+term_and_restart() {
+  local start end
+  start=$(date +%s%N)
+  kill -TERM "${pid[$1]}"
+  for _ in $(seq 100); do
+    kill -0 "${pid[$1]}" 2>/dev/null || break
+    sleep 0.01
+  done
+  end=$(date +%s%N)
+  if kill -0 "${pid[$1]}" 2>/dev/null; then
+    fail "replica $1 still running 1 s after SIGTERM"
+    kill -9 "${pid[$1]}"
+  fi
+  wait "${pid[$1]}"
+  local rc=$?
+  [[ $rc -eq 0 ]] || fail "replica $1 exited $rc after SIGTERM"
+  echo "$(((end - start) / 1000000))" >>"$tmp/exits"
+  start_replica "$1" "${port[$1]}" || fail "replica $1 did not restart"
+}
+
+# Checks run output $1 (name $2, steps 0..$3-1, every step done and exact),
+# prints each event's cost: event STEP per remaining argument, the cost being
+# the largest plan wait of steps STEP+1..STEP+3 above the median wait. With
+# $4 = "service", every step must be the service's; else prints the locals.
+check_run() {
+  python3 - "$@" <<'PY' || return 1
+import re, statistics, sys
+path, name, steps, want, *events = sys.argv[1:]
+text = open(path).read()
+rows = re.findall(r"^(\d+)\s+unbalanced.*\n\s+balanced.*\((local planner|planner service)"
+                  r"(?:, ahead)?, waited ([\d.]+) ms\)$", text, re.M)
+got = [int(s) for s, _, _ in rows]
+assert got == list(range(int(steps))), f"{name}: steps {got}\n{text}"
+assert "FAILED" not in text and "largest relative loss difference" in text, f"{name}:\n{text}"
+local = [int(s) for s, src, _ in rows if src == "local planner"]
+wait = {int(s): float(ms) for s, _, ms in rows}
+median = statistics.median(wait.values())
+costs = []
+for e in events:
+    after = [wait[s] for s in range(int(e) + 1, int(e) + 4) if s in wait]
+    costs.append(f"after step {e}: +{max(after) - median:.1f} ms")
+print(f"{name}: {len(got)} steps, {len(local)} planned locally {local}, "
+      f"median plan wait {median:.1f} ms; " + "; ".join(costs))
+if want == "service":
+    assert not local, f"{name}: steps {local} were planned locally\n{text}"
+else:
+    assert local, f"{name}: no step was planned locally: the fault was not seen"
+PY
+}
+
+run_sim() {  # output file, job id, target, then train-sim flags
+  local out="$1" job="$2" target="$3"
+  shift 3
+  KNAPFORMER_JOB_ID="$job" timeout 300 "$train_sim" --procs 4 --scale 32 --layers 1 \
+    --planner "$target" "$@" >"$out" 2>"$out.err"
+}
+
+for i in 0 1 2; do start_replica "$i" 0 || exit 1; done
+target="ipv4:127.0.0.1:${port[0]},127.0.0.1:${port[1]},127.0.0.1:${port[2]}"
+
+# Three replicas: SIGKILL replica 0 after step 8; roll replicas 1 and 2
+# after steps 18 and 28.
+run_sim "$tmp/three" replicas-job "$target" --steps 40 &
+sim=$!
+events=()
+for event in "8 kill_and_restart 0" "18 term_and_restart 1" "28 term_and_restart 2"; do
+  read -r step action replica <<<"$event"
+  if wait_for_step "$tmp/three" "$step"; then
+    "$action" "$replica"
+    events+=("$step")
+  else
+    fail "three replicas: the run did not reach step $step: $(cat "$tmp/three" "$tmp/three.err")"
+  fi
+done
+wait "$sim" || fail "three replicas: train-sim exited non-zero: $(cat "$tmp/three.err")"
+check_run "$tmp/three" "three replicas" 40 service "${events[@]}" || failures=$((failures + 1))
+echo "SIGTERM to exit, ms (each replica of the rolling update): $(tr '\n' ' ' <"$tmp/exits")"
+
+# Prints the first step that run output $1 shows planned by the service
+# after a step after $2 planned locally (bounded wait; nothing if none).
+service_step_after() {
+  for _ in $(seq 600); do
+    python3 - "$1" "$2" <<'PY' && return 0
+import re, sys
+rows = re.findall(r"^(\d+)\s+unbalanced.*\n\s+balanced.*\((local planner|planner service)",
+                  open(sys.argv[1]).read(), re.M)
+local = [int(s) for s, src in rows if src == "local planner" and int(s) > int(sys.argv[2])]
+back = [int(s) for s, src in rows if src == "planner service" and local and int(s) > local[0]]
+print(back[0]) if back else sys.exit(1)
+PY
+    sleep 0.05
+  done
+}
+
+# One replica (replica 0 alone): the same kill, then, once the run is back
+# on the service, a SIGTERM restart.
+rm -f "$tmp/exits"
+run_sim "$tmp/one" one-replica-job "127.0.0.1:${port[0]}" --steps 40 &
+sim=$!
+events=()
+if wait_for_step "$tmp/one" 8; then
+  kill_and_restart 0
+  events+=(8)
+  back="$(service_step_after "$tmp/one" 8)"
+  if [[ -n "$back" ]] && wait_for_step "$tmp/one" $((back + 2)); then
+    term_and_restart 0
+    events+=($((back + 2)))
+  else
+    fail "one replica: the run did not come back to the service: $(cat "$tmp/one")"
+  fi
+else
+  fail "one replica: the run did not reach step 8: $(cat "$tmp/one" "$tmp/one.err")"
+fi
+wait "$sim" || fail "one replica: train-sim exited non-zero: $(cat "$tmp/one.err")"
+check_run "$tmp/one" "one replica" 40 local "${events[@]}" || failures=$((failures + 1))
+echo "SIGTERM to exit, ms (one replica): $(tr '\n' ' ' <"$tmp/exits")"
+
+echo "$failures failures"
+[[ $failures -eq 0 ]]
