@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "grpcpp/grpcpp.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balance_stats.h"
+#include "planner/calibration.h"
 #include "planner/cost_model.h"
 #include "planner/plan_from_chunks.h"
 #include "planner/topology.h"
@@ -548,6 +550,9 @@ struct PlannerClient::Rep {
   PlanSource last_source = PlanSource::kLocal;
   uint64_t incarnation = 0;
   std::unique_ptr<Prefetched> pending;
+  static constexpr size_t kKeptWorkSteps = 16;
+  bool ranks_send_timings = false;
+  std::deque<std::pair<uint64_t, std::vector<WorkSample>>> recent_work;  // KeepWork
 
   bool group_mode() const { return options.mode == PlannerMode::kGroup; }
   bool leader() const { return transport->rank() == 0; }
@@ -613,9 +618,31 @@ struct PlannerClient::Rep {
       }
     }
     if (gathered.any_timing) {
-      for (const v1::StepTiming& timing : gathered.timings) *request.add_previous() = timing;
+      for (size_t r = 0; r < gathered.timings.size(); ++r) {
+        v1::StepTiming* timing = request.add_previous();
+        *timing = gathered.timings[r];
+        if (timing->compute_seconds() <= 0) continue;
+        for (const auto& [step, work] : recent_work) {
+          if (step != timing->step() || r >= work.size()) continue;
+          timing->set_linear_work(work[r].linear);
+          timing->set_attention_work(work[r].attention);
+        }
+      }
     }
     return request;
+  }
+
+  // Group mode, rank 0, once the ranks send timings: keeps the work each
+  // recent step's plan gave every rank, to send with the ranks' timings of
+  // those steps (StepTiming.linear_work), so that whichever replica gets
+  // the timing can fit gamma with it, not only the one that planned it.
+  void KeepWork(const v1::StepSpec& spec, const Gathered& gathered, const StepPlan& step) {
+    if (gathered.any_timing) ranks_send_timings = true;
+    if (!leader() || !ranks_send_timings || step.whole == nullptr) return;
+    recent_work.emplace_back(spec.step(),
+                             RankWork(*step.whole, spec.d_model(),
+                                      gathered.masks.empty() ? nullptr : &gathered.masks));
+    while (recent_work.size() > kKeptWorkSteps) recent_work.pop_front();
   }
 
   grpc::Status AskRank(const v1::PlanRequest& request, v1::PlanResponse* response,
@@ -1014,11 +1041,15 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanGroup(const v1::StepSpec& spec,
     LogSource(PlanSource::kLocal, spec.step(), "no planner service configured");
     return SolveLocally(spec, gathered.lengths, gathered.masks);
   }
+  absl::StatusOr<StepPlan> result;
   if (service_down) {
     MaybeBackUp(spec, gathered.probes_answered);
-    return SolveLocally(spec, gathered.lengths, gathered.masks);
+    result = SolveLocally(spec, gathered.lengths, gathered.masks);
+  } else {
+    result = FinishGroup(spec, gathered, prefetched.get());
   }
-  return FinishGroup(spec, gathered, prefetched.get());
+  if (result.ok()) KeepWork(spec, gathered, *result);
+  return result;
 }
 
 absl::StatusOr<StepPlan> PlannerClient::Rep::FinishGroup(const v1::StepSpec& spec,

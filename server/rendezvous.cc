@@ -399,24 +399,44 @@ void Rendezvous::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::Ste
   const Place place = FindGroup(spec);
   if (place.group == nullptr) return;
   place.job->timed = true;
+  Group& group = *place.group;
   // The most recent plan of that step number (a restarted job plans its
   // numbers again).
-  for (auto it = place.group->work.rbegin(); it != place.group->work.rend(); ++it) {
-    Group::PlannedWork& planned = *it;
-    if (planned.step != timing.step()) continue;
-    if (rank < 0 || rank >= static_cast<int32_t>(planned.rank_work.size()) ||
-        planned.timed[rank]) {
-      return;
+  Group::PlannedWork* planned = nullptr;
+  for (auto it = group.work.rbegin(); it != group.work.rend(); ++it) {
+    if (it->step == timing.step()) {
+      planned = &*it;
+      break;
     }
-    planned.timed[rank] = true;
-    WorkSample sample = planned.rank_work[rank];
-    sample.seconds = timing.compute_seconds();
-    std::deque<WorkSample>& timings = place.job->timings;
-    timings.push_back(sample);
-    while (static_cast<int32_t>(timings.size()) > limits_.timing_window) timings.pop_front();
-    place.job->timings_changed = true;
+  }
+  const bool carried = timing.linear_work() > 0 || timing.attention_work() > 0;
+  if (planned == nullptr) {
+    // Planned elsewhere (another replica, or locally by the client): the
+    // timing brings its work. Recorded as a step so that a retried
+    // request does not count twice.
+    if (!carried || limits_.timed_steps <= 0 || spec.world_size() <= 0) return;
+    group.work.push_back({timing.step(), {}, std::vector<bool>(spec.world_size(), false)});
+    while (static_cast<int32_t>(group.work.size()) > limits_.timed_steps) group.work.pop_front();
+    planned = &group.work.back();
+  }
+  if (rank < 0 || rank >= static_cast<int32_t>(planned->timed.size()) || planned->timed[rank]) {
     return;
   }
+  WorkSample sample;
+  if (rank < static_cast<int32_t>(planned->rank_work.size())) {
+    sample = planned->rank_work[rank];
+  } else if (carried) {
+    sample.linear = timing.linear_work();
+    sample.attention = timing.attention_work();
+  } else {
+    return;
+  }
+  planned->timed[rank] = true;
+  sample.seconds = timing.compute_seconds();
+  std::deque<WorkSample>& timings = place.job->timings;
+  timings.push_back(sample);
+  while (static_cast<int32_t>(timings.size()) > limits_.timing_window) timings.pop_front();
+  place.job->timings_changed = true;
 }
 
 bool Rendezvous::WantsWork(const std::string& job_id) const {

@@ -120,9 +120,12 @@ class Rendezvous {
                      std::vector<WorkSample> rank_work = {});
 
   // Pairs a rank's measured compute time of an earlier step with the work
-  // that step's plan gave it, as a sample of its job's gamma fit. Ignored
-  // when the step's work is no longer (or not yet) known, and when the rank
-  // already sent a timing for that step (a retried request).
+  // that step's plan gave it, as a sample of its job's gamma fit: the work
+  // of this server's plan of that step, else the work the timing carries
+  // (StepTiming.linear_work/attention_work: the step was planned by another
+  // replica, or locally). Ignored when neither is known (the step is too
+  // old, or was planned elsewhere and the timing carries no work), and when
+  // the rank already sent a timing for that step (a retried request).
   void AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing);
 
   // Whether the job's ranks send timings (so its steps' work is worth keeping).

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
+#include "planner/calibration.h"
 #include "server/planner_server.h"
 #include "transport/local_transport.h"
 
@@ -138,6 +139,57 @@ TEST(PlannerReplicasTest, GroupStepsSpreadOverReplicasAndAStoppedOneCostsNoStep)
   EXPECT_GT(stopped_replica_steps, 0u) << "round_robin never picked replica 0";
   EXPECT_GT(StepsPlanned(addresses[1]), 0u);
   EXPECT_GT(StepsPlanned(addresses[2]), 0u);
+}
+
+// Each step's timing goes out with the next step's request, to the next
+// replica, which did not plan the timed step: the client sends the step's
+// work with it, so every replica fits gamma (here 2, the spec says 0.5)
+// from the ranks' timings.
+TEST(PlannerReplicasTest, EveryReplicaFitsGammaFromTimingsOfStepsOthersPlanned) {
+  std::vector<std::unique_ptr<PlannerServer>> replicas;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 3; ++i) {
+    replicas.push_back(StartReplica());
+    ASSERT_NE(replicas.back(), nullptr);
+    addresses.push_back(replicas.back()->address());
+  }
+  PlannerClientOptions options;
+  options.address = absl::StrCat("ipv4:", absl::StrJoin(addresses, ","));
+  options.require_service = true;
+  options.call_deadline = absl::Seconds(10);
+  constexpr int kSteps = 24;
+  constexpr double kTrueGamma = 2.0;
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+  std::vector<std::vector<double>> gamma_used(kSteps, std::vector<double>(kRanks, 0));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      ASSERT_TRUE(client.ok()) << client.status();
+      v1::StepTiming previous;
+      for (int s = 0; s < kSteps; ++s) {
+        v1::StepSpec spec = Spec(s);
+        spec.set_use_fitted_gamma(true);
+        auto step = (*client)->Plan(spec, Lengths(s, r), s > 0 ? &previous : nullptr);
+        ASSERT_TRUE(step.ok()) << "step " << s << ": " << step.status();
+        ASSERT_EQ(step->source, PlanSource::kService);
+        ASSERT_NE(step->whole, nullptr);
+        gamma_used[s][r] = step->gamma_used;
+        // What this rank would measure: its work under the true gamma.
+        const WorkSample work = RankWork(*step->whole, spec.d_model())[r];
+        previous.set_step(s);
+        previous.set_compute_seconds(1e-9 * (work.linear + kTrueGamma * work.attention));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  // The last three steps went to three replicas (round_robin); each planned
+  // with the fitted gamma.
+  for (int s = kSteps - 3; s < kSteps; ++s) {
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_NEAR(gamma_used[s][r], kTrueGamma, 1e-3) << "step " << s << " rank " << r;
+    }
+  }
 }
 
 TEST(PlannerReplicasTest, PerRankModeRefusesATargetNamingSeveralReplicas) {

@@ -1123,6 +1123,56 @@ TEST(RendezvousTest, ARetriedTimingOfTheSameStepAndRankCountsOnce) {
   EXPECT_EQ(rendezvous.FittedCost("job")->samples, 8);
 }
 
+// A timing that carries its step's work (a step another replica, or the
+// client, planned) is a sample here too, once per (step, rank); one that
+// carries none for a step planned elsewhere is not.
+TEST(RendezvousTest, ATimingThatCarriesItsWorkIsASampleWhereverTheStepWasPlanned) {
+  ServiceLimits limits;
+  limits.min_timing_samples = 4;
+  Rendezvous rendezvous{limits};
+  ASSERT_TRUE(rendezvous.Touch(Spec(5), kT0).ok());  // this replica planned nothing
+  auto carrying = [](uint64_t step, const WorkSample& work, double gamma) {
+    v1::StepTiming timing = Timing(step, work, gamma);
+    timing.set_linear_work(work.linear);
+    timing.set_attention_work(work.attention);
+    return timing;
+  };
+  const std::vector<WorkSample> work = DistinctWork(1);
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    rendezvous.AddTiming(Spec(5), rank, Timing(4, work[rank], 2.0));  // no work: no sample
+  }
+  EXPECT_FALSE(rendezvous.FittedCost("job").has_value());
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    rendezvous.AddTiming(Spec(5), rank, carrying(3, work[rank], 2.0));
+  }
+  std::optional<CostFit> fit = rendezvous.FittedCost("job");
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_EQ(fit->samples, 4);
+  EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
+
+  // Sent again (a retried request), with a time that would pull gamma off.
+  rendezvous.AddTiming(Spec(5), 2, carrying(3, work[2], 50.0));
+  EXPECT_EQ(rendezvous.FittedCost("job")->samples, 4);
+  // A rank outside the world is no sample.
+  rendezvous.AddTiming(Spec(5), 4, carrying(3, work[1], 2.0));
+  EXPECT_EQ(rendezvous.FittedCost("job")->samples, 4);
+
+  // Where this replica planned the step, its own work counts, not the
+  // carried one.
+  const std::vector<WorkSample> planned = DistinctWork(3);
+  rendezvous.RecordPlanned(Spec(6), "g1n4", SomeBalance(), kT0, planned);
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    v1::StepTiming timing = Timing(6, planned[rank], 2.0);
+    timing.set_linear_work(1);  // wrong on purpose
+    timing.set_attention_work(1);
+    rendezvous.AddTiming(Spec(7), rank, timing);
+  }
+  fit = rendezvous.FittedCost("job");
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_EQ(fit->samples, 8);
+  EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
+}
+
 TEST(RendezvousTest, AFailedRefitKeepsTheLastGoodFit) {
   ServiceLimits limits;
   limits.min_timing_samples = 4;

@@ -163,6 +163,14 @@ std::vector<BadRequest> BadRequests() {
          r.mutable_previous()->set_compute_seconds(std::numeric_limits<double>::quiet_NaN());
        },
        kInvalid, "previous.compute_seconds", "must be a finite number"},
+      {"negative linear_work",
+       [](R& r, L&) { r.mutable_previous()->set_linear_work(-2); }, kInvalid,
+       "previous.linear_work", "must be a finite number >= 0, got -2"},
+      {"infinite attention_work",
+       [](R& r, L&) {
+         r.mutable_previous()->set_attention_work(std::numeric_limits<double>::infinity());
+       },
+       kInvalid, "previous.attention_work", "must be a finite number >= 0, got inf"},
       {"rank -1", [](R& r, L&) { r.set_rank(-1); }, kInvalid, "rank",
        "-1 is outside [0, world_size = 8)"},
       {"rank == world_size", [](R& r, L&) { r.set_rank(8); }, kInvalid, "rank",
