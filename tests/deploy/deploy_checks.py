@@ -67,6 +67,7 @@ K8S_TYPES = {
     ("v1", "Namespace"): ("core_v1", "kubernetes-types/core/v1"),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("networking_v1",
                                                 "kubernetes-types/networking/v1"),
+    ("policy/v1", "PodDisruptionBudget"): ("policy_v1", "kubernetes-types/policy/v1"),
 }
 
 

@@ -31,6 +31,11 @@ def main():
     check(all(t.get("expr") for p in dashboard["panels"] for t in p["targets"]),
           "every panel target has a PromQL expression")
     check(all('job_id=~"$job_id"' in e for e in exprs), "every query filters by the job variable")
+    # With planner replicas each series exists once per pod: a panel shows
+    # one line per job (and group), aggregated over the replicas.
+    per_pod = [e for e in exprs
+               if not e.startswith(("sum by (", "max by (", "histogram_quantile(", "job_id:"))]
+    check(not per_pod, f"every query aggregates over planner replicas (not: {per_pod})")
     check(len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"]), "panel ids are unique")
     for what, metric in WANTED.items():
         check(any(metric in e for e in exprs), f"a panel shows {what}")

@@ -3,7 +3,8 @@
 document type-checks against Kubernetes' API types (kubernetes-types + tsc
 --strict), and the manifests say what the README promises (native sidecar,
 gRPC probes, non-root, read-only root, named ports, the client's
-environment). Each check also rejects a deliberately broken copy."""
+environment, the standalone planner's replicas). Each check also rejects a
+deliberately broken copy."""
 import os
 import re
 
@@ -14,7 +15,8 @@ from deploy_checks import (check, copy_deploy, finish, k8s_typescript, kustomize
 
 OVERLAYS = {
     "k8s/base": {"Job", "Service", "NetworkPolicy"},
-    "k8s/overlays/standalone": {"Namespace", "Service", "Deployment", "Job", "NetworkPolicy"},
+    "k8s/overlays/standalone": {"Namespace", "Service", "Deployment", "Job", "NetworkPolicy",
+                                "PodDisruptionBudget"},
 }
 
 
@@ -93,6 +95,48 @@ def image_problems(deploy, rendered):
     return problems
 
 
+def replica_problems(docs):
+    """Where the standalone overlay's planner is not replicas that survive a
+    death and a rolling update: three replicas behind a headless Service
+    that trainers name with dns:///, one pod disrupted at a time (rolling
+    update and PodDisruptionBudget), and a termination grace longer than
+    the planner's drain."""
+    problems = []
+    job = next(d for d in docs if d["kind"] == "Job")
+    service = next(d for d in docs if d["kind"] == "Service")
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    budgets = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    spec = deployment["spec"]
+    labels = spec["template"]["metadata"]["labels"]
+    if spec.get("replicas", 1) < 3:
+        problems.append(f"the Deployment runs {spec.get('replicas', 1)} replicas, not 3")
+    if service["spec"].get("clusterIP") != "None":
+        problems.append("the Service is not headless (clusterIP: None): a ClusterIP pins each "
+                        "client's connection to one replica")
+    name = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    port = service["spec"]["ports"][0]["port"]
+    address = pod_spec(job)["containers"][0]["env"][0]
+    if address != {"name": "KNAPFORMER_PLANNER_ADDRESS", "value": f"dns:///{name}:{port}"}:
+        problems.append(f"trainers are given {address}, not dns:///{name}:{port}")
+    strategy = spec.get("strategy", {})
+    rolling = strategy.get("rollingUpdate", {})
+    if (strategy.get("type") != "RollingUpdate" or rolling.get("maxUnavailable") != 1 or
+            rolling.get("maxSurge") != 0):
+        problems.append(f"the update strategy {strategy} may drain two replicas at once")
+    if (len(budgets) != 1 or budgets[0]["spec"].get("selector", {}).get("matchLabels") != labels
+            or budgets[0]["spec"].get("maxUnavailable") != 1 or
+            budgets[0]["metadata"].get("namespace") != deployment["metadata"]["namespace"]):
+        problems.append("no PodDisruptionBudget of the planner's pods with maxUnavailable 1")
+    planner = next(c for c in pod_spec(deployment)["containers"] if c["name"] == "planner")
+    grace_ms = next((int(a.split("=", 1)[1]) for a in planner["args"]
+                     if a.startswith("--shutdown-grace-ms=")), 5000)
+    termination = pod_spec(deployment).get("terminationGracePeriodSeconds", 30)
+    if termination * 1000 <= grace_ms + 1000:
+        problems.append(f"terminationGracePeriodSeconds {termination} does not leave the "
+                        f"planner's drain ({grace_ms} ms) a second to exit")
+    return problems
+
+
 def main():
     deploy = source_dir()
     rendered = {}
@@ -153,9 +197,10 @@ def main():
         docs = rendered["k8s/overlays/standalone"]
         job = next(d for d in docs if d["kind"] == "Job")
         check("initContainers" not in pod_spec(job), "standalone: the Job has no sidecar")
-        address = pod_spec(job)["containers"][0]["env"][0]
-        check(address["value"] == "knapformer-planner.knapformer-system.svc:50051",
-              "standalone: trainers point at the shared planner Service")
+        problems = replica_problems(docs)
+        check(not problems, "standalone: 3 planner replicas behind a headless Service the "
+              "trainers name (dns:///), disrupted one at a time, drained before SIGKILL" +
+              "".join(f"\n  {p}" for p in problems))
         service = next(d for d in docs if d["kind"] == "Service")
         deployment = next(d for d in docs if d["kind"] == "Deployment")
         check(service["metadata"].get("namespace") == deployment["metadata"]["namespace"] and
@@ -184,6 +229,36 @@ def main():
           "as its user" + "".join(f"\n  {p}" for p in problems))
 
     # Deliberately broken inputs must be rejected.
+    docs, _ = render(deploy, "k8s/overlays/standalone")
+    if docs:
+        def deployment_of(d):
+            return next(x for x in d if x["kind"] == "Deployment")
+
+        def service_of(d):
+            return next(x for x in d if x["kind"] == "Service")
+
+        for mistake, breaks, named in [
+            ("one replica", lambda d: deployment_of(d)["spec"].update(replicas=1), "1 replicas"),
+            ("a ClusterIP Service", lambda d: service_of(d)["spec"].pop("clusterIP"),
+             "not headless"),
+            ("two drained at once",
+             lambda d: deployment_of(d)["spec"]["strategy"]["rollingUpdate"].update(
+                 maxUnavailable=2), "may drain two"),
+            ("no budget", lambda d: d.remove(
+                next(x for x in d if x["kind"] == "PodDisruptionBudget")), "PodDisruptionBudget"),
+            ("SIGKILL before the drain ends",
+             lambda d: pod_spec(deployment_of(d)).update(terminationGracePeriodSeconds=5),
+             "terminationGracePeriodSeconds 5"),
+            ("a host:port address",
+             lambda d: pod_spec(next(x for x in d if x["kind"] == "Job"))["containers"][0]
+             ["env"][0].update(value="knapformer-planner.knapformer-system.svc:50051"),
+             "not dns:///"),
+        ]:
+            copy, _ = render(deploy, "k8s/overlays/standalone")
+            breaks(copy)
+            problems = replica_problems(copy)
+            check(any(named in p for p in problems),
+                  f"broken: {mistake} is named ({problems})")
     broken = copy_deploy(deploy)
     base = os.path.join(broken, "k8s", "base")
     with open(os.path.join(base, "kustomization.yaml"), "a") as f:

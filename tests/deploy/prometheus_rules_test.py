@@ -24,7 +24,7 @@ def main():
     deploy = source_dir()
     rules = os.path.join(deploy, "prometheus")
     code, out = promtool("check", "rules", "knapformer-rules.yml", cwd=rules)
-    check(code == 0 and "SUCCESS: 11 rules found" in out, "promtool check rules" + ("" if code == 0 else f"\n{out}"))
+    check(code == 0 and "SUCCESS: 12 rules found" in out, "promtool check rules" + ("" if code == 0 else f"\n{out}"))
     code, out = promtool("test", "rules", "knapformer-rules.test.yml", cwd=rules)
     check(code == 0, "promtool test rules" + ("" if code == 0 else f"\n{out}"))
     code, out = check_config(deploy)
