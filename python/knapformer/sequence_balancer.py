@@ -140,7 +140,9 @@ class SequenceBalancer:
     Keyword arguments:
       process_group: the group to balance over (default: the default group).
         Gloo on CPU tensors, NCCL on CUDA tensors.
-      planner_address: host:port of a planner service (default: the
+      planner_address: the planner service as a gRPC target, host:port or
+        several replicas (dns:///NAME:PORT, ipv4:a:p,b:q: group mode only;
+        a step one of them loses is asked from another) (default: the
         KNAPFORMER_PLANNER_ADDRESS environment variable; none = every rank
         plans locally from an all-gather of the lengths). A service that
         fails or is absent makes every rank plan locally, together.

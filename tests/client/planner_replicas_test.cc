@@ -192,6 +192,34 @@ TEST(PlannerReplicasTest, EveryReplicaFitsGammaFromTimingsOfStepsOthersPlanned) 
   }
 }
 
+// gRPC's dns:/// syntax, as trainers name a headless Service: "localhost"
+// may resolve to ::1 as well as 127.0.0.1, where nothing listens; the
+// steps go to the address that answers.
+TEST(PlannerReplicasTest, ADnsTargetIsPlannedByTheAddressesThatAnswer) {
+  std::unique_ptr<PlannerServer> replica = StartReplica();
+  ASSERT_NE(replica, nullptr);
+  PlannerClientOptions options;
+  options.address = absl::StrCat("dns:///localhost:", replica->port());
+  options.require_service = true;
+  options.call_deadline = absl::Seconds(10);
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      ASSERT_TRUE(client.ok()) << client.status();
+      for (int s = 0; s < 6; ++s) {
+        auto step = (*client)->Plan(Spec(s), Lengths(s, r));
+        ASSERT_TRUE(step.ok()) << "step " << s << ": " << step.status();
+        EXPECT_EQ(step->source, PlanSource::kService);
+        EXPECT_EQ(step->workload_after, CorePlan(s).workload_after);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(StepsPlanned(replica->address()), 6u);
+}
+
 TEST(PlannerReplicasTest, PerRankModeRefusesATargetNamingSeveralReplicas) {
   auto transports = LocalTransport::CreateGroup(1, absl::Seconds(5));
   PlannerClientOptions options;
