@@ -103,8 +103,7 @@ const std::vector<OptionSpec>& Options() {
         {"gamma", "fit|G", "fit", "attention weight; fit: to blocks every rank times first"},
         {"seed", "S", absl::StrCat(o.seed), "the data stream's seed"},
         {"planner", "TARGET", "$KNAPFORMER_PLANNER_ADDRESS",
-         "planner service: host:port, or replicas (dns:///NAME:PORT, ipv4:a:p,b:q); none: plan "
-         "locally"},
+         "host:port or gRPC target; none: local"},
         {"first-step", "N", absl::StrCat(o.first_step),
          "the first step's number (a resumed run; step N's data is fixed)"},
         {"timeout-seconds", "S", absl::StrCat(o.timeout_seconds), "the whole run's limit"},
