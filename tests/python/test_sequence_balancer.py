@@ -373,6 +373,8 @@ def misuse_world(rank, size):
     outcomes["topology"] = caught(lambda: knapformer.SequenceBalancer("g1n2abc"))
     outcomes["world"] = caught(lambda: knapformer.SequenceBalancer("g4n3"))
     outcomes["cost_model"] = caught(lambda: knapformer.SequenceBalancer("g1n4", cost_model="quad"))
+    outcomes["replicas_per_rank"] = caught(lambda: knapformer.SequenceBalancer(
+        "g1n4", planner_address="ipv4:127.0.0.1:1,127.0.0.1:2", planner_mode="per-rank"))
     balancer = knapformer.SequenceBalancer("g1n2+g2n1")
     outcomes["no_token_dim"] = caught(lambda: balancer.plan_routing([3]))
     outcomes["before_plan"] = caught(lambda: balancer.route(torch.zeros(3, 4)))
@@ -417,6 +419,8 @@ EXPECTED_MISUSE = {
     "topology": ("ValueError", "topology term 'g1n2abc': unexpected trailing 'abc'"),
     "world": ("ValueError", "4 is not a multiple of the group size 12"),
     "cost_model": ("ValueError", "cost_model: 'quad' is not one of"),
+    "replicas_per_rank": ("ValueError", "'ipv4:127.0.0.1:1,127.0.0.1:2' names 2 planner replicas, "
+                                        "but per-rank mode needs every rank of a step"),
     "no_token_dim": ("ValueError", "token_dim is required"),
     "before_plan": ("RuntimeError", "FAILED_PRECONDITION: rank 0: route: no plan for this step yet"),
     "summary_before_plan": ("RuntimeError", "FAILED_PRECONDITION: get_routing_plan_summary: "
