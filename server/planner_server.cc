@@ -128,6 +128,10 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   // A second server on the same port must fail to start, not silently take
   // half the connections (and break every rendezvous).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Group-mode clients ping every second while a step waits, to find a
+  // hung replica (client/planner_client.cc); gRPC's default (one ping per
+  // 5 minutes without data) would answer them with GOAWAY.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
   builder.SetMaxReceiveMessageSize(options.service.limits.max_message_bytes);
   builder.AddListeningPort(options.listen_address, *credentials, &server->port_);
   builder.RegisterService(server->service_.get());

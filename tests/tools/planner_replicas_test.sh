@@ -4,7 +4,8 @@
 # checked against unbalanced training by the binary itself) against all
 # three through one target (ipv4:a,b,c). Mid-run, one replica is SIGKILLed
 # and restarted 1 s later (a pod's restart), then the two others are, one
-# after the other, stopped with SIGTERM and restarted (a rolling update).
+# after the other, stopped with SIGTERM and restarted (a rolling update),
+# then one hangs (SIGSTOP) for 5 s.
 # Every step must be planned by the service (0 local steps); each event's
 # step-time cost (the plan wait of the steps it touched, above the run's
 # median) is printed, and each SIGTERM's exit time is bounded. The same
@@ -67,6 +68,14 @@ kill_and_restart() {
   start_replica "$1" "${port[$1]}" || fail "replica $1 did not restart"
 }
 
+# SIGSTOP replica $1 for 5 s (a hung process: its connections stay open),
+# then SIGCONT.
+stop_for_5s() {
+  kill -STOP "${pid[$1]}"
+  sleep 5
+  kill -CONT "${pid[$1]}"
+}
+
 # SIGTERM replica $1 (it drains and exits), then start it again on its port:
 # one pod of a rolling update. Appends the exit time (ms) to $tmp/exits.
 term_and_restart() {
@@ -93,8 +102,9 @@ term_and_restart() {
 
 # Checks run output $1 (name $2, steps 0..$3-1, every step done and exact),
 # prints each event's cost: event STEP per remaining argument, the cost being
-# the largest plan wait of steps STEP+1..STEP+3 above the median wait. With
-# $4 = "service", every step must be the service's; else prints the locals.
+# the largest plan wait of steps STEP+1..STEP+3 above the median wait
+# (STEP<MS: that wait must be under MS). With $4 = "service", every step must
+# be the service's; else some step must have been planned locally.
 check_run() {
   python3 - "$@" <<'PY' || return 1
 import re, statistics, sys
@@ -108,12 +118,16 @@ assert "FAILED" not in text and "largest relative loss difference" in text, f"{n
 local = [int(s) for s, src, _ in rows if src == "local planner"]
 wait = {int(s): float(ms) for s, _, ms in rows}
 median = statistics.median(wait.values())
-costs = []
-for e in events:
+costs, slow = [], []
+for event in events:
+    e, _, limit = event.partition("<")
     after = [wait[s] for s in range(int(e) + 1, int(e) + 4) if s in wait]
     costs.append(f"after step {e}: +{max(after) - median:.1f} ms")
+    if limit and max(after) >= float(limit):
+        slow.append(f"after step {e}: {max(after):.0f} ms, not under {limit}")
 print(f"{name}: {len(got)} steps, {len(local)} planned locally {local}, "
       f"median plan wait {median:.1f} ms; " + "; ".join(costs))
+assert not slow, f"{name}: " + "; ".join(slow)
 if want == "service":
     assert not local, f"{name}: steps {local} were planned locally\n{text}"
 else:
@@ -132,21 +146,24 @@ for i in 0 1 2; do start_replica "$i" 0 || exit 1; done
 target="ipv4:127.0.0.1:${port[0]},127.0.0.1:${port[1]},127.0.0.1:${port[2]}"
 
 # Three replicas: SIGKILL replica 0 after step 8; roll replicas 1 and 2
-# after steps 18 and 28.
-run_sim "$tmp/three" replicas-job "$target" --steps 40 &
+# after steps 18 and 28; hang replica 0 for 5 s after step 38.
+run_sim "$tmp/three" replicas-job "$target" --steps 50 &
 sim=$!
 events=()
-for event in "8 kill_and_restart 0" "18 term_and_restart 1" "28 term_and_restart 2"; do
+for event in "8 kill_and_restart 0" "18 term_and_restart 1" "28 term_and_restart 2" \
+  "38 stop_for_5s 0"; do
   read -r step action replica <<<"$event"
   if wait_for_step "$tmp/three" "$step"; then
     "$action" "$replica"
-    events+=("$step")
+    # A hung replica is found by the client's keepalive (1 s, then 1 s for
+    # the answer), well before the SIGCONT 5 s later.
+    if [[ "$action" == stop_for_5s ]]; then events+=("$step<4000"); else events+=("$step"); fi
   else
     fail "three replicas: the run did not reach step $step: $(cat "$tmp/three" "$tmp/three.err")"
   fi
 done
 wait "$sim" || fail "three replicas: train-sim exited non-zero: $(cat "$tmp/three.err")"
-check_run "$tmp/three" "three replicas" 40 service "${events[@]}" || failures=$((failures + 1))
+check_run "$tmp/three" "three replicas" 50 service "${events[@]}" || failures=$((failures + 1))
 echo "SIGTERM to exit, ms (each replica of the rolling update): $(tr '\n' ' ' <"$tmp/exits")"
 
 # Prints the first step that run output $1 shows planned by the service
