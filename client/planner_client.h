@@ -49,7 +49,8 @@ struct PlannerClientOptions {
   // host:port names one planner; a target naming several replicas
   // (dns:///NAME:PORT of a headless Service, ipv4:a:p,b:q) spreads group
   // steps over them (round_robin), and a group step a replica refuses while
-  // draining, or loses when it dies, is retried on another within
+  // draining, loses when it dies, or holds while hung (a keepalive ping
+  // unanswered for 1 s closes its connection), is retried on another within
   // call_deadline. Per-rank mode refuses such a target at Create
   // (InvalidArgument): its ranks must all meet in one replica
   // (planner_target.h says how replicas are counted).

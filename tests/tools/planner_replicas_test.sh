@@ -157,7 +157,7 @@ for event in "8 kill_and_restart 0" "18 term_and_restart 1" "28 term_and_restart
     "$action" "$replica"
     # A hung replica is found by the client's keepalive (1 s, then 1 s for
     # the answer), well before the SIGCONT 5 s later.
-    if [[ "$action" == stop_for_5s ]]; then events+=("$step<4000"); else events+=("$step"); fi
+    if [[ "$action" == stop_for_5s ]]; then events+=("$step<4500"); else events+=("$step"); fi
   else
     fail "three replicas: the run did not reach step $step: $(cat "$tmp/three" "$tmp/three.err")"
   fi
