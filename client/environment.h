@@ -3,11 +3,14 @@
 
 // The trainer-side environment (set by deploy/k8s): where the planner is and
 // which job this is, so that a trainer needs no flags of its own for them.
-//   KNAPFORMER_PLANNER_ADDRESS           host:port of the planner service;
-//                                        unset or empty = plan locally
+//   KNAPFORMER_PLANNER_ADDRESS           the planner service as a gRPC target
+//                                        (host:port, dns:///NAME:PORT,
+//                                        ipv4:a:p,b:q); unset or empty = plan
+//                                        locally
 //   KNAPFORMER_JOB_ID                    the job (the service's key)
 //   KNAPFORMER_GROUP_ID                  the balancing group within the job
-//   KNAPFORMER_PLANNER_DEADLINE_SECONDS  deadline of one Plan call, > 0
+//   KNAPFORMER_PLANNER_DEADLINE_SECONDS  deadline of one step's request
+//                                        (its attempts share it), > 0
 //   KNAPFORMER_REQUIRE_PLANNER           1/true: a step the service does not
 //                                        plan is an error, not a local plan
 

@@ -1180,6 +1180,9 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
       args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
       args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
       args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+      // And through a long solve, not only its first two seconds (gRPC's
+      // default stops after two pings until the client sends data).
+      args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     }
     // A restarted service is found within seconds, not after gRPC's default
     // reconnect backoff (up to two minutes).

@@ -2,6 +2,7 @@
 #define KNAPFORMER_CLIENT_PLANNER_TARGET_H_
 
 #include <string>
+#include <vector>
 
 namespace knapformer {
 
@@ -9,14 +10,20 @@ namespace knapformer {
 // tell before connecting. Targets use gRPC's own syntax:
 //   host:port, dns:///host:port, dns://server/host:port  the addresses the
 //       name resolves to now (one query; a name that does not resolve, yet,
-//       counts 1), where addresses that are all loopback count once (so
-//       "localhost" with 127.0.0.1 and ::1 is one planner);
+//       counts 1), counted per family, the larger count (a dual-stack host
+//       with an IPv4 and an IPv6 address is one planner), and addresses
+//       that are all loopback count once;
 //   ipv4:a:p,b:q and ipv6:[a]:p,[b]:q  the listed addresses, distinct;
 //   unix:path, unix-abstract:name, anything else  1 (one endpoint, or a
 //       resolver this client does not know: gRPC decides).
 // Per-rank mode needs every rank of a step to reach the same replica (the
 // ranks meet in its memory), so it refuses a target naming more than one.
 int PlannerTargetReplicas(const std::string& target);
+
+// How many planners a resolved name's numeric addresses are: the larger of
+// its distinct IPv4 and IPv6 counts (a dual-stack host is one), 1 when all
+// are loopback, and at least 1.
+int PlannerAddressReplicas(const std::vector<std::string>& addresses);
 
 }  // namespace knapformer
 

@@ -300,8 +300,9 @@ def main():
     parser.add_argument("--gamma", type=float, default=1.0)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--planner", help="host:port of a planner service "
-                        "(default: $KNAPFORMER_PLANNER_ADDRESS; none = plan locally)")
+    parser.add_argument("--planner", help="a planner service: host:port, or replicas as "
+                        "dns:///NAME:PORT or ipv4:A:P,B:Q (default: "
+                        "$KNAPFORMER_PLANNER_ADDRESS; none = plan locally)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--print-imbalance", action="store_true",
                         help="rank 0 prints the planned per-rank workloads every step")

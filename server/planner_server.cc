@@ -4,9 +4,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -132,6 +134,12 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   // hung replica (client/planner_client.cc); gRPC's default (one ping per
   // 5 minutes without data) would answer them with GOAWAY.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+  if (options.max_connection_age > absl::ZeroDuration()) {
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_AGE_MS,
+        static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(options.max_connection_age),
+                                           std::numeric_limits<int>::max())));
+  }
   builder.SetMaxReceiveMessageSize(options.service.limits.max_message_bytes);
   builder.AddListeningPort(options.listen_address, *credentials, &server->port_);
   builder.RegisterService(server->service_.get());

@@ -35,6 +35,13 @@ struct PlannerServerOptions {
   std::string metrics_address;
   TlsFiles tls;
   ServiceOptions service;
+  // A connection older than this is asked to close (GOAWAY; its calls
+  // finish first) so that clients resolve the planner's name again: a
+  // client of replicas behind a headless Service finds a replica that
+  // joined (a rolling update's last replacement, a scale-up) within this
+  // long, since gRPC's DNS resolver asks only after a disconnect. Zero:
+  // never.
+  absl::Duration max_connection_age = absl::Seconds(30);
 };
 
 // The planner service in a gRPC server, with the standard health service

@@ -422,12 +422,15 @@ void Rendezvous::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::Ste
   if (rank < 0 || rank >= static_cast<int32_t>(planned->timed.size()) || planned->timed[rank]) {
     return;
   }
+  // The carried work is that of the plan the ranks ran; this server's own
+  // plan of the step may have gone unused (answered after the client's
+  // deadline, or after its retry on another replica).
   WorkSample sample;
-  if (rank < static_cast<int32_t>(planned->rank_work.size())) {
-    sample = planned->rank_work[rank];
-  } else if (carried) {
+  if (carried) {
     sample.linear = timing.linear_work();
     sample.attention = timing.attention_work();
+  } else if (rank < static_cast<int32_t>(planned->rank_work.size())) {
+    sample = planned->rank_work[rank];
   } else {
     return;
   }

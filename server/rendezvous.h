@@ -121,11 +121,11 @@ class Rendezvous {
 
   // Pairs a rank's measured compute time of an earlier step with the work
   // that step's plan gave it, as a sample of its job's gamma fit: the work
-  // of this server's plan of that step, else the work the timing carries
-  // (StepTiming.linear_work/attention_work: the step was planned by another
-  // replica, or locally). Ignored when neither is known (the step is too
-  // old, or was planned elsewhere and the timing carries no work), and when
-  // the rank already sent a timing for that step (a retried request).
+  // the timing carries (StepTiming.linear_work/attention_work: that of the
+  // plan the ranks ran, wherever it was made), else that of this server's
+  // plan of the step. Ignored when neither is known (the step is too old,
+  // or was planned elsewhere and the timing carries no work), and when the
+  // rank already sent a timing for that step (a retried request).
   void AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing);
 
   // Whether the job's ranks send timings (so its steps' work is worth keeping).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/args.h"
@@ -61,6 +62,8 @@ const std::vector<OptionSpec>& ServeOptions() {
         {"log-level", "LEVEL", kDefaultLogLevel, "debug, info, warning or error"},
         {"shutdown-grace-ms", "MS", number(absl::ToInt64Milliseconds(config.shutdown_grace)),
          "after SIGTERM, pending ranks get this long"},
+        {"max-connection-age-ms", "MS", number(absl::ToInt64Milliseconds(server.max_connection_age)),
+         "reconnect clients (re-resolve); 0 = never"},
         {"port-file", "FILE", "", "write \"<grpc port> <metrics port>\" once serving"},
         {"retain-freed-memory", "on|off", OnOff(config.retain_freed_memory),
          "malloc keeps freed memory for the next plan"},
@@ -153,6 +156,11 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
                       args.GetInt("shutdown-grace-ms",
                                   absl::ToInt64Milliseconds(config.shutdown_grace), 0, 600000));
   config.shutdown_grace = absl::Milliseconds(grace_ms);
+  KF_ASSIGN_OR_RETURN(
+      int64_t age_ms,
+      args.GetInt("max-connection-age-ms", absl::ToInt64Milliseconds(server.max_connection_age), 0,
+                  std::numeric_limits<int>::max()));
+  server.max_connection_age = absl::Milliseconds(age_ms);
   config.port_file = args.GetString("port-file", "");
   if (std::string path = args.GetString("answer-delay-file", ""); !path.empty()) {
     server.service.answer_delay = [path] { return DelayInFile(path); };

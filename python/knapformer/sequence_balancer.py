@@ -158,7 +158,7 @@ class SequenceBalancer:
       planner_mode: "group" (default: rank 0 asks the service for the
         whole group, the plan is broadcast) or "per-rank" (every rank asks
         for its own slice); see docs/service.md.
-      group_id, planner_deadline (seconds per planner call), first_step,
+      group_id, planner_deadline (seconds per step's planner request), first_step,
       use_fitted_gamma: see docs/python.md.
       machine: for "auto", a dict of any of flops_per_second,
         intra_node_bytes_per_second, inter_node_bytes_per_second,

@@ -20,11 +20,28 @@ TEST(PlannerTargetTest, OneHostIsOnePlannerHoweverItIsWritten) {
   EXPECT_EQ(PlannerTargetReplicas("[::1]:50051"), 1);
   EXPECT_EQ(PlannerTargetReplicas("dns:///127.0.0.1:50051"), 1);
   EXPECT_EQ(PlannerTargetReplicas("dns://8.8.8.8/127.0.0.1:50051"), 1);
+  EXPECT_EQ(PlannerTargetReplicas("dns:/127.0.0.1:50051"), 1);
+  // Numeric addresses resolve without a query: one of each family is one
+  // dual-stack planner, not two.
+  EXPECT_EQ(PlannerTargetReplicas("192.0.2.7:50051"), 1);
+  EXPECT_EQ(PlannerTargetReplicas("[2001:db8::7]:50051"), 1);
   // 127.0.0.1 and ::1 where both are configured: one machine.
   EXPECT_EQ(PlannerTargetReplicas("localhost:50051"), 1);
   EXPECT_EQ(PlannerTargetReplicas("dns:///localhost:50051"), 1);
   EXPECT_EQ(PlannerTargetReplicas("unix:/tmp/planner.sock"), 1);
   EXPECT_EQ(PlannerTargetReplicas("unix-abstract:planner"), 1);
+}
+
+TEST(PlannerTargetTest, ResolvedAddressesCountPerFamily) {
+  EXPECT_EQ(PlannerAddressReplicas({"10.0.0.1", "10.0.0.2", "10.0.0.3"}), 3);
+  EXPECT_EQ(PlannerAddressReplicas({"10.0.0.1", "2001:db8::1"}), 1);  // dual stack
+  EXPECT_EQ(PlannerAddressReplicas({"10.0.0.1", "10.0.0.2", "2001:db8::1", "2001:db8::2"}), 2);
+  EXPECT_EQ(PlannerAddressReplicas({"2001:db8::1", "2001:db8::2", "2001:db8::3"}), 3);
+  EXPECT_EQ(PlannerAddressReplicas({"10.0.0.1", "10.0.0.1"}), 1);
+  EXPECT_EQ(PlannerAddressReplicas({"127.0.0.1", "::1"}), 1);
+  EXPECT_EQ(PlannerAddressReplicas({"127.0.0.1", "127.0.0.2"}), 1);  // all loopback
+  EXPECT_EQ(PlannerAddressReplicas({"127.0.0.1", "10.0.0.1"}), 2);
+  EXPECT_EQ(PlannerAddressReplicas({}), 1);
 }
 
 TEST(PlannerTargetTest, ANameThatDoesNotResolveCountsOne) {

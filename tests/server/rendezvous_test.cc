@@ -1124,8 +1124,9 @@ TEST(RendezvousTest, ARetriedTimingOfTheSameStepAndRankCountsOnce) {
 }
 
 // A timing that carries its step's work (a step another replica, or the
-// client, planned) is a sample here too, once per (step, rank); one that
-// carries none for a step planned elsewhere is not.
+// client, planned) is a sample here too, once per (step, rank), and its
+// work is the one counted; one that carries none for a step planned
+// elsewhere is no sample.
 TEST(RendezvousTest, ATimingThatCarriesItsWorkIsASampleWhereverTheStepWasPlanned) {
   ServiceLimits limits;
   limits.min_timing_samples = 4;
@@ -1157,19 +1158,30 @@ TEST(RendezvousTest, ATimingThatCarriesItsWorkIsASampleWhereverTheStepWasPlanned
   rendezvous.AddTiming(Spec(5), 4, carrying(3, work[1], 2.0));
   EXPECT_EQ(rendezvous.FittedCost("job")->samples, 4);
 
-  // Where this replica planned the step, its own work counts, not the
-  // carried one.
-  const std::vector<WorkSample> planned = DistinctWork(3);
-  rendezvous.RecordPlanned(Spec(6), "g1n4", SomeBalance(), kT0, planned);
+  // Where this replica planned the step too, the carried work counts: its
+  // own plan may not be the one the ranks ran (answered after the client
+  // gave up on it). The times fit gamma 2 with the carried work only.
+  std::vector<WorkSample> unused(4);  // another balance of linear and attention
+  for (int r = 0; r < 4; ++r) unused[r] = {1e9 * (4 - r), 1e8 * (r + 1), 0};
+  const std::vector<WorkSample> ran = DistinctWork(3);
+  rendezvous.RecordPlanned(Spec(6), "g1n4", SomeBalance(), kT0, unused);
   for (int32_t rank = 0; rank < 4; ++rank) {
-    v1::StepTiming timing = Timing(6, planned[rank], 2.0);
-    timing.set_linear_work(1);  // wrong on purpose
-    timing.set_attention_work(1);
-    rendezvous.AddTiming(Spec(7), rank, timing);
+    rendezvous.AddTiming(Spec(7), rank, carrying(6, ran[rank], 2.0));
   }
   fit = rendezvous.FittedCost("job");
   ASSERT_TRUE(fit.has_value());
   EXPECT_EQ(fit->samples, 8);
+  EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
+  // Without carried work, its own plan's work pairs with the time, once.
+  const std::vector<WorkSample> own = DistinctWork(5);
+  rendezvous.RecordPlanned(Spec(8), "g1n4", SomeBalance(), kT0, own);
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    rendezvous.AddTiming(Spec(9), rank, Timing(8, own[rank], 2.0));
+    rendezvous.AddTiming(Spec(9), rank, carrying(8, own[rank], 50.0));  // a retry: ignored
+  }
+  fit = rendezvous.FittedCost("job");
+  ASSERT_TRUE(fit.has_value());
+  EXPECT_EQ(fit->samples, 12);
   EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
 }
 

@@ -4,6 +4,7 @@
 // GetJob, PlanGroup and TLS.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -749,6 +750,35 @@ TEST(ServiceTest, ASecondServerOnTheSamePortFailsToStart) {
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(second.status().message(), HasSubstr("--listen: cannot serve on"));
+}
+
+// A connection older than max_connection_age is closed (GOAWAY), so that
+// a client of replicas resolves their name again; the channel reconnects
+// for its next call.
+TEST(ServiceTest, OldConnectionsAreClosedSoClientsResolveAgain) {
+  PlannerServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.max_connection_age = absl::Milliseconds(300);
+  auto server = PlannerServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Planner::NewStub(channel);
+  auto get_job = [&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetJobRequest request;
+    request.set_job_id("nobody");
+    v1::JobState state;
+    return stub->GetJob(&context, request, &state).error_code();
+  };
+  EXPECT_EQ(get_job(), grpc::StatusCode::NOT_FOUND);
+  ASSERT_EQ(channel->GetState(false), GRPC_CHANNEL_READY);
+  // Closed within the age (and gRPC's 10% jitter), not held open.
+  EXPECT_TRUE(channel->WaitForStateChange(
+      GRPC_CHANNEL_READY, std::chrono::system_clock::now() + std::chrono::seconds(3)));
+  EXPECT_NE(channel->GetState(false), GRPC_CHANNEL_READY);
+  EXPECT_EQ(get_job(), grpc::StatusCode::NOT_FOUND);
+  (*server)->Shutdown();
 }
 
 TEST(ServiceTest, GetJobReportsPlannedAndPendingSteps) {
