@@ -64,6 +64,21 @@ std::unique_ptr<PlannerServer> StartReplica() {
   return server.ok() ? *std::move(server) : nullptr;
 }
 
+// Three replicas on 127.0.0.1, and group-mode client options naming all of
+// them in one target; a step the replicas cannot plan fails
+// (require_service) instead of being planned locally.
+void StartReplicas(std::vector<std::unique_ptr<PlannerServer>>* replicas,
+                   std::vector<std::string>* addresses, PlannerClientOptions* options) {
+  for (int i = 0; i < 3; ++i) {
+    replicas->push_back(StartReplica());
+    ASSERT_NE(replicas->back(), nullptr);
+    addresses->push_back(replicas->back()->address());
+  }
+  options->address = absl::StrCat("ipv4:", absl::StrJoin(*addresses, ","));
+  options->require_service = true;
+  options->call_deadline = absl::Seconds(10);
+}
+
 // The steps of kJob the replica at `address` planned (0 if it knows none).
 uint64_t StepsPlanned(const std::string& address) {
   auto stub = v1::Planner::NewStub(
@@ -82,15 +97,8 @@ uint64_t StepsPlanned(const std::string& address) {
 TEST(PlannerReplicasTest, GroupStepsSpreadOverReplicasAndAStoppedOneCostsNoStep) {
   std::vector<std::unique_ptr<PlannerServer>> replicas;
   std::vector<std::string> addresses;
-  for (int i = 0; i < 3; ++i) {
-    replicas.push_back(StartReplica());
-    ASSERT_NE(replicas.back(), nullptr);
-    addresses.push_back(replicas.back()->address());
-  }
   PlannerClientOptions options;
-  options.address = absl::StrCat("ipv4:", absl::StrJoin(addresses, ","));
-  options.require_service = true;  // a step the replicas cannot plan fails
-  options.call_deadline = absl::Seconds(10);
+  ASSERT_NO_FATAL_FAILURE(StartReplicas(&replicas, &addresses, &options));
 
   constexpr int kSteps = 12;
   constexpr int kStopBefore = 8;  // replica 0 stops (drains) before this step
@@ -148,15 +156,8 @@ TEST(PlannerReplicasTest, GroupStepsSpreadOverReplicasAndAStoppedOneCostsNoStep)
 TEST(PlannerReplicasTest, EveryReplicaFitsGammaFromTimingsOfStepsOthersPlanned) {
   std::vector<std::unique_ptr<PlannerServer>> replicas;
   std::vector<std::string> addresses;
-  for (int i = 0; i < 3; ++i) {
-    replicas.push_back(StartReplica());
-    ASSERT_NE(replicas.back(), nullptr);
-    addresses.push_back(replicas.back()->address());
-  }
   PlannerClientOptions options;
-  options.address = absl::StrCat("ipv4:", absl::StrJoin(addresses, ","));
-  options.require_service = true;
-  options.call_deadline = absl::Seconds(10);
+  ASSERT_NO_FATAL_FAILURE(StartReplicas(&replicas, &addresses, &options));
   constexpr int kSteps = 24;
   constexpr double kTrueGamma = 2.0;
   auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
