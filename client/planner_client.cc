@@ -1174,9 +1174,10 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
       // A hung replica (stopped, wedged: its connection stays open) is found
       // by a ping unanswered while a step waits on it; its connection is
       // closed and the step, UNAVAILABLE, goes to another replica, so it
-      // costs the step about 2 s, not its deadline and a local step. Pings only while a call is in flight (the server accepts them
-      // that often: planner_server.cc). Not in per-rank mode, whose calls
-      // wait in a rendezvous and have no other replica to go to.
+      // costs the step about 2 s, not its deadline and a local step. Pings
+      // only while a call is in flight (the server accepts them that often:
+      // planner_server.cc). Not in per-rank mode, whose calls wait in a
+      // rendezvous and have no other replica to go to.
       args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
       args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
       args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);

@@ -51,7 +51,7 @@ class PlannerService::CountedReactor : public grpc::ServerUnaryReactor {
     delete this;
   }
 
- private:
+ protected:
   PlannerService* const service_;
 };
 
@@ -61,7 +61,7 @@ class PlannerService::CountedReactor : public grpc::ServerUnaryReactor {
 class PlannerService::PlanCall final : public CountedReactor, public PendingCall {
  public:
   PlanCall(PlannerService* service, const v1::PlanRequest* request, v1::PlanResponse* response)
-      : CountedReactor(service), service_(service), request_(request), response_(response) {}
+      : CountedReactor(service), request_(request), response_(response) {}
 
   const v1::PlanRequest& request() const override { return *request_; }
 
@@ -92,7 +92,6 @@ class PlannerService::PlanCall final : public CountedReactor, public PendingCall
   }
 
  private:
-  PlannerService* const service_;
   const v1::PlanRequest* const request_;
   v1::PlanResponse* const response_;
 };
