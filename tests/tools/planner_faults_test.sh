@@ -32,6 +32,8 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+# wait_for_port_file, wait_for_step
+source "$(dirname "${BASH_SOURCE[0]}")/planner_process_lib.sh"
 export KNAPFORMER_PLANNER_DEADLINE_SECONDS=2
 
 # Starts the planner on port $1 (0: any), sets $server and $port.
@@ -41,29 +43,8 @@ start_server() {
     --log-level warning --port-file "$tmp/port" --answer-delay-file "$tmp/delay" \
     >>"$tmp/server.log" 2>&1 &
   server=$!
-  for _ in $(seq 300); do
-    [[ -s "$tmp/port" ]] && break
-    sleep 0.1
-  done
-  if [[ ! -s "$tmp/port" ]]; then
-    fail "the planner did not start on port $1: $(cat "$tmp/server.log")"
-    return 1
-  fi
+  wait_for_port_file "$tmp/port" "$tmp/server.log" || return 1
   port="$(cut -d' ' -f1 <"$tmp/port")"
-}
-
-# Waits (bounded) until the run's output $1 shows step $2's balanced row.
-wait_for_step() {
-  for _ in $(seq 600); do
-    if python3 - "$1" "$2" <<'PY'
-import re, sys
-rows = re.findall(r"^(\d+)\s+unbalanced", open(sys.argv[1]).read(), re.M)
-sys.exit(0 if rows and int(rows[-1]) >= int(sys.argv[2]) else 1)
-PY
-    then return 0; fi
-    sleep 0.1
-  done
-  return 1
 }
 
 # Checks run output $1: name $2, steps $3..$4, every step done, at most $5

@@ -28,6 +28,8 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+# wait_for_port_file, wait_for_step, last_step
+source "$(dirname "${BASH_SOURCE[0]}")/planner_process_lib.sh"
 export KNAPFORMER_PLANNER_DEADLINE_SECONDS=10
 
 # Starts replica $1 on port $2 (0: any); sets pid[$1] and port[$1].
@@ -37,29 +39,8 @@ start_replica() {
   "$knapformer" serve --listen "127.0.0.1:$2" --metrics off --log-level warning \
     --port-file "$tmp/port$i" >>"$tmp/replica$i.log" 2>&1 &
   pid[$i]=$!
-  for _ in $(seq 300); do
-    [[ -s "$tmp/port$i" ]] && break
-    sleep 0.1
-  done
-  if [[ ! -s "$tmp/port$i" ]]; then
-    fail "replica $i did not start on port $2: $(cat "$tmp/replica$i.log")"
-    return 1
-  fi
+  wait_for_port_file "$tmp/port$i" "$tmp/replica$i.log" || return 1
   port[$i]="$(cut -d' ' -f1 <"$tmp/port$i")"
-}
-
-# Waits (bounded) until the run's output $1 shows step $2's balanced row.
-wait_for_step() {
-  for _ in $(seq 600); do
-    if python3 - "$1" "$2" <<'PY'
-import re, sys
-rows = re.findall(r"^(\d+)\s+unbalanced", open(sys.argv[1]).read(), re.M)
-sys.exit(0 if rows and int(rows[-1]) >= int(sys.argv[2]) else 1)
-PY
-    then return 0; fi
-    sleep 0.05
-  done
-  return 1
 }
 
 # SIGKILL replica $1, and start it again on its port 1 s later.
@@ -100,15 +81,6 @@ term_and_restart() {
   [[ $rc -eq 0 ]] || fail "replica $1 exited $rc after SIGTERM"
   echo "$(((end - start) / 1000000))" >>"$tmp/exits"
   start_replica "$1" "${port[$1]}" || fail "replica $1 did not restart"
-}
-
-# The last step run output $1 shows (-1 before the first).
-last_step() {
-  python3 - "$1" <<'PY'
-import re, sys
-rows = re.findall(r"^(\d+)\s+unbalanced", open(sys.argv[1]).read(), re.M)
-print(rows[-1] if rows else -1)
-PY
 }
 
 # Checks run output $1 (name $2, steps 0..$3-1, every step done and exact),
