@@ -5,8 +5,8 @@
 (--no-build-isolation: the extension is C++ compiled against the torch your
 trainer runs, which only the environment pip runs in has.) What it needs and
 how it is found: python/pip_configure.py and docs/python.md; the Bazel build
-(scripts/build_wheel.sh) stays the development build and compiles the same
-files (tests/python:pip_sources_test).
+stays the development build and compiles the same files (both take them from
+python/extension_sources.bzl).
 """
 import os
 import subprocess
@@ -61,20 +61,22 @@ class BuildWithProtos(BuildExtension):
             fail(error)
         generated = os.path.join(os.path.abspath(self.build_temp), "knapformer_protos")
         os.makedirs(generated, exist_ok=True)
-        proto_root = os.path.join(ROOT, pip_configure.PROTO_ROOT)
-        protos = [os.path.join(ROOT, p) for p in pip_configure.PROTOS]
-        includes = [f"-I{proto_root}"] + [f"-I{d}" for d in SYSTEM.include_dirs]
-        command = [tools["protoc"], *includes, f"--cpp_out={generated}",
-                   f"--grpc_out={generated}",
-                   f"--plugin=protoc-gen-grpc={tools['grpc_cpp_plugin']}", *protos]
-        print(f"knapformer: {protoc_version}: {' '.join(command)}", flush=True)
-        status = subprocess.run(command, env=env).returncode
-        if status != 0:
-            fail(f"protoc exited {status} on {' '.join(command)}")
+        includes = [f"-I{os.path.join(ROOT, d)}" for d in pip_configure.PROTO_PATHS] + \
+            [f"-I{d}" for d in SYSTEM.include_dirs]
+        grpc = [f"--grpc_out={generated}",
+                f"--plugin=protoc-gen-grpc={tools['grpc_cpp_plugin']}"]
         sources = []
         for proto in pip_configure.PROTOS:
-            base = os.path.relpath(os.path.join(ROOT, proto), proto_root)[:-len(".proto")]
-            sources += [os.path.join(generated, base + ext) for ext in (".pb.cc", ".grpc.pb.cc")]
+            wants_grpc = proto in pip_configure.GRPC_PROTOS
+            command = [tools["protoc"], *includes, f"--cpp_out={generated}",
+                       *(grpc if wants_grpc else []), os.path.join(ROOT, proto)]
+            print(f"knapformer: {protoc_version}: {' '.join(command)}", flush=True)
+            status = subprocess.run(command, env=env).returncode
+            if status != 0:
+                fail(f"protoc exited {status} on {' '.join(command)}")
+            base = pip_configure.proto_import_path(proto)[:-len(".proto")]
+            sources += [os.path.join(generated, base + ext)
+                        for ext in (".pb.cc", ".grpc.pb.cc")[:2 if wants_grpc else 1]]
         for extension in self.extensions:
             extension.sources += sources
             extension.include_dirs.append(generated)

@@ -13,7 +13,7 @@
 //   bazel run -c opt //bench:planner_bench [-- --malloc=retain|default]
 //
 // --malloc=retain (default) runs with the malloc settings of `knapformer
-// serve` (tools/malloc_policy.h: freed memory stays for the next plan);
+// serve` (common/malloc_policy.h: freed memory stays for the next plan);
 // --malloc=default with glibc's own, where the pages of a plan may go back
 // to the kernel after every call and fault in again on the next.
 
@@ -42,7 +42,7 @@
 #include "planner/cost_model.h"
 #include "planner/splitmix64.h"
 #include "planner/topology.h"
-#include "tools/malloc_policy.h"
+#include "common/malloc_policy.h"
 
 // ---------------------------------------------------------------------------
 // Heap accounting. Replacing the global allocation functions is the only way

@@ -26,9 +26,7 @@ calls each. Figures only: nothing is asserted about time.
 """
 import argparse
 import datetime
-import multiprocessing
 import os
-import queue
 import statistics
 import sys
 import time
@@ -57,17 +55,13 @@ def p90(values):
     return values[max(1, -(-9 * len(values) // 10)) - 1]
 
 
-def worker(rank, port, seed, results):
+def worker(rank, size, seed):
+    """One rank's figures, inside the Gloo group knapformer.launch made; every
+    rank's, all-gathered."""
     import torch
     import torch.distributed as dist
     import knapformer
-    from knapformer._torch_compat import tcp_store
 
-    torch.set_num_threads(1)
-    store = tcp_store("127.0.0.1", port, PROCS, False,
-                      timeout=datetime.timedelta(seconds=300))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=PROCS,
-                            timeout=datetime.timedelta(seconds=300))
     balancer = knapformer.SequenceBalancer(TOPOLOGY, gamma=1.0, d_model=D_MODEL)
     report = []
     for payload, iterations in PAYLOADS:
@@ -94,10 +88,9 @@ def worker(rank, port, seed, results):
                     times[variant].append(seconds)
         summary = balancer.get_routing_plan_summary()
         report.append((payload, times, summary["moved_tokens"] / max(summary["total_tokens"], 1)))
-    gathered = [None] * PROCS
+    gathered = [None] * size
     dist.all_gather_object(gathered, report)
-    if rank == 0:
-        results.put(("ok", gathered))
+    return gathered
 
 
 def main():
@@ -105,28 +98,16 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-seconds", type=int, default=600)
     args = parser.parse_args()
-    from knapformer._torch_compat import tcp_store
+    from knapformer.launch import run_ranks
 
-    store = tcp_store("127.0.0.1", 0, PROCS + 1, True,
-                      timeout=datetime.timedelta(seconds=args.timeout_seconds),
-                      wait_for_workers=False)
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    procs = [context.Process(target=worker, args=(r, store.port, args.seed, results), daemon=True)
-             for r in range(PROCS)]
-    for p in procs:
-        p.start()
-    try:
-        kind, gathered = results.get(timeout=args.timeout_seconds)
-    except queue.Empty:
-        print(f"python_route_bench: no result within {args.timeout_seconds} s", file=sys.stderr)
-        for p in procs:
-            p.kill()
+    outcomes = run_ranks(worker, PROCS, (args.seed,), timeout_s=args.timeout_seconds,
+                         backend="gloo", group_timeout_s=300, threads=1, fail_fast=True)
+    if any(kind != "ok" for kind, _ in outcomes):
+        for rank, (kind, value) in enumerate(outcomes):
+            if kind != "ok":
+                print(f"python_route_bench: rank {rank}: {kind}: {value}", file=sys.stderr)
         return 1
-    for p in procs:
-        p.join(timeout=30)
-        if p.is_alive():
-            p.kill()
+    gathered = outcomes[0][1]
     print(f"{PROCS} Gloo processes, topology {TOPOLOGY}, float32 rows of {D_MODEL}; "
           "slowest rank per iteration, median / p90 over iterations (ms); "
           f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}")

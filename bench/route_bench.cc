@@ -56,9 +56,9 @@
 #include "common/log.h"
 #include "planner/plan.h"
 #include "planner/splitmix64.h"
-#include "planner/status_macros.h"
-#include "tools/local_world.h"
-#include "tools/sample_stats.h"
+#include "common/status_macros.h"
+#include "transport/local_world.h"
+#include "common/sample_stats.h"
 #include "transport/c10d_transport.h"
 
 namespace knapformer {

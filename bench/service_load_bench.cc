@@ -77,8 +77,8 @@
 #include "proto/plan_proto.h"
 #include "server/planner_server.h"
 #include "server/service_limits.h"
-#include "tools/malloc_policy.h"
-#include "tools/sample_stats.h"
+#include "common/malloc_policy.h"
+#include "common/sample_stats.h"
 
 namespace knapformer {
 namespace {
@@ -1322,7 +1322,7 @@ int Main(int argc, char** argv) {
 int main(int argc, char** argv) {
   // As `knapformer serve` does: Debian's abseil checks every lock for
   // deadlock cycles (gRPC's too), ~5% of the server's CPU; and malloc keeps
-  // freed memory for the next plan (tools/malloc_policy.h). The server child
+  // freed memory for the next plan (common/malloc_policy.h). The server child
   // is forked from here and inherits both; so does the core solve measured
   // in this process.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

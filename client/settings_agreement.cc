@@ -8,8 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
+#include "client/settings_agreement.pb.h"
 #include "planner/cost_model.h"
+#include "transport/agreement.h"
 
 namespace knapformer {
 namespace {
@@ -28,15 +29,58 @@ std::string RankList(const std::vector<int>& ranks) {
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(runs, ", "));
 }
 
-bool Decode(const std::string& encoded, SharedSettings* settings) {
-  if (encoded.empty()) return true;
-  for (absl::string_view line : absl::StrSplit(encoded, '\n')) {
-    std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits('=', 1));
-    std::string value;
-    if (parts.size() != 2 || !absl::CUnescape(parts[1], &value)) return false;
-    settings->emplace_back(parts[0], value);
+client::SharedSettingList ListOf(const SharedSettings& settings) {
+  client::SharedSettingList list;
+  for (const auto& [name, value] : settings) {
+    client::SharedSetting* setting = list.add_settings();
+    setting->set_name(name);
+    setting->set_value(value);
   }
-  return true;
+  return list;
+}
+
+// SettingsDisagreement of decoded lists.
+std::string Disagreement(const std::vector<client::SharedSettingList>& all) {
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].settings_size() != all[0].settings_size()) {
+      return absl::StrCat("rank ", r, " has ", all[r].settings_size(), " settings, rank 0 ",
+                          all[0].settings_size(), " (another knapformer version?)");
+    }
+  }
+  for (int field = 0; !all.empty() && field < all[0].settings_size(); ++field) {
+    const std::string& field_name = all[0].settings(field).name();
+    // Ranks by value, values in the order their first rank comes.
+    std::map<std::string, std::vector<int>> ranks_of;
+    std::vector<std::string> order;
+    for (size_t r = 0; r < all.size(); ++r) {
+      const client::SharedSetting& setting = all[r].settings(field);
+      if (setting.name() != field_name) {
+        return absl::StrCat("rank ", r, " has setting '", setting.name(), "' where rank 0 has '",
+                            field_name, "' (another knapformer version?)");
+      }
+      if (ranks_of.find(setting.value()) == ranks_of.end()) order.push_back(setting.value());
+      ranks_of[setting.value()].push_back(static_cast<int>(r));
+    }
+    if (order.size() == 1) continue;
+    // The minority first: the ranks most likely misconfigured.
+    std::stable_sort(order.begin(), order.end(), [&](const std::string& a, const std::string& b) {
+      return ranks_of[a].size() < ranks_of[b].size();
+    });
+    std::vector<std::string> parts;
+    for (const std::string& value : order) {
+      parts.push_back(
+          absl::StrCat("'", absl::CHexEscape(value), "' on ", RankList(ranks_of[value])));
+    }
+    return absl::StrCat(field_name, " is ", absl::StrJoin(parts, " but "));
+  }
+  return "";
+}
+
+absl::Status Differ(const std::string& reason) {
+  if (reason.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the ranks' balancer settings differ: ", reason,
+      "; every rank must create its SequenceBalancer with the same settings"));
 }
 
 }  // namespace
@@ -69,64 +113,28 @@ SharedSettings SharedSettingsOf(const SequenceBalancerOptions& options) {
 }
 
 std::string EncodeSettings(const SharedSettings& settings) {
-  std::vector<std::string> lines;
-  for (const auto& [name, value] : settings) {
-    lines.push_back(absl::StrCat(name, "=", absl::CEscape(value)));
-  }
-  return absl::StrJoin(lines, "\n");
+  return ListOf(settings).SerializeAsString();
 }
 
 std::string SettingsDisagreement(const std::vector<std::string>& encoded) {
-  std::vector<SharedSettings> all(encoded.size());
+  std::vector<client::SharedSettingList> all(encoded.size());
   for (size_t r = 0; r < encoded.size(); ++r) {
-    if (!Decode(encoded[r], &all[r])) {
+    if (!all[r].ParseFromString(encoded[r])) {
       return absl::StrCat("rank ", r, " sent settings that do not decode");
     }
-    if (all[r].size() != all[0].size()) {
-      return absl::StrCat("rank ", r, " has ", all[r].size(), " settings, rank 0 ",
-                          all[0].size(), " (another knapformer version?)");
-    }
   }
-  for (size_t field = 0; !all.empty() && field < all[0].size(); ++field) {
-    // Ranks by value, values in the order their first rank comes.
-    std::map<std::string, std::vector<int>> ranks_of;
-    std::vector<std::string> order;
-    for (size_t r = 0; r < all.size(); ++r) {
-      const auto& [name, value] = all[r][field];
-      if (name != all[0][field].first) {
-        return absl::StrCat("rank ", r, " has setting '", name, "' where rank 0 has '",
-                            all[0][field].first, "' (another knapformer version?)");
-      }
-      if (ranks_of.find(value) == ranks_of.end()) order.push_back(value);
-      ranks_of[value].push_back(static_cast<int>(r));
-    }
-    if (order.size() == 1) continue;
-    // The minority first: the ranks most likely misconfigured.
-    std::stable_sort(order.begin(), order.end(), [&](const std::string& a, const std::string& b) {
-      return ranks_of[a].size() < ranks_of[b].size();
-    });
-    std::vector<std::string> parts;
-    for (const std::string& value : order) {
-      parts.push_back(
-          absl::StrCat("'", absl::CHexEscape(value), "' on ", RankList(ranks_of[value])));
-    }
-    return absl::StrCat(all[0][field].first, " is ", absl::StrJoin(parts, " but "));
-  }
-  return "";
-}
-
-absl::Status AgreeOnSettings(Transport& world, const SharedSettings& mine) {
-  absl::StatusOr<std::vector<std::string>> all = world.AllGatherBytes(EncodeSettings(mine));
-  if (!all.ok()) return all.status();
-  return CheckSettingsAgree(*all);
+  return Disagreement(all);
 }
 
 absl::Status CheckSettingsAgree(const std::vector<std::string>& encoded) {
-  const std::string reason = SettingsDisagreement(encoded);
-  if (reason.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the ranks' balancer settings differ: ", reason,
-      "; every rank must create its SequenceBalancer with the same settings"));
+  return Differ(SettingsDisagreement(encoded));
+}
+
+absl::Status AgreeOnSettings(Transport& world, const SharedSettings& mine) {
+  absl::StatusOr<std::vector<client::SharedSettingList>> all =
+      AllGatherMessages(world, ListOf(mine));
+  if (!all.ok()) return all.status();
+  return Differ(Disagreement(*all));
 }
 
 }  // namespace knapformer

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "client/sequence_balancer.h"
+#include "client/sequence_balancer_options.h"
 #include "transport/transport.h"
 
 namespace knapformer {
@@ -21,13 +21,16 @@ namespace knapformer {
 using SharedSettings = std::vector<std::pair<std::string, std::string>>;
 SharedSettings SharedSettingsOf(const SequenceBalancerOptions& options);
 
-// Every rank's settings as one string and back (for an all-gather).
+// Every rank's settings as bytes (a serialized client::SharedSettingList),
+// for an all-gather by a caller that has no Transport (the Python binding
+// all-gathers them over torch.distributed).
 std::string EncodeSettings(const SharedSettings& settings);
 
 // Empty when every rank's encoded settings are the same; else why not: the
 // first setting (in SharedSettingsOf's order) that differs, with the ranks
 // holding each value, e.g. "topology is 'g1n4' on rank 3 but 'g1n2+g2n1' on
-// ranks 0-2". A blob that does not decode is named too.
+// ranks 0-2". Bytes that do not decode, and a list of other names or
+// another length (another knapformer version), are named too.
 std::string SettingsDisagreement(const std::vector<std::string>& encoded);
 
 // FailedPrecondition carrying SettingsDisagreement's reason, or OK.

@@ -13,7 +13,7 @@
 #include "planner/balance_stats.h"
 #include "planner/cost_model.h"
 #include "planner/mask_json.h"
-#include "planner/status_macros.h"
+#include "common/status_macros.h"
 #include "planner/topology.h"
 #include "planner/validate.h"
 

@@ -17,10 +17,11 @@ naming the package to install or the torch to use, what cannot work:
     torch's CUDA major, and the NCCL that torch loads (pip's nvidia-nccl, else
     the system's; KNAPFORMER_NCCL_HOME). KNAPFORMER_NCCL=0 builds without it.
 
-SOURCES and the lists beside it are the same files as Bazel's
-//python:knapformer/_C.so: tests/python:pip_sources_test compares them (with
---config=cuda, CUDA_SOURCES too), so the two builds cannot drift apart.
+SOURCES and the lists beside it are python/extension_sources.bzl's, the files
+Bazel's //python:knapformer/_C.so is built from too, so the two builds cannot
+drift apart.
 """
+import ast
 import glob
 import os
 import re
@@ -30,131 +31,42 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The extension's C++ sources and headers, by room.
-SOURCES = [
-    "client/environment.cc",
-    "client/host_tensor_cache.cc",
-    "client/planner_client.cc",
-    "client/planner_target.cc",
-    "client/route_layout.cc",
-    "client/sequence_balancer.cc",
-    "client/settings_agreement.cc",
-    "common/args.cc",
-    "common/log.cc",
-    "planner/attention_mask.cc",
-    "planner/auto_layout.cc",
-    "planner/balance_stats.cc",
-    "planner/balancer.cc",
-    "planner/calibration.cc",
-    "planner/cost_model.cc",
-    "planner/data_stream.cc",
-    "planner/locality.cc",
-    "planner/machine.cc",
-    "planner/mask_json.cc",
-    "planner/multifit.cc",
-    "planner/packing_bound.cc",
-    "planner/plan.cc",
-    "planner/plan_from_chunks.cc",
-    "planner/plan_json.cc",
-    "planner/refine.cc",
-    "planner/step_time.cc",
-    "planner/topology.cc",
-    "planner/validate.cc",
-    "proto/mask_proto.cc",
-    "proto/plan_proto.cc",
-    "proto/step_problem.cc",
-    "python/balancer_binding.cc",
-    "python/machine_arg.cc",
-    "python/module.cc",
-    "python/nccl_binding.cc",
-    "python/planner_binding.cc",
-    "python/server_binding.cc",
-    "python/status_exception.cc",
-    "server/planner_server.cc",
-    "server/planner_service.cc",
-    "server/rank_ranges.cc",
-    "server/rendezvous.cc",
-    "server/request_check.cc",
-    "server/serve_flags.cc",
-    "server/service_metrics.cc",
-    "server/thread_pool.cc",
-    "tools/embedded_serve.cc",
-    "transport/agreement.cc",
-    "transport/c10d_transport.cc",
-    "transport/transport.cc",
-]
-HEADERS = [
-    "client/environment.h",
-    "client/host_tensor_cache.h",
-    "client/planner_client.h",
-    "client/planner_target.h",
-    "client/route_layout.h",
-    "client/sequence_balancer.h",
-    "client/settings_agreement.h",
-    "common/args.h",
-    "common/log.h",
-    "planner/attention_mask.h",
-    "planner/auto_layout.h",
-    "planner/bag_members.h",
-    "planner/balance_stats.h",
-    "planner/balancer.h",
-    "planner/calibration.h",
-    "planner/cost_model.h",
-    "planner/data_stream.h",
-    "planner/locality.h",
-    "planner/machine.h",
-    "planner/mask_json.h",
-    "planner/min_tree.h",
-    "planner/multifit.h",
-    "planner/packing_bound.h",
-    "planner/plan.h",
-    "planner/plan_from_chunks.h",
-    "planner/plan_json.h",
-    "planner/refine.h",
-    "planner/replica_solve.h",
-    "planner/sequence_table.h",
-    "planner/splitmix64.h",
-    "planner/status_macros.h",
-    "planner/step_time.h",
-    "planner/token_cap.h",
-    "planner/topology.h",
-    "planner/validate.h",
-    "proto/mask_proto.h",
-    "proto/plan_proto.h",
-    "proto/step_problem.h",
-    "python/bindings.h",
-    "python/machine_arg.h",
-    "python/status_exception.h",
-    "server/arena_message_allocator.h",
-    "server/planner_server.h",
-    "server/planner_service.h",
-    "server/rank_ranges.h",
-    "server/rendezvous.h",
-    "server/request_check.h",
-    "server/serve_flags.h",
-    "server/service_limits.h",
-    "server/service_metrics.h",
-    "server/thread_pool.h",
-    "tools/embedded_serve.h",
-    "transport/agreement.h",
-    "transport/c10d_transport.h",
-    "transport/transport.h",
-]
-# Compiled to C++ with protoc and grpc_cpp_plugin; included as
-# "knapformer/v1/planner.pb.h" (relative to proto/).
-PROTOS = ["proto/knapformer/v1/planner.proto"]
-PROTO_ROOT = "proto"
-# The raw NCCL transport, with a CUDA torch (Bazel: --config=cuda).
-CUDA_SOURCES = [
-    "transport/deadline_watchdog.cc",
-    "transport/exchange_plan.cc",
-    "transport/nccl_transport.cc",
-]
-CUDA_HEADERS = [
-    "transport/deadline_watchdog.h",
-    "transport/exchange_plan.h",
-    "transport/nccl_transport.h",
-]
+
+
+def _extension_sources():
+    """python/extension_sources.bzl's lists: the files Bazel builds the
+    extension from too (its assignments are literal lists and dicts)."""
+    path = os.path.join(ROOT, "python", "extension_sources.bzl")
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    lists = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+                isinstance(node.targets[0], ast.Name):
+            lists[node.targets[0].id] = ast.literal_eval(node.value)
+    return lists
+
+
+_LISTS = _extension_sources()
+# The extension's C++ sources and headers; the raw NCCL transport's, with a
+# CUDA torch (Bazel: --config=cuda).
+SOURCES = _LISTS["SOURCES"]
+HEADERS = _LISTS["HEADERS"]
+CUDA_SOURCES = _LISTS["CUDA_SOURCES"]
+CUDA_HEADERS = _LISTS["CUDA_HEADERS"]
+# Compiled with protoc, and grpc_cpp_plugin for GRPC_PROTOS.
+PROTOS = sorted(_LISTS["PROTOS"])
+GRPC_PROTOS = _LISTS["GRPC_PROTOS"]
+# protoc's import folders, as Bazel's (proto/proto_cc.bzl): the service's
+# API relative to proto/, every other .proto relative to the repository root.
+PROTO_PATHS = ["proto", "."]
+
+
+def proto_import_path(proto):
+    """The path protoc imports `proto` (a repository path) by, and its
+    generated files are named after."""
+    return proto[len("proto/"):] if proto.startswith("proto/") else proto
+
 
 # pkg-config modules, and the Debian package that ships each (Bazel's
 # //third_party targets link the same).

@@ -9,7 +9,7 @@
 
 #include "python/bindings.h"
 #include "python/status_exception.h"
-#include "tools/embedded_serve.h"
+#include "server/embedded_planner.h"
 
 namespace knapformer {
 namespace python {
@@ -17,12 +17,12 @@ namespace {
 
 namespace py = pybind11;
 
-// EmbeddedServe with the GIL let go while it starts and stops.
-class EmbeddedServer {
+// EmbeddedPlanner with the GIL let go while it starts and stops.
+class PyPlannerServer {
  public:
-  explicit EmbeddedServer(const std::vector<std::string>& flags) {
+  explicit PyPlannerServer(const std::vector<std::string>& flags) {
     py::gil_scoped_release no_gil;
-    server_ = ValueOrThrow(EmbeddedServe::Start(flags));
+    server_ = ValueOrThrow(EmbeddedPlanner::Start(flags));
   }
 
   std::string address() const { return Server().address(); }
@@ -33,7 +33,7 @@ class EmbeddedServer {
   // Taken out of the object while the GIL is held, so that another thread
   // sees a stopped server, not one being destroyed.
   void Shutdown(std::optional<double> grace_seconds) {
-    std::unique_ptr<EmbeddedServe> server = std::move(server_);
+    std::unique_ptr<EmbeddedPlanner> server = std::move(server_);
     if (server == nullptr) return;
     py::gil_scoped_release no_gil;
     if (grace_seconds.has_value()) {
@@ -46,8 +46,8 @@ class EmbeddedServer {
   // Garbage collection or interpreter exit: stop without holding the GIL
   // for the grace period (gRPC's threads never need it), unless the
   // interpreter is finalizing and the GIL must not be let go.
-  ~EmbeddedServer() {
-    std::unique_ptr<EmbeddedServe> server = std::move(server_);
+  ~PyPlannerServer() {
+    std::unique_ptr<EmbeddedPlanner> server = std::move(server_);
     if (server == nullptr) return;
     if (HoldsReleasableGil()) {
       py::gil_scoped_release no_gil;
@@ -56,24 +56,24 @@ class EmbeddedServer {
   }
 
  private:
-  const EmbeddedServe& Server() const {
+  const EmbeddedPlanner& Server() const {
     if (server_ == nullptr) throw std::runtime_error("FAILED_PRECONDITION: the server was shut down");
     return *server_;
   }
 
-  std::unique_ptr<EmbeddedServe> server_;
+  std::unique_ptr<EmbeddedPlanner> server_;
 };
 
 }  // namespace
 
 void BindServer(py::module_& m) {
-  py::class_<EmbeddedServer>(m, "_PlannerServer")
+  py::class_<PyPlannerServer>(m, "_PlannerServer")
       .def(py::init<const std::vector<std::string>&>(), py::arg("flags"))
-      .def_property_readonly("address", &EmbeddedServer::address)
-      .def_property_readonly("port", &EmbeddedServer::port)
-      .def_property_readonly("metrics_port", &EmbeddedServer::metrics_port)
-      .def_property_readonly("running", &EmbeddedServer::running)
-      .def("shutdown", &EmbeddedServer::Shutdown, py::arg("grace_seconds") = py::none());
+      .def_property_readonly("address", &PyPlannerServer::address)
+      .def_property_readonly("port", &PyPlannerServer::port)
+      .def_property_readonly("metrics_port", &PyPlannerServer::metrics_port)
+      .def_property_readonly("running", &PyPlannerServer::running)
+      .def("shutdown", &PyPlannerServer::Shutdown, py::arg("grace_seconds") = py::none());
 }
 
 }  // namespace python

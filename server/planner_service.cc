@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
+#include "planner/step_solve.h"
 #include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
 #include "common/log.h"

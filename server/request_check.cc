@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "planner/status_macros.h"
+#include "common/status_macros.h"
 #include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
 

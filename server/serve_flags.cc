@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/args.h"
-#include "planner/status_macros.h"
+#include "common/status_macros.h"
 
 namespace knapformer {
 

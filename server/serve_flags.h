@@ -3,7 +3,7 @@
 
 // `knapformer serve`'s flags, declared once for the planner process
 // (tools/serve.h) and for the planner embedded in another process
-// (tools/embedded_serve.h).
+// (server/embedded_planner.h).
 
 #include <string>
 #include <vector>
@@ -23,7 +23,7 @@ struct ServeConfig {
   LogLevel log_level = LogLevel::kInfo;
   absl::Duration shutdown_grace = absl::Seconds(5);
   std::string port_file;  // written with "<grpc port> <metrics port>\n" once serving
-  // glibc malloc keeps freed memory for the next plan (tools/malloc_policy.h).
+  // glibc malloc keeps freed memory for the next plan (common/malloc_policy.h).
   bool retain_freed_memory = true;
 };
 

@@ -16,7 +16,7 @@
 #include "absl/strings/strip.h"
 #include "common/args.h"
 #include "planner/cost_model.h"
-#include "planner/status_macros.h"
+#include "common/status_macros.h"
 
 namespace knapformer {
 

@@ -10,7 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/args.h"
 #include "server/serve_flags.h"
-#include "tools/malloc_policy.h"
+#include "common/malloc_policy.h"
 
 namespace knapformer {
 

@@ -15,7 +15,7 @@
 #include "planner/data_stream.h"
 #include "planner/masked_stream.h"
 #include "planner/plan_from_chunks.h"
-#include "planner/status_macros.h"
+#include "common/status_macros.h"
 #include "planner/step_time.h"
 #include "planner/topology.h"
 #include "planner/validate.h"

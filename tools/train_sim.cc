@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -44,13 +43,15 @@
 #include "planner/auto_layout.h"
 #include "planner/calibration.h"
 #include "planner/data_stream.h"
-#include "planner/status_macros.h"
+#include "common/status_macros.h"
 #include "planner/topology.h"
-#include "tools/local_world.h"
+#include "transport/local_world.h"
 #include "tools/machine_flags.h"
-#include "tools/malloc_policy.h"
-#include "tools/sample_stats.h"
+#include "common/malloc_policy.h"
+#include "common/sample_stats.h"
 #include "tools/sim_data.h"
+#include "tools/train_sim_report.pb.h"
+#include "transport/agreement.h"
 
 namespace knapformer {
 namespace {
@@ -356,37 +357,22 @@ absl::StatusOr<CostFit> FitGamma(const SimOptions& o, const Block& block,
     lengths.push_back(std::llround(low * std::pow(high / low, i / (kLengths - 1.0))));
   }
   TimeBlock(o, block, lengths.back(), 1);  // grows the heap to its size once
-  std::vector<double> mine;
-  for (int64_t length : lengths) mine.push_back(TimeBlock(o, block, length, 3));
-  const absl::string_view bytes(reinterpret_cast<const char*>(mine.data()),
-                                mine.size() * sizeof(double));
-  KF_ASSIGN_OR_RETURN(std::vector<std::string> all, transport.AllGatherBytes(bytes));
+  tools::BlockTimings mine;
+  for (int64_t length : lengths) mine.add_seconds(TimeBlock(o, block, length, 3));
+  KF_ASSIGN_OR_RETURN(std::vector<tools::BlockTimings> all, AllGatherMessages(transport, mine));
   std::vector<WorkSample> samples;
-  for (const std::string& theirs : all) {
-    std::vector<double> seconds(lengths.size());
-    if (theirs.size() != seconds.size() * sizeof(double)) {
-      return absl::InternalError("--gamma fit: a rank sent a different number of timings");
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].seconds_size() != static_cast<int>(lengths.size())) {
+      return absl::InternalError(absl::StrCat("--gamma fit: rank ", r, " sent ",
+                                              all[r].seconds_size(), " timings, not ",
+                                              lengths.size()));
     }
-    std::memcpy(seconds.data(), theirs.data(), theirs.size());
     for (size_t i = 0; i < lengths.size(); ++i) {
-      samples.push_back(SequenceSample(lengths[i], o.d_model, seconds[i]));
+      samples.push_back(SequenceSample(lengths[i], o.d_model, all[r].seconds(i)));
     }
   }
   return FitCostModel(samples);
 }
-
-// One rank's step with one topology.
-struct Balanced {
-  double seconds = 0;
-  double loss_difference = 0, gradient_difference = 0;
-  double plan_wait_seconds = 0;     // the planner client's wall time (StepPlan::wait_seconds)
-  double service_wait_seconds = 0;  // of it, blocked on the service's answer
-};
-
-struct RankStep {
-  double unbalanced_seconds = 0;
-  Balanced balanced[kMaxTopologies];
-};
 
 // Rank 0's sums over the counted steps, per topology.
 struct TopologySummary {
@@ -524,14 +510,14 @@ int RunWorker(const SimOptions& o) {
 
     double start = ThreadUserSeconds();
     at::Tensor loss_unbalanced = Step(o, blocks, x, batch, rank, world_tokens, nullptr);
-    RankStep mine;
-    mine.unbalanced_seconds = ThreadUserSeconds() - start;
+    tools::RankStep mine;
+    mine.set_unbalanced_seconds(ThreadUserSeconds() - start);
     at::Tensor grad_unbalanced = TakeGradients(blocks, *group);
 
     at::Tensor grad_balanced;
     for (int t = 0; t < kinds; ++t) {
       SequenceBalancer& balancer = *balancers[t];
-      Balanced& result = mine.balanced[t];
+      tools::BalancedStep& result = *mine.add_balanced();
       start = ThreadUserSeconds();
       absl::Status planned = balancer.PlanRouting(lengths, {}, masks_for(variants[t], batch));
       if (planned.ok() && next_batch.has_value()) {
@@ -544,16 +530,16 @@ int RunWorker(const SimOptions& o) {
         return 1;
       }
       at::Tensor loss_balanced = Step(o, blocks, x, batch, rank, world_tokens, &balancer);
-      result.seconds = ThreadUserSeconds() - start;
+      result.set_seconds(ThreadUserSeconds() - start);
       grad_balanced = TakeGradients(blocks, *group);
-      result.plan_wait_seconds = balancer.step_plan().wait_seconds;
-      result.service_wait_seconds = balancer.step_plan().service_wait_seconds;
-      result.loss_difference =
+      result.set_plan_wait_seconds(balancer.step_plan().wait_seconds);
+      result.set_service_wait_seconds(balancer.step_plan().service_wait_seconds);
+      result.set_loss_difference(
           std::abs(loss_balanced.item<double>() - loss_unbalanced.item<double>()) /
-          std::max(1e-30, std::abs(loss_unbalanced.item<double>()));
-      result.gradient_difference = ((grad_balanced - grad_unbalanced).abs().max() /
-                                    grad_unbalanced.abs().max().clamp_min(1e-30))
-                                       .item<double>();
+          std::max(1e-30, std::abs(loss_unbalanced.item<double>())));
+      result.set_gradient_difference(((grad_balanced - grad_unbalanced).abs().max() /
+                                      grad_unbalanced.abs().max().clamp_min(1e-30))
+                                         .item<double>());
     }
     {  // SGD on the (identical) gradients, so the model trains
       at::NoGradGuard no_grad;
@@ -564,21 +550,26 @@ int RunWorker(const SimOptions& o) {
       }
     }
 
-    auto all = transport->AllGatherBytes(
-        absl::string_view(reinterpret_cast<const char*>(&mine), sizeof(mine)));
+    absl::StatusOr<std::vector<tools::RankStep>> all = AllGatherMessages(*transport, mine);
+    for (int r = 0; all.ok() && r < o.procs; ++r) {
+      if ((*all)[r].balanced_size() != kinds) {
+        all = absl::InternalError(absl::StrCat("rank ", r, " reported ",
+                                               (*all)[r].balanced_size(), " topologies, not ",
+                                               kinds));
+      }
+    }
     if (!all.ok()) {
       std::cerr << "rank " << rank << ": " << all.status() << "\n";
       return 1;
     }
     if (rank != 0) continue;
-    std::vector<RankStep> ranks(o.procs);
-    for (int r = 0; r < o.procs; ++r) std::memcpy(&ranks[r], (*all)[r].data(), sizeof(RankStep));
+    const std::vector<tools::RankStep>& ranks = *all;
     double max_u = 0, min_u = 1e30;
     std::vector<std::string> u_ms;
-    for (const RankStep& s : ranks) {
-      max_u = std::max(max_u, s.unbalanced_seconds);
-      min_u = std::min(min_u, s.unbalanced_seconds);
-      u_ms.push_back(absl::StrFormat("%.0f", s.unbalanced_seconds * 1e3));
+    for (const tools::RankStep& s : ranks) {
+      max_u = std::max(max_u, s.unbalanced_seconds());
+      min_u = std::min(min_u, s.unbalanced_seconds());
+      u_ms.push_back(absl::StrFormat("%.0f", s.unbalanced_seconds() * 1e3));
     }
     std::cout << absl::StrFormat("%-5d %-10s %-28s %-7.2f %-9.0f %s\n", step, "unbalanced",
                                  absl::StrJoin(u_ms, " "), max_u / min_u, max_u * 1e3,
@@ -594,15 +585,15 @@ int RunWorker(const SimOptions& o) {
     for (int t = 0; t < kinds; ++t) {
       double max_b = 0, min_b = 1e30, max_plan = 0, max_service = 0;
       std::vector<std::string> b_ms;
-      for (const RankStep& s : ranks) {
-        const Balanced& b = s.balanced[t];
-        max_b = std::max(max_b, b.seconds);
-        min_b = std::min(min_b, b.seconds);
-        max_plan = std::max(max_plan, b.plan_wait_seconds);
-        max_service = std::max(max_service, b.service_wait_seconds);
-        b_ms.push_back(absl::StrFormat("%.0f", b.seconds * 1e3));
-        worst_loss = std::max(worst_loss, b.loss_difference);
-        worst_gradient = std::max(worst_gradient, b.gradient_difference);
+      for (const tools::RankStep& s : ranks) {
+        const tools::BalancedStep& b = s.balanced(t);
+        max_b = std::max(max_b, b.seconds());
+        min_b = std::min(min_b, b.seconds());
+        max_plan = std::max(max_plan, b.plan_wait_seconds());
+        max_service = std::max(max_service, b.service_wait_seconds());
+        b_ms.push_back(absl::StrFormat("%.0f", b.seconds() * 1e3));
+        worst_loss = std::max(worst_loss, b.loss_difference());
+        worst_gradient = std::max(worst_gradient, b.gradient_difference());
       }
       const StepPlan& plan = balancers[t]->step_plan();
       // With several topologies, each row names its own (auto: the layout it chose).

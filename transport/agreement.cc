@@ -1,59 +1,67 @@
 #include "transport/agreement.h"
 
-#include <cstring>
-#include <string>
-#include <vector>
-
 #include "absl/strings/str_cat.h"
 
 namespace knapformer {
 namespace {
 
-// A verdict on the wire: int32 status code, int64 row bytes, then the
-// message (empty when Ok). Fixed-width fields in host order: every rank of
-// a group runs this same binary family on one architecture.
-constexpr size_t kHeader = sizeof(int32_t) + sizeof(int64_t);
-
-std::string Encode(const absl::Status& status, int64_t row_bytes) {
-  std::string bytes(kHeader, '\0');
-  const int32_t code = static_cast<int32_t>(status.code());
-  std::memcpy(bytes.data(), &code, sizeof(code));
-  std::memcpy(bytes.data() + sizeof(code), &row_bytes, sizeof(row_bytes));
-  bytes.append(status.message().data(), status.message().size());
-  return bytes;
+int64_t RowBytesOf(const agreement::Verdict& verdict) {
+  return verdict.has_row_bytes() ? verdict.row_bytes() : -1;
 }
 
 }  // namespace
 
-absl::Status AgreeOnStatus(Transport& transport, const absl::Status& mine, int64_t row_bytes) {
-  auto all = transport.AllGatherBytes(Encode(mine, row_bytes));
-  if (!all.ok()) return all.status();
-  std::vector<int64_t> sizes(all->size(), -1);
-  for (size_t p = 0; p < all->size(); ++p) {
-    const std::string& bytes = (*all)[p];
-    if (bytes.size() < kHeader) {
-      return absl::InternalError(absl::StrCat("agreement: rank ", p, " sent ", bytes.size(),
-                                              " bytes, fewer than a verdict's ", kHeader));
-    }
-    int32_t code = 0;
-    std::memcpy(&code, bytes.data(), sizeof(code));
-    std::memcpy(&sizes[p], bytes.data() + sizeof(code), sizeof(int64_t));
-    if (code != 0) {
-      if (code < 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
-        code = static_cast<int32_t>(absl::StatusCode::kUnknown);
-      }
-      return absl::Status(static_cast<absl::StatusCode>(code),
-                          absl::StrCat("rank ", p, ": ", bytes.substr(kHeader)));
-    }
+absl::Status Malformed(int rank, const std::string& type) {
+  return absl::InternalError(
+      absl::StrCat("agreement: rank ", rank, " sent bytes that are not a ", type));
+}
+
+agreement::Verdict VerdictOf(const absl::Status& status, int64_t row_bytes) {
+  agreement::Verdict verdict;
+  verdict.set_code(static_cast<int32_t>(status.code()));
+  verdict.set_message(std::string(status.message()));
+  if (row_bytes >= 0) verdict.set_row_bytes(row_bytes);
+  return verdict;
+}
+
+absl::Status CheckVerdictCode(const agreement::Verdict& verdict, int rank) {
+  const int32_t code = verdict.code();
+  if (code >= 0 && code <= static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::OkStatus();
   }
-  for (size_t p = 1; p < sizes.size(); ++p) {
-    if (sizes[p] != sizes[0]) {
+  return absl::InternalError(absl::StrCat("agreement: rank ", rank, " sent status code ", code,
+                                          ", which is none of absl's: ", verdict.message()));
+}
+
+absl::Status StatusOf(const agreement::Verdict& verdict, int rank, const std::string& prefix) {
+  if (absl::Status code = CheckVerdictCode(verdict, rank); !code.ok()) return code;
+  if (verdict.code() == 0) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(verdict.code()), prefix + verdict.message());
+}
+
+absl::Status FirstFailure(const std::vector<agreement::Verdict>& verdicts, NameRank name) {
+  for (size_t p = 0; p < verdicts.size(); ++p) {
+    const int rank = static_cast<int>(p);
+    absl::Status status =
+        StatusOf(verdicts[p], rank, name == NameRank::kYes ? absl::StrCat("rank ", p, ": ") : "");
+    if (!status.ok()) return status;
+  }
+  for (size_t p = 1; p < verdicts.size(); ++p) {
+    if (RowBytesOf(verdicts[p]) != RowBytesOf(verdicts[0])) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "rows of ", sizes[0], " bytes on rank 0 but ", sizes[p], " on rank ", p,
-          ": every rank must pass the same dtypes and trailing shapes"));
+          "rows of ", RowBytesOf(verdicts[0]), " bytes on rank 0 but ", RowBytesOf(verdicts[p]),
+          " on rank ", p, ": every rank must pass the same dtypes and trailing shapes"));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status AgreeOnStatus(Transport& transport, const absl::Status& mine, int64_t row_bytes,
+                           NameRank name) {
+  absl::StatusOr<std::vector<agreement::Verdict>> all =
+      AllGatherMessages(transport, VerdictOf(mine, row_bytes));
+  if (!all.ok()) return all.status();
+  return FirstFailure(*all, name);
 }
 
 }  // namespace knapformer

@@ -1,27 +1,89 @@
 #ifndef KNAPFORMER_TRANSPORT_AGREEMENT_H_
 #define KNAPFORMER_TRANSPORT_AGREEMENT_H_
 
+// Typed agreement over a Transport: every rank's message in one all-gather
+// (or the root's in one broadcast), and every rank's verdict folded into
+// one status that all ranks return. The one way the ranks of a group tell
+// each other anything: every message is a protobuf message, every decoded
+// status code is checked, and a rank's bytes that do not parse are an error
+// naming that rank, the same on every rank (all decode the same bytes).
+
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "transport/agreement.pb.h"
 #include "transport/transport.h"
 
 namespace knapformer {
 
+// Internal naming `rank` and the message type its bytes did not parse as.
+absl::Status Malformed(int rank, const std::string& type);
+
+// Collective over `transport`: every rank's `mine`, by rank. Errors: the
+// transport's (a peer gone: Unavailable or DeadlineExceeded), or Malformed.
+template <typename Message>
+absl::StatusOr<std::vector<Message>> AllGatherMessages(Transport& transport, const Message& mine) {
+  absl::StatusOr<std::vector<std::string>> all = transport.AllGatherBytes(mine.SerializeAsString());
+  if (!all.ok()) return all.status();
+  std::vector<Message> messages(all->size());
+  for (size_t p = 0; p < all->size(); ++p) {
+    if (!messages[p].ParseFromString((*all)[p])) {
+      return Malformed(static_cast<int>(p), mine.GetTypeName());
+    }
+  }
+  return messages;
+}
+
+// Collective over `transport`: `root`'s `mine` on every rank (the others'
+// `mine` is not sent). Errors: InvalidArgument for a root outside the
+// group (before anything moves), the transport's, or Malformed.
+template <typename Message>
+absl::StatusOr<Message> BroadcastMessage(Transport& transport, int root, const Message& mine) {
+  absl::StatusOr<std::string> bytes =
+      transport.BroadcastBytes(root, transport.rank() == root ? mine.SerializeAsString() : "");
+  if (!bytes.ok()) return bytes.status();
+  Message message;
+  if (!message.ParseFromString(*bytes)) return Malformed(root, mine.GetTypeName());
+  return message;
+}
+
+// `status` as a verdict; row_bytes < 0 leaves the row size unset.
+agreement::Verdict VerdictOf(const absl::Status& status, int64_t row_bytes = -1);
+
+// Internal naming `rank` unless the verdict's code is an absl::StatusCode.
+absl::Status CheckVerdictCode(const agreement::Verdict& verdict, int rank);
+
+// The status `verdict` carries (its code and message; `prefix` before the
+// message, e.g. "rank 3: "), or CheckVerdictCode's error.
+absl::Status StatusOf(const agreement::Verdict& verdict, int rank, const std::string& prefix = "");
+
+// How a group's verdicts fold into one status.
+enum class NameRank {
+  kYes,  // the failing rank's message is prefixed "rank R: "
+  kNo,   // as it is (it names the ranks itself)
+};
+
+// The lowest failing rank's status among `verdicts` (by rank); else, when
+// some carry row sizes and they differ, InvalidArgument naming the first
+// rank whose size differs from rank 0's; else Ok.
+absl::Status FirstFailure(const std::vector<agreement::Verdict>& verdicts,
+                          NameRank name = NameRank::kYes);
+
 // Collective over `transport`: every rank's local verdict on the collective
 // it is about to enter (`mine`: Ok or why it cannot take part; `row_bytes`:
-// the bytes per row it would move, or -1 when the exchange has no single row
-// size) in one small all-gather, so that all ranks return the same status:
-// the lowest failing rank's error (its code, its message prefixed with its
-// rank), else, when row sizes differ, InvalidArgument naming the first rank
-// whose size differs from rank 0's, else Ok. A rank that would fail alone
-// would leave its peers waiting in the collective until a timeout; this
-// turns that into the same immediate error everywhere.
+// the bytes per row it would move, or -1 when the exchange has no single
+// row size) in one small all-gather, so that all ranks return the same
+// status: FirstFailure of them. A rank that would fail alone would leave
+// its peers waiting in the collective until a timeout; this turns that into
+// the same immediate error everywhere.
 //
 // If the all-gather itself fails (a peer gone, a broken transport), that is
 // the result: Unavailable or DeadlineExceeded, from the transport.
-absl::Status AgreeOnStatus(Transport& transport, const absl::Status& mine,
-                           int64_t row_bytes = -1);
+absl::Status AgreeOnStatus(Transport& transport, const absl::Status& mine, int64_t row_bytes = -1,
+                           NameRank name = NameRank::kYes);
 
 }  // namespace knapformer
 

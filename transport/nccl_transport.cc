@@ -9,14 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "transport/exchange_plan.h"
-
-// absl 20220623 has no status macros. Local to this file, undefined at its end.
-#define KNAPFORMER_RETURN_IF_ERROR(expr)                   \
-  do {                                                     \
-    absl::Status knapformer_status = (expr);               \
-    if (!knapformer_status.ok()) return knapformer_status; \
-  } while (false)
 
 namespace knapformer {
 namespace {
@@ -84,7 +78,7 @@ class ScopedDevice {
 absl::Status CheckStreamDevice(cudaStream_t stream, int device) {
 #if CUDART_VERSION >= 12080
   int stream_device = -1;
-  KNAPFORMER_RETURN_IF_ERROR(
+  KF_RETURN_IF_ERROR(
       CudaStatus(cudaStreamGetDevice(stream, &stream_device), "cudaStreamGetDevice"));
   if (stream_device != device) {
     return absl::InvalidArgumentError(absl::StrCat("stream: on CUDA device ", stream_device,
@@ -96,7 +90,7 @@ absl::Status CheckStreamDevice(cudaStream_t stream, int device) {
   // Before CUDA 12.8 the runtime cannot name a stream's device; recording an
   // event made on `device` into the stream fails when they differ.
   cudaEvent_t probe = nullptr;
-  KNAPFORMER_RETURN_IF_ERROR(CudaStatus(
+  KF_RETURN_IF_ERROR(CudaStatus(
       cudaEventCreateWithFlags(&probe, cudaEventDisableTiming), "cudaEventCreate (stream check)"));
   const cudaError_t recorded = cudaEventRecord(probe, stream);
   cudaEventDestroy(probe);
@@ -165,18 +159,18 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(ncclComm_t 
     return absl::InvalidArgumentError("timeout: must be > 0");
   }
   int rank = -1, size = -1, device = -1;
-  KNAPFORMER_RETURN_IF_ERROR(
+  KF_RETURN_IF_ERROR(
       NcclStatus(ncclCommUserRank(comm, &rank), "ncclCommUserRank", "create", comm));
-  KNAPFORMER_RETURN_IF_ERROR(
+  KF_RETURN_IF_ERROR(
       NcclStatus(ncclCommCount(comm, &size), "ncclCommCount", "create", comm));
-  KNAPFORMER_RETURN_IF_ERROR(
+  KF_RETURN_IF_ERROR(
       NcclStatus(ncclCommCuDevice(comm, &device), "ncclCommCuDevice", "create", comm));
   ScopedDevice on_device(device);
-  KNAPFORMER_RETURN_IF_ERROR(on_device.status());
-  KNAPFORMER_RETURN_IF_ERROR(CheckStreamDevice(stream, device));
+  KF_RETURN_IF_ERROR(on_device.status());
+  KF_RETURN_IF_ERROR(CheckStreamDevice(stream, device));
   std::unique_ptr<NcclTransport> transport(
       new NcclTransport(comm, /*owned=*/false, stream, rank, size, device, std::move(options)));
-  KNAPFORMER_RETURN_IF_ERROR(transport->Start());
+  KF_RETURN_IF_ERROR(transport->Start());
   return transport;
 }
 
@@ -193,8 +187,8 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::CreateFromUniqueId
   }
   // ncclCommInitRank takes its device from the current one.
   ScopedDevice on_device(device);
-  KNAPFORMER_RETURN_IF_ERROR(on_device.status());
-  KNAPFORMER_RETURN_IF_ERROR(CheckStreamDevice(stream, device));
+  KF_RETURN_IF_ERROR(on_device.status());
+  KF_RETURN_IF_ERROR(CheckStreamDevice(stream, device));
   if (!(options.timeout > absl::ZeroDuration())) {
     return absl::InvalidArgumentError("timeout: must be > 0");
   }
@@ -202,21 +196,21 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::CreateFromUniqueId
   if (!comm.ok()) return comm.status();
   std::unique_ptr<NcclTransport> transport(
       new NcclTransport(*comm, /*owned=*/true, stream, rank, size, device, std::move(options)));
-  KNAPFORMER_RETURN_IF_ERROR(transport->Start());
+  KF_RETURN_IF_ERROR(transport->Start());
   return transport;
 }
 
 absl::Status NcclTransport::Start() {
   ScopedDevice on_device(device_);
-  KNAPFORMER_RETURN_IF_ERROR(on_device.status());
-  KNAPFORMER_RETURN_IF_ERROR(CudaStatus(
+  KF_RETURN_IF_ERROR(on_device.status());
+  KF_RETURN_IF_ERROR(CudaStatus(
       cudaEventCreateWithFlags(&caller_ready_, cudaEventDisableTiming), "cudaEventCreate"));
   DeadlineWatchdog::Hooks hooks;
   const int device = device_;
   hooks.thread_init = [device] { cudaSetDevice(device); };
   hooks.poll_error = [this]() -> absl::Status {
     ncclResult_t async = ncclSuccess;
-    KNAPFORMER_RETURN_IF_ERROR(
+    KF_RETURN_IF_ERROR(
         NcclStatus(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError", "watchdog",
                    comm_));
     return NcclStatus(async, "asynchronous NCCL error", "watchdog", comm_);
@@ -266,12 +260,12 @@ absl::Status NcclTransport::Group(const char* what, Ops&& ops) {
   // send buffer, its allocations) runs first.
   const cudaStream_t caller = CallerStream();
   if (caller != stream_) {
-    KNAPFORMER_RETURN_IF_ERROR(
+    KF_RETURN_IF_ERROR(
         CudaStatus(cudaEventRecord(caller_ready_, caller), "cudaEventRecord (caller stream)"));
-    KNAPFORMER_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(stream_, caller_ready_, 0),
+    KF_RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(stream_, caller_ready_, 0),
                                           "cudaStreamWaitEvent (transport stream)"));
   }
-  KNAPFORMER_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart", what, comm_));
+  KF_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart", what, comm_));
   // Close the group even when enqueueing failed: NCCL's group state is per
   // thread and would swallow the caller's next operations.
   const absl::Status enqueued = ops();
@@ -286,13 +280,13 @@ absl::Status NcclTransport::Group(const char* what, Ops&& ops) {
     std::this_thread::yield();
     if (ncclCommGetAsyncError(comm_, &ended) != ncclSuccess) break;
   }
-  KNAPFORMER_RETURN_IF_ERROR(enqueued);
+  KF_RETURN_IF_ERROR(enqueued);
   return NcclStatus(ended, "ncclGroupEnd", what, comm_);
 }
 
 absl::Status NcclTransport::Publish(const char* what) {
   cudaEvent_t done = nullptr;
-  KNAPFORMER_RETURN_IF_ERROR(
+  KF_RETURN_IF_ERROR(
       CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate"));
   absl::Status status = CudaStatus(cudaEventRecord(done, stream_), "cudaEventRecord");
   const cudaStream_t caller = CallerStream();
@@ -311,7 +305,7 @@ absl::Status NcclTransport::Publish(const char* what) {
 
 absl::Status NcclTransport::WaitHost(const char* what) {
   cudaEvent_t done = nullptr;
-  KNAPFORMER_RETURN_IF_ERROR(
+  KF_RETURN_IF_ERROR(
       CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate"));
   absl::Status status = CudaStatus(cudaEventRecord(done, stream_), "cudaEventRecord");
   if (status.ok()) {
@@ -333,7 +327,7 @@ absl::StatusOr<char*> NcclTransport::Staging(size_t bytes) {
     staging_bytes_ = 0;
   }
   void* buffer = nullptr;
-  KNAPFORMER_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&buffer, grown),
+  KF_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&buffer, grown),
                                         absl::StrCat("cudaMallocHost(", grown, " bytes)")));
   staging_ = static_cast<char*>(buffer);
   staging_bytes_ = grown;
@@ -345,12 +339,12 @@ absl::StatusOr<char*> NcclTransport::Scratch(size_t bytes) {
   // Doubling keeps the (stream-ordered, so cheap) reallocations rare.
   const size_t grown = std::max(bytes, 2 * scratch_bytes_);
   if (scratch_ != nullptr) {
-    KNAPFORMER_RETURN_IF_ERROR(CudaStatus(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync"));
+    KF_RETURN_IF_ERROR(CudaStatus(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync"));
     scratch_ = nullptr;
     scratch_bytes_ = 0;
   }
   void* buffer = nullptr;
-  KNAPFORMER_RETURN_IF_ERROR(CudaStatus(cudaMallocAsync(&buffer, grown, stream_),
+  KF_RETURN_IF_ERROR(CudaStatus(cudaMallocAsync(&buffer, grown, stream_),
                                         absl::StrCat("cudaMallocAsync(", grown, " bytes)")));
   scratch_ = static_cast<char*>(buffer);
   scratch_bytes_ = grown;
@@ -367,19 +361,19 @@ absl::StatusOr<std::vector<int64_t>> NcclTransport::AllGatherInt64(
   if (!staging.ok()) return staging.status();
   std::memcpy(*staging, mine.data(), bytes);
   char* slot = *scratch + bytes * rank_;
-  KNAPFORMER_RETURN_IF_ERROR(
+  KF_RETURN_IF_ERROR(
       CudaStatus(cudaMemcpyAsync(slot, *staging, bytes, cudaMemcpyHostToDevice, stream_),
                  "cudaMemcpyAsync (int64 all-gather, to device)"));
   // In place (this rank's slot of the output is the input), so one buffer
   // serves both sides.
-  KNAPFORMER_RETURN_IF_ERROR(Group("int64 all-gather", [&] {
+  KF_RETURN_IF_ERROR(Group("int64 all-gather", [&] {
     return NcclStatus(ncclAllGather(slot, *scratch, count, ncclInt64, comm_, stream_),
                       "ncclAllGather", "int64 all-gather", comm_);
   }));
-  KNAPFORMER_RETURN_IF_ERROR(CudaStatus(
+  KF_RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(*staging, *scratch, bytes * size_, cudaMemcpyDeviceToHost, stream_),
       "cudaMemcpyAsync (int64 all-gather, to host)"));
-  KNAPFORMER_RETURN_IF_ERROR(WaitHost("int64 all-gather"));
+  KF_RETURN_IF_ERROR(WaitHost("int64 all-gather"));
   std::vector<int64_t> all(count * size_);
   std::memcpy(all.data(), *staging, bytes * size_);
   return all;
@@ -396,24 +390,24 @@ absl::StatusOr<std::vector<int64_t>> NcclTransport::ExchangeCounts(
   int64_t* mine = reinterpret_cast<int64_t*>(*scratch);
   int64_t* theirs = mine + n;
   std::memcpy(*staging, send_rows.data(), bytes);
-  KNAPFORMER_RETURN_IF_ERROR(
+  KF_RETURN_IF_ERROR(
       CudaStatus(cudaMemcpyAsync(mine, *staging, bytes, cudaMemcpyHostToDevice, stream_),
                  "cudaMemcpyAsync (row counts, to device)"));
   // An all-to-all of one int64 per peer: ncclAlltoAll would do, but send/recv
   // pairs work on every NCCL 2.x the trainer may bring.
-  KNAPFORMER_RETURN_IF_ERROR(Group("row count exchange", [&]() -> absl::Status {
+  KF_RETURN_IF_ERROR(Group("row count exchange", [&]() -> absl::Status {
     for (int p = 0; p < n; ++p) {
-      KNAPFORMER_RETURN_IF_ERROR(NcclStatus(ncclSend(mine + p, 1, ncclInt64, p, comm_, stream_),
+      KF_RETURN_IF_ERROR(NcclStatus(ncclSend(mine + p, 1, ncclInt64, p, comm_, stream_),
                                             "ncclSend", "row count exchange", comm_));
-      KNAPFORMER_RETURN_IF_ERROR(NcclStatus(ncclRecv(theirs + p, 1, ncclInt64, p, comm_, stream_),
+      KF_RETURN_IF_ERROR(NcclStatus(ncclRecv(theirs + p, 1, ncclInt64, p, comm_, stream_),
                                             "ncclRecv", "row count exchange", comm_));
     }
     return absl::OkStatus();
   }));
-  KNAPFORMER_RETURN_IF_ERROR(
+  KF_RETURN_IF_ERROR(
       CudaStatus(cudaMemcpyAsync(*staging, theirs, bytes, cudaMemcpyDeviceToHost, stream_),
                  "cudaMemcpyAsync (row counts, to host)"));
-  KNAPFORMER_RETURN_IF_ERROR(WaitHost("row count exchange"));
+  KF_RETURN_IF_ERROR(WaitHost("row count exchange"));
   std::vector<int64_t> sent_to_me(n);
   std::memcpy(sent_to_me.data(), *staging, bytes);
   return sent_to_me;
@@ -450,11 +444,11 @@ absl::Status NcclTransport::AllToAllRowsPrechecked(const void* send,
 
 absl::Status NcclTransport::CheckRowCounts(const std::vector<int64_t>& send_rows,
                                            const std::vector<int64_t>& recv_rows) {
-  KNAPFORMER_RETURN_IF_ERROR(Usable());
+  KF_RETURN_IF_ERROR(Usable());
   // A rank with malformed vectors still takes part, refusing.
   const absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, size_);
   ScopedDevice on_device(device_);
-  KNAPFORMER_RETURN_IF_ERROR(on_device.status());
+  KF_RETURN_IF_ERROR(on_device.status());
   // Row size 0 on every rank: the verdicts compare counts only.
   absl::Status status = CheckCounts(send_rows, recv_rows, /*row_bytes=*/0, !sizes.ok());
   NoteFailure(status);
@@ -464,11 +458,11 @@ absl::Status NcclTransport::CheckRowCounts(const std::vector<int64_t>& send_rows
 absl::Status NcclTransport::AllToAll(const void* send, const std::vector<int64_t>& send_rows,
                                      void* recv, const std::vector<int64_t>& recv_rows,
                                      int64_t row_bytes, bool check_counts) {
-  KNAPFORMER_RETURN_IF_ERROR(Usable());
+  KF_RETURN_IF_ERROR(Usable());
   absl::Status valid = CheckExchange(send_rows, recv_rows, row_bytes, size_);
   if (valid.ok()) valid = CheckBuffers(send, send_rows, recv, recv_rows, row_bytes);
   ScopedDevice on_device(device_);
-  KNAPFORMER_RETURN_IF_ERROR(on_device.status());
+  KF_RETURN_IF_ERROR(on_device.status());
   if (check_counts) {
     // Every rank takes part in the check, whatever its own arguments, so a
     // local mistake fails every rank instead of leaving them waiting.
@@ -490,18 +484,18 @@ absl::Status NcclTransport::DoAllToAllRows(const void* send, const std::vector<i
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
   const std::vector<PeerTransfer> transfers = PeerTransfers(send_rows, recv_rows, row_bytes);
-  KNAPFORMER_RETURN_IF_ERROR(Group("all-to-all", [&]() -> absl::Status {
+  KF_RETURN_IF_ERROR(Group("all-to-all", [&]() -> absl::Status {
     for (const PeerTransfer& t : transfers) {
       // The counts agree (checked), so both sides skip the same pairs: no
       // empty operation is queued and a null buffer is never passed.
       if (t.send_bytes > 0) {
-        KNAPFORMER_RETURN_IF_ERROR(
+        KF_RETURN_IF_ERROR(
             NcclStatus(ncclSend(in + t.send_offset, static_cast<size_t>(t.send_bytes), ncclUint8,
                                 t.peer, comm_, stream_),
                        "ncclSend", "all-to-all", comm_));
       }
       if (t.recv_bytes > 0) {
-        KNAPFORMER_RETURN_IF_ERROR(
+        KF_RETURN_IF_ERROR(
             NcclStatus(ncclRecv(out + t.recv_offset, static_cast<size_t>(t.recv_bytes), ncclUint8,
                                 t.peer, comm_, stream_),
                        "ncclRecv", "all-to-all", comm_));
@@ -515,9 +509,9 @@ absl::Status NcclTransport::DoAllToAllRows(const void* send, const std::vector<i
 }
 
 absl::StatusOr<std::vector<std::string>> NcclTransport::AllGatherBytes(absl::string_view mine) {
-  KNAPFORMER_RETURN_IF_ERROR(Usable());
+  KF_RETURN_IF_ERROR(Usable());
   ScopedDevice on_device(device_);
-  KNAPFORMER_RETURN_IF_ERROR(on_device.status());
+  KF_RETURN_IF_ERROR(on_device.status());
   absl::StatusOr<std::vector<std::string>> all = DoAllGatherBytes(mine);
   NoteFailure(all.status());
   return all;
@@ -539,28 +533,28 @@ absl::StatusOr<std::vector<std::string>> NcclTransport::DoAllGatherBytes(absl::s
   char* slot = *scratch + longest * rank_;
   if (!mine.empty()) {
     std::memcpy(*staging, mine.data(), mine.size());
-    KNAPFORMER_RETURN_IF_ERROR(
+    KF_RETURN_IF_ERROR(
         CudaStatus(cudaMemcpyAsync(slot, *staging, mine.size(), cudaMemcpyHostToDevice, stream_),
                    "cudaMemcpyAsync (byte all-gather, to device)"));
   }
-  KNAPFORMER_RETURN_IF_ERROR(Group("byte all-gather", [&] {
+  KF_RETURN_IF_ERROR(Group("byte all-gather", [&] {
     return NcclStatus(ncclAllGather(slot, *scratch, longest, ncclUint8, comm_, stream_),
                       "ncclAllGather", "byte all-gather", comm_);
   }));
-  KNAPFORMER_RETURN_IF_ERROR(CudaStatus(
+  KF_RETURN_IF_ERROR(CudaStatus(
       cudaMemcpyAsync(*staging, *scratch, longest * size_, cudaMemcpyDeviceToHost, stream_),
       "cudaMemcpyAsync (byte all-gather, to host)"));
-  KNAPFORMER_RETURN_IF_ERROR(WaitHost("byte all-gather"));
+  KF_RETURN_IF_ERROR(WaitHost("byte all-gather"));
   for (int p = 0; p < size_; ++p) result[p].assign(*staging + longest * p, (*lengths)[p]);
   return result;
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> NcclTransport::Subgroup(const std::vector<int>& ranks) {
-  KNAPFORMER_RETURN_IF_ERROR(Usable());
+  KF_RETURN_IF_ERROR(Usable());
   absl::StatusOr<int> my_index = IndexInSubgroup(ranks, rank_, size_);
   if (!my_index.ok()) return my_index.status();
   ScopedDevice on_device(device_);
-  KNAPFORMER_RETURN_IF_ERROR(on_device.status());
+  KF_RETURN_IF_ERROR(on_device.status());
   absl::StatusOr<std::unique_ptr<Transport>> sub = DoSubgroup(ranks, *my_index);
   NoteFailure(sub.status());
   return sub;
@@ -576,7 +570,7 @@ absl::StatusOr<ncclUniqueId> NcclTransport::ShareUniqueId(const std::vector<int>
         "bags created together would join each other; unset it for the bag communicators"));
   }
   if (leader) {
-    KNAPFORMER_RETURN_IF_ERROR(
+    KF_RETURN_IF_ERROR(
         NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId", "subgroup", comm_));
   }
   if (ranks.size() == 1) return id;
@@ -586,29 +580,29 @@ absl::StatusOr<ncclUniqueId> NcclTransport::ShareUniqueId(const std::vector<int>
   if (!staging.ok()) return staging.status();
   if (leader) {
     std::memcpy(*staging, &id, sizeof(id));
-    KNAPFORMER_RETURN_IF_ERROR(
+    KF_RETURN_IF_ERROR(
         CudaStatus(cudaMemcpyAsync(*scratch, *staging, sizeof(id), cudaMemcpyHostToDevice, stream_),
                    "cudaMemcpyAsync (subgroup id, to device)"));
   }
   // Point-to-point on the parent: only the members take part.
-  KNAPFORMER_RETURN_IF_ERROR(Group("subgroup id", [&]() -> absl::Status {
+  KF_RETURN_IF_ERROR(Group("subgroup id", [&]() -> absl::Status {
     if (!leader) {
       return NcclStatus(ncclRecv(*scratch, sizeof(id), ncclUint8, ranks[0], comm_, stream_),
                         "ncclRecv", "subgroup id", comm_);
     }
     for (size_t i = 1; i < ranks.size(); ++i) {
-      KNAPFORMER_RETURN_IF_ERROR(
+      KF_RETURN_IF_ERROR(
           NcclStatus(ncclSend(*scratch, sizeof(id), ncclUint8, ranks[i], comm_, stream_),
                      "ncclSend", "subgroup id", comm_));
     }
     return absl::OkStatus();
   }));
   if (!leader) {
-    KNAPFORMER_RETURN_IF_ERROR(
+    KF_RETURN_IF_ERROR(
         CudaStatus(cudaMemcpyAsync(*staging, *scratch, sizeof(id), cudaMemcpyDeviceToHost, stream_),
                    "cudaMemcpyAsync (subgroup id, to host)"));
   }
-  KNAPFORMER_RETURN_IF_ERROR(WaitHost("subgroup id"));
+  KF_RETURN_IF_ERROR(WaitHost("subgroup id"));
   if (!leader) std::memcpy(&id, *staging, sizeof(id));
   return id;
 }
@@ -622,10 +616,9 @@ absl::StatusOr<std::unique_ptr<Transport>> NcclTransport::DoSubgroup(const std::
   if (!comm.ok()) return comm.status();
   std::unique_ptr<NcclTransport> sub(
       new NcclTransport(*comm, /*owned=*/true, stream_, my_index, size, device_, options_));
-  KNAPFORMER_RETURN_IF_ERROR(sub->Start());
+  KF_RETURN_IF_ERROR(sub->Start());
   return std::unique_ptr<Transport>(std::move(sub));
 }
 
 }  // namespace knapformer
 
-#undef KNAPFORMER_RETURN_IF_ERROR

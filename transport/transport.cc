@@ -1,11 +1,11 @@
 #include "transport/transport.h"
 
-#include <cstring>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "transport/agreement.h"
 
 namespace knapformer {
 
@@ -111,30 +111,16 @@ absl::Status Transport::CheckRowCounts(const std::vector<int64_t>& send_rows,
   if (!status.ok()) return status;
   // Everyone learns the first disagreement (smallest receiver, then sender),
   // so that all return the same error, not only the rank that saw it.
-  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
-  int64_t verdict[3] = {kNone, 0, 0};
+  absl::Status mine;
   for (int p = 0; p < n; ++p) {
     if (sent_to_me[p] != recv_rows[p]) {
-      verdict[0] = int64_t{rank()} * n + p;
-      verdict[1] = recv_rows[p];
-      verdict[2] = sent_to_me[p];
+      mine = absl::InvalidArgumentError(absl::StrCat("recv_rows: rank ", rank(), " expects ",
+                                                     recv_rows[p], " rows from rank ", p,
+                                                     ", which sends it ", sent_to_me[p]));
       break;
     }
   }
-  auto all = AllGatherBytes(absl::string_view(reinterpret_cast<const char*>(verdict),
-                                              sizeof(verdict)));
-  if (!all.ok()) return all.status();
-  int64_t first[3] = {kNone, 0, 0};
-  for (const std::string& bytes : *all) {
-    if (bytes.size() != sizeof(verdict)) return absl::InternalError("count check: bad verdict");
-    int64_t v[3];
-    std::memcpy(v, bytes.data(), sizeof(v));
-    if (v[0] < first[0]) std::memcpy(first, v, sizeof(v));
-  }
-  if (first[0] == kNone) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("recv_rows: rank ", first[0] / n, " expects ",
-                                                 first[1], " rows from rank ", first[0] % n,
-                                                 ", which sends it ", first[2]));
+  return AgreeOnStatus(*this, mine, /*row_bytes=*/-1, NameRank::kNo);
 }
 
 absl::Status CheckBroadcastRoot(int root, int size) {

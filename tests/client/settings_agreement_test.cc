@@ -102,7 +102,7 @@ TEST(SettingsAgreement, ValuesWithNewlinesAndForeignBlobsAreSafe) {
   auto odd = WithLastRank(2, [](auto& o) { o.job_id = "a\nb=c"; });
   EXPECT_EQ(SettingsDisagreement(odd), "job_id is 'default' on rank 0 but 'a\\nb=c' on rank 1");
   std::vector<std::string> foreign = WithLastRank(2, [](SequenceBalancerOptions&) {});
-  foreign[1] = "topology=g1n4";
+  foreign[1] = EncodeSettings({{"topology", "g1n4"}});
   EXPECT_THAT(SettingsDisagreement(foreign), HasSubstr("rank 1 has 1 settings"));
   foreign[1] = "no equals sign";
   EXPECT_THAT(SettingsDisagreement(foreign), HasSubstr("rank 1 sent settings that do not decode"));

@@ -127,6 +127,20 @@ TEST(BalancerTest, TheTokenCapIsHardAndAnImpossibleOneIsAnError) {
             "of 150 tokens per GPU (its replica holds 300 tokens in 300 tokens of capacity)");
 }
 
+// The refusal names the sequence by its own rank and index, in any replica:
+// here the second, after two empty ranks, and past an empty sequence (which
+// takes no bag); the replica's tokens count its short sequence too.
+TEST(BalancerTest, TheCapErrorNamesTheSequenceInItsRankAndReplica) {
+  const World world = MakeWorld("g1n2", 4);
+  BalancerOptions options;
+  options.max_tokens_per_gpu = 150;
+  auto refused = BalanceGreedy(world, LinearCost(), {{}, {}, {5}, {0, 100, 100, 100}}, options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.status().message(),
+            "max_tokens_per_gpu: sequence 3 of rank 3 (100 tokens) fits in no bag under the cap "
+            "of 150 tokens per GPU (its replica holds 305 tokens in 300 tokens of capacity)");
+}
+
 // A cap of INT64_MAX tokens per GPU is no cap: the bag capacities saturate
 // instead of overflowing (which refused every bag).
 TEST(BalancerTest, TheLargestTokenCapIsNoCap) {

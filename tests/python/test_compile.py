@@ -10,7 +10,7 @@ import torch
 
 # The GPU check's compiled_block runs this same block and lengths.
 from knapformer.gpu_check.fsdp_checks import CompiledBlock, compile_lengths
-from world import run_world
+from knapformer.launch import run_world
 
 pytestmark = pytest.mark.skipif(
     not (hasattr(torch, "library") and hasattr(torch.library, "custom_op")),

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from world import run_world
+from knapformer.launch import run_world
 
 BASE = {"bag_specs": "g1n2+g2n1", "gamma": 0.49, "d_model": 8}
 

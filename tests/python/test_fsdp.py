@@ -21,7 +21,8 @@ import torch
 # The GPU check's fsdp2_checkpoint runs these same models and batches.
 from knapformer.gpu_check.fsdp_checks import Block, Model, StreamMLP, batch_of, \
     fully_shard_or_reason
-from world import run_world, timed
+from knapformer.launch import run_world
+from timing import timed
 
 D_MODEL, HEADS = 16, 4
 TOL = 1e-10

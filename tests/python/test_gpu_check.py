@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from knapformer import gpu_check
 from knapformer.gpu_check.fsdp_checks import compile_missing, fsdp2_missing
-from world import run_world
+from knapformer.launch import run_world
 
 CLI_TIMEOUT_S = 600
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from world import run_world
+from knapformer.launch import run_world
 
 D_MODEL = 8
 HEADS = 8
@@ -177,7 +177,7 @@ BAD_MASKS = {
 
 def errors_world(rank, size):
     import knapformer
-    from world import timed
+    from timing import timed
 
     balancer = knapformer.SequenceBalancer("g2n2", gamma=0.49)
     outcomes = {}

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from world import run_world
+from knapformer.launch import run_world
 
 D_MODEL = 8
 

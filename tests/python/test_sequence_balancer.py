@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from world import run_world
+from knapformer.launch import run_world
 
 D_MODEL = 8
 HEADS = 8  # a multiple of every bag size below

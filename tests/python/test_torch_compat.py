@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from knapformer import _torch_compat
-from world import run_world
+from knapformer.launch import run_world
 
 
 class _Group:

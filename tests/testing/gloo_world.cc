@@ -13,7 +13,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "tools/spawn.h"
 
 namespace knapformer {
 namespace testing_util {
@@ -97,41 +96,37 @@ WorkerRun RunWorkers(const std::string& scenario, int size,
                      const std::map<std::string, std::string>& args, std::chrono::seconds timeout,
                      const std::function<void(c10d::Store&)>& while_running) {
   WorkerRun run;
-  auto store = StartLocalStore(kStoreTimeout);
-
-  std::vector<pid_t> pids(size, -1);
-  std::vector<std::string> logs(size);
+  LocalWorldLaunch launch;
+  // The parent writes gtest's XML; the workers must not overwrite it.
+  launch.drop_env_prefixes = {"XML_OUTPUT_FILE=", "GTEST_OUTPUT=", "KNAPFORMER_"};
+  launch.set_env = {absl::StrCat(kScenarioVar, "=", scenario),
+                    absl::StrCat("KNAPFORMER_WORKER_ARGS=", EncodeArgs(args))};
   for (int rank = 0; rank < size; ++rank) {
-    SpawnOptions spawn;
-    // The parent writes gtest's XML; the workers must not overwrite it.
-    spawn.drop_env_prefixes = {"XML_OUTPUT_FILE=", "GTEST_OUTPUT=", "KNAPFORMER_"};
-    spawn.set_env = LocalWorldEnv(*store, rank, size);
-    spawn.set_env.push_back(absl::StrCat(kScenarioVar, "=", scenario));
-    spawn.set_env.push_back(absl::StrCat("KNAPFORMER_WORKER_ARGS=", EncodeArgs(args)));
-    logs[rank] = absl::StrCat(OutputDir(), "/worker_", scenario, "_", getpid(), "_", rank, ".log");
-    spawn.log_path = logs[rank];
-    auto pid = SpawnSelf(spawn);
-    if (pid.ok()) {
-      pids[rank] = *pid;
-    } else {
-      absl::StrAppend(&run.output, "rank ", rank, " did not start: ", pid.status().ToString(), "\n");
-    }
+    launch.log_paths.push_back(
+        absl::StrCat(OutputDir(), "/worker_", scenario, "_", getpid(), "_", rank, ".log"));
+  }
+  launch.store_timeout = kStoreTimeout;
+  const LaunchedWorld world = LaunchLocalWorld(size, launch);
+  for (int rank = 0; rank < size; ++rank) {
+    if (world.start_errors[rank].empty()) continue;
+    absl::StrAppend(&run.output, "rank ", rank, " did not start: ", world.start_errors[rank],
+                    "\n");
   }
 
   std::thread parent_side;
   if (while_running) parent_side = std::thread([&] {
     try {
-      while_running(*store);
+      while_running(*world.store);
     } catch (const std::exception& e) {
       ADD_FAILURE() << "parent side of " << scenario << ": " << e.what();
     }
   });
-  run.exit_codes = WaitAll(pids, absl::Now() + absl::FromChrono(timeout));
+  run.exit_codes = WaitLocalWorld(world, absl::Now() + absl::FromChrono(timeout));
   if (parent_side.joinable()) parent_side.join();
   for (int rank = 0; rank < size; ++rank) {
     absl::StrAppend(&run.output, "---- rank ", rank, " (exit ", run.exit_codes[rank],
                     run.exit_codes[rank] == -1 ? ", killed at the timeout" : "", ")\n",
-                    ReadAll(logs[rank]));
+                    ReadAll(launch.log_paths[rank]));
   }
   return run;
 }

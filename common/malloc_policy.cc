@@ -1,4 +1,4 @@
-#include "tools/malloc_policy.h"
+#include "common/malloc_policy.h"
 
 #include <malloc.h>
 

@@ -1,5 +1,5 @@
-#ifndef KNAPFORMER_TOOLS_MALLOC_POLICY_H_
-#define KNAPFORMER_TOOLS_MALLOC_POLICY_H_
+#ifndef KNAPFORMER_COMMON_MALLOC_POLICY_H_
+#define KNAPFORMER_COMMON_MALLOC_POLICY_H_
 
 #include "absl/status/status.h"
 
@@ -41,4 +41,4 @@ inline constexpr long kMallocRetainTrimThreshold = 512L << 20;
 
 }  // namespace knapformer
 
-#endif  // KNAPFORMER_TOOLS_MALLOC_POLICY_H_
+#endif  // KNAPFORMER_COMMON_MALLOC_POLICY_H_

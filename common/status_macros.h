@@ -1,7 +1,8 @@
-#ifndef KNAPFORMER_PLANNER_STATUS_MACROS_H_
-#define KNAPFORMER_PLANNER_STATUS_MACROS_H_
+#ifndef KNAPFORMER_COMMON_STATUS_MACROS_H_
+#define KNAPFORMER_COMMON_STATUS_MACROS_H_
 
-// Debian's abseil 20220623 has no status_macros.h; these are the two we need.
+// Debian's abseil 20220623 has no status_macros.h; these are the two we
+// need, for every room (the planner, the service, the transports, the tools).
 
 #define KF_CONCAT_INNER_(a, b) a##b
 #define KF_CONCAT_(a, b) KF_CONCAT_INNER_(a, b)
@@ -20,4 +21,4 @@
 #define KF_ASSIGN_OR_RETURN(lhs, expr) \
   KF_ASSIGN_OR_RETURN_IMPL_(KF_CONCAT_(kf_statusor_, __LINE__), lhs, expr)
 
-#endif  // KNAPFORMER_PLANNER_STATUS_MACROS_H_
+#endif  // KNAPFORMER_COMMON_STATUS_MACROS_H_

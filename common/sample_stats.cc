@@ -1,4 +1,4 @@
-#include "tools/sample_stats.h"
+#include "common/sample_stats.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,13 +1,11 @@
-#ifndef KNAPFORMER_TOOLS_EMBEDDED_SERVE_H_
-#define KNAPFORMER_TOOLS_EMBEDDED_SERVE_H_
+#ifndef KNAPFORMER_SERVER_EMBEDDED_PLANNER_H_
+#define KNAPFORMER_SERVER_EMBEDDED_PLANNER_H_
 
 // The planner service inside another process (a trainer's rank 0, the Python
 // package's PlannerServer), configured with `knapformer serve`'s flags less
 // the two that act on a whole process of its own (--port-file,
-// --retain-freed-memory). In tools/ because only the command line and the
-// tests include server/: the Python package reaches the service through this
-// library (never through the command's own code in serve.cc), and sees no
-// server header, nor gRPC's.
+// --retain-freed-memory). The one header of server/ that the Python package
+// includes: it names no gRPC type.
 
 #include <memory>
 #include <optional>
@@ -21,13 +19,13 @@ namespace knapformer {
 
 class PlannerServer;
 
-class EmbeddedServe {
+class EmbeddedPlanner {
  public:
   // Parses `flags` as ParseServeArgs does (InvalidArgument naming the flag),
   // applies --log-level and starts serving (Unavailable for a taken port).
-  static absl::StatusOr<std::unique_ptr<EmbeddedServe>> Start(
+  static absl::StatusOr<std::unique_ptr<EmbeddedPlanner>> Start(
       const std::vector<std::string>& flags);
-  ~EmbeddedServe();  // Shutdown() with the configured grace if not done yet
+  ~EmbeddedPlanner();  // Shutdown() with the configured grace if not done yet
 
   std::string address() const;
   int port() const;
@@ -38,7 +36,7 @@ class EmbeddedServe {
   void Shutdown(std::optional<absl::Duration> grace = std::nullopt);
 
  private:
-  EmbeddedServe(std::unique_ptr<PlannerServer> server, absl::Duration shutdown_grace);
+  EmbeddedPlanner(std::unique_ptr<PlannerServer> server, absl::Duration shutdown_grace);
 
   std::unique_ptr<PlannerServer> server_;
   absl::Duration shutdown_grace_;
@@ -46,4 +44,4 @@ class EmbeddedServe {
 
 }  // namespace knapformer
 
-#endif  // KNAPFORMER_TOOLS_EMBEDDED_SERVE_H_
+#endif  // KNAPFORMER_SERVER_EMBEDDED_PLANNER_H_

@@ -1,4 +1,4 @@
-#include "tools/embedded_serve.h"
+#include "server/embedded_planner.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -15,7 +15,7 @@ constexpr const char* kProcessFlags[] = {"--port-file", "--retain-freed-memory"}
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<EmbeddedServe>> EmbeddedServe::Start(
+absl::StatusOr<std::unique_ptr<EmbeddedPlanner>> EmbeddedPlanner::Start(
     const std::vector<std::string>& flags) {
   for (const std::string& flag : flags) {
     for (const char* process_flag : kProcessFlags) {
@@ -31,21 +31,21 @@ absl::StatusOr<std::unique_ptr<EmbeddedServe>> EmbeddedServe::Start(
   SetLogLevel(config->log_level);
   absl::StatusOr<std::unique_ptr<PlannerServer>> server = PlannerServer::Start(config->server);
   if (!server.ok()) return server.status();
-  return std::unique_ptr<EmbeddedServe>(
-      new EmbeddedServe(*std::move(server), config->shutdown_grace));
+  return std::unique_ptr<EmbeddedPlanner>(
+      new EmbeddedPlanner(*std::move(server), config->shutdown_grace));
 }
 
-EmbeddedServe::EmbeddedServe(std::unique_ptr<PlannerServer> server,
-                             absl::Duration shutdown_grace)
+EmbeddedPlanner::EmbeddedPlanner(std::unique_ptr<PlannerServer> server,
+                                 absl::Duration shutdown_grace)
     : server_(std::move(server)), shutdown_grace_(shutdown_grace) {}
 
-EmbeddedServe::~EmbeddedServe() { Shutdown(); }
+EmbeddedPlanner::~EmbeddedPlanner() { Shutdown(); }
 
-std::string EmbeddedServe::address() const { return server_->address(); }
-int EmbeddedServe::port() const { return server_->port(); }
-int EmbeddedServe::metrics_port() const { return server_->metrics_port(); }
+std::string EmbeddedPlanner::address() const { return server_->address(); }
+int EmbeddedPlanner::port() const { return server_->port(); }
+int EmbeddedPlanner::metrics_port() const { return server_->metrics_port(); }
 
-void EmbeddedServe::Shutdown(std::optional<absl::Duration> grace) {
+void EmbeddedPlanner::Shutdown(std::optional<absl::Duration> grace) {
   server_->Shutdown(grace.value_or(shutdown_grace_));
 }
 

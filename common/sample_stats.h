@@ -1,5 +1,5 @@
-#ifndef KNAPFORMER_TOOLS_SAMPLE_STATS_H_
-#define KNAPFORMER_TOOLS_SAMPLE_STATS_H_
+#ifndef KNAPFORMER_COMMON_SAMPLE_STATS_H_
+#define KNAPFORMER_COMMON_SAMPLE_STATS_H_
 
 // Order statistics of timing samples, as train-sim and the benchmarks
 // report them.
@@ -17,4 +17,4 @@ double Median(std::vector<double> samples);
 
 }  // namespace knapformer
 
-#endif  // KNAPFORMER_TOOLS_SAMPLE_STATS_H_
+#endif  // KNAPFORMER_COMMON_SAMPLE_STATS_H_

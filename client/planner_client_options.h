@@ -1,0 +1,93 @@
+#ifndef KNAPFORMER_CLIENT_PLANNER_CLIENT_OPTIONS_H_
+#define KNAPFORMER_CLIENT_PLANNER_CLIENT_OPTIONS_H_
+
+// How a PlannerClient (planner_client.h) reaches the planner service, and
+// when it plans locally instead.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "planner/balancer.h"
+
+namespace grpc {
+class ChannelCredentials;
+}  // namespace grpc
+
+namespace knapformer {
+
+// How the ranks of a group ask the planner service.
+enum class PlannerMode {
+  // The ranks all-gather their lengths over the transport; rank 0 alone
+  // asks the service (PlanGroup: one request, one chunk table back) and
+  // broadcasts the answer; every rank rebuilds the plan from the table and
+  // takes its own slice (planner/plan_from_chunks.h). The server's work per
+  // step does not grow with the ranks' calls, only rank 0 holds a channel,
+  // and when the service fails every rank already has every length to plan
+  // locally. The default: measured faster per step at every size (README,
+  // "Load").
+  kGroup,
+  // Every rank sends its own lengths (Plan) and gets its own slice; the
+  // service meets the ranks in a rendezvous. For trainers whose ranks cannot
+  // all-gather before the step, or that want the service's memory of
+  // answered steps (ALREADY_EXISTS on a replay).
+  kPerRank,
+};
+const char* PlannerModeName(PlannerMode mode);
+// "group" or "per-rank"; InvalidArgument naming both otherwise.
+absl::StatusOr<PlannerMode> ParsePlannerMode(const std::string& name);
+
+struct PlannerClientOptions {
+  // The planner service as a gRPC target; empty = always plan locally.
+  // host:port names one planner; a target naming several replicas
+  // (dns:///NAME:PORT of a headless Service, ipv4:a:p,b:q) spreads group
+  // steps over them (round_robin), and a group step a replica refuses while
+  // draining, loses when it dies, or holds while hung (a keepalive ping
+  // unanswered for 1 s closes its connection), is retried on another within
+  // call_deadline. Per-rank mode refuses such a target at Create
+  // (InvalidArgument): its ranks must all meet in one replica
+  // (planner_target.h says how replicas are counted).
+  std::string address;
+  // Null = plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Deadline of one step's request, shared by its attempts. Keep it longer
+  // than the server's rendezvous timeout, so that a missing rank is
+  // reported by the server (naming it).
+  absl::Duration call_deadline = absl::Seconds(90);
+  // Attempts when the service answers UNAVAILABLE (restarting, shutting
+  // down, unreachable; with several replicas, each attempt goes to the next
+  // ready one), within call_deadline: the second at once, the later ones
+  // after an exponential backoff (initial_backoff, doubled up to
+  // max_backoff).
+  int max_attempts = 4;
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(2);
+  // After a step the service failed (an error, a deadline, a hang), the
+  // ranks plan locally without asking it, while each probes it in the
+  // background (GetJob, this deadline, every probe_interval); when every
+  // rank's last probe was answered, the next step asks it again. So a
+  // planner that dies or hangs costs one step (at most call_deadline), not
+  // every step.
+  absl::Duration probe_interval = absl::Seconds(1);
+  absl::Duration probe_deadline = absl::Seconds(1);
+  // The run's incarnation (StepSpec.incarnation), unless the spec sets one:
+  // 0 = the ranks agree on a random one at their first step (one 8-byte
+  // all-gather). The service keeps each incarnation's steps apart, so a run
+  // restarted from a checkpoint replays its step numbers without conflicts
+  // and other runs of the same job id never meet it. Set it only to make a
+  // run's requests reproducible.
+  uint64_t incarnation = 0;
+  PlannerMode mode = PlannerMode::kGroup;
+  // A step the service cannot plan (down, unreachable, refusing it for a
+  // conflict) fails with Unavailable on every rank instead of being planned
+  // locally. Needs an address.
+  bool require_service = false;
+  // For local planning (the service uses its own).
+  BalancerOptions balancer;
+};
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_CLIENT_PLANNER_CLIENT_OPTIONS_H_

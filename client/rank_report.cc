@@ -1,0 +1,192 @@
+#include "client/rank_report.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/mask_proto.h"
+#include "transport/agreement.h"
+
+namespace knapformer {
+namespace {
+
+using client::RankReport;
+using client::StepOutcome;
+
+// Every rank's masks from the reports: empty when none gave any. Each rank
+// checked its own (PlannerClient::Plan); whether all gave them is decided
+// here, from the same messages on every rank.
+absl::StatusOr<RankMasks> GatheredMasks(const std::vector<RankReport>& reports) {
+  const int32_t ranks = static_cast<int32_t>(reports.size());
+  bool any = false;
+  for (const RankReport& report : reports) any = any || report.lengths().attention_masks_size() > 0;
+  if (!any) return RankMasks();
+  return RankMasksFromProto(
+      ranks, [&](int32_t r) -> const ProtoMasks& { return reports[r].lengths().attention_masks(); },
+      [&](int32_t r) -> const ProtoLengths& { return reports[r].lengths().sequence_lengths(); },
+      [](int32_t r) { return absl::StrCat("rank ", r, ": attention_masks"); });
+}
+
+}  // namespace
+
+const char* CallName(RankReport::Call call) {
+  switch (call) {
+    case RankReport::PLAN:
+      return "Plan";
+    case RankReport::PREFETCH:
+      return "Prefetch";
+    default:
+      return "Plan of a prefetched step";
+  }
+}
+
+v1::StepSpec ComparedSpec(const v1::StepSpec& spec) {
+  v1::StepSpec compared = spec;
+  compared.clear_token_bytes();
+  return compared;
+}
+
+RankReport ReportOf(RankReport::Call call, const v1::StepSpec& spec,
+                    const std::vector<int64_t>& lengths, const std::vector<AttentionMask>& masks,
+                    const v1::StepTiming* previous, const absl::Status& verdict,
+                    bool probe_answered) {
+  RankReport report;
+  report.set_call(call);
+  report.set_probe_answered(probe_answered);
+  *report.mutable_verdict() = VerdictOf(verdict);
+  *report.mutable_spec() = ComparedSpec(spec);
+  v1::RankLengths* mine = report.mutable_lengths();
+  mine->mutable_sequence_lengths()->Add(lengths.begin(), lengths.end());
+  if (verdict.ok()) {
+    for (const AttentionMask& mask : masks) MaskToProto(mask, mine->add_attention_masks());
+  }
+  if (previous != nullptr && previous->compute_seconds() > 0) {
+    report.mutable_timing()->set_step(previous->step());
+    report.mutable_timing()->set_compute_seconds(previous->compute_seconds());
+  }
+  return report;
+}
+
+absl::StatusOr<Gathered> Digest(std::vector<RankReport> reports, int probing_ranks) {
+  for (size_t r = 0; r < reports.size(); ++r) {
+    if (!RankReport::Call_IsValid(reports[r].call()) ||
+        reports[r].call() == RankReport::CALL_UNSPECIFIED) {
+      return absl::InternalError(
+          absl::StrCat("rank ", r, " is in an unknown call (", reports[r].call(), ")"));
+    }
+  }
+  for (size_t r = 1; r < reports.size(); ++r) {
+    if (reports[r].call() != reports[0].call()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", r, " is in ", CallName(reports[r].call()), " while rank 0 is in ",
+                       CallName(reports[0].call()), "; every rank must prefetch a step, or none"));
+    }
+  }
+  for (size_t r = 0; r < reports.size(); ++r) {
+    absl::Status verdict =
+        StatusOf(reports[r].verdict(), static_cast<int>(r), absl::StrCat("rank ", r, ": "));
+    if (!verdict.ok()) return verdict;
+  }
+  Gathered gathered;
+  absl::StatusOr<RankMasks> masks = GatheredMasks(reports);
+  if (!masks.ok()) return masks.status();
+  gathered.masks = *std::move(masks);
+  gathered.lengths.resize(reports.size());
+  gathered.timings.resize(reports.size());
+  gathered.probes_answered = true;
+  const std::string spec = reports.empty() ? "" : reports[0].spec().SerializeAsString();
+  for (size_t r = 0; r < reports.size(); ++r) {
+    if (reports[r].spec().SerializeAsString() != spec) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "spec: rank ", r,
+          "'s step spec differs from rank 0's; every rank of a step must "
+          "send the same spec (job, step, topology, cost model, token cap, locality)"));
+    }
+    if (static_cast<int>(r) < probing_ranks) {
+      gathered.probes_answered = gathered.probes_answered && reports[r].probe_answered();
+    }
+    const auto& lengths = reports[r].lengths().sequence_lengths();
+    gathered.lengths[r].assign(lengths.begin(), lengths.end());
+    if (reports[r].timing().compute_seconds() > 0) {
+      gathered.timings[r].set_step(reports[r].timing().step());
+      gathered.timings[r].set_compute_seconds(reports[r].timing().compute_seconds());
+      gathered.any_timing = true;
+    }
+  }
+  return gathered;
+}
+
+absl::StatusOr<Gathered> GatherReports(Transport& transport, const RankReport& mine,
+                                       int probing_ranks) {
+  absl::StatusOr<std::vector<RankReport>> all = AllGatherMessages(transport, mine);
+  if (!all.ok()) return all.status();
+  return Digest(*std::move(all), probing_ranks);
+}
+
+StepOutcome::Outcome OutcomeOfCode(int code) {
+  switch (static_cast<absl::StatusCode>(code)) {
+    case absl::StatusCode::kOk:
+      return StepOutcome::GOT_PLAN;
+    case absl::StatusCode::kInvalidArgument:
+      return StepOutcome::REFUSED_INPUT;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+      return StepOutcome::CONFLICT;
+    default:
+      return StepOutcome::FALL_BACK;
+  }
+}
+
+StepOutcome OutcomeOf(int code, const std::string& message) {
+  StepOutcome outcome;
+  outcome.set_outcome(OutcomeOfCode(code));
+  outcome.mutable_status()->set_code(code);
+  outcome.mutable_status()->set_message(message);
+  return outcome;
+}
+
+absl::Status CheckOutcome(const StepOutcome& outcome, int rank) {
+  if (!StepOutcome::Outcome_IsValid(outcome.outcome())) {
+    return absl::InternalError(
+        absl::StrCat("rank ", rank, " reported an unknown outcome (", outcome.outcome(), ")"));
+  }
+  if (absl::Status code = CheckVerdictCode(outcome.status(), rank); !code.ok()) return code;
+  if (outcome.outcome() != StepOutcome::GOT_PLAN && outcome.status().code() == 0) {
+    return absl::InternalError(absl::StrCat("rank ", rank, " reported outcome ",
+                                            StepOutcome::Outcome_Name(outcome.outcome()),
+                                            " without an error"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OutcomeStatus(const StepOutcome& outcome, const std::string& prefix) {
+  return StatusOf(outcome.status(), 0, prefix);
+}
+
+std::string PrefetchMismatch(const v1::StepSpec& prefetched_spec,
+                             const std::vector<int64_t>& prefetched,
+                             const std::vector<AttentionMask>& prefetched_masks,
+                             const v1::StepSpec& spec, const std::vector<int64_t>& lengths,
+                             const std::vector<AttentionMask>& masks) {
+  if (ComparedSpec(prefetched_spec).SerializeAsString() != ComparedSpec(spec).SerializeAsString()) {
+    return absl::StrCat("step ", spec.step(),
+                        ": its spec differs from the one prefetched for it (topology, cost "
+                        "model, d_model, token cap or locality changed)");
+  }
+  if (prefetched == lengths) {
+    if (prefetched_masks == masks) return "";
+    return absl::StrCat("step ", spec.step(),
+                        ": its attention masks differ from those prefetched for it; prefetch "
+                        "the masks the step will use");
+  }
+  size_t i = 0;
+  while (i < lengths.size() && i < prefetched.size() && lengths[i] == prefetched[i]) ++i;
+  std::string where =
+      i < lengths.size() && i < prefetched.size()
+          ? absl::StrCat("sequence ", i, " has ", lengths[i], " tokens, ", prefetched[i],
+                         " prefetched")
+          : absl::StrCat(lengths.size(), " sequences, ", prefetched.size(), " prefetched");
+  return absl::StrCat("step ", spec.step(), ": its lengths differ from those prefetched for it (",
+                      where, "); prefetch the lengths the step will use");
+}
+
+}  // namespace knapformer

@@ -1,0 +1,109 @@
+#include "client/step_plan.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/rank_report.h"
+#include "planner/balance_stats.h"
+#include "planner/plan_from_chunks.h"
+#include "planner/step_solve.h"
+#include "proto/plan_proto.h"
+#include "proto/step_problem.h"
+
+namespace knapformer {
+
+const char* PlanSourceName(PlanSource source) {
+  return source == PlanSource::kService ? "planner service" : "local planner";
+}
+
+StepPlan StepPlanOf(Plan plan, int32_t rank, PlanSource source) {
+  StepPlan result;
+  result.plan = plan.Slice(rank);
+  result.source = source;
+  result.max_over_mean_before = ComputeBalanceStats(plan.workload_before).max_over_mean;
+  result.max_over_mean_after = ComputeBalanceStats(plan.workload_after).max_over_mean;
+  result.total_tokens = plan.TotalTokens();
+  result.moved_tokens = plan.MovedTokens();
+  result.layout = plan.topology;
+  result.workload_before = plan.workload_before;
+  result.workload_after = plan.workload_after;
+  result.whole = std::make_shared<const Plan>(std::move(plan));
+  return result;
+}
+
+absl::StatusOr<StepPlan> SolveStepLocally(const v1::StepSpec& spec, const RankLengths& lengths,
+                                          const RankMasks& masks, const BalancerOptions& balancer,
+                                          int32_t rank) {
+  auto problem = StepProblemOf(spec);
+  if (!problem.ok()) return problem.status();
+  if (absl::Status locality = CheckLocality(spec); !locality.ok()) return locality;
+  auto solved = SolveStep(*problem, problem->cost, lengths, BalancerOptionsForSpec(balancer, spec),
+                          spec.token_bytes(), &masks);
+  if (!solved.ok()) return solved.status();
+  StepPlan step = StepPlanOf(std::move(solved->plan), rank, PlanSource::kLocal);
+  step.predicted_step_seconds = solved->predicted_seconds;
+  return step;
+}
+
+absl::StatusOr<StepPlan> StepPlanOfGroupAnswer(const v1::StepSpec& spec, const Gathered& gathered,
+                                               const v1::PlanGroupResponse& response,
+                                               int32_t rank) {
+  if (response.job_id() != spec.job_id() || response.step() != spec.step()) {
+    return absl::InternalError(absl::StrCat("the answer is for job '", response.job_id(), "' step ",
+                                            response.step(), ", not job '", spec.job_id(),
+                                            "' step ", spec.step()));
+  }
+  auto chunks = ChunksFromProto(response.chunks());
+  if (!chunks.ok()) return chunks.status();
+  auto problem = StepProblemOf(spec);
+  if (!problem.ok()) return problem.status();
+  auto world = WorldOfLayout(*problem, response.balance().layout());
+  if (!world.ok()) return world.status();
+  if (!gathered.masks.empty() && !response.balance().attention_masks()) {
+    // A service from before masks ignores them: its plan is mask-blind.
+    return absl::UnimplementedError("the service ignored the attention masks (it predates them)");
+  }
+  auto plan =
+      PlanFromChunks(*world, problem->cost, gathered.lengths, *std::move(chunks), &gathered.masks);
+  if (!plan.ok()) return plan.status();
+  const int world_size = spec.world_size();
+  if (response.workload_before_size() != world_size ||
+      response.workload_after_size() != world_size) {
+    return absl::InternalError(absl::StrCat("the answer has ", response.workload_before_size(),
+                                            " and ", response.workload_after_size(),
+                                            " workloads for ", world_size, " ranks"));
+  }
+  // The service's workloads: under a fitted gamma they are not this
+  // rank's cost model's. Its max/mean figures are computed from them, as
+  // the service computes them (BalanceToProto).
+  plan->workload_before.assign(response.workload_before().begin(),
+                               response.workload_before().end());
+  plan->workload_after.assign(response.workload_after().begin(), response.workload_after().end());
+  StepPlan step = StepPlanOf(*std::move(plan), rank, PlanSource::kService);
+  step.predicted_step_seconds = response.balance().predicted_step_seconds();
+  step.gamma_note = response.balance().gamma_note();
+  step.gamma_used = response.balance().gamma_used();
+  return step;
+}
+
+StepPlan StepPlanOfRankAnswer(const v1::PlanResponse& response, RankPlan plan,
+                              const std::vector<client::StepOutcome>& outcomes) {
+  StepPlan result;
+  result.plan = std::move(plan);
+  result.source = PlanSource::kService;
+  result.max_over_mean_before = response.balance().max_over_mean_before();
+  result.max_over_mean_after = response.balance().max_over_mean_after();
+  result.total_tokens = response.balance().total_tokens();
+  result.moved_tokens = response.balance().moved_tokens();
+  result.layout = response.balance().layout();
+  result.predicted_step_seconds = response.balance().predicted_step_seconds();
+  result.gamma_note = response.balance().gamma_note();
+  result.gamma_used = response.balance().gamma_used();
+  for (const client::StepOutcome& outcome : outcomes) {
+    result.workload_before.push_back(outcome.workload_before());
+    result.workload_after.push_back(outcome.workload_after());
+  }
+  return result;
+}
+
+}  // namespace knapformer

@@ -1,0 +1,64 @@
+#include "client/step_requests.h"
+
+#include "proto/mask_proto.h"
+
+namespace knapformer {
+
+v1::StepSpec WithIncarnation(const v1::StepSpec& spec, uint64_t incarnation) {
+  v1::StepSpec out = spec;
+  if (spec.incarnation() == 0) out.set_incarnation(incarnation);
+  return out;
+}
+
+v1::PlanRequest RankRequest(const v1::StepSpec& spec, uint64_t incarnation, int rank,
+                            const std::vector<int64_t>& lengths,
+                            const std::vector<AttentionMask>& masks,
+                            const v1::StepTiming* previous) {
+  v1::PlanRequest request;
+  *request.mutable_spec() = WithIncarnation(spec, incarnation);
+  request.set_rank(rank);
+  request.mutable_sequence_lengths()->Add(lengths.begin(), lengths.end());
+  for (const AttentionMask& mask : masks) MaskToProto(mask, request.add_attention_masks());
+  if (previous != nullptr) *request.mutable_previous() = *previous;
+  return request;
+}
+
+v1::PlanGroupRequest GroupRequests::Request(const v1::StepSpec& spec, uint64_t incarnation,
+                                            const Gathered& gathered) const {
+  v1::PlanGroupRequest request;
+  *request.mutable_spec() = WithIncarnation(spec, incarnation);
+  request.mutable_ranks()->Reserve(static_cast<int>(gathered.lengths.size()));
+  for (size_t r = 0; r < gathered.lengths.size(); ++r) {
+    v1::RankLengths* rank = request.add_ranks();
+    rank->mutable_sequence_lengths()->Add(gathered.lengths[r].begin(), gathered.lengths[r].end());
+    if (gathered.masks.empty()) continue;
+    for (const AttentionMask& mask : gathered.masks[r]) {
+      MaskToProto(mask, rank->add_attention_masks());
+    }
+  }
+  if (gathered.any_timing) {
+    for (size_t r = 0; r < gathered.timings.size(); ++r) {
+      v1::StepTiming* timing = request.add_previous();
+      *timing = gathered.timings[r];
+      if (timing->compute_seconds() <= 0) continue;
+      for (const auto& [step, work] : recent_work_) {
+        if (step != timing->step() || r >= work.size()) continue;
+        timing->set_linear_work(work[r].linear);
+        timing->set_attention_work(work[r].attention);
+      }
+    }
+  }
+  return request;
+}
+
+void GroupRequests::KeepWork(const v1::StepSpec& spec, const Gathered& gathered,
+                             const StepPlan& step, bool leader) {
+  if (gathered.any_timing) ranks_send_timings_ = true;
+  if (!leader || !ranks_send_timings_ || step.whole == nullptr) return;
+  recent_work_.emplace_back(
+      spec.step(),
+      RankWork(*step.whole, spec.d_model(), gathered.masks.empty() ? nullptr : &gathered.masks));
+  while (recent_work_.size() > kKeptSteps) recent_work_.pop_front();
+}
+
+}  // namespace knapformer

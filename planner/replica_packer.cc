@@ -1,0 +1,505 @@
+#include "planner/replica_packer.h"
+
+#include <algorithm>
+#include <limits>
+#include <queue>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "planner/locality.h"
+#include "planner/min_tree.h"
+#include "planner/multifit.h"
+#include "planner/refine.h"
+#include "planner/token_cap.h"
+
+namespace knapformer {
+namespace internal {
+namespace {
+
+// Bags refinement tries for the busiest bag under masks (refine.h). Masked
+// workloads are coarse (a block-causal clip costs up to a GPU's share) and
+// often level only with a bag other than the least loaded. On the video
+// stream in 2-GPU bags (tools/simulate, 10 steps, 256 GPUs) max/mean was
+// 1.0121 with 1 partner, 1.0105 with 8, 1.0037 with 32 and 1.0012 with
+// every bag, whose planning took twice 32's time and moved 99.6% of the
+// tokens (87.6% with 32).
+// Unmasked plans keep the single partner, so that they stay exactly as
+// they were before masks.
+constexpr int32_t kMaskedRefinePartners = 32;
+
+// Capacities MULTIFIT tries under masks: the bisection's interval shrinks
+// 2^16-fold; 30 gave the same max/mean on the video stream.
+constexpr int32_t kMultifitRounds = 16;
+// Nor is it tried when the plan is within this share of the simple lower
+// bound, the mean and the heaviest sequence per GPU (most layouts of the
+// masked streams): it could gain no more, and costs 15-25% more planning
+// time there. The packing terms of the published bound
+// (packing_bound.h) would cost more than MULTIFIT itself.
+constexpr double kMultifitMinGap = 1e-3;
+
+// Partners RepairToLimit tries per bag over the locality limit: enough to
+// find a fitting move or swap among nearly level bags (4 did in every
+// benchmark case, 2 did not), few enough to cost little.
+constexpr int32_t kRepairPartners = 8;
+
+// Stable LSD radix sort by key descending; keys are lengths in [0, 2^31].
+template <typename T, typename KeyFn>
+void SortByLengthDescending(std::vector<T>& items, KeyFn key) {
+  constexpr int kBits = 11;
+  constexpr uint32_t kBuckets = 1u << kBits;
+  uint64_t all_bits = 0;
+  for (const T& item : items) all_bits |= static_cast<uint64_t>(key(item));
+  std::vector<T> scratch(items.size());
+  std::vector<uint32_t> count(kBuckets);
+  for (int shift = 0; shift < 33 && (all_bits >> shift) != 0; shift += kBits) {
+    std::fill(count.begin(), count.end(), 0);
+    // Descending: bucket by the complement of the digit.
+    auto digit = [&](const T& item) {
+      return (kBuckets - 1) - static_cast<uint32_t>((static_cast<uint64_t>(key(item)) >> shift) &
+                                                    (kBuckets - 1));
+    };
+    for (const T& item : items) ++count[digit(item)];
+    uint32_t sum = 0;
+    for (uint32_t& c : count) {
+      const uint32_t n = c;
+      c = sum;
+      sum += n;
+    }
+    for (const T& item : items) scratch[count[digit(item)]++] = item;
+    items.swap(scratch);
+  }
+}
+
+// ResourceExhausted naming the sequence that fits under no bag's token cap.
+absl::Status CapError(const std::vector<int32_t>& first_sequence, int32_t id, int64_t length,
+                      int64_t cap, int64_t used, int64_t room) {
+  const int32_t rank = static_cast<int32_t>(
+      std::upper_bound(first_sequence.begin(), first_sequence.end(), id) -
+      first_sequence.begin() - 1);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "max_tokens_per_gpu: sequence ", id - first_sequence[rank], " of rank ", rank, " (", length,
+      " tokens) fits in no bag under the cap of ", cap, " tokens per GPU (its replica holds ",
+      used, " tokens in ", room, " tokens of capacity)"));
+}
+
+// Whether any sequence of the `group` ranks from `first_rank` has a mask
+// other than full.
+bool AnyMasked(const RankMasks* masks, int32_t first_rank, int32_t group) {
+  bool masked = false;
+  if (masks != nullptr && !masks->empty()) {
+    for (int32_t rank = first_rank; rank < first_rank + group && !masked; ++rank) {
+      for (const AttentionMask& mask : (*masks)[rank]) {
+        if (mask.kind != AttentionMask::Kind::kFull) {
+          masked = true;
+          break;
+        }
+      }
+    }
+  }
+  return masked;
+}
+
+}  // namespace
+
+// The bags of one Pack, ordered by occupancy (workload per GPU) in a
+// MinTree, and under a token cap their tokens and the bags parked for want
+// of room. Reads and updates the pack's `assigned` (the bags' workloads);
+// the placements themselves are the caller's.
+class ReplicaPacker::BagQueue {
+ public:
+  // The bags as `bags` (a partial placement) and `assigned` leave them.
+  BagQueue(const ReplicaPacker& packer, const std::vector<int32_t>& bags,
+           std::vector<double>& assigned)
+      : packer_(packer),
+        assigned_(assigned),
+        tokens_(packer.cap_ > 0 ? packer.TokensOf(bags) : std::vector<int64_t>()),
+        occupancy_(InitialKeys()),
+        stale_(packer.num_bags_, 0),
+        parked_(packer.num_bags_, 0) {}
+
+  // Tokens bag b may still take under the cap. REQUIRES: a cap.
+  int64_t RoomOf(int32_t b) const {
+    return TokenCapOfBag(packer_.cap_, packer_.gpus_[b]) - tokens_[b];
+  }
+
+  // Whether bag b has room for `tokens_needed` more tokens (always, without
+  // a cap).
+  bool RoomFor(int32_t b, int64_t tokens_needed) const {
+    return packer_.cap_ <= 0 || tokens_needed <= RoomOf(b);
+  }
+
+  // Bag b's workload per GPU.
+  double OccupancyOf(int32_t b) const {
+    // Dividing by one is exact, and skipping it takes a division's latency
+    // off every update in one-GPU bags.
+    return packer_.gpus_[b] == 1 ? assigned_[b] : assigned_[b] / packer_.gpus_[b];
+  }
+
+  // Offers again every parked bag with room for `tokens_needed` tokens:
+  // called before each sequence, with its length.
+  void Unpark(int64_t tokens_needed) {
+    while (!parked_by_room_.empty() && parked_by_room_.top().first >= tokens_needed) {
+      const int32_t b = parked_by_room_.top().second;
+      parked_by_room_.pop();
+      occupancy_.Set(b, OccupancyOf(b));
+      parked_[b] = 0;
+    }
+  }
+
+  // The least occupied bag in [lo, hi] with room for `tokens_needed`
+  // tokens, ties to the lowest id; -1 if none.
+  int32_t LeastOccupied(int32_t lo, int32_t hi, int64_t tokens_needed) {
+    for (;;) {
+      const int32_t b = occupancy_.ArgMin(lo, hi);
+      if (parked_[b]) return -1;  // +inf is the minimum: all parked
+      if (stale_[b]) {
+        occupancy_.Set(b, OccupancyOf(b));
+        stale_[b] = 0;
+      } else if (!RoomFor(b, tokens_needed)) {
+        occupancy_.Set(b, kParked);
+        parked_[b] = 1;
+        parked_by_room_.emplace(RoomOf(b), b);
+      } else {
+        return b;
+      }
+    }
+  }
+
+  // Adds sequence k of the table to bag b.
+  void Take(int32_t b, int32_t k) {
+    if (packer_.cap_ > 0) tokens_[b] += packer_.table_.length[k];
+    assigned_[b] += packer_.table_.workload[k];
+    stale_[b] = 1;
+  }
+
+ private:
+  // Under a cap, a bag that surfaces without room for the sequence is
+  // parked: its key becomes +inf, so the tree stops offering it, and it
+  // waits in a heap by room. Lengths only fall from one sequence to the
+  // next (unmasked; under masks the order is by workload, and a bag may be
+  // parked and unparked again without taking one: still correct, as every
+  // unparking rechecks the room), so it comes back once its room fits the
+  // current one; it can only be parked again after taking a sequence.
+  // O((S + B) log B) in all,
+  // where scanning every bag whenever the least occupied one was full cost
+  // O(S * B) (240 ms at 4096 ranks under a binding cap).
+  static constexpr double kParked = std::numeric_limits<double>::infinity();
+
+  std::vector<double> InitialKeys() const {
+    std::vector<double> keys(packer_.num_bags_);
+    for (int32_t b = 0; b < packer_.num_bags_; ++b) keys[b] = OccupancyOf(b);
+    return keys;
+  }
+
+  const ReplicaPacker& packer_;
+  std::vector<double>& assigned_;
+  std::vector<int64_t> tokens_;  // per bag, under a cap only
+  MinTree occupancy_;
+  // A placement marks its bag stale instead of updating the tree: keys
+  // only grow, so a stale key is a lower bound, and a minimum whose key is
+  // current is the true minimum. A bag is updated when it surfaces as the
+  // minimum, once for however many sequences it took in the meantime.
+  std::vector<char> stale_;
+  std::vector<char> parked_;
+  std::priority_queue<std::pair<int64_t, int32_t>> parked_by_room_;
+};
+
+ReplicaPacker::ReplicaPacker(const Topology& topology, const CostModel& cost, int32_t refine_rounds,
+                             int64_t max_tokens_per_gpu,
+                             const std::vector<std::vector<int64_t>>& lengths, int32_t first_rank,
+                             const std::vector<int32_t>& first_sequence, const RankMasks* masks)
+    : first_sequence_(first_sequence),
+      refine_rounds_(refine_rounds),
+      cap_(max_tokens_per_gpu),
+      group_(topology.group_size()),
+      num_bags_(topology.num_bags()) {
+  const double total = Tabulate(topology, cost, lengths, first_rank, masks);
+  if (empty()) return;
+  target_ = total / group_;
+  gpus_.resize(num_bags_);
+  for (int32_t b = 0; b < num_bags_; ++b) gpus_[b] = topology.bag(b).gpus;
+  FindUsableBags();
+}
+
+double ReplicaPacker::Tabulate(const Topology& topology, const CostModel& cost,
+                               const std::vector<std::vector<int64_t>>& lengths, int32_t first_rank,
+                               const RankMasks* masks) {
+  // 16 bytes, so the sort moves little; the length is looked up by id.
+  struct Item {
+    double workload;
+    int32_t id;        // global sequence id
+    int32_t home_bag;  // the bag of its source rank
+  };
+  const int32_t first_id = first_sequence_[first_rank];
+  std::vector<Item> items;
+  items.reserve(first_sequence_[first_rank + group_] - first_id);
+  std::vector<int64_t> length_of(first_sequence_[first_rank + group_] - first_id);
+  double total = 0;
+  for (int32_t rank = first_rank; rank < first_rank + group_; ++rank) {
+    for (size_t i = 0; i < lengths[rank].size(); ++i) {
+      const int64_t length = lengths[rank][i];
+      if (length == 0) continue;
+      const double workload = cost.Workload(length, MaskOf(masks, rank, i));
+      total += workload;
+      items.push_back({workload, first_sequence_[rank] + static_cast<int32_t>(i),
+                       topology.BagOfRank(rank - first_rank)});
+      length_of[first_sequence_[rank] + i - first_id] = length;
+    }
+  }
+  if (items.empty()) return total;
+  // Workload never falls as length grows (it grows strictly under the
+  // transformer and linear models; the uniform one prices all alike), so
+  // (length desc, id asc) orders by workload descending; a stable radix sort
+  // on lengths of items already in id order gives it in O(S), several times
+  // faster than std::sort here.
+  // Masks that are all full price exactly as none: the unmasked order and
+  // refinement, so that the plan is exactly the unmasked one.
+  masked_ = AnyMasked(masks, first_rank, group_);
+  if (!masked_) {
+    SortByLengthDescending(items,
+                           [&](const Item& item) { return length_of[item.id - first_id]; });
+  } else {
+    // Under masks a longer sequence may cost less (causal vs full): sort by
+    // workload itself, ties by length (the linear part, for the uniform
+    // model) and id, as unmasked plans are ordered.
+    std::sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+      if (a.workload != b.workload) return a.workload > b.workload;
+      const int64_t la = length_of[a.id - first_id], lb = length_of[b.id - first_id];
+      if (la != lb) return la > lb;
+      return a.id < b.id;
+    });
+  }
+  const int32_t n = static_cast<int32_t>(items.size());
+  table_.workload.resize(n);
+  table_.length.resize(n);
+  table_.id.resize(n);
+  table_.home_bag.resize(n);
+  for (int32_t k = 0; k < n; ++k) {
+    table_.workload[k] = items[k].workload;
+    table_.length[k] = length_of[items[k].id - first_id];
+    table_.id[k] = items[k].id;
+    table_.home_bag[k] = items[k].home_bag;
+  }
+  return total;
+}
+
+void ReplicaPacker::FindUsableBags() {
+  const int32_t n = table_.size();
+  // Bags are sorted by size, so eligibility is decided per size class: the
+  // classes a sequence can use are always a contiguous run of classes, hence
+  // a contiguous run of bags [first_usable, last_usable]. Classes not larger
+  // than the sequence form a prefix, those with enough capacity a suffix.
+  std::vector<int32_t> class_gpus, class_first, class_last;
+  for (int32_t b = 0; b < num_bags_; ++b) {
+    if (b == 0 || gpus_[b] != gpus_[b - 1]) {
+      class_gpus.push_back(gpus_[b]);
+      class_first.push_back(b);
+      class_last.push_back(b);
+    }
+    class_last.back() = b;
+  }
+  first_usable_.resize(n);
+  last_usable_.resize(n);
+  for (int32_t k = 0; k < n; ++k) {
+    int32_t hi = static_cast<int32_t>(std::upper_bound(class_gpus.begin(), class_gpus.end(),
+                                                       table_.length[k]) -
+                                      class_gpus.begin()) -
+                 1;
+    int32_t lo;
+    if (hi < 0) {
+      lo = hi = 0;  // shorter than the smallest bag: use the smallest bags
+    } else {
+      lo = static_cast<int32_t>(
+          std::partition_point(class_gpus.begin(), class_gpus.end(),
+                               [&](int32_t g) { return g * target_ < table_.workload[k]; }) -
+          class_gpus.begin());
+      if (lo > hi) lo = hi;  // too big for any: the largest usable bags
+    }
+    first_usable_[k] = class_first[lo];
+    last_usable_[k] = class_last[hi];
+  }
+}
+
+std::vector<int64_t> ReplicaPacker::TokensOf(const std::vector<int32_t>& bags) const {
+  const int32_t n = table_.size();
+  std::vector<int64_t> tokens(num_bags_, 0);
+  for (int32_t k = 0; k < n; ++k) {
+    if (bags[k] >= 0) tokens[bags[k]] += table_.length[k];
+  }
+  return tokens;
+}
+
+bool ReplicaPacker::FitsCap(const std::vector<int32_t>& bags) const {
+  if (cap_ <= 0) return true;
+  const std::vector<int64_t> tokens = TokensOf(bags);
+  for (int32_t b = 0; b < num_bags_; ++b) {
+    if (tokens[b] > TokenCapOfBag(cap_, gpus_[b])) return false;
+  }
+  return true;
+}
+
+void ReplicaPacker::Refine(std::vector<int32_t>& bags, std::vector<double>& assigned) const {
+  if (refine_rounds_ <= 0) return;
+  // Refinement balances workload only: under a cap, undo it if it broke one.
+  std::vector<int32_t> bags_before = cap_ > 0 ? bags : std::vector<int32_t>();
+  std::vector<double> assigned_before = cap_ > 0 ? assigned : std::vector<double>();
+  RefineBags(gpus_, refine_rounds_, table_, bags, assigned, masked_ ? kMaskedRefinePartners : 1);
+  if (cap_ > 0 && !FitsCap(bags)) {
+    bags.swap(bags_before);
+    assigned.swap(assigned_before);
+  }
+}
+
+bool ReplicaPacker::Pack(double home_cap, std::vector<int32_t>& bags,
+                         std::vector<double>& assigned) {
+  const int32_t n = table_.size();
+  const std::vector<double>& workload = table_.workload;
+  const std::vector<int64_t>& length = table_.length;
+  BagQueue queue(*this, bags, assigned);
+  for (int32_t k = 0; k < n; ++k) {
+    if (bags[k] >= 0) continue;
+    queue.Unpark(length[k]);
+    int32_t bag = -1;
+    if (home_cap > 0) {
+      const int32_t home = table_.home_bag[k];
+      if (home >= first_usable_[k] && home <= last_usable_[k] &&
+          (assigned[home] + workload[k]) / gpus_[home] <= home_cap &&
+          queue.RoomFor(home, length[k])) {
+        bag = home;
+      }
+    }
+    if (bag < 0) bag = queue.LeastOccupied(first_usable_[k], last_usable_[k], length[k]);
+    if (bag < 0 && first_usable_[k] > 0) bag = queue.LeastOccupied(0, last_usable_[k], length[k]);
+    if (bag < 0) {
+      unplaced_ = k;
+      return false;
+    }
+    queue.Take(bag, k);
+    bags[k] = bag;
+  }
+  return true;
+}
+
+double ReplicaPacker::MaxPerGpu(const std::vector<double>& assigned) const {
+  double worst = 0;
+  for (int32_t b = 0; b < num_bags_; ++b) worst = std::max(worst, assigned[b] / gpus_[b]);
+  return worst;
+}
+
+int64_t ReplicaPacker::MovedTokensBound(const std::vector<int32_t>& bags, bool at_least) const {
+  const int32_t n = table_.size();
+  const std::vector<int64_t>& length = table_.length;
+  int64_t moved = 0;
+  for (int32_t k = 0; k < n; ++k) {
+    const int32_t g = gpus_[bags[k]];
+    const int64_t kept = bags[k] != table_.home_bag[k] ? 0
+                         : at_least                    ? (length[k] + g - 1) / g
+                                                       : length[k] / g;
+    moved += length[k] - kept;
+  }
+  return moved;
+}
+
+absl::Status ReplicaPacker::PackGreedy() {
+  const int32_t n = table_.size();
+  chosen_.assign(n, -1);
+  assigned_.assign(num_bags_, 0.0);
+  if (!Pack(0, chosen_, assigned_)) {
+    int64_t used = 0;
+    for (int32_t k = 0; k < n; ++k) used += table_.length[k];
+    return CapError(first_sequence_, table_.id[unplaced_], table_.length[unplaced_], cap_, used,
+                    TokenCapOfBag(cap_, group_));
+  }
+  Refine(chosen_, assigned_);
+  planned_max_ = MaxPerGpu(assigned_);
+  return absl::OkStatus();
+}
+
+void ReplicaPacker::TryMultifit() {
+  // Under masks, a GPU's share may be a few coarse sequences (block-causal
+  // video in one-GPU bags), which the greedy leaves apart and pairwise
+  // refinement cannot level: MULTIFIT (multifit.h), refined the same way, is
+  // taken when it is strictly better. Video, 20 steps (tools/simulate):
+  // g1n256 max/mean 1.0337 -> 1.0117 (bound 1.0075), g1n32 1.0595 -> 1.0545
+  // (bound 1.0458), planning about twice as long there. Unmasked plans and
+  // plans under a token cap stay as they were.
+  if (!masked_ || cap_ > 0) return;
+  const int32_t n = table_.size();
+  double lowest = target_;  // no packing's maximum per GPU is below this
+  for (int32_t k = 0; k < n; ++k) {
+    lowest = std::max(lowest, table_.workload[k] / gpus_[last_usable_[k]]);
+  }
+  if (planned_max_ > lowest * (1 + kMultifitMinGap)) {
+    std::vector<int32_t> packed;
+    std::vector<double> packed_assigned;
+    if (Multifit(gpus_, table_.workload, first_usable_, last_usable_, lowest, planned_max_,
+                 kMultifitRounds, packed, packed_assigned)) {
+      Refine(packed, packed_assigned);
+      const double packed_max = MaxPerGpu(packed_assigned);
+      if (packed_max < planned_max_) {
+        RenumberTowardHomes(gpus_, table_.length, table_.home_bag, packed, packed_assigned);
+        chosen_.swap(packed);
+        assigned_.swap(packed_assigned);
+        planned_max_ = packed_max;
+      }
+    }
+  }
+}
+
+void ReplicaPacker::TryAllHome() {
+  // Greedy packing can lose to the data as it came (LPT is only a 4/3
+  // approximation). Leaving every sequence in its source rank's bag never
+  // exceeds the unbalanced maximum (a bag's GPUs share its ranks' work), so
+  // fall back to it when it is strictly better: never worse than no balancing.
+  const int32_t n = table_.size();
+  std::vector<double> home(num_bags_, 0.0);
+  for (int32_t k = 0; k < n; ++k) home[table_.home_bag[k]] += table_.workload[k];
+  home_max_ = MaxPerGpu(home);
+  if (home_max_ < planned_max_) {
+    std::vector<int32_t> home_bags(n);
+    for (int32_t k = 0; k < n; ++k) home_bags[k] = table_.home_bag[k];
+    if (FitsCap(home_bags)) {
+      chosen_.swap(home_bags);
+      planned_max_ = home_max_;
+    }
+  }
+}
+
+void ReplicaPacker::TryLocality(double slack) {
+  // The locality candidate: home-first packing with homes capped at the
+  // balanced maximum (a sequence stays home while that keeps its bag under
+  // it, else the greedy's choice), then repaired (locality.h) where a bag
+  // ends over the limit: refinement would level the heaviest bags with
+  // the lightest, moving home sequences away for balance nobody asked
+  // for, and leave thousands of bags a hair over. Taken when within the
+  // slack of the balanced maximum, never over the all-home maximum (the
+  // guard's promise: never worse than no balancing), and surely moving
+  // fewer tokens than the balanced plan (its most against the balanced
+  // plan's least).
+  double limit = planned_max_ * (1 + slack);
+  // Below the balanced maximum only when the all-home placement broke the
+  // token cap: then it is no alternative, and only the slack bounds.
+  if (home_max_ >= planned_max_) limit = std::min(limit, home_max_);
+  const int32_t n = table_.size();
+  std::vector<int32_t> near_home(n, -1);
+  std::vector<double> near_assigned(num_bags_, 0.0);
+  if (Pack(planned_max_, near_home, near_assigned)) {
+    bool within = MaxPerGpu(near_assigned) <= limit;
+    if (!within &&
+        RepairToLimit(gpus_, limit, cap_, kRepairPartners, table_, near_home, near_assigned)) {
+      within = MaxPerGpu(near_assigned) <= limit && FitsCap(near_home);
+    }
+    if (within && MovedTokensBound(near_home, /*at_least=*/false) <
+                      MovedTokensBound(chosen_, /*at_least=*/true)) {
+      chosen_.swap(near_home);
+    }
+  }
+}
+
+void ReplicaPacker::WriteBags(std::vector<int32_t>& bag_of) const {
+  const int32_t n = table_.size();
+  for (int32_t k = 0; k < n; ++k) bag_of[table_.id[k]] = chosen_[k];
+}
+
+}  // namespace internal
+}  // namespace knapformer

@@ -1,0 +1,146 @@
+#ifndef KNAPFORMER_PLANNER_REPLICA_PACKER_H_
+#define KNAPFORMER_PLANNER_REPLICA_PACKER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "planner/attention_mask.h"
+#include "planner/cost_model.h"
+#include "planner/sequence_table.h"
+#include "planner/topology.h"
+
+namespace knapformer {
+namespace internal {
+
+// Phase 1 of BalanceGreedy (balancer.h) for one replica: chooses a bag for
+// each of its non-empty sequences. AssignReplicaBags (replica_solve.h) runs
+// the phases in this order, each on the placement the last one chose:
+//   PackGreedy, TryMultifit, TryAllHome, TryLocality (with
+//   options.locality), WriteBags.
+// A candidate replaces the chosen placement only where the comments below
+// say; every one respects the token cap. Deterministic: the same input
+// gives the same bags, to the bit of every workload compared.
+//
+// Holds references to `first_sequence`, which must outlive it. Not
+// thread-safe; one per replica and planning call.
+class ReplicaPacker {
+ public:
+  // The replica of `topology` whose ranks start at `first_rank`:
+  // lengths[rank][i] (RankLengths, balancer.h) are its sequences' tokens,
+  // first_sequence[rank] the global id of each rank's first sequence
+  // (FirstSequences), `masks` (null or empty: all full) price each one's
+  // attention. `refine_rounds` and `max_tokens_per_gpu` are
+  // BalancerOptions' (0: no refinement, no cap).
+  // REQUIRES: the input passed CheckBalancerInput and, with masks,
+  // CheckRankMasks.
+  ReplicaPacker(const Topology& topology, const CostModel& cost, int32_t refine_rounds,
+                int64_t max_tokens_per_gpu, const std::vector<std::vector<int64_t>>& lengths,
+                int32_t first_rank, const std::vector<int32_t>& first_sequence,
+                const RankMasks* masks);
+
+  ReplicaPacker(const ReplicaPacker&) = delete;
+  ReplicaPacker& operator=(const ReplicaPacker&) = delete;
+
+  // True when the replica has no non-empty sequence: there is nothing to
+  // place, and no phase may run.
+  bool empty() const { return table_.size() == 0; }
+
+  // The paper's greedy (Pack with no home cap) and then refinement (Refine):
+  // the first chosen placement. ResourceExhausted naming the sequence the
+  // greedy found no bag with room for under the token cap; nothing is
+  // chosen then, and no later phase may run.
+  // REQUIRES: !empty().
+  absl::Status PackGreedy();
+
+  // Under masks and without a token cap, MULTIFIT (multifit.h), refined,
+  // replaces the chosen placement when its maximum per GPU is strictly
+  // lower. Does nothing unmasked, under a cap, or when the chosen
+  // placement is within kMultifitMinGap of the simple lower bound.
+  // REQUIRES: PackGreedy succeeded.
+  void TryMultifit();
+
+  // Every sequence in its source rank's bag replaces the chosen placement
+  // when its maximum per GPU is strictly lower and it respects the cap.
+  // REQUIRES: PackGreedy succeeded.
+  void TryAllHome();
+
+  // The home-first packing, repaired (locality.h) where over the limit,
+  // replaces the chosen placement when within `slack` (relative) of its
+  // maximum per GPU, at most the all-home maximum, and surely moving fewer
+  // tokens. REQUIRES: TryAllHome ran.
+  void TryLocality(double slack);
+
+  // Sets bag_of[id] to the chosen bag (replica-relative) of every non-empty
+  // sequence id of the replica. REQUIRES: PackGreedy succeeded.
+  void WriteBags(std::vector<int32_t>& bag_of) const;
+
+ private:
+  class BagQueue;
+
+  // Fills table_, heaviest first, and masked_; returns the sequences' total
+  // workload. Leaves table_ empty when the replica has no non-empty sequence.
+  double Tabulate(const Topology& topology, const CostModel& cost,
+                  const std::vector<std::vector<int64_t>>& lengths, int32_t first_rank,
+                  const RankMasks* masks);
+  // Sets first_usable_ and last_usable_ from gpus_, target_ and table_.
+  void FindUsableBags();
+
+  // Tokens per bag of a placement (-1: not placed, counts nothing).
+  std::vector<int64_t> TokensOf(const std::vector<int32_t>& bags) const;
+  // Whether a complete placement respects the token cap (always, without one).
+  bool FitsCap(const std::vector<int32_t>& bags) const;
+  // Local refinement of a packing (refine.h), in place; undone if it broke
+  // the token cap. No-op with refine_rounds_ <= 0.
+  void Refine(std::vector<int32_t>& bags, std::vector<double>& assigned) const;
+  // Places every sequence without a bag yet (-1), heaviest first, on top of
+  // what `assigned` holds. The paper's greedy (home_cap 0): the usable bag
+  // of lowest occupancy. Home-first (home_cap > 0): its home bag while that
+  // is usable and stays at or under home_cap per GPU, else the same. Under
+  // a cap on tokens, only bags with room count: the least occupied usable
+  // bag with room, else the least occupied bag with room among all the
+  // sequence's bag sizes (below its usable range too); false, setting
+  // unplaced_, when no bag has room (`bags` and `assigned` are then partly
+  // filled).
+  bool Pack(double home_cap, std::vector<int32_t>& bags, std::vector<double>& assigned);
+  // The largest workload per GPU of a bag (0 with no bags).
+  double MaxPerGpu(const std::vector<double>& assigned) const;
+  // Tokens a complete placement sends to other ranks, bounded both ways: in
+  // its home bag a sequence's source rank keeps floor(l/G) or ceil(l/G) of
+  // its tokens, as the chunk rotation (phase 2) decides; the bound is the
+  // most moved with `at_least` false, the least with it true.
+  int64_t MovedTokensBound(const std::vector<int32_t>& bags, bool at_least) const;
+
+  const std::vector<int32_t>& first_sequence_;  // for the cap's error message
+  const int32_t refine_rounds_;
+  // A hard cap on tokens per GPU (0: none): chunking spreads a bag's tokens
+  // over its GPUs to within one token, so a bag of G GPUs may hold cap * G
+  // tokens (TokenCapOfBag).
+  const int64_t cap_;
+  const int32_t group_;  // GPUs (ranks) in the replica
+  const int32_t num_bags_;
+  std::vector<int32_t> gpus_;  // gpus_[b]: bag b's size, ascending
+
+  // Whether any sequence has a mask other than full: masks that are all full
+  // plan exactly as none.
+  bool masked_ = false;
+  // Every per-sequence vector below and every placement is indexed by
+  // position in the table's order.
+  SequenceTable table_;
+  double target_ = 0;  // fair share of one GPU: total workload / group_
+  // The bags sequence k may use: [first_usable_[k], last_usable_[k]].
+  std::vector<int32_t> first_usable_, last_usable_;
+
+  int32_t unplaced_ = -1;        // the first item a pack could not place under the cap
+  std::vector<int32_t> chosen_;  // the placement chosen so far: chosen_[k] is k's bag
+  // The bags' workloads under chosen_ as PackGreedy and TryMultifit leave
+  // it; TryAllHome does not update it (no later phase reads it).
+  std::vector<double> assigned_;
+  double planned_max_ = 0;  // the largest workload per GPU under chosen_
+  double home_max_ = 0;     // the same with every sequence in its home bag
+};
+
+}  // namespace internal
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_PLANNER_REPLICA_PACKER_H_

@@ -1,0 +1,64 @@
+#include "planner/step_solve.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace knapformer {
+
+absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel& cost,
+                                     const RankLengths& lengths, const BalancerOptions& options,
+                                     int64_t route_token_bytes, const RankMasks* masks) {
+  SolvedStep solved;
+  std::optional<CommPrices> prices;
+  if (cost.kind() == CostKind::kTransformer) {
+    absl::StatusOr<CommPrices> created =
+        CommPrices::Create(problem.machine, cost, route_token_bytes);
+    if (!created.ok()) return created.status();
+    prices = *created;
+  }
+  if (problem.auto_layout.has_value()) {
+    if (!prices.has_value()) {
+      return absl::InvalidArgumentError("cost_model: auto layouts need the transformer model");
+    }
+    absl::StatusOr<AutoPlan> chosen = BalanceAuto(*problem.auto_layout, problem.world_size, cost,
+                                                  *prices, lengths, options, masks);
+    if (!chosen.ok()) return chosen.status();
+    solved.plan = std::move(chosen->plan);
+    solved.predicted = chosen->predicted;
+  } else {
+    absl::StatusOr<Plan> plan = BalanceGreedy(*problem.world, cost, lengths, options, masks);
+    if (!plan.ok()) return plan.status();
+    solved.plan = *std::move(plan);
+    if (prices.has_value()) {
+      solved.predicted = PredictStep(solved.plan, *problem.world, lengths, cost, *prices, masks);
+    }
+  }
+  if (solved.predicted.has_value()) {
+    solved.predicted_seconds = solved.predicted->time / problem.machine.flops_per_second;
+  }
+  return solved;
+}
+
+absl::StatusOr<World> WorldOfLayout(const StepProblem& problem, absl::string_view layout) {
+  auto refused = [&](absl::string_view why) {
+    return absl::InternalError(absl::StrCat("the answer's layout '", layout, "' ", why,
+                                            " (the step's topology is ", problem.topology, ")"));
+  };
+  if (problem.world != nullptr) {
+    // Planners before layouts existed answer none for a fixed topology.
+    if (!layout.empty() && layout != problem.world->spec()) {
+      return refused("is not the step's topology");
+    }
+    return *problem.world;
+  }
+  absl::StatusOr<World> world = World::FromLayout(layout, problem.world_size);
+  if (!world.ok()) return refused(world.status().message());
+  if (absl::Status chosen = problem.auto_layout->CheckChosen(*world, problem.machine);
+      !chosen.ok()) {
+    return refused(chosen.message());
+  }
+  return world;
+}
+
+}  // namespace knapformer

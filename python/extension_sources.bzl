@@ -1,0 +1,168 @@
+"""The files knapformer._C (the Python package's extension) is built from: the
+one list both builds take their sources from.
+
+Bazel loads it: //python:knapformer/_C.so compiles exactly these files, and
+its sandbox refuses a header they include that the list lacks. pip reads it:
+python/pip_configure.py evaluates this file's assignments (ast.literal_eval),
+so keep them literal lists and dicts of strings, each sorted.
+"""
+
+# C++ sources and headers, by room.
+SOURCES = [
+    "client/environment.cc",
+    "client/fallback_policy.cc",
+    "client/host_tensor_cache.cc",
+    "client/planner_client.cc",
+    "client/planner_link.cc",
+    "client/planner_target.cc",
+    "client/rank_report.cc",
+    "client/route_layout.cc",
+    "client/sequence_balancer.cc",
+    "client/settings_agreement.cc",
+    "client/step_plan.cc",
+    "client/step_requests.cc",
+    "common/args.cc",
+    "common/log.cc",
+    "planner/attention_mask.cc",
+    "planner/auto_layout.cc",
+    "planner/balance_stats.cc",
+    "planner/balancer.cc",
+    "planner/calibration.cc",
+    "planner/cost_model.cc",
+    "planner/data_stream.cc",
+    "planner/locality.cc",
+    "planner/machine.cc",
+    "planner/mask_json.cc",
+    "planner/multifit.cc",
+    "planner/packing_bound.cc",
+    "planner/plan.cc",
+    "planner/plan_from_chunks.cc",
+    "planner/plan_json.cc",
+    "planner/refine.cc",
+    "planner/replica_packer.cc",
+    "planner/step_solve.cc",
+    "planner/step_time.cc",
+    "planner/topology.cc",
+    "planner/validate.cc",
+    "proto/mask_proto.cc",
+    "proto/plan_proto.cc",
+    "proto/step_problem.cc",
+    "python/balancer_binding.cc",
+    "python/machine_arg.cc",
+    "python/module.cc",
+    "python/nccl_binding.cc",
+    "python/planner_binding.cc",
+    "python/server_binding.cc",
+    "python/status_exception.cc",
+    "server/embedded_planner.cc",
+    "server/planner_server.cc",
+    "server/planner_service.cc",
+    "server/rank_ranges.cc",
+    "server/rendezvous.cc",
+    "server/request_check.cc",
+    "server/serve_flags.cc",
+    "server/service_metrics.cc",
+    "server/thread_pool.cc",
+    "transport/agreement.cc",
+    "transport/c10d_transport.cc",
+    "transport/transport.cc",
+]
+
+HEADERS = [
+    "client/environment.h",
+    "client/fallback_policy.h",
+    "client/host_tensor_cache.h",
+    "client/planner_client.h",
+    "client/planner_client_options.h",
+    "client/planner_link.h",
+    "client/planner_target.h",
+    "client/rank_report.h",
+    "client/route_layout.h",
+    "client/sequence_balancer.h",
+    "client/sequence_balancer_options.h",
+    "client/settings_agreement.h",
+    "client/step_plan.h",
+    "client/step_requests.h",
+    "common/args.h",
+    "common/log.h",
+    "common/status_macros.h",
+    "planner/attention_mask.h",
+    "planner/auto_layout.h",
+    "planner/bag_members.h",
+    "planner/balance_stats.h",
+    "planner/balancer.h",
+    "planner/calibration.h",
+    "planner/cost_model.h",
+    "planner/data_stream.h",
+    "planner/locality.h",
+    "planner/machine.h",
+    "planner/mask_json.h",
+    "planner/min_tree.h",
+    "planner/multifit.h",
+    "planner/packing_bound.h",
+    "planner/plan.h",
+    "planner/plan_from_chunks.h",
+    "planner/plan_json.h",
+    "planner/refine.h",
+    "planner/replica_packer.h",
+    "planner/replica_solve.h",
+    "planner/sequence_table.h",
+    "planner/splitmix64.h",
+    "planner/step_solve.h",
+    "planner/step_time.h",
+    "planner/token_cap.h",
+    "planner/topology.h",
+    "planner/validate.h",
+    "proto/mask_proto.h",
+    "proto/plan_proto.h",
+    "proto/step_problem.h",
+    "python/bindings.h",
+    "python/machine_arg.h",
+    "python/status_exception.h",
+    "server/arena_message_allocator.h",
+    "server/embedded_planner.h",
+    "server/planner_server.h",
+    "server/planner_service.h",
+    "server/rank_ranges.h",
+    "server/rendezvous.h",
+    "server/request_check.h",
+    "server/serve_flags.h",
+    "server/service_limits.h",
+    "server/service_metrics.h",
+    "server/thread_pool.h",
+    "transport/agreement.h",
+    "transport/c10d_transport.h",
+    "transport/transport.h",
+]
+
+# Compiled with protoc (and grpc_cpp_plugin for GRPC_PROTOS): each .proto and
+# the Bazel target of its C++. The service's API under proto/ is imported
+# relative to proto/, the others relative to the repository root
+# (proto/proto_cc.bzl).
+PROTOS = {
+    "client/rank_report.proto": "//client:rank_report_cc_proto",
+    "client/settings_agreement.proto": "//client:settings_agreement_cc_proto",
+    "proto/knapformer/v1/planner.proto": "//proto:planner_cc_grpc",
+    "transport/agreement.proto": "//transport:agreement_cc_proto",
+}
+
+GRPC_PROTOS = ["proto/knapformer/v1/planner.proto"]
+
+# The raw NCCL transport, with a CUDA torch (Bazel: --config=cuda).
+CUDA_SOURCES = [
+    "transport/deadline_watchdog.cc",
+    "transport/exchange_plan.cc",
+    "transport/nccl_transport.cc",
+]
+
+CUDA_HEADERS = [
+    "transport/deadline_watchdog.h",
+    "transport/exchange_plan.h",
+    "transport/nccl_transport.h",
+]
+
+def labels(paths):
+    """Bazel labels of repository paths, each in its room's package:
+    "client/x.cc" -> "//client:x.cc", "proto/knapformer/v1/planner.proto" ->
+    "//proto:knapformer/v1/planner.proto"."""
+    return ["//%s:%s" % (p.partition("/")[0], p.partition("/")[2]) for p in paths]
