@@ -55,6 +55,7 @@ SOURCES = [
     "python/server_binding.cc",
     "python/status_exception.cc",
     "server/embedded_planner.cc",
+    "server/gamma_fits.cc",
     "server/planner_server.cc",
     "server/planner_service.cc",
     "server/rank_ranges.cc",
@@ -121,6 +122,7 @@ HEADERS = [
     "python/status_exception.h",
     "server/arena_message_allocator.h",
     "server/embedded_planner.h",
+    "server/gamma_fits.h",
     "server/planner_server.h",
     "server/planner_service.h",
     "server/rank_ranges.h",
@@ -166,3 +168,17 @@ def labels(paths):
     "client/x.cc" -> "//client:x.cc", "proto/knapformer/v1/planner.proto" ->
     "//proto:knapformer/v1/planner.proto"."""
     return ["//%s:%s" % (p.partition("/")[0], p.partition("/")[2]) for p in paths]
+
+def extension_files(room, suffixes = (".cc", ".h", ".proto")):
+    """The files of `room` (a top-level folder) in the lists, relative to it:
+    what that room's BUILD file exports to the two builds (exports_files)."""
+    paths = SOURCES + HEADERS + CUDA_SOURCES + CUDA_HEADERS + PROTOS.keys()
+    return [
+        p.partition("/")[2]
+        for p in paths
+        if p.partition("/")[0] == room and p.endswith(suffixes)
+    ]
+
+# Who reads the listed files besides their own rooms: the two builds' Bazel
+# users (the extension, and the test that checks the list).
+EXTENSION_READERS = ["//python:__pkg__", "//tests/python:__pkg__"]

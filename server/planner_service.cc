@@ -100,7 +100,8 @@ class PlannerService::PlanCall final : public CountedReactor, public PendingCall
 PlannerService::PlannerService(const ServiceOptions& options)
     : options_(options),
       rendezvous_(options.limits),
-      metrics_(&rendezvous_, options.limits.max_jobs),
+      gamma_fits_(options.limits),
+      metrics_(&rendezvous_, &gamma_fits_, options.limits.max_jobs),
       pool_(SolverThreads(options.solver_threads)),
       reaper_([this] { Reap(); }) {
   SetMessageAllocatorFor_Plan(&plan_messages_);
@@ -125,9 +126,10 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*co
     return call;
   }
   if (request->previous().compute_seconds() > 0) {
-    rendezvous_.AddTiming(request->spec(), request->rank(), request->previous());
+    gamma_fits_.AddTiming(request->spec(), request->rank(), request->previous());
   }
   Rendezvous::Arrival arrival = rendezvous_.Arrive(call, *std::move(checked), absl::Now());
+  if (arrival.lifetime_changed) SyncGammaFits();
   for (const FailedCalls& evicted : arrival.evicted) {
     for (PendingCall* waiting : evicted.calls) {
       static_cast<PlanCall*>(waiting)->FinishWith(evicted.status);
@@ -154,7 +156,7 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   CostModel cost = checked.cost;
   std::string gamma_note;
   if (spec.use_fitted_gamma() && cost.kind() == CostKind::kTransformer) {
-    if (std::optional<CostFit> fit = rendezvous_.FittedCost(spec.job_id(), &gamma_note)) {
+    if (std::optional<CostFit> fit = gamma_fits_.FittedCost(spec.job_id(), &gamma_note)) {
       absl::StatusOr<CostModel> fitted = CostModel::Create(cost.d_model(), fit->gamma);
       if (fitted.ok()) {
         cost = *fitted;
@@ -179,8 +181,9 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
     balance->set_gamma_note(gamma_note);
   }
   std::vector<WorkSample> rank_work;
-  if (rendezvous_.WantsWork(spec.job_id())) rank_work = RankWork(*plan, cost.d_model(), &masks);
-  rendezvous_.RecordPlanned(spec, plan->topology, *balance, solved, std::move(rank_work));
+  if (gamma_fits_.WantsWork(spec.job_id())) rank_work = RankWork(*plan, cost.d_model(), &masks);
+  gamma_fits_.RecordPlanned(spec, std::move(rank_work));
+  rendezvous_.RecordPlanned(spec, plan->topology, *balance, solved);
   metrics_.RecordStep(spec.job_id(), *balance, spec.token_bytes(),
                       absl::ToDoubleSeconds(solved - start), wait_seconds, solved);
   return plan;
@@ -251,14 +254,16 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
   };
   auto checked = CheckPlanGroupRequest(*request, options_.limits, &worlds_);
   absl::Status status = checked.status();
-  if (status.ok()) status = rendezvous_.Touch(request->spec(), absl::Now());
+  bool lifetime_changed = false;
+  if (status.ok()) status = rendezvous_.Touch(request->spec(), absl::Now(), &lifetime_changed);
+  if (lifetime_changed) SyncGammaFits();
   if (!status.ok()) {
     finish(status);
     return reactor;
   }
   for (int r = 0; r < request->previous_size(); ++r) {
     if (request->previous(r).compute_seconds() > 0) {
-      rendezvous_.AddTiming(request->spec(), r, request->previous(r));
+      gamma_fits_.AddTiming(request->spec(), r, request->previous(r));
     }
   }
   int64_t sequences = 0;
@@ -341,6 +346,23 @@ void PlannerService::SolveNowOrSchedule(int64_t sequences, std::function<void()>
   }
 }
 
+void PlannerService::SyncGammaFits() {
+  absl::MutexLock lock(&lifetime_mu_);
+  for (const LifetimeEvent& event : rendezvous_.TakeLifetimeEvents()) {
+    switch (event.kind) {
+      case LifetimeEvent::Kind::kGroupAdded:
+        gamma_fits_.AddGroup(event.job_id, event.group_id, event.incarnation);
+        break;
+      case LifetimeEvent::Kind::kGroupForgotten:
+        gamma_fits_.ForgetGroup(event.job_id, event.group_id, event.incarnation);
+        break;
+      case LifetimeEvent::Kind::kJobForgotten:
+        gamma_fits_.ForgetJob(event.job_id);
+        break;
+    }
+  }
+}
+
 void PlannerService::CallArrived() {
   absl::MutexLock lock(&calls_mu_);
   ++unanswered_calls_;
@@ -390,6 +412,7 @@ void PlannerService::Reap() {
                                         "' (idle past the job TTL, or the least recently "
                                         "active when a new job needed room)"));
     }
+    SyncGammaFits();
     metrics_.DropIdleJobs(after, options_.limits.job_ttl);
     reaper_mu_.Lock();
   }

@@ -14,6 +14,7 @@
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
 #include "server/arena_message_allocator.h"
+#include "server/gamma_fits.h"
 #include "server/rendezvous.h"
 #include "server/request_check.h"
 #include "server/service_limits.h"
@@ -43,7 +44,9 @@ struct ServiceOptions {
 // The knapformer.v1.Planner service on gRPC's callback API: a rank waiting in
 // a rendezvous holds no thread. Small steps are solved and answered on the
 // gRPC thread that completed them, larger ones on the service's own thread
-// pool; a background thread expires rendezvous and idle jobs.
+// pool; a background thread expires rendezvous and idle jobs. The gamma fits
+// live beside the rendezvous, under a lock of their own, and keep each job
+// and group incarnation exactly as long as it does (SyncGammaFits).
 // Thread-safe. Must outlive the grpc::Server it is registered with.
 class PlannerService final : public v1::Planner::CallbackService {
  public:
@@ -72,6 +75,7 @@ class PlannerService final : public v1::Planner::CallbackService {
 
   ServiceMetrics& metrics() { return metrics_; }
   const Rendezvous& rendezvous() const { return rendezvous_; }
+  const GammaFits& gamma_fits() const { return gamma_fits_; }
 
  private:
   class PlanCall;
@@ -94,6 +98,11 @@ class PlannerService final : public v1::Planner::CallbackService {
   // small enough (options_.inline_solve_max_sequences) when no answer delay
   // is injected; else as ScheduleAnswer does.
   void SolveNowOrSchedule(int64_t sequences, std::function<void()> task);
+  // Adds to and forgets from the gamma fits what the rendezvous added and
+  // forgot (its lifetime log), in its order. Called after each rendezvous
+  // call that reports a change, before the caller goes on, and after
+  // DropIdleJobs: when it returns, that call's changes are applied.
+  void SyncGammaFits();
 
   class CountedReactor;
 
@@ -110,6 +119,11 @@ class PlannerService final : public v1::Planner::CallbackService {
   absl::Mutex calls_mu_;
   int64_t unanswered_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;
   Rendezvous rendezvous_;
+  // Held while the rendezvous' lifetime log is taken and applied to the
+  // fits, so that logs taken by two threads are applied in the order taken;
+  // never while calling anything but those two.
+  absl::Mutex lifetime_mu_;
+  GammaFits gamma_fits_;
   ServiceMetrics metrics_;
   ThreadPool pool_;
 

@@ -112,6 +112,7 @@ absl::StatusOr<Rendezvous::Place> Rendezvous::FindOrCreateGroup(const v1::StepSp
       }
       evicted_.push_back(victim->first);
       ++jobs_evicted_;
+      LogLifetime(LifetimeEvent::Kind::kJobForgotten, victim->first);
       jobs_.erase(victim);
     }
     job_it = jobs_.emplace(spec.job_id(), Job()).first;
@@ -123,6 +124,7 @@ absl::StatusOr<Rendezvous::Place> Rendezvous::FindOrCreateGroup(const v1::StepSp
     for (auto it = job.groups.lower_bound(GroupKey(spec.group_id(), 0));
          it != job.groups.end() && it->first.first == spec.group_id();) {
       if (it->second.pending.empty()) {
+        LogLifetime(LifetimeEvent::Kind::kGroupForgotten, spec.job_id(), it->first);
         it = job.groups.erase(it);
         ++groups_replaced_;
       } else {
@@ -134,10 +136,14 @@ absl::StatusOr<Rendezvous::Place> Rendezvous::FindOrCreateGroup(const v1::StepSp
       absl::Status refused = absl::ResourceExhaustedError(
           absl::StrCat("spec.group_id: job '", spec.job_id(), "' already has ", job.groups.size(),
                        " groups, the server's limit"));
-      if (job.groups.empty()) jobs_.erase(job_it);
+      if (job.groups.empty()) {
+        LogLifetime(LifetimeEvent::Kind::kJobForgotten, spec.job_id());
+        jobs_.erase(job_it);
+      }
       return refused;
     }
     group_it = job.groups.emplace(key, Group()).first;
+    LogLifetime(LifetimeEvent::Kind::kGroupAdded, spec.job_id(), key);
     if (created != nullptr) *created = true;
   }
   job.last_activity = now;
@@ -150,17 +156,41 @@ void Rendezvous::ForgetIfEmpty(const v1::StepSpec& spec) {
   if (place.group == nullptr) return;
   if (place.group->pending.empty() && place.group->steps_planned == 0 &&
       place.group->ranks_seen == 0) {
-    place.job->groups.erase(GroupKey(spec.group_id(), spec.incarnation()));
+    const GroupKey key(spec.group_id(), spec.incarnation());
+    LogLifetime(LifetimeEvent::Kind::kGroupForgotten, spec.job_id(), key);
+    place.job->groups.erase(key);
   }
-  if (place.job->groups.empty()) jobs_.erase(spec.job_id());
+  if (place.job->groups.empty()) {
+    LogLifetime(LifetimeEvent::Kind::kJobForgotten, spec.job_id());
+    jobs_.erase(spec.job_id());
+  }
+}
+
+void Rendezvous::LogLifetime(LifetimeEvent::Kind kind, const std::string& job_id,
+                             const GroupKey& group) {
+  lifetime_.push_back(LifetimeEvent{kind, job_id, group.first, group.second});
+}
+
+std::vector<LifetimeEvent> Rendezvous::TakeLifetimeEvents() {
+  absl::MutexLock lock(&mu_);
+  std::vector<LifetimeEvent> events = std::move(lifetime_);
+  lifetime_.clear();
+  return events;
 }
 
 Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  Arrival arrival = ArriveLocked(call, std::move(checked), now);
+  arrival.lifetime_changed = !lifetime_.empty();
+  return arrival;
+}
+
+Rendezvous::Arrival Rendezvous::ArriveLocked(PendingCall* call, CheckedSpec checked,
+                                             absl::Time now) {
   const v1::PlanRequest& request = call->request();
   const v1::StepSpec& spec = request.spec();
   const int32_t rank = request.rank();
   Arrival arrival;
-  absl::MutexLock lock(&mu_);
   if (closed_) {
     arrival.status = absl::UnavailableError("the planner is shutting down; retry elsewhere");
     return arrival;
@@ -349,25 +379,21 @@ std::vector<PendingCall*> Rendezvous::Close() {
   return calls;
 }
 
-absl::Status Rendezvous::Touch(const v1::StepSpec& spec, absl::Time now) {
+absl::Status Rendezvous::Touch(const v1::StepSpec& spec, absl::Time now,
+                              bool* lifetime_changed) {
   absl::MutexLock lock(&mu_);
-  if (closed_) return absl::UnavailableError("the planner is shutting down; retry elsewhere");
-  return FindOrCreateGroup(spec, now).status();
+  absl::Status status = absl::UnavailableError("the planner is shutting down; retry elsewhere");
+  if (!closed_) status = FindOrCreateGroup(spec, now).status();
+  if (lifetime_changed != nullptr) *lifetime_changed = !lifetime_.empty();
+  return status;
 }
 
 void Rendezvous::RecordPlanned(const v1::StepSpec& spec, const std::string& topology,
-                               const v1::Balance& balance, absl::Time now,
-                               std::vector<WorkSample> rank_work) {
+                               const v1::Balance& balance, absl::Time now) {
   absl::MutexLock lock(&mu_);
   const Place place = FindGroup(spec);
   if (place.group == nullptr) return;
   Group& group = *place.group;
-  if (!rank_work.empty() && limits_.timed_steps > 0) {
-    const size_t ranks = rank_work.size();
-    group.work.push_back({spec.step(), std::move(rank_work), std::vector<bool>(ranks, false)});
-    while (static_cast<int32_t>(group.work.size()) > limits_.timed_steps) group.work.pop_front();
-  }
-  Refit(*place.job);  // once per step, so the exported gamma keeps up
   if (group.steps_planned == 0) {
     Log(LogLevel::kInfo,
         absl::StrCat(place.job->planned ? "job '" : "new job '", spec.job_id(), "'",
@@ -394,98 +420,6 @@ void Rendezvous::RecordPlanned(const v1::StepSpec& spec, const std::string& topo
   place.job->planned = true;
 }
 
-void Rendezvous::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing) {
-  absl::MutexLock lock(&mu_);
-  const Place place = FindGroup(spec);
-  if (place.group == nullptr) return;
-  place.job->timed = true;
-  Group& group = *place.group;
-  // The most recent plan of that step number (a restarted job plans its
-  // numbers again).
-  Group::PlannedWork* planned = nullptr;
-  for (auto it = group.work.rbegin(); it != group.work.rend(); ++it) {
-    if (it->step == timing.step()) {
-      planned = &*it;
-      break;
-    }
-  }
-  const bool carried = timing.linear_work() > 0 || timing.attention_work() > 0;
-  if (planned == nullptr) {
-    // Planned elsewhere (another replica, or locally by the client): the
-    // timing brings its work. Recorded as a step so that a retried
-    // request does not count twice.
-    if (!carried || limits_.timed_steps <= 0 || spec.world_size() <= 0) return;
-    group.work.push_back({timing.step(), {}, std::vector<bool>(spec.world_size(), false)});
-    while (static_cast<int32_t>(group.work.size()) > limits_.timed_steps) group.work.pop_front();
-    planned = &group.work.back();
-  }
-  if (rank < 0 || rank >= static_cast<int32_t>(planned->timed.size()) || planned->timed[rank]) {
-    return;
-  }
-  // The carried work is that of the plan the ranks ran; this server's own
-  // plan of the step may have gone unused (answered after the client's
-  // deadline, or after its retry on another replica).
-  WorkSample sample;
-  if (carried) {
-    sample.linear = timing.linear_work();
-    sample.attention = timing.attention_work();
-  } else if (rank < static_cast<int32_t>(planned->rank_work.size())) {
-    sample = planned->rank_work[rank];
-  } else {
-    return;
-  }
-  planned->timed[rank] = true;
-  sample.seconds = timing.compute_seconds();
-  std::deque<WorkSample>& timings = place.job->timings;
-  timings.push_back(sample);
-  while (static_cast<int32_t>(timings.size()) > limits_.timing_window) timings.pop_front();
-  place.job->timings_changed = true;
-}
-
-bool Rendezvous::WantsWork(const std::string& job_id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  return it != jobs_.end() && it->second.timed;
-}
-
-void Rendezvous::Refit(Job& job) const {
-  if (!job.timings_changed) return;
-  job.timings_changed = false;
-  if (static_cast<int32_t>(job.timings.size()) < limits_.min_timing_samples) {
-    job.fit_note = absl::StrCat(job.timings.size(), " timing samples, the fit needs ",
-                                limits_.min_timing_samples,
-                                " (every rank's record_compute_seconds, one per step)");
-    return;
-  }
-  absl::StatusOr<CostFit> fit =
-      FitCostModel(std::vector<WorkSample>(job.timings.begin(), job.timings.end()));
-  if (fit.ok()) {
-    job.fit = *fit;
-    job.fit_note.clear();
-  } else {
-    job.fit_note = absl::StrCat("the fit of ", job.timings.size(),
-                                " timing samples failed: ", fit.status().message(),
-                                job.fit.has_value() ? " (the previous fit is used)" : "");
-  }
-}
-
-std::optional<CostFit> Rendezvous::FittedCost(const std::string& job_id,
-                                              std::string* note) {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) {
-    if (note != nullptr) *note = "no timings of this job yet";
-    return std::nullopt;
-  }
-  Refit(it->second);
-  if (note != nullptr) {
-    *note = it->second.fit_note.empty() && !it->second.fit.has_value()
-                ? "no timings of this job yet (record_compute_seconds on every rank)"
-                : it->second.fit_note;
-  }
-  return it->second.fit;
-}
-
 std::vector<std::string> Rendezvous::DropIdleJobs(absl::Time now) {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> dropped = std::move(evicted_);
@@ -493,6 +427,7 @@ std::vector<std::string> Rendezvous::DropIdleJobs(absl::Time now) {
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     if (it->second.pending == 0 && it->second.last_activity + limits_.job_ttl <= now) {
       dropped.push_back(it->first);
+      LogLifetime(LifetimeEvent::Kind::kJobForgotten, it->first);
       it = jobs_.erase(it);
     } else {
       ++it;
@@ -561,8 +496,6 @@ std::vector<GroupGauges> Rendezvous::Gauges() const {
       g.ranks_seen = group.ranks_seen;
       g.has_balance = group.has_balance;
       g.last_balance = group.last_balance;
-      g.has_fitted_gamma = job.fit.has_value();
-      g.fitted_gamma = job.fit.has_value() ? job.fit->gamma : 0;
       gauges.push_back(std::move(g));
     }
   }

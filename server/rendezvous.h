@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,7 +14,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "knapformer/v1/planner.pb.h"
-#include "planner/calibration.h"
 #include "server/request_check.h"
 #include "server/service_limits.h"
 
@@ -55,8 +53,20 @@ struct GroupGauges {
   int32_t ranks_seen = 0;
   bool has_balance = false;
   v1::Balance last_balance;
-  bool has_fitted_gamma = false;  // the job's
-  double fitted_gamma = 0;
+};
+
+// A change in which jobs and group incarnations the rendezvous remembers, for
+// state kept beside it for exactly as long (the gamma fits).
+struct LifetimeEvent {
+  enum class Kind {
+    kGroupAdded,      // a group incarnation, and its job if the job was new
+    kGroupForgotten,  // a group incarnation (a newer one replaced it, or refused)
+    kJobForgotten,    // a job and its groups (idle, evicted, or refused)
+  };
+  Kind kind = Kind::kGroupAdded;
+  std::string job_id;
+  std::string group_id;  // "" for kJobForgotten
+  uint64_t incarnation = 0;
 };
 
 // The rendezvous of every (job, group, step), and what the server remembers
@@ -66,7 +76,8 @@ struct GroupGauges {
 // Memory is bounded by the limits: at most max_pending_steps steps hold calls
 // (O(ranks) each), at most max_jobs jobs of max_groups_per_job groups are
 // remembered (each a ring of remembered_steps step numbers and a bitmap of the
-// ranks seen), and jobs idle longer than job_ttl are dropped by DropIdleJobs.
+// ranks seen), and jobs idle longer than job_ttl are dropped by DropIdleJobs;
+// plus the log of lifetime events not yet taken (TakeLifetimeEvents).
 class Rendezvous {
  public:
   explicit Rendezvous(ServiceLimits limits) : limits_(limits) {}
@@ -79,6 +90,8 @@ class Rendezvous {
     // A step another job gave up to make room for this one (see Arrive):
     // answer its calls with the status. Set even when `status` is not OK.
     std::vector<FailedCalls> evicted;
+    // The lifetime log holds events (maybe this call's): take them.
+    bool lifetime_changed = false;
   };
 
   // Adds `call`, whose request passed CheckPlanRequest (giving `checked`).
@@ -109,35 +122,14 @@ class Rendezvous {
   // Creates the job and group if needed, for a PlanGroup request (which has
   // no rendezvous). ResourceExhausted past max_jobs (when every job has a
   // pending step; otherwise the least recently active idle job is evicted)
-  // or max_groups_per_job.
-  absl::Status Touch(const v1::StepSpec& spec, absl::Time now);
+  // or max_groups_per_job. `lifetime_changed` (optional): set as Arrival's.
+  absl::Status Touch(const v1::StepSpec& spec, absl::Time now,
+                     bool* lifetime_changed = nullptr);
 
   // Records a solved step in its group's state (no-op if the job was
-  // dropped), with the work its plan gives each rank (for the gamma fit; may
-  // be empty).
+  // dropped).
   void RecordPlanned(const v1::StepSpec& spec, const std::string& topology,
-                     const v1::Balance& balance, absl::Time now,
-                     std::vector<WorkSample> rank_work = {});
-
-  // Pairs a rank's measured compute time of an earlier step with the work
-  // that step's plan gave it, as a sample of its job's gamma fit: the work
-  // the timing carries (StepTiming.linear_work/attention_work: that of the
-  // plan the ranks ran, wherever it was made), else that of this server's
-  // plan of the step. Ignored when neither is known (the step is too old,
-  // or was planned elsewhere and the timing carries no work), and when the
-  // rank already sent a timing for that step (a retried request).
-  void AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing);
-
-  // Whether the job's ranks send timings (so its steps' work is worth keeping).
-  bool WantsWork(const std::string& job_id) const;
-
-  // The job's fit from its timing samples, refitted when new samples came;
-  // nullopt until a refit succeeds. A refit that fails (say, a window of one
-  // sequence length, which cannot tell the two terms apart) keeps the last
-  // good fit: the hardware did not change, the data just stopped showing it.
-  // `note` (optional): why there is no fit, or why the last refit failed
-  // (then the previous fit, if any, is returned); empty when the fit is new.
-  std::optional<CostFit> FittedCost(const std::string& job_id, std::string* note = nullptr);
+                     const v1::Balance& balance, absl::Time now);
 
   // Forgets jobs without pending steps and idle for job_ttl; returns their
   // ids, and those of the jobs evicted since the last call (at max_jobs, a
@@ -149,6 +141,15 @@ class Rendezvous {
   int64_t groups_replaced() const;
   // Pending steps failed to make room for another job's, since the start.
   int64_t steps_evicted() const;
+
+  // Every group incarnation added and every group and job forgotten since
+  // the last call, in the order the rendezvous made the changes, so that
+  // state kept beside it can be added and forgotten in step. Arrive, Touch
+  // and DropIdleJobs log them. The log grows by an event or two per group
+  // incarnation created until taken: whoever keeps such state takes it after
+  // each call that reports lifetime_changed, and after each DropIdleJobs,
+  // applying what it took before another caller takes more.
+  std::vector<LifetimeEvent> TakeLifetimeEvents();
 
   // NotFound for an unknown job.
   absl::StatusOr<v1::JobState> GetJob(const std::string& job_id, absl::Time now) const;
@@ -178,15 +179,6 @@ class Rendezvous {
     std::string topology;
     bool has_balance = false;
     v1::Balance last_balance;
-    // The last timed_steps planned steps, with the work their plans gave
-    // each rank and which ranks have already sent their timing for them (a
-    // retried request must not count twice).
-    struct PlannedWork {
-      uint64_t step = 0;
-      std::vector<WorkSample> rank_work;
-      std::vector<bool> timed;
-    };
-    std::deque<PlannedWork> work;
   };
   // A group of one incarnation of its job (StepSpec.incarnation).
   using GroupKey = std::pair<std::string, uint64_t>;
@@ -194,12 +186,7 @@ class Rendezvous {
     std::map<GroupKey, Group> groups;
     absl::Time last_activity;
     int32_t pending = 0;
-    bool planned = false;            // a step of it was solved
-    bool timed = false;              // a rank has sent a timing
-    std::deque<WorkSample> timings;  // the last timing_window samples
-    bool timings_changed = false;
-    std::optional<CostFit> fit;
-    std::string fit_note;  // why the last refit did not give `fit` (or empty)
+    bool planned = false;  // a step of it was solved
   };
 
   // Where a (job, group) lives; both null if it does not exist.
@@ -223,9 +210,12 @@ class Rendezvous {
   // false when no job does.
   bool MakeRoomFor(const Job& job, const v1::StepSpec& spec, std::vector<FailedCalls>* evicted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Refits the job's gamma if new timings came (O(timing_window)); keeps the
-  // previous fit when the refit fails.
-  void Refit(Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Arrive's work, under the lock.
+  Arrival ArriveLocked(PendingCall* call, CheckedSpec checked, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends to the lifetime log (TakeLifetimeEvents).
+  void LogLifetime(LifetimeEvent::Kind kind, const std::string& job_id,
+                   const GroupKey& group = GroupKey()) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ServiceLimits limits_;
   mutable absl::Mutex mu_;
@@ -235,6 +225,7 @@ class Rendezvous {
   int64_t steps_evicted_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> evicted_ ABSL_GUARDED_BY(mu_);  // since DropIdleJobs
   int64_t jobs_evicted_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<LifetimeEvent> lifetime_ ABSL_GUARDED_BY(mu_);  // since TakeLifetimeEvents
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

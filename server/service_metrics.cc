@@ -19,13 +19,15 @@ const prometheus::Histogram::BucketBoundaries kPlanningBuckets = {
 const prometheus::Histogram::BucketBoundaries kWaitBuckets = {
     1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 3, 10, 30, 100};
 
-// Gauges read from the rendezvous at scrape time.
+// Gauges read from the rendezvous and the gamma fits at scrape time.
 class GroupGaugeCollector final : public prometheus::Collectable {
  public:
-  explicit GroupGaugeCollector(const Rendezvous* rendezvous) : rendezvous_(rendezvous) {}
+  GroupGaugeCollector(const Rendezvous* rendezvous, const GammaFits* fits)
+      : rendezvous_(rendezvous), fits_(fits) {}
 
   std::vector<MetricFamily> Collect() const override {
     const std::vector<GroupGauges> groups = rendezvous_->Gauges();
+    const std::map<std::string, double> gammas = fits_->FittedGammas();
     std::vector<MetricFamily> families;
     auto family = [&](const char* name, const char* help) -> MetricFamily& {
       families.push_back(MetricFamily{name, help, MetricType::Gauge, {}});
@@ -101,13 +103,15 @@ class GroupGaugeCollector final : public prometheus::Collectable {
     MetricFamily& gamma = family("knapformer_planner_fitted_gamma",
                                  "Gamma fitted to the job's step timings (PlanRequest.previous).");
     for (const GroupGauges& g : groups) {
-      if (g.has_fitted_gamma) add(gamma, g, g.fitted_gamma);
+      auto fitted = gammas.find(g.job_id);  // the job's
+      if (fitted != gammas.end()) add(gamma, g, fitted->second);
     }
     return families;
   }
 
  private:
   const Rendezvous* rendezvous_;
+  const GammaFits* fits_;
 };
 
 }  // namespace
@@ -128,10 +132,11 @@ struct ServiceMetrics::JobSeries {
   int64_t moved_tokens_without_bytes = 0;
 };
 
-ServiceMetrics::ServiceMetrics(const Rendezvous* rendezvous, int32_t max_jobs)
+ServiceMetrics::ServiceMetrics(const Rendezvous* rendezvous, const GammaFits* fits,
+                               int32_t max_jobs)
     : max_jobs_(max_jobs),
       registry_(std::make_shared<prometheus::Registry>()),
-      gauges_(std::make_shared<GroupGaugeCollector>(rendezvous)),
+      gauges_(std::make_shared<GroupGaugeCollector>(rendezvous, fits)),
       requests_(prometheus::BuildCounter()
                     .Name("knapformer_planner_requests_total")
                     .Help("Planner RPCs answered, by method and gRPC status code.")

@@ -17,6 +17,7 @@
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/gamma_fits.h"
 #include "server/rendezvous.h"
 
 namespace knapformer {
@@ -30,21 +31,23 @@ namespace knapformer {
 //   knapformer_planner_moved_bytes_total{job}               counter, the same in bytes
 //   knapformer_planner_planning_duration_seconds{job}       histogram, solve time
 //   knapformer_planner_rendezvous_wait_seconds{job}         histogram, first to last rank
-// and, read from the rendezvous at each scrape (so they vanish with the job):
+// and, read from the rendezvous and the gamma fits at each scrape (so they
+// vanish with the job):
 //   knapformer_planner_{wir,max_over_mean}_{before,after}_ratio{job,group}  gauges
 //   knapformer_planner_predicted_step_seconds{job,group}
 //   knapformer_planner_bag_gpus{job,group,gpus}
 //   knapformer_planner_pending_steps{job,group}, knapformer_planner_ranks_seen{job,group}
 //   knapformer_planner_jobs
+//   knapformer_planner_fitted_gamma{job,group}
 // Label cardinality is bounded: at most `max_jobs` job values (more are counted
 // under job=""), and series of jobs idle for the TTL are removed. Thread-safe.
 class ServiceMetrics {
  public:
-  ServiceMetrics(const Rendezvous* rendezvous, int32_t max_jobs);
+  ServiceMetrics(const Rendezvous* rendezvous, const GammaFits* fits, int32_t max_jobs);
   ~ServiceMetrics();
 
   // Counters and histograms; and the per-group gauges (a Collectable that
-  // reads the rendezvous). Register both with an Exposer.
+  // reads the rendezvous and the fits). Register both with an Exposer.
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   std::shared_ptr<prometheus::Collectable> gauges() const { return gauges_; }
 

@@ -10,8 +10,6 @@ same errors as on every supported torch. Prints one line per check; exits
 non-zero on the first that fails. Run by tests/python/wheel_install_test.sh,
 and by hand on a fresh machine after scripts/build_wheel.sh --venv VENV.
 """
-import datetime
-import multiprocessing
 import sys
 
 import torch
@@ -52,53 +50,48 @@ def step(x, weights, lens, balancer):
     return (out ** 2).sum()
 
 
-def worker(rank, port, results):
+def worker(rank, size):
+    """This rank's largest relative difference between balanced and
+    unbalanced, and its errors for each misuse; inside the package's Gloo
+    world (knapformer.launch.run_world)."""
     import torch.distributed as dist
     import knapformer
-    from knapformer._torch_compat import tcp_store
 
-    torch.set_num_threads(1)
-    try:
-        store = tcp_store("127.0.0.1", port, SIZE, False, timeout=datetime.timedelta(seconds=60))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=SIZE,
-                                timeout=datetime.timedelta(seconds=60))
-        balancer = knapformer.SequenceBalancer("g1n2+g2n1")
-        generator = torch.Generator().manual_seed(0)  # the same weights everywhere
-        weights = [torch.randn(D_MODEL, D_MODEL, dtype=torch.float64, generator=generator)
-                   for _ in range(4)]
-        x = torch.randn(sum(LENS[rank]), D_MODEL, dtype=torch.float64,
-                        generator=torch.Generator().manual_seed(1 + rank))
-        grads = {}
-        for name, bal in (("unbalanced", None), ("balanced", balancer)):
-            ws = [w.clone().requires_grad_() for w in weights]
-            xs = x.clone().requires_grad_()
-            loss = step(xs, ws, LENS[rank], bal)
-            loss.backward()
-            total = loss.detach().clone()
-            dist.all_reduce(total)
-            # A rank without tokens has no gradient of its own: zeros.
-            wgrads = [w.grad if w.grad is not None else torch.zeros_like(w) for w in ws]
-            for g in wgrads:
-                dist.all_reduce(g)
-            xgrad = xs.grad if xs.grad is not None else torch.zeros_like(xs)
-            grads[name] = [total, xgrad] + wgrads
-        pairs = [(a, b) for a, b in zip(grads["balanced"], grads["unbalanced"]) if b.numel()]
-        worst = max(float((a - b).abs().max() / (b.abs().max() + 1e-300)) for a, b in pairs)
-        errors = {}
-        for what, call in (
-                ("negative length", lambda: balancer.plan_routing([-1] if rank == 1 else [3], 8)),
-                ("token_dim", lambda: balancer.plan_routing([3], token_dim=0)),
-                ("heads", lambda: (balancer.plan_routing([3, 5], 6),
-                                   balancer.pre_attn(*[balancer.route(torch.ones(8, 6))[1]
-                                                       .reshape(-1, 3, 2)] * 3)))):
-            try:
-                call()
-                errors[what] = None
-            except Exception as error:  # noqa: BLE001  (the type and text are the check)
-                errors[what] = (type(error).__name__, str(error))
-        results.put((rank, worst, errors))
-    except BaseException as error:  # noqa: BLE001
-        results.put((rank, None, repr(error)))
+    balancer = knapformer.SequenceBalancer("g1n2+g2n1")
+    generator = torch.Generator().manual_seed(0)  # the same weights everywhere
+    weights = [torch.randn(D_MODEL, D_MODEL, dtype=torch.float64, generator=generator)
+               for _ in range(4)]
+    x = torch.randn(sum(LENS[rank]), D_MODEL, dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(1 + rank))
+    grads = {}
+    for name, bal in (("unbalanced", None), ("balanced", balancer)):
+        ws = [w.clone().requires_grad_() for w in weights]
+        xs = x.clone().requires_grad_()
+        loss = step(xs, ws, LENS[rank], bal)
+        loss.backward()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        # A rank without tokens has no gradient of its own: zeros.
+        wgrads = [w.grad if w.grad is not None else torch.zeros_like(w) for w in ws]
+        for g in wgrads:
+            dist.all_reduce(g)
+        xgrad = xs.grad if xs.grad is not None else torch.zeros_like(xs)
+        grads[name] = [total, xgrad] + wgrads
+    pairs = [(a, b) for a, b in zip(grads["balanced"], grads["unbalanced"]) if b.numel()]
+    worst = max(float((a - b).abs().max() / (b.abs().max() + 1e-300)) for a, b in pairs)
+    errors = {}
+    for what, call in (
+            ("negative length", lambda: balancer.plan_routing([-1] if rank == 1 else [3], 8)),
+            ("token_dim", lambda: balancer.plan_routing([3], token_dim=0)),
+            ("heads", lambda: (balancer.plan_routing([3, 5], 6),
+                               balancer.pre_attn(*[balancer.route(torch.ones(8, 6))[1]
+                                                   .reshape(-1, 3, 2)] * 3)))):
+        try:
+            call()
+            errors[what] = None
+        except Exception as error:  # noqa: BLE001  (the type and text are the check)
+            errors[what] = (type(error).__name__, str(error))
+    return worst, errors
 
 
 EXPECTED_ERRORS = {
@@ -112,7 +105,6 @@ EXPECTED_ERRORS = {
 def main():
     venv = sys.argv[1] if len(sys.argv) > 1 else None
     import knapformer
-    from knapformer._torch_compat import tcp_store
 
     print(f"torch {torch.__version__}, Python {sys.version.split()[0]}, "
           f"knapformer from {knapformer.__file__}")
@@ -135,26 +127,11 @@ def main():
     assert callable(plot_plan)
     print("ok   TheoreticalWorkloadEstimator and plot_plan")
 
-    store = tcp_store("127.0.0.1", 0, SIZE + 1, True, timeout=datetime.timedelta(seconds=60),
-                      wait_for_workers=False)
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    procs = [context.Process(target=worker, args=(r, store.port, results)) for r in range(SIZE)]
-    for p in procs:
-        p.start()
-    outcomes = {}
-    try:
-        for _ in procs:
-            rank, worst, errors = results.get(timeout=240)
-            outcomes[rank] = (worst, errors)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    from knapformer.launch import run_world  # the package's launcher, as installed
+
+    outcomes = run_world(worker, SIZE)
     for rank in range(SIZE):
         worst, errors = outcomes[rank]
-        assert worst is not None, f"rank {rank}: {errors}"
         assert worst <= 1e-12, f"rank {rank}: balanced and unbalanced differ by {worst:.3g}"
         for what, (kind, text) in EXPECTED_ERRORS.items():
             got = errors[what]

@@ -13,7 +13,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "knapformer/v1/planner.pb.h"
-#include "planner/calibration.h"
 #include "server/rank_ranges.h"
 #include "server/request_check.h"
 #include "server/service_limits.h"
@@ -1075,145 +1074,85 @@ TEST(RendezvousTest, GaugesReportEachGroup) {
   EXPECT_EQ(rendezvous.jobs(), 2);
 }
 
-// Per-rank work of a 4-rank plan whose two terms vary independently over the
-// ranks, so four timings determine k and gamma.
-std::vector<WorkSample> DistinctWork(double scale) {
-  std::vector<WorkSample> work(4);
-  for (int r = 0; r < 4; ++r) {
-    work[r].linear = scale * 1e9 * (r + 1);
-    work[r].attention = scale * 1e8 * (r + 1) * (r + 1);
+std::string Describe(const LifetimeEvent& event) {
+  switch (event.kind) {
+    case LifetimeEvent::Kind::kGroupAdded:
+      return absl::StrCat("+", event.job_id, "/", event.group_id, "/", event.incarnation);
+    case LifetimeEvent::Kind::kGroupForgotten:
+      return absl::StrCat("-", event.job_id, "/", event.group_id, "/", event.incarnation);
+    case LifetimeEvent::Kind::kJobForgotten:
+      return absl::StrCat("-", event.job_id);
   }
-  return work;
+  return "?";
 }
 
-v1::StepTiming Timing(uint64_t step, const WorkSample& work, double gamma) {
-  v1::StepTiming timing;
-  timing.set_step(step);
-  timing.set_compute_seconds(1e-12 * (work.linear + gamma * work.attention));
-  return timing;
+std::vector<std::string> TakeLifetime(Rendezvous& rendezvous) {
+  std::vector<std::string> events;
+  for (const LifetimeEvent& event : rendezvous.TakeLifetimeEvents()) {
+    events.push_back(Describe(event));
+  }
+  return events;
 }
 
-TEST(RendezvousTest, ARetriedTimingOfTheSameStepAndRankCountsOnce) {
+// Every group incarnation the rendezvous starts remembering and every group
+// and job it forgets is logged, in order, for the state kept beside it (the
+// gamma fits); each call says whether the log holds events to take.
+TEST(RendezvousTest, TheLifetimeLogNamesEveryGroupAddedAndEveryGroupAndJobForgotten) {
   ServiceLimits limits;
-  limits.min_timing_samples = 4;
+  limits.max_jobs = 2;
+  limits.max_pending_steps_per_job = 1;
+  limits.job_ttl = absl::Minutes(5);
   Rendezvous rendezvous{limits};
-  ASSERT_TRUE(rendezvous.Touch(Spec(0), kT0).ok());
-  for (uint64_t step = 0; step < 2; ++step) {
-    const std::vector<WorkSample> work = DistinctWork(step + 1);
-    rendezvous.RecordPlanned(Spec(step), "g1n4", SomeBalance(), kT0, work);
-    for (int32_t rank = 0; rank < 4; ++rank) {
-      rendezvous.AddTiming(Spec(step + 1), rank, Timing(step, work[rank], 2.0));
-    }
-  }
-  std::optional<CostFit> fit = rendezvous.FittedCost("job");
-  ASSERT_TRUE(fit.has_value());
-  EXPECT_EQ(fit->samples, 8);
-  EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
+  bool changed = false;
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "a"), kT0, &changed).ok());
+  EXPECT_TRUE(changed);
+  EXPECT_THAT(TakeLifetime(rendezvous), ElementsAre("+a//0"));
+  ASSERT_TRUE(rendezvous.Touch(Spec(2, 4, "a"), kT0, &changed).ok());
+  EXPECT_FALSE(changed);
+  EXPECT_THAT(TakeLifetime(rendezvous), IsEmpty());
 
-  // The same (step, rank) again, as a retried request would send it, with a
-  // time that would pull gamma far off if it counted.
-  rendezvous.AddTiming(Spec(2), 1, Timing(1, DistinctWork(2)[1], 50.0));
-  fit = rendezvous.FittedCost("job");
-  ASSERT_TRUE(fit.has_value());
-  EXPECT_EQ(fit->samples, 8);
-  EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
+  // A new incarnation replaces the group.
+  auto a7 = Call(Incarnation(Spec(1, 4, "a"), 7), 0);
+  Rendezvous::Arrival arrival = Arrive(rendezvous, a7.get(), kT0 + absl::Seconds(1));
+  ASSERT_TRUE(arrival.status.ok()) << arrival.status;
+  EXPECT_TRUE(arrival.lifetime_changed);
+  EXPECT_THAT(TakeLifetime(rendezvous), ElementsAre("-a//0", "+a//7"));
+  auto a7r1 = Call(Incarnation(Spec(1, 4, "a"), 7), 1);
+  arrival = Arrive(rendezvous, a7r1.get(), kT0 + absl::Seconds(1));
+  ASSERT_TRUE(arrival.status.ok()) << arrival.status;
+  EXPECT_FALSE(arrival.lifetime_changed);
 
-  // A timing of a step whose work is unknown (never planned) is no sample.
-  rendezvous.AddTiming(Spec(9), 0, Timing(7, DistinctWork(1)[0], 50.0));
-  EXPECT_EQ(rendezvous.FittedCost("job")->samples, 8);
-}
+  // At max_jobs a new job evicts the idle one.
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "b", "g"), kT0 + absl::Seconds(2)).ok());
+  EXPECT_THAT(TakeLifetime(rendezvous), ElementsAre("+b/g/0"));
+  auto c = Call(Spec(1, 4, "c"), 0);
+  arrival = Arrive(rendezvous, c.get(), kT0 + absl::Seconds(3));
+  ASSERT_TRUE(arrival.status.ok()) << arrival.status;
+  EXPECT_TRUE(arrival.lifetime_changed);
+  EXPECT_THAT(TakeLifetime(rendezvous), ElementsAre("-b", "+c//0"));
 
-// A timing that carries its step's work (a step another replica, or the
-// client, planned) is a sample here too, once per (step, rank), and its
-// work is the one counted; one that carries none for a step planned
-// elsewhere is no sample.
-TEST(RendezvousTest, ATimingThatCarriesItsWorkIsASampleWhereverTheStepWasPlanned) {
-  ServiceLimits limits;
-  limits.min_timing_samples = 4;
-  Rendezvous rendezvous{limits};
-  ASSERT_TRUE(rendezvous.Touch(Spec(5), kT0).ok());  // this replica planned nothing
-  auto carrying = [](uint64_t step, const WorkSample& work, double gamma) {
-    v1::StepTiming timing = Timing(step, work, gamma);
-    timing.set_linear_work(work.linear);
-    timing.set_attention_work(work.attention);
-    return timing;
-  };
-  const std::vector<WorkSample> work = DistinctWork(1);
-  for (int32_t rank = 0; rank < 4; ++rank) {
-    rendezvous.AddTiming(Spec(5), rank, Timing(4, work[rank], 2.0));  // no work: no sample
-  }
-  EXPECT_FALSE(rendezvous.FittedCost("job").has_value());
-  for (int32_t rank = 0; rank < 4; ++rank) {
-    rendezvous.AddTiming(Spec(5), rank, carrying(3, work[rank], 2.0));
-  }
-  std::optional<CostFit> fit = rendezvous.FittedCost("job");
-  ASSERT_TRUE(fit.has_value());
-  EXPECT_EQ(fit->samples, 4);
-  EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
+  // A refused request's group is added and forgotten at once; one refused
+  // before anything changed logs nothing.
+  auto c_vae = Call(Spec(1, 4, "c", "vae"), 0);
+  arrival = Arrive(rendezvous, c_vae.get(), kT0 + absl::Seconds(4));
+  EXPECT_EQ(arrival.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(arrival.lifetime_changed);
+  EXPECT_THAT(TakeLifetime(rendezvous), ElementsAre("+c/vae/0", "-c/vae/0"));
+  auto d = Call(Spec(1, 4, "d"), 0);
+  arrival = Arrive(rendezvous, d.get(), kT0 + absl::Seconds(4));
+  EXPECT_EQ(arrival.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(arrival.lifetime_changed);
+  EXPECT_EQ(rendezvous.Touch(Spec(1, 4, "d"), kT0, &changed).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(changed);
 
-  // Sent again (a retried request), with a time that would pull gamma off.
-  rendezvous.AddTiming(Spec(5), 2, carrying(3, work[2], 50.0));
-  EXPECT_EQ(rendezvous.FittedCost("job")->samples, 4);
-  // A rank outside the world is no sample.
-  rendezvous.AddTiming(Spec(5), 4, carrying(3, work[1], 2.0));
-  EXPECT_EQ(rendezvous.FittedCost("job")->samples, 4);
-
-  // Where this replica planned the step too, the carried work counts: its
-  // own plan may not be the one the ranks ran (answered after the client
-  // gave up on it). The times fit gamma 2 with the carried work only.
-  std::vector<WorkSample> unused(4);  // another balance of linear and attention
-  for (int r = 0; r < 4; ++r) unused[r] = {1e9 * (4 - r), 1e8 * (r + 1), 0};
-  const std::vector<WorkSample> ran = DistinctWork(3);
-  rendezvous.RecordPlanned(Spec(6), "g1n4", SomeBalance(), kT0, unused);
-  for (int32_t rank = 0; rank < 4; ++rank) {
-    rendezvous.AddTiming(Spec(7), rank, carrying(6, ran[rank], 2.0));
-  }
-  fit = rendezvous.FittedCost("job");
-  ASSERT_TRUE(fit.has_value());
-  EXPECT_EQ(fit->samples, 8);
-  EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
-  // Without carried work, its own plan's work pairs with the time, once.
-  const std::vector<WorkSample> own = DistinctWork(5);
-  rendezvous.RecordPlanned(Spec(8), "g1n4", SomeBalance(), kT0, own);
-  for (int32_t rank = 0; rank < 4; ++rank) {
-    rendezvous.AddTiming(Spec(9), rank, Timing(8, own[rank], 2.0));
-    rendezvous.AddTiming(Spec(9), rank, carrying(8, own[rank], 50.0));  // a retry: ignored
-  }
-  fit = rendezvous.FittedCost("job");
-  ASSERT_TRUE(fit.has_value());
-  EXPECT_EQ(fit->samples, 12);
-  EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
-}
-
-TEST(RendezvousTest, AFailedRefitKeepsTheLastGoodFit) {
-  ServiceLimits limits;
-  limits.min_timing_samples = 4;
-  limits.timing_window = 4;
-  Rendezvous rendezvous{limits};
-  ASSERT_TRUE(rendezvous.Touch(Spec(0), kT0).ok());
-  const std::vector<WorkSample> distinct = DistinctWork(1);
-  rendezvous.RecordPlanned(Spec(0), "g1n4", SomeBalance(), kT0, distinct);
-  for (int32_t rank = 0; rank < 4; ++rank) {
-    rendezvous.AddTiming(Spec(1), rank, Timing(0, distinct[rank], 2.0));
-  }
-  ASSERT_TRUE(rendezvous.FittedCost("job").has_value());
-
-  // Every rank gets the same work: a window of four equal samples cannot
-  // tell the terms apart, and the refit fails.
-  const std::vector<WorkSample> same(4, distinct[2]);
-  rendezvous.RecordPlanned(Spec(1), "g1n4", SomeBalance(), kT0, same);
-  for (int32_t rank = 0; rank < 4; ++rank) {
-    rendezvous.AddTiming(Spec(2), rank, Timing(1, same[rank], 7.0));
-  }
-  ASSERT_FALSE(FitCostModel({same.begin(), same.end()}).ok());
-  std::optional<CostFit> fit = rendezvous.FittedCost("job");
-  ASSERT_TRUE(fit.has_value());
-  EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
-  EXPECT_EQ(fit->samples, 4);
-  std::vector<GroupGauges> gauges = rendezvous.Gauges();
-  ASSERT_EQ(gauges.size(), 1u);
-  EXPECT_TRUE(gauges[0].has_fitted_gamma);
-  EXPECT_NEAR(gauges[0].fitted_gamma, 2.0, 1e-6);
+  // Idle jobs are dropped; the evicted one is reported by DropIdleJobs again
+  // (for the log) but was logged once, when it went.
+  ASSERT_EQ(rendezvous.Expire(kT0 + absl::Minutes(2)).size(), 2u);
+  EXPECT_THAT(rendezvous.DropIdleJobs(kT0 + absl::Minutes(10)),
+              UnorderedElementsAre("b", "a", "c"));
+  EXPECT_THAT(TakeLifetime(rendezvous), ElementsAre("-a", "-c"));
+  EXPECT_EQ(rendezvous.jobs(), 0);
 }
 
 std::vector<bool> Present(size_t n, const std::vector<size_t>& ranks) {

@@ -821,6 +821,87 @@ TEST(ServiceTest, GetJobReportsPlannedAndPendingSteps) {
   EXPECT_THAT(status.error_message(), HasSubstr("no job 'nope'"));
 }
 
+// The online gamma fit through the service: the note says why a step asking
+// for the fitted gamma was priced with the spec's; a new incarnation of the
+// group keeps the job's fit, and a job the planner forgot (here evicted for
+// another, at max_jobs) comes back without one.
+TEST(ServiceTest, TheFittedGammaLivesAndDiesWithItsJob) {
+  PlannerServerOptions options = TestOptions();
+  options.service.limits.min_timing_samples = 4;
+  options.service.limits.max_jobs = 1;
+  options.service.limits.rendezvous_timeout = absl::Milliseconds(100);
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  // Rank r's timing of `step`, carrying its work, at gamma 2 and 1e-12 s per
+  // unit; compute_seconds 0 (no timing) unless `timed`.
+  auto timing = [](uint64_t step, int r, bool timed) {
+    v1::StepTiming t;
+    t.set_step(step);
+    if (!timed) return t;
+    const double linear = 1e9 * (r + 1), attention = 1e8 * (r + 1) * (r + 1);
+    t.set_linear_work(linear);
+    t.set_attention_work(attention);
+    t.set_compute_seconds(1e-12 * (linear + 2.0 * attention));
+    return t;
+  };
+  // Plans a step of `job` (8 ranks, spec gamma 0.5) asking for the fitted
+  // gamma, with the first `timed_ranks` ranks' timings of the step before.
+  auto plan = [&](const std::string& job, uint64_t incarnation, uint64_t step,
+                  int timed_ranks) {
+    StepParams params;
+    params.job_id = job;
+    params.step = step;
+    v1::PlanGroupRequest request;
+    *request.mutable_spec() = MakeRequest(params, 8, 0, {}).spec();
+    request.mutable_spec()->set_incarnation(incarnation);
+    request.mutable_spec()->set_use_fitted_gamma(true);
+    for (const auto& rank : RandomLengths(8, step + 1)) {
+      request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
+    }
+    for (int r = 0; r < 8 && timed_ranks > 0; ++r) {
+      *request.add_previous() = timing(step - 1, r, r < timed_ranks);
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::PlanGroupResponse response;
+    grpc::Status status = stub->PlanGroup(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.balance();
+  };
+  const std::string no_timings =
+      "no timings of this job yet (record_compute_seconds on every rank)";
+
+  v1::Balance balance = plan("fit", 0, 0, 0);
+  EXPECT_EQ(balance.gamma_note(), no_timings);
+  EXPECT_EQ(balance.gamma_used(), 0.5);
+  balance = plan("fit", 0, 1, 2);
+  EXPECT_EQ(balance.gamma_note(),
+            "2 timing samples, the fit needs 4 (every rank's record_compute_seconds, one per "
+            "step)");
+  EXPECT_EQ(balance.gamma_used(), 0.5);
+  balance = plan("fit", 0, 2, 8);
+  EXPECT_EQ(balance.gamma_note(), "");
+  EXPECT_NEAR(balance.gamma_used(), 2.0, 1e-6);
+
+  // A restart (a new incarnation replaces the group): the job keeps its fit.
+  balance = plan("fit", 5, 0, 0);
+  EXPECT_EQ(balance.gamma_note(), "");
+  EXPECT_NEAR(balance.gamma_used(), 2.0, 1e-6);
+
+  // Evicted for another job, and back: it starts over.
+  absl::SleepFor(absl::Milliseconds(150));  // past the rendezvous timeout: evictable
+  balance = plan("other", 0, 0, 0);
+  EXPECT_EQ(balance.gamma_note(), no_timings);
+  absl::SleepFor(absl::Milliseconds(150));
+  balance = plan("fit", 5, 3, 0);
+  EXPECT_EQ(balance.gamma_note(), no_timings);
+  EXPECT_EQ(balance.gamma_used(), 0.5);
+  EXPECT_EQ(server->service().rendezvous().jobs(), 1);
+  EXPECT_EQ(server->service().gamma_fits().usage().jobs, 1);
+  EXPECT_EQ(server->service().gamma_fits().usage().samples, 0);
+}
+
 // Reflection is tested against the `knapformer serve` process
 // (serve_process_test): its client stubs cannot share a binary with the server.
 TEST(ServiceTest, HealthIsServing) {
