@@ -29,16 +29,17 @@ The integration is the reference implementation's: route once before the
 blocks, pre_attn/post_attn around attention inside every block, reverse_route
 after them; nothing but those calls (and print_imbalance) touches the
 balancer, so a script written for the reference runs with knapformer by
-installing it. Rank 0 prints every rank's compute time per step (thread CPU
-time with one intra-op thread, so that ranks sharing cores do not blur it),
-the measured WIR (slowest / fastest rank), the losses of both runs and how far
-their gradients differ; the process exits 1 if they disagree.
+installing it. knapformer.side_by_side runs each step both ways and keeps
+their losses, gradients and times. Rank 0 prints every rank's compute time
+per step (thread CPU time with one intra-op thread, so that ranks sharing
+cores do not blur it), the measured WIR (slowest / fastest rank), the losses
+of both runs and how far their gradients differ; the process exits 1 if they
+disagree.
 """
 import argparse
 import math
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -47,6 +48,7 @@ import torch.nn.functional as F
 
 import knapformer
 from knapformer import SequenceBalancer
+from knapformer.side_by_side import masked_attention, run_both, varlen_attention
 
 # The paper's synthetic data codes (section 4.1), g{G}b{B}i{R}f{F}s{S}: a stream
 # sharded over G GPUs, B samples per GPU, R x R pixels, F frames, S = 1 for
@@ -72,27 +74,6 @@ def timestep_embedding(t, dim):
     return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
 
 
-def varlen_attention(q, k, v, seq_lens):
-    """Attention of each sequence on its own, [tokens, heads, head_dim]."""
-    outs, start = [], 0
-    for n in seq_lens.tolist():
-        qs, ks, vs = (x[start:start + n].transpose(0, 1) for x in (q, k, v))
-        weights = torch.softmax(qs @ ks.transpose(1, 2) / math.sqrt(q.shape[-1]), dim=-1)
-        outs.append((weights @ vs).transpose(0, 1))
-        start += n
-    return torch.cat(outs) if outs else q[:0] * 0
-
-
-def masked_attention(q, k, v, seq_lens):
-    """The same, for torch.compile: one block-diagonal mask made from the
-    lengths tensor (a Python loop over its values would break the graph)."""
-    segment = torch.repeat_interleave(torch.arange(seq_lens.numel(), device=q.device),
-                                      seq_lens.long(), output_size=q.shape[0])
-    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(segment[None, :, None] != segment[None, None, :], float("-inf"))
-    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
-
-
 def block_causal_masks(lengths, chunk):
     """Each sequence in chunks of `chunk` tokens, block-causal: the form
     plan_routing's attn_masks takes."""
@@ -110,14 +91,8 @@ def attends(n, mask):
 
 def spans_attention(q, k, v, seq_lens, masks):
     """Attention of each sequence on its own, under its mask."""
-    outs, start = [], 0
-    for n, mask in zip(seq_lens.tolist(), masks):
-        qs, ks, vs = (x[start:start + n].transpose(0, 1) for x in (q, k, v))
-        scores = qs @ ks.transpose(1, 2) / math.sqrt(q.shape[-1])
-        scores = scores.masked_fill(~attends(n, mask).to(q.device), float("-inf"))
-        outs.append((torch.softmax(scores, dim=-1) @ vs).transpose(0, 1))
-        start += n
-    return torch.cat(outs) if outs else q[:0] * 0
+    return varlen_attention(q, k, v, seq_lens,
+                            [attends(n, mask) for n, mask in zip(seq_lens.tolist(), masks)])
 
 
 class DiTBlock(nn.Module):
@@ -196,31 +171,15 @@ def make_batch(lengths, d_model, seed, step, rank):
     return x_t, noise - x0, t_per_token, positions
 
 
-def local_gradients(model, sharded):
-    """Every parameter's gradient: this rank's shard under FSDP (already
-    reduced over the ranks), else all-reduced here."""
-    grads = []
-    for p in model.parameters():
-        grad = p.grad.detach() if p.grad is not None else torch.zeros_like(p)
-        grads.append(grad.to_local().clone() if hasattr(grad, "to_local") else grad.clone())
-    if not sharded:
-        for grad in grads:
-            dist.all_reduce(grad)
-    return grads
-
-
-def train_step(model, batch, lengths, world_tokens, balancer, sharded):
-    """Forward and backward; returns (this rank's loss share, compute seconds,
-    reduced gradients)."""
+def train_step(model, batch, lengths, world_tokens, balancer):
+    """Forward and backward (balancer None: unbalanced); returns [this rank's
+    share of the loss]."""
     x_t, target, t_per_token, positions = batch
-    model.zero_grad(set_to_none=True)
-    start = time.thread_time()
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device=x_t.device)
     pred = model(x_t, t_per_token, positions, seq_lens, balancer)
     loss = ((pred - target) ** 2).mean(dim=-1).sum() / world_tokens
     loss.backward()
-    seconds = time.thread_time() - start
-    return loss.detach(), seconds, local_gradients(model, sharded)
+    return [loss.detach()]
 
 
 def fully_shard_function():
@@ -361,26 +320,23 @@ def main():
         world_tokens = torch.tensor([float(sum(lengths))], device=device)
         dist.all_reduce(world_tokens)
 
-        plain_loss, plain_seconds, plain_grads = train_step(
-            model, batch, lengths, world_tokens.item(), None, sharded)
         balancer.plan_routing(lengths, args.d_model,
                               attn_masks=block_causal_masks(lengths, args.block_causal)
                               if args.block_causal else None)
         if args.print_imbalance and rank == 0:
             balancer.print_imbalance()
-        loss, seconds, grads = train_step(model, batch, lengths, world_tokens.item(), balancer,
-                                          sharded)
+        # The step twice on the same weights and tokens, unbalanced then balanced,
+        # each timed; the gradients kept, summed over the ranks unless FSDP did.
+        total = world_tokens.item()
+        runs = run_both(lambda b: train_step(model, batch, lengths, total, b), balancer,
+                        parameters=model.parameters(), reduce=not sharded)
 
-        losses = torch.stack([plain_loss, loss])
+        losses = torch.stack(runs.plain.outputs + runs.balanced.outputs)
         dist.all_reduce(losses)
         times = [None] * world_size
-        dist.all_gather_object(times, (plain_seconds, seconds, sum(lengths)))
-        grad_diff = max([((g - p).abs().max() / p.abs().max().clamp_min(1e-12)).item()
-                         for g, p in zip(grads, plain_grads) if p.numel()], default=0.0)
+        dist.all_gather_object(times, (runs.plain.seconds, runs.balanced.seconds, sum(lengths)))
         # Sharded gradients: every rank compared its own shards.
-        grad_diff_all = torch.tensor([grad_diff], device=device)
-        dist.all_reduce(grad_diff_all, op=dist.ReduceOp.MAX)
-        grad_diff = grad_diff_all.item()
+        grad_diff = runs.gradient_difference()
         worst_grad_diff = max(worst_grad_diff, grad_diff)
         loss_diff = abs(losses[0] - losses[1]).item() / max(abs(losses[0].item()), 1e-12)
         ok = ok and grad_diff < 1e-3 and loss_diff < 1e-5
@@ -397,7 +353,7 @@ def main():
             print(f"step {step}: tokens per rank {[t[2] for t in times]}, slowest rank "
                   f"{speedup:.2f}x faster balanced, relative gradient difference "
                   f"{grad_diff:.1e}", flush=True)
-        for p, g in zip(model.parameters(), grads):
+        for p, g in zip(model.parameters(), runs.balanced.gradients):
             if hasattr(p, "to_local"):  # FSDP2's DTensor parameters
                 g = dtensor_class().from_local(g, p.device_mesh, p.placements)
             p.grad = g

@@ -23,6 +23,7 @@ import argparse
 import datetime
 import faulthandler
 import multiprocessing
+import multiprocessing.reduction
 import os
 import queue
 import signal
@@ -60,8 +61,30 @@ def _store_barrier(store, key, size, timeout_s):
         time.sleep(0.05)
 
 
+class _ParentStdio:
+    """The parent's stdout and stderr as they are when a rank starts, passed
+    to the rank (a forkserver's child would otherwise write where the server
+    did when it started, not where the parent writes now: a test capturing
+    its ranks' output would see nothing)."""
+
+    def __reduce__(self):
+        return _adopt_stdio, (multiprocessing.reduction.DupFd(1),
+                              multiprocessing.reduction.DupFd(2))
+
+
+def _adopt_stdio(out, err):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(out.detach(), 1)
+    os.dup2(err.detach(), 2)
+
+
 def _rank_main(target, rank, size, port, args, results, options):
     global _report
+    # The parent's environment as it is now (a forkserver's child starts
+    # with the environment the server started with).
+    os.environ.clear()
+    os.environ.update(options["environ"])
     # A straggler's stack, printed when the parent gives up on it.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     reported = []
@@ -109,6 +132,21 @@ def _rank_main(target, rank, size, port, args, results, options):
     os._exit(0)
 
 
+_CONTEXT = None
+
+
+def _context():
+    """Ranks are forked from a server process that has imported torch and
+    knapformer once: a rank then starts in milliseconds instead of importing
+    torch anew (about a CPU second each). No CUDA is initialised there, so
+    ranks may use GPUs."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = multiprocessing.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "knapformer"])
+    return _CONTEXT
+
+
 def run_ranks(target, size, args=(), *, timeout_s, store_timeout_s=None, backend=None,
               group=False, group_timeout_s=60, threads=None, hide_gpus=False,
               exit_together=False, fail_fast=False):
@@ -127,29 +165,23 @@ def run_ranks(target, size, args=(), *, timeout_s, store_timeout_s=None, backend
     exit_together: ranks wait for each other before exiting. fail_fast: a
     rank that dies without a report stops the others at once.
     """
+    environ = dict(os.environ)
+    if hide_gpus:
+        environ["CUDA_VISIBLE_DEVICES"] = ""
     options = {"backend": backend, "group": group, "group_timeout_s": group_timeout_s,
                "threads": threads, "exit_together": exit_together,
-               "store_timeout_s": store_timeout_s or timeout_s}
-    context = multiprocessing.get_context("spawn")
+               "store_timeout_s": store_timeout_s or timeout_s, "environ": environ}
+    context = _context()
     store = tcp_store("127.0.0.1", 0, size + 1, True,
                       timeout=datetime.timedelta(seconds=options["store_timeout_s"]),
                       wait_for_workers=False)
     results = context.Queue()
     processes = [context.Process(target=_rank_main, daemon=True,
-                                 args=(target, r, size, store.port, args, results, options))
+                                 args=(target, r, size, store.port, args, results,
+                                       dict(options, stdio=_ParentStdio())))
                  for r in range(size)]
-    # The children take the environment at start.
-    shown = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if hide_gpus:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    try:
-        for process in processes:
-            process.start()
-    finally:
-        if hide_gpus and shown is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        elif hide_gpus:
-            os.environ["CUDA_VISIBLE_DEVICES"] = shown
+    for process in processes:
+        process.start()
     outcomes, ended_at = {}, {}
     deadline = time.monotonic() + timeout_s
     failed = False

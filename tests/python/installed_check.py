@@ -5,7 +5,8 @@
 checks that the package and its extension come from VENV, that it plans, and
 that 4 Gloo processes run a training step of a one-block attention model in
 float64 through SequenceBalancer (route, pre_attn, post_attn, reverse_route)
-with the same loss and gradients as without it, and that misuse raises the
+with the same loss and gradients as without it (the package's own launcher
+and side-by-side harness, as installed), and that misuse raises the
 same errors as on every supported torch. Prints one line per check; exits
 non-zero on the first that fails. Run by tests/python/wheel_install_test.sh,
 and by hand on a fresh machine after scripts/build_wheel.sh --venv VENV.
@@ -19,19 +20,10 @@ LENS = [[5, 9, 30], [3], [17, 4, 4], []]  # rank 2's long and rank 0's many
 D_MODEL, HEADS = 8, 2
 
 
-def attention(q, k, v, seq_lens):
-    """Plain per-sequence attention: q, k, v are [tokens, heads, head_dim]."""
-    outputs, start = [], 0
-    for n in seq_lens:
-        qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
-        weights = torch.softmax(qs @ ks.transpose(1, 2) / qs.shape[-1] ** 0.5, dim=-1)
-        outputs.append((weights @ vs).transpose(0, 1))
-        start += n
-    return torch.cat(outputs) if outputs else q.new_zeros(q.shape)
-
-
 def step(x, weights, lens, balancer):
     """One block's forward and the loss; balanced when balancer is given."""
+    from knapformer.side_by_side import varlen_attention
+
     wq, wk, wv, wo = weights
     seq_lens = lens
     if balancer is not None:
@@ -41,7 +33,7 @@ def step(x, weights, lens, balancer):
     if balancer is not None:
         seq_lens, q, k, v = balancer.pre_attn(q, k, v)
         seq_lens = seq_lens.tolist()
-    o = attention(q, k, v, seq_lens)
+    o = varlen_attention(q, k, v, seq_lens)
     if balancer is not None:
         _, o = balancer.post_attn(o)
     out = o.reshape(-1, D_MODEL) @ wo
@@ -56,6 +48,7 @@ def worker(rank, size):
     world (knapformer.launch.run_world)."""
     import torch.distributed as dist
     import knapformer
+    from knapformer.side_by_side import run_both  # the package's harness, as installed
 
     balancer = knapformer.SequenceBalancer("g1n2+g2n1")
     generator = torch.Generator().manual_seed(0)  # the same weights everywhere
@@ -63,21 +56,20 @@ def worker(rank, size):
                for _ in range(4)]
     x = torch.randn(sum(LENS[rank]), D_MODEL, dtype=torch.float64,
                     generator=torch.Generator().manual_seed(1 + rank))
-    grads = {}
-    for name, bal in (("unbalanced", None), ("balanced", balancer)):
-        ws = [w.clone().requires_grad_() for w in weights]
-        xs = x.clone().requires_grad_()
+    xs = x.clone().requires_grad_()
+    ws = [w.clone().requires_grad_() for w in weights]
+
+    def loss_of(bal):
         loss = step(xs, ws, LENS[rank], bal)
         loss.backward()
         total = loss.detach().clone()
         dist.all_reduce(total)
-        # A rank without tokens has no gradient of its own: zeros.
-        wgrads = [w.grad if w.grad is not None else torch.zeros_like(w) for w in ws]
-        for g in wgrads:
-            dist.all_reduce(g)
-        xgrad = xs.grad if xs.grad is not None else torch.zeros_like(xs)
-        grads[name] = [total, xgrad] + wgrads
-    pairs = [(a, b) for a, b in zip(grads["balanced"], grads["unbalanced"]) if b.numel()]
+        return [total]
+
+    runs = run_both(loss_of, balancer, inputs=[xs], parameters=ws, reduce=True)
+    got, want = runs.balanced, runs.plain
+    pairs = [(a, b) for a, b in zip(got.outputs + got.gradients, want.outputs + want.gradients)
+             if b.numel()]
     worst = max(float((a - b).abs().max() / (b.abs().max() + 1e-300)) for a, b in pairs)
     errors = {}
     for what, call in (

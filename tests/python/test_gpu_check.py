@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import knapformer
 from knapformer import gpu_check
 from knapformer.gpu_check.fsdp_checks import compile_missing, fsdp2_missing
 from knapformer.launch import run_world
@@ -84,7 +85,7 @@ def test_an_unknown_fault_is_refused(tmp_path):
 
 
 def test_skip_reasons_follow_the_machine():
-    opts = gpu_check._parse([])
+    opts = gpu_check.parse_options([])
     one = gpu_check.skip_reasons(opts, gpus=1, world_size=1, transport_built=False)
     assert one["nccl_group"] is None and one["python_step"] is None
     assert "nccl_transport_available" in one["raw_nccl"]
@@ -94,7 +95,8 @@ def test_skip_reasons_follow_the_machine():
     two = gpu_check.skip_reasons(opts, gpus=2, world_size=2, transport_built=True)
     assert {n: r for n, r in two.items() if r is not None} == \
         {n: r for n, r in TORCH_NEEDS.items() if r is not None}, two
-    cpu = gpu_check.skip_reasons(gpu_check._parse(["--device", "cpu", "--skip", "killed_rank"]),
+    cpu = gpu_check.skip_reasons(gpu_check.parse_options(["--device", "cpu",
+                                                          "--skip", "killed_rank"]),
                                  gpus=0, world_size=1, transport_built=False)
     assert [n for n, r in cpu.items() if r is None] == \
         ["python_step", "route_vs_all_to_all"] + [n for n, r in TORCH_NEEDS.items() if r is None]
@@ -146,14 +148,14 @@ def test_without_a_gpu_nothing_is_checked_and_the_exit_is_3(tmp_path):
 
 
 def sample_rows():
-    rows = [gpu_check._result("nccl_group", "PASS", "fine", {"init_s": 1.25}),
-            gpu_check._result("host_syncs", "INFO", "2 per step", {"syncs_per_step": 2.0}),
-            gpu_check._result("raw_nccl", "SKIP", "no transport in this build"),
+    rows = [gpu_check.result("nccl_group", "PASS", "fine", {"init_s": 1.25}),
+            gpu_check.result("host_syncs", "INFO", "2 per step", {"syncs_per_step": 2.0}),
+            gpu_check.result("raw_nccl", "SKIP", "no transport in this build"),
             gpu_check.merge_ranks("python_step", {
-                0: gpu_check._result("python_step", "PASS", "exact", {"max_rel_diff": 0.0}),
-                1: gpu_check._result("python_step", "FAIL", "output differs by 3",
-                                     {"max_rel_diff": float("inf")})})]
-    header = gpu_check._header("a test", 2, ["cuda:0 Imaginary GPU"], None, ["--x"])
+                0: gpu_check.result("python_step", "PASS", "exact", {"max_rel_diff": 0.0}),
+                1: gpu_check.result("python_step", "FAIL", "output differs by 3",
+                                    {"max_rel_diff": float("inf")})})]
+    header = gpu_check.report_header("a test", 2, ["cuda:0 Imaginary GPU"], None, ["--x"])
     return header, rows
 
 
@@ -185,7 +187,7 @@ def test_the_report_of_results_with_a_fail_exits_1(tmp_path):
 
 
 def test_merging_ranks_takes_the_worst_verdict():
-    result = gpu_check._result
+    result = gpu_check.result
     merged = gpu_check.merge_ranks("c", {0: result("c", "INFO", "a", {"x": 1}),
                                          1: result("c", "INFO", "b", {"x": 2})})
     assert (merged["verdict"], merged["detail"], merged["figures"]) == ("INFO", "a", {"x": 1})
@@ -426,7 +428,7 @@ class GlooTransport:
 
 
 def stand_in_extension(flaw):
-    real = gpu_check._C
+    real = knapformer._C
 
     class Extension:
         nccl_transport_available = True
@@ -451,7 +453,7 @@ def one_sync_per_route(count):
     def counted(events):
         events = list(events)
         made_up = [Event("cudaStreamSynchronize", e.time_range.start, e.time_range.start)
-                   for e in events if e.name == "route" and gpu_check._on_host(e)]
+                   for e in events if e.name == "route" and gpu_check.on_host(e)]
         return count(events + made_up)
     return counted
 
@@ -459,20 +461,20 @@ def one_sync_per_route(count):
 def stubbed_cuda_world(rank, size, flaw):
     stub_cuda()
     # Patched where the checks look them up: the package's own names are copies.
-    host_syncs, nccl_checks = gpu_check.host_syncs, gpu_check.nccl_checks
-    host_syncs.count_host_syncs = one_sync_per_route(host_syncs.count_host_syncs)
-    nccl_checks._C = stand_in_extension(flaw)
-    nccl_checks.device_backend = lambda group: "nccl"  # the group is Gloo's here
-    opts = gpu_check._parse(["--sizes-mb", "0.0625", "--copy-mb", "0.25", "--repeats", "2",
-                             "--timeout-s", "60"])
-    ctx = gpu_check._Context(rank, size, torch.device("cpu"), opts,
-                             dist.new_group(backend="gloo"), None)
+    cuda_checks = gpu_check.cuda_checks
+    cuda_checks.count_host_syncs = one_sync_per_route(cuda_checks.count_host_syncs)
+    cuda_checks._C = stand_in_extension(flaw)
+    cuda_checks.device_backend = lambda group: "nccl"  # the group is Gloo's here
+    opts = gpu_check.parse_options(["--sizes-mb", "0.0625", "--copy-mb", "0.25",
+                                    "--repeats", "2", "--timeout-s", "60"])
+    ctx = gpu_check.Context(rank, size, torch.device("cpu"), opts,
+                            dist.new_group(backend="gloo"), None)
     ctx.cuda = True  # the CUDA code paths, on CPU tensors and the stubs
     reasons = gpu_check.skip_reasons(opts, gpus=size, world_size=size, transport_built=True)
     reasons["killed_rank"] = "not in this world"
     for name in ("fsdp2_checkpoint", "compiled_block"):  # not CUDA-only: the self-test's
         reasons[name] = "not in this world"
-    results = gpu_check._world_checks(ctx, reasons)
+    results = gpu_check.run_world_checks(ctx, reasons)
     return {r["name"]: (r["verdict"], r["detail"], r["figures"]) for r in results}
 
 

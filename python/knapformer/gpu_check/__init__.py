@@ -140,29 +140,25 @@ which must then FAIL; hang stops python_step on rank 0, which must be
 reported as hung. The report names the fault.
 """
 
-# The parts, one job each: common (check names, exit statuses, a result), machine
-# (what torch and the launcher provide here), options (arguments; what runs and why
-# not), report (header, table, JSON), context (a rank's world and what the checks
-# share), nccl_checks, step_checks, cuda_checks, host_syncs, fsdp_checks (the checks),
-# world_checks (running them in order under a watchdog), worlds (spawned processes),
-# killed_rank, cli (the modes and main).
-from knapformer.gpu_check.cli import main
-from knapformer.gpu_check.common import (BAD_ARGUMENTS, CHECKS, CUDA_ONLY, FAILED, FAULT_ENV,
-                                         FAULTS, NO_GPU, OK)
-from knapformer.gpu_check.host_syncs import count_host_syncs
-from knapformer.gpu_check.killed_rank import killed_rank_row
-from knapformer.gpu_check.options import skip_reasons
-from knapformer.gpu_check.report import exit_status, merge_ranks, render_report, write_json
-
-# Internals the tests drive through the package, as they did when it was one module.
-from knapformer import _C  # noqa: F401
-from knapformer.gpu_check.common import _result  # noqa: F401
-from knapformer.gpu_check.context import _Context  # noqa: F401
-from knapformer.gpu_check.host_syncs import _on_host  # noqa: F401
-from knapformer.gpu_check.options import _parse  # noqa: F401
-from knapformer.gpu_check.report import _header  # noqa: F401
-from knapformer.gpu_check.world_checks import _world_checks  # noqa: F401
+# The parts, one seam each: harness (arguments and what runs here, the machine's facts,
+# the report's header, a rank's Context, the checks in order under a watchdog, the
+# worlds it starts with knapformer.launch, the modes, main), report (a result, rows
+# merged from every rank, the text, the JSON, the exit statuses), the checks inside a
+# world (cuda_checks: the CUDA path; step_checks: a balanced step, with
+# knapformer.side_by_side; fsdp_checks: FSDP2 and torch.compile around the balancer;
+# each module's WORLD_CHECKS), and killed_rank (a world of its own).
+from knapformer.gpu_check.cuda_checks import count_host_syncs, on_host
+from knapformer.gpu_check.harness import (CHECKS, CUDA_ONLY, FAULTS, Context, main,
+                                          parse_options, report_header, run_world_checks,
+                                          skip_reasons)
+from knapformer.gpu_check.report import (BAD_ARGUMENTS, FAILED, FAULT_ENV, NO_GPU, OK,
+                                         exit_status, merge_ranks, render_report, result,
+                                         write_json)
 
 __all__ = ["BAD_ARGUMENTS", "CHECKS", "CUDA_ONLY", "FAILED", "FAULTS", "FAULT_ENV", "NO_GPU",
-           "OK", "count_host_syncs", "exit_status", "killed_rank_row", "main", "merge_ranks",
-           "render_report", "skip_reasons", "write_json"]
+           "OK", "count_host_syncs", "exit_status", "main", "merge_ranks", "render_report",
+           "skip_reasons", "write_json",
+           # What the tests drive besides: the checks of one rank on a Context, made-up
+           # rows and headers, the profiler events the host-sync counter keeps.
+           "Context", "on_host", "parse_options", "report_header", "result",
+           "run_world_checks"]

@@ -2,7 +2,7 @@
 import os
 import sys
 
-from knapformer.gpu_check.cli import main
+from knapformer.gpu_check.harness import main
 
 if __name__ == "__main__":
     _status = main()

@@ -1,5 +1,9 @@
-"""The CUDA-only checks of streams and speed: side_stream (the exchanges ordered with
-the caller's stream) and copy_bandwidth (route against plain copies on one GPU)."""
+"""The CUDA-path checks: nccl_group (ProcessGroupNCCL under a SequenceBalancer),
+raw_nccl (the extension's own NCCL transport), side_stream (the exchanges ordered
+with the caller's stream), host_syncs (host-synchronising CUDA runtime calls in a
+balanced step, counted in a torch.profiler trace) and copy_bandwidth (route against
+plain copies on one GPU). Each takes the rank's Context and returns its result."""
+import re
 import statistics
 import time
 
@@ -7,10 +11,142 @@ import torch
 import torch.distributed as dist
 
 import knapformer
-from knapformer.gpu_check.common import GAMMA, _problems_text, _result
-from knapformer.gpu_check.context import _planned_ids, _split, _time_ms, _token_ids
-from knapformer.gpu_check.nccl_checks import _raw_exchange
+from knapformer import _C
+from knapformer._torch_compat import device_backend
+from knapformer.gpu_check.report import one_line, problems_text, result
 
+
+# -- nccl_group ---------------------------------------------------------------------------
+
+def _check_nccl_group(ctx):
+    problems = []
+    backend = device_backend(dist.distributed_c10d._get_default_group())
+    if backend != "nccl":
+        problems.append(f"the default group moves CUDA tensors over {backend!r}, not 'nccl'")
+    began = time.monotonic()
+    total = torch.full((1,), float(ctx.rank + 1), dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(total)
+    got = total.item()  # the first collective: NCCL's communicator is made now (torch 2.x)
+    init_s = ctx.init_seconds + time.monotonic() - began
+    if got != ctx.size * (ctx.size + 1) / 2:
+        problems.append(f"all_reduce of 1..{ctx.size} gave {got}")
+    topology = f"g1n{ctx.size}"
+    balancer = knapformer.SequenceBalancer(topology, gamma=ctx.gamma)
+    expected = ctx.device.index if ctx.device.type == "cuda" else ctx.device
+    if balancer.this_device != expected:
+        problems.append(f"SequenceBalancer.this_device is {balancer.this_device!r}, not "
+                        f"{expected!r} (this rank's GPU)")
+    lens = [3 + ctx.rank, 5]
+    everyone = ctx.gather(lens)
+    balancer.plan_routing(lens, token_dim=8)
+    _, want_ids = ctx.planned_ids(knapformer.plan(everyone, topology, d_model=8,
+                                                  gamma=ctx.gamma))
+    x = torch.randn(sum(lens), 8, device=ctx.device)
+    ids = ctx.token_ids(lens).to(ctx.device)
+    _, routed, (routed_ids,) = balancer.route(x, [ids])
+    if not torch.equal(routed_ids.cpu(), want_ids):
+        problems.append("the routed token ids are not the planner's chunk table")
+    _, back, (back_ids,) = balancer.reverse_route(routed, [routed_ids])
+    if not (torch.equal(back, x) and torch.equal(back_ids, ids)):
+        problems.append("route + reverse_route did not return the same tensors")
+    figures = {"init_s": init_s, "ranks": ctx.size}
+    if problems:
+        return result("nccl_group", "FAIL", problems_text(problems), figures)
+    return result("nccl_group", "PASS",
+                  f"ProcessGroupNCCL of {ctx.size} rank(s) (cuda:{ctx.local_rank} here), "
+                  f"all_reduce right, a SequenceBalancer over it on this GPU: routed rows are "
+                  f"the planner's and come back bit-exact", figures)
+
+
+# -- raw_nccl -----------------------------------------------------------------------------
+
+def _rows_between(src, dst, size):
+    # Some pairs move nothing; every rank moves at least its own row, so that every
+    # rank has rows of the same size (the transport compares them).
+    return (src + 2 * dst) % 3 + (1 if src == dst else 0) if size > 1 else 3
+
+
+def _raw_rows(src, dst, count, width, dtype):
+    # Values name their source, destination and position: a misplaced row cannot pass.
+    index = torch.arange(count * width, dtype=torch.int64).reshape(count, width)
+    if dtype == torch.uint8:
+        return ((index * 7 + src * 31 + dst * 101) % 251).to(torch.uint8)
+    return (index | (src << 40) | (dst << 24)).to(dtype)
+
+
+def _raw_exchange(ctx, transport, width, dtype, extra_row=False, stream=None, fill=None):
+    """One all_to_all_rows; returns (received, expected). extra_row: rank 0 declares one
+    row more from the last rank than that rank sends."""
+    send_rows = [_rows_between(ctx.rank, p, ctx.size) for p in range(ctx.size)]
+    recv_rows = [_rows_between(p, ctx.rank, ctx.size) for p in range(ctx.size)]
+    if extra_row and ctx.rank == 0:
+        recv_rows[-1] += 1
+    send = torch.cat([_raw_rows(ctx.rank, p, n, width, dtype)
+                      for p, n in enumerate(send_rows)]).to(ctx.device)
+    want = torch.cat([_raw_rows(p, ctx.rank, n, width, dtype)
+                      for p, n in enumerate(recv_rows)]).to(ctx.device)
+    recv = torch.full_like(want, 13)
+    if fill is not None:
+        send = fill(send)
+    handle = stream if stream is not None else torch.cuda.current_stream(ctx.device).cuda_stream
+    transport.all_to_all_rows(send, send_rows, recv, recv_rows, handle)
+    return recv, want
+
+
+def _make_transport(ctx, timeout_s):
+    box = [_C.nccl_unique_id() if ctx.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0, group=ctx.host_group)
+    return _C.NcclTransport(box[0], ctx.rank, ctx.size, ctx.device.index,
+                            timeout_seconds=float(timeout_s), check_counts=True)
+
+
+def _check_raw_nccl(ctx):
+    problems = []
+    ctx.transport = transport = _make_transport(ctx, ctx.group_timeout_s)
+    if (transport.rank, transport.size, transport.device) != \
+            (ctx.rank, ctx.size, ctx.device.index):
+        problems.append(f"the transport says rank {transport.rank} of {transport.size} on "
+                        f"device {transport.device}")
+    for width, dtype in ((3, torch.int64), (7, torch.uint8)):
+        got, want = _raw_exchange(ctx, transport, width, dtype)
+        if not torch.equal(got, want):
+            problems.append(f"rows of {width * want.element_size()} bytes arrived wrong")
+    try:
+        _raw_exchange(ctx, transport, 3, torch.int64, extra_row=True)
+        outcome = ("no error", "")
+    except ValueError as error:
+        outcome = ("ValueError", str(error))
+    except RuntimeError as error:
+        outcome = ("RuntimeError", str(error))
+    everyone = ctx.gather(outcome)
+    kinds = {kind for kind, _ in everyone}
+    messages = {text for _, text in everyone}
+    if kinds != {"ValueError"}:
+        problems.append(f"a row-count mismatch raised {sorted(kinds)} across the ranks, not "
+                        f"ValueError on every rank ({outcome[1][:120]})")
+    elif len(messages) != 1:
+        problems.append(f"the ranks' errors for one mismatch differ: {sorted(messages)[:2]}")
+    if transport.aborted:
+        problems.append("the mismatch aborted the transport")
+    else:
+        got, want = _raw_exchange(ctx, transport, 3, torch.int64)
+        if not torch.equal(got, want):
+            problems.append("the exchange after the mismatch arrived wrong")
+    mine = bytes([65 + ctx.rank % 26]) * (3 * ctx.rank + 1)
+    gathered = transport.all_gather_bytes(mine)
+    if [bytes(b) for b in gathered] != [bytes([65 + r % 26]) * (3 * r + 1)
+                                          for r in range(ctx.size)]:
+        problems.append("all_gather_bytes did not return every rank's bytes")
+    if problems:
+        return result("raw_nccl", "FAIL", problems_text(problems), {"ranks": ctx.size})
+    return result("raw_nccl", "PASS",
+                  f"all_to_all_rows between {ctx.size} rank(s) bit-exact (24- and 7-byte "
+                  f"rows, empty pairs); one rank's extra row raised ValueError on every rank "
+                  f"({outcome[1][:80]}), the transport stayed usable; all_gather_bytes exact",
+                  {"ranks": ctx.size})
+
+
+# -- side_stream --------------------------------------------------------------------------
 
 SLEEP_MS = 50
 
@@ -53,15 +189,15 @@ def _fill_behind_sleep(current, side, cycles, target, values):
 def _check_side_stream(ctx):
     dev = ctx.device
     topology = f"g1n{ctx.size}"
-    balancer = knapformer.SequenceBalancer(topology, gamma=GAMMA)
+    balancer = knapformer.SequenceBalancer(topology, gamma=ctx.gamma)
     width = 1024
     # Rank 0 holds more than its share, so that with several ranks tokens move.
     lens = [256] * 16 if ctx.rank == 0 else [128] * 2
     everyone = ctx.gather(lens)
     balancer.plan_routing(lens, token_dim=width)
-    _, want_ids = _planned_ids(knapformer.plan(everyone, topology, d_model=width, gamma=GAMMA),
-                               ctx.rank)
-    ids = _token_ids(ctx.rank, lens).to(dev)
+    _, want_ids = ctx.planned_ids(knapformer.plan(everyone, topology, d_model=width,
+                                                  gamma=ctx.gamma))
+    ids = ctx.token_ids(lens).to(dev)
     want_ids = want_ids.to(dev)
     current = torch.cuda.current_stream(dev)
     side = torch.cuda.Stream(device=dev)
@@ -107,13 +243,13 @@ def _check_side_stream(ctx):
         raw = _check_side_stream_raw(ctx, side, cycles, problems)
     figures = {"route_host_ms": statistics.median(host_ms), "sleep_ms": SLEEP_MS}
     if problems:
-        return _result("side_stream", "FAIL", _problems_text(problems), figures)
+        return result("side_stream", "FAIL", problems_text(problems), figures)
     blocked = " (route waited for the GPU: a host sync)" \
         if figures["route_host_ms"] > 0.8 * SLEEP_MS else ""
-    return _result("side_stream", "PASS",
-                   f"route after a {SLEEP_MS} ms side-stream fill, its output read at once, "
-                   f"and the call on a side stream: values right, 3 rounds{blocked}{raw}",
-                   figures)
+    return result("side_stream", "PASS",
+                  f"route after a {SLEEP_MS} ms side-stream fill, its output read at once, "
+                  f"and the call on a side stream: values right, 3 rounds{blocked}{raw}",
+                  figures)
 
 
 def _check_side_stream_raw(ctx, side, cycles, problems):
@@ -146,6 +282,126 @@ def _check_side_stream_raw(ctx, side, cycles, problems):
     return "; raw transport the same, on the current and on a named stream"
 
 
+# -- host_syncs ---------------------------------------------------------------------------
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+              "cudaMemcpy")
+STEP_CALLS = ("plan_routing", "route", "pre_attn", "post_attn", "reverse_route", "backward")
+
+
+def _runtime_name(name):
+    return re.sub(r"_v\d+$", "", str(name))  # CUPTI's versioned names: cudaMemcpy_v3020
+
+
+def on_host(event):
+    """Whether a profiler event is the host's (a range's GPU-side copy is not)."""
+    kind = getattr(event, "device_type", None)
+    return kind is None or str(kind).endswith("CPU")
+
+
+def count_host_syncs(events, labels=STEP_CALLS):
+    """Host-synchronising CUDA runtime calls inside each labelled range (record_function)
+    of a profile: ({label: {call: count}}, whether any CUDA runtime call was recorded at
+    all, how many labelled ranges there were). A call belongs to the range its start
+    falls in, so calls made by the autograd engine's threads during a labelled
+    backward count for it."""
+    ranges = [(e.time_range.start, e.time_range.end, e.name) for e in events
+              if e.name in labels and on_host(e)]
+    counts = {label: {call: 0 for call in SYNC_CALLS} for label in labels}
+    saw_runtime = False
+    for event in events:
+        name = _runtime_name(event.name)
+        if name.startswith("cuda"):
+            saw_runtime = True
+        if name not in SYNC_CALLS:
+            continue
+        start = event.time_range.start
+        for low, high, label in ranges:
+            if low <= start <= high:
+                counts[label][name] += 1
+                break
+    return counts, saw_runtime, len(ranges)
+
+
+def _check_host_syncs(ctx):
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    topology = ctx.topologies[-1]  # the one with the widest bag: pre/post_attn exchange
+    heads, head_dim = 2 * ctx.size, 64
+    width = heads * head_dim
+    balancer = knapformer.SequenceBalancer(topology, gamma=ctx.gamma)
+    lens = [1024, 256, 256] if ctx.rank == 0 else [256, 256]
+    x0 = torch.randn(sum(lens), width, device=ctx.device)
+
+    def step():
+        with record_function("plan_routing"):
+            balancer.plan_routing(lens, token_dim=width)
+        x = x0.clone().requires_grad_(True)
+        with record_function("route"):
+            _, h, _ = balancer.route(x)
+        q, k, v = (h * c for c in (1, 2, 3))
+        with record_function("pre_attn"):
+            _, q, k, v = balancer.pre_attn(q.view(-1, heads, head_dim),
+                                           k.view(-1, heads, head_dim),
+                                           v.view(-1, heads, head_dim))
+        o = q * k + v  # stands in for attention, which syncs nothing here
+        with record_function("post_attn"):
+            _, o = balancer.post_attn(o)
+        with record_function("reverse_route"):
+            _, out, _ = balancer.reverse_route(o.reshape(-1, width))
+        with record_function("backward"):
+            out.sum().backward()
+
+    for _ in range(2):
+        step()
+    ctx.synchronize()
+    ctx.barrier()
+    steps = 3
+    profiler, reason = None, None
+    try:
+        profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        profiler.__enter__()
+    except Exception as error:  # noqa: BLE001
+        profiler, reason = None, f"the profiler did not start: {one_line(error)}"
+    try:
+        for _ in range(steps):  # profiled or not, every rank runs the same collectives
+            step()
+        ctx.synchronize()
+    finally:
+        if profiler is not None:
+            try:
+                profiler.__exit__(None, None, None)
+            except Exception as error:  # noqa: BLE001
+                profiler, reason = None, f"the profiler failed: {one_line(error)}"
+    if profiler is None:
+        return result("host_syncs", "SKIP", reason)
+    counts, saw_runtime, ranges = count_host_syncs(profiler.events())
+    if not saw_runtime:
+        return result("host_syncs", "SKIP",
+                      "the profiler recorded no CUDA runtime calls (CUPTI missing or not "
+                      "permitted?), so host syncs cannot be counted")
+    per_call = {label: sum(counts[label].values()) / steps for label in STEP_CALLS}
+    exchanges = [label for label in STEP_CALLS if label != "plan_routing"]
+    by_kind = {call: sum(counts[label][call] for label in exchanges) / steps
+               for call in SYNC_CALLS}
+    total = sum(per_call[label] for label in exchanges)
+    # The step is what moves tensors (forward and backward); planning is counted apart.
+    figures = {"syncs_per_step": total, "in_plan_routing": per_call["plan_routing"]}
+    figures.update({f"in_{label}": per_call[label] for label in exchanges})
+    figures.update({f"calls_{call}": value for call, value in by_kind.items()})
+    where = ", ".join(f"{label} {per_call[label]:g}" for label in exchanges if per_call[label])
+    kinds = ", ".join(f"{call} {value:g}" for call, value in by_kind.items() if value)
+    note = "" if ranges == steps * len(STEP_CALLS) else \
+        f"; {ranges} labelled ranges seen, {steps * len(STEP_CALLS)} expected"
+    return result("host_syncs", "INFO",
+                  f"{total:g} host syncs per step in route, pre_attn, post_attn, "
+                  f"reverse_route and backward ({topology}, {ctx.size} rank(s), mean of "
+                  f"{steps} after 2 warm-up): {where or 'none'}; by call: {kinds or 'none'}; "
+                  f"plan_routing {per_call['plan_routing']:g} more{note}", figures)
+
+
+# -- copy_bandwidth -----------------------------------------------------------------------
+
 def _check_copy_bandwidth(ctx):
     group = None
     if ctx.size > 1:
@@ -153,10 +409,10 @@ def _check_copy_bandwidth(ctx):
         # group, in the same order (torch's rule).
         singles = [dist.new_group([r]) for r in range(ctx.size)]
         group = singles[ctx.rank]
-    balancer = knapformer.SequenceBalancer("g1n1", gamma=GAMMA, process_group=group)
+    balancer = knapformer.SequenceBalancer("g1n1", gamma=ctx.gamma, process_group=group)
     width = 1024
     rows = max(16, int(ctx.opts.copy_mb * 2 ** 20) // (width * 4))
-    lens = _split(rows, 16)
+    lens = ctx.even_lengths(rows, 16)
     balancer.plan_routing(lens, token_dim=width)
     x = torch.randn(rows, width, device=ctx.device)
     a, b = torch.empty_like(x), torch.empty_like(x)
@@ -175,7 +431,7 @@ def _check_copy_bandwidth(ctx):
         for i in range(ctx.opts.warmup + ctx.opts.repeats):
             pair = [(route_ms, via_route), (copy_ms, via_copy)]
             for times, fn in (pair if i % 2 == 0 else pair[::-1]):
-                took = _time_ms(ctx, fn, barrier=False)
+                took = ctx.time_ms(fn, barrier=False)
                 if i >= ctx.opts.warmup:
                     times.append(took)
     moved = 2 * rows * width * 4
@@ -183,10 +439,16 @@ def _check_copy_bandwidth(ctx):
     figures = {"route_GBps": moved / 1e9 / (route / 1e3), "copy_GBps": moved / 1e9 / (copy / 1e3),
                "ratio": route / copy, "route_ms": route, "copy_ms": copy, "bytes": moved // 2}
     if not exact:
-        return _result("copy_bandwidth", "FAIL", "route + reverse_route did not return the "
-                       "tensor it was given", figures)
-    return _result("copy_bandwidth", "INFO",
-                   f"route + reverse_route of {moved // 2 / 2 ** 20:g} MB kept on this GPU: "
-                   f"{route:.3g} ms ({figures['route_GBps']:.3g} GB/s) against two copy_ of "
-                   f"the same bytes {copy:.3g} ms ({figures['copy_GBps']:.3g} GB/s): "
-                   f"{figures['ratio']:.3g}x; median of {ctx.opts.repeats}", figures)
+        return result("copy_bandwidth", "FAIL", "route + reverse_route did not return the "
+                      "tensor it was given", figures)
+    return result("copy_bandwidth", "INFO",
+                  f"route + reverse_route of {moved // 2 / 2 ** 20:g} MB kept on this GPU: "
+                  f"{route:.3g} ms ({figures['route_GBps']:.3g} GB/s) against two copy_ of "
+                  f"the same bytes {copy:.3g} ms ({figures['copy_GBps']:.3g} GB/s): "
+                  f"{figures['ratio']:.3g}x; median of {ctx.opts.repeats}", figures)
+
+
+# {check: check(ctx) -> its result}: the harness runs them in CHECKS's order.
+WORLD_CHECKS = {"nccl_group": _check_nccl_group, "raw_nccl": _check_raw_nccl,
+                "side_stream": _check_side_stream, "host_syncs": _check_host_syncs,
+                "copy_bandwidth": _check_copy_bandwidth}

@@ -14,8 +14,9 @@ import torch.distributed as dist
 
 import knapformer
 from knapformer import _compile
-from knapformer.gpu_check.common import _one_line, _problems_text, _result
-from knapformer.gpu_check.step_checks import RTOL, _compare, _varlen_attention
+from knapformer.gpu_check.report import one_line, problems_text, result
+from knapformer.gpu_check.step_checks import ATOL, RTOL
+from knapformer.side_by_side import compare, masked_attention, run_both, varlen_attention
 
 HEAD_DIM = 4
 TEXT, IMAGE = 0, 1
@@ -34,7 +35,7 @@ def fully_shard_or_reason():
         try:
             module = __import__(where, fromlist=["fully_shard"])
         except Exception as error:  # noqa: BLE001  (any import failure is the reason)
-            errors.append(f"{where}: {type(error).__name__}: {_one_line(error)}")
+            errors.append(f"{where}: {type(error).__name__}: {one_line(error)}")
             continue
         if hasattr(module, "fully_shard"):
             return module.fully_shard, None
@@ -78,22 +79,12 @@ def _heads(topology):
     return math.lcm(4, bag)
 
 
-def _rows(a, b, problems, where, names):
-    """The largest relative difference of every pair, problems noted by _compare."""
-    return max([0.0] + [_compare(got, want, f"{where}: {name}", problems)
-                        for name, got, want in zip(names, a, b)])
-
-
-def _failure_text(worst, problems):
-    largest = f"largest relative difference {worst:.3g}: " if worst > RTOL else ""
-    return largest + _problems_text(problems)
-
-
-def _local(tensor):
-    """A gradient's local part: FSDP2's are DTensors, sharded over the ranks."""
-    if tensor is None:
-        return None
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+def _row(name, worst, problems, figures, passed):
+    """FAIL naming the largest difference and the problems, else PASS saying `passed`."""
+    if problems:
+        largest = f"largest relative difference {worst:.3g}: " if worst > RTOL else ""
+        return result(name, "FAIL", largest + problems_text(problems), figures)
+    return result(name, "PASS", passed, figures)
 
 
 # -- fsdp2_checkpoint ---------------------------------------------------------------------
@@ -128,7 +119,7 @@ class Block(torch.nn.Module):
             seq_lens, q, k, v = self.balancer.pre_attn(q, k, v)
         # With no sequences still in the graph: every rank's qkv weights get a
         # gradient, and FSDP2 reduce-scatters only the gradients a rank has.
-        o = _varlen_attention(q, k, v, seq_lens)
+        o = varlen_attention(q, k, v, seq_lens)
         if self.balancer is not None:
             _, o = self.balancer.post_attn(o)
         h = h + self.proj(o.reshape(h.shape[0], d_model))
@@ -190,22 +181,24 @@ def batch_of(rank, size, step):
 
 
 def _fsdp_step(ctx, model, balancer, lengths, kinds, step, d_model):
-    """Output, input gradient and this rank's parameter-gradient shards of one step."""
+    """One step run unbalanced and balanced (a SideBySide): the output, the input
+    gradient and this rank's shards of the parameters' gradients."""
     g = torch.Generator().manual_seed(7 * step + ctx.rank)
     x = torch.randn(sum(lengths), d_model, generator=g, dtype=torch.float64).to(ctx.device)
     x.requires_grad_(True)
     modality = torch.repeat_interleave(torch.tensor(kinds, dtype=torch.long),
                                        torch.tensor(lengths, dtype=torch.long)).to(ctx.device)
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device=ctx.device)
-    for block in model.modules():
-        if isinstance(block, Block):
-            block.balancer = balancer
-    model.zero_grad(set_to_none=True)
-    out = model(x, modality, seq_lens, balancer)
-    (out ** 2).sum().backward()
-    grads = [_local(p.grad) for p in model.parameters()]
-    grads = [None if grad is None else grad.detach().clone() for grad in grads]
-    return [out.detach(), x.grad] + grads
+
+    def forward_backward(chosen):
+        for block in model.modules():
+            if isinstance(block, Block):
+                block.balancer = chosen
+        out = model(x, modality, seq_lens, chosen)
+        (out ** 2).sum().backward()
+        return [out.detach()]
+
+    return run_both(forward_backward, balancer, inputs=[x], parameters=model.parameters())
 
 
 def _fsdp2_cannot_run(ctx, fully_shard):
@@ -219,7 +212,7 @@ def _fsdp2_cannot_run(ctx, fully_shard):
         fully_shard(probe, mesh=mesh)
         probe(torch.ones(2, 4, dtype=torch.float64, device=ctx.device)).sum().backward()
     except Exception as error:  # noqa: BLE001  (torch's own error is the reason)
-        failure = f"{type(error).__name__}: {_one_line(error)}"
+        failure = f"{type(error).__name__}: {one_line(error)}"
     failures = [(r, f) for r, f in enumerate(ctx.gather(failure)) if f]
     if not failures:
         return mesh, None
@@ -233,10 +226,10 @@ def _fsdp2_cannot_run(ctx, fully_shard):
 def _check_fsdp2_checkpoint(ctx):
     fully_shard, missing = fully_shard_or_reason()
     if fully_shard is None:
-        return _result("fsdp2_checkpoint", "SKIP", missing)
+        return result("fsdp2_checkpoint", "SKIP", missing)
     mesh, failure = _fsdp2_cannot_run(ctx, fully_shard)
     if failure is not None:
-        return _result("fsdp2_checkpoint", "SKIP", failure)
+        return result("fsdp2_checkpoint", "SKIP", failure)
     topology = _topology(ctx)
     heads = _heads(topology)
     d_model = heads * HEAD_DIM
@@ -249,38 +242,27 @@ def _check_fsdp2_checkpoint(ctx):
     problems, worst, moved = [], 0.0, 0
     for step in range(FSDP_STEPS):
         lengths, kinds = batch_of(ctx.rank, ctx.size, step)
-        plain = _fsdp_step(ctx, model, None, lengths, kinds, step, d_model)
         balancer.plan_routing(lengths, token_dim=d_model)
         moved += balancer.get_routing_plan_summary()["moved_tokens"]
-        balanced = _fsdp_step(ctx, model, balancer, lengths, kinds, step, d_model)
-        worst = max(worst, _rows(balanced, plain, problems, f"step {step}", names))
-    local = sum(_local(p).numel() for p in model.parameters())
+        runs = _fsdp_step(ctx, model, balancer, lengths, kinds, step, d_model)
+        worst = max(worst, runs.compare(names, problems, RTOL, ATOL, where=f"step {step}: "))
+    # FSDP2's parameters are DTensors, sharded over the ranks.
+    local = sum((p.to_local() if hasattr(p, "to_local") else p).numel()
+                for p in model.parameters())
     whole = sum(p.numel() for p in model.parameters())
     if ctx.size > 1 and local >= whole:
         problems.append(f"not sharded: this rank holds all {whole} parameter elements")
     figures = {"max_rel_diff": worst, "steps": FSDP_STEPS, "moved_tokens": moved,
                "shard_elements": local}
-    if problems:
-        return _result("fsdp2_checkpoint", "FAIL", _failure_text(worst, problems), figures)
-    return _result("fsdp2_checkpoint", "PASS",
-                   f"fully_shard (stream MLPs, blocks, model) + non-reentrant checkpointing "
-                   f"of every block, {topology} on {ctx.size} rank(s), {FSDP_STEPS} steps (one "
-                   f"where only rank 0 has tokens, a rank without image tokens): outputs, "
-                   f"input gradients and every rank's gradient shards equal the unbalanced "
-                   f"run's (max relative difference {worst:.2g})", figures)
+    return _row("fsdp2_checkpoint", worst, problems, figures,
+                f"fully_shard (stream MLPs, blocks, model) + non-reentrant checkpointing "
+                f"of every block, {topology} on {ctx.size} rank(s), {FSDP_STEPS} steps (one "
+                f"where only rank 0 has tokens, a rank without image tokens): outputs, "
+                f"input gradients and every rank's gradient shards equal the unbalanced "
+                f"run's (max relative difference {worst:.2g})")
 
 
 # -- compiled_block -----------------------------------------------------------------------
-
-def masked_attention(q, k, v, seq_lens):
-    """Each sequence attends to itself, through a block-diagonal mask made from the
-    lengths tensor (no Python loop over it, which would break the graph)."""
-    segment = torch.repeat_interleave(torch.arange(seq_lens.numel(), device=q.device),
-                                      seq_lens.long(), output_size=q.shape[0])
-    scores = torch.einsum("qhd,khd->hqk", q, k) / q.shape[-1] ** 0.5
-    scores = scores.masked_fill(segment[None, :, None] != segment[None, None, :], float("-inf"))
-    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
-
 
 class CompiledBlock(torch.nn.Module):
     def __init__(self, d_model, heads):
@@ -310,31 +292,40 @@ def compile_lengths(rank, step):
 
 
 def _compiled_step(ctx, block, compiled, lengths, step, balancer, d_model):
+    """The output, the input gradient and the parameters' gradient (one tensor, summed
+    over the ranks) of one step, eager unbalanced and compiled balanced."""
     g = torch.Generator().manual_seed(7 * step + ctx.rank)
     x = torch.randn(sum(lengths), d_model, generator=g, dtype=torch.float64).to(ctx.device)
     x.requires_grad_(True)
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device=ctx.device)
-    block.zero_grad(set_to_none=True)
-    if balancer is None:
-        out = block(x, seq_lens, None)
-    else:
-        seq_lens, h, _ = balancer.route(x)
-        h = compiled(block, h, seq_lens, balancer)
-        if ctx.fault == "corrupt_compiled" and ctx.rank == 0 and h.numel() > 0:
-            bump = torch.zeros_like(h)
-            bump.view(-1)[0] = 1
-            h = h + bump
-        _, out, _ = balancer.reverse_route(h)
-    (out ** 2).sum().backward()
-    grads = torch.cat([p.grad.flatten() for p in block.parameters()])
-    dist.all_reduce(grads)  # each rank holds a partial sum
-    return [out.detach(), x.grad, grads]
+
+    def forward_backward(chosen):
+        if chosen is None:
+            out = block(x, seq_lens, None)
+        else:
+            routed_lens, h, _ = chosen.route(x)
+            h = compiled(block, h, routed_lens, chosen)
+            if ctx.fault == "corrupt_compiled" and ctx.rank == 0 and h.numel() > 0:
+                bump = torch.zeros_like(h)
+                bump.view(-1)[0] = 1
+                h = h + bump
+            _, out, _ = chosen.reverse_route(h)
+        (out ** 2).sum().backward()
+        return [out.detach()]
+
+    runs = run_both(forward_backward, balancer, inputs=[x], parameters=block.parameters())
+    values = []
+    for run in (runs.plain, runs.balanced):
+        grads = torch.cat([grad.flatten() for grad in run.gradients[1:]])
+        dist.all_reduce(grads)  # each rank holds a partial sum
+        values.append(run.outputs + run.gradients[:1] + [grads])
+    return values
 
 
 def _check_compiled_block(ctx):
     missing = compile_missing()
     if missing is not None:
-        return _result("compiled_block", "SKIP", missing)
+        return result("compiled_block", "SKIP", missing)
     import torch._dynamo
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._dynamo.utils import counters
@@ -354,10 +345,10 @@ def _check_compiled_block(ctx):
     names = ("output", "input gradient", "the parameters' gradient (summed over the ranks)")
     for step in range(COMPILE_STEPS):
         lengths = compile_lengths(ctx.rank, step)
-        plain = _compiled_step(ctx, block, compiled, lengths, step, None, d_model)
         balancer.plan_routing(lengths, token_dim=d_model)
-        balanced = _compiled_step(ctx, block, compiled, lengths, step, balancer, d_model)
-        worst = max(worst, _rows(balanced, plain, problems, f"step {step}", names))
+        plain, balanced = _compiled_step(ctx, block, compiled, lengths, step, balancer, d_model)
+        worst = max(worst, compare(balanced, plain, names, problems, RTOL, ATOL,
+                                   where=f"step {step}: "))
         compiles.append(counter.frame_count)
     breaks = sum(counters["graph_break"].values()) - breaks_before
     if breaks:
@@ -369,12 +360,15 @@ def _check_compiled_block(ctx):
                         f"{SETTLED_AFTER})")
     figures = {"compiles": compiles[-1], "graph_breaks": breaks, "max_rel_diff": worst,
                "steps": COMPILE_STEPS}
-    if problems:
-        return _result("compiled_block", "FAIL", _failure_text(worst, problems), figures)
-    return _result("compiled_block", "PASS",
-                   f"torch.compile(fullgraph=True, backend aot_eager) of a block with pre_attn "
-                   f"and post_attn, {topology} on {ctx.size} rank(s), {COMPILE_STEPS} steps of "
-                   f"changing lengths: compiled {compiles[-1]} time(s) (after each step: "
-                   f"{compiles}), none after step {SETTLED_AFTER}, no graph break; outputs "
-                   f"and gradients equal the unbalanced eager block's (max relative "
-                   f"difference {worst:.2g})", figures)
+    return _row("compiled_block", worst, problems, figures,
+                f"torch.compile(fullgraph=True, backend aot_eager) of a block with pre_attn "
+                f"and post_attn, {topology} on {ctx.size} rank(s), {COMPILE_STEPS} steps of "
+                f"changing lengths: compiled {compiles[-1]} time(s) (after each step: "
+                f"{compiles}), none after step {SETTLED_AFTER}, no graph break; outputs "
+                f"and gradients equal the unbalanced eager block's (max relative "
+                f"difference {worst:.2g})")
+
+
+# {check: check(ctx) -> its result}: the harness runs them in CHECKS's order.
+WORLD_CHECKS = {"fsdp2_checkpoint": _check_fsdp2_checkpoint,
+                "compiled_block": _check_compiled_block}

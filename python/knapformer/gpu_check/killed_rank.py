@@ -10,10 +10,8 @@ import torch.distributed as dist
 
 import knapformer
 from knapformer import _C
-from knapformer.gpu_check.common import GAMMA, _one_line, _problems_text, _result
-from knapformer.gpu_check.machine import _transport_built
-from knapformer.gpu_check.options import _killed_world_size
-from knapformer.gpu_check.worlds import _last_line, _run_world, _store_barrier
+from knapformer.gpu_check.report import last_line, one_line, problems_text, result
+from knapformer.launch import run_ranks
 
 
 def _timed(fn):
@@ -22,12 +20,18 @@ def _timed(fn):
     try:
         fn()
     except Exception as error:  # noqa: BLE001
-        return type(error).__name__, _one_line(error), time.monotonic() - began
+        return type(error).__name__, one_line(error), time.monotonic() - began
     return None, "", time.monotonic() - began
 
 
-def _killed_rank(rank, size, store, payload):
-    cuda, timeout_s = payload["cuda"], payload["timeout_s"]
+def _all_arrive(store, key, size, timeout_s):
+    """Returns once every rank has called it with this key (a barrier on the store)."""
+    if store.add(key, 1) == size:
+        store.set(f"{key}/all", "1")
+    store.wait([f"{key}/all"], datetime.timedelta(seconds=timeout_s))
+
+
+def _killed_rank(rank, size, store, cuda, timeout_s, transport_built, gamma):
     if cuda:
         # Without blocking wait, torch's NCCL watchdog ends the process at the timeout
         # instead of raising in it, and a survivor could not report.
@@ -36,12 +40,11 @@ def _killed_rank(rank, size, store, payload):
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
     else:
-        torch.set_num_threads(1)
         device = torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank,
                             world_size=size, timeout=datetime.timedelta(seconds=timeout_s))
     transport, exchange = None, None
-    if cuda and payload["transport"]:
+    if cuda and transport_built:
         key = "knapformer_gpu_check/killed/nccl_id"
         if rank == 0:
             store.set(key, _C.nccl_unique_id())
@@ -55,7 +58,7 @@ def _killed_rank(rank, size, store, payload):
             transport.all_to_all_rows(send, ones, recv, ones,
                                       torch.cuda.current_stream(device).cuda_stream)
             torch.cuda.synchronize(device)
-    balancer = knapformer.SequenceBalancer(f"g1n{size}", gamma=GAMMA)
+    balancer = knapformer.SequenceBalancer(f"g1n{size}", gamma=gamma)
     lens = [5 + rank, 7]
     balancer.plan_routing(lens, token_dim=8)
     x = torch.randn(sum(lens), 8, device=device)
@@ -65,7 +68,7 @@ def _killed_rank(rank, size, store, payload):
     if cuda:
         torch.cuda.synchronize(device)
     # Every rank has finished its route before the victim goes.
-    _store_barrier(store, "knapformer_gpu_check/killed/routed", size, timeout_s + 60)
+    _all_arrive(store, "knapformer_gpu_check/killed/routed", size, timeout_s + 60)
     if rank == size - 1:
         os._exit(0)  # mid-step, as a crashed trainer does
     first = _timed(lambda: balancer.reverse_route(routed))
@@ -84,19 +87,20 @@ def _duration(seconds):
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def killed_rank_row(outcomes, size, timeout_s, backend, raw_tested):
-    """The killed_rank row from its world's outcomes (the last rank is the victim)."""
+def _killed_rank_row(outcomes, size, timeout_s, backend, raw_tested):
+    """The killed_rank row from its world's outcomes, by rank (the last rank is the
+    victim)."""
     victim = size - 1
     bound = timeout_s + _kill_slack(timeout_s)
     problems, first_s, later_s, raw_s, sample = [], [], [], [], ""
-    kind, value = outcomes.get(victim, ("timeout", "no outcome"))
+    kind, value = outcomes[victim]
     if (kind, value) != ("exited", 0):
-        shown = _last_line(value) if kind == "error" else value
+        shown = last_line(value) if kind == "error" else value
         problems.append(f"the victim (rank {victim}) did not exit as planned: {kind}: {shown}")
     for rank in range(size - 1):
-        kind, value = outcomes.get(rank, ("timeout", "no outcome"))
+        kind, value = outcomes[rank]
         if kind != "ok":
-            shown = _last_line(value) if kind == "error" else value
+            shown = last_line(value) if kind == "error" else value
             problems.append(f"rank {rank}: {kind}: {shown}")
             continue
         checks = [("reverse_route", value["first"], first_s),
@@ -122,31 +126,32 @@ def killed_rank_row(outcomes, size, timeout_s, backend, raw_tested):
     if raw_tested and raw_s:
         figures["max_raw_error_s"] = max(raw_s)
     if problems:
-        return _result("killed_rank", "FAIL", _problems_text(problems), figures)
+        return result("killed_rank", "FAIL", problems_text(problems), figures)
     raw = (f"; the raw transport's exchange raised within {_duration(max(raw_s))} and it "
            "is aborted") if raw_tested and raw_s else ""
-    return _result("killed_rank", "PASS",
-                   f"{size} {backend} processes, rank {victim} exited after route: every "
-                   f"survivor's reverse_route raised within {_duration(max(first_s))} and "
-                   f"its next call within {_duration(max(later_s))} (bound {bound:g} s = "
-                   f"timeout {timeout_s:g} + slack){raw}; {sample}", figures)
+    return result("killed_rank", "PASS",
+                  f"{size} {backend} processes, rank {victim} exited after route: every "
+                  f"survivor's reverse_route raised within {_duration(max(first_s))} and "
+                  f"its next call within {_duration(max(later_s))} (bound {bound:g} s = "
+                  f"timeout {timeout_s:g} + slack){raw}; {sample}", figures)
 
 
-def _run_killed_rank(opts, cuda, gpus):
-    size = _killed_world_size(opts, gpus)
-    raw = cuda and _transport_built()
-    timeout_s = opts.kill_timeout_s
-    payload = {"cuda": cuda, "timeout_s": timeout_s, "transport": raw,
-               # start-up, the timeout itself (twice with the raw transport), the slack
-               "deadline_s": 120 + (2 if raw else 1) * (timeout_s + _kill_slack(timeout_s))}
+def run_killed_rank(size, cuda, transport_built, timeout_s, gamma):
+    """The killed_rank row: a world of `size` processes (one per GPU with cuda, else
+    Gloo on CPU) whose process groups and raw transport (where built and cuda) time
+    out after timeout_s; its balancers plan with gamma."""
+    raw = cuda and transport_built
+    # start-up, the timeout itself (twice with the raw transport), the slack
+    deadline_s = 120 + (2 if raw else 1) * (timeout_s + _kill_slack(timeout_s))
     began = time.monotonic()
     try:
-        outcomes = _run_world(_killed_rank, size, payload)
+        outcomes = run_ranks(_killed_rank, size, (cuda, timeout_s, raw, gamma),
+                             timeout_s=deadline_s, threads=None if cuda else 1)
     except Exception as error:  # noqa: BLE001
-        return _result("killed_rank", "FAIL", f"its world did not start: {_one_line(error)}")
-    row = killed_rank_row(outcomes, size, timeout_s, "NCCL" if cuda else "Gloo", raw)
+        return result("killed_rank", "FAIL", f"its world did not start: {one_line(error)}")
+    row = _killed_rank_row(outcomes, size, timeout_s, "NCCL" if cuda else "Gloo", raw)
     row["seconds"] = round(time.monotonic() - began, 3)
     row["ranks"] = {str(r): {"outcome": kind, "value": value if kind == "ok" else
-                             _last_line(value) if kind == "error" else value}
-                    for r, (kind, value) in sorted(outcomes.items())}
+                             last_line(value) if kind == "error" else value}
+                    for r, (kind, value) in enumerate(outcomes)}
     return row

@@ -1,42 +1,41 @@
-"""The report: its header, one row per check from every rank's results, the text
-table, the JSON file and the exit status they give."""
-import datetime
+"""The report: a check's result (one row, or one rank's part of it), rows merged from
+every rank's results, the text table, the JSON file and the exit status they give."""
 import json
 import math
 import os
-import platform
-import socket
 import sys
 
-import torch
+# Exit statuses of the command.
+OK, FAILED, BAD_ARGUMENTS, NO_GPU = 0, 1, 2, 3
 
-import knapformer
-from knapformer.gpu_check.common import FAILED, FAULT_ENV, OK, _result
-from knapformer.gpu_check.machine import _nccl_version, _transport_built
-
+# The variable the command's own tests inject faults with; a report names it.
+FAULT_ENV = "KNAPFORMER_GPU_CHECK_FAULT"
 
 _SEVERITY = {"PASS": 0, "INFO": 1, "SKIP": 2, "FAIL": 3}
 
 
-def _header(mode, world_size, devices, fault, argv):
-    build = getattr(knapformer, "build_info", None) or {}
-    return {
-        "tool": "knapformer.gpu_check",
-        "mode": mode,
-        "world_size": world_size,
-        "devices": list(devices),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "nccl": _nccl_version(),
-        "knapformer": getattr(knapformer, "__version__", None),
-        "build_info": dict(build) if isinstance(build, dict) else {"value": repr(build)},
-        "nccl_transport_available": _transport_built(),
-        "python": platform.python_version(),
-        "host": socket.gethostname(),
-        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "argv": list(argv),
-        "fault": fault,
-    }
+def result(name, verdict, detail, figures=None):
+    """One check's result: a row of the report, or one rank's part of it."""
+    return {"name": name, "verdict": verdict, "figures": dict(figures or {}), "detail": detail}
+
+
+def one_line(error, limit=300):
+    """An error's (or a text's) first line, at most limit characters."""
+    text = str(error).strip().splitlines()
+    text = text[0] if text else type(error).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def last_line(text):
+    """A traceback's last line (the error), for a detail."""
+    lines = [line for line in str(text).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else str(text)
+
+
+def problems_text(problems, limit=3):
+    """The first problems found, joined for a detail."""
+    more = f" (and {len(problems) - limit} more)" if len(problems) > limit else ""
+    return "; ".join(problems[:limit]) + more
 
 
 def merge_ranks(name, per_rank):
@@ -47,7 +46,7 @@ def merge_ranks(name, per_rank):
     for rank in sorted(per_rank):
         got = per_rank[rank]
         if not isinstance(got, dict):
-            got = _result(name, "FAIL", str(got) if got else f"rank {rank} sent no result")
+            got = result(name, "FAIL", str(got) if got else f"rank {rank} sent no result")
         ranks[rank] = got
     chosen = max(ranks, key=lambda r: (_SEVERITY.get(ranks[r]["verdict"], 3), -r))
     row = dict(ranks[chosen])
@@ -63,6 +62,7 @@ def merge_ranks(name, per_rank):
 
 
 def exit_status(rows):
+    """FAILED where a row FAILed, else OK."""
     return FAILED if any(row["verdict"] == "FAIL" for row in rows) else OK
 
 
@@ -149,7 +149,7 @@ def write_json(path, header, rows, status):
     os.replace(temporary, path)  # a reader never sees half a file
 
 
-def _write_json_saying_where(path, header, rows, status, label="JSON"):
+def write_json_saying_where(path, header, rows, status, label="JSON"):
     """write_json, then the file's path on stdout; a file that cannot be written is
     said on stderr and costs the report nothing else."""
     try:
@@ -159,8 +159,9 @@ def _write_json_saying_where(path, header, rows, status, label="JSON"):
         print(f"gpu_check: could not write {path}: {error}", file=sys.stderr, flush=True)
 
 
-def _finish(opts, header, rows):
+def finish(path, header, rows):
+    """Prints the report, writes its JSON to path; returns the exit status."""
     status = exit_status(rows)
     print(render_report(header, rows), end="", flush=True)
-    _write_json_saying_where(opts.json, header, rows, status)
+    write_json_saying_where(path, header, rows, status)
     return status

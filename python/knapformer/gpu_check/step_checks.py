@@ -1,6 +1,7 @@
-"""The checks that run on any device (--device cpu too): python_step, a whole balanced
-step in float64 against the same model run unbalanced, and route_vs_all_to_all, the
-exchange's time against bare all_to_all_single calls."""
+"""The checks of a balanced step that run on any device (--device cpu too): python_step,
+a whole step in float64 against the same model run unbalanced (knapformer.side_by_side),
+and route_vs_all_to_all, the exchange's time against bare all_to_all_single calls. Each
+takes the rank's Context and returns its result."""
 import math
 import statistics
 import time
@@ -9,10 +10,10 @@ import torch
 import torch.distributed as dist
 
 import knapformer
-from knapformer.gpu_check.common import GAMMA, _problems_text, _result
-from knapformer.gpu_check.context import _planned_ids, _split, _time_ms, _token_ids
+from knapformer.gpu_check.report import problems_text, result
+from knapformer.side_by_side import run_both, varlen_attention
 
-
+# How close a balanced float64 step must be to the unbalanced one (torch.allclose).
 RTOL, ATOL = 1e-10, 1e-12
 D_MODEL = 32
 HEAD_DIM = 4
@@ -37,17 +38,6 @@ def _step_lengths(rank, size, step, scale):
     return lens + [3] if rank == size - 1 else lens
 
 
-def _varlen_attention(q, k, v, seq_lens):
-    """Each sequence attends to itself: [tokens, heads, dim]."""
-    outs, start = [], 0
-    for n in (seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens):
-        qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
-        weights = torch.softmax(qs @ ks.transpose(1, 2) / math.sqrt(q.shape[-1]), dim=-1)
-        outs.append((weights @ vs).transpose(0, 1))
-        start += n
-    return torch.cat(outs) if outs else q[:0] * 0  # no sequences: still in the graph
-
-
 def _route(ctx, balancer, x, features, victim):
     """balancer.route, with the test-only fault applied on the victim rank."""
     chunk_lens, routed, routed_features = balancer.route(x, features)
@@ -58,32 +48,10 @@ def _route(ctx, balancer, x, features, victim):
     return chunk_lens, routed, routed_features
 
 
-def _compare(got, want, what, problems):
-    """Relative difference of got from want; a problem when beyond rtol/atol."""
-    if got is None and want is None:
-        return 0.0
-    if got is None or want is None or got.shape != want.shape:
-        problems.append(f"{what}: shape {None if got is None else tuple(got.shape)}, the "
-                        f"unbalanced model's {None if want is None else tuple(want.shape)}")
-        return math.inf
-    if got.numel() == 0:
-        return 0.0
-    got, want = got.detach().double().cpu(), want.detach().double().cpu()
-    difference = (got - want).abs().max().item()
-    scale = want.abs().max().item()
-    relative = difference / scale if scale > 0 else difference
-    if not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
-        problems.append(f"{what} differs from the unbalanced model's by up to {difference:.3g} "
-                        f"(relative {relative:.3g}; rtol {RTOL:g})")
-    return relative
-
-
 def _model(ctx, balancer, x, features, lens, params, upstream, heads, victim):
-    """One attention block; balancer None = each rank on its own sequences. Returns the
-    output, the input's gradient and every weight's (summed over the ranks)."""
-    x = x.clone().requires_grad_(True)
-    weights = [p.clone().requires_grad_(True) for p in params]
-    w_qkv, w_out, w_pos, w_stamp = weights
+    """One attention block, forward and backward; balancer None = each rank on its own
+    sequences. Returns the output."""
+    w_qkv, w_out, w_pos, w_stamp = params
     positions, ids, stamp = features
     seq_lens = lens
     h = x
@@ -94,27 +62,23 @@ def _model(ctx, balancer, x, features, lens, params, upstream, heads, victim):
     q, k, v = (h @ w_qkv).reshape(-1, 3, heads, HEAD_DIM).unbind(1)
     if balancer is not None:
         seq_lens, q, k, v = balancer.pre_attn(q, k, v)
-    o = _varlen_attention(q, k, v, seq_lens)
+    o = varlen_attention(q, k, v, seq_lens)
     if balancer is not None:
         _, o = balancer.post_attn(o)
     out = h + o.reshape(-1, heads * HEAD_DIM) @ w_out
     if balancer is not None:
         _, out, _ = balancer.reverse_route(out)
     (out * upstream).sum().backward()
-    grads = [w.grad if w.grad is not None else torch.zeros_like(w) for w in weights]
-    for grad in grads:  # each rank holds a partial sum
-        dist.all_reduce(grad)
-    x_grad = x.grad if x.grad is not None else torch.zeros_like(x)
-    return [out.detach(), x_grad] + grads
+    return [out.detach()]
 
 
 def _check_routing(ctx, balancer, lens, plan, victim, where, problems):
     rows = sum(lens)
-    mine, want_ids = _planned_ids(plan, ctx.rank)
+    mine, want_ids = ctx.planned_ids(plan)
     g = torch.Generator().manual_seed(ctx.rank + 17)
     x = torch.randn(rows, D_MODEL, dtype=torch.float64, generator=g).to(ctx.device)
     x.requires_grad_(True)
-    ids = _token_ids(ctx.rank, lens).to(ctx.device)
+    ids = ctx.token_ids(lens).to(ctx.device)
     positions = _positions(lens).to(ctx.device)
     stamp = torch.rand(rows, 1, generator=g).to(torch.bfloat16).to(ctx.device)
     chunk_lens, routed, features = _route(ctx, balancer, x, [positions, ids, stamp], victim)
@@ -149,18 +113,19 @@ def _check_model(ctx, balancer, lens, heads, step, victim, where, problems):
     params = [torch.randn(D_MODEL, 3 * width, generator=g) / math.sqrt(D_MODEL),
               torch.randn(width, D_MODEL, generator=g) / math.sqrt(width),
               torch.randn(2, D_MODEL, generator=g), torch.randn(1, D_MODEL, generator=g)]
-    params = [p.double().to(ctx.device) for p in params]
+    params = [p.double().to(ctx.device).requires_grad_(True) for p in params]
     mine = torch.Generator().manual_seed(7919 * (ctx.rank + 1) + step)
     x = torch.randn(rows, D_MODEL, dtype=torch.float64, generator=mine).to(ctx.device)
+    x.requires_grad_(True)
     upstream = torch.randn(rows, D_MODEL, dtype=torch.float64, generator=mine).to(ctx.device)
-    features = [_positions(lens).to(ctx.device), _token_ids(ctx.rank, lens).to(ctx.device),
+    features = [_positions(lens).to(ctx.device), ctx.token_ids(lens).to(ctx.device),
                 torch.rand(rows, 1, generator=mine).to(torch.bfloat16).to(ctx.device)]
-    balanced = _model(ctx, balancer, x, features, lens, params, upstream, heads, victim)
-    plain = _model(ctx, None, x, features, lens, params, upstream, heads, victim)
+    # The weights' gradients summed over the ranks: each rank holds a part.
+    runs = run_both(lambda b: _model(ctx, b, x, features, lens, params, upstream, heads, victim),
+                    balancer, inputs=[x], parameters=params, reduce=True)
     names = ("output", "input gradient", "qkv weight gradient", "output weight gradient",
              "position weight gradient", "bf16-column weight gradient")
-    return max(_compare(got, want, f"{where}: {name}", problems)
-               for name, got, want in zip(names, balanced, plain))
+    return runs.compare(names, problems, RTOL, ATOL, where=f"{where}: ")
 
 
 def _check_python_step(ctx):
@@ -169,13 +134,13 @@ def _check_python_step(ctx):
     heads = 2 * ctx.size  # a multiple of every bag size of every topology here
     problems, worst, moved, steps = [], 0.0, 0, 0
     for topology in ctx.topologies:
-        balancer = knapformer.SequenceBalancer(topology, gamma=GAMMA)
+        balancer = knapformer.SequenceBalancer(topology, gamma=ctx.gamma)
         for step in range(2):
             where = f"{topology} step {step}"
             lens = _step_lengths(ctx.rank, ctx.size, step, ctx.scale)
             everyone = ctx.gather(lens)
             balancer.plan_routing(lens, token_dim=D_MODEL)
-            plan = knapformer.plan(everyone, topology, d_model=D_MODEL, gamma=GAMMA)
+            plan = knapformer.plan(everyone, topology, d_model=D_MODEL, gamma=ctx.gamma)
             moved += plan["moved_tokens"]
             steps += 1
             victim = min((c["dst_rank"] for c in plan["chunks"] if c["length"] > 0), default=-1)
@@ -185,12 +150,12 @@ def _check_python_step(ctx):
         del balancer
     figures = {"max_rel_diff": worst, "steps": steps, "moved_tokens": moved}
     if problems:
-        return _result("python_step", "FAIL", _problems_text(problems), figures)
-    return _result("python_step", "PASS",
-                   f"{', '.join(ctx.topologies)} x 2 steps on {ctx.size} rank(s): routed rows "
-                   f"are the planner's, round trips bit-exact (float64, float32, int64, bf16), "
-                   f"outputs and gradients equal the unbalanced model's (max relative "
-                   f"difference {worst:.2g})", figures)
+        return result("python_step", "FAIL", problems_text(problems), figures)
+    return result("python_step", "PASS",
+                  f"{', '.join(ctx.topologies)} x 2 steps on {ctx.size} rank(s): routed rows "
+                  f"are the planner's, round trips bit-exact (float64, float32, int64, bf16), "
+                  f"outputs and gradients equal the unbalanced model's (max relative "
+                  f"difference {worst:.2g})", figures)
 
 
 def _mb_label(mb):
@@ -199,16 +164,16 @@ def _mb_label(mb):
 
 def _check_route_vs_all_to_all(ctx):
     topology = f"g{ctx.size}n1" if f"g{ctx.size}n1" in ctx.topologies else f"g1n{ctx.size}"
-    balancer = knapformer.SequenceBalancer(topology, gamma=GAMMA)
+    balancer = knapformer.SequenceBalancer(topology, gamma=ctx.gamma)
     width = 1024  # float32 rows of 4 KB
     figures, problems, parts = {}, [], []
     for mb in ctx.opts.sizes_mb:
         label = _mb_label(mb)
         rows = max(4, int(round(mb * 2 ** 20 / (width * 4))))
-        lens = _split(rows, 4)
+        lens = ctx.even_lengths(rows, 4)
         everyone = ctx.gather(lens)
         balancer.plan_routing(lens, token_dim=width)
-        plan = knapformer.plan(everyone, topology, d_model=width, gamma=GAMMA)
+        plan = knapformer.plan(everyone, topology, d_model=width, gamma=ctx.gamma)
         send = [0] * ctx.size
         recv = [0] * ctx.size
         for c in plan["chunks"]:
@@ -239,7 +204,7 @@ def _check_route_vs_all_to_all(ctx):
             for i in range(ctx.opts.warmup + ctx.opts.repeats):
                 pair = [(route_ms, via_route), (a2a_ms, via_all_to_all)]
                 for times, fn in (pair if i % 2 == 0 else pair[::-1]):
-                    took = _time_ms(ctx, fn)
+                    took = ctx.time_ms(fn)
                     if i >= ctx.opts.warmup:
                         times.append(took)
         # Per repeat, the slowest rank is what a step waits for.
@@ -254,8 +219,13 @@ def _check_route_vs_all_to_all(ctx):
                      f"{moved / rows:.0%} of rank {ctx.rank}'s rows leave it)"
                      if a2a > 0 else f"{label}: a2a took no time")
     if problems:
-        return _result("route_vs_all_to_all", "FAIL", _problems_text(problems), figures)
-    return _result("route_vs_all_to_all", "INFO",
-                   f"route + reverse_route vs two all_to_all_single ({topology}, {ctx.size} "
-                   f"ranks, slowest rank, median of {ctx.opts.repeats}): " + "; ".join(parts),
-                   figures)
+        return result("route_vs_all_to_all", "FAIL", problems_text(problems), figures)
+    return result("route_vs_all_to_all", "INFO",
+                  f"route + reverse_route vs two all_to_all_single ({topology}, {ctx.size} "
+                  f"ranks, slowest rank, median of {ctx.opts.repeats}): " + "; ".join(parts),
+                  figures)
+
+
+# {check: check(ctx) -> its result}: the harness runs them in CHECKS's order.
+WORLD_CHECKS = {"python_step": _check_python_step,
+                "route_vs_all_to_all": _check_route_vs_all_to_all}
