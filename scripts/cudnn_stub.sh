@@ -1,7 +1,7 @@
 #!/bin/bash
 # Installs a stand-in libcudnn.so.9 for Debian's CUDA torch on a machine that
-# compiles but never runs CUDA (the CUDA compile lane's root; setup.sh
-# --profile cuda-compile calls it). Debian's nvidia-cudnn package is an
+# compiles but never runs CUDA (the trixie lane's root; setup.sh
+# --profile cuda calls it). Debian's nvidia-cudnn package is an
 # installer that downloads cuDNN from NVIDIA, which an offline machine
 # cannot do, yet libtorch_cuda needs libcudnn.so.9 to link and to load.
 # The stand-in exports exactly the versioned cuDNN symbols the installed

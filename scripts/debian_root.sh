@@ -1,13 +1,20 @@
 #!/bin/bash
 # Runs a command inside a root file system of another Debian release, over a
 # copy of this checkout at /src; the torch 2.x and CUDA lanes of .ci/run use it.
-#   bash scripts/debian_root.sh --release trixie --profile torch [--out DIR] [--offline] \
+#   bash scripts/debian_root.sh --release trixie --profile cuda [--out DIR] [--offline] \
 #     -- COMMAND...
+#   bash scripts/debian_root.sh --release trixie --profile cuda --prepare
+#     (makes the root if it is not cached, runs nothing: CI makes its roots
+#     in the background while the host compiles)
 #
 # The root is made offline from the Debian mirror (mmdebstrap, minbase, as
 # deploy/docker/build.sh makes its base, keeping man pages: OpenJDK's
 # postinst needs their folders), then `bash scripts/setup.sh
-# --profile PROFILE` installs that profile's packages in it. It is cached in
+# --profile PROFILE` installs that profile's packages in it. dpkg does not
+# fsync (force-unsafe-io: a root is remade, never repaired) and Python
+# modules are not byte-compiled at install (a stand-in py3compile while
+# setup.sh runs; Python compiles what it imports): about a third of the
+# time to make one. It is cached in
 # $KNAPFORMER_ROOT_CACHE (default ~/.cache/knapformer/roots) under a name
 # that hashes the mmdebstrap arguments, scripts/setup.sh and the script it
 # runs (cudnn_stub.sh): a change of any (a package list) makes a new root and
@@ -26,7 +33,7 @@
 set -uo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-release="" profile="" out="" offline=0
+release="" profile="" out="" offline=0 prepare=0
 usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -35,6 +42,7 @@ while [[ $# -gt 0 ]]; do
       case "$1" in --release) release="$2" ;; --profile) profile="$2" ;; --out) out="$2" ;; esac
       shift 2 ;;
     --offline) offline=1; shift ;;
+    --prepare) prepare=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     *) echo "debian_root: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -43,7 +51,7 @@ done
 [[ -n "$release" ]] || { echo "debian_root: --release is required (e.g. trixie)" >&2; exit 2; }
 [[ -n "$profile" ]] ||
   { echo "debian_root: --profile is required (see scripts/setup.sh)" >&2; exit 2; }
-[[ $# -gt 0 ]] || { echo "debian_root: no command after --" >&2; exit 2; }
+[[ $# -gt 0 || $prepare -eq 1 ]] || { echo "debian_root: no command after --" >&2; exit 2; }
 if [[ $(id -u) -ne 0 ]]; then
   echo "debian_root: run as root (mmdebstrap, chroot and mounts need it)" >&2
   exit 2
@@ -68,6 +76,7 @@ mmdebstrap_args=(--quiet --variant=minbase
   --dpkgopt='path-exclude=/usr/share/doc/*'
   --dpkgopt='path-include=/usr/share/doc/*/copyright'
   --dpkgopt='path-exclude=/usr/share/locale/*'
+  --dpkgopt='force-unsafe-io'
   --include=ca-certificates
   "$release")
 key="$( { printf '%s\n' "${mmdebstrap_args[@]}" "$profile"
@@ -141,12 +150,17 @@ else
     cp /usr/local/share/ca-certificates/*.crt "$partial/usr/local/share/ca-certificates/"
     in_root "$partial" update-ca-certificates >/dev/null 2>&1
   fi
+  # Maintainer scripts find py3compile on PATH; /usr/local/bin comes first.
+  printf '#!/bin/sh\n# debian_root.sh: no byte-compiling while the root is made\nexit 0\n' \
+    >"$partial/usr/local/bin/py3compile"
+  chmod 755 "$partial/usr/local/bin/py3compile"
   if ! in_root "$partial" bash scripts/setup.sh --profile "$profile" >&2 ||
      ! in_root "$partial" apt-get clean >&2; then
     echo "debian_root: scripts/setup.sh --profile $profile failed in the $release root" \
       "(left in $partial for a look; the next run removes it)" >&2
     exit 3
   fi
+  rm -f "$partial/usr/local/bin/py3compile"
   # Older roots of this release and profile (other package lists).
   find "$cache" -mindepth 1 -maxdepth 1 -name "$release-$profile-*" ! -name "$(basename "$root")" \
     -exec rm -rf {} +
@@ -154,4 +168,5 @@ else
   echo "debian_root: made $root in $((SECONDS - started)) s" \
     "($(du -sh "$root" 2>/dev/null | cut -f1))" >&2
 fi
+[[ $prepare -eq 0 ]] || exit 0
 in_root_offline=$offline in_root "$root" "$@"

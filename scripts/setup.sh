@@ -4,11 +4,12 @@
 # runs once, only when something is missing.
 #   bash scripts/setup.sh                  # everything .ci/run needs (--profile all)
 #   bash scripts/setup.sh --profile torch  # the build and its torch-facing tests only
-#   bash scripts/setup.sh --profile cuda-compile
+#   bash scripts/setup.sh --profile cuda
 #       torch, but Debian's CUDA torch, NCCL and CUDA headers (trixie's contrib
-#       and non-free) on a machine without a GPU or network: cuDNN, which
-#       Debian's nvidia-cudnn would download, is declined and replaced by a
-#       stand-in that only links (scripts/cudnn_stub.sh). Not for GPU machines.
+#       and non-free) on a machine without a GPU or network: everything builds
+#       (the CUDA paths too) and runs on the CPU. cuDNN, which Debian's
+#       nvidia-cudnn would download, is declined and replaced by a stand-in
+#       that only links (scripts/cudnn_stub.sh). Not for GPU machines.
 #   bash scripts/setup.sh --profile cli    # only what builds and runs the command
 #       line (//tools:knapformer): Bazel, g++ and the libraries it links
 #   bash scripts/setup.sh --profile train-sim  # cli, and LibTorch for //tools:train_sim
@@ -16,11 +17,12 @@
 #       libraries: torch, a compiler and pip's build tools only (the offline
 #       recipe's proof in .ci/run brings the rest as carried packages)
 #   bash scripts/setup.sh --profile P --print  # list P's packages; install nothing
-# The torch 2.x lanes of .ci/run use torch and cuda-compile inside a Debian
-# trixie root (scripts/debian_root.sh); scripts/knapformer uses cli and train-sim.
+# .ci/run's torch 2.x lane uses cuda inside a Debian trixie root
+# (scripts/debian_root.sh), its offline recipe trainer in a bookworm one;
+# scripts/knapformer uses cli and train-sim.
 set -euo pipefail
 
-profiles="all, torch, cuda-compile, cli, train-sim or trainer"
+profiles="all, torch, cuda, cli, train-sim or trainer"
 profile=all
 print=0
 while [[ $# -gt 0 ]]; do
@@ -37,7 +39,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 case "$profile" in
-  all|torch|cuda-compile|cli|train-sim|trainer) ;;
+  all|torch|cuda|cli|train-sim|trainer) ;;
   *) echo "setup: unknown profile '$profile' ($profiles)" >&2; exit 2 ;;
 esac
 
@@ -86,7 +88,7 @@ packages=(
   python3-yaml             # the deploy checks read YAML (tests/deploy)
   python3-matplotlib       # knapformer.plot_plan and its test (an optional dependency of the package)
 )
-if [[ "$profile" == cuda-compile ]]; then
+if [[ "$profile" == cuda ]]; then
   packages+=(
     libtorch-cuda-dev python3-torch-cuda  # Debian's CUDA build of torch (contrib)
     libgloo-cuda-dev       # gloo/ headers for c10d's ProcessGroupGloo.hpp, CUDA build
@@ -129,8 +131,8 @@ fi
 if [[ "$profile" == all ]] && { ! command -v node >/dev/null || ! command -v npm >/dev/null; }; then
   packages+=(nodejs npm)
 fi
-if [[ "$profile" == cuda-compile && "$codename" == bookworm ]]; then
-  echo "setup: --profile cuda-compile needs Debian trixie or later (bookworm has no CUDA torch)" >&2
+if [[ "$profile" == cuda && "$codename" == bookworm ]]; then
+  echo "setup: --profile cuda needs Debian trixie or later (bookworm has no CUDA torch)" >&2
   exit 2
 fi
 if [[ $print -eq 1 ]]; then
@@ -151,7 +153,7 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   fi
   echo "setup: installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
-  if [[ "$profile" == cuda-compile ]]; then
+  if [[ "$profile" == cuda ]]; then
     # Decline nvidia-cudnn's download (NVIDIA's license, and no network).
     echo "nvidia-cudnn nvidia-cudnn/question select I Decline" | debconf-set-selections
   fi
@@ -164,7 +166,7 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   fi
   rm -f "$log"
 fi
-if [[ "$profile" == cuda-compile ]]; then
+if [[ "$profile" == cuda ]]; then
   bash "$(dirname "${BASH_SOURCE[0]}")/cudnn_stub.sh"
 fi
 

@@ -3,6 +3,7 @@
 # 20) over a copy of its checked-in corpus, with ASan + UBSan. Prints each
 # fuzzer's executions; exits non-zero on any crash, leak, sanitizer report
 # or timeout, leaving the input under $FUZZ_ARTIFACTS (default /tmp/fuzz-artifacts).
+# Runs as many fuzzers at a time as there are cores.
 # Usage: tests/fuzz/run_fuzzers.sh [SECONDS] [FUZZER...]
 # With FUZZ_RUNS=N each fuzzer stops after N executions (or SECONDS).
 set -uo pipefail
@@ -21,8 +22,9 @@ bazel build --config=fuzz "${targets[@]}" || exit 1
 bin="$(bazel info --config=fuzz bazel-bin)/tests/fuzz"
 artifacts="${FUZZ_ARTIFACTS:-/tmp/fuzz-artifacts}"
 mkdir -p "$artifacts"
-status=0
-for f in "${fuzzers[@]}"; do
+# One fuzzer per core at a time (each is one process).
+run_one() {
+  local f="$1" work log rc runs
   work="$(mktemp -d)"
   cp tests/fuzz/corpus/"$f"/* "$work"/
   log="$artifacts/$f.log"
@@ -35,10 +37,21 @@ for f in "${fuzzers[@]}"; do
   if [[ $rc -ne 0 ]]; then
     echo "FUZZ FAILED: $f (exit $rc); the input is under $artifacts/$f-*:"
     grep -E "ERROR|fuzz property broken|SUMMARY|Test unit written" "$log" | head -20
-    status=1
   else
     echo "fuzz ok: $f: ${runs:-?} executions (at most ${seconds} s) from $(ls tests/fuzz/corpus/"$f" | wc -l) seeds, corpus grown to $(ls "$work" | wc -l)"
   fi
   rm -rf "$work"
+  return $rc
+}
+status=0
+running=()
+for f in "${fuzzers[@]}"; do
+  if [[ ${#running[@]} -ge $(nproc) ]]; then
+    wait "${running[0]}" || status=1
+    running=("${running[@]:1}")
+  fi
+  run_one "$f" &
+  running+=($!)
 done
+for pid in "${running[@]}"; do wait "$pid" || status=1; done
 exit $status

@@ -1,107 +1,124 @@
 #!/bin/bash
 # `pip install --no-build-isolation .` from this checkout into a fresh
 # virtualenv made with --system-site-packages (so that it sees the
-# interpreter's torch), then the Python tests against the installed package
-# from outside the source tree. Run by .ci/run on the host (bookworm) and in
-# the trixie lane; also a way to check a pip install by hand.
-#   bash tests/python/pip_install_check.sh [--python PY] [--junit FILE] [--warm]
-#                                          [--install-only [--expect-nccl]]
-#     --python  the interpreter with the trainer's torch (default /usr/bin/python3)
-#     --junit   where the tests write their JUnit XML (none when the install fails)
-#     --warm    install a second time, reusing the build folder, and report its time
-#     --install-only  install and import, no tests (the CUDA lane: the pip build of
-#               the raw NCCL transport); --expect-nccl fails unless it was built
-# Prints the install's wall time; exits non-zero if the install or a test fails.
+# interpreter's torch), as the README's Python quick start runs it; then,
+# from outside the source tree, the installed package imports from the venv
+# and says pip built it, and trains one step on 4 processes
+# (tests/python/installed_check.py). Run by .ci/run on the host (Debian's
+# torch 1.13) and in the trixie lane (Debian's CUDA torch 2.6); also a way
+# to check a pip install by hand.
+#   bash tests/python/pip_install_check.sh [--python PY] [--junit FILE]
+#                                          [--expect-nccl] [--suite]
+#     --python       the interpreter with the trainer's torch (default /usr/bin/python3)
+#     --junit        each check above as a test case of FILE
+#     --expect-nccl  fail unless the raw NCCL transport was built (a CUDA torch)
+#     --suite        then the whole Python suite against the installed package,
+#                    its test cases in suite.xml beside FILE: the suite's run on
+#                    a torch that no Bazel lane runs it on (the trixie lane)
+# Prints the install's wall time; exits non-zero if a check or a test fails.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-python=/usr/bin/python3 junit="" warm=0 install_only=0 expect_nccl=0
+python=/usr/bin/python3 junit="" expect_nccl=0 suite=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --python|--junit)
       [[ -n "${2:-}" ]] || { echo "pip_install_check: $1 needs a value" >&2; exit 2; }
       if [[ "$1" == --python ]]; then python="$2"; else junit="$2"; fi
       shift 2 ;;
-    --warm) warm=1; shift ;;
-    --install-only) install_only=1; shift ;;
     --expect-nccl) expect_nccl=1; shift ;;
+    --suite) suite=1; shift ;;
     *) echo "pip_install_check: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+results="$work/results.tsv"
+: >"$results"
+failures=0
+check() {  # NAME STATUS MESSAGE
+  local result=pass
+  [[ "$2" -eq 0 ]] || { result=fail; failures=$((failures + 1)); }
+  printf '%s\t%s\t%s\n' "$1" "$result" "$(printf '%s' "$3" | tr '\t\n' '  ')" >>"$results"
+  echo "pip install check: $1: $result${3:+ ($3)}"
+}
+finish() {
+  if [[ -n "$junit" ]]; then
+    mkdir -p "$(dirname "$junit")"
+    python3 "$root/tests/testing/checks_to_junit.py" "$results" "$junit" pip_install \
+      tests.python.pip_install_check
+  fi
+  exit $((failures != 0 || ${1:-0} != 0))
+}
+
 venv="$work/venv"
 "$python" -m venv --system-site-packages "$venv" ||
-  { echo "pip_install_check: no venv" >&2; exit 1; }
-
-# The install, as a user runs it. --no-index: nothing to fetch (torch and
-# the build tools are the interpreter's).
-install() {
-  local started=$SECONDS
-  (cd "$root" && "$venv/bin/python" -m pip install --no-build-isolation --no-index --no-deps \
-    --force-reinstall . >"$work/pip.log" 2>&1)
-  local status=$?
-  seconds=$((SECONDS - started))
-  return $status
-}
+  { check makes_a_venv 1 "$python -m venv failed"; finish; }
+# --no-index: nothing to fetch (torch and the build tools are the interpreter's).
 rm -rf "$root/build"  # cold: nothing compiled yet
-if ! install; then
-  tail -n 60 "$work/pip.log"
-  echo "pip_install_check: pip install --no-build-isolation . failed (its log is above)"
-  exit 1
-fi
-echo "pip install --no-build-isolation . (cold): ${seconds} s"
-if [[ $warm -eq 1 ]]; then
-  if ! install; then
-    tail -n 40 "$work/pip.log"
-    echo "pip_install_check: the warm install failed"
-    exit 1
-  fi
-  echo "pip install --no-build-isolation . (warm, build folder kept): ${seconds} s"
-fi
+started=$SECONDS
+(cd "$root" && "$venv/bin/python" -m pip install --no-build-isolation --no-index --no-deps \
+  --force-reinstall . >"$work/pip.log" 2>&1)
+status=$?
+[[ $status -eq 0 ]] || tail -n 60 "$work/pip.log"
+check installs "$status" "pip install --no-build-isolation . in $((SECONDS - started)) s"
+[[ $status -eq 0 ]] || finish
 
 # Outside the source tree: the tests and the examples they run, copied.
 tree="$work/tree"
 mkdir -p "$tree/tests"
-cp -r "$root/tests/python" "$tree/tests/python"
+cp -r "$root/tests/python" "$root/tests/testing" "$tree/tests/"
 cp -r "$root/examples" "$tree/examples"
 cd "$tree"
 unset PYTHONPATH
-where="$("$venv/bin/python" -c 'import knapformer, os
-print(os.path.dirname(knapformer.__file__))')" ||
-  { echo "pip_install_check: the installed package does not import"; exit 1; }
-case "$where" in
-  "$venv"/*) echo "knapformer imported from $where" ;;
-  *) echo "pip_install_check: knapformer came from $where, not the venv"; exit 1 ;;
-esac
-"$venv/bin/python" - "$expect_nccl" <<'EOF' || exit 1
+"$venv/bin/python" - "$venv" "$expect_nccl" >"$work/import.log" 2>&1 <<'EOF'
+import os
 import sys
 
 import knapformer
 
+venv, expect_nccl = sys.argv[1], sys.argv[2] == "1"
+where = os.path.dirname(knapformer.__file__)
+assert where.startswith(venv), f"knapformer came from {where}, not the venv"
 info = knapformer.build_info
 print("build_info:", info)
 assert info["built_by"] == "pip", info
-if sys.argv[1] == "1":
+if expect_nccl:
     assert info["nccl_transport"] and knapformer._C.nccl_transport_available, \
         "the pip build of a CUDA torch left out the raw NCCL transport"
     print("raw NCCL transport: knapformer._C.NcclTransport", knapformer._C.NcclTransport)
 EOF
-[[ $install_only -eq 0 ]] || exit 0
+status=$?
+cat "$work/import.log"
+check imports_from_the_venv "$status" "$(tail -n 1 "$work/import.log")"
+timeout 600 "$venv/bin/python" tests/python/installed_check.py "$venv"
+check trains_a_step_on_4_processes $? "tests/python/installed_check.py"
+[[ $suite -eq 1 ]] || finish
 
-# Every test of the package, but those about the Bazel build itself
-# (pip_sources, pip_configure), the one comparing with the Bazel-built
-# command line, which this tree does not have, and the trainer setups (FSDP,
-# the example's options), which test how a trainer wraps its model, not the
-# install, and take minutes (the Bazel lanes run them).
+# The suite: every pytest file but the one about the Bazel build's source
+# list, every shell test of the package but the Bazel wheel's. The files
+# test_pip_configure.py reads come along; python/ holds no package, so the
+# venv's knapformer is the one imported.
+mkdir -p "$tree/python/knapformer" "$tree/third_party"
+cp "$root"/python/{pip_configure.py,package_facts.py,extension_sources.bzl,version.bzl} \
+  "$tree/python/"
+cp "$root/python/knapformer/_version.py" "$tree/python/knapformer/"
+cp "$root/third_party/torch_probe.py" "$tree/third_party/"
+cp "$root/README.md" "$root/setup.py" "$tree/"
 tests=()
 for file in tests/python/test_*.py; do
-  case "$(basename "$file")" in
-    test_pip_sources.py|test_pip_configure.py|test_fsdp.py|test_train_dit_options.py) ;;
-    *) tests+=("$file") ;;
-  esac
+  [[ "$(basename "$file")" == test_extension_sources.py ]] || tests+=("$file")
 done
-xml="${junit:-$work/pytest.xml}"
-mkdir -p "$(dirname "$xml")"
-PYTHONPATH="$tree/tests/python" timeout 2400 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-  -o junit_suite_name=pip_install --junitxml="$xml" \
+xml="$(dirname "${junit:-$work/x}")/suite.xml"
+PYTHONPATH="$tree/tests/python:$tree/python" timeout 3600 "$venv/bin/python" -m pytest -q \
+  -p no:cacheprovider -o junit_suite_name=pip_suite --junitxml="$xml" \
   --deselect tests/python/test_planner.py::test_plan_equals_the_command_line "${tests[@]}"
+suite_status=$?
+# The shell tests, as Bazel runs them (their runfiles are this tree).
+for test in example_test quickstart_test; do
+  TEST_SRCDIR="$work" TEST_WORKSPACE=tree TEST_TMPDIR="$(mktemp -d)" \
+    timeout 1200 bash "tests/python/$test.sh" "$venv/bin/python" >"$work/$test.log" 2>&1
+  status=$?
+  tail -n 20 "$work/$test.log"
+  check "$test" "$status" "$(grep -m1 '^PASS' "$work/$test.log")"
+done
+finish "$suite_status"
