@@ -3,13 +3,15 @@
 # Debian's CUDA torch 2.6 (scripts/debian_root.sh --profile cuda; the
 # checkout at /src, results to /out). No GPU: everything runs on the CPU,
 # and the CUDA paths are compiled, linked and imported.
-#   1. Bazel, --config=cuda --config=cxx20 (gcc 14, Abseil 20240722, Python
-#      3.13, CUDA 12.4 headers and NCCL 2.22, every file as C++20): the tests
-#      of the C++ that meets torch (those that link LibTorch,
-#      nccl_transport_test, train-sim's, the exchange calibration's) and the
-#      command line, built and run. The planner faults and replicas tests
-#      exercise the service, not torch: the host runs them. JUnit under
-#      /out/testlogs.
+#   1. Bazel, --config=cuda --config=cxx20 --config=asan (gcc 14, Abseil
+#      20240722, Python 3.13, CUDA 12.4 headers and NCCL 2.22, every file as
+#      C++20, ASan + UBSan with LeakSanitizer): the C++ tests that link
+#      LibTorch, which run only here (behaviour and memory safety against
+#      torch 2.6), and nccl_transport_test, built and run, and the command
+#      line built. The host runs the shell tests that use torch (train-sim's
+#      sets glibc's malloc, which ASan replaces; the planner's faults and
+#      replicas exercise the service; the exchange calibration loads the
+#      Python extension). JUnit under /out/testlogs.
 #   2. tests/python/pip_install_check.sh --suite --expect-nccl: pip install
 #      --no-build-isolation . (as C++17, with the raw NCCL transport) into a
 #      fresh venv, imported, one 4-process step, then the whole Python suite
@@ -23,11 +25,10 @@ trap 'bazel shutdown >/dev/null 2>&1 || true' EXIT
 
 python3 -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.version.cuda,
     "python", sys.version.split()[0])'
-flags=(--config=cuda --config=cxx20)
-tests="$(bazel query 'kind(".*_test", rdeps(//..., //third_party:torch))
-    + attr(tags, "torch", tests(//...)) + //tests/transport:nccl_transport_test
-    - tests(//tests/python/...) - //tests/tools:planner_faults_test
-    - //tests/tools:planner_replicas_test' 2>/dev/null | sort -u)"
+flags=(--config=cuda --config=cxx20 --config=asan
+  --test_env=LSAN_OPTIONS="suppressions=$PWD/tests/lsan_suppressions.txt")
+tests="$(bazel query 'kind(cc_test, rdeps(//..., //third_party:torch))
+    + //tests/transport:nccl_transport_test' 2>/dev/null | sort -u)"
 echo "tests in this lane:"
 echo "$tests" | sed 's/^/  /'
 bazel_status=0
