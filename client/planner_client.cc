@@ -38,6 +38,16 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// This rank's verdict on its own input: the caller's refusal, else its
+// masks, checked before they become messages (so that an unknown kind
+// cannot pass as full).
+absl::Status RefusedInput(const std::vector<int64_t>& lengths,
+                          const std::vector<AttentionMask>& masks,
+                          const absl::Status& caller_refused) {
+  if (!caller_refused.ok()) return caller_refused;
+  return CheckMaskList(lengths, masks, "attention_masks");
+}
+
 uint64_t DrawIncarnation() {
   std::random_device device;
   uint64_t drawn =
@@ -502,10 +512,7 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
                                              const std::vector<AttentionMask>& masks,
                                              const absl::Status& caller_refused) {
   Rep& rep = *rep_;
-  // This rank's own masks, checked before they become messages, so that an
-  // unknown kind cannot pass as full.
-  const absl::Status refused =
-      !caller_refused.ok() ? caller_refused : CheckMaskList(lengths, masks, "attention_masks");
+  const absl::Status refused = RefusedInput(lengths, masks, caller_refused);
   const auto start = std::chrono::steady_clock::now();
   rep.service_wait_seconds = 0;
   if (absl::Status sized = rep.CheckWorldSize(spec); !sized.ok()) return sized;
@@ -549,10 +556,7 @@ absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec, const std::vector
                                      const std::vector<AttentionMask>& masks,
                                      const absl::Status& caller_refused) {
   Rep& rep = *rep_;
-  // This rank's own masks, checked before they become messages, so that an
-  // unknown kind cannot pass as full.
-  const absl::Status refused =
-      !caller_refused.ok() ? caller_refused : CheckMaskList(lengths, masks, "attention_masks");
+  const absl::Status refused = RefusedInput(lengths, masks, caller_refused);
   rep.pending.reset();  // replaces an unused one, cancelling its call
   auto prefetched = std::make_unique<Prefetched>();
   prefetched->spec = spec;
