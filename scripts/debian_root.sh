@@ -154,6 +154,10 @@ else
   printf '#!/bin/sh\n# debian_root.sh: no byte-compiling while the root is made\nexit 0\n' \
     >"$partial/usr/local/bin/py3compile"
   chmod 755 "$partial/usr/local/bin/py3compile"
+  # No daemon a package installs (prometheus) starts in the root, ever.
+  printf '#!/bin/sh\n# debian_root.sh: a root never starts services\nexit 101\n' \
+    >"$partial/usr/sbin/policy-rc.d"
+  chmod 755 "$partial/usr/sbin/policy-rc.d"
   if ! in_root "$partial" bash scripts/setup.sh --profile "$profile" >&2 ||
      ! in_root "$partial" apt-get clean >&2; then
     echo "debian_root: scripts/setup.sh --profile $profile failed in the $release root" \

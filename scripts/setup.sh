@@ -94,6 +94,7 @@ if [[ "$profile" == cuda ]]; then
     libgloo-cuda-dev       # gloo/ headers for c10d's ProcessGroupGloo.hpp, CUDA build
     libnccl-dev            # NCCL for the raw NCCL transport (non-free)
     nvidia-cuda-dev        # the CUDA runtime's headers and libcudart (non-free)
+    prometheus             # promtool: metrics_test runs in the trixie lane (ASan)
   )
 else
   packages+=("${torch_packages[@]}")

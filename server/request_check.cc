@@ -1,6 +1,7 @@
 #include "server/request_check.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -115,8 +116,9 @@ absl::Status CheckTiming(const std::string& field, const v1::StepTiming& timing)
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".compute_seconds: must be a finite number in [0, 1e6], got ", seconds));
   }
-  for (const auto& [name, work] : {std::make_pair("linear_work", timing.linear_work()),
-                                   std::make_pair("attention_work", timing.attention_work())}) {
+  const std::pair<const char*, double> works[] = {{"linear_work", timing.linear_work()},
+                                                  {"attention_work", timing.attention_work()}};
+  for (const auto& [name, work] : works) {
     if (!std::isfinite(work) || work < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".", name, ": must be a finite number >= 0, got ", work));
