@@ -5,13 +5,16 @@
 # and the CUDA paths are compiled, linked and imported.
 #   1. Bazel, --config=cuda --config=cxx20 --config=asan (gcc 14, Abseil
 #      20240722, Python 3.13, CUDA 12.4 headers and NCCL 2.22, every file as
-#      C++20, ASan + UBSan with LeakSanitizer): every C++ test, which runs
-#      only here (its assertions and memory safety; those that link LibTorch
-#      against torch 2.6), but malloc_policy_test (it observes glibc's
-#      malloc, which ASan replaces: the host runs it plain); the command line
-#      built. The host runs the shell tests (train-sim's sets glibc's malloc;
-#      the planner's faults and replicas exercise the service; the exchange
-#      calibration loads the Python extension). JUnit under /out/testlogs.
+#      C++20, ASan + UBSan with LeakSanitizer): everything built (the Python
+#      extension with the raw NCCL transport, the Bazel wheel, the command
+#      line, train-sim, the benchmarks); every C++ test run, its one run
+#      under ASan (its assertions and memory safety; those that link LibTorch
+#      against torch 2.6, which the host also runs plain on torch 1.13), but
+#      malloc_policy_test (it observes glibc's malloc, which ASan replaces:
+#      the host runs it). The host runs the shell tests (train-sim's sets
+#      glibc's malloc; the planner's faults and replicas exercise the
+#      service; the exchange calibration loads the Python extension). JUnit
+#      under /out/testlogs.
 #   2. tests/python/pip_install_check.sh --suite --expect-nccl: pip install
 #      --no-build-isolation . (as C++17, with the raw NCCL transport) into a
 #      fresh venv, imported, one 4-process step, then the whole Python suite
@@ -27,17 +30,20 @@ python3 -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.v
     "python", sys.version.split()[0])'
 flags=(--config=cuda --config=cxx20 --config=asan
   --test_env=LSAN_OPTIONS="suppressions=$PWD/tests/lsan_suppressions.txt")
-tests="$(bazel query 'kind(cc_test, //...) - //tests/tools:malloc_policy_test' 2>/dev/null)"
+tests="$(bazel query 'kind(cc_test, //...) - //tests/common:malloc_policy_test' 2>/dev/null)"
 [[ -n "$tests" ]] || { echo "bazel query found no C++ tests"; echo "bazel=1 pip=1" >/out/status; exit 1; }
 echo "tests in this lane:"
 echo "$tests" | sed 's/^/  /'
 bazel_status=0
+logs="$(bazel info "${flags[@]}" bazel-testlogs 2>/dev/null)"
+rm -rf "$logs"  # Bazel's cache stays in the root: count only this run's
+# Everything builds (the Python extension with the raw NCCL transport, the
+# Bazel wheel, train-sim, the benchmarks); the C++ tests run.
+bazel build "${flags[@]}" --keep_going //... || bazel_status=$?
 # shellcheck disable=SC2086  # one target per word
-bazel test "${flags[@]}" --keep_going --nocache_test_results //tools:knapformer $tests ||
-  bazel_status=$?
+bazel test "${flags[@]}" --keep_going --nocache_test_results $tests || bazel_status=$?
 rm -rf /out/testlogs
 mkdir -p /out/testlogs
-logs="$(bazel info "${flags[@]}" bazel-testlogs 2>/dev/null)"
 (cd "$logs" && find . -name test.xml -print0 | tar --null -T - -cf -) | tar -xf - -C /out/testlogs
 bazel shutdown >/dev/null 2>&1
 

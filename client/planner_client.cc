@@ -19,13 +19,11 @@
 #include "client/planner_link.h"
 #include "client/planner_target.h"
 #include "client/rank_report.h"
+#include "client/step_plan.h"
 #include "client/step_requests.h"
 #include "common/log.h"
-#include "planner/calibration.h"
-#include "planner/step_solve.h"
-#include "proto/mask_proto.h"
+#include "planner/attention_mask.h"
 #include "proto/plan_proto.h"
-#include "proto/step_problem.h"
 #include "transport/agreement.h"
 
 namespace knapformer {

@@ -73,8 +73,8 @@ struct PlannerClientOptions {
   absl::Duration probe_interval = absl::Seconds(1);
   absl::Duration probe_deadline = absl::Seconds(1);
   // The run's incarnation (StepSpec.incarnation), unless the spec sets one:
-  // 0 = the ranks agree on a random one at their first step (one 8-byte
-  // all-gather). The service keeps each incarnation's steps apart, so a run
+  // 0 = the ranks agree on a random one at their first step (one small
+  // all-gather of rank 0's draw). The service keeps each incarnation's steps apart, so a run
   // restarted from a checkpoint replays its step numbers without conflicts
   // and other runs of the same job id never meet it. Set it only to make a
   // run's requests reproducible.

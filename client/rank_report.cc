@@ -81,11 +81,10 @@ absl::StatusOr<Gathered> Digest(std::vector<RankReport> reports, int probing_ran
                        CallName(reports[0].call()), "; every rank must prefetch a step, or none"));
     }
   }
-  for (size_t r = 0; r < reports.size(); ++r) {
-    absl::Status verdict =
-        StatusOf(reports[r].verdict(), static_cast<int>(r), absl::StrCat("rank ", r, ": "));
-    if (!verdict.ok()) return verdict;
-  }
+  std::vector<agreement::Verdict> verdicts;
+  verdicts.reserve(reports.size());
+  for (const RankReport& report : reports) verdicts.push_back(report.verdict());
+  if (absl::Status failed = FirstFailure(verdicts); !failed.ok()) return failed;
   Gathered gathered;
   absl::StatusOr<RankMasks> masks = GatheredMasks(reports);
   if (!masks.ok()) return masks.status();
@@ -149,11 +148,11 @@ absl::Status CheckOutcome(const StepOutcome& outcome, int rank) {
     return absl::InternalError(
         absl::StrCat("rank ", rank, " reported an unknown outcome (", outcome.outcome(), ")"));
   }
-  if (absl::Status code = CheckVerdictCode(outcome.status(), rank); !code.ok()) return code;
-  if (outcome.outcome() != StepOutcome::GOT_PLAN && outcome.status().code() == 0) {
-    return absl::InternalError(absl::StrCat("rank ", rank, " reported outcome ",
-                                            StepOutcome::Outcome_Name(outcome.outcome()),
-                                            " without an error"));
+  if (absl::Status code = CheckVerdict(outcome.status(), rank); !code.ok()) return code;
+  if ((outcome.outcome() == StepOutcome::GOT_PLAN) != (outcome.status().code() == 0)) {
+    return absl::InternalError(absl::StrCat(
+        "rank ", rank, " reported outcome ", StepOutcome::Outcome_Name(outcome.outcome()),
+        outcome.status().code() == 0 ? " without an error" : " with an error"));
   }
   return absl::OkStatus();
 }

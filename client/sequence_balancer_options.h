@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "client/planner_client.h"
+#include "client/planner_client_options.h"
 #include "planner/cost_model.h"
 #include "planner/machine.h"
 

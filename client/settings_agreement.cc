@@ -10,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "client/settings_agreement.pb.h"
 #include "planner/cost_model.h"
-#include "transport/agreement.h"
+#include "transport/transport.h"
 
 namespace knapformer {
 namespace {
@@ -131,10 +131,11 @@ absl::Status CheckSettingsAgree(const std::vector<std::string>& encoded) {
 }
 
 absl::Status AgreeOnSettings(Transport& world, const SharedSettings& mine) {
-  absl::StatusOr<std::vector<client::SharedSettingList>> all =
-      AllGatherMessages(world, ListOf(mine));
+  // The bytes, decoded by CheckSettingsAgree: the Python binding's path
+  // (its all-gather is torch.distributed's), so both name the same fault.
+  absl::StatusOr<std::vector<std::string>> all = world.AllGatherBytes(EncodeSettings(mine));
   if (!all.ok()) return all.status();
-  return Differ(Disagreement(*all));
+  return CheckSettingsAgree(*all);
 }
 
 }  // namespace knapformer

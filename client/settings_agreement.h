@@ -36,9 +36,9 @@ std::string SettingsDisagreement(const std::vector<std::string>& encoded);
 // FailedPrecondition carrying SettingsDisagreement's reason, or OK.
 absl::Status CheckSettingsAgree(const std::vector<std::string>& encoded);
 
-// Collective over `world`: all-gathers the settings; CheckSettingsAgree's
-// error on every rank when they differ, the transport's when the
-// all-gather fails.
+// Collective over `world`: all-gathers the encoded settings and returns
+// CheckSettingsAgree's verdict on them (the same on every rank), or the
+// transport's error when the all-gather fails.
 absl::Status AgreeOnSettings(Transport& world, const SharedSettings& mine);
 
 }  // namespace knapformer

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Runs a command inside a root file system of another Debian release, over a
-# copy of this checkout at /src; the torch 2.x and CUDA lanes of .ci/run use it.
+# copy of this checkout at /src; .ci/run's trixie lane and offline recipe use it.
 #   bash scripts/debian_root.sh --release trixie --profile cuda [--out DIR] [--offline] \
 #     -- COMMAND...
 #   bash scripts/debian_root.sh --release trixie --profile cuda --prepare
@@ -16,8 +16,9 @@
 # setup.sh runs; Python compiles what it imports): about a third of the
 # time to make one. It is cached in
 # $KNAPFORMER_ROOT_CACHE (default ~/.cache/knapformer/roots) under a name
-# that hashes the mmdebstrap arguments, scripts/setup.sh and the script it
-# runs (cudnn_stub.sh): a change of any (a package list) makes a new root and
+# that hashes the mmdebstrap arguments, scripts/setup.sh, the script it runs
+# (cudnn_stub.sh) and the stand-ins this script puts in the root: a change of
+# any (a package list) makes a new root and
 # removes the release and profile's older ones; a root older than 7 days is
 # made again (Debian's updates). Bazel's cache lives in the root (/root/.cache/bazel), so a
 # second run rebuilds only what changed.
@@ -79,7 +80,12 @@ mmdebstrap_args=(--quiet --variant=minbase
   --dpkgopt='force-unsafe-io'
   --include=ca-certificates
   "$release")
-key="$( { printf '%s\n' "${mmdebstrap_args[@]}" "$profile"
+# Stand-ins put in the root while it is made: Debian's py3compile (removed
+# after setup.sh) and a policy-rc.d that keeps every service a package
+# installs (prometheus) from starting, in the root for good.
+py3compile_stub=$'#!/bin/sh\n# debian_root.sh: no byte-compiling while the root is made\nexit 0\n'
+policy_rc_stub=$'#!/bin/sh\n# debian_root.sh: a root never starts services\nexit 101\n'
+key="$( { printf '%s\n' "${mmdebstrap_args[@]}" "$profile" "$py3compile_stub" "$policy_rc_stub"
   cat "$repo/scripts/setup.sh" "$repo/scripts/cudnn_stub.sh"; } | sha256sum | cut -c1-12)"
 root="$cache/$release-$profile-$key"
 
@@ -151,13 +157,9 @@ else
     in_root "$partial" update-ca-certificates >/dev/null 2>&1
   fi
   # Maintainer scripts find py3compile on PATH; /usr/local/bin comes first.
-  printf '#!/bin/sh\n# debian_root.sh: no byte-compiling while the root is made\nexit 0\n' \
-    >"$partial/usr/local/bin/py3compile"
-  chmod 755 "$partial/usr/local/bin/py3compile"
-  # No daemon a package installs (prometheus) starts in the root, ever.
-  printf '#!/bin/sh\n# debian_root.sh: a root never starts services\nexit 101\n' \
-    >"$partial/usr/sbin/policy-rc.d"
-  chmod 755 "$partial/usr/sbin/policy-rc.d"
+  printf '%s' "$py3compile_stub" >"$partial/usr/local/bin/py3compile"
+  printf '%s' "$policy_rc_stub" >"$partial/usr/sbin/policy-rc.d"
+  chmod 755 "$partial/usr/local/bin/py3compile" "$partial/usr/sbin/policy-rc.d"
   if ! in_root "$partial" bash scripts/setup.sh --profile "$profile" >&2 ||
      ! in_root "$partial" apt-get clean >&2; then
     echo "debian_root: scripts/setup.sh --profile $profile failed in the $release root" \

@@ -3,7 +3,8 @@
 # as root). Idempotent: does nothing when all are present; `apt-get update`
 # runs once, only when something is missing.
 #   bash scripts/setup.sh                  # everything .ci/run needs (--profile all)
-#   bash scripts/setup.sh --profile torch  # the build and its torch-facing tests only
+#   bash scripts/setup.sh --profile torch  # the build and the Python package, without
+#       the tools of the fuzzers, TSan, promtool, the image and the Debian roots
 #   bash scripts/setup.sh --profile cuda
 #       torch, but Debian's CUDA torch, NCCL and CUDA headers (trixie's contrib
 #       and non-free) on a machine without a GPU or network: everything builds

@@ -129,7 +129,7 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*co
     gamma_fits_.AddTiming(request->spec(), request->rank(), request->previous());
   }
   Rendezvous::Arrival arrival = rendezvous_.Arrive(call, *std::move(checked), absl::Now());
-  if (arrival.lifetime_changed) SyncGammaFits();
+  SyncGammaFits();
   for (const FailedCalls& evicted : arrival.evicted) {
     for (PendingCall* waiting : evicted.calls) {
       static_cast<PlanCall*>(waiting)->FinishWith(evicted.status);
@@ -254,9 +254,8 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
   };
   auto checked = CheckPlanGroupRequest(*request, options_.limits, &worlds_);
   absl::Status status = checked.status();
-  bool lifetime_changed = false;
-  if (status.ok()) status = rendezvous_.Touch(request->spec(), absl::Now(), &lifetime_changed);
-  if (lifetime_changed) SyncGammaFits();
+  if (status.ok()) status = rendezvous_.Touch(request->spec(), absl::Now());
+  SyncGammaFits();
   if (!status.ok()) {
     finish(status);
     return reactor;

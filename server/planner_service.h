@@ -99,9 +99,10 @@ class PlannerService final : public v1::Planner::CallbackService {
   // is injected; else as ScheduleAnswer does.
   void SolveNowOrSchedule(int64_t sequences, std::function<void()> task);
   // Adds to and forgets from the gamma fits what the rendezvous added and
-  // forgot (its lifetime log), in its order. Called after each rendezvous
-  // call that reports a change, before the caller goes on, and after
-  // DropIdleJobs: when it returns, that call's changes are applied.
+  // forgot (its lifetime log), in its order. Called after every Arrive,
+  // Touch and DropIdleJobs, before the caller touches the fits: when it
+  // returns, that call's changes and every earlier one are applied (a call
+  // that finds the log empty still waits for one applying what it took).
   void SyncGammaFits();
 
   class CountedReactor;

@@ -181,7 +181,6 @@ std::vector<LifetimeEvent> Rendezvous::TakeLifetimeEvents() {
 Rendezvous::Arrival Rendezvous::Arrive(PendingCall* call, CheckedSpec checked, absl::Time now) {
   absl::MutexLock lock(&mu_);
   Arrival arrival = ArriveLocked(call, std::move(checked), now);
-  arrival.lifetime_changed = !lifetime_.empty();
   return arrival;
 }
 
@@ -379,12 +378,10 @@ std::vector<PendingCall*> Rendezvous::Close() {
   return calls;
 }
 
-absl::Status Rendezvous::Touch(const v1::StepSpec& spec, absl::Time now,
-                              bool* lifetime_changed) {
+absl::Status Rendezvous::Touch(const v1::StepSpec& spec, absl::Time now) {
   absl::MutexLock lock(&mu_);
   absl::Status status = absl::UnavailableError("the planner is shutting down; retry elsewhere");
   if (!closed_) status = FindOrCreateGroup(spec, now).status();
-  if (lifetime_changed != nullptr) *lifetime_changed = !lifetime_.empty();
   return status;
 }
 

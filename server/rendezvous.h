@@ -90,8 +90,6 @@ class Rendezvous {
     // A step another job gave up to make room for this one (see Arrive):
     // answer its calls with the status. Set even when `status` is not OK.
     std::vector<FailedCalls> evicted;
-    // The lifetime log holds events (maybe this call's): take them.
-    bool lifetime_changed = false;
   };
 
   // Adds `call`, whose request passed CheckPlanRequest (giving `checked`).
@@ -122,9 +120,8 @@ class Rendezvous {
   // Creates the job and group if needed, for a PlanGroup request (which has
   // no rendezvous). ResourceExhausted past max_jobs (when every job has a
   // pending step; otherwise the least recently active idle job is evicted)
-  // or max_groups_per_job. `lifetime_changed` (optional): set as Arrival's.
-  absl::Status Touch(const v1::StepSpec& spec, absl::Time now,
-                     bool* lifetime_changed = nullptr);
+  // or max_groups_per_job.
+  absl::Status Touch(const v1::StepSpec& spec, absl::Time now);
 
   // Records a solved step in its group's state (no-op if the job was
   // dropped).
@@ -147,8 +144,8 @@ class Rendezvous {
   // state kept beside it can be added and forgotten in step. Arrive, Touch
   // and DropIdleJobs log them. The log grows by an event or two per group
   // incarnation created until taken: whoever keeps such state takes it after
-  // each call that reports lifetime_changed, and after each DropIdleJobs,
-  // applying what it took before another caller takes more.
+  // each Arrive, Touch and DropIdleJobs, applying what it took before
+  // another caller takes more (and before using that state).
   std::vector<LifetimeEvent> TakeLifetimeEvents();
 
   // NotFound for an unknown job.

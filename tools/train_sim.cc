@@ -551,7 +551,7 @@ int RunWorker(const SimOptions& o) {
     }
 
     absl::StatusOr<std::vector<tools::RankStep>> all = AllGatherMessages(*transport, mine);
-    for (int r = 0; all.ok() && r < o.procs; ++r) {
+    for (int r = 0; all.ok() && r < static_cast<int>(all->size()); ++r) {
       if ((*all)[r].balanced_size() != kinds) {
         all = absl::InternalError(absl::StrCat("rank ", r, " reported ",
                                                (*all)[r].balanced_size(), " topologies, not ",

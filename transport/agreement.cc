@@ -24,17 +24,21 @@ agreement::Verdict VerdictOf(const absl::Status& status, int64_t row_bytes) {
   return verdict;
 }
 
-absl::Status CheckVerdictCode(const agreement::Verdict& verdict, int rank) {
+absl::Status CheckVerdict(const agreement::Verdict& verdict, int rank) {
   const int32_t code = verdict.code();
-  if (code >= 0 && code <= static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
-    return absl::OkStatus();
+  if (code < 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
+    return absl::InternalError(absl::StrCat("agreement: rank ", rank, " sent status code ", code,
+                                            ", which is none of absl's: ", verdict.message()));
   }
-  return absl::InternalError(absl::StrCat("agreement: rank ", rank, " sent status code ", code,
-                                          ", which is none of absl's: ", verdict.message()));
+  if (verdict.has_row_bytes() && verdict.row_bytes() < 0) {
+    return absl::InternalError(absl::StrCat("agreement: rank ", rank, " sent a row size of ",
+                                            verdict.row_bytes(), " bytes"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StatusOf(const agreement::Verdict& verdict, int rank, const std::string& prefix) {
-  if (absl::Status code = CheckVerdictCode(verdict, rank); !code.ok()) return code;
+  if (absl::Status code = CheckVerdict(verdict, rank); !code.ok()) return code;
   if (verdict.code() == 0) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(verdict.code()), prefix + verdict.message());
 }

@@ -53,11 +53,12 @@ absl::StatusOr<Message> BroadcastMessage(Transport& transport, int root, const M
 // `status` as a verdict; row_bytes < 0 leaves the row size unset.
 agreement::Verdict VerdictOf(const absl::Status& status, int64_t row_bytes = -1);
 
-// Internal naming `rank` unless the verdict's code is an absl::StatusCode.
-absl::Status CheckVerdictCode(const agreement::Verdict& verdict, int rank);
+// Internal naming `rank` unless the verdict's code is an absl::StatusCode
+// and its row size, if set, is not negative.
+absl::Status CheckVerdict(const agreement::Verdict& verdict, int rank);
 
 // The status `verdict` carries (its code and message; `prefix` before the
-// message, e.g. "rank 3: "), or CheckVerdictCode's error.
+// message, e.g. "rank 3: "), or CheckVerdict's error.
 absl::Status StatusOf(const agreement::Verdict& verdict, int rank, const std::string& prefix = "");
 
 // How a group's verdicts fold into one status.

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "transport/transport.h"
 
 namespace knapformer {
 namespace {
@@ -28,7 +29,26 @@ std::vector<int64_t> RefusingVerdict(int rank, int /*size*/) {
 }
 
 absl::Status JudgeVerdicts(const std::vector<int64_t>& verdicts, int size) {
+  if (size <= 0 || verdicts.size() != static_cast<size_t>(size) * kVerdictFields) {
+    return absl::InternalError(absl::StrCat("exchange verdicts: ", verdicts.size(),
+                                            " fields for a group of ", size, " (", kVerdictFields,
+                                            " per rank)"));
+  }
   auto field = [&](int rank, int index) { return verdicts[rank * kVerdictFields + index]; };
+  // What a peer sent is checked before it is read: a pair inside the group
+  // (or none), a row size that is one or refused.
+  const int64_t pairs = int64_t{size} * size;
+  for (int p = 0; p < size; ++p) {
+    const int64_t pair = field(p, 0);
+    if ((pair < 0 || pair >= pairs) && pair != kNoMismatch) {
+      return absl::InternalError(absl::StrCat("exchange verdicts: rank ", p, " names rank pair ",
+                                              pair, ", outside a group of ", size));
+    }
+    if (field(p, 3) < kRefused) {
+      return absl::InternalError(
+          absl::StrCat("exchange verdicts: rank ", p, " sent a row size of ", field(p, 3)));
+    }
+  }
   for (int p = 0; p < size; ++p) {
     if (field(p, 3) == kRefused) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -48,9 +68,8 @@ absl::Status JudgeVerdicts(const std::vector<int64_t>& verdicts, int size) {
   }
   const int64_t pair = field(first, 0);
   if (pair == kNoMismatch) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("recv_rows: rank ", pair / size, " expects ",
-                                                 field(first, 1), " rows from rank ", pair % size,
-                                                 ", which sends it ", field(first, 2)));
+  return RecvRowsMismatch(static_cast<int>(pair / size), static_cast<int>(pair % size),
+                          field(first, 1), field(first, 2));
 }
 
 std::vector<PeerTransfer> PeerTransfers(const std::vector<int64_t>& send_rows,

@@ -9,6 +9,12 @@
 
 namespace knapformer {
 
+absl::Status RecvRowsMismatch(int receiver, int sender, int64_t expected, int64_t sent) {
+  return absl::InvalidArgumentError(absl::StrCat("recv_rows: rank ", receiver, " expects ",
+                                                 expected, " rows from rank ", sender,
+                                                 ", which sends it ", sent));
+}
+
 absl::Status CheckRowVectorSizes(const std::vector<int64_t>& send_rows,
                                  const std::vector<int64_t>& recv_rows, int group_size) {
   if (static_cast<int>(send_rows.size()) != group_size ||
@@ -114,9 +120,7 @@ absl::Status Transport::CheckRowCounts(const std::vector<int64_t>& send_rows,
   absl::Status mine;
   for (int p = 0; p < n; ++p) {
     if (sent_to_me[p] != recv_rows[p]) {
-      mine = absl::InvalidArgumentError(absl::StrCat("recv_rows: rank ", rank(), " expects ",
-                                                     recv_rows[p], " rows from rank ", p,
-                                                     ", which sends it ", sent_to_me[p]));
+      mine = RecvRowsMismatch(rank(), p, recv_rows[p], sent_to_me[p]);
       break;
     }
   }

@@ -20,6 +20,10 @@ namespace knapformer {
 // wire does not: the rows a rank expects from each peer must equal the rows
 // that peer sends it (InvalidArgument otherwise), so a plan bug is an error,
 // never uninitialised or lost rows.
+// The error every backend returns, on every rank, when the counts disagree:
+// `receiver` expects `expected` rows from `sender`, which sends it `sent`.
+absl::Status RecvRowsMismatch(int receiver, int sender, int64_t expected, int64_t sent);
+
 // InvalidArgument unless send_rows and recv_rows both have one entry per
 // rank of a group of `group_size`: every backend's first check.
 absl::Status CheckRowVectorSizes(const std::vector<int64_t>& send_rows,

@@ -52,7 +52,10 @@ def report(value):
     _report(value)
 
 
-def _store_barrier(store, key, size, timeout_s):
+def store_barrier(store, key, size, timeout_s):
+    """Returns once `size` processes have called it with this key on this
+    store (a barrier without a process group); raises RuntimeError after
+    timeout_s."""
     store.add(key, 1)
     deadline = time.monotonic() + timeout_s
     while store.add(key, 0) < size:
@@ -125,7 +128,7 @@ def _rank_main(target, rank, size, port, args, results, options):
     if store is not None and options["exit_together"]:
         # Exit together: a rank gone early can break its peers' last collective.
         try:
-            _store_barrier(store, "knapformer_launch/done", size, 30)
+            store_barrier(store, "knapformer_launch/done", size, 30)
         except Exception:  # noqa: BLE001
             pass
     # Not torch's teardown at exit: with a dead or stuck peer it can wait for ever.
@@ -230,9 +233,11 @@ def run_world(fn, size, *args, timeout=240, group_timeout=60, allow_errors=False
     within `timeout` s. With allow_errors, a rank that raised gives ("error",
     traceback) and one that exited without a report ("exited", exit code)
     instead, and the others' results are ("ok", value)."""
-    outcomes = run_ranks(fn, size, args, timeout_s=timeout, backend=backend,
-                         group=backend is None, group_timeout_s=group_timeout, threads=1,
-                         hide_gpus=True, fail_fast=not allow_errors)
+    # A rank's store waits end with its group's (group_timeout), so a rank
+    # waiting on a dead peer raises rather than outliving the world.
+    outcomes = run_ranks(fn, size, args, timeout_s=timeout, store_timeout_s=group_timeout,
+                         backend=backend, group=backend is None, group_timeout_s=group_timeout,
+                         threads=1, hide_gpus=True, fail_fast=not allow_errors)
     if allow_errors:
         late = [r for r, (kind, _) in enumerate(outcomes) if kind == "timeout"]
         if late:

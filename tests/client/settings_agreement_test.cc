@@ -101,6 +101,9 @@ TEST(SettingsAgreement, RanksAreListedAsRunsMinorityFirst) {
 TEST(SettingsAgreement, ValuesWithNewlinesAndForeignBlobsAreSafe) {
   auto odd = WithLastRank(2, [](auto& o) { o.job_id = "a\nb=c"; });
   EXPECT_EQ(SettingsDisagreement(odd), "job_id is 'default' on rank 0 but 'a\\nb=c' on rank 1");
+  // Not UTF-8: still carried and named (escaped), not refused as undecodable.
+  auto binary = WithLastRank(2, [](auto& o) { o.job_id = "j\xff"; });
+  EXPECT_EQ(SettingsDisagreement(binary), "job_id is 'default' on rank 0 but 'j\\xff' on rank 1");
   std::vector<std::string> foreign = WithLastRank(2, [](SequenceBalancerOptions&) {});
   foreign[1] = EncodeSettings({{"topology", "g1n4"}});
   EXPECT_THAT(SettingsDisagreement(foreign), HasSubstr("rank 1 has 1 settings"));

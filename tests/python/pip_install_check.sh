@@ -4,9 +4,10 @@
 # interpreter's torch), as the README's Python quick start runs it; then,
 # from outside the source tree, the installed package imports from the venv
 # and says pip built it, and trains one step on 4 processes
-# (tests/python/installed_check.py). Run by .ci/run on the host (Debian's
-# torch 1.13) and in the trixie lane (Debian's CUDA torch 2.6); also a way
-# to check a pip install by hand.
+# (tests/python/installed_check.py). Run by .ci/run's trixie lane (Debian's
+# CUDA torch 2.6, with --suite: the Python suite's run on torch 2.6; the
+# offline recipe proves pip on bookworm's torch 1.13); also a way to check
+# a pip install by hand.
 #   bash tests/python/pip_install_check.sh [--python PY] [--junit FILE]
 #                                          [--expect-nccl] [--suite]
 #     --python       the interpreter with the trainer's torch (default /usr/bin/python3)

@@ -1103,24 +1103,20 @@ TEST(RendezvousTest, TheLifetimeLogNamesEveryGroupAddedAndEveryGroupAndJobForgot
   limits.max_pending_steps_per_job = 1;
   limits.job_ttl = absl::Minutes(5);
   Rendezvous rendezvous{limits};
-  bool changed = false;
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "a"), kT0, &changed).ok());
-  EXPECT_TRUE(changed);
+  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "a"), kT0).ok());
   EXPECT_THAT(TakeLifetime(rendezvous), ElementsAre("+a//0"));
-  ASSERT_TRUE(rendezvous.Touch(Spec(2, 4, "a"), kT0, &changed).ok());
-  EXPECT_FALSE(changed);
+  ASSERT_TRUE(rendezvous.Touch(Spec(2, 4, "a"), kT0).ok());
   EXPECT_THAT(TakeLifetime(rendezvous), IsEmpty());
 
   // A new incarnation replaces the group.
   auto a7 = Call(Incarnation(Spec(1, 4, "a"), 7), 0);
   Rendezvous::Arrival arrival = Arrive(rendezvous, a7.get(), kT0 + absl::Seconds(1));
   ASSERT_TRUE(arrival.status.ok()) << arrival.status;
-  EXPECT_TRUE(arrival.lifetime_changed);
   EXPECT_THAT(TakeLifetime(rendezvous), ElementsAre("-a//0", "+a//7"));
   auto a7r1 = Call(Incarnation(Spec(1, 4, "a"), 7), 1);
   arrival = Arrive(rendezvous, a7r1.get(), kT0 + absl::Seconds(1));
   ASSERT_TRUE(arrival.status.ok()) << arrival.status;
-  EXPECT_FALSE(arrival.lifetime_changed);
+  EXPECT_THAT(TakeLifetime(rendezvous), IsEmpty());
 
   // At max_jobs a new job evicts the idle one.
   ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "b", "g"), kT0 + absl::Seconds(2)).ok());
@@ -1128,7 +1124,6 @@ TEST(RendezvousTest, TheLifetimeLogNamesEveryGroupAddedAndEveryGroupAndJobForgot
   auto c = Call(Spec(1, 4, "c"), 0);
   arrival = Arrive(rendezvous, c.get(), kT0 + absl::Seconds(3));
   ASSERT_TRUE(arrival.status.ok()) << arrival.status;
-  EXPECT_TRUE(arrival.lifetime_changed);
   EXPECT_THAT(TakeLifetime(rendezvous), ElementsAre("-b", "+c//0"));
 
   // A refused request's group is added and forgotten at once; one refused
@@ -1136,15 +1131,12 @@ TEST(RendezvousTest, TheLifetimeLogNamesEveryGroupAddedAndEveryGroupAndJobForgot
   auto c_vae = Call(Spec(1, 4, "c", "vae"), 0);
   arrival = Arrive(rendezvous, c_vae.get(), kT0 + absl::Seconds(4));
   EXPECT_EQ(arrival.status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_TRUE(arrival.lifetime_changed);
   EXPECT_THAT(TakeLifetime(rendezvous), ElementsAre("+c/vae/0", "-c/vae/0"));
   auto d = Call(Spec(1, 4, "d"), 0);
   arrival = Arrive(rendezvous, d.get(), kT0 + absl::Seconds(4));
   EXPECT_EQ(arrival.status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_FALSE(arrival.lifetime_changed);
-  EXPECT_EQ(rendezvous.Touch(Spec(1, 4, "d"), kT0, &changed).code(),
-            absl::StatusCode::kResourceExhausted);
-  EXPECT_FALSE(changed);
+  EXPECT_EQ(rendezvous.Touch(Spec(1, 4, "d"), kT0).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(TakeLifetime(rendezvous), IsEmpty());
 
   // Idle jobs are dropped; the evicted one is reported by DropIdleJobs again
   // (for the log) but was logged once, when it went.

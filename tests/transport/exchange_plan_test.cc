@@ -3,6 +3,7 @@
 // send/recv pairs of an all-to-all.
 #include "transport/exchange_plan.h"
 
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -59,6 +60,24 @@ TEST(ExchangePlan, ARefusingRankFailsEveryRank) {
   absl::Status status = JudgeVerdicts(verdicts, 3);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), testing::HasSubstr("rank 1 refused"));
+}
+
+TEST(ExchangePlan, VerdictsFromOutsideTheGroupAreRefusedBeforeTheyAreRead) {
+  std::vector<int64_t> verdicts = Verdicts(kRows, kExpected, {8, 8, 8});
+  verdicts.pop_back();
+  EXPECT_EQ(JudgeVerdicts(verdicts, 3).code(), absl::StatusCode::kInternal);
+  for (const int64_t pair : {int64_t{-1}, int64_t{9}}) {  // 3 x 3 pairs: 0..8
+    verdicts = Verdicts(kRows, kExpected, {8, 8, 8});
+    verdicts[kVerdictFields] = pair;  // rank 1's pair
+    absl::Status status = JudgeVerdicts(verdicts, 3);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+    EXPECT_THAT(std::string(status.message()),
+                testing::HasSubstr("rank 1 names rank pair " + std::to_string(pair)));
+  }
+  verdicts = Verdicts(kRows, kExpected, {8, 8, 8});
+  verdicts[2 * kVerdictFields + 3] = -2;  // rank 2's row size
+  EXPECT_THAT(std::string(JudgeVerdicts(verdicts, 3).message()),
+              testing::HasSubstr("rank 2 sent a row size of -2"));
 }
 
 TEST(ExchangePlan, PeerTransfersSkipEmptyPairsAndKeepOffsets) {

@@ -403,14 +403,33 @@ class _Watchdog:
                 os._exit(status)
 
 
+_HUNG = "hung; the run ended there"
+_AFTER_A_HANG = "not run: an earlier check hung"
+
+
 def _hung_results(results, name, bound_s, reasons):
     done = list(results)
     done.append(result(name, "FAIL", f"did not finish within {bound_s:g} s (--timeout-s): "
-                                     "hung; the run ended there"))
+                                     f"{_HUNG}"))
     for other, _ in _WORLD_CHECKS[len(done):]:
-        done.append(result(other, "SKIP", reasons.get(other) or "not run: an earlier "
-                                                                 "check hung"))
+        done.append(result(other, "SKIP", reasons.get(other) or _AFTER_A_HANG))
     return done
+
+
+def _ended_at_a_hang(per_check, names, reasons):
+    """per_check with every check after the first that hung on some rank SKIPped on
+    every rank: the run ended there, whatever a peer of the hung rank did once that
+    rank had gone (its next collectives fail against a closed connection)."""
+    hung = [i for i, name in enumerate(names)
+            if any(isinstance(r, dict) and r["verdict"] == "FAIL" and _HUNG in r["detail"]
+                   for r in per_check[name].values())]
+    if not hung:
+        return per_check
+    ended = dict(per_check)
+    for name in names[hung[0] + 1:]:
+        ended[name] = {rank: result(name, "SKIP", reasons.get(name) or _AFTER_A_HANG)
+                       for rank in per_check[name]}
+    return ended
 
 
 _BY_NAME = {**cuda_checks.WORLD_CHECKS, **step_checks.WORLD_CHECKS, **fsdp_checks.WORLD_CHECKS}
@@ -523,7 +542,7 @@ def _run_cpu(opts, fault, argv):
                              timeout_s=2 * opts.timeout_s + 120, backend="gloo",
                              group_timeout_s=_group_timeout_s(opts), threads=1,
                              exit_together=True)
-        per_check = _world_results(outcomes, names)
+        per_check = _ended_at_a_hang(_world_results(outcomes, names), names, reasons)
     else:
         per_check = {name: {} for name in names}
     rows = _rows_from(per_check, reasons)
@@ -578,7 +597,7 @@ def _run_single_gpu(opts, fault, argv, gpus):
 
     def on_hang(results):
         rows = _rows_from({r["name"]: {0: r} for r in results}, {})
-        rows.append(result("killed_rank", "SKIP", "not run: an earlier check hung"))
+        rows.append(result("killed_rank", "SKIP", _AFTER_A_HANG))
         finish(opts.json, header, rows)
         return FAILED
 
@@ -602,7 +621,7 @@ def _run_torchrun(opts, fault, argv, gpus, world, rank, local_rank):
         per_check = {r["name"]: {0: r, **{p: f"rank {p}: no result ({why})"
                                           for p in range(1, world)}} for r in results}
         rows = _rows_from(per_check, {})
-        rows.append(result("killed_rank", "SKIP", "not run: an earlier check hung"))
+        rows.append(result("killed_rank", "SKIP", _AFTER_A_HANG))
         header = report_header(f"torchrun, {world} ranks", world,
                                [f"rank 0: {mine['host']} {mine['device']}"], fault, argv)
         finish(opts.json, header, rows)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import knapformer
 from knapformer import _C
 from knapformer.gpu_check.report import last_line, one_line, problems_text, result
-from knapformer.launch import run_ranks
+from knapformer.launch import run_ranks, store_barrier
 
 
 def _timed(fn):
@@ -22,13 +22,6 @@ def _timed(fn):
     except Exception as error:  # noqa: BLE001
         return type(error).__name__, one_line(error), time.monotonic() - began
     return None, "", time.monotonic() - began
-
-
-def _all_arrive(store, key, size, timeout_s):
-    """Returns once every rank has called it with this key (a barrier on the store)."""
-    if store.add(key, 1) == size:
-        store.set(f"{key}/all", "1")
-    store.wait([f"{key}/all"], datetime.timedelta(seconds=timeout_s))
 
 
 def _killed_rank(rank, size, store, cuda, timeout_s, transport_built, gamma):
@@ -68,7 +61,7 @@ def _killed_rank(rank, size, store, cuda, timeout_s, transport_built, gamma):
     if cuda:
         torch.cuda.synchronize(device)
     # Every rank has finished its route before the victim goes.
-    _all_arrive(store, "knapformer_gpu_check/killed/routed", size, timeout_s + 60)
+    store_barrier(store, "knapformer_gpu_check/killed/routed", size, timeout_s + 60)
     if rank == size - 1:
         os._exit(0)  # mid-step, as a crashed trainer does
     first = _timed(lambda: balancer.reverse_route(routed))
