@@ -9,7 +9,8 @@
 #      extension with the raw NCCL transport, the Bazel wheel, the command
 #      line, train-sim, the benchmarks); every C++ test run, its one run
 #      under ASan (its assertions and memory safety; those that link LibTorch
-#      against torch 2.6, which the host also runs plain on torch 1.13), but
+#      against torch 2.6, and the host runs those of the code that branches
+#      by torch version plain on torch 1.13), but
 #      malloc_policy_test (it observes glibc's malloc, which ASan replaces:
 #      the host runs it). The host runs the shell tests (train-sim's sets
 #      glibc's malloc; the planner's faults and replicas exercise the
