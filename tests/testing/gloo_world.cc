@@ -8,6 +8,8 @@
 #include <sstream>
 #include <thread>
 
+#include <ATen/Parallel.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -53,6 +55,12 @@ int RunAsWorker(const std::string& name) {
     std::cerr << "worker: no scenario named " << name << "\n";
     return 2;
   }
+  // One intra-op thread per rank, as knapformer.launch's run_world gives
+  // its ranks: the ranks share the machine's cores. With torch's default
+  // (a thread per core) each of N ranks runs an OpenMP team whose threads
+  // spin-wait for one another on the oversubscribed cores (under ASan on
+  // torch 2.6, four of these tests took 352 CPU seconds so, 312 without).
+  at::set_num_threads(1);
   auto world = JoinLocalWorld(kStoreTimeout);
   if (!world.ok()) {
     std::cerr << "worker: " << world.status() << "\n";
