@@ -10,46 +10,27 @@
 # a pip install by hand.
 #   bash tests/python/pip_install_check.sh [--python PY] [--junit FILE]
 #                                          [--expect-nccl] [--suite]
-#                                          [--venv DIR [--install-only | --installed]]
 #     --python       the interpreter with the trainer's torch (default /usr/bin/python3)
 #     --junit        each check above as a test case of FILE
 #     --expect-nccl  fail unless the raw NCCL transport was built (a CUDA torch)
 #     --suite        then the whole Python suite against the installed package,
 #                    its test cases in suite.xml beside FILE: the suite's run on
 #                    a torch that no Bazel lane runs it on (the trixie lane)
-#     --venv DIR     the virtualenv at DIR (made anew), kept after the run
-#     --install-only make the venv and install into it, then stop (its
-#                    verdict is kept in DIR for --installed)
-#     --installed    the venv at DIR was installed by an --install-only run:
-#                    its verdict is the install's check, and the rest follows
-#                    (CI's trixie lane compiles the install beside its Bazel build)
 # Prints the install's wall time; exits non-zero if a check or a test fails.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-python=/usr/bin/python3 junit="" expect_nccl=0 suite=0 venv_dir="" install_only=0 installed=0
+python=/usr/bin/python3 junit="" expect_nccl=0 suite=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --python|--junit|--venv)
+    --python|--junit)
       [[ -n "${2:-}" ]] || { echo "pip_install_check: $1 needs a value" >&2; exit 2; }
-      case "$1" in
-        --python) python="$2" ;;
-        --junit) junit="$2" ;;
-        *) venv_dir="$2" ;;
-      esac
+      if [[ "$1" == --python ]]; then python="$2"; else junit="$2"; fi
       shift 2 ;;
     --expect-nccl) expect_nccl=1; shift ;;
     --suite) suite=1; shift ;;
-    --install-only) install_only=1; shift ;;
-    --installed) installed=1; shift ;;
     *) echo "pip_install_check: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
-if [[ $((install_only + installed)) -gt 0 && -z "$venv_dir" ]]; then
-  echo "pip_install_check: --install-only and --installed need --venv DIR" >&2; exit 2
-fi
-if [[ $install_only -eq 1 && $installed -eq 1 ]]; then
-  echo "pip_install_check: --install-only and --installed exclude each other" >&2; exit 2
-fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 results="$work/results.tsv"
@@ -70,38 +51,18 @@ finish() {
   exit $((failures != 0 || ${1:-0} != 0))
 }
 
-venv="${venv_dir:-$work/venv}"
-verdict="$venv/install_check.tsv"  # the install's check, for --installed
-if [[ $installed -eq 1 ]]; then
-  if [[ -f "$verdict" ]]; then
-    cat "$verdict" >>"$results"
-    echo "pip install check: installs: $(cut -f 2,3 "$verdict" | tr '\t' ' ') (by --install-only)"
-    [[ "$(cut -f 2 "$verdict")" == pass ]] || { failures=$((failures + 1)); finish; }
-  else
-    check installs 1 "no install in $venv: run --install-only first"
-    finish
-  fi
-else
-  if [[ -e "$venv" && ! -f "$venv/pyvenv.cfg" ]]; then
-    echo "pip_install_check: $venv exists and is no virtualenv: not replacing it" >&2; exit 2
-  fi
-  rm -rf "$venv"
-  "$python" -m venv --system-site-packages "$venv" ||
-    { check makes_a_venv 1 "$python -m venv failed"; finish; }
-  # --no-index: nothing to fetch (torch and the build tools are the interpreter's).
-  rm -rf "$root/build"  # cold: nothing compiled yet
-  started=$SECONDS
-  (cd "$root" && "$venv/bin/python" -m pip install --no-build-isolation --no-index --no-deps \
-    --force-reinstall . >"$work/pip.log" 2>&1)
-  status=$?
-  [[ $status -eq 0 ]] || tail -n 60 "$work/pip.log"
-  check installs "$status" "pip install --no-build-isolation . in $((SECONDS - started)) s"
-  if [[ $install_only -eq 1 ]]; then
-    tail -n 1 "$results" >"$verdict"
-    exit "$status"
-  fi
-  [[ $status -eq 0 ]] || finish
-fi
+venv="$work/venv"
+"$python" -m venv --system-site-packages "$venv" ||
+  { check makes_a_venv 1 "$python -m venv failed"; finish; }
+# --no-index: nothing to fetch (torch and the build tools are the interpreter's).
+rm -rf "$root/build"  # cold: nothing compiled yet
+started=$SECONDS
+(cd "$root" && "$venv/bin/python" -m pip install --no-build-isolation --no-index --no-deps \
+  --force-reinstall . >"$work/pip.log" 2>&1)
+status=$?
+[[ $status -eq 0 ]] || tail -n 60 "$work/pip.log"
+check installs "$status" "pip install --no-build-isolation . in $((SECONDS - started)) s"
+[[ $status -eq 0 ]] || finish
 
 # Outside the source tree: the tests and the examples they run, copied.
 tree="$work/tree"
