@@ -85,6 +85,7 @@ HEADERS = [
     "client/step_plan.h",
     "client/step_requests.h",
     "common/args.h",
+    "common/embedded_service.h",
     "common/log.h",
     "common/status_macros.h",
     "planner/attention_mask.h",

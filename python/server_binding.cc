@@ -9,7 +9,7 @@
 
 #include "python/bindings.h"
 #include "python/status_exception.h"
-#include "server/embedded_planner.h"
+#include "common/embedded_service.h"
 
 namespace knapformer {
 namespace python {
@@ -17,12 +17,12 @@ namespace {
 
 namespace py = pybind11;
 
-// EmbeddedPlanner with the GIL let go while it starts and stops.
+// The embedded planner service with the GIL let go while it starts and stops.
 class PyPlannerServer {
  public:
   explicit PyPlannerServer(const std::vector<std::string>& flags) {
     py::gil_scoped_release no_gil;
-    server_ = ValueOrThrow(EmbeddedPlanner::Start(flags));
+    server_ = ValueOrThrow(StartEmbeddedPlanner(flags));
   }
 
   std::string address() const { return Server().address(); }
@@ -33,7 +33,7 @@ class PyPlannerServer {
   // Taken out of the object while the GIL is held, so that another thread
   // sees a stopped server, not one being destroyed.
   void Shutdown(std::optional<double> grace_seconds) {
-    std::unique_ptr<EmbeddedPlanner> server = std::move(server_);
+    std::unique_ptr<EmbeddedService> server = std::move(server_);
     if (server == nullptr) return;
     py::gil_scoped_release no_gil;
     if (grace_seconds.has_value()) {
@@ -47,7 +47,7 @@ class PyPlannerServer {
   // for the grace period (gRPC's threads never need it), unless the
   // interpreter is finalizing and the GIL must not be let go.
   ~PyPlannerServer() {
-    std::unique_ptr<EmbeddedPlanner> server = std::move(server_);
+    std::unique_ptr<EmbeddedService> server = std::move(server_);
     if (server == nullptr) return;
     if (HoldsReleasableGil()) {
       py::gil_scoped_release no_gil;
@@ -56,12 +56,12 @@ class PyPlannerServer {
   }
 
  private:
-  const EmbeddedPlanner& Server() const {
+  const EmbeddedService& Server() const {
     if (server_ == nullptr) throw std::runtime_error("FAILED_PRECONDITION: the server was shut down");
     return *server_;
   }
 
-  std::unique_ptr<EmbeddedPlanner> server_;
+  std::unique_ptr<EmbeddedService> server_;
 };
 
 }  // namespace

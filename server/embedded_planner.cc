@@ -13,6 +13,16 @@ namespace {
 // sense for a process of its own.
 constexpr const char* kProcessFlags[] = {"--port-file", "--retain-freed-memory"};
 
+absl::StatusOr<std::unique_ptr<EmbeddedService>> StartAsService(
+    const std::vector<std::string>& flags) {
+  absl::StatusOr<std::unique_ptr<EmbeddedPlanner>> planner = EmbeddedPlanner::Start(flags);
+  if (!planner.ok()) return planner.status();
+  return std::unique_ptr<EmbeddedService>(*std::move(planner));
+}
+
+// What StartEmbeddedPlanner starts wherever this file is linked in.
+const bool kRegistered = RegisterEmbeddedPlanner(&StartAsService);
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EmbeddedPlanner>> EmbeddedPlanner::Start(
