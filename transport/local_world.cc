@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "transport/fork_server.h"
 #include "transport/gloo_group.h"
 
 extern char** environ;
@@ -77,8 +78,10 @@ std::vector<std::string> LocalWorldEnv(c10d::TCPStore& store, int rank, int size
 std::string NameOf(const std::string& entry) { return entry.substr(0, entry.find('=')); }
 
 // Starts /proc/self/exe with `argv` and its environment changed by `launch`
-// and `world_env`; its output to `log_path` (empty: this process's).
-// Unavailable (naming the reason) if it cannot.
+// and `world_env`; its output to `log_path` (empty: this process's). A copy
+// without arguments comes from the fork server where one runs
+// (StartForkServer), as if executed afresh but without loading the binary
+// again. Unavailable (naming the reason) if it cannot.
 absl::StatusOr<pid_t> SpawnSelf(const LocalWorldLaunch& launch,
                                 const std::vector<std::string>& world_env,
                                 const std::string& log_path) {
@@ -97,6 +100,10 @@ absl::StatusOr<pid_t> SpawnSelf(const LocalWorldLaunch& launch,
     if (keep) env.push_back(entry);
   }
   env.insert(env.end(), set_env.begin(), set_env.end());
+  if (launch.argv.empty()) {
+    absl::StatusOr<pid_t> copy = ForkCopy(env, log_path);
+    if (copy.ok()) return copy;
+  }
 
   std::vector<std::string> args = {"/proc/self/exe"};
   args.insert(args.end(), launch.argv.begin(), launch.argv.end());

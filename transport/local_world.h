@@ -64,7 +64,8 @@ struct LaunchedWorld {
 
 // Starts `size` copies of this binary (/proc/self/exe) as ranks of one
 // world, on a new store. A copy that cannot start is recorded and the rest
-// are still started.
+// are still started. Copies without arguments are forked from the fork
+// server where main started one (transport/fork_server.h).
 LaunchedWorld LaunchLocalWorld(int size, const LocalWorldLaunch& launch);
 
 // Waits for every copy; those still running at `deadline` are killed.

@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "transport/fork_server.h"
 
 namespace knapformer {
 namespace testing_util {
@@ -140,6 +141,12 @@ WorkerRun RunWorkers(const std::string& scenario, int size,
 }
 
 int TestMain(int argc, char** argv) {
+  // Workers are forked from a server made here, before gtest and before any
+  // thread, rather than executed afresh: under ASan a fresh copy of a test
+  // linked with LibTorch costs about a CPU second before it runs a line,
+  // and these tests start some two hundred. A forked worker returns here as
+  // an executed one would start: the parent's flags are not its own.
+  if (!IsLocalWorker() && StartForkServer()) argc = 1;
   ::testing::InitGoogleTest(&argc, argv);
   if (const char* scenario = std::getenv(kScenarioVar)) return RunAsWorker(scenario);
   return RUN_ALL_TESTS();
