@@ -3,11 +3,17 @@
 # Debian's CUDA torch 2.6 (scripts/debian_root.sh --profile cuda; the
 # checkout at /src, results to /out). No GPU: everything runs on the CPU,
 # and the CUDA paths are compiled, linked and imported.
-#   1. Bazel, --config=cuda --config=cxx20 --config=asan (gcc 14, Abseil
+#   1. tests/python/pip_install_check.sh --suite --expect-nccl: pip install
+#      --no-build-isolation . (as C++17, with the raw NCCL transport) into a
+#      fresh venv, imported, one 4-process step, then the whole Python suite
+#      against the installed package from outside the source tree: the
+#      suite's one run on torch 2.6. JUnit under /out/pip.
+#   2. Bazel, --config=cuda --config=cxx20 --config=asan (gcc 14, Abseil
 #      20240722, Python 3.13, CUDA 12.4 headers and NCCL 2.22, every file as
 #      C++20, ASan + UBSan with LeakSanitizer): everything built (the Python
-#      extension with the raw NCCL transport, the Bazel wheel, the command
-#      line, train-sim, the benchmarks); every C++ test run, its one run
+#      extension with the raw NCCL transport, uninstrumented as no test
+#      loads it under ASan; the Bazel wheel, the command line, train-sim,
+#      the benchmarks); every C++ test run, its one run
 #      under ASan (its assertions and memory safety; those that link LibTorch
 #      against torch 2.6, and the host runs those of the code that branches
 #      by torch version plain on torch 1.13), but
@@ -16,11 +22,6 @@
 #      glibc's malloc; the planner's faults and replicas exercise the
 #      service; the exchange calibration loads the Python extension). JUnit
 #      under /out/testlogs.
-#   2. tests/python/pip_install_check.sh --suite --expect-nccl: pip install
-#      --no-build-isolation . (as C++17, with the raw NCCL transport) into a
-#      fresh venv, imported, one 4-process step, then the whole Python suite
-#      against the installed package from outside the source tree: the
-#      suite's one run on torch 2.6. JUnit under /out/pip.
 # Writes /out/status (one line: "bazel=N pip=N"). Exits non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,10 +30,18 @@ trap 'bazel shutdown >/dev/null 2>&1 || true' EXIT
 
 python3 -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.version.cuda,
     "python", sys.version.split()[0])'
+# The pip install and the suite first, the Bazel build and the C++ tests
+# last: the last of this lane runs while the host's lanes have ended, and
+# Bazel's jobs keep both cores busy where the suite keeps one and a half.
+pip_status=0
+rm -rf /out/pip
+bash tests/python/pip_install_check.sh --python python3 --suite --expect-nccl \
+  --junit /out/pip/test.xml || pip_status=$?
 flags=(--config=cuda --config=cxx20 --config=asan
   --test_env=LSAN_OPTIONS="suppressions=$PWD/tests/lsan_suppressions.txt")
 tests="$(bazel query 'kind(cc_test, //...) - //tests/common:malloc_policy_test' 2>/dev/null)"
-[[ -n "$tests" ]] || { echo "bazel query found no C++ tests"; echo "bazel=1 pip=1" >/out/status; exit 1; }
+[[ -n "$tests" ]] || {
+  echo "bazel query found no C++ tests"; echo "bazel=1 pip=$pip_status" >/out/status; exit 1; }
 echo "tests in this lane:"
 echo "$tests" | sed 's/^/  /'
 bazel_status=0
@@ -48,9 +57,5 @@ mkdir -p /out/testlogs
 (cd "$logs" && find . -name test.xml -print0 | tar --null -T - -cf -) | tar -xf - -C /out/testlogs
 bazel shutdown >/dev/null 2>&1
 
-pip_status=0
-rm -rf /out/pip
-bash tests/python/pip_install_check.sh --python python3 --suite --expect-nccl \
-  --junit /out/pip/test.xml || pip_status=$?
 echo "bazel=$bazel_status pip=$pip_status" >/out/status
 exit $((bazel_status != 0 || pip_status != 0))

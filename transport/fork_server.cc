@@ -23,10 +23,13 @@
 namespace knapformer {
 namespace {
 
-// A request is one SOCK_SEQPACKET message: the log path, then each
-// environment entry, each ended by a NUL (neither can hold one). The answer
-// is an int64_t: the copy's pid, or -errno.
+// A request is one SOCK_SEQPACKET message: the signals the launcher ignores
+// and those it blocks (two uint64_t, bit s-1 for signal s), then the log
+// path and each environment entry, each ended by a NUL (neither can hold
+// one). The answer is an int64_t: the copy's pid, or -errno.
+constexpr size_t kSignalBytes = 2 * sizeof(uint64_t);
 constexpr size_t kMaxRequest = 1 << 20;
+constexpr int kMaxSignal = 64;
 constexpr int kAnswerTimeoutMs = 10000;
 
 struct Launcher {
@@ -49,9 +52,42 @@ int CountThreads() {
   return threads;
 }
 
-// In a new copy: the request's environment and output. Exits 127 (as a
-// failed exec would) if the log cannot be opened.
-void BecomeCopy(const std::string& request) {
+// What an executed copy would inherit of the launcher's signals: those it
+// ignores stay ignored and its mask stays (those it handles are reset, which
+// the server's are: it has run only the binary's own initialisers). Gloo,
+// for one, writes to a peer's closed socket; a launcher that had ignored
+// SIGPIPE gave its copies a failed write there rather than death by signal.
+void LaunchersSignals(uint64_t* ignored, uint64_t* blocked) {
+  *ignored = *blocked = 0;
+  sigset_t mask;
+  pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+  for (int sig = 1; sig <= kMaxSignal && sig < NSIG; ++sig) {
+    struct sigaction action;
+    if (sigaction(sig, nullptr, &action) == 0 && !(action.sa_flags & SA_SIGINFO) &&
+        action.sa_handler == SIG_IGN) {
+      *ignored |= uint64_t{1} << (sig - 1);
+    }
+    if (sigismember(&mask, sig) == 1) *blocked |= uint64_t{1} << (sig - 1);
+  }
+}
+
+void TakeSignals(uint64_t ignored, uint64_t blocked) {
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig = 1; sig <= kMaxSignal && sig < NSIG; ++sig) {
+    if (ignored & (uint64_t{1} << (sig - 1))) signal(sig, SIG_IGN);
+    if (blocked & (uint64_t{1} << (sig - 1))) sigaddset(&mask, sig);
+  }
+  sigprocmask(SIG_SETMASK, &mask, nullptr);
+}
+
+// In a new copy: the request's signals, environment and output. Exits 127
+// (as a failed exec would) if the log cannot be opened.
+void BecomeCopy(const std::string& message) {
+  uint64_t signals[2];
+  std::memcpy(signals, message.data(), kSignalBytes);
+  TakeSignals(signals[0], signals[1]);
+  const std::string request = message.substr(kSignalBytes);
   std::vector<std::string> fields;
   for (size_t begin = 0; begin < request.size();) {
     const size_t end = request.find('\0', begin);
@@ -98,6 +134,11 @@ void ServeCopies(int fd) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) _exit(0);  // the launcher has gone
     int64_t answer = 0;
+    if (static_cast<size_t>(n) < kSignalBytes) {  // not from ForkCopy
+      answer = -EINVAL;
+      if (send(fd, &answer, sizeof answer, MSG_NOSIGNAL) != sizeof answer) _exit(0);
+      continue;
+    }
     int pid_pipe[2];
     if (pipe2(pid_pipe, O_CLOEXEC) != 0) {
       answer = -errno;
@@ -173,7 +214,10 @@ bool StartForkServer() {
 }
 
 absl::StatusOr<pid_t> ForkCopy(const std::vector<std::string>& env, const std::string& log_path) {
-  std::string request = log_path;
+  uint64_t signals[2];
+  LaunchersSignals(&signals[0], &signals[1]);
+  std::string request(reinterpret_cast<const char*>(signals), kSignalBytes);
+  request += log_path;
   request.push_back('\0');
   for (const std::string& entry : env) {
     request += entry;

@@ -28,8 +28,10 @@ namespace knapformer {
 bool StartForkServer();
 
 // A copy from the server, with exactly the environment `env` ("NAME=value"
-// entries) and its stdout and stderr written to `log_path` (created or
-// truncated; empty: the server's, which are this process's). The copy is this
+// entries), its stdout and stderr written to `log_path` (created or
+// truncated; empty: the server's, which are this process's), and, as an
+// executed copy would inherit them, the signals this process ignores and
+// its calling thread's signal mask. The copy is this
 // process's child (this process adopts it as a subreaper): wait for it and
 // kill it as for one it spawned. Unavailable if no server runs, it has
 // gone, or it did not answer within a few seconds.

@@ -1,5 +1,7 @@
 #include "transport/gloo_group.h"
 
+#include <signal.h>
+
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,9 +38,27 @@ c10::intrusive_ptr<Group> MakeProcessGroup(const c10::intrusive_ptr<c10d::Store>
 }  // namespace
 #endif
 
+namespace {
+
+// Gloo writes to its peers' sockets without MSG_NOSIGNAL: a write to a peer
+// that has died raises SIGPIPE, whose default action ends this process, where
+// the transport's contract is an error on every survivor. A process that left
+// SIGPIPE at its default ignores it from its first group on, as Python does
+// at startup; one with a handler of its own keeps it.
+void IgnoreSigpipeLeftAtDefault() {
+  struct sigaction current;
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && !(current.sa_flags & SA_SIGINFO) &&
+      current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::ProcessGroup> NewGlooGroup(c10::intrusive_ptr<c10d::Store> store,
                                                     int rank, int size,
                                                     const GlooGroupOptions& options) {
+  IgnoreSigpipeLeftAtDefault();
   auto gloo = c10d::ProcessGroupGloo::Options::create();
   gloo->timeout = options.timeout;
   gloo->devices.push_back(

@@ -23,7 +23,9 @@ struct GlooGroupOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
 };
 
-// A Gloo process group over `store` (a TCPStore shared by all ranks).
+// A Gloo process group over `store` (a TCPStore shared by all ranks). A
+// process that left SIGPIPE at its default ignores it from then on: a peer
+// that dies is an error on the survivors, not their end by signal.
 c10::intrusive_ptr<c10d::ProcessGroup> NewGlooGroup(c10::intrusive_ptr<c10d::Store> store,
                                                     int rank, int size,
                                                     const GlooGroupOptions& options);

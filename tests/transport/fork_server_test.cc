@@ -32,6 +32,7 @@ constexpr char kActionVar[] = "FORK_TEST_ACTION";
 
 // What a copy does, by its FORK_TEST_ACTION: "env" prints its environment,
 // one entry a line; "exit:N" exits N; "sleep" waits to be killed;
+// "signals" prints whether it ignores SIGPIPE and blocks SIGUSR1;
 // "threads" tries to make a server of its own with a second thread running.
 int CopyMain() {
   const char* action = std::getenv(kActionVar);
@@ -43,6 +44,16 @@ int CopyMain() {
   if (absl::StartsWith(what, "exit:")) return std::atoi(what.c_str() + 5);
   if (what == "sleep") {
     for (;;) pause();
+  }
+  if (what == "signals") {
+    struct sigaction pipe_action;
+    sigaction(SIGPIPE, nullptr, &pipe_action);
+    sigset_t mask;
+    pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+    std::cout << "SIGPIPE " << (pipe_action.sa_handler == SIG_IGN ? "ignored" : "not ignored")
+              << "\nSIGUSR1 " << (sigismember(&mask, SIGUSR1) == 1 ? "blocked" : "not blocked")
+              << "\n";
+    return 0;
   }
   if (what == "threads") {
     std::thread sleeper([] { std::this_thread::sleep_for(std::chrono::seconds(2)); });
@@ -125,6 +136,34 @@ TEST(ForkServer, ManyCopiesRunAtOnceEachWithItsOwnLog) {
               std::string::npos)
         << i;
   }
+}
+
+// As an executed copy inherits them: ignored signals stay ignored (Gloo
+// writes to a dead peer's socket: with SIGPIPE ignored by the launcher, a
+// survivor sees a failed write, not death by signal), and the mask stays.
+TEST(ForkServer, ACopyIgnoresAndBlocksTheSignalsTheLauncherDoes) {
+  struct sigaction saved_pipe;
+  sigaction(SIGPIPE, nullptr, &saved_pipe);
+  sigset_t saved_mask, usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, nullptr, &saved_mask);
+
+  signal(SIGPIPE, SIG_IGN);
+  pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
+  auto ignoring = ForkCopy({absl::StrCat(kActionVar, "=signals")}, LogPath("ignoring"));
+  signal(SIGPIPE, SIG_DFL);
+  pthread_sigmask(SIG_UNBLOCK, &usr1, nullptr);
+  auto plain = ForkCopy({absl::StrCat(kActionVar, "=signals")}, LogPath("plain"));
+  sigaction(SIGPIPE, &saved_pipe, nullptr);
+  pthread_sigmask(SIG_SETMASK, &saved_mask, nullptr);
+
+  ASSERT_TRUE(ignoring.ok()) << ignoring.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(WaitBounded(*ignoring), 0);
+  EXPECT_EQ(WaitBounded(*plain), 0);
+  EXPECT_EQ(ReadAll(LogPath("ignoring")), "SIGPIPE ignored\nSIGUSR1 blocked\n");
+  EXPECT_EQ(ReadAll(LogPath("plain")), "SIGPIPE not ignored\nSIGUSR1 not blocked\n");
 }
 
 TEST(ForkServer, AnUnwritableLogIsExit127LikeAFailedExec) {
