@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -90,7 +91,7 @@ void BecomeCopy(const std::string& message) {
   const std::string request = message.substr(kSignalBytes);
   std::vector<std::string> fields;
   for (size_t begin = 0; begin < request.size();) {
-    const size_t end = request.find('\0', begin);
+    const size_t end = std::min(request.find('\0', begin), request.size());
     fields.push_back(request.substr(begin, end - begin));
     begin = end + 1;
   }
