@@ -13,8 +13,6 @@
 #include "tests/testing/gloo_world.h"
 #include "transport/c10d_transport.h"
 
-#include <signal.h>
-
 namespace knapformer {
 namespace {
 
