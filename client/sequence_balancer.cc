@@ -8,13 +8,12 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/graph_task.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/host_tensor_cache.h"
 #include "client/route_layout.h"
+#include "client/row_exchange.h"
 #include "client/settings_agreement.h"
 #include "planner/auto_layout.h"
 #include "planner/machine.h"
@@ -24,285 +23,6 @@
 
 namespace knapformer {
 namespace {
-
-// A transport failure inside an exchange; carries the status through torch's
-// autograd (which rethrows exceptions as they are) back to the API.
-class TransportError : public std::runtime_error {
- public:
-  explicit TransportError(absl::Status status)
-      : std::runtime_error(status.ToString()), status_(std::move(status)) {}
-  const absl::Status& status() const { return status_; }
-
- private:
-  absl::Status status_;
-};
-
-int64_t Sum(const std::vector<int64_t>& values) {
-  return std::accumulate(values.begin(), values.end(), int64_t{0});
-}
-
-bool IsIdentity(const std::vector<int64_t>& index) {
-  for (size_t i = 0; i < index.size(); ++i) {
-    if (index[i] != static_cast<int64_t>(i)) return false;
-  }
-  return true;
-}
-
-// A row order (gather: row i of the result is row index[i] of the source)
-// and its inverse; both undefined when it is the identity, which then costs
-// nothing.
-struct RowOrder {
-  at::Tensor index;
-  at::Tensor inverse;
-
-  static RowOrder Of(const std::vector<int64_t>& rows) {
-    if (IsIdentity(rows)) return {};
-    std::vector<int64_t> inverse(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) inverse[rows[i]] = static_cast<int64_t>(i);
-    return {at::tensor(rows, at::kLong), at::tensor(inverse, at::kLong)};
-  }
-  RowOrder Inverted() const { return {inverse, index}; }
-};
-
-// One exchange of rows: the input's rows in `before` order are sent,
-// send_rows[p] to peer p, recv_rows[p] come from each peer, and the result
-// is the received rows in `after` order. Counts were cross-checked once for
-// the step in PlanRouting.
-struct RowMove {
-  Transport* transport = nullptr;
-  const char* what = "";  // the entry point, for errors
-  bool agree = true;      // agree on every rank's verdict before moving
-  // A 0-element tensor owning the transport (OwnerTensor), or undefined when
-  // the caller owns it. Saved in the autograd node, so a backward pass can
-  // run after the balancer is gone.
-  at::Tensor owner;
-  const std::vector<int64_t>* send_rows = nullptr;
-  const std::vector<int64_t>* recv_rows = nullptr;
-  RowOrder before;
-  RowOrder after;
-  // The chain's "a backward has started" flag (a 1-element bool tensor
-  // shared by the chain's nodes), or undefined when not chained.
-  at::Tensor chain_started;
-};
-
-at::Tensor OwnerTensor(std::shared_ptr<Transport> transport) {
-  auto* held = new std::shared_ptr<Transport>(std::move(transport));
-  return at::from_blob(
-      held, {0}, [held](void*) { delete held; }, at::TensorOptions().dtype(at::kByte));
-}
-
-int64_t RowElements(const at::Tensor& x) {
-  return std::accumulate(x.sizes().begin() + 1, x.sizes().end(), int64_t{1},
-                         std::multiplies<int64_t>());
-}
-
-// x as [rows, bytes per row] of kByte, sharing x's memory when it can. A
-// tensor torch calls contiguous may still have odd strides where a size is 0
-// or 1 (an expanded gradient of zero rows, say), which a byte view refuses:
-// those are copied to plain strides first.
-at::Tensor ByteRows(const at::Tensor& x) {
-  const int64_t rows = x.size(0);
-  const int64_t elements = RowElements(x);
-  at::Tensor flat = x.resolve_conj().resolve_neg().contiguous().reshape({rows, elements});
-  if (flat.stride(1) != 1 || (elements > 1 && flat.stride(0) != elements)) {
-    flat = at::empty({rows, elements}, flat.options()).copy_(flat);
-  }
-  return flat.view(at::kByte);
-}
-
-// An uninitialised contiguous tensor of `like`'s dtype and device. Host
-// memory comes from the host tensor cache: a step allocates the same few
-// large buffers every step, and fresh ones cost a page fault per page.
-at::Tensor Empty(at::IntArrayRef shape, const at::Tensor& like) {
-  if (like.device().is_cpu()) return EmptyHostTensor(shape, like.scalar_type());
-  return at::empty(shape, like.options());
-}
-
-// x's rows in `index` order (all of them, unchanged, when it is undefined).
-at::Tensor Reordered(const at::Tensor& x, const at::Tensor& index) {
-  if (!index.defined()) return x;
-  at::Tensor out = Empty(x.sizes(), x);
-  at::index_select_out(out, x, 0, index.to(x.device()));
-  return out;
-}
-
-// A torch error while preparing an exchange, as a status.
-absl::Status FromTorchError(const c10::Error& e, const char* what) {
-  const std::string message = absl::StrCat(what, ": ", e.what_without_backtrace());
-  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) {
-    return absl::ResourceExhaustedError(message);
-  }
-  return absl::InvalidArgumentError(message);
-}
-
-// Every tensor's rows exchanged with one all-to-all. One tensor moves as it
-// is; several are packed side by side as bytes (so each keeps its dtype,
-// bit for bit, and Gloo's refusal of bf16 does not matter) and unpacked.
-// Everything that can fail on one rank alone (packing, allocating the
-// receive buffer, a row size that differs from the peers') is decided before
-// the exchange and agreed on by every rank of the group, so a rank never
-// enters the all-to-all that another has given up on.
-std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
-  const int64_t send_count = Sum(*move.send_rows);
-  const int64_t recv_count = Sum(*move.recv_rows);
-  const bool single = xs.size() == 1;
-  at::Tensor send, received;
-  std::vector<at::Tensor> bytes;  // several tensors: each [rows, its row bytes]
-  int64_t row_bytes = 0;
-  absl::Status prepared;
-  try {
-    if (single) {
-      // Conjugate and negative views are lazy bits on the tensor, not in its
-      // bytes: resolve them before the bytes travel.
-      send = Reordered(xs[0].resolve_conj().resolve_neg().contiguous(), move.before.index);
-      std::vector<int64_t> shape = send.sizes().vec();
-      shape[0] = recv_count;
-      received = Empty(shape, send);
-      row_bytes = RowElements(send) * static_cast<int64_t>(send.element_size());
-    } else {
-      for (const at::Tensor& x : xs) {
-        bytes.push_back(ByteRows(x));
-        row_bytes += bytes.back().size(1);
-      }
-      send = Empty({send_count, row_bytes}, bytes[0]);
-      int64_t column = 0;
-      for (const at::Tensor& b : bytes) {
-        at::Tensor slot = send.narrow(1, column, b.size(1));
-        if (move.before.index.defined()) {
-          at::index_select_out(slot, b, 0, move.before.index.to(b.device()));
-        } else {
-          slot.copy_(b);
-        }
-        column += b.size(1);
-      }
-      received = Empty({recv_count, row_bytes}, send);
-    }
-  } catch (const c10::Error& e) {
-    prepared = FromTorchError(e, move.what);
-  }
-  if (prepared.ok()) {
-    prepared = move.transport->CheckLimits(*move.send_rows, *move.recv_rows, row_bytes);
-  }
-  absl::Status agreed =
-      move.agree ? AgreeOnStatus(*move.transport, prepared, row_bytes) : prepared;
-  if (!agreed.ok()) throw TransportError(std::move(agreed));
-  absl::Status status = move.transport->AllToAllRowsPrechecked(
-      send.data_ptr(), *move.send_rows, received.data_ptr(), *move.recv_rows, row_bytes);
-  if (!status.ok()) throw TransportError(std::move(status));
-  if (single) return {Reordered(received, move.after.index)};
-  std::vector<at::Tensor> outputs;
-  int64_t column = 0;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    at::Tensor slot = received.narrow(1, column, bytes[i].size(1));
-    column += bytes[i].size(1);
-    // Each output is a tensor of its own, not a view of the receive buffer,
-    // which is freed here instead of living as long as any one output.
-    std::vector<int64_t> shape = xs[i].sizes().vec();
-    shape[0] = recv_count;
-    at::Tensor out = Empty(shape, xs[i]);
-    at::Tensor out_bytes = out.view({recv_count, RowElements(out)}).view(at::kByte);
-    if (move.after.index.defined()) {
-      at::index_select_out(out_bytes, slot, 0, move.after.index.to(slot.device()));
-    } else {
-      out_bytes.copy_(slot);
-    }
-    outputs.push_back(std::move(out));
-  }
-  return outputs;
-}
-
-// MoveRows as an autograd node: its backward sends each gradient row back
-// the way its row came, for the tensors that required grad (the same set on
-// every rank, so the backward exchange matches on every rank too). The
-// backward is this node again, reversed, so it is differentiable as well
-// (double backward). Callers pass an at::TensorList: autograd only tracks
-// the tensors of an argument of that type (a std::vector would silently be a
-// non-tensor argument).
-//
-// Backward order. Autograd runs independent nodes in whatever order they
-// become ready, and ranks' graphs differ (a loss that uses one routed tensor
-// more than another, CUDA and CPU nodes on different engine threads), so
-// two exchanges could run in different orders on different ranks: a hang,
-// or rows of one tensor received as another's. Every node therefore takes
-// the previous node's `chain` output (an empty tensor) as an input and
-// emits its own: the backward of an exchange cannot start before the
-// backward of every later exchange of the step has ended, so backward
-// exchanges run in exactly the reverse of the forward order, on every rank.
-class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
- public:
-  // Returns the moved tensors, then the chain link for the next exchange.
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                at::TensorList xs, at::TensorList chain,
-                                                const RowMove* move) {
-    std::vector<int64_t> differentiable;
-    for (size_t i = 0; i < xs.size(); ++i) {
-      if (xs[i].requires_grad()) differentiable.push_back(static_cast<int64_t>(i));
-    }
-    ctx->saved_data["differentiable"] = differentiable;
-    ctx->saved_data["inputs"] = static_cast<int64_t>(xs.size());
-    // The previous link, or none (an undefined tensor may not be an input).
-    ctx->saved_data["chained"] = !chain.empty();
-    ctx->saved_data["transport"] = reinterpret_cast<int64_t>(move->transport);
-    ctx->saved_data["what"] = std::string(move->what);
-    ctx->saved_data["agree"] = move->agree;
-    ctx->saved_data["owner"] = move->owner;
-    ctx->saved_data["chain_started"] = move->chain_started;
-    ctx->saved_data["send_rows"] = *move->send_rows;
-    ctx->saved_data["recv_rows"] = *move->recv_rows;
-    // Backward gathers with the inverses, in the opposite order.
-    ctx->saved_data["back_before"] = move->after.inverse;
-    ctx->saved_data["back_before_inverse"] = move->after.index;
-    ctx->saved_data["back_after"] = move->before.inverse;
-    ctx->saved_data["back_after_inverse"] = move->before.index;
-    std::vector<at::Tensor> outputs = MoveRows(xs, *move);
-    torch::autograd::variable_list non_differentiable;  // one call: each call replaces the set
-    for (size_t i = 0; i < xs.size(); ++i) {
-      if (!xs[i].requires_grad()) non_differentiable.push_back(outputs[i]);
-    }
-    ctx->mark_non_differentiable(non_differentiable);
-    outputs.push_back(at::empty({0}));  // the chain link
-    return outputs;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const std::vector<int64_t> differentiable = ctx->saved_data["differentiable"].toIntVector();
-    // Exchanges recorded after this point start a new chain instead of
-    // linking into a graph whose backward has begun (and may be freed).
-    const at::IValue& started = ctx->saved_data["chain_started"];
-    if (started.isTensor() && started.toTensor().defined()) started.toTensor().fill_(true);
-    const std::vector<int64_t> send_rows = ctx->saved_data["recv_rows"].toIntVector();
-    const std::vector<int64_t> recv_rows = ctx->saved_data["send_rows"].toIntVector();
-    const std::string what = ctx->saved_data["what"].toStringRef() + " (backward)";
-    RowMove back;
-    auto tensor = [&](const char* key) {
-      const at::IValue& value = ctx->saved_data[key];
-      return value.isTensor() ? value.toTensor() : at::Tensor();
-    };
-    back.transport = reinterpret_cast<Transport*>(ctx->saved_data["transport"].toInt());
-    back.what = what.c_str();
-    back.agree = ctx->saved_data["agree"].toBool();
-    back.owner = tensor("owner");
-    back.send_rows = &send_rows;
-    back.recv_rows = &recv_rows;
-    back.before = {tensor("back_before"), tensor("back_before_inverse")};
-    back.after = {tensor("back_after"), tensor("back_after_inverse")};
-    std::vector<at::Tensor> to_send;
-    for (int64_t i : differentiable) to_send.push_back(grads[i]);
-    // A node of its own only when the backward itself is being recorded
-    // (create_graph); otherwise apply runs the exchange and records nothing.
-    // Double backward is not chained: it is one exchange per backward node.
-    std::vector<at::Tensor> moved =
-        MoveRowsFunction::apply(at::TensorList(to_send), at::TensorList(), &back);
-    const int64_t inputs = ctx->saved_data["inputs"].toInt();
-    const bool chained = ctx->saved_data["chained"].toBool();
-    torch::autograd::variable_list result(inputs + (chained ? 1 : 0) + 1);  // xs, chain, move
-    for (size_t j = 0; j < differentiable.size(); ++j) result[differentiable[j]] = moved[j];
-    // Passing the link on releases the previous exchange's backward.
-    if (chained) result[inputs] = at::zeros({0});
-    return result;
-  }
-};
 
 // Runs a tensor operation; transport failures and torch's own errors
 // (wrong device, dtype...) become a status.
@@ -337,13 +57,18 @@ struct SequenceBalancer::Rep {
   // block of that size holding this rank. A fixed topology has one.
   struct PreparedBag {
     int first_rank = 0;
+    std::vector<int> ranks;  // world ranks, by bag position
     std::shared_ptr<Transport> transport;
     at::Tensor owner;
   };
   std::map<int, PreparedBag> prepared_bags;
   bool auto_layout = false;
   int heads_multiple = 1;
-  bool agree_on_errors = true;
+  Agreement agreement = Agreement::kOncePerStep;
+  std::vector<int> world_ranks;  // 0..size-1: the world's members are themselves
+  std::vector<int> bag_ranks;    // world ranks of this step's bag, by position
+  // What each group agreed this step about each call (row_exchange.h).
+  ExchangeBook world_book, bag_book;
   std::unique_ptr<PlannerClient> planner;
   uint64_t next_step = 0;
   bool planned = false;
@@ -396,15 +121,39 @@ struct SequenceBalancer::Rep {
                          const char* expected) const;
   absl::Status CheckHeads(const std::vector<at::Tensor>& xs, const char* what,
                           bool whole_heads) const;
+  // An exchange over the world (routes) or the bag (Ulysses) of `xs`
+  // (their signature: the caller's tensors, whatever reshaping follows).
   RowMove WorldMove(const char* what, const std::vector<int64_t>& send,
-                    const std::vector<int64_t>& recv, RowOrder before, RowOrder after) const {
-    return {world, what, agree_on_errors, world_owner, &send, &recv, std::move(before),
-            std::move(after), at::Tensor()};
+                    const std::vector<int64_t>& recv, RowOrder before, RowOrder after,
+                    const std::vector<at::Tensor>& xs) {
+    return MoveOf(world, world_owner, world_ranks, &world_book, what, send, recv,
+                  std::move(before), std::move(after), xs);
   }
   RowMove BagMove(const char* what, const std::vector<int64_t>& send,
-                  const std::vector<int64_t>& recv, RowOrder before, RowOrder after) const {
-    return {bag.get(), what, agree_on_errors, bag_owner, &send, &recv, std::move(before),
-            std::move(after), at::Tensor()};
+                  const std::vector<int64_t>& recv, RowOrder before, RowOrder after,
+                  const std::vector<at::Tensor>& xs) {
+    return MoveOf(bag.get(), bag_owner, bag_ranks, &bag_book, what, send, recv,
+                  std::move(before), std::move(after), xs);
+  }
+  RowMove MoveOf(Transport* transport, const at::Tensor& owner, const std::vector<int>& ranks,
+                 ExchangeBook* book, const char* what, const std::vector<int64_t>& send,
+                 const std::vector<int64_t>& recv, RowOrder before, RowOrder after,
+                 const std::vector<at::Tensor>& xs) const {
+    RowMove move;
+    move.transport = transport;
+    move.what = what;
+    move.agreement = agreement;
+    move.owner = owner;
+    move.send_rows = &send;
+    move.recv_rows = &recv;
+    move.before = std::move(before);
+    move.after = std::move(after);
+    move.world_ranks = ranks;
+    move.step = spec.step();
+    move.book = book;
+    if (book != nullptr) move.ordinal = book->Next(what);
+    move.signature = SignatureOf(xs);
+    return move;
   }
   // The exchange as an autograd node, chained after this step's previous
   // one when it records a backward.
@@ -422,10 +171,33 @@ struct SequenceBalancer::Rep {
     };
     return {copy(order.index), copy(order.inverse)};
   }
-  // A local error of an exchange's entry point: agreed with the group
-  // (unless agree_on_errors is off), so that no peer waits in the exchange.
-  absl::Status Agreed(Transport& transport, const absl::Status& local) const {
-    return agree_on_errors ? AgreeOnStatus(transport, local) : local;
+  // A local error of an exchange's entry point, in place of the exchange:
+  // agreed with the group as the call's exchanges are (RefuseExchange), so
+  // that no peer waits in it. Without a plan there are no counts: then the
+  // error is agreed in one all-gather.
+  absl::Status Refused(bool in_bag, const char* what, const absl::Status& local) {
+    if (!planned) {
+      Transport* group = in_bag ? bag.get() : world;
+      if (agreement == Agreement::kOff || group == nullptr) return local;
+      return AgreeOnStatus(*group, local);
+    }
+    static const std::vector<int64_t> kNone;
+    const bool route = std::string(what) == "route";
+    const bool reverse = std::string(what) == "reverse_route";
+    const bool pre = std::string(what) == "pre_attn";
+    const std::vector<int64_t>& send = route     ? send_rows
+                                       : reverse ? recv_rows
+                                       : pre     ? ulysses_send_rows
+                                       : in_bag  ? ulysses_recv_rows
+                                                 : kNone;
+    const std::vector<int64_t>& recv = route     ? recv_rows
+                                       : reverse ? send_rows
+                                       : pre     ? ulysses_recv_rows
+                                       : in_bag  ? ulysses_send_rows
+                                                 : kNone;
+    RowMove move = in_bag ? BagMove(what, send, recv, {}, {}, {})
+                          : WorldMove(what, send, recv, {}, {}, {});
+    return RefuseExchange(move, local);
   }
   // Checks on the tensors of an entry point that every rank must agree on.
   absl::Status CheckDevice(const std::vector<at::Tensor>& xs, const Transport& transport,
@@ -450,6 +222,8 @@ absl::Status SequenceBalancer::Rep::SelectBag() {
   bag_first_rank = planned.first_rank;
   bag = it->second.transport;
   bag_owner = it->second.owner;
+  if (bag_ranks != it->second.ranks) bag_book.Clear();  // another group
+  bag_ranks = it->second.ranks;
   return absl::OkStatus();
 }
 
@@ -508,7 +282,7 @@ std::vector<at::Tensor> SequenceBalancer::Rep::Move(at::TensorList xs, const Row
   if (records_backward) chained.chain_started = chain_started;
   std::vector<at::Tensor> chain;
   if (records_backward && backward_chain.defined()) chain.push_back(backward_chain);
-  std::vector<at::Tensor> outputs = MoveRowsFunction::apply(xs, at::TensorList(chain), &chained);
+  std::vector<at::Tensor> outputs = MoveRowsWithGrad(xs, at::TensorList(chain), chained);
   at::Tensor link = std::move(outputs.back());
   outputs.pop_back();
   if (records_backward) backward_chain = std::move(link);
@@ -663,7 +437,10 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
   rep->next_step = options.first_step;
   rep->default_d_model = options.d_model;
   rep->default_token_bytes = options.token_bytes;
-  rep->agree_on_errors = options.agree_on_errors;
+  rep->agreement = !options.agree_on_errors        ? Agreement::kOff
+                   : options.agree_every_exchange ? Agreement::kEveryExchange
+                                                  : Agreement::kOncePerStep;
+  for (int p = 0; p < world->size(); ++p) rep->world_ranks.push_back(p);
   rep->auto_layout = AutoLayout::Matches(topology);
   rep->heads_multiple = heads_multiple;
   rep->spec.set_job_id(options.job_id);
@@ -694,11 +471,13 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
     if (!subgroup.ok()) return subgroup.status();
     Rep::PreparedBag& prepared = rep->prepared_bags[members.gpus];
     prepared.first_rank = members.ranks.front();
+    prepared.ranks = members.ranks;
     prepared.transport = *std::move(subgroup);
     prepared.owner = OwnerTensor(prepared.transport);
     if (!rep->auto_layout) {
       rep->bag = prepared.transport;
       rep->bag_owner = prepared.owner;
+      rep->bag_ranks = prepared.ranks;
     }
   }
   auto planner = PlannerClient::Create(options.planner, world);
@@ -733,6 +512,8 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
   r.backward_chain = at::Tensor();
   r.chain_started = at::Tensor();
   r.device_copies.clear();
+  r.world_book.StartStep();
+  r.bag_book.StartStep();
   absl::Status derived = r.SelectBag();
   if (derived.ok()) derived = r.Derive(lengths);
   if (r.auto_layout) {
@@ -815,12 +596,12 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::RouteTensors(
   Rep& r = *rep_;
   absl::Status ok = r.CheckRows(xs, r.input_rows, "route", "the sum of its sequence lengths");
   if (ok.ok()) ok = r.CheckDevice(xs, *r.world, "route");
-  if (!ok.ok()) return r.Agreed(*r.world, ok);
+  if (!ok.ok()) return r.Refused(false, "route", ok);
   int64_t token_bytes = 0;
   for (const at::Tensor& x : xs) token_bytes += RowElements(x) * x.element_size();
   r.routed_token_bytes = token_bytes;
   const RowMove move = r.WorldMove("route", r.send_rows, r.recv_rows,
-                                   r.OnDevice(r.send_order, xs[0].device()), {});
+                                   r.OnDevice(r.send_order, xs[0].device()), {}, xs);
   return Guarded([&] { return r.Move(at::TensorList(xs), move); });
 }
 
@@ -829,10 +610,10 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::ReverseRouteTensors(
   Rep& r = *rep_;
   absl::Status ok = r.CheckRows(ys, r.routed_rows, "reverse_route", "the sum of routed_lengths");
   if (ok.ok()) ok = r.CheckDevice(ys, *r.world, "reverse_route");
-  if (!ok.ok()) return r.Agreed(*r.world, ok);
+  if (!ok.ok()) return r.Refused(false, "reverse_route", ok);
   const RowMove move =
       r.WorldMove("reverse_route", r.recv_rows, r.send_rows, {},
-                  r.OnDevice(r.send_order, ys[0].device()).Inverted());
+                  r.OnDevice(r.send_order, ys[0].device()).Inverted(), ys);
   return Guarded([&] { return r.Move(at::TensorList(ys), move); });
 }
 
@@ -844,7 +625,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PreAttnTensors(
   // A single-GPU bag moves nothing: its errors are its own.
   if (r.bag == nullptr) return ok.ok() ? absl::StatusOr<std::vector<at::Tensor>>(xs) : ok;
   if (ok.ok()) ok = r.CheckDevice(xs, *r.bag, "pre_attn");
-  if (!ok.ok()) return r.Agreed(*r.bag, ok);
+  if (!ok.ok()) return r.Refused(true, "pre_attn", ok);
   return Guarded([&] {
     // [T, heads, ...] -> [bag, T, heads/bag, ...]: position p's head slice of
     // every routed row, contiguous, is what goes to position p.
@@ -860,7 +641,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PreAttnTensors(
     }
     const RowMove move =
         r.BagMove("pre_attn", r.ulysses_send_rows, r.ulysses_recv_rows, {},
-                  r.OnDevice(r.sequence_order, xs[0].device()));
+                  r.OnDevice(r.sequence_order, xs[0].device()), xs);
     return r.Move(at::TensorList(by_position), move);
   });
 }
@@ -872,10 +653,11 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PostAttnTensors(
   if (ok.ok()) ok = r.CheckHeads(ys, "post_attn", /*whole_heads=*/false);
   if (r.bag == nullptr) return ok.ok() ? absl::StatusOr<std::vector<at::Tensor>>(ys) : ok;
   if (ok.ok()) ok = r.CheckDevice(ys, *r.bag, "post_attn");
-  if (!ok.ok()) return r.Agreed(*r.bag, ok);
+  if (!ok.ok()) return r.Refused(true, "post_attn", ok);
   return Guarded([&] {
     const RowMove move = r.BagMove("post_attn", r.ulysses_recv_rows, r.ulysses_send_rows,
-                                   r.OnDevice(r.sequence_order, ys[0].device()).Inverted(), {});
+                                   r.OnDevice(r.sequence_order, ys[0].device()).Inverted(), {},
+                                   ys);
     std::vector<at::Tensor> by_position = r.Move(at::TensorList(ys), move);
     std::vector<at::Tensor> outputs;
     for (size_t i = 0; i < ys.size(); ++i) {
@@ -892,10 +674,11 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PostAttnTensors(
 }
 
 absl::Status SequenceBalancer::RefuseCall(Call which, const absl::Status& reason) const {
-  const Rep& r = *rep_;
+  Rep& r = *rep_;
   const bool in_bag = which == Call::kPreAttn || which == Call::kPostAttn;
   if (in_bag && r.bag == nullptr) return reason;  // a single-GPU bag moves nothing
-  absl::Status agreed = r.Agreed(in_bag ? *r.bag : *r.world, reason);
+  static const char* const kNames[] = {"route", "reverse_route", "pre_attn", "post_attn"};
+  absl::Status agreed = r.Refused(in_bag, kNames[static_cast<int>(which)], reason);
   return agreed.ok() ? reason : agreed;
 }
 

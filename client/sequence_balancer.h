@@ -42,10 +42,14 @@ struct StepOverrides {
 // Errors are agreed: every collective call either succeeds on every rank of
 // its group (the world for PlanRouting, Route and ReverseRoute; the bag for
 // PreAttn and PostAttn) or returns the same status on every one of them, the
-// lowest failing rank's ("rank 2: route: ..."), before anything moves, so
-// the next call works. Each call pays one small all-gather of verdicts for
-// this (SequenceBalancerOptions::agree_on_errors). A peer that dies makes the survivors' call fail with the
-// transport's Unavailable/DeadlineExceeded, and the transport stays broken.
+// lowest failing world rank's ("rank 2: route: ..."), or one naming the
+// ranks whose tensors differ, the field and both values, before any
+// received row is trusted, so the next call works. The first exchange of
+// each call in a step pays one small all-gather for this; later ones carry
+// a status byte per rank with their rows (client/row_exchange.h,
+// SequenceBalancerOptions::agree_on_errors). A peer that dies makes the
+// survivors' call fail with the transport's Unavailable/DeadlineExceeded,
+// and the transport stays broken.
 //
 // Backward exchanges run in the reverse of the forward order on every rank:
 // each exchange's autograd node waits for the next one's (a chain of empty

@@ -53,13 +53,19 @@ struct SequenceBalancerOptions {
   // never max/mean, for fewer moved tokens. Unset = the planner's default
   // (the service's --locality flag; on when planning locally).
   std::optional<bool> locality;
-  // Every exchange (Route, ReverseRoute, PreAttn, PostAttn and their
-  // backward passes) first agrees on every rank's local verdict, so that one
-  // rank's mistake is every rank's immediate error (one small all-gather per
-  // exchange). Off: a mistake fails only its own rank, and its peers wait in
-  // the exchange until that process exits or the transport's timeout.
-  // PlanRouting always agrees (once per step).
+  // One rank's mistake in an exchange (Route, ReverseRoute, PreAttn,
+  // PostAttn and their backward passes: other rows, dtype or shape, another
+  // device) is every rank's immediate error, and the next call works
+  // (client/row_exchange.h): the first exchange of each call in a step
+  // agrees on every rank's verdict and tensors in one small all-gather; later
+  // ones carry one status byte per rank with their rows. Off: a mistake
+  // fails only its own rank, and its peers wait in the exchange until that
+  // process exits or the transport's timeout. PlanRouting always agrees
+  // (once per step).
   bool agree_on_errors = true;
+  // Debugging: the all-gather before every exchange instead (what every
+  // exchange paid before the flags; needs agree_on_errors).
+  bool agree_every_exchange = false;
   PlannerClientOptions planner;
 };
 

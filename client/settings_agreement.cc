@@ -102,7 +102,9 @@ SharedSettings SharedSettingsOf(const SequenceBalancerOptions& options) {
       {"group_id", options.group_id},
       {"first_step", absl::StrCat(options.first_step)},
       {"use_fitted_gamma", options.use_fitted_gamma ? "true" : "false"},
-      {"agree_on_errors", options.agree_on_errors ? "true" : "false"},
+      {"agree_on_errors", !options.agree_on_errors         ? "false"
+                          : options.agree_every_exchange ? "every_exchange"
+                                                         : "true"},
       {"machine.flops_per_second", Exact(m.flops_per_second)},
       {"machine.intra_node_bytes_per_second", Exact(m.intra_node_bytes_per_second)},
       {"machine.inter_node_bytes_per_second", Exact(m.inter_node_bytes_per_second)},

@@ -17,6 +17,7 @@ SOURCES = [
     "client/planner_target.cc",
     "client/rank_report.cc",
     "client/route_layout.cc",
+    "client/row_exchange.cc",
     "client/sequence_balancer.cc",
     "client/settings_agreement.cc",
     "client/step_plan.cc",
@@ -79,6 +80,7 @@ HEADERS = [
     "client/planner_target.h",
     "client/rank_report.h",
     "client/route_layout.h",
+    "client/row_exchange.h",
     "client/sequence_balancer.h",
     "client/sequence_balancer_options.h",
     "client/settings_agreement.h",
@@ -144,6 +146,7 @@ HEADERS = [
 # (proto/proto_cc.bzl).
 PROTOS = {
     "client/rank_report.proto": "//client:rank_report_cc_proto",
+    "client/row_exchange.proto": "//client:row_exchange_cc_proto",
     "client/settings_agreement.proto": "//client:settings_agreement_cc_proto",
     "proto/knapformer/v1/planner.proto": "//proto:planner_cc_grpc",
     "transport/agreement.proto": "//transport:agreement_cc_proto",

@@ -259,6 +259,93 @@ absl::Status C10dTransport::AllToAll(const void* send, const std::vector<int64_t
   });
 }
 
+absl::Status C10dTransport::AllToAllRowsFlagged(const void* send,
+                                                const std::vector<int64_t>& send_rows,
+                                                void* recv,
+                                                const std::vector<int64_t>& recv_rows,
+                                                int64_t row_bytes, uint8_t mine,
+                                                std::vector<uint8_t>* flags) {
+  if (!options_.device.is_cpu()) {
+    return Transport::AllToAllRowsFlagged(send, send_rows, recv, recv_rows, row_bytes, mine,
+                                          flags);
+  }
+  return Guard("flagged all-to-all", options_.device, [&] {
+    return HostFlagged(send, send_rows, recv, recv_rows, row_bytes, mine, flags);
+  });
+}
+
+absl::Status C10dTransport::HostFlagged(const void* send, const std::vector<int64_t>& send_rows,
+                                        void* recv, const std::vector<int64_t>& recv_rows,
+                                        int64_t row_bytes, uint8_t mine,
+                                        std::vector<uint8_t>* flags) {
+  if (absl::Status usable = Usable(); !usable.ok()) return usable;
+  const int n = size();
+  const int me = rank();
+  absl::Status valid = CheckExchange(send_rows, recv_rows, row_bytes, n);
+  if (valid.ok()) valid = CheckBuffers(send, send_rows, recv, recv_rows, row_bytes);
+  if (!valid.ok()) return valid;
+  if (n == 1) {  // no peer: the rows are this rank's own
+    if (TotalRows(send_rows) > 0 && row_bytes > 0) {
+      std::memcpy(recv, send, TotalRows(send_rows) * row_bytes);
+    }
+    flags->assign(1, mine);
+    return absl::OkStatus();
+  }
+  // Two tags per round, one for the rows and one for the flags; Gloo keeps
+  // point-to-point tags apart from its collectives'.
+  const int rows_tag = static_cast<int>((flagged_round_ % (1u << 29)) * 2);
+  const int flag_tag = rows_tag + 1;
+  ++flagged_round_;
+  const auto bytes = at::TensorOptions().dtype(at::kByte);
+  at::Tensor flag_out = at::full({1}, static_cast<int64_t>(mine), bytes);
+  at::Tensor flags_in = at::zeros({n}, bytes);
+  at::Tensor input = Rows(const_cast<void*>(send), TotalRows(send_rows), row_bytes, options_.device);
+  at::Tensor output = Rows(recv, TotalRows(recv_rows), row_bytes, options_.device);
+  std::vector<std::vector<at::Tensor>> buffers;  // alive until every message is done
+  buffers.reserve(4 * n);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  absl::Status status = Run("flagged all-to-all", [&] {
+    int64_t send_offset = 0, recv_offset = 0;
+    for (int p = 0; p < n; ++p) {
+      if (p != me) {
+        if (recv_rows[p] > 0 && row_bytes > 0) {
+          buffers.push_back({output.narrow(0, recv_offset, recv_rows[p])});
+          works.push_back(group_->recv(buffers.back(), p, rows_tag));
+        }
+        buffers.push_back({flags_in.narrow(0, p, 1)});
+        works.push_back(group_->recv(buffers.back(), p, flag_tag));
+      }
+      recv_offset += recv_rows[p];
+    }
+    for (int p = 0; p < n; ++p) {
+      if (p != me) {
+        if (send_rows[p] > 0 && row_bytes > 0) {
+          buffers.push_back({input.narrow(0, send_offset, send_rows[p])});
+          works.push_back(group_->send(buffers.back(), p, rows_tag));
+        }
+        buffers.push_back({flag_out});
+        works.push_back(group_->send(buffers.back(), p, flag_tag));
+      } else if (send_rows[p] > 0 && row_bytes > 0) {
+        int64_t own_recv = 0;
+        for (int q = 0; q < me; ++q) own_recv += recv_rows[q];
+        std::memcpy(static_cast<char*>(recv) + own_recv * row_bytes,
+                    static_cast<const char*>(send) + send_offset * row_bytes,
+                    send_rows[p] * row_bytes);
+      }
+      send_offset += send_rows[p];
+    }
+    // Run waits on the work it is given; the others are waited on here,
+    // the last one by Run.
+    for (size_t i = 0; i + 1 < works.size(); ++i) works[i]->wait();
+    return works.back();
+  });
+  if (!status.ok()) return status;
+  flags->assign(n, 0);
+  for (int p = 0; p < n; ++p) (*flags)[p] = flags_in.data_ptr<uint8_t>()[p];
+  (*flags)[me] = mine;
+  return absl::OkStatus();
+}
+
 absl::Status C10dTransport::CheckLimits(const std::vector<int64_t>& send_rows,
                                         const std::vector<int64_t>& recv_rows,
                                         int64_t row_bytes) const {

@@ -76,6 +76,14 @@ class C10dTransport : public Transport {
   absl::Status AllToAllRowsPrechecked(const void* send, const std::vector<int64_t>& send_rows,
                                       void* recv, const std::vector<int64_t>& recv_rows,
                                       int64_t row_bytes) override;
+  // On the CPU (Gloo): the rows and the flags as point-to-point messages all
+  // posted at once, each peer's rows sent from and received into their
+  // offsets and this rank's own rows one memcpy; no collective of its own.
+  // On a CUDA device, the default (the flags in a host all-gather).
+  absl::Status AllToAllRowsFlagged(const void* send, const std::vector<int64_t>& send_rows,
+                                   void* recv, const std::vector<int64_t>& recv_rows,
+                                   int64_t row_bytes, uint8_t mine,
+                                   std::vector<uint8_t>* flags) override;
   // LibTorch 1.13 counts a collective's elements in int: at most 2^31 - 1
   // elements of the widest integer type dividing row_bytes per call.
   absl::Status CheckLimits(const std::vector<int64_t>& send_rows,
@@ -100,6 +108,9 @@ class C10dTransport : public Transport {
   absl::StatusOr<std::string> DoBroadcastBytes(int root, absl::string_view mine);
   // Broadcasts `tensor` (on the metadata device) from `root`, in place.
   absl::Status BroadcastFrom(at::Tensor& tensor, int root, const char* op);
+  absl::Status HostFlagged(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                           const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                           uint8_t mine, std::vector<uint8_t>* flags);
   absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                         const std::vector<int64_t>& recv_rows, int64_t row_bytes,
                         bool check_counts);
@@ -122,6 +133,9 @@ class C10dTransport : public Transport {
   C10dTransportOptions options_;
   std::vector<int> global_ranks_;  // of the root group, by this group's rank
   absl::Status broken_;            // the first failed collective
+  // Flagged exchanges so far: their messages' tags (every rank counts the
+  // same, as every rank makes the same calls in the same order).
+  uint32_t flagged_round_ = 0;
 };
 
 }  // namespace knapformer

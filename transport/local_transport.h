@@ -60,10 +60,21 @@ class LocalTransport final : public Transport {
   int size() const override { return hub_->size(); }
   absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                             const std::vector<int64_t>& recv_rows, int64_t row_bytes) override;
+  // The flags travel in the rows' own round of the hub.
+  absl::Status AllToAllRowsFlagged(const void* send, const std::vector<int64_t>& send_rows,
+                                   void* recv, const std::vector<int64_t>& recv_rows,
+                                   int64_t row_bytes, uint8_t mine,
+                                   std::vector<uint8_t>* flags) override;
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override;
   absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override;
 
  private:
+  // AllToAllRows with `flag` (when set) as the first byte of this rank's
+  // contribution, and every rank's first byte in `flags`.
+  absl::Status Exchange(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                        const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                        const uint8_t* flag, std::vector<uint8_t>* flags);
+
   std::shared_ptr<LocalHub> hub_;
   const int rank_;
   uint64_t round_ = 0;

@@ -127,6 +127,27 @@ absl::Status Transport::CheckRowCounts(const std::vector<int64_t>& send_rows,
   return AgreeOnStatus(*this, mine, /*row_bytes=*/-1, NameRank::kNo);
 }
 
+absl::Status Transport::AllToAllRowsFlagged(const void* send,
+                                            const std::vector<int64_t>& send_rows, void* recv,
+                                            const std::vector<int64_t>& recv_rows,
+                                            int64_t row_bytes, uint8_t mine,
+                                            std::vector<uint8_t>* flags) {
+  absl::Status moved = AllToAllRowsPrechecked(send, send_rows, recv, recv_rows, row_bytes);
+  if (!moved.ok()) return moved;
+  absl::StatusOr<std::vector<std::string>> all =
+      AllGatherBytes(absl::string_view(reinterpret_cast<const char*>(&mine), 1));
+  if (!all.ok()) return all.status();
+  flags->assign(all->size(), 0);
+  for (size_t p = 0; p < all->size(); ++p) {
+    if ((*all)[p].size() != 1) {
+      return absl::InternalError(absl::StrCat("flagged all-to-all: rank ", p, " sent ",
+                                              (*all)[p].size(), " bytes as its flag, not 1"));
+    }
+    (*flags)[p] = static_cast<uint8_t>((*all)[p][0]);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckBroadcastRoot(int root, int size) {
   if (root >= 0 && root < size) return absl::OkStatus();
   return absl::InvalidArgumentError(

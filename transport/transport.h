@@ -95,6 +95,23 @@ class Transport {
     return AllToAllRows(send, send_rows, recv, recv_rows, row_bytes);
   }
 
+  // AllToAllRowsPrechecked that also carries one status byte from every
+  // rank to every rank of the group: `mine` from this one, and `flags`
+  // receives each rank's (by rank, this rank's own included). For callers
+  // that agree on an exchange's shape once and run the later ones without a
+  // collective of their own: a rank that cannot take part (its tensors differ
+  // from what was agreed, an allocation failed) still moves the agreed bytes,
+  // from scratch memory, with a non-zero flag, so that every rank learns in
+  // this same call that the exchange failed somewhere, and nobody waits.
+  // Backends carry the flags with the rows (no collective of their own); the
+  // default is AllToAllRowsPrechecked followed by an AllGatherBytes of the
+  // flag. REQUIRES: counts accepted by CheckRowCounts, as for
+  // AllToAllRowsPrechecked; flags != nullptr.
+  virtual absl::Status AllToAllRowsFlagged(const void* send, const std::vector<int64_t>& send_rows,
+                                           void* recv, const std::vector<int64_t>& recv_rows,
+                                           int64_t row_bytes, uint8_t mine,
+                                           std::vector<uint8_t>* flags);
+
   // This backend's own limits on one all-to-all, beyond CheckExchange (c10d:
   // elements per call); Ok by default. Local: callers that agree on every
   // rank's verdict before an exchange fold it in, so that a limit one rank

@@ -27,6 +27,10 @@ struct Faults {
   // as a real count mismatch is the same error in every member).
   int failing_subgroup_checks = 0;
   absl::Status subgroup_check_error = absl::InvalidArgumentError("injected count mismatch");
+  // Counted over every subgroup made from the transport (not faults: what
+  // the subgroups' wrappers, made inside the code under test, saw).
+  int subgroup_all_gathers = 0;
+  int subgroup_flagged = 0;
 };
 
 class RecordingTransport final : public Transport {
@@ -45,6 +49,8 @@ class RecordingTransport final : public Transport {
   const std::vector<int64_t>& exchanges() const { return exchanges_; }
   // AllGatherBytes calls so far (the agreement's collective).
   int all_gathers() const { return all_gathers_; }
+  // AllToAllRowsFlagged calls so far (exchanges that carry their own flags).
+  int flagged() const { return flagged_; }
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -63,6 +69,15 @@ class RecordingTransport final : public Transport {
     exchanges_.push_back(row_bytes);
     return inner_->AllToAllRowsPrechecked(send, send_rows, recv, recv_rows, row_bytes);
   }
+  absl::Status AllToAllRowsFlagged(const void* send, const std::vector<int64_t>& send_rows,
+                                   void* recv, const std::vector<int64_t>& recv_rows,
+                                   int64_t row_bytes, uint8_t mine,
+                                   std::vector<uint8_t>* flags) override {
+    exchanges_.push_back(row_bytes);
+    ++flagged_;
+    if (is_subgroup_) ++faults_->subgroup_flagged;
+    return inner_->AllToAllRowsFlagged(send, send_rows, recv, recv_rows, row_bytes, mine, flags);
+  }
   absl::Status CheckRowCounts(const std::vector<int64_t>& send_rows,
                               const std::vector<int64_t>& recv_rows) override {
     if (is_subgroup_ && faults_->failing_subgroup_checks > 0) {
@@ -73,6 +88,7 @@ class RecordingTransport final : public Transport {
   }
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override {
     ++all_gathers_;
+    if (is_subgroup_) ++faults_->subgroup_all_gathers;
     return inner_->AllGatherBytes(mine);
   }
   absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override {
@@ -89,6 +105,7 @@ class RecordingTransport final : public Transport {
   bool is_subgroup_ = false;
   std::vector<int64_t> exchanges_;
   int all_gathers_ = 0;
+  int flagged_ = 0;
 };
 
 }  // namespace testing_util

@@ -1,0 +1,530 @@
+#include "client/row_exchange.h"
+
+#include <numeric>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/host_tensor_cache.h"
+#include "client/row_exchange.pb.h"
+#include "transport/agreement.h"
+
+namespace knapformer {
+namespace {
+
+int64_t Sum(const std::vector<int64_t>& values) {
+  return std::accumulate(values.begin(), values.end(), int64_t{0});
+}
+
+bool IsIdentity(const std::vector<int64_t>& index) {
+  for (size_t i = 0; i < index.size(); ++i) {
+    if (index[i] != static_cast<int64_t>(i)) return false;
+  }
+  return true;
+}
+
+// x as [rows, bytes per row] of kByte, sharing x's memory when it can. A
+// tensor torch calls contiguous may still have odd strides where a size is 0
+// or 1 (an expanded gradient of zero rows, say), which a byte view refuses:
+// those are copied to plain strides first.
+at::Tensor ByteRows(const at::Tensor& x) {
+  const int64_t rows = x.size(0);
+  const int64_t elements = RowElements(x);
+  at::Tensor flat = x.resolve_conj().resolve_neg().contiguous().reshape({rows, elements});
+  if (flat.stride(1) != 1 || (elements > 1 && flat.stride(0) != elements)) {
+    flat = at::empty({rows, elements}, flat.options()).copy_(flat);
+  }
+  return flat.view(at::kByte);
+}
+
+// An uninitialised contiguous tensor of `like`'s dtype and device. Host
+// memory comes from the host tensor cache: a step allocates the same few
+// large buffers every step, and fresh ones cost a page fault per page.
+at::Tensor Empty(at::IntArrayRef shape, const at::Tensor& like) {
+  if (like.device().is_cpu()) return EmptyHostTensor(shape, like.scalar_type());
+  return at::empty(shape, like.options());
+}
+
+// x's rows in `index` order (all of them, unchanged, when it is undefined).
+at::Tensor Reordered(const at::Tensor& x, const at::Tensor& index) {
+  if (!index.defined()) return x;
+  at::Tensor out = Empty(x.sizes(), x);
+  at::index_select_out(out, x, 0, index.to(x.device()));
+  return out;
+}
+
+// A torch error while preparing an exchange, as a status.
+absl::Status FromTorchError(const c10::Error& e, const char* what) {
+  const std::string message = absl::StrCat(what, ": ", e.what_without_backtrace());
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) {
+    return absl::ResourceExhaustedError(message);
+  }
+  return absl::InvalidArgumentError(message);
+}
+
+// Bytes per row of the tensors moved together.
+int64_t RowBytes(at::TensorList xs) {
+  int64_t bytes = 0;
+  for (const at::Tensor& x : xs) bytes += RowElements(x) * static_cast<int64_t>(x.element_size());
+  return bytes;
+}
+
+// ---- Agreement ----------------------------------------------------------
+
+std::string DtypeName(int dtype) {
+  if (dtype < 0 || dtype >= static_cast<int>(c10::ScalarType::NumOptions)) {
+    return absl::StrCat("dtype #", dtype);
+  }
+  return c10::toString(static_cast<c10::ScalarType>(dtype));
+}
+
+std::string ShapeText(const std::vector<int64_t>& trailing) {
+  return absl::StrCat("[", absl::StrJoin(trailing, ", "), "]");
+}
+
+client::ExchangeCheck CheckOf(const absl::Status& mine, int64_t row_bytes,
+                              const ExchangeSignature* signature) {
+  client::ExchangeCheck check;
+  *check.mutable_verdict() = VerdictOf(mine, row_bytes);
+  if (signature != nullptr && mine.ok()) {
+    check.set_has_signature(true);
+    for (const TensorSignature& t : *signature) {
+      client::TensorSignature* out = check.add_tensors();
+      out->set_dtype(t.dtype);
+      for (int64_t size : t.trailing) out->add_trailing(size);
+      out->set_requires_grad(t.requires_grad);
+    }
+  }
+  return check;
+}
+
+ExchangeSignature SignatureFrom(const client::ExchangeCheck& check) {
+  ExchangeSignature signature;
+  for (const client::TensorSignature& t : check.tensors()) {
+    signature.push_back({t.dtype(), {t.trailing().begin(), t.trailing().end()},
+                         t.requires_grad()});
+  }
+  return signature;
+}
+
+// How `theirs` (world rank `b`) differs from `ours` (world rank `a`), as
+// the error every rank returns.
+absl::Status SignatureMismatch(const RowMove& move, int a, const ExchangeSignature& ours, int b,
+                               const ExchangeSignature& theirs) {
+  const std::string call = absl::StrCat(move.what, " at step ", move.step, ": ");
+  const std::string rule =
+      " (every rank of the group must pass the same number of tensors, and each with the same "
+      "dtype, shape after dimension 0 and requires_grad)";
+  if (ours.size() != theirs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(call, ours.size(), " tensors on rank ", a,
+                                                   " but ", theirs.size(), " on rank ", b, rule));
+  }
+  for (size_t i = 0; i < ours.size(); ++i) {
+    const std::string tensor = ours.size() == 1 ? "the tensor's " : absl::StrCat("tensor ", i, "'s ");
+    if (ours[i].dtype != theirs[i].dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(call, tensor, "dtype is ",
+                                                     DtypeName(ours[i].dtype), " on rank ", a,
+                                                     " but ", DtypeName(theirs[i].dtype),
+                                                     " on rank ", b, rule));
+    }
+    if (ours[i].trailing != theirs[i].trailing) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          call, tensor, "shape after dimension 0 is ", ShapeText(ours[i].trailing), " on rank ",
+          a, " but ", ShapeText(theirs[i].trailing), " on rank ", b, rule));
+    }
+    if (ours[i].requires_grad != theirs[i].requires_grad) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(call, tensor, "requires_grad is ", ours[i].requires_grad ? "True" : "False",
+                       " on rank ", a, " but ", theirs[i].requires_grad ? "True" : "False",
+                       " on rank ", b, rule));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Collective over the move's group: every rank's verdict (`mine`, the bytes
+// per row it would move) and signature (none in a backward pass or when it
+// refuses), folded into the same status on every rank: the lowest failing
+// rank's ("rank W: ...", W its world rank), else the first rank whose
+// signature differs from the group's first rank's, else Ok.
+absl::Status AgreeOnExchange(const RowMove& move, const absl::Status& mine, int64_t row_bytes,
+                             const ExchangeSignature* signature) {
+  absl::StatusOr<std::vector<client::ExchangeCheck>> all =
+      AllGatherMessages(*move.transport, CheckOf(mine, row_bytes, signature));
+  if (!all.ok()) return all.status();
+  const int n = static_cast<int>(all->size());
+  auto world = [&](int p) {
+    return p < static_cast<int>(move.world_ranks.size()) ? move.world_ranks[p] : p;
+  };
+  for (int p = 0; p < n; ++p) {
+    absl::Status status =
+        StatusOf((*all)[p].verdict(), world(p), absl::StrCat("rank ", world(p), ": "));
+    if (!status.ok()) return status;
+  }
+  if ((*all)[0].has_signature()) {
+    const ExchangeSignature first = SignatureFrom((*all)[0]);
+    for (int p = 1; p < n; ++p) {
+      if (!(*all)[p].has_signature()) continue;
+      absl::Status same = SignatureMismatch(move, world(0), first, world(p), SignatureFrom((*all)[p]));
+      if (!same.ok()) return same;
+    }
+  }
+  // Backward passes carry no signature; their row sizes must still match.
+  std::vector<agreement::Verdict> verdicts;
+  for (const client::ExchangeCheck& check : *all) verdicts.push_back(check.verdict());
+  absl::Status rows = FirstFailure(verdicts);
+  if (!rows.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(move.what, " at step ", move.step, ": ",
+                                                   rows.message()));
+  }
+  return absl::OkStatus();
+}
+
+// The device of the move's transport.
+c10::Device TransportDevice(const Transport& transport) {
+  const int cuda = transport.cuda_device();
+  return cuda < 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, cuda);
+}
+
+// A flagged exchange of the agreed shape on behalf of a rank that cannot
+// send its own rows: zeros out, received rows dropped, `flag` raised.
+// Returns the flags, or the transport's error.
+absl::StatusOr<std::vector<uint8_t>> FlaggedFromScratch(const RowMove& move, int64_t row_bytes,
+                                                        uint8_t flag) {
+  std::vector<uint8_t> flags;
+  try {
+    const auto options = at::TensorOptions().dtype(at::kByte).device(TransportDevice(*move.transport));
+    at::Tensor send = at::zeros({Sum(*move.send_rows) * row_bytes}, options);
+    at::Tensor recv = at::empty({Sum(*move.recv_rows) * row_bytes}, options);
+    absl::Status moved = move.transport->AllToAllRowsFlagged(
+        send.data_ptr(), *move.send_rows, recv.data_ptr(), *move.recv_rows, row_bytes, flag,
+        &flags);
+    if (!moved.ok()) return moved;
+  } catch (const c10::Error& e) {
+    // Not even scratch memory: the peers wait until the transport's timeout.
+    return FromTorchError(e, move.what);
+  }
+  return flags;
+}
+
+bool AnyRaised(const std::vector<uint8_t>& flags) {
+  for (uint8_t f : flags) {
+    if (f != 0) return true;
+  }
+  return false;
+}
+
+// The flag a rank raises: it failed on its own, or its tensors are not the
+// signature the call agreed on (which every rank may have changed alike).
+constexpr uint8_t kFailed = 1;
+constexpr uint8_t kSignatureChanged = 2;
+
+// ---- The exchange -------------------------------------------------------
+
+// The buffers of one exchange: the send buffer in send order, the receive
+// buffer, and for several tensors each one's bytes.
+struct Packed {
+  bool single = true;
+  at::Tensor send, received;
+  std::vector<at::Tensor> bytes;  // several tensors: each [rows, its row bytes]
+};
+
+// One tensor moves as it is; several are packed side by side as bytes (so
+// each keeps its dtype, bit for bit, and Gloo's refusal of bf16 does not
+// matter).
+absl::Status Pack(at::TensorList xs, const RowMove& move, int64_t row_bytes, Packed* packed) {
+  const int64_t send_count = Sum(*move.send_rows);
+  const int64_t recv_count = Sum(*move.recv_rows);
+  packed->single = xs.size() == 1;
+  try {
+    if (packed->single) {
+      // Conjugate and negative views are lazy bits on the tensor, not in its
+      // bytes: resolve them before the bytes travel.
+      packed->send =
+          Reordered(xs[0].resolve_conj().resolve_neg().contiguous(), move.before.index);
+      std::vector<int64_t> shape = packed->send.sizes().vec();
+      shape[0] = recv_count;
+      packed->received = Empty(shape, packed->send);
+      return absl::OkStatus();
+    }
+    for (const at::Tensor& x : xs) packed->bytes.push_back(ByteRows(x));
+    packed->send = Empty({send_count, row_bytes}, packed->bytes[0]);
+    int64_t column = 0;
+    for (const at::Tensor& b : packed->bytes) {
+      at::Tensor slot = packed->send.narrow(1, column, b.size(1));
+      if (move.before.index.defined()) {
+        at::index_select_out(slot, b, 0, move.before.index.to(b.device()));
+      } else {
+        slot.copy_(b);
+      }
+      column += b.size(1);
+    }
+    packed->received = Empty({recv_count, row_bytes}, packed->send);
+  } catch (const c10::Error& e) {
+    return FromTorchError(e, move.what);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<at::Tensor> Unpack(at::TensorList xs, const RowMove& move, const Packed& packed) {
+  if (packed.single) return {Reordered(packed.received, move.after.index)};
+  const int64_t recv_count = Sum(*move.recv_rows);
+  std::vector<at::Tensor> outputs;
+  int64_t column = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    at::Tensor slot = packed.received.narrow(1, column, packed.bytes[i].size(1));
+    column += packed.bytes[i].size(1);
+    // Each output is a tensor of its own, not a view of the receive buffer,
+    // which is freed here instead of living as long as any one output.
+    std::vector<int64_t> shape = xs[i].sizes().vec();
+    shape[0] = recv_count;
+    at::Tensor out = Empty(shape, xs[i]);
+    at::Tensor out_bytes = out.view({recv_count, RowElements(out)}).view(at::kByte);
+    if (move.after.index.defined()) {
+      at::index_select_out(out_bytes, slot, 0, move.after.index.to(slot.device()));
+    } else {
+      out_bytes.copy_(slot);
+    }
+    outputs.push_back(std::move(out));
+  }
+  return outputs;
+}
+
+void ThrowIfError(absl::Status status) {
+  if (!status.ok()) throw TransportError(std::move(status));
+}
+
+// Every tensor's rows exchanged with one all-to-all, agreed as move.agreement
+// says (row_exchange.h). Everything that can fail on one rank alone
+// (packing, allocating the receive buffer, a backend's limit, tensors unlike
+// the peers') is decided before the rows are trusted, and every rank of the
+// group learns of it in the same exchange.
+std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
+  const int64_t row_bytes = RowBytes(xs);
+  Packed packed;
+  absl::Status prepared = Pack(xs, move, row_bytes, &packed);
+  if (prepared.ok()) {
+    prepared = move.transport->CheckLimits(*move.send_rows, *move.recv_rows, row_bytes);
+  }
+  const ExchangeSignature* signature = move.book != nullptr ? &move.signature : nullptr;
+  const ExchangeBook::Entry* agreed =
+      move.book != nullptr ? move.book->Expected(move.what, move.ordinal) : nullptr;
+  const bool flagged = move.agreement == Agreement::kOncePerStep &&
+                       (move.book == nullptr || agreed != nullptr);
+  auto move_agreed = [&] {
+    if (move.book != nullptr) move.book->Record(move.what, move.ordinal, {move.signature, row_bytes});
+    ThrowIfError(move.transport->AllToAllRowsPrechecked(
+        packed.send.data_ptr(), *move.send_rows, packed.received.data_ptr(), *move.recv_rows,
+        row_bytes));
+    return Unpack(xs, move, packed);
+  };
+  if (!flagged) {
+    ThrowIfError(move.agreement == Agreement::kOff
+                     ? prepared
+                     : AgreeOnExchange(move, prepared, row_bytes, signature));
+    return move_agreed();
+  }
+  // The call's shape was agreed: move at once, flags with the rows.
+  const int64_t wire_row_bytes = agreed != nullptr ? agreed->row_bytes : row_bytes;
+  uint8_t flag = 0;
+  if (!prepared.ok()) {
+    flag = kFailed;
+  } else if (agreed != nullptr && !(agreed->signature == move.signature)) {
+    flag = kSignatureChanged;
+  }
+  std::vector<uint8_t> flags;
+  if (flag == 0) {
+    ThrowIfError(move.transport->AllToAllRowsFlagged(packed.send.data_ptr(), *move.send_rows,
+                                                     packed.received.data_ptr(), *move.recv_rows,
+                                                     row_bytes, 0, &flags));
+  } else {
+    absl::StatusOr<std::vector<uint8_t>> scratch = FlaggedFromScratch(move, wire_row_bytes, flag);
+    if (!scratch.ok()) {
+      ThrowIfError(prepared.ok() ? scratch.status() : prepared);
+    }
+    flags = *std::move(scratch);
+  }
+  if (!AnyRaised(flags)) {
+    if (move.book != nullptr) move.book->Record(move.what, move.ordinal, *agreed);
+    return Unpack(xs, move, packed);
+  }
+  // A rank raised its flag: every rank knows, and all agree on why.
+  ThrowIfError(AgreeOnExchange(move, prepared, row_bytes, signature));
+  // Nobody failed and every rank passed the same new signature: it is the
+  // call's from now on, and the exchange runs again with it.
+  return move_agreed();
+}
+
+// MoveRows as an autograd node: its backward sends each gradient row back
+// the way its row came, for the tensors that required grad (the same set on
+// every rank, so the backward exchange matches on every rank too). The
+// backward is this node again, reversed, so it is differentiable as well
+// (double backward). Callers pass an at::TensorList: autograd only tracks
+// the tensors of an argument of that type (a std::vector would silently be a
+// non-tensor argument).
+//
+// Backward order. Autograd runs independent nodes in whatever order they
+// become ready, and ranks' graphs differ (a loss that uses one routed tensor
+// more than another, CUDA and CPU nodes on different engine threads), so
+// two exchanges could run in different orders on different ranks: a hang,
+// or rows of one tensor received as another's. Every node therefore takes
+// the previous node's `chain` output (an empty tensor) as an input and
+// emits its own: the backward of an exchange cannot start before the
+// backward of every later exchange of the step has ended, so backward
+// exchanges run in exactly the reverse of the forward order, on every rank.
+class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
+ public:
+  // Returns the moved tensors, then the chain link for the next exchange.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                at::TensorList xs, at::TensorList chain,
+                                                const RowMove* move) {
+    std::vector<int64_t> differentiable;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (xs[i].requires_grad()) differentiable.push_back(static_cast<int64_t>(i));
+    }
+    ctx->saved_data["differentiable"] = differentiable;
+    ctx->saved_data["inputs"] = static_cast<int64_t>(xs.size());
+    // The previous link, or none (an undefined tensor may not be an input).
+    ctx->saved_data["chained"] = !chain.empty();
+    ctx->saved_data["transport"] = reinterpret_cast<int64_t>(move->transport);
+    ctx->saved_data["what"] = std::string(move->what);
+    ctx->saved_data["agreement"] = static_cast<int64_t>(move->agreement);
+    ctx->saved_data["owner"] = move->owner;
+    ctx->saved_data["chain_started"] = move->chain_started;
+    ctx->saved_data["send_rows"] = *move->send_rows;
+    ctx->saved_data["recv_rows"] = *move->recv_rows;
+    ctx->saved_data["world_ranks"] =
+        std::vector<int64_t>(move->world_ranks.begin(), move->world_ranks.end());
+    ctx->saved_data["step"] = static_cast<int64_t>(move->step);
+    // Backward gathers with the inverses, in the opposite order.
+    ctx->saved_data["back_before"] = move->after.inverse;
+    ctx->saved_data["back_before_inverse"] = move->after.index;
+    ctx->saved_data["back_after"] = move->before.inverse;
+    ctx->saved_data["back_after_inverse"] = move->before.index;
+    std::vector<at::Tensor> outputs = MoveRows(xs, *move);
+    torch::autograd::variable_list non_differentiable;  // one call: each call replaces the set
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (!xs[i].requires_grad()) non_differentiable.push_back(outputs[i]);
+    }
+    ctx->mark_non_differentiable(non_differentiable);
+    outputs.push_back(at::empty({0}));  // the chain link
+    return outputs;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<int64_t> differentiable = ctx->saved_data["differentiable"].toIntVector();
+    // Exchanges recorded after this point start a new chain instead of
+    // linking into a graph whose backward has begun (and may be freed).
+    const at::IValue& started = ctx->saved_data["chain_started"];
+    if (started.isTensor() && started.toTensor().defined()) started.toTensor().fill_(true);
+    const std::vector<int64_t> send_rows = ctx->saved_data["recv_rows"].toIntVector();
+    const std::vector<int64_t> recv_rows = ctx->saved_data["send_rows"].toIntVector();
+    const std::string what = ctx->saved_data["what"].toStringRef() + " (backward)";
+    RowMove back;
+    auto tensor = [&](const char* key) {
+      const at::IValue& value = ctx->saved_data[key];
+      return value.isTensor() ? value.toTensor() : at::Tensor();
+    };
+    back.transport = reinterpret_cast<Transport*>(ctx->saved_data["transport"].toInt());
+    back.what = what.c_str();
+    back.agreement = static_cast<Agreement>(ctx->saved_data["agreement"].toInt());
+    back.owner = tensor("owner");
+    back.send_rows = &send_rows;
+    back.recv_rows = &recv_rows;
+    back.before = {tensor("back_before"), tensor("back_before_inverse")};
+    back.after = {tensor("back_after"), tensor("back_after_inverse")};
+    for (int64_t rank : ctx->saved_data["world_ranks"].toIntVector()) {
+      back.world_ranks.push_back(static_cast<int>(rank));
+    }
+    back.step = static_cast<uint64_t>(ctx->saved_data["step"].toInt());
+    std::vector<at::Tensor> to_send;
+    for (int64_t i : differentiable) to_send.push_back(grads[i]);
+    // A node of its own only when the backward itself is being recorded
+    // (create_graph); otherwise apply runs the exchange and records nothing.
+    // Double backward is not chained: it is one exchange per backward node.
+    std::vector<at::Tensor> moved =
+        MoveRowsFunction::apply(at::TensorList(to_send), at::TensorList(), &back);
+    const int64_t inputs = ctx->saved_data["inputs"].toInt();
+    const bool chained = ctx->saved_data["chained"].toBool();
+    torch::autograd::variable_list result(inputs + (chained ? 1 : 0) + 1);  // xs, chain, move
+    for (size_t j = 0; j < differentiable.size(); ++j) result[differentiable[j]] = moved[j];
+    // Passing the link on releases the previous exchange's backward.
+    if (chained) result[inputs] = at::zeros({0});
+    return result;
+  }
+};
+
+}  // namespace
+
+RowOrder RowOrder::Of(const std::vector<int64_t>& rows) {
+  if (IsIdentity(rows)) return {};
+  std::vector<int64_t> inverse(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) inverse[rows[i]] = static_cast<int64_t>(i);
+  return {at::tensor(rows, at::kLong), at::tensor(inverse, at::kLong)};
+}
+
+ExchangeSignature SignatureOf(const std::vector<at::Tensor>& xs) {
+  ExchangeSignature signature;
+  for (const at::Tensor& x : xs) {
+    std::vector<int64_t> trailing(x.sizes().begin() + (x.dim() > 0 ? 1 : 0), x.sizes().end());
+    signature.push_back(
+        {static_cast<int>(x.scalar_type()), std::move(trailing), x.requires_grad()});
+  }
+  return signature;
+}
+
+const ExchangeBook::Entry* ExchangeBook::Expected(const std::string& call, int ordinal) const {
+  auto it = agreed_.find(call);
+  if (it == agreed_.end() || it->second.empty()) return nullptr;
+  const std::vector<Entry>& entries = it->second;
+  return ordinal >= 0 && ordinal < static_cast<int>(entries.size()) ? &entries[ordinal]
+                                                                    : &entries.back();
+}
+
+void ExchangeBook::Record(const std::string& call, int ordinal, Entry entry) {
+  std::vector<Entry>& entries = agreed_[call];
+  if (ordinal < 0) return;
+  if (ordinal >= static_cast<int>(entries.size())) {
+    // Ordinals come in order within a step; one never seen extends the list
+    // (with the call's last entry between, should a call have been skipped).
+    entries.resize(ordinal + 1, entries.empty() ? entry : entries.back());
+  }
+  entries[ordinal] = std::move(entry);
+}
+
+at::Tensor OwnerTensor(std::shared_ptr<Transport> transport) {
+  auto* held = new std::shared_ptr<Transport>(std::move(transport));
+  return at::from_blob(
+      held, {0}, [held](void*) { delete held; }, at::TensorOptions().dtype(at::kByte));
+}
+
+int64_t RowElements(const at::Tensor& x) {
+  return std::accumulate(x.sizes().begin() + 1, x.sizes().end(), int64_t{1},
+                         std::multiplies<int64_t>());
+}
+
+std::vector<at::Tensor> MoveRowsWithGrad(at::TensorList xs, at::TensorList chain,
+                                         const RowMove& move) {
+  return MoveRowsFunction::apply(xs, chain, &move);
+}
+
+absl::Status RefuseExchange(const RowMove& move, const absl::Status& reason) {
+  if (move.agreement == Agreement::kOff) return reason;
+  const ExchangeBook::Entry* agreed =
+      move.book != nullptr ? move.book->Expected(move.what, move.ordinal) : nullptr;
+  if (move.agreement == Agreement::kOncePerStep && agreed != nullptr) {
+    // The peers are already moving the call's agreed rows.
+    absl::StatusOr<std::vector<uint8_t>> flags =
+        FlaggedFromScratch(move, agreed->row_bytes, kFailed);
+    if (!flags.ok()) return flags.status();
+  }
+  absl::Status agreed_error = AgreeOnExchange(move, reason, -1, nullptr);
+  return agreed_error.ok() ? reason : agreed_error;
+}
+
+}  // namespace knapformer
