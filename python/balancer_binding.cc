@@ -56,6 +56,7 @@ struct BalancerArgs {
   uint64_t first_step = 0;
   bool use_fitted_gamma = false;
   bool agree_on_errors = true;
+  bool agree_every_exchange = false;
   Machine machine;  // set from a dict (python/machine_arg.h)
 };
 
@@ -283,6 +284,7 @@ SequenceBalancerOptions OptionsOf(const BalancerArgs& args) {
   options.first_step = args.first_step;
   options.use_fitted_gamma = args.use_fitted_gamma;
   options.agree_on_errors = args.agree_on_errors;
+  options.agree_every_exchange = args.agree_every_exchange;
   options.locality = args.locality;
   options.machine = args.machine;
   return options;
@@ -636,6 +638,7 @@ void BindBalancer(py::module_& m) {
       .def_readwrite("first_step", &BalancerArgs::first_step)
       .def_readwrite("use_fitted_gamma", &BalancerArgs::use_fitted_gamma)
       .def_readwrite("agree_on_errors", &BalancerArgs::agree_on_errors)
+      .def_readwrite("agree_every_exchange", &BalancerArgs::agree_every_exchange)
       .def_property(
           "machine", [](const BalancerArgs& args) { return MachineToDict(args.machine); },
           [](BalancerArgs& args, const py::dict& fields) { args.machine = MachineFromDict(fields); });

@@ -105,7 +105,13 @@ def _arguments(bag_specs, gamma, device, planner_address, job_id, group_id, d_mo
     args.require_planner = None if require_planner is None else bool(require_planner)
     args.first_step = int(first_step)
     args.use_fitted_gamma = bool(use_fitted_gamma)
-    args.agree_on_errors = bool(agree_on_errors)
+    if agree_on_errors == "every_exchange":
+        args.agree_on_errors, args.agree_every_exchange = True, True
+    elif isinstance(agree_on_errors, bool):
+        args.agree_on_errors = agree_on_errors
+    else:
+        raise ValueError(f"agree_on_errors: needs True, False or 'every_exchange', got "
+                         f"{agree_on_errors!r}")
     args.machine = {} if machine is None else machine
     if d_model is not None and not 1 <= args.d_model <= 65536:
         raise ValueError(f"d_model: {d_model} is outside [1, 65536]")
@@ -170,11 +176,14 @@ class SequenceBalancer:
         KNAPFORMER_REQUIRE_PLANNER environment variable (1/true), else
         False; needs a planner address. Without it, the summary's
         ``local_steps`` and ``local_reason`` count the steps planned locally.
-      agree_on_errors: every exchange first agrees on every rank's verdict
-        (one small all-gather), so one rank's mistake raises on every rank
-        at once (default). False saves that all-gather: a mistake then
-        raises on its rank only, and its peers wait in the exchange until
-        that process exits or the group's timeout.
+      agree_on_errors: one rank's mistake in an exchange raises on every
+        rank at once (default True): the first exchange of each call agrees
+        on every rank's verdict and tensors in one small all-gather, later
+        ones (the next layers, the next steps) carry one status byte per rank
+        with their rows. "every_exchange" (debugging): the all-gather before
+        every exchange. False: a mistake raises on its rank only, and its
+        peers wait in the exchange until that process exits or the group's
+        timeout.
 
     Creating it first agrees on every rank's settings (topology, d_model,
     gamma, cost model, locality, token cap, planner address and mode,
@@ -188,7 +197,8 @@ class SequenceBalancer:
     mistake on one rank (a bad length, a tensor with the wrong rows, dtype
     or device) raises on every rank of the call's group (the process group
     for plan_routing and the routes, the bag for pre/post_attn) with the
-    lowest failing rank's reason ("rank 2: ..."), at once, and the next call
+    lowest failing rank's reason ("rank 2: ...", global ranks) or naming the
+    ranks whose tensors differ, the field and both values, at once, and the next call
     works (for the tensor calls: unless agree_on_errors=False). A peer that
     dies raises RuntimeError (UNAVAILABLE or DEADLINE_EXCEEDED) on every
     survivor within the process group's timeout; the balancer is unusable

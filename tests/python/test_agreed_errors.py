@@ -51,9 +51,9 @@ EXPECTED = {  # entry point: (error type, text every rank of the group sees)
     "plan": ("ValueError", "ranks[{c}][0]: sequence length -5"),
     "route_rows": ("ValueError", "rank {c}: route: "),
     "route_feature": ("ValueError", "rank {c}: route: packed_features[0] must be a tensor"),
-    "route_dtype": ("ValueError", "every rank must pass the same dtypes"),
-    "pre_attn": ("ValueError", "rank {b}: pre_attn: "),
-    "post_attn": ("ValueError", "rank {b}: post_attn: "),
+    "route_dtype": ("ValueError", "route at step {s}: the tensor's dtype is "),
+    "pre_attn": ("ValueError", "rank {c}: pre_attn: "),
+    "post_attn": ("ValueError", "rank {c}: post_attn: "),
     "reverse": ("ValueError", "rank {c}: reverse_route: "),
 }
 
@@ -68,7 +68,7 @@ def check_agreed(results, size):
                 if not in_group:
                     assert got_kind is None, f"{where}: the other bag raised {got_text}"
                     continue
-                want = text.format(c=culprit, b=culprit % 2)
+                want = text.format(c=culprit, s=2 * culprit + 1)  # a failed plan is a step
                 assert got_kind == kind and want in got_text, f"{where}: {got_kind} {got_text}"
                 assert took < BOUND_S, f"{where}: took {took:.1f} s"
             assert out["exact_after"], f"rank {rank}, culprit {culprit}: round trip not exact"

@@ -60,6 +60,46 @@ const bool kUneven = RegisterScenario("uneven", [](Worker& w) {
   EXPECT_TRUE(w.transport->AllToAllRows(nullptr, zeros, nullptr, zeros, kRowBytes).ok());
 });
 
+// The flagged exchange (point-to-point on Gloo): the same rows as the
+// all-to-all, this rank's own included, and every rank's flag, round after
+// round, in a subgroup too, and mixed with collectives.
+const bool kFlagged = RegisterScenario("flagged", [](Worker& w) {
+  auto check = [](Transport& t, int round) {
+    std::vector<int64_t> send_rows, recv_rows;
+    std::vector<uint8_t> send = SendBuffer(t.rank(), t.size(), &send_rows);
+    for (int src = 0; src < t.size(); ++src) recv_rows.push_back(RowsBetween(src, t.rank()));
+    const int64_t total = std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0});
+    std::vector<uint8_t> recv(total * kRowBytes, 0xEE);
+    std::vector<uint8_t> flags;
+    const uint8_t mine = static_cast<uint8_t>((t.rank() + round) % 3);
+    ASSERT_TRUE(t.AllToAllRowsFlagged(send.data(), send_rows, recv.data(), recv_rows, kRowBytes,
+                                      mine, &flags)
+                    .ok());
+    std::vector<uint8_t> expected, expected_flags;
+    for (int src = 0; src < t.size(); ++src) {
+      expected_flags.push_back(static_cast<uint8_t>((src + round) % 3));
+      for (int64_t i = 0; i < RowsBetween(src, t.rank()); ++i) {
+        expected.insert(expected.end(), {uint8_t(src), uint8_t(t.rank()), uint8_t(i)});
+      }
+    }
+    EXPECT_EQ(recv, expected) << "rank " << t.rank() << " round " << round;
+    EXPECT_EQ(flags, expected_flags) << "rank " << t.rank() << " round " << round;
+  };
+  for (int round = 0; round < 4; ++round) {
+    check(*w.transport, round);
+    if (round % 2 == 1) ASSERT_TRUE(w.transport->AllGatherBytes("between").ok());
+  }
+  std::vector<int> mine = w.rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+  auto pair = w.transport->Subgroup(mine);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  for (int round = 0; round < 2; ++round) check(**pair, round);
+  std::vector<int64_t> zeros(w.size, 0);
+  std::vector<uint8_t> flags;
+  EXPECT_TRUE(w.transport->AllToAllRowsFlagged(nullptr, zeros, nullptr, zeros, kRowBytes, 7, &flags)
+                  .ok());
+  EXPECT_EQ(flags, std::vector<uint8_t>(w.size, 7));
+});
+
 const bool kMismatch = RegisterScenario("mismatch", [](Worker& w) {
   std::vector<int64_t> send_rows, recv_rows;
   std::vector<uint8_t> send = SendBuffer(w.rank, w.size, &send_rows);
@@ -312,6 +352,7 @@ void ExpectRuns(const std::string& scenario) {
 
 TEST(C10dTransport, UnevenAllToAllMovesEveryRowToItsPlace) { ExpectRuns("uneven"); }
 TEST(C10dTransport, EveryRowWidthFrom1To16BytesMovesExactly) { ExpectRuns("every_row_width"); }
+TEST(C10dTransport, FlaggedExchangeMovesTheRowsAndEveryRanksFlag) { ExpectRuns("flagged"); }
 TEST(C10dTransport, CountMismatchIsTheSameErrorOnEveryRank) { ExpectRuns("mismatch"); }
 TEST(C10dTransport, AllGatherOfDifferentSizes) { ExpectRuns("all_gather"); }
 TEST(C10dTransport, BroadcastGivesEveryRankTheRootsBytes) { ExpectRuns("broadcast"); }

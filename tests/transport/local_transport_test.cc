@@ -51,6 +51,32 @@ TEST(LocalTransportTest, AllToAllMovesUnevenRowsToTheRightPlaces) {
   EXPECT_THAT(received[2], ElementsAre(20, 21, 220));
 }
 
+TEST(LocalTransportTest, FlaggedExchangeCarriesEveryRanksFlagWithTheRows) {
+  const int n = 3;
+  auto group = LocalTransport::CreateGroup(n);
+  std::vector<std::vector<int32_t>> received(n);
+  std::vector<std::vector<uint8_t>> flags(n);
+  std::vector<absl::Status> status(n);
+  RunRanks(group, [&](int s, LocalTransport& t) {
+    std::vector<int64_t> send_rows(n), recv_rows(n);
+    std::vector<int32_t> send;
+    for (int d = 0; d < n; ++d) {
+      send_rows[d] = (s + d) % 3;
+      recv_rows[d] = (d + s) % 3;
+      for (int i = 0; i < send_rows[d]; ++i) send.push_back(100 * s + 10 * d + i);
+    }
+    received[s].assign(3, -1);
+    status[s] = t.AllToAllRowsFlagged(send.data(), send_rows, received[s].data(), recv_rows,
+                                      sizeof(int32_t), static_cast<uint8_t>(s * 2), &flags[s]);
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    EXPECT_THAT(flags[r], ElementsAre(0, 2, 4));
+  }
+  EXPECT_THAT(received[0], ElementsAre(100, 200, 201));
+  EXPECT_THAT(received[2], ElementsAre(20, 21, 220));
+}
+
 TEST(LocalTransportTest, ACountMismatchIsAnErrorNamingBothRanks) {
   auto group = LocalTransport::CreateGroup(2);
   std::vector<absl::Status> status(2);
