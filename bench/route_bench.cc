@@ -1,31 +1,41 @@
 // The SequenceBalancer's data movement against the bare collective: 4 CPU
-// processes (TCPStore + Gloo on 127.0.0.1) time Route + ReverseRoute and, in
-// the same run and interleaved with it, two bare c10d alltoall_base calls
-// moving exactly the rows the plan moves (the minimum any route + reverse
-// needs), and report the ratio.
+// processes (TCPStore + Gloo on 127.0.0.1) time Route + ReverseRoute and a
+// layer's Ulysses exchanges (PreAttnTensors of q, k, v + PostAttn) and, in
+// the same run and interleaved with them, bare c10d alltoall_base calls
+// moving exactly the same rows (the minimum any implementation needs), and
+// report the ratios; then they count the collectives of each exchange.
 //
 // Figures only, nothing is asserted about time. Per payload P per rank
 // (1 MB and 16 MB of float32 rows of 1024, i.e. 4 KB per token):
 //   each rank packs a seeded mix of 1-8 sequences summing to P / 4 KB tokens;
-//   one PlanRouting (topology g1n2+g2n1, d_model 1024, gamma 1, local
-//   planning; not timed) gives the plan, whose moved-token fraction is shown;
-//   ReverseRoute(Route(x)) must give x back bit for bit (else exit 1);
-//   then K iterations (after 3 warm-up ones), each running four variants in
-//   turn, every variant preceded by a barrier on the Gloo group:
+//   one PlanRouting (topology g1n2+g2n1: ranks 2 and 3 form the 2-GPU bag;
+//   d_model 1024, gamma 1, local planning; not timed) gives the plan, whose
+//   moved-token fraction is shown; ReverseRoute(Route(x)) must give x back
+//   and PostAttn(PreAttn(q)) must give q back, bit for bit (else exit 1);
+//   then K iterations (after 3 warm-up ones), each running every variant in
+//   turn, each preceded by a barrier on the Gloo group:
 //     (a) 2x alltoall_base with the plan's per-peer row splits (route, then
 //         reverse) on preallocated contiguous [rows, 1024] float tensors
-//     (b) SequenceBalancer Route + ReverseRoute (their counts were
-//         cross-checked once, in PlanRouting; each agrees on every rank's
-//         verdict first)
-//     (c) that count check alone (Transport::CheckRowCounts of the route's
-//         counts: once per step, whatever the number of tensors moved)
-//     (d) context: 1x equal-split alltoall_base of the whole P bytes
-//     (e) (b) on a balancer with agree_on_errors off (no verdict all-gather
-//         before each exchange): what agreed errors cost
+//     (b) Route + ReverseRoute as shipped (agree_on_errors: each call's
+//         first exchange agreed once, later ones carry a status byte per
+//         rank with their rows; the calls here are all later ones, as in
+//         every layer and step of a training run after the first)
+//     (c) (b) with agree_on_errors="every_exchange": one verdict all-gather
+//         before every exchange (what every exchange paid before)
+//     (d) (b) with agree_on_errors off: no agreement at all
+//     (e) a layer's bare Ulysses exchanges in the 2-GPU bag: one
+//         alltoall_base of q, k and v side by side (each [rows, 8 heads,
+//         128] float32, the routed rows; 4 heads to each bag position) and
+//         one of the attention output, on preallocated tensors
+//     (f) PreAttnTensors({q, k, v}) + PostAttn(o) as shipped
+//     (g) (f) with agree_on_errors="every_exchange"
 //   Each rank times each variant with std::chrono::steady_clock (wall time).
 //   The headline is, per iteration, the slowest rank's time (all-gathered at
 //   the end), then the median and p90 over iterations; rank 0's own times
-//   are shown as well.
+//   (outside the bag: its layer is no exchange at all) are shown as well.
+//   Then a balancer over a counting transport (tests/testing's
+//   RecordingTransport) plans two steps of a route, 3 layers and a reverse
+//   route, and the collectives of each exchange are printed.
 //
 //   bazel build -c opt //bench:route_bench
 //   bazel-bin/bench/route_bench [--seed 0] [--timeout-seconds 600]
@@ -40,6 +50,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,6 +70,7 @@
 #include "common/status_macros.h"
 #include "transport/local_world.h"
 #include "common/sample_stats.h"
+#include "tests/testing/recording_transport.h"
 #include "transport/c10d_transport.h"
 
 namespace knapformer {
@@ -72,13 +84,16 @@ constexpr char kTopology[] = "g1n2+g2n1";
 constexpr int64_t kDModel = 1024;
 constexpr int64_t kRowBytes = kDModel * sizeof(float);
 constexpr int kWarmup = 3;
-constexpr int kVariants = 5;  // (a) (b) (c) (d) (e)
+constexpr int kVariants = 7;  // (a) .. (g)
+constexpr int kHeads = 8;
+constexpr int64_t kHeadDim = kDModel / kHeads;
+const std::vector<int> kBagRanks = {2, 3};  // g1n2+g2n1 on 4 ranks
 
 struct Payload {
   int64_t bytes;  // per rank
   int iterations;
 };
-const std::vector<Payload> kPayloads = {{int64_t{1} << 20, 30}, {int64_t{16} << 20, 10}};
+const std::vector<Payload> kPayloads = {{int64_t{1} << 20, 100}, {int64_t{16} << 20, 20}};
 
 struct BenchOptions {
   uint64_t seed = 0;
@@ -143,24 +158,29 @@ std::string Mb(int64_t bytes) {
 
 void PrintTable(const std::vector<Row>& rows, bool slowest) {
   std::cout << absl::StrFormat(
-      "%-8s %-6s %-10s | %-15s | %-15s | %-15s | %-7s %-9s | %-15s | %-15s %-7s\n", "payload",
-      "moved", "off-rank", "(a) 2x a2a", "(b) route+rev", "(c) count check", "(b)/(a)",
-      "(b+c)/(a)", "(d) 1x equal", "(e) no agreement", "(e)/(a)");
+      "%-8s %-6s %-9s | %-13s | %-13s %-6s | %-13s %-6s | %-13s %-6s | %-13s | %-13s %-6s | "
+      "%-13s %-6s\n",
+      "payload", "moved", "off-rank", "(a) 2x a2a", "(b) route+rev", "(b)/(a)", "(c) every",
+      "(c)/(a)", "(d) off", "(d)/(a)", "(e) bare layer", "(f) layer", "(f)/(e)", "(g) every",
+      "(g)/(e)");
   std::cout << absl::StrFormat(
-      "%-8s %-6s %-10s | %-7s %-7s | %-7s %-7s | %-7s %-7s | %-7s %-9s | %-7s %-7s | %-7s %-7s "
-      "%-7s\n",
-      "/rank", "frac", "MB (max)", "median", "p90", "median", "p90", "median", "p90", "median",
-      "median", "median", "p90", "median", "p90", "median");
+      "%-8s %-6s %-9s | %-6s %-6s | %-6s %-6s %-6s | %-6s %-6s %-6s | %-6s %-6s %-6s | %-6s "
+      "%-6s | %-6s %-6s %-6s | %-6s %-6s %-6s\n",
+      "/rank", "frac", "MB (max)", "median", "p90", "median", "p90", "median", "median", "p90",
+      "median", "median", "p90", "median", "median", "p90", "median", "p90", "median", "median",
+      "p90", "median");
   for (const Row& r : rows) {
     const double* med = slowest ? r.slowest_median : r.rank0_median;
     const double* p90 = slowest ? r.slowest_p90 : r.rank0_p90;
+    auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
     std::cout << absl::StrFormat(
-        "%-8s %-6.3f %-10.3f | %-7.3f %-7.3f | %-7.3f %-7.3f | %-7.3f %-7.3f | %-7.2f %-9.2f | "
-        "%-7.3f %-7.3f | %-7.3f %-7.3f %-7.2f\n",
+        "%-8s %-6.3f %-9.3f | %-6.3f %-6.3f | %-6.3f %-6.3f %-6.2f | %-6.3f %-6.3f %-6.2f | "
+        "%-6.3f %-6.3f %-6.2f | %-6.3f %-6.3f | %-6.3f %-6.3f %-6.2f | %-6.3f %-6.3f %-6.2f\n",
         Mb(r.bytes), r.moved_fraction, r.max_off_rank_mb, med[0] * 1e3, p90[0] * 1e3,
-        med[1] * 1e3, p90[1] * 1e3, med[2] * 1e3, p90[2] * 1e3, med[1] / med[0],
-        (med[1] + med[2]) / med[0], med[3] * 1e3, p90[3] * 1e3, med[4] * 1e3, p90[4] * 1e3,
-        med[4] / med[0]);
+        med[1] * 1e3, p90[1] * 1e3, ratio(med[1], med[0]), med[2] * 1e3, p90[2] * 1e3,
+        ratio(med[2], med[0]), med[3] * 1e3, p90[3] * 1e3, ratio(med[3], med[0]), med[4] * 1e3,
+        p90[4] * 1e3, med[5] * 1e3, p90[5] * 1e3, ratio(med[5], med[4]), med[6] * 1e3,
+        p90[6] * 1e3, ratio(med[6], med[4]));
   }
 }
 
@@ -168,6 +188,57 @@ std::vector<int64_t> RowSplits(const std::vector<Transfer>& transfers) {
   std::vector<int64_t> rows(kProcs, 0);
   for (const Transfer& t : transfers) rows[t.peer] += t.length;
   return rows;
+}
+
+// What the counting transport saw, summed over the world and its bags.
+struct Counts {
+  int all_gathers = 0, flagged = 0, exchanges = 0;
+};
+Counts CountsOf(const testing_util::RecordingTransport& t, const testing_util::Faults& f) {
+  return {t.all_gathers() + f.subgroup_all_gathers, t.flagged() + f.subgroup_flagged,
+          static_cast<int>(t.exchanges().size()) + f.subgroup_exchanges};
+}
+
+// Two steps of one route, 3 layers of q, k, v and a reverse route over a
+// counting transport: the collectives each exchange makes, as rank 0 prints
+// them (the bag's ranks count their subgroup's too).
+void CountCollectives(C10dTransport* transport, const std::vector<int64_t>& lengths, int rank) {
+  auto faults = std::make_shared<testing_util::Faults>();
+  testing_util::RecordingTransport counting(transport, faults);
+  SequenceBalancerOptions options;
+  options.job_id = "route-bench-count";
+  options.topology = kTopology;
+  options.d_model = kDModel;
+  auto balancer = SequenceBalancer::Create(options, &counting);
+  if (!balancer.ok()) Fail(rank, absl::StrCat("balancer: ", balancer.status().ToString()));
+  std::vector<std::string> lines;
+  for (int step = 0; step < 2; ++step) {
+    absl::Status planned = (*balancer)->PlanRouting(lengths);
+    if (!planned.ok()) Fail(rank, absl::StrCat("plan: ", planned.ToString()));
+    const Counts before = CountsOf(counting, *faults);
+    const int64_t tokens = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
+    auto routed = (*balancer)->Route(at::randn({tokens, kDModel}));
+    if (!routed.ok()) Fail(rank, routed.status().ToString());
+    const at::Tensor q = routed->view({-1, kHeads, kHeadDim});
+    for (int layer = 0; layer < 3; ++layer) {
+      auto pre = (*balancer)->PreAttnTensors({q, q.clone(), q.clone()});
+      if (!pre.ok()) Fail(rank, pre.status().ToString());
+      auto post = (*balancer)->PostAttn((*pre)[0]);
+      if (!post.ok()) Fail(rank, post.status().ToString());
+    }
+    auto back = (*balancer)->ReverseRoute(*routed);
+    if (!back.ok()) Fail(rank, back.status().ToString());
+    const Counts after = CountsOf(counting, *faults);
+    lines.push_back(absl::StrFormat(
+        "  step %d, rank %d: %d data exchanges (%d carrying their flags), %d agreement "
+        "all-gathers",
+        step, rank, after.exchanges - before.exchanges, after.flagged - before.flagged,
+        after.all_gathers - before.all_gathers));
+  }
+  // Rank 0 (a single-GPU bag: routes only) and rank 2 (in the bag) print.
+  if (rank == 0 || rank == 2) {
+    for (const std::string& line : lines) std::cout << line << "\n";
+  }
 }
 
 int RunWorker(const BenchOptions& o) {
@@ -181,27 +252,44 @@ int RunWorker(const BenchOptions& o) {
   const int rank = world->rank;
   c10d::ProcessGroup* group = world->group.get();
   C10dTransport* transport = world->transport.get();
+  const bool in_bag = rank >= kBagRanks.front();
 
-  SequenceBalancerOptions balancer_options;
-  balancer_options.job_id = "route-bench";
-  balancer_options.topology = kTopology;
-  balancer_options.d_model = kDModel;
-  balancer_options.gamma = 1.0;
-  balancer_options.token_bytes = kRowBytes;
-  auto created = SequenceBalancer::Create(balancer_options, transport);
-  if (!created.ok()) Fail(rank, absl::StrCat("balancer: ", created.status().ToString()));
-  balancer_options.agree_on_errors = false;
-  auto unagreed = SequenceBalancer::Create(balancer_options, transport);
-  if (!unagreed.ok()) Fail(rank, absl::StrCat("balancer: ", unagreed.status().ToString()));
-  SequenceBalancer* const balancers[2] = {created->get(), unagreed->get()};
+  // (b)/(f) as shipped, (c)/(g) agreeing before every exchange, (d) off.
+  SequenceBalancer* balancers[3];
+  std::vector<std::unique_ptr<SequenceBalancer>> owned;
+  for (int mode = 0; mode < 3; ++mode) {
+    SequenceBalancerOptions balancer_options;
+    balancer_options.job_id = "route-bench";
+    balancer_options.topology = kTopology;
+    balancer_options.d_model = kDModel;
+    balancer_options.gamma = 1.0;
+    balancer_options.token_bytes = kRowBytes;
+    balancer_options.agree_every_exchange = mode == 1;
+    balancer_options.agree_on_errors = mode != 2;
+    auto created = SequenceBalancer::Create(balancer_options, transport);
+    if (!created.ok()) Fail(rank, absl::StrCat("balancer: ", created.status().ToString()));
+    owned.push_back(*std::move(created));
+    balancers[mode] = owned.back().get();
+  }
+  // The bag's own group, for the bare Ulysses exchanges.
+  std::unique_ptr<Transport> bag;
+  if (in_bag) {
+    auto made = transport->Subgroup(kBagRanks);
+    if (!made.ok()) Fail(rank, absl::StrCat("bag: ", made.status().ToString()));
+    bag = *std::move(made);
+  }
+  c10d::ProcessGroup* bag_group =
+      in_bag ? static_cast<C10dTransport*>(bag.get())->group().get() : nullptr;
 
   std::vector<Row> rows;
+  std::vector<int64_t> last_lengths;
   for (size_t payload_index = 0; payload_index < kPayloads.size(); ++payload_index) {
     const Payload& payload = kPayloads[payload_index];
     const int64_t tokens = payload.bytes / kRowBytes;
     const int k = payload.iterations;
     const std::vector<int64_t> lengths =
         MakeLengths(tokens, o.seed * 1000003 + payload_index * 1009 + rank);
+    last_lengths = lengths;
 
     // Planning is not measured: once per payload.
     for (SequenceBalancer* balancer : balancers) {
@@ -217,33 +305,76 @@ int RunWorker(const BenchOptions& o) {
     at::manual_seed(o.seed * 7919 + payload_index * 131 + rank);
     const at::Tensor x = at::randn({tokens, kDModel});
 
-    // Correctness, once per payload.
+    // Correctness, once per payload: the round trips are exact, and the
+    // first exchange of each call (the agreed one) is out of the way.
     bool bad = false;
     std::string why;
+    at::Tensor q;
     for (SequenceBalancer* balancer : balancers) {
       auto routed = balancer->Route(x);
       if (!routed.ok()) Fail(rank, absl::StrCat("route: ", routed.status().ToString()));
+      q = routed->view({routed_rows, kHeads, kHeadDim});
+      auto pre = balancer->PreAttnTensors({q, q.clone(), q.clone()});
+      if (!pre.ok()) Fail(rank, absl::StrCat("pre_attn: ", pre.status().ToString()));
+      auto post = balancer->PostAttn((*pre)[0]);
+      if (!post.ok()) Fail(rank, absl::StrCat("post_attn: ", post.status().ToString()));
       auto back = balancer->ReverseRoute(*routed);
       if (!back.ok()) Fail(rank, absl::StrCat("reverse route: ", back.status().ToString()));
       if (!at::equal(*back, x)) {
         bad = true;
         why = "ReverseRoute(Route(x)) is not x bit for bit";
       }
+      if (!at::equal(*post, q)) {
+        bad = true;
+        why = "PostAttn(PreAttn(q)) is not q bit for bit";
+      }
     }
     if (AnyRank(*group, bad)) {
-      Fail(rank, bad ? why + " on this rank" : "ReverseRoute(Route(x)) != x on another rank");
+      Fail(rank, bad ? why + " on this rank" : "a round trip is not exact on another rank");
+    }
+    const at::Tensor k_in = q.clone(), v_in = q.clone();
+    at::Tensor attention_out;  // PreAttn's shape, for PostAttn
+    {
+      auto pre = balancers[0]->PreAttn(q);
+      if (!pre.ok()) Fail(rank, pre.status().ToString());
+      attention_out = pre->clone();
     }
 
     // Preallocated buffers of the bare collectives.
     at::Tensor a_send = x.clone();
     at::Tensor a_mid = at::empty({routed_rows, kDModel});
     at::Tensor a_back = at::empty({tokens, kDModel});
-    at::Tensor d_out = at::empty({tokens, kDModel});
+    // The bag: every routed row goes to both positions with half the heads;
+    // each position's routed rows come back from it (their counts: one
+    // all-gather, not timed).
+    std::vector<int64_t> bag_send, bag_recv;
+    at::Tensor qkv_send, qkv_recv, o_send, o_recv;
+    if (in_bag) {
+      auto counts = bag->AllGatherBytes(std::to_string(routed_rows));
+      if (!counts.ok()) Fail(rank, counts.status().ToString());
+      for (const std::string& c : *counts) {
+        bag_send.push_back(routed_rows);
+        bag_recv.push_back(std::stoll(c));
+      }
+      const int64_t heads_here = kHeads / static_cast<int64_t>(kBagRanks.size());
+      const int64_t sent = routed_rows * static_cast<int64_t>(kBagRanks.size());
+      const int64_t received = bag_recv[0] + bag_recv[1];
+      qkv_send = at::randn({sent, 3 * heads_here * kHeadDim});
+      qkv_recv = at::empty({received, 3 * heads_here * kHeadDim});
+      o_send = at::randn({received, heads_here * kHeadDim});
+      o_recv = at::empty({sent, heads_here * kHeadDim});
+    }
     auto route_and_back = [&](const SequenceBalancer& b) {
       auto routed = b.Route(x);
       if (!routed.ok()) Fail(rank, absl::StrCat("route: ", routed.status().ToString()));
       auto back = b.ReverseRoute(*routed);
       if (!back.ok()) Fail(rank, absl::StrCat("reverse route: ", back.status().ToString()));
+    };
+    auto layer = [&](const SequenceBalancer& b) {
+      auto pre = b.PreAttnTensors({q, k_in, v_in});
+      if (!pre.ok()) Fail(rank, absl::StrCat("pre_attn: ", pre.status().ToString()));
+      auto post = b.PostAttn(attention_out);
+      if (!post.ok()) Fail(rank, absl::StrCat("post_attn: ", post.status().ToString()));
     };
     auto run = [&](int variant) {
       switch (variant) {
@@ -254,23 +385,25 @@ int RunWorker(const BenchOptions& o) {
           group->alltoall_base(a_back, a_mid, out2, in2)->wait();
           break;
         }
-        case 2: {
-          absl::Status checked = transport->CheckRowCounts(send_splits, recv_splits);
-          if (!checked.ok()) Fail(rank, absl::StrCat("count check: ", checked.ToString()));
-          break;
-        }
         case 1:
-          route_and_back(*balancers[0]);
+        case 2:
+        case 3:
+          route_and_back(*balancers[variant - 1]);
           break;
         case 4:
-          route_and_back(*balancers[1]);
+          if (in_bag) {
+            std::vector<int64_t> out = bag_recv, in = bag_send;
+            bag_group->alltoall_base(qkv_recv, qkv_send, out, in)->wait();
+            std::vector<int64_t> out2 = bag_send, in2 = bag_recv;
+            bag_group->alltoall_base(o_recv, o_send, out2, in2)->wait();
+          }
           break;
-        case 3: {
-          std::vector<int64_t> equal;  // empty = equal splits
-          std::vector<int64_t> equal2;
-          group->alltoall_base(d_out, a_send, equal, equal2)->wait();
+        case 5:
+          layer(*balancers[0]);
           break;
-        }
+        case 6:
+          layer(*balancers[1]);
+          break;
       }
     };
 
@@ -334,13 +467,13 @@ int RunWorker(const BenchOptions& o) {
   }
 
   if (rank == 0) {
-    std::cout << "route_bench: SequenceBalancer Route + ReverseRoute vs. bare c10d alltoall_base "
-                 "moving the same rows\n"
+    std::cout << "route_bench: SequenceBalancer exchanges vs. bare c10d alltoall_base moving the "
+                 "same rows\n"
               << kProcs << " Gloo processes over TCPStore on 127.0.0.1, sharing this machine's "
               << std::thread::hardware_concurrency() << " cores (one intra-op thread each); "
               << "CPU tensors, float32 rows of " << kDModel << " (" << kRowBytes / 1024
-              << " KB/token)\n"
-              << "topology " << kTopology << ", d_model " << kDModel
+              << " KB/token); q, k, v: [rows, " << kHeads << ", " << kHeadDim << "]\n"
+              << "topology " << kTopology << " (ranks 2, 3: the 2-GPU bag), d_model " << kDModel
               << ", gamma 1, local planning (one plan per payload, not timed); each rank packs "
                  "1-8 random-length sequences (seed "
               << o.seed << ")\n"
@@ -349,16 +482,19 @@ int RunWorker(const BenchOptions& o) {
               << kWarmup << " warm-up iterations\n"
               << "  (a) 2x alltoall_base with the plan's per-peer row splits (route + reverse), "
                  "preallocated buffers: the minimum\n"
-              << "  (b) Route + ReverseRoute (counts cross-checked once per step, in PlanRouting; "
-                 "each exchange first agrees on every rank's verdict: one small all-gather)\n"
-              << "  (c) that per-step count check alone (CheckRowCounts: a small all-to-all + "
-                 "all-gather)\n"
-              << "  (d) context: 1x equal-split alltoall_base of the whole payload (P/" << kProcs
-              << " to each rank)\n"
-              << "  (e) (b) with agree_on_errors off: no verdict all-gather per exchange\n"
+              << "  (b) Route + ReverseRoute as shipped (each call agreed at its first exchange; "
+                 "these later ones carry a status byte per rank with their rows)\n"
+              << "  (c) (b) with agree_on_errors=\"every_exchange\" (a verdict all-gather before "
+                 "each exchange)\n"
+              << "  (d) (b) with agree_on_errors off\n"
+              << "  (e) a layer's bare Ulysses exchanges in the bag: 1 alltoall_base of q, k, v "
+                 "side by side + 1 of the attention output, preallocated\n"
+              << "  (f) PreAttnTensors({q, k, v}) + PostAttn(o) as shipped\n"
+              << "  (g) (f) with agree_on_errors=\"every_exchange\"\n"
               << "moved frac = tokens leaving their rank / all tokens (the plan's); off-rank MB = "
                  "largest route volume one rank sends to others\n"
-              << "ReverseRoute(Route(x)) == x bit for bit: checked on every rank, every payload\n";
+              << "ReverseRoute(Route(x)) == x and PostAttn(PreAttn(q)) == q bit for bit: checked "
+                 "on every rank, every payload, every variant\n";
     for (const Row& r : rows) {
       std::cout << absl::StrFormat(
           "  %s/rank = %d tokens/rank, sequences per rank %s, %d iterations; planned max/mean "
@@ -369,11 +505,18 @@ int RunWorker(const BenchOptions& o) {
     std::cout << "\nHeadline: per iteration the slowest of the " << kProcs
               << " ranks, then median / p90 (nearest rank) over iterations, ms\n";
     PrintTable(rows, /*slowest=*/true);
-    std::cout << "\nRank 0 alone: median / p90 over iterations, ms\n";
+    std::cout << "\nRank 0 alone (outside the bag: its layer moves nothing): median / p90 over "
+                 "iterations, ms\n";
     PrintTable(rows, /*slowest=*/false);
     std::cout << "\nratios = median / median; a figure, not a test: nothing about time is "
-                 "asserted\n";
+                 "asserted\n"
+              << "\nCollectives per step of a route, 3 layers (pre_attn of q, k, v + post_attn) "
+                 "and a reverse route, as shipped (a counting transport; PlanRouting's own "
+                 "not included):\n";
   }
+  std::cout.flush();
+  group->barrier()->wait();
+  CountCollectives(transport, last_lengths, rank);
   return 0;
 }
 

@@ -159,14 +159,17 @@ struct SequenceBalancer::Rep {
   // one when it records a backward.
   std::vector<at::Tensor> Move(at::TensorList xs, const RowMove& move);
   // `order` with its tensors on `device`: copied once per step and device,
-  // not at every exchange (a copy from pageable host memory to a GPU
-  // synchronises the host with it).
+  // not at every exchange, from pinned memory without waiting (a copy from
+  // pageable host memory to a GPU synchronises the host with it).
   RowOrder OnDevice(const RowOrder& order, const c10::Device& device) {
     if (device.is_cpu()) return order;
     auto copy = [&](const at::Tensor& t) -> at::Tensor {
       if (!t.defined()) return t;
       at::Tensor& cached = device_copies[{t.unsafeGetTensorImpl(), device.str()}];
-      if (!cached.defined()) cached = t.to(device);
+      if (!cached.defined()) {
+        cached = device.is_cuda() ? t.pin_memory().to(device, /*non_blocking=*/true)
+                                  : t.to(device);
+      }
       return cached;
     };
     return {copy(order.index), copy(order.inverse)};

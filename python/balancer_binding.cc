@@ -417,21 +417,25 @@ class BalancerBinding {
     ThrowIfError(agreed);
   }
 
-  // int32 lengths on `device`, made once per step and device: "chunk"
-  // (routed_lengths), "sequence" (this rank's own) or "attention".
+  // int32 lengths on `device`: "chunk" (routed_lengths), "sequence" (this
+  // rank's own) or "attention". Uploaded once per step and device (from
+  // pinned memory, without waiting, to a GPU); every caller gets a copy of
+  // its own, so that one editing its lengths in place changes no other
+  // call's (route, post_attn and the compiled ops all hand them out).
   at::Tensor Lengths(const std::string& which, const std::string& device_name) {
     const c10::Device device = ValueOrThrow(ParseDevice(device_name));
     const std::string key = absl::StrCat(which, "@", device.str());
     auto it = lengths_cache_.find(key);
-    if (it != lengths_cache_.end()) return it->second;
+    if (it != lengths_cache_.end()) return it->second.clone();
     const std::vector<int64_t>* values = which == "chunk"       ? &balancer_->routed_lengths()
                                          : which == "sequence"  ? &balancer_->input_lengths()
                                          : which == "attention" ? &balancer_->attention_lengths()
                                                                 : nullptr;
     if (values == nullptr) ThrowIfError(absl::InvalidArgumentError("which: unknown lengths"));
-    at::Tensor lengths = at::tensor(*values, at::kLong).to(at::kInt).to(device);
+    at::Tensor lengths = at::tensor(*values, at::kLong).to(at::kInt);
+    if (device.is_cuda()) lengths = lengths.pin_memory().to(device, /*non_blocking=*/true);
     lengths_cache_.emplace(key, lengths);
-    return lengths;
+    return lengths.clone();
   }
 
   py::dict Summary() const {

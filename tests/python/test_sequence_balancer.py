@@ -452,3 +452,31 @@ def test_every_misuse_raises_on_every_rank():
             kind, text = outcomes[name]
             assert kind == "ValueError", (rank, name, text)
             assert (why if rank == 2 else "ranks[2][0]: sequence length -1") in text, (rank, text)
+
+
+def lengths_alias_world(rank, size):
+    import knapformer
+
+    balancer = knapformer.SequenceBalancer("g2n1")
+    lens = [5 + rank, 3]
+    balancer.plan_routing(lens, token_dim=D_MODEL)
+    x = torch.randn(sum(lens), HEADS, HEAD_DIM)
+    for _ in range(2):  # the step's first lengths of a kind, and a later one
+        chunk_lens, routed, _ = balancer.route(x)
+        want_chunks = chunk_lens.clone()
+        chunk_lens.fill_(-1)  # a caller editing the lengths it was given
+        attn_lens, q, _, _ = balancer.pre_attn(routed, routed, routed)
+        want_attn = attn_lens.clone()
+        attn_lens.zero_()
+    post_lens, out = balancer.post_attn(q)
+    _, again, _ = balancer.route(x)
+    _, again_q, _, _ = balancer.pre_attn(routed, routed, routed)
+    return (post_lens.tolist() == want_chunks.tolist() and
+            balancer.pre_attn(routed, routed, routed)[0].tolist() == want_attn.tolist() and
+            torch.equal(out, routed) and torch.equal(again, routed) and torch.equal(again_q, q))
+
+
+def test_lengths_handed_out_are_each_callers_own():
+    """route, pre_attn and post_attn hand out lengths tensors: editing one in
+    place changes no later call's."""
+    assert run_world(lengths_alias_world, 2, timeout=120) == [True, True]

@@ -31,6 +31,7 @@ struct Faults {
   // the subgroups' wrappers, made inside the code under test, saw).
   int subgroup_all_gathers = 0;
   int subgroup_flagged = 0;
+  int subgroup_exchanges = 0;
 };
 
 class RecordingTransport final : public Transport {
@@ -61,12 +62,14 @@ class RecordingTransport final : public Transport {
   absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                             const std::vector<int64_t>& recv_rows, int64_t row_bytes) override {
     exchanges_.push_back(row_bytes);
+    if (is_subgroup_) ++faults_->subgroup_exchanges;
     return inner_->AllToAllRows(send, send_rows, recv, recv_rows, row_bytes);
   }
   absl::Status AllToAllRowsPrechecked(const void* send, const std::vector<int64_t>& send_rows,
                                       void* recv, const std::vector<int64_t>& recv_rows,
                                       int64_t row_bytes) override {
     exchanges_.push_back(row_bytes);
+    if (is_subgroup_) ++faults_->subgroup_exchanges;
     return inner_->AllToAllRowsPrechecked(send, send_rows, recv, recv_rows, row_bytes);
   }
   absl::Status AllToAllRowsFlagged(const void* send, const std::vector<int64_t>& send_rows,
@@ -75,7 +78,10 @@ class RecordingTransport final : public Transport {
                                    std::vector<uint8_t>* flags) override {
     exchanges_.push_back(row_bytes);
     ++flagged_;
-    if (is_subgroup_) ++faults_->subgroup_flagged;
+    if (is_subgroup_) {
+      ++faults_->subgroup_flagged;
+      ++faults_->subgroup_exchanges;
+    }
     return inner_->AllToAllRowsFlagged(send, send_rows, recv, recv_rows, row_bytes, mine, flags);
   }
   absl::Status CheckRowCounts(const std::vector<int64_t>& send_rows,
