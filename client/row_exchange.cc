@@ -191,18 +191,39 @@ c10::Device TransportDevice(const Transport& transport) {
 }
 
 // A flagged exchange of the agreed shape on behalf of a rank that cannot
-// send its own rows: zeros out, received rows dropped, `flag` raised.
-// Returns the flags, or the transport's error.
-absl::StatusOr<std::vector<uint8_t>> FlaggedFromScratch(const RowMove& move, int64_t row_bytes,
-                                                        uint8_t flag) {
+// send its own rows: zeros out, received rows dropped, `flag` raised; the
+// same messages as the peers' (one per tensor and peer where the transport
+// moves segments). Returns the flags, or the transport's error.
+absl::StatusOr<std::vector<uint8_t>> FlaggedFromScratch(
+    const RowMove& move, const std::vector<int64_t>& tensor_row_bytes, uint8_t flag) {
   std::vector<uint8_t> flags;
+  int64_t row_bytes = 0;
+  for (int64_t bytes : tensor_row_bytes) row_bytes += bytes;
+  Transport& transport = *move.transport;
   try {
-    const auto options = at::TensorOptions().dtype(at::kByte).device(TransportDevice(*move.transport));
+    const auto options = at::TensorOptions().dtype(at::kByte).device(TransportDevice(transport));
     at::Tensor send = at::zeros({Sum(*move.send_rows) * row_bytes}, options);
     at::Tensor recv = at::empty({Sum(*move.recv_rows) * row_bytes}, options);
-    absl::Status moved = move.transport->AllToAllRowsFlagged(
-        send.data_ptr(), *move.send_rows, recv.data_ptr(), *move.recv_rows, row_bytes, flag,
-        &flags);
+    absl::Status moved;
+    if (transport.MovesSegments() && TransportDevice(transport).is_cpu()) {
+      std::vector<SendSegment> sends;
+      std::vector<RecvSegment> recvs;
+      for (int64_t bytes : tensor_row_bytes) {
+        for (int p = 0; p < transport.size(); ++p) {
+          if (p == transport.rank() || bytes == 0) continue;
+          if ((*move.send_rows)[p] > 0) {
+            sends.push_back({p, send.data_ptr(), (*move.send_rows)[p] * bytes});
+          }
+          if ((*move.recv_rows)[p] > 0) {
+            recvs.push_back({p, recv.data_ptr(), (*move.recv_rows)[p] * bytes});
+          }
+        }
+      }
+      moved = transport.ExchangeSegments(sends, recvs, row_bytes, flag, &flags);
+    } else {
+      moved = transport.AllToAllRowsFlagged(send.data_ptr(), *move.send_rows, recv.data_ptr(),
+                                            *move.recv_rows, row_bytes, flag, &flags);
+    }
     if (!moved.ok()) return moved;
   } catch (const c10::Error& e) {
     // Not even scratch memory: the peers wait until the transport's timeout.
@@ -294,42 +315,236 @@ std::vector<at::Tensor> Unpack(at::TensorList xs, const RowMove& move, const Pac
   return outputs;
 }
 
+// The exchange in place, for transports that move segments (host memory):
+// each tensor's rows to each peer are one message sent from where they lie
+// when they are consecutive rows of the input (else gathered once into a
+// staging buffer), and received where they belong when they land on
+// consecutive rows of the output (else into staging, scattered after); this
+// rank's own rows are one copy, never on the wire. Several tensors are
+// several messages, each in its own dtype.
+class Segmented {
+ public:
+  // Allocates the outputs, gathers what must be staged and copies this
+  // rank's own rows. Throws c10::Error.
+  Segmented(at::TensorList xs, const RowMove& move) {
+    const Transport& t = *move.transport;
+    me_ = t.rank();
+    const int n = t.size();
+    send_offset_.assign(n + 1, 0);
+    recv_offset_.assign(n + 1, 0);
+    for (int p = 0; p < n; ++p) {
+      send_offset_[p + 1] = send_offset_[p] + (*move.send_rows)[p];
+      recv_offset_[p + 1] = recv_offset_[p] + (*move.recv_rows)[p];
+    }
+    const int64_t* before = move.before.index.defined()
+                                ? move.before.index.data_ptr<int64_t>() : nullptr;
+    const int64_t* landing = move.after.inverse.defined()
+                                 ? move.after.inverse.data_ptr<int64_t>() : nullptr;
+    for (int p = 0; p < n; ++p) {
+      send_start_.push_back(RunStart(before, send_offset_[p], send_offset_[p + 1]));
+      recv_start_.push_back(RunStart(landing, recv_offset_[p], recv_offset_[p + 1]));
+    }
+    // The rows staged on either side: the positions of the peers whose
+    // rows are not one run, in peer order.
+    std::vector<int64_t> gather, scatter;
+    for (int p = 0; p < n; ++p) {
+      if (p == me_) continue;
+      if (send_start_[p] < 0) {
+        for (int64_t k = send_offset_[p]; k < send_offset_[p + 1]; ++k) gather.push_back(before[k]);
+      }
+      if (recv_start_[p] < 0) {
+        for (int64_t j = recv_offset_[p]; j < recv_offset_[p + 1]; ++j) {
+          scatter.push_back(landing[j]);
+        }
+      }
+    }
+    if (!gather.empty()) gather_ = at::tensor(gather, at::kLong);
+    if (!scatter.empty()) scatter_ = at::tensor(scatter, at::kLong);
+    const int64_t recv_count = recv_offset_[n];
+    for (const at::Tensor& x : xs) {
+      at::Tensor flat = x.resolve_conj().resolve_neg().contiguous();
+      flat = flat.reshape({flat.size(0), RowElements(flat)});
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape[0] = recv_count;
+      at::Tensor out = Empty(shape, x);
+      at::Tensor out_flat = out.view({recv_count, RowElements(out)});
+      Tensor t{flat, out, out_flat, {}, {},
+               RowElements(flat) * static_cast<int64_t>(flat.element_size())};
+      if (gather_.defined()) t.staged_send = at::index_select(flat, 0, gather_);
+      if (scatter_.defined()) t.staged_recv = Empty({scatter_.size(0), RowElements(flat)}, flat);
+      CopyOwnRows(t, before, landing);
+      tensors_.push_back(std::move(t));
+    }
+  }
+
+  // Every tensor's message to and from each peer, in (tensor, peer) order:
+  // the order every rank derives from the agreed counts and signatures.
+  void Segments(std::vector<SendSegment>* sends, std::vector<RecvSegment>* recvs) const {
+    const int n = static_cast<int>(send_start_.size());
+    for (const Tensor& t : tensors_) {
+      if (t.row_bytes == 0) continue;
+      int64_t staged_send = 0, staged_recv = 0;
+      for (int p = 0; p < n; ++p) {
+        if (p == me_) continue;
+        const int64_t send_rows = send_offset_[p + 1] - send_offset_[p];
+        const int64_t recv_rows = recv_offset_[p + 1] - recv_offset_[p];
+        if (send_rows > 0) {
+          const char* data = send_start_[p] >= 0
+                                 ? RowPointer(t.flat, send_start_[p], t.row_bytes)
+                                 : RowPointer(t.staged_send, staged_send, t.row_bytes);
+          if (send_start_[p] < 0) staged_send += send_rows;
+          sends->push_back({p, data, send_rows * t.row_bytes});
+        }
+        if (recv_rows > 0) {
+          char* data = recv_start_[p] >= 0 ? RowPointer(t.out_flat, recv_start_[p], t.row_bytes)
+                                           : RowPointer(t.staged_recv, staged_recv, t.row_bytes);
+          if (recv_start_[p] < 0) staged_recv += recv_rows;
+          recvs->push_back({p, data, recv_rows * t.row_bytes});
+        }
+      }
+    }
+  }
+
+  // Scatters what was received into staging; the outputs. Throws c10::Error.
+  std::vector<at::Tensor> Finish() {
+    std::vector<at::Tensor> outputs;
+    for (Tensor& t : tensors_) {
+      if (t.staged_recv.defined()) t.out_flat.index_copy_(0, scatter_, t.staged_recv);
+      outputs.push_back(t.out);
+    }
+    return outputs;
+  }
+
+ private:
+  struct Tensor {
+    at::Tensor flat, out, out_flat;  // [rows, elements] views
+    at::Tensor staged_send, staged_recv;
+    int64_t row_bytes = 0;
+  };
+
+  // The first of consecutive rows index[begin..end) name (identity without
+  // an index), or -1 when they are not consecutive.
+  static int64_t RunStart(const int64_t* index, int64_t begin, int64_t end) {
+    if (index == nullptr || begin == end) return begin;
+    for (int64_t k = begin + 1; k < end; ++k) {
+      if (index[k] != index[k - 1] + 1) return -1;
+    }
+    return index[begin];
+  }
+
+  static char* RowPointer(const at::Tensor& rows, int64_t row, int64_t row_bytes) {
+    return static_cast<char*>(rows.data_ptr()) + row * row_bytes;
+  }
+
+  // This rank's rows to itself: from their input rows to their output rows.
+  void CopyOwnRows(Tensor& t, const int64_t* before, const int64_t* landing) {
+    const int64_t rows = send_offset_[me_ + 1] - send_offset_[me_];
+    if (rows == 0 || t.row_bytes == 0) return;
+    const int64_t src = send_start_[me_], dst = recv_start_[me_];
+    auto positions = [](const int64_t* index, int64_t begin, int64_t count) {
+      return at::from_blob(const_cast<int64_t*>(index + begin), {count}, at::kLong);
+    };
+    if (src >= 0 && dst >= 0) {
+      t.out_flat.narrow(0, dst, rows).copy_(t.flat.narrow(0, src, rows));
+    } else if (dst >= 0) {
+      at::Tensor into = t.out_flat.narrow(0, dst, rows);
+      at::index_select_out(into, t.flat, 0, positions(before, send_offset_[me_], rows));
+    } else {
+      at::Tensor from = src >= 0 ? t.flat.narrow(0, src, rows)
+                                 : at::index_select(t.flat, 0,
+                                                    positions(before, send_offset_[me_], rows));
+      t.out_flat.index_copy_(0, positions(landing, recv_offset_[me_], rows), from);
+    }
+  }
+
+  int me_ = 0;
+  std::vector<int64_t> send_offset_, recv_offset_;  // by peer, then the total
+  std::vector<int64_t> send_start_, recv_start_;    // by peer: RunStart
+  at::Tensor gather_, scatter_;                     // the staged rows' positions
+  std::vector<Tensor> tensors_;
+};
+
+// Whether `move` of `xs` can run in place (Segmented).
+bool MovesInPlace(at::TensorList xs, const RowMove& move) {
+  if (!move.transport->MovesSegments() || !TransportDevice(*move.transport).is_cpu()) return false;
+  for (const at::Tensor& x : xs) {
+    if (!x.device().is_cpu()) return false;
+  }
+  for (const at::Tensor& index : {move.before.index, move.after.inverse}) {
+    if (index.defined() && (!index.device().is_cpu() || !index.is_contiguous())) return false;
+  }
+  return true;
+}
+
 void ThrowIfError(absl::Status status) {
   if (!status.ok()) throw TransportError(std::move(status));
 }
 
-// Every tensor's rows exchanged with one all-to-all, agreed as move.agreement
-// says (row_exchange.h). Everything that can fail on one rank alone
-// (packing, allocating the receive buffer, a backend's limit, tensors unlike
-// the peers') is decided before the rows are trusted, and every rank of the
-// group learns of it in the same exchange.
+// Every tensor's rows exchanged in one exchange (in place where the
+// transport moves segments, else packed into one all-to-all), agreed as
+// move.agreement says (row_exchange.h). Everything that can fail on one
+// rank alone (packing, allocating, a backend's limit, tensors unlike the
+// peers') is decided before any received row is trusted, and every rank of
+// the group learns of it in the same exchange.
 std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
+  std::vector<int64_t> tensor_row_bytes;
+  for (const at::Tensor& x : xs) {
+    tensor_row_bytes.push_back(RowElements(x) * static_cast<int64_t>(x.element_size()));
+  }
   const int64_t row_bytes = RowBytes(xs);
+  const bool in_place = MovesInPlace(xs, move);
   Packed packed;
-  absl::Status prepared = Pack(xs, move, row_bytes, &packed);
+  std::unique_ptr<Segmented> segmented;
+  absl::Status prepared;
+  if (in_place) {
+    try {
+      segmented = std::make_unique<Segmented>(xs, move);
+    } catch (const c10::Error& e) {
+      prepared = FromTorchError(e, move.what);
+    }
+  } else {
+    prepared = Pack(xs, move, row_bytes, &packed);
+  }
   if (prepared.ok()) {
     prepared = move.transport->CheckLimits(*move.send_rows, *move.recv_rows, row_bytes);
   }
-  const ExchangeSignature* signature = move.book != nullptr ? &move.signature : nullptr;
+  // The rows on the wire, with this rank's flag (flags == nullptr: none).
+  auto exchange = [&](uint8_t flag, std::vector<uint8_t>* flags) {
+    if (in_place) {
+      std::vector<SendSegment> sends;
+      std::vector<RecvSegment> recvs;
+      segmented->Segments(&sends, &recvs);
+      ThrowIfError(move.transport->ExchangeSegments(sends, recvs, row_bytes, flag, flags));
+    } else if (flags != nullptr) {
+      ThrowIfError(move.transport->AllToAllRowsFlagged(
+          packed.send.data_ptr(), *move.send_rows, packed.received.data_ptr(), *move.recv_rows,
+          row_bytes, flag, flags));
+    } else {
+      ThrowIfError(move.transport->AllToAllRowsPrechecked(
+          packed.send.data_ptr(), *move.send_rows, packed.received.data_ptr(), *move.recv_rows,
+          row_bytes));
+    }
+  };
+  auto outputs = [&] { return in_place ? segmented->Finish() : Unpack(xs, move, packed); };
   const ExchangeBook::Entry* agreed =
       move.book != nullptr ? move.book->Expected(move.what, move.ordinal) : nullptr;
   const bool flagged = move.agreement == Agreement::kOncePerStep &&
                        (move.book == nullptr || agreed != nullptr);
   auto move_agreed = [&] {
-    if (move.book != nullptr) move.book->Record(move.what, move.ordinal, {move.signature, row_bytes});
-    ThrowIfError(move.transport->AllToAllRowsPrechecked(
-        packed.send.data_ptr(), *move.send_rows, packed.received.data_ptr(), *move.recv_rows,
-        row_bytes));
-    return Unpack(xs, move, packed);
+    if (move.book != nullptr) {
+      move.book->Record(move.what, move.ordinal, {move.signature, row_bytes, tensor_row_bytes});
+    }
+    exchange(0, nullptr);
+    return outputs();
   };
   if (!flagged) {
     ThrowIfError(move.agreement == Agreement::kOff
                      ? prepared
-                     : AgreeOnExchange(move, prepared, row_bytes, signature));
+                     : AgreeOnExchange(move, prepared, row_bytes,
+                                       move.book != nullptr ? &move.signature : nullptr));
     return move_agreed();
   }
   // The call's shape was agreed: move at once, flags with the rows.
-  const int64_t wire_row_bytes = agreed != nullptr ? agreed->row_bytes : row_bytes;
   uint8_t flag = 0;
   if (!prepared.ok()) {
     flag = kFailed;
@@ -338,24 +553,22 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
   }
   std::vector<uint8_t> flags;
   if (flag == 0) {
-    ThrowIfError(move.transport->AllToAllRowsFlagged(packed.send.data_ptr(), *move.send_rows,
-                                                     packed.received.data_ptr(), *move.recv_rows,
-                                                     row_bytes, 0, &flags));
+    exchange(0, &flags);
   } else {
-    absl::StatusOr<std::vector<uint8_t>> scratch = FlaggedFromScratch(move, wire_row_bytes, flag);
-    if (!scratch.ok()) {
-      ThrowIfError(prepared.ok() ? scratch.status() : prepared);
-    }
+    absl::StatusOr<std::vector<uint8_t>> scratch = FlaggedFromScratch(
+        move, agreed != nullptr ? agreed->tensor_row_bytes : tensor_row_bytes, flag);
+    if (!scratch.ok()) ThrowIfError(prepared.ok() ? scratch.status() : prepared);
     flags = *std::move(scratch);
   }
   if (!AnyRaised(flags)) {
     if (move.book != nullptr) move.book->Record(move.what, move.ordinal, *agreed);
-    return Unpack(xs, move, packed);
+    return outputs();
   }
   // A rank raised its flag: every rank knows, and all agree on why.
-  ThrowIfError(AgreeOnExchange(move, prepared, row_bytes, signature));
-  // Nobody failed and every rank passed the same new signature: it is the
-  // call's from now on, and the exchange runs again with it.
+  ThrowIfError(AgreeOnExchange(move, prepared, row_bytes,
+                               move.book != nullptr ? &move.signature : nullptr));
+  // Nobody failed and every rank passed the same new signature: the book
+  // records it for this exchange, which runs again with it.
   return move_agreed();
 }
 
@@ -520,7 +733,7 @@ absl::Status RefuseExchange(const RowMove& move, const absl::Status& reason) {
   if (move.agreement == Agreement::kOncePerStep && agreed != nullptr) {
     // The peers are already moving the call's agreed rows.
     absl::StatusOr<std::vector<uint8_t>> flags =
-        FlaggedFromScratch(move, agreed->row_bytes, kFailed);
+        FlaggedFromScratch(move, agreed->tensor_row_bytes, kFailed);
     if (!flags.ok()) return flags.status();
   }
   absl::Status agreed_error = AgreeOnExchange(move, reason, -1, nullptr);

@@ -98,7 +98,8 @@ class ExchangeBook {
  public:
   struct Entry {
     ExchangeSignature signature;
-    int64_t row_bytes = 0;
+    int64_t row_bytes = 0;                 // of all the tensors, as moved
+    std::vector<int64_t> tensor_row_bytes;  // of each
   };
   // At every step: the calls count from 0 again.
   void StartStep() { next_.clear(); }

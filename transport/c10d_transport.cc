@@ -346,6 +346,75 @@ absl::Status C10dTransport::HostFlagged(const void* send, const std::vector<int6
   return absl::OkStatus();
 }
 
+absl::Status C10dTransport::ExchangeSegments(const std::vector<SendSegment>& sends,
+                                             const std::vector<RecvSegment>& recvs,
+                                             int64_t /*row_bytes*/, uint8_t mine,
+                                             std::vector<uint8_t>* flags) {
+  if (!MovesSegments()) return Transport::ExchangeSegments(sends, recvs, 0, mine, flags);
+  if (absl::Status usable = Usable(); !usable.ok()) return usable;
+  const int n = size();
+  const int me = rank();
+  if (absl::Status valid = CheckSegments(sends, recvs, me, n); !valid.ok()) return valid;
+  // One tag for the rows and one for the flags per round, counted by every
+  // rank at every call (whether it moves anything or not): the segments
+  // between two ranks pair up in order (Gloo matches a pair's messages of
+  // one tag first in, first out) and Gloo keeps point-to-point tags apart
+  // from its collectives'.
+  const int rows_tag = static_cast<int>((flagged_round_ % (1u << 29)) * 2);
+  const int flag_tag = rows_tag + 1;
+  ++flagged_round_;
+  bool any = flags != nullptr && n > 1;
+  for (const SendSegment& s : sends) any = any || s.bytes > 0;
+  for (const RecvSegment& r : recvs) any = any || r.bytes > 0;
+  if (!any) {  // nothing moves (no peer, or no rows and no flags)
+    if (flags != nullptr) {
+      flags->assign(n, 0);
+      (*flags)[me] = mine;
+    }
+    return absl::OkStatus();
+  }
+  const auto bytes = at::TensorOptions().dtype(at::kByte);
+  at::Tensor flag_out = at::full({1}, static_cast<int64_t>(mine), bytes);
+  at::Tensor flags_in = at::zeros({n}, bytes);
+  std::vector<std::vector<at::Tensor>> buffers;  // alive until every message is done
+  buffers.reserve(recvs.size() + sends.size() + 2 * n);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  auto view = [&](const void* data, int64_t size) {
+    return at::from_blob(const_cast<void*>(data), {size}, bytes);
+  };
+  absl::Status status = Run("segment exchange", [&] {
+    for (const RecvSegment& r : recvs) {
+      if (r.bytes == 0) continue;
+      buffers.push_back({view(r.data, r.bytes)});
+      works.push_back(group_->recv(buffers.back(), r.peer, rows_tag));
+    }
+    if (flags != nullptr) {
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        buffers.push_back({flags_in.narrow(0, p, 1)});
+        works.push_back(group_->recv(buffers.back(), p, flag_tag));
+        buffers.push_back({flag_out});
+        works.push_back(group_->send(buffers.back(), p, flag_tag));
+      }
+    }
+    for (const SendSegment& s : sends) {
+      if (s.bytes == 0) continue;
+      buffers.push_back({view(s.data, s.bytes)});
+      works.push_back(group_->send(buffers.back(), s.peer, rows_tag));
+    }
+    // Run waits on the work it is given; the others are waited on here.
+    for (size_t i = 0; i + 1 < works.size(); ++i) works[i]->wait();
+    return works.back();
+  });
+  if (!status.ok()) return status;
+  if (flags != nullptr) {
+    flags->assign(n, 0);
+    for (int p = 0; p < n; ++p) (*flags)[p] = flags_in.data_ptr<uint8_t>()[p];
+    (*flags)[me] = mine;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status C10dTransport::CheckLimits(const std::vector<int64_t>& send_rows,
                                         const std::vector<int64_t>& recv_rows,
                                         int64_t row_bytes) const {

@@ -84,6 +84,12 @@ class C10dTransport : public Transport {
                                    void* recv, const std::vector<int64_t>& recv_rows,
                                    int64_t row_bytes, uint8_t mine,
                                    std::vector<uint8_t>* flags) override;
+  // On the CPU (Gloo): every segment a point-to-point message, all posted
+  // at once. On a CUDA device: Unimplemented (MovesSegments() is false).
+  bool MovesSegments() const override { return options_.device.is_cpu(); }
+  absl::Status ExchangeSegments(const std::vector<SendSegment>& sends,
+                                const std::vector<RecvSegment>& recvs, int64_t row_bytes,
+                                uint8_t mine, std::vector<uint8_t>* flags) override;
   // LibTorch 1.13 counts a collective's elements in int: at most 2^31 - 1
   // elements of the widest integer type dividing row_bytes per call.
   absl::Status CheckLimits(const std::vector<int64_t>& send_rows,

@@ -122,6 +122,63 @@ absl::Status LocalTransport::Exchange(const void* send, const std::vector<int64_
   return absl::OkStatus();
 }
 
+absl::Status LocalTransport::ExchangeSegments(const std::vector<SendSegment>& sends,
+                                              const std::vector<RecvSegment>& recvs,
+                                              int64_t /*row_bytes*/, uint8_t mine,
+                                              std::vector<uint8_t>* flags) {
+  const int n = size();
+  if (absl::Status valid = CheckSegments(sends, recvs, rank_, n); !valid.ok()) return valid;
+  // [flag][bytes to each rank, int64 by rank][the bytes to rank 0][to rank 1]...
+  std::vector<std::string> to(n);
+  for (const SendSegment& s : sends) {
+    to[s.peer].append(static_cast<const char*>(s.data), s.bytes);
+  }
+  std::string blob(1 + sizeof(int64_t) * n, '\0');
+  blob[0] = static_cast<char>(mine);
+  for (int p = 0; p < n; ++p) {
+    const int64_t size = static_cast<int64_t>(to[p].size());
+    std::memcpy(blob.data() + 1 + sizeof(int64_t) * p, &size, sizeof(size));
+  }
+  for (const std::string& part : to) blob += part;
+  auto all = hub_->Exchange(round_++, rank_, std::move(blob));
+  if (!all.ok()) return all.status();
+  if (flags != nullptr) flags->assign(n, 0);
+  std::vector<absl::string_view> from(n);
+  for (int p = 0; p < n; ++p) {
+    const std::string& theirs = (*all)[p];
+    if (theirs.size() < 1 + sizeof(int64_t) * n) {
+      return absl::InternalError(absl::StrCat("segment exchange: rank ", p, " sent ",
+                                              theirs.size(), " bytes, not a segment exchange"));
+    }
+    if (flags != nullptr) (*flags)[p] = static_cast<uint8_t>(theirs[0]);
+    int64_t offset = 1 + sizeof(int64_t) * n;
+    int64_t size = 0;
+    for (int q = 0; q <= rank_; ++q) {
+      std::memcpy(&size, theirs.data() + 1 + sizeof(int64_t) * q, sizeof(size));
+      if (q < rank_) offset += size;
+    }
+    from[p] = absl::string_view(theirs).substr(offset, size);
+  }
+  std::vector<int64_t> read(n, 0);
+  for (const RecvSegment& r : recvs) {
+    if (read[r.peer] + r.bytes > static_cast<int64_t>(from[r.peer].size())) {
+      return absl::InvalidArgumentError(absl::StrCat("segment exchange: rank ", rank_,
+                                                     " expects more bytes from rank ", r.peer,
+                                                     " than its ", from[r.peer].size()));
+    }
+    std::memcpy(r.data, from[r.peer].data() + read[r.peer], r.bytes);
+    read[r.peer] += r.bytes;
+  }
+  for (int p = 0; p < n; ++p) {
+    if (p != rank_ && read[p] != static_cast<int64_t>(from[p].size())) {
+      return absl::InvalidArgumentError(absl::StrCat("segment exchange: rank ", rank_, " reads ",
+                                                     read[p], " bytes from rank ", p,
+                                                     ", which sends it ", from[p].size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::string>> LocalTransport::AllGatherBytes(absl::string_view mine) {
   return hub_->Exchange(round_++, rank_, std::string(mine));
 }

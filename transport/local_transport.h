@@ -65,6 +65,11 @@ class LocalTransport final : public Transport {
                                    void* recv, const std::vector<int64_t>& recv_rows,
                                    int64_t row_bytes, uint8_t mine,
                                    std::vector<uint8_t>* flags) override;
+  // Every rank's segments to each peer, concatenated, in one round of the hub.
+  bool MovesSegments() const override { return true; }
+  absl::Status ExchangeSegments(const std::vector<SendSegment>& sends,
+                                const std::vector<RecvSegment>& recvs, int64_t row_bytes,
+                                uint8_t mine, std::vector<uint8_t>* flags) override;
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override;
   absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override;
 

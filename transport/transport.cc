@@ -148,6 +148,36 @@ absl::Status Transport::AllToAllRowsFlagged(const void* send,
   return absl::OkStatus();
 }
 
+absl::Status Transport::ExchangeSegments(const std::vector<SendSegment>& /*sends*/,
+                                         const std::vector<RecvSegment>& /*recvs*/,
+                                         int64_t /*row_bytes*/, uint8_t /*mine*/,
+                                         std::vector<uint8_t>* /*flags*/) {
+  return absl::UnimplementedError("ExchangeSegments: this transport moves contiguous buffers only");
+}
+
+absl::Status CheckSegments(const std::vector<SendSegment>& sends,
+                           const std::vector<RecvSegment>& recvs, int rank, int size) {
+  for (size_t i = 0; i < sends.size(); ++i) {
+    const SendSegment& s = sends[i];
+    if (s.peer < 0 || s.peer >= size || s.peer == rank || s.bytes < 0 ||
+        (s.bytes > 0 && s.data == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sends[", i, "]: ", s.bytes, " bytes to peer ", s.peer, " (a peer other than rank ",
+          rank, " of ", size, ", bytes >= 0, data set)"));
+    }
+  }
+  for (size_t i = 0; i < recvs.size(); ++i) {
+    const RecvSegment& r = recvs[i];
+    if (r.peer < 0 || r.peer >= size || r.peer == rank || r.bytes < 0 ||
+        (r.bytes > 0 && r.data == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "recvs[", i, "]: ", r.bytes, " bytes from peer ", r.peer, " (a peer other than rank ",
+          rank, " of ", size, ", bytes >= 0, data set)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckBroadcastRoot(int root, int size) {
   if (root >= 0 && root < size) return absl::OkStatus();
   return absl::InvalidArgumentError(

@@ -46,6 +46,25 @@ absl::Status CheckBuffers(const void* send, const std::vector<int64_t>& send_row
 // The sum of `rows`. REQUIRES: CheckExchange passed (no overflow).
 int64_t TotalRows(const std::vector<int64_t>& rows);
 
+// One message of Transport::ExchangeSegments: `bytes` bytes from `data`
+// to `peer`, or from `peer` into `data`.
+struct SendSegment {
+  int peer = 0;
+  const void* data = nullptr;
+  int64_t bytes = 0;
+};
+struct RecvSegment {
+  int peer = 0;
+  void* data = nullptr;
+  int64_t bytes = 0;
+};
+
+// InvalidArgument unless every segment names a peer of the group other than
+// `rank`, with bytes >= 0 and data where bytes > 0: ExchangeSegments' first
+// check in every backend.
+absl::Status CheckSegments(const std::vector<SendSegment>& sends,
+                           const std::vector<RecvSegment>& recvs, int rank, int size);
+
 // InvalidArgument unless 0 <= root < size: BroadcastBytes' first check in
 // every backend.
 absl::Status CheckBroadcastRoot(int root, int size);
@@ -111,6 +130,24 @@ class Transport {
                                            void* recv, const std::vector<int64_t>& recv_rows,
                                            int64_t row_bytes, uint8_t mine,
                                            std::vector<uint8_t>* flags);
+
+  // Whether ExchangeSegments is implemented: rows then travel from where
+  // they lie and land where they belong, without a contiguous staging
+  // buffer per exchange.
+  virtual bool MovesSegments() const { return false; }
+
+  // Collective over the group, for exchanges whose counts every rank has
+  // agreed (as AllToAllRowsPrechecked): every segment is one message; the
+  // i-th segment this rank sends to peer p pairs with the i-th segment p
+  // receives from this rank, and both have the same bytes. No segment goes
+  // to or comes from this rank itself (its own rows are the caller's copy).
+  // With `flags`, every rank's `mine` arrives as AllToAllRowsFlagged's do;
+  // without, none is sent. `row_bytes` is informational (wrappers record
+  // it). Unimplemented unless MovesSegments().
+  virtual absl::Status ExchangeSegments(const std::vector<SendSegment>& sends,
+                                        const std::vector<RecvSegment>& recvs,
+                                        int64_t row_bytes, uint8_t mine,
+                                        std::vector<uint8_t>* flags);
 
   // This backend's own limits on one all-to-all, beyond CheckExchange (c10d:
   // elements per call); Ok by default. Local: callers that agree on every

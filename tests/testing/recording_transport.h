@@ -84,6 +84,18 @@ class RecordingTransport final : public Transport {
     }
     return inner_->AllToAllRowsFlagged(send, send_rows, recv, recv_rows, row_bytes, mine, flags);
   }
+  bool MovesSegments() const override { return inner_->MovesSegments(); }
+  absl::Status ExchangeSegments(const std::vector<SendSegment>& sends,
+                                const std::vector<RecvSegment>& recvs, int64_t row_bytes,
+                                uint8_t mine, std::vector<uint8_t>* flags) override {
+    exchanges_.push_back(row_bytes);
+    if (flags != nullptr) ++flagged_;
+    if (is_subgroup_) {
+      if (flags != nullptr) ++faults_->subgroup_flagged;
+      ++faults_->subgroup_exchanges;
+    }
+    return inner_->ExchangeSegments(sends, recvs, row_bytes, mine, flags);
+  }
   absl::Status CheckRowCounts(const std::vector<int64_t>& send_rows,
                               const std::vector<int64_t>& recv_rows) override {
     if (is_subgroup_ && faults_->failing_subgroup_checks > 0) {

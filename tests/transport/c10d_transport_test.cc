@@ -100,6 +100,53 @@ const bool kFlagged = RegisterScenario("flagged", [](Worker& w) {
   EXPECT_EQ(flags, std::vector<uint8_t>(w.size, 7));
 });
 
+// Segments (point-to-point on Gloo): several per pair of ranks, paired in
+// order, some empty; a rank that moves nothing in a round still counts it;
+// the flags arrive; between collectives.
+const bool kSegments = RegisterScenario("segments", [](Worker& w) {
+  ASSERT_TRUE(w.transport->MovesSegments());
+  auto bytes_of = [](int src, int dst, int i) { return static_cast<int64_t>((src + dst + i) % 3) * 5; };
+  for (int round = 0; round < 3; ++round) {
+    // Round 0: rank 3 neither sends nor receives (and nobody sends it any).
+    auto silent = [&](int rank) { return round == 0 && rank == 3; };
+    std::vector<std::vector<uint8_t>> out, in;
+    std::vector<SendSegment> sends;
+    std::vector<RecvSegment> recvs;
+    out.reserve(3 * w.size);
+    in.reserve(3 * w.size);
+    for (int i = 0; i < 3; ++i) {
+      for (int p = 0; p < w.size; ++p) {
+        if (p == w.rank || silent(p) || silent(w.rank)) continue;
+        out.push_back(std::vector<uint8_t>(bytes_of(w.rank, p, i), uint8_t(16 * w.rank + 4 * i)));
+        sends.push_back({p, out.back().data(), bytes_of(w.rank, p, i)});
+        in.push_back(std::vector<uint8_t>(bytes_of(p, w.rank, i), 0xEE));
+        recvs.push_back({p, in.back().data(), bytes_of(p, w.rank, i)});
+      }
+    }
+    std::vector<uint8_t> flags;
+    absl::Status moved = w.transport->ExchangeSegments(
+        sends, recvs, 0, static_cast<uint8_t>(w.rank + 1), round == 1 ? nullptr : &flags);
+    ASSERT_TRUE(moved.ok()) << moved;
+    size_t k = 0;
+    for (int i = 0; i < 3; ++i) {
+      for (int p = 0; p < w.size; ++p) {
+        if (p == w.rank || silent(p) || silent(w.rank)) continue;
+        EXPECT_EQ(in[k], std::vector<uint8_t>(bytes_of(p, w.rank, i), uint8_t(16 * p + 4 * i)))
+            << "round " << round << " from " << p << " segment " << i;
+        ++k;
+      }
+    }
+    if (round != 1) {
+      EXPECT_EQ(flags, (std::vector<uint8_t>{1, 2, 3, 4})) << "round " << round;
+    }
+    ASSERT_TRUE(w.transport->AllGatherBytes("between").ok());
+  }
+  // Its own rank is no peer.
+  std::vector<uint8_t> one(1);
+  EXPECT_EQ(w.transport->ExchangeSegments({{w.rank, one.data(), 1}}, {}, 0, 0, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+});
+
 const bool kMismatch = RegisterScenario("mismatch", [](Worker& w) {
   std::vector<int64_t> send_rows, recv_rows;
   std::vector<uint8_t> send = SendBuffer(w.rank, w.size, &send_rows);
@@ -353,6 +400,7 @@ void ExpectRuns(const std::string& scenario) {
 TEST(C10dTransport, UnevenAllToAllMovesEveryRowToItsPlace) { ExpectRuns("uneven"); }
 TEST(C10dTransport, EveryRowWidthFrom1To16BytesMovesExactly) { ExpectRuns("every_row_width"); }
 TEST(C10dTransport, FlaggedExchangeMovesTheRowsAndEveryRanksFlag) { ExpectRuns("flagged"); }
+TEST(C10dTransport, SegmentsPairUpInOrderAndFlagsArrive) { ExpectRuns("segments"); }
 TEST(C10dTransport, CountMismatchIsTheSameErrorOnEveryRank) { ExpectRuns("mismatch"); }
 TEST(C10dTransport, AllGatherOfDifferentSizes) { ExpectRuns("all_gather"); }
 TEST(C10dTransport, BroadcastGivesEveryRankTheRootsBytes) { ExpectRuns("broadcast"); }

@@ -77,6 +77,45 @@ TEST(LocalTransportTest, FlaggedExchangeCarriesEveryRanksFlagWithTheRows) {
   EXPECT_THAT(received[2], ElementsAre(20, 21, 220));
 }
 
+TEST(LocalTransportTest, SegmentsPairUpInOrderAndAWrongSizeIsAnError) {
+  const int n = 3;
+  auto group = LocalTransport::CreateGroup(n);
+  std::vector<std::vector<int32_t>> first(n), second(n);
+  std::vector<std::vector<uint8_t>> flags(n);
+  std::vector<absl::Status> status(n);
+  RunRanks(group, [&](int s, LocalTransport& t) {
+    // To each peer two segments: [s, d] then [10 s + d] (rank 2 sends rank 0 a
+    // first segment of 3 values where rank 0 expects 2: an error there).
+    std::vector<std::vector<int32_t>> out;
+    out.reserve(2 * n);
+    std::vector<SendSegment> sends;
+    std::vector<RecvSegment> recvs;
+    first[s].assign(2 * n, -1);
+    second[s].assign(n, -1);
+    for (int d = 0; d < n; ++d) {
+      if (d == s) continue;
+      out.push_back(s == 2 && d == 0 ? std::vector<int32_t>{s, d, 99} : std::vector<int32_t>{s, d});
+      sends.push_back({d, out.back().data(), static_cast<int64_t>(out.back().size() * 4)});
+      recvs.push_back({d, &first[s][2 * d], 8});
+    }
+    for (int d = 0; d < n; ++d) {
+      if (d == s) continue;
+      out.push_back({10 * s + d});
+      sends.push_back({d, out.back().data(), 4});
+      recvs.push_back({d, &second[s][d], 4});
+    }
+    status[s] = t.ExchangeSegments(sends, recvs, 0, static_cast<uint8_t>(s), &flags[s]);
+  });
+  EXPECT_THAT(std::string(status[0].message()), HasSubstr("rank 2"));
+  for (int r = 1; r < n; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    EXPECT_THAT(flags[r], ElementsAre(0, 1, 2));
+  }
+  EXPECT_THAT(first[1], ElementsAre(0, 1, -1, -1, 2, 1));
+  EXPECT_THAT(second[1], ElementsAre(1, -1, 21));
+  EXPECT_THAT(first[2], ElementsAre(0, 2, 1, 2, -1, -1));
+}
+
 TEST(LocalTransportTest, ACountMismatchIsAnErrorNamingBothRanks) {
   auto group = LocalTransport::CreateGroup(2);
   std::vector<absl::Status> status(2);
