@@ -370,7 +370,10 @@ class Segmented {
       at::Tensor out_flat = out.view({recv_count, RowElements(out)});
       Tensor t{flat, out, out_flat, {}, {},
                RowElements(flat) * static_cast<int64_t>(flat.element_size())};
-      if (gather_.defined()) t.staged_send = at::index_select(flat, 0, gather_);
+      if (gather_.defined()) {
+        t.staged_send = Empty({gather_.size(0), RowElements(flat)}, flat);
+        at::index_select_out(t.staged_send, flat, 0, gather_);
+      }
       if (scatter_.defined()) t.staged_recv = Empty({scatter_.size(0), RowElements(flat)}, flat);
       CopyOwnRows(t, before, landing);
       tensors_.push_back(std::move(t));

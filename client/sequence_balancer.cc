@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/host_tensor_cache.h"
 #include "client/route_layout.h"
 #include "client/row_exchange.h"
 #include "client/settings_agreement.h"
@@ -35,6 +36,14 @@ auto Guarded(Op&& op) -> absl::StatusOr<decltype(op())> {
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(e.what_without_backtrace());
   }
+}
+
+// `view`'s elements in a contiguous tensor of its own (one pass), in host
+// memory from the host tensor cache: a layer's Ulysses exchanges transpose
+// megabytes every call, and fresh host memory costs a page fault per page.
+at::Tensor Contiguous(const at::Tensor& view) {
+  if (!view.device().is_cpu() || view.is_contiguous()) return view.contiguous();
+  return EmptyHostTensor(view.sizes(), view.scalar_type()).copy_(view);
 }
 
 absl::StatusOr<at::Tensor> Only(absl::StatusOr<std::vector<at::Tensor>> tensors) {
@@ -640,7 +649,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PreAttnTensors(
       std::vector<int64_t> rows = split;
       rows.erase(rows.begin());
       rows[0] = r.bag_gpus * r.routed_rows;
-      by_position.push_back(x.reshape(split).transpose(0, 1).contiguous().reshape(rows));
+      by_position.push_back(Contiguous(x.reshape(split).transpose(0, 1)).reshape(rows));
     }
     const RowMove move =
         r.BagMove("pre_attn", r.ulysses_send_rows, r.ulysses_recv_rows, {},
@@ -670,7 +679,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PostAttnTensors(
       std::vector<int64_t> merged = ys[i].sizes().vec();  // [T, heads, ...]
       merged[0] = r.routed_rows;
       merged[1] *= r.bag_gpus;
-      outputs.push_back(by_position[i].reshape(split).transpose(0, 1).reshape(merged));
+      outputs.push_back(Contiguous(by_position[i].reshape(split).transpose(0, 1)).reshape(merged));
     }
     return outputs;
   });
