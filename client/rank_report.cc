@@ -9,6 +9,31 @@
 namespace knapformer {
 namespace {
 
+// The first field in which two specs differ, with both values ("d_model: 8
+// on rank 0, 16 on rank 3"); every field is compared on its own, so the
+// text names the field whatever its kind.
+std::string SpecDifference(const v1::StepSpec& a, int rank_a, const v1::StepSpec& b, int rank_b) {
+  const google::protobuf::Descriptor* descriptor = a.GetDescriptor();
+  const google::protobuf::Reflection* reflection = a.GetReflection();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
+    v1::StepSpec only_a = a, only_b = b;
+    for (int j = 0; j < descriptor->field_count(); ++j) {
+      if (j == i) continue;
+      reflection->ClearField(&only_a, descriptor->field(j));
+      reflection->ClearField(&only_b, descriptor->field(j));
+    }
+    if (only_a.SerializeAsString() == only_b.SerializeAsString()) continue;
+    auto value = [&](const v1::StepSpec& only) {
+      const std::string text = only.ShortDebugString();
+      return text.empty() ? std::string("unset") : text;
+    };
+    return absl::StrCat(field->name(), ": ", value(only_a), " on rank ", rank_a, ", ",
+                        value(only_b), " on rank ", rank_b);
+  }
+  return "a field this build does not know";
+}
+
 using client::RankReport;
 using client::StepOutcome;
 
@@ -34,6 +59,8 @@ const char* CallName(RankReport::Call call) {
       return "Plan";
     case RankReport::PREFETCH:
       return "Prefetch";
+    case RankReport::UNPLANNED_EXCHANGE:
+      return "an exchange (route, reverse_route, pre_attn or post_attn) without a plan";
     default:
       return "Plan of a prefetched step";
   }
@@ -78,7 +105,12 @@ absl::StatusOr<Gathered> Digest(std::vector<RankReport> reports, int probing_ran
     if (reports[r].call() != reports[0].call()) {
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", r, " is in ", CallName(reports[r].call()), " while rank 0 is in ",
-                       CallName(reports[0].call()), "; every rank must prefetch a step, or none"));
+                       CallName(reports[0].call()),
+                       reports[r].call() == RankReport::UNPLANNED_EXCHANGE ||
+                               reports[0].call() == RankReport::UNPLANNED_EXCHANGE
+                           ? "; every rank must call PlanRouting (plan_routing in Python) before "
+                             "the step's exchanges"
+                           : "; every rank must prefetch a step, or none"));
     }
   }
   std::vector<agreement::Verdict> verdicts;
@@ -96,9 +128,10 @@ absl::StatusOr<Gathered> Digest(std::vector<RankReport> reports, int probing_ran
   for (size_t r = 0; r < reports.size(); ++r) {
     if (reports[r].spec().SerializeAsString() != spec) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "spec: rank ", r,
-          "'s step spec differs from rank 0's; every rank of a step must "
-          "send the same spec (job, step, topology, cost model, token cap, locality)"));
+          "spec: rank ", r, "'s step spec differs from rank 0's in ",
+          SpecDifference(reports[0].spec(), 0, reports[r].spec(), static_cast<int>(r)),
+          "; every rank of a step must send the same spec (job, step, topology, d_model "
+          "(token_dim in Python), gamma, cost model, token cap, locality)"));
     }
     if (static_cast<int>(r) < probing_ranks) {
       gathered.probes_answered = gathered.probes_answered && reports[r].probe_answered();

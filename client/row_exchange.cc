@@ -75,12 +75,8 @@ int64_t RowBytes(at::TensorList xs) {
 
 // ---- Agreement ----------------------------------------------------------
 
-std::string DtypeName(int dtype) {
-  if (dtype < 0 || dtype >= static_cast<int>(c10::ScalarType::NumOptions)) {
-    return absl::StrCat("dtype #", dtype);
-  }
-  return c10::toString(static_cast<c10::ScalarType>(dtype));
-}
+// REQUIRES: a c10::ScalarType (AgreeOnExchange checks what peers send).
+std::string DtypeName(int dtype) { return c10::toString(static_cast<c10::ScalarType>(dtype)); }
 
 std::string ShapeText(const std::vector<int64_t>& trailing) {
   return absl::StrCat("[", absl::StrJoin(trailing, ", "), "]");
@@ -164,6 +160,14 @@ absl::Status AgreeOnExchange(const RowMove& move, const absl::Status& mine, int6
     absl::Status status =
         StatusOf((*all)[p].verdict(), world(p), absl::StrCat("rank ", world(p), ": "));
     if (!status.ok()) return status;
+  }
+  for (int p = 0; p < n; ++p) {
+    for (const client::TensorSignature& t : (*all)[p].tensors()) {
+      if (t.dtype() < 0 || t.dtype() >= static_cast<int>(c10::ScalarType::NumOptions)) {
+        return absl::InternalError(absl::StrCat("agreement: rank ", world(p), " sent dtype ",
+                                                t.dtype(), ", which is none of torch's"));
+      }
+    }
   }
   if ((*all)[0].has_signature()) {
     const ExchangeSignature first = SignatureFrom((*all)[0]);

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/host_tensor_cache.h"
+#include "client/rank_report.h"
 #include "client/route_layout.h"
 #include "client/row_exchange.h"
 #include "client/settings_agreement.h"
@@ -189,9 +190,28 @@ struct SequenceBalancer::Rep {
   // error is agreed in one all-gather.
   absl::Status Refused(bool in_bag, const char* what, const absl::Status& local) {
     if (!planned) {
+      // Without a plan this rank's peers may be planning: what it sends is
+      // a report of the kind PlanRouting gathers, so that they name this
+      // call instead of misreading it (and it names theirs).
       Transport* group = in_bag ? bag.get() : world;
       if (agreement == Agreement::kOff || group == nullptr) return local;
-      return AgreeOnStatus(*group, local);
+      client::RankReport report;
+      report.set_call(client::RankReport::UNPLANNED_EXCHANGE);
+      *report.mutable_verdict() = VerdictOf(local);
+      absl::StatusOr<std::vector<client::RankReport>> all = AllGatherMessages(*group, report);
+      if (!all.ok()) return all.status();
+      // Peers that were planning have spent that step (a failed plan is a
+      // step): so does this rank, so that the next PlanRouting meets them
+      // at the same one.
+      for (const client::RankReport& theirs : *all) {
+        if (theirs.call() == client::RankReport::PLAN ||
+            theirs.call() == client::RankReport::PREFETCHED) {
+          next_step = theirs.spec().step() + 1;
+          break;
+        }
+      }
+      absl::StatusOr<Gathered> digested = Digest(*std::move(all), /*probing_ranks=*/0);
+      return digested.ok() ? local : digested.status();
     }
     static const std::vector<int64_t> kNone;
     const bool route = std::string(what) == "route";

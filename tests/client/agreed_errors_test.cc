@@ -342,6 +342,31 @@ TEST(AgreedErrors, EveryRankChangingItsTensorsAlikeIsNoMistake) {
   EXPECT_TRUE(run.ok()) << run.output;
 }
 
+// A rank that routes before planning while its peers plan: every rank
+// names the calls instead of misreading each other's bytes, and then the
+// step plans and routes exactly.
+const bool kUnplanned = RegisterScenario("unplanned_route", [](Worker& w) {
+  Balanced b = Make(w);
+  ASSERT_TRUE(b.balancer);
+  const std::string expected =
+      "rank 1 is in an exchange (route, reverse_route, pre_attn or post_attn) without a plan "
+      "while rank 0 is in Plan";
+  if (w.rank == 1) {
+    ExpectAgreedError([&] { return StatusOf(b.balancer->Route(torch::zeros({Rows(w.rank), 8}))); },
+                      absl::StatusCode::kFailedPrecondition, expected);
+  } else {
+    ExpectAgreedError([&] { return b.balancer->PlanRouting(Lengths(w.rank)); },
+                      absl::StatusCode::kFailedPrecondition, expected);
+  }
+  ASSERT_TRUE(b.balancer->PlanRouting(Lengths(w.rank)).ok());
+  ExpectExactRoundTrip(*b.balancer, w.rank);
+});
+
+TEST(AgreedErrors, ARouteBeforeItsPlanNamesTheCallsOnEveryRank) {
+  WorkerRun run = RunWorkers("unplanned_route", 4, {{"topology", "g1n4"}});
+  EXPECT_TRUE(run.ok()) << run.output;
+}
+
 // A peer that exits between steps: every survivor's next collective fails
 // within Gloo's timeout (at once: the peer's sockets close), and every
 // later call fails fast.

@@ -702,7 +702,9 @@ TEST(PlannerClientTest, RanksThatDisagreeOnTheSpecStillFailTogether) {
       });
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(statuses[r].code(), absl::StatusCode::kFailedPrecondition) << statuses[r];
-    EXPECT_THAT(std::string(statuses[r].message()), HasSubstr("step spec differs"));
+    EXPECT_THAT(std::string(statuses[r].message()),
+                HasSubstr("step spec differs from rank 0's in d_model: d_model: 64 on rank 0, "
+                          "d_model: 128 on rank 5"));
   }
 }
 
