@@ -393,14 +393,21 @@ absl::Status C10dTransport::ExchangeSegments(const std::vector<SendSegment>& sen
         if (p == me) continue;
         buffers.push_back({flags_in.narrow(0, p, 1)});
         works.push_back(group_->recv(buffers.back(), p, flag_tag));
-        buffers.push_back({flag_out});
-        works.push_back(group_->send(buffers.back(), p, flag_tag));
       }
     }
     for (const SendSegment& s : sends) {
       if (s.bytes == 0) continue;
       buffers.push_back({view(s.data, s.bytes)});
       works.push_back(group_->send(buffers.back(), s.peer, rows_tag));
+    }
+    // Each flag right behind the rows on its pair's connection, so that its
+    // receiver mostly reads both in one wake-up.
+    if (flags != nullptr) {
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        buffers.push_back({flag_out});
+        works.push_back(group_->send(buffers.back(), p, flag_tag));
+      }
     }
     // Run waits on the work it is given; the others are waited on here.
     for (size_t i = 0; i + 1 < works.size(); ++i) works[i]->wait();
