@@ -231,7 +231,7 @@ absl::StatusOr<std::vector<uint8_t>> FlaggedFromScratch(
     if (!moved.ok()) return moved;
   } catch (const c10::Error& e) {
     // Not even scratch memory: the peers wait until the transport's timeout.
-    return FromTorchError(e, move.what);
+    return FromTorchError(e, move.what.c_str());
   }
   return flags;
 }
@@ -290,7 +290,7 @@ absl::Status Pack(at::TensorList xs, const RowMove& move, int64_t row_bytes, Pac
     }
     packed->received = Empty({recv_count, row_bytes}, packed->send);
   } catch (const c10::Error& e) {
-    return FromTorchError(e, move.what);
+    return FromTorchError(e, move.what.c_str());
   }
   return absl::OkStatus();
 }
@@ -507,7 +507,7 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
     try {
       segmented = std::make_unique<Segmented>(xs, move);
     } catch (const c10::Error& e) {
-      prepared = FromTorchError(e, move.what);
+      prepared = FromTorchError(e, move.what.c_str());
     }
   } else {
     prepared = Pack(xs, move, row_bytes, &packed);
@@ -611,7 +611,7 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
     // The previous link, or none (an undefined tensor may not be an input).
     ctx->saved_data["chained"] = !chain.empty();
     ctx->saved_data["transport"] = reinterpret_cast<int64_t>(move->transport);
-    ctx->saved_data["what"] = std::string(move->what);
+    ctx->saved_data["what"] = move->what;
     ctx->saved_data["agreement"] = static_cast<int64_t>(move->agreement);
     ctx->saved_data["owner"] = move->owner;
     ctx->saved_data["chain_started"] = move->chain_started;
@@ -620,11 +620,10 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
     ctx->saved_data["world_ranks"] =
         std::vector<int64_t>(move->world_ranks.begin(), move->world_ranks.end());
     ctx->saved_data["step"] = static_cast<int64_t>(move->step);
-    // Backward gathers with the inverses, in the opposite order.
-    ctx->saved_data["back_before"] = move->after.inverse;
-    ctx->saved_data["back_before_inverse"] = move->after.index;
-    ctx->saved_data["back_after"] = move->before.inverse;
-    ctx->saved_data["back_after_inverse"] = move->before.index;
+    ctx->saved_data["before"] = move->before.index;
+    ctx->saved_data["before_inverse"] = move->before.inverse;
+    ctx->saved_data["after"] = move->after.index;
+    ctx->saved_data["after_inverse"] = move->after.inverse;
     std::vector<at::Tensor> outputs = MoveRows(xs, *move);
     torch::autograd::variable_list non_differentiable;  // one call: each call replaces the set
     for (size_t i = 0; i < xs.size(); ++i) {
@@ -642,26 +641,27 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
     // linking into a graph whose backward has begun (and may be freed).
     const at::IValue& started = ctx->saved_data["chain_started"];
     if (started.isTensor() && started.toTensor().defined()) started.toTensor().fill_(true);
-    const std::vector<int64_t> send_rows = ctx->saved_data["recv_rows"].toIntVector();
-    const std::vector<int64_t> recv_rows = ctx->saved_data["send_rows"].toIntVector();
-    const std::string what = ctx->saved_data["what"].toStringRef() + " (backward)";
-    RowMove back;
+    // The forward's move, as it was, and its reverse.
+    const std::vector<int64_t> send_rows = ctx->saved_data["send_rows"].toIntVector();
+    const std::vector<int64_t> recv_rows = ctx->saved_data["recv_rows"].toIntVector();
+    RowMove forward;
     auto tensor = [&](const char* key) {
       const at::IValue& value = ctx->saved_data[key];
       return value.isTensor() ? value.toTensor() : at::Tensor();
     };
-    back.transport = reinterpret_cast<Transport*>(ctx->saved_data["transport"].toInt());
-    back.what = what.c_str();
-    back.agreement = static_cast<Agreement>(ctx->saved_data["agreement"].toInt());
-    back.owner = tensor("owner");
-    back.send_rows = &send_rows;
-    back.recv_rows = &recv_rows;
-    back.before = {tensor("back_before"), tensor("back_before_inverse")};
-    back.after = {tensor("back_after"), tensor("back_after_inverse")};
+    forward.transport = reinterpret_cast<Transport*>(ctx->saved_data["transport"].toInt());
+    forward.what = ctx->saved_data["what"].toStringRef();
+    forward.agreement = static_cast<Agreement>(ctx->saved_data["agreement"].toInt());
+    forward.owner = tensor("owner");
+    forward.send_rows = &send_rows;
+    forward.recv_rows = &recv_rows;
+    forward.before = {tensor("before"), tensor("before_inverse")};
+    forward.after = {tensor("after"), tensor("after_inverse")};
     for (int64_t rank : ctx->saved_data["world_ranks"].toIntVector()) {
-      back.world_ranks.push_back(static_cast<int>(rank));
+      forward.world_ranks.push_back(static_cast<int>(rank));
     }
-    back.step = static_cast<uint64_t>(ctx->saved_data["step"].toInt());
+    forward.step = static_cast<uint64_t>(ctx->saved_data["step"].toInt());
+    const RowMove back = Reversed(forward);
     std::vector<at::Tensor> to_send;
     for (int64_t i : differentiable) to_send.push_back(grads[i]);
     // A node of its own only when the backward itself is being recorded
@@ -680,6 +680,26 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
 };
 
 }  // namespace
+
+RowMove Reversed(const RowMove& move) {
+  RowMove back;
+  back.transport = move.transport;
+  back.what = move.what + " (backward)";
+  back.agreement = move.agreement;
+  back.owner = move.owner;
+  back.send_rows = move.recv_rows;
+  back.recv_rows = move.send_rows;
+  // The way back gathers with the inverses, in the opposite order.
+  back.before = move.after.Inverted();
+  back.after = move.before.Inverted();
+  back.world_ranks = move.world_ranks;
+  back.step = move.step;
+  return back;
+}
+
+std::vector<at::Tensor> MoveRowsOnce(at::TensorList xs, const RowMove& move) {
+  return MoveRows(xs, move);
+}
 
 RowOrder RowOrder::Of(const std::vector<int64_t>& rows) {
   if (IsIdentity(rows)) return {};

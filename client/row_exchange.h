@@ -126,7 +126,7 @@ class ExchangeBook {
 // the step, in PlanRouting.
 struct RowMove {
   Transport* transport = nullptr;
-  const char* what = "";  // the call, for errors
+  std::string what;  // the call, for errors
   Agreement agreement = Agreement::kOncePerStep;
   // A 0-element tensor owning the transport (OwnerTensor), or undefined when
   // the caller owns it. Saved in the autograd node, so a backward pass can
@@ -150,11 +150,23 @@ struct RowMove {
   ExchangeSignature signature;
 };
 
+// The backward of `move`: the way back for the gradients of its outputs
+// (counts transposed, orders inverted, no book: a backward exchange moves
+// gradients shaped as its forward's outputs, so it only carries flags).
+// What the autograd node of an exchange runs, and what
+// SequenceBalancer::BackwardOf runs for the torch.compile custom ops.
+RowMove Reversed(const RowMove& move);
+
 // A 0-element tensor that owns `transport` (RowMove::owner).
 at::Tensor OwnerTensor(std::shared_ptr<Transport> transport);
 
 // Elements per row (the product of the sizes after dimension 0).
 int64_t RowElements(const at::Tensor& x);
+
+// `move` of `xs` without recording a backward (a backward's own exchange
+// when its graph is not recorded). Throws TransportError (c10::Error for
+// torch's own).
+std::vector<at::Tensor> MoveRowsOnce(at::TensorList xs, const RowMove& move);
 
 // The exchange as an autograd node over `xs`, chained after `chain` (the
 // previous exchange's link, or none): returns the moved tensors, then this

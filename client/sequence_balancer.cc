@@ -133,17 +133,69 @@ struct SequenceBalancer::Rep {
                           bool whole_heads) const;
   // An exchange over the world (routes) or the bag (Ulysses) of `xs`
   // (their signature: the caller's tensors, whatever reshaping follows).
+  // `in_book`: a forward exchange, agreed as the group's book says (else
+  // a backward one's forward, which BackwardOf reverses).
   RowMove WorldMove(const char* what, const std::vector<int64_t>& send,
                     const std::vector<int64_t>& recv, RowOrder before, RowOrder after,
-                    const std::vector<at::Tensor>& xs) {
-    return MoveOf(world, world_owner, world_ranks, &world_book, what, send, recv,
-                  std::move(before), std::move(after), xs);
+                    const std::vector<at::Tensor>& xs, bool in_book = true) {
+    return MoveOf(world, world_owner, world_ranks, in_book ? &world_book : nullptr, what, send,
+                  recv, std::move(before), std::move(after), xs);
   }
   RowMove BagMove(const char* what, const std::vector<int64_t>& send,
                   const std::vector<int64_t>& recv, RowOrder before, RowOrder after,
-                  const std::vector<at::Tensor>& xs) {
-    return MoveOf(bag.get(), bag_owner, bag_ranks, &bag_book, what, send, recv,
-                  std::move(before), std::move(after), xs);
+                  const std::vector<at::Tensor>& xs, bool in_book = true) {
+    return MoveOf(bag.get(), bag_owner, bag_ranks, in_book ? &bag_book : nullptr, what, send,
+                  recv, std::move(before), std::move(after), xs);
+  }
+  // The moves of each call, by the step's plan, on `device`.
+  RowMove RouteMove(const c10::Device& device, const std::vector<at::Tensor>& xs,
+                    bool in_book = true) {
+    return WorldMove("route", send_rows, recv_rows, OnDevice(send_order, device), {}, xs,
+                     in_book);
+  }
+  RowMove ReverseRouteMove(const c10::Device& device, const std::vector<at::Tensor>& xs,
+                           bool in_book = true) {
+    return WorldMove("reverse_route", recv_rows, send_rows, {},
+                     OnDevice(send_order, device).Inverted(), xs, in_book);
+  }
+  RowMove PreAttnMove(const c10::Device& device, const std::vector<at::Tensor>& xs,
+                      bool in_book = true) {
+    return BagMove("pre_attn", ulysses_send_rows, ulysses_recv_rows, {},
+                   OnDevice(sequence_order, device), xs, in_book);
+  }
+  RowMove PostAttnMove(const c10::Device& device, const std::vector<at::Tensor>& xs,
+                       bool in_book = true) {
+    return BagMove("post_attn", ulysses_recv_rows, ulysses_send_rows,
+                   OnDevice(sequence_order, device).Inverted(), {}, xs, in_book);
+  }
+  // [T, heads, ...] -> [bag * T, heads/bag, ...]: position p's head slice of
+  // every routed row, contiguous, is what goes to position p (one pass).
+  std::vector<at::Tensor> ByPosition(const std::vector<at::Tensor>& xs) const {
+    std::vector<at::Tensor> by_position;
+    for (const at::Tensor& x : xs) {
+      std::vector<int64_t> split = x.sizes().vec();
+      split[1] /= bag_gpus;
+      split.insert(split.begin() + 1, bag_gpus);
+      std::vector<int64_t> rows = split;
+      rows.erase(rows.begin());
+      rows[0] = bag_gpus * routed_rows;
+      by_position.push_back(Contiguous(x.reshape(split).transpose(0, 1)).reshape(rows));
+    }
+    return by_position;
+  }
+  // The inverse of ByPosition (one pass).
+  std::vector<at::Tensor> Merged(const std::vector<at::Tensor>& by_position) const {
+    std::vector<at::Tensor> merged;
+    for (const at::Tensor& y : by_position) {
+      std::vector<int64_t> split = y.sizes().vec();  // [bag * T, heads/bag, ...]
+      split[0] = routed_rows;
+      split.insert(split.begin(), bag_gpus);
+      std::vector<int64_t> whole = y.sizes().vec();  // [T, heads, ...]
+      whole[0] = routed_rows;
+      whole[1] *= bag_gpus;
+      merged.push_back(Contiguous(y.reshape(split).transpose(0, 1)).reshape(whole));
+    }
+    return merged;
   }
   RowMove MoveOf(Transport* transport, const at::Tensor& owner, const std::vector<int>& ranks,
                  ExchangeBook* book, const char* what, const std::vector<int64_t>& send,
@@ -632,8 +684,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::RouteTensors(
   int64_t token_bytes = 0;
   for (const at::Tensor& x : xs) token_bytes += RowElements(x) * x.element_size();
   r.routed_token_bytes = token_bytes;
-  const RowMove move = r.WorldMove("route", r.send_rows, r.recv_rows,
-                                   r.OnDevice(r.send_order, xs[0].device()), {}, xs);
+  const RowMove move = r.RouteMove(xs[0].device(), xs);
   return Guarded([&] { return r.Move(at::TensorList(xs), move); });
 }
 
@@ -643,9 +694,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::ReverseRouteTensors(
   absl::Status ok = r.CheckRows(ys, r.routed_rows, "reverse_route", "the sum of routed_lengths");
   if (ok.ok()) ok = r.CheckDevice(ys, *r.world, "reverse_route");
   if (!ok.ok()) return r.Refused(false, "reverse_route", ok);
-  const RowMove move =
-      r.WorldMove("reverse_route", r.recv_rows, r.send_rows, {},
-                  r.OnDevice(r.send_order, ys[0].device()).Inverted(), ys);
+  const RowMove move = r.ReverseRouteMove(ys[0].device(), ys);
   return Guarded([&] { return r.Move(at::TensorList(ys), move); });
 }
 
@@ -659,21 +708,8 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PreAttnTensors(
   if (ok.ok()) ok = r.CheckDevice(xs, *r.bag, "pre_attn");
   if (!ok.ok()) return r.Refused(true, "pre_attn", ok);
   return Guarded([&] {
-    // [T, heads, ...] -> [bag, T, heads/bag, ...]: position p's head slice of
-    // every routed row, contiguous, is what goes to position p.
-    std::vector<at::Tensor> by_position;
-    for (const at::Tensor& x : xs) {
-      std::vector<int64_t> split = x.sizes().vec();
-      split[1] /= r.bag_gpus;
-      split.insert(split.begin() + 1, r.bag_gpus);
-      std::vector<int64_t> rows = split;
-      rows.erase(rows.begin());
-      rows[0] = r.bag_gpus * r.routed_rows;
-      by_position.push_back(Contiguous(x.reshape(split).transpose(0, 1)).reshape(rows));
-    }
-    const RowMove move =
-        r.BagMove("pre_attn", r.ulysses_send_rows, r.ulysses_recv_rows, {},
-                  r.OnDevice(r.sequence_order, xs[0].device()), xs);
+    const std::vector<at::Tensor> by_position = r.ByPosition(xs);
+    const RowMove move = r.PreAttnMove(xs[0].device(), xs);
     return r.Move(at::TensorList(by_position), move);
   });
 }
@@ -687,21 +723,43 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PostAttnTensors(
   if (ok.ok()) ok = r.CheckDevice(ys, *r.bag, "post_attn");
   if (!ok.ok()) return r.Refused(true, "post_attn", ok);
   return Guarded([&] {
-    const RowMove move = r.BagMove("post_attn", r.ulysses_recv_rows, r.ulysses_send_rows,
-                                   r.OnDevice(r.sequence_order, ys[0].device()).Inverted(), {},
-                                   ys);
-    std::vector<at::Tensor> by_position = r.Move(at::TensorList(ys), move);
-    std::vector<at::Tensor> outputs;
-    for (size_t i = 0; i < ys.size(); ++i) {
-      std::vector<int64_t> split = ys[i].sizes().vec();  // [bag, T, heads/bag, ...]
-      split[0] = r.routed_rows;
-      split.insert(split.begin(), r.bag_gpus);
-      std::vector<int64_t> merged = ys[i].sizes().vec();  // [T, heads, ...]
-      merged[0] = r.routed_rows;
-      merged[1] *= r.bag_gpus;
-      outputs.push_back(Contiguous(by_position[i].reshape(split).transpose(0, 1)).reshape(merged));
+    const RowMove move = r.PostAttnMove(ys[0].device(), ys);
+    return r.Merged(r.Move(at::TensorList(ys), move));
+  });
+}
+
+absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::BackwardOf(
+    Call which, const std::vector<at::Tensor>& grads) const {
+  Rep& r = *rep_;
+  static const char* const kNames[] = {"route", "reverse_route", "pre_attn", "post_attn"};
+  const char* name = kNames[static_cast<int>(which)];
+  if (!r.planned) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, " (backward): no plan for this step; run the backward before the "
+                           "next PlanRouting"));
+  }
+  if (grads.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " (backward): no tensors given"));
+  }
+  const bool in_bag = which == Call::kPreAttn || which == Call::kPostAttn;
+  if (in_bag && r.bag == nullptr) return grads;  // a single-GPU bag moved nothing
+  return Guarded([&]() -> std::vector<at::Tensor> {
+    const c10::Device device = grads[0].device();
+    const at::TensorList moved(grads);
+    switch (which) {
+      case Call::kRoute:
+        return MoveRowsOnce(moved, Reversed(r.RouteMove(device, grads, false)));
+      case Call::kReverseRoute:
+        return MoveRowsOnce(moved, Reversed(r.ReverseRouteMove(device, grads, false)));
+      case Call::kPreAttn:
+        return r.Merged(MoveRowsOnce(moved, Reversed(r.PreAttnMove(device, grads, false))));
+      case Call::kPostAttn: {
+        const std::vector<at::Tensor> by_position = r.ByPosition(grads);
+        return MoveRowsOnce(at::TensorList(by_position),
+                            Reversed(r.PostAttnMove(device, grads, false)));
+      }
     }
-    return outputs;
+    return {};
   });
 }
 

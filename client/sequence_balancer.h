@@ -139,8 +139,16 @@ class SequenceBalancer {
   // Collective within the bag: the inverse of PreAttn.
   absl::StatusOr<at::Tensor> PostAttn(const at::Tensor& y) const;
   absl::StatusOr<std::vector<at::Tensor>> PostAttnTensors(const std::vector<at::Tensor>& ys) const;
-  // The tensor calls, for RefuseCall.
+  // The tensor calls, for RefuseCall and BackwardOf.
   enum class Call { kRoute, kReverseRoute, kPreAttn, kPostAttn };
+  // Collective, as the call's: the backward of call `which` of this step
+  // for `grads`, the gradients of its outputs (shaped as they are), without
+  // recording a graph: exactly the exchange the call's autograd node runs
+  // (row_exchange.h's Reversed, flags only), with PreAttn's and PostAttn's
+  // reshaping. What the torch.compile custom ops' backward calls, so that
+  // eager and compiled training share one backward of each exchange.
+  absl::StatusOr<std::vector<at::Tensor>> BackwardOf(Call which,
+                                                     const std::vector<at::Tensor>& grads) const;
   // Collective, in place of call `which` on a rank that cannot make it (its
   // arguments were refused before they reached the balancer, e.g. by a
   // language binding): takes part in that call's agreement, so every rank

@@ -396,10 +396,34 @@ class BalancerBinding {
     return Call(ys, &SequenceBalancer::PostAttnTensors);
   }
 
+  // Collective: the backward of `call` of this step for the gradients of
+  // its outputs (SequenceBalancer::BackwardOf), for the compiled ops.
+  std::vector<at::Tensor> Backward(const std::string& call,
+                                   const std::vector<at::Tensor>& grads) const {
+    const SequenceBalancer::Call which = CallNamed(call);
+    absl::StatusOr<std::vector<at::Tensor>> result;
+    {
+      py::gil_scoped_release no_gil;
+      result = balancer_->BackwardOf(which, grads);
+    }
+    return ValueOrThrow(std::move(result));
+  }
+
   // Collective, in place of `call` on a rank whose Python arguments were
   // refused before reaching C++: every rank of the call's group raises
   // (this rank's `message` as ValueError, unless a lower rank failed too).
   void Refuse(const std::string& call, const std::string& message) const {
+    const SequenceBalancer::Call which = CallNamed(call);
+    absl::Status agreed;
+    {
+      py::gil_scoped_release no_gil;
+      agreed = balancer_->RefuseCall(which, absl::InvalidArgumentError(message));
+    }
+    ThrowIfError(agreed);
+  }
+
+  // A tensor call by its Python name; raises ValueError for another name.
+  static SequenceBalancer::Call CallNamed(const std::string& call) {
     static const std::map<std::string, SequenceBalancer::Call> kCalls = {
         {"route", SequenceBalancer::Call::kRoute},
         {"reverse_route", SequenceBalancer::Call::kReverseRoute},
@@ -407,14 +431,9 @@ class BalancerBinding {
         {"post_attn", SequenceBalancer::Call::kPostAttn}};
     auto it = kCalls.find(call);
     if (it == kCalls.end()) {
-      ThrowIfError(absl::InvalidArgumentError(absl::StrCat("refuse: no call '", call, "'")));
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat("call: no call '", call, "'")));
     }
-    absl::Status agreed;
-    {
-      py::gil_scoped_release no_gil;
-      agreed = balancer_->RefuseCall(it->second, absl::InvalidArgumentError(message));
-    }
-    ThrowIfError(agreed);
+    return it->second;
   }
 
   // int32 lengths on `device`: "chunk" (routed_lengths), "sequence" (this
@@ -677,6 +696,7 @@ void BindBalancer(py::module_& m) {
       .def("pre_attn", &BalancerBinding::PreAttn, py::arg("tensors"))
       .def("post_attn", &BalancerBinding::PostAttn, py::arg("tensors"))
       .def("refuse", &BalancerBinding::Refuse, py::arg("call"), py::arg("message"))
+      .def("backward", &BalancerBinding::Backward, py::arg("call"), py::arg("tensors"))
       .def("lengths", &BalancerBinding::Lengths, py::arg("which"), py::arg("device"))
       .def("summary", &BalancerBinding::Summary)
       .def("tables", &BalancerBinding::Tables)

@@ -15,8 +15,10 @@ so their sizes are symbolic like any tensor's: the fake (meta) kernels read
 an exchange's output rows and head split from them, and a new step with
 other lengths reuses the compiled graph. Nothing here moves data itself: the
 real kernels call the same C++ exchanges (agreement on errors included),
-with autograd off, and each op's backward is the inverse exchange, itself an
-op, so AOTAutograd's backward graph holds it too.
+with autograd off, and each op's backward is the ``exchange_backward`` op,
+whose kernel runs exactly the exchange the eager autograd node's backward
+runs (SequenceBalancer::BackwardOf: one implementation of each exchange's
+backward for both); AOTAutograd's backward graph holds it too.
 """
 
 import weakref
@@ -118,7 +120,7 @@ def _define():
         sent = [grads[i] if grads[i] is not None else
                 torch.zeros(ctx.outputs[i][0], dtype=ctx.outputs[i][1], device=ctx.outputs[i][2])
                 for i in floating]
-        moved = exchange(ctx.handle, INVERSE[ctx.call], sent, in_shape, out_shape) \
+        moved = exchange_backward(ctx.handle, ctx.call, sent, out_shape, in_shape) \
             if sent else []
         result = [None] * len(ctx.outputs)
         for i, grad in zip(floating, moved):
@@ -126,6 +128,37 @@ def _define():
         return None, None, result, None, None
 
     exchange.register_autograd(backward, setup_context=setup_context)
+
+    @torch.library.custom_op("knapformer::exchange_backward", mutates_args=())
+    def exchange_backward(handle: int, call: str, grads: List[torch.Tensor],
+                          out_shape: torch.Tensor, in_shape: torch.Tensor) -> List[torch.Tensor]:
+        """The backward of exchange ``call`` for the gradients of its outputs
+        (collective): what the eager autograd node runs. ``out_shape``
+        states the forward's result rows, ``in_shape`` its inputs'."""
+        impl = _balancer(handle, call)._impl
+        with torch.no_grad():
+            moved = list(impl.backward(call, list(grads)))
+        inputs = {g.untyped_storage().data_ptr() for g in grads if g.numel()}
+        return [m.clone() if m.numel() and m.untyped_storage().data_ptr() in inputs else m
+                for m in moved]
+
+    @exchange_backward.register_fake
+    def _(handle, call, grads, out_shape, in_shape):
+        return [_moved_like(INVERSE[call], g, in_shape) for g in grads]
+
+    def setup_backward_context(ctx, inputs, output):
+        handle, call, grads, out_shape, in_shape = inputs
+        ctx.handle, ctx.call = handle, call
+        ctx.save_for_backward(out_shape, in_shape)
+
+    def backward_of_backward(ctx, grads):
+        # The backward of a linear exchange's backward is the exchange.
+        out_shape, in_shape = ctx.saved_tensors
+        moved = exchange(ctx.handle, ctx.call, list(grads), out_shape, in_shape)
+        return None, None, moved, None, None
+
+    exchange_backward.register_autograd(backward_of_backward,
+                                        setup_context=setup_backward_context)
 
     @torch.library.custom_op("knapformer::lengths", mutates_args=())
     def lengths(handle: int, which: str, shape: torch.Tensor) -> torch.Tensor:

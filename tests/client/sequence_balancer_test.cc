@@ -384,6 +384,51 @@ const bool kAutoLayout = RegisterScenario("auto_layout", [](Worker& w) {
   }
 });
 
+// BackwardOf (what the torch.compile ops' backward runs) gives exactly the
+// gradients the eager autograd nodes give, for every call, bf16 and float.
+const bool kBackwardOf = RegisterScenario("backward_of", [](Worker& w) {
+  auto balancer = SequenceBalancer::Create(Options(w), w.transport.get());
+  ASSERT_TRUE(balancer.ok()) << balancer.status();
+  SequenceBalancer& b = **balancer;
+  using Call = SequenceBalancer::Call;
+  for (uint64_t step = 0; step < 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const std::vector<int64_t> lengths = Lengths(w.rank, w.size, step);
+    ASSERT_TRUE(b.PlanRouting(lengths).ok());
+    for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      // Each call's eager gradient against BackwardOf of the same weights.
+      auto expect_same = [&](Call call, const at::Tensor& input, auto&& forward) {
+        at::Tensor x = input.detach().clone().requires_grad_(true);
+        absl::StatusOr<at::Tensor> y = forward(x);
+        ASSERT_TRUE(y.ok()) << y.status();
+        at::manual_seed(7 * w.rank + static_cast<int>(call));
+        at::Tensor weight = torch::randn(y->sizes()).to(dtype);
+        (*y * weight).sum().backward();
+        absl::StatusOr<std::vector<at::Tensor>> grad = b.BackwardOf(call, {weight});
+        ASSERT_TRUE(grad.ok()) << grad.status();
+        EXPECT_TRUE(torch::equal((*grad)[0], x.grad())) << "call " << static_cast<int>(call);
+      };
+      const int64_t rows = Total(lengths);
+      at::Tensor x = torch::randn({rows, 8, 2}).to(dtype);
+      expect_same(Call::kRoute, x, [&](const at::Tensor& t) { return b.Route(t); });
+      auto routed = b.Route(x);
+      ASSERT_TRUE(routed.ok()) << routed.status();
+      expect_same(Call::kReverseRoute, *routed,
+                  [&](const at::Tensor& t) { return b.ReverseRoute(t); });
+      expect_same(Call::kPreAttn, *routed, [&](const at::Tensor& t) { return b.PreAttn(t); });
+      auto attended = b.PreAttn(*routed);
+      ASSERT_TRUE(attended.ok()) << attended.status();
+      expect_same(Call::kPostAttn, *attended,
+                  [&](const at::Tensor& t) { return b.PostAttn(t); });
+    }
+  }
+});
+
+TEST(SequenceBalancer, BackwardOfEveryCallIsTheEagerBackward) {
+  WorkerRun run = RunWorkers("backward_of", 8, {{"topology", "g1n2+g2n1+g4n1"}});
+  EXPECT_TRUE(run.ok()) << run.output;
+}
+
 void ExpectBalanceRuns(const std::string& topology, int size) {
   WorkerRun run = RunWorkers("balance", size, {{"topology", topology}});
   EXPECT_TRUE(run.ok()) << run.output;
