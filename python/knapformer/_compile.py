@@ -26,7 +26,7 @@ from typing import List
 
 import torch
 
-# The inverse exchange of each, its backward.
+# The inverse of each exchange: the shape of its backward's results.
 INVERSE = {"route": "reverse_route", "reverse_route": "route",
            "pre_attn": "post_attn", "post_attn": "pre_attn"}
 

@@ -2,7 +2,8 @@
 torch custom ops (knapformer/_compile.py), so a compiled block with
 pre_attn -> attention -> post_attn, or a whole compiled forward with route
 and reverse_route, traces as one graph (fullgraph=True: any graph break is
-an error), its backward runs the inverse exchanges, and 20 steps of changing
+an error), its backward runs each exchange's backward (the exchange_backward
+op: the eager autograd node's own, SequenceBalancer::BackwardOf), and 20 steps of changing
 lengths compile a fixed number of times. Everything is float64 and checked
 against the unbalanced computation (1e-10)."""
 import pytest
