@@ -340,10 +340,12 @@ class Segmented {
       send_offset_[p + 1] = send_offset_[p] + (*move.send_rows)[p];
       recv_offset_[p + 1] = recv_offset_[p] + (*move.recv_rows)[p];
     }
-    const int64_t* before = move.before.index.defined()
-                                ? move.before.index.data_ptr<int64_t>() : nullptr;
-    const int64_t* landing = move.after.inverse.defined()
-                                 ? move.after.inverse.data_ptr<int64_t>() : nullptr;
+    // Planned from the orders in host memory; this rank's own rows are
+    // copied with the orders on the rows' device.
+    const int64_t* before = move.before.host_index.defined()
+                                ? move.before.host_index.data_ptr<int64_t>() : nullptr;
+    const int64_t* landing = move.after.host_inverse.defined()
+                                 ? move.after.host_inverse.data_ptr<int64_t>() : nullptr;
     for (int p = 0; p < n; ++p) {
       send_start_.push_back(RunStart(before, send_offset_[p], send_offset_[p + 1]));
       recv_start_.push_back(RunStart(landing, recv_offset_[p], recv_offset_[p + 1]));
@@ -379,7 +381,7 @@ class Segmented {
         at::index_select_out(t.staged_send, flat, 0, gather_);
       }
       if (scatter_.defined()) t.staged_recv = Empty({scatter_.size(0), RowElements(flat)}, flat);
-      CopyOwnRows(t, before, landing);
+      CopyOwnRows(t, move.before.index, move.after.inverse);
       tensors_.push_back(std::move(t));
     }
   }
@@ -443,13 +445,15 @@ class Segmented {
     return static_cast<char*>(rows.data_ptr()) + row * row_bytes;
   }
 
-  // This rank's rows to itself: from their input rows to their output rows.
-  void CopyOwnRows(Tensor& t, const int64_t* before, const int64_t* landing) {
+  // This rank's rows to itself: from their input rows to their output rows
+  // (`before`, `landing`: the orders on the rows' device, defined where a
+  // side is not one run).
+  void CopyOwnRows(Tensor& t, const at::Tensor& before, const at::Tensor& landing) {
     const int64_t rows = send_offset_[me_ + 1] - send_offset_[me_];
     if (rows == 0 || t.row_bytes == 0) return;
     const int64_t src = send_start_[me_], dst = recv_start_[me_];
-    auto positions = [](const int64_t* index, int64_t begin, int64_t count) {
-      return at::from_blob(const_cast<int64_t*>(index + begin), {count}, at::kLong);
+    auto positions = [](const at::Tensor& index, int64_t begin, int64_t count) {
+      return index.narrow(0, begin, count);
     };
     if (src >= 0 && dst >= 0) {
       t.out_flat.narrow(0, dst, rows).copy_(t.flat.narrow(0, src, rows));
@@ -471,14 +475,28 @@ class Segmented {
   std::vector<Tensor> tensors_;
 };
 
-// Whether `move` of `xs` can run in place (Segmented).
+// Whether `move` of `xs` can run in place (Segmented): host memory over a
+// transport that moves segments, or any device in a group of one rank (whose
+// rows are all its own: one copy, no transport call).
 bool MovesInPlace(at::TensorList xs, const RowMove& move) {
-  if (!move.transport->MovesSegments() || !TransportDevice(*move.transport).is_cpu()) return false;
-  for (const at::Tensor& x : xs) {
-    if (!x.device().is_cpu()) return false;
+  const bool alone = move.transport->size() == 1;
+  if (!alone &&
+      (!move.transport->MovesSegments() || !TransportDevice(*move.transport).is_cpu())) {
+    return false;
   }
-  for (const at::Tensor& index : {move.before.index, move.after.inverse}) {
-    if (index.defined() && (!index.device().is_cpu() || !index.is_contiguous())) return false;
+  for (const at::Tensor& x : xs) {
+    if (!alone && !x.device().is_cpu()) return false;
+    if (x.device() != xs[0].device()) return false;
+  }
+  const RowOrder* orders[] = {&move.before, &move.after};
+  for (const RowOrder* order : orders) {
+    for (const at::Tensor& host : {order->host_index, order->host_inverse}) {
+      if (host.defined() && (!host.device().is_cpu() || !host.is_contiguous())) return false;
+    }
+    for (const at::Tensor& index : {order->index, order->inverse}) {
+      if (index.defined() && !xs.empty() && index.device() != xs[0].device()) return false;
+    }
+    if (order->index.defined() != order->host_index.defined()) return false;
   }
   return true;
 }
@@ -517,7 +535,9 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
   }
   // The rows on the wire, with this rank's flag (flags == nullptr: none).
   auto exchange = [&](uint8_t flag, std::vector<uint8_t>* flags) {
-    if (in_place) {
+    if (in_place && move.transport->size() == 1) {  // no peer: nothing on the wire
+      if (flags != nullptr) flags->assign(1, flag);
+    } else if (in_place) {
       std::vector<SendSegment> sends;
       std::vector<RecvSegment> recvs;
       segmented->Segments(&sends, &recvs);
@@ -622,8 +642,12 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
     ctx->saved_data["step"] = static_cast<int64_t>(move->step);
     ctx->saved_data["before"] = move->before.index;
     ctx->saved_data["before_inverse"] = move->before.inverse;
+    ctx->saved_data["before_host"] = move->before.host_index;
+    ctx->saved_data["before_inverse_host"] = move->before.host_inverse;
     ctx->saved_data["after"] = move->after.index;
     ctx->saved_data["after_inverse"] = move->after.inverse;
+    ctx->saved_data["after_host"] = move->after.host_index;
+    ctx->saved_data["after_inverse_host"] = move->after.host_inverse;
     std::vector<at::Tensor> outputs = MoveRows(xs, *move);
     torch::autograd::variable_list non_differentiable;  // one call: each call replaces the set
     for (size_t i = 0; i < xs.size(); ++i) {
@@ -655,8 +679,10 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
     forward.owner = tensor("owner");
     forward.send_rows = &send_rows;
     forward.recv_rows = &recv_rows;
-    forward.before = {tensor("before"), tensor("before_inverse")};
-    forward.after = {tensor("after"), tensor("after_inverse")};
+    forward.before = {tensor("before"), tensor("before_inverse"), tensor("before_host"),
+                      tensor("before_inverse_host")};
+    forward.after = {tensor("after"), tensor("after_inverse"), tensor("after_host"),
+                     tensor("after_inverse_host")};
     for (int64_t rank : ctx->saved_data["world_ranks"].toIntVector()) {
       forward.world_ranks.push_back(static_cast<int>(rank));
     }
@@ -705,7 +731,9 @@ RowOrder RowOrder::Of(const std::vector<int64_t>& rows) {
   if (IsIdentity(rows)) return {};
   std::vector<int64_t> inverse(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) inverse[rows[i]] = static_cast<int64_t>(i);
-  return {at::tensor(rows, at::kLong), at::tensor(inverse, at::kLong)};
+  at::Tensor index = at::tensor(rows, at::kLong);
+  at::Tensor inverted = at::tensor(inverse, at::kLong);
+  return {index, inverted, index, inverted};
 }
 
 ExchangeSignature SignatureOf(const std::vector<at::Tensor>& xs) {

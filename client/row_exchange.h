@@ -69,9 +69,13 @@ class TransportError : public std::runtime_error {
 struct RowOrder {
   at::Tensor index;
   at::Tensor inverse;
+  // The same in host memory (the tensors above when they are): an
+  // exchange plans which rows are runs from them without reading a device.
+  at::Tensor host_index;
+  at::Tensor host_inverse;
 
   static RowOrder Of(const std::vector<int64_t>& rows);
-  RowOrder Inverted() const { return {inverse, index}; }
+  RowOrder Inverted() const { return {inverse, index, host_inverse, host_index}; }
 };
 
 // One tensor's part of an exchange's signature.

@@ -234,7 +234,7 @@ struct SequenceBalancer::Rep {
       }
       return cached;
     };
-    return {copy(order.index), copy(order.inverse)};
+    return {copy(order.index), copy(order.inverse), order.host_index, order.host_inverse};
   }
   // A local error of an exchange's entry point, in place of the exchange:
   // agreed with the group as the call's exchanges are (RefuseExchange), so

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/gloo_world.h"
 #include "tests/testing/recording_transport.h"
+#include "transport/local_transport.h"
 
 namespace knapformer {
 namespace {
@@ -422,6 +423,43 @@ const bool kAgreementCost = RegisterScenario("agreement_cost", [](Worker& w) {
 TEST(AgreedErrors, OneAllGatherPerCallAndStepOnePerExchangeWhenDebuggingNoneWhenOff) {
   WorkerRun run = RunWorkers("agreement_cost", 4, {{"topology", "g1n4"}});
   EXPECT_TRUE(run.ok()) << run.output;
+}
+
+// A group of one rank over a transport that moves contiguous buffers only
+// (as NCCL's do): every exchange is one copy of its own rows, with no data
+// call to the transport at all; after each call's first exchange, no call
+// at all; outputs and gradients exact.
+TEST(OneRank, ExchangesAreLocalCopiesWithoutTransportCalls) {
+  auto group = LocalTransport::CreateGroup(1);
+  auto faults = std::make_shared<Faults>();
+  faults->hide_segments = true;
+  RecordingTransport transport(group[0].get(), faults);
+  SequenceBalancerOptions options;
+  options.job_id = "one-rank";
+  options.topology = "g1n1";
+  options.d_model = 64;
+  auto balancer = SequenceBalancer::Create(options, &transport);
+  ASSERT_TRUE(balancer.ok()) << balancer.status();
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE((*balancer)->PlanRouting({5, 0, 9, 2}).ok());
+    const int gathers = transport.all_gathers();
+    at::Tensor x = torch::randn({16, 4, 2}).requires_grad_(true);
+    auto routed = (*balancer)->Route(x);
+    ASSERT_TRUE(routed.ok()) << routed.status();
+    auto pre = (*balancer)->PreAttn(*routed);
+    ASSERT_TRUE(pre.ok()) << pre.status();
+    auto post = (*balancer)->PostAttn(*pre * 2);
+    ASSERT_TRUE(post.ok()) << post.status();
+    auto back = (*balancer)->ReverseRoute(*post);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(torch::equal(*back, x * 2));
+    at::Tensor weight = torch::randn({16, 4, 2});
+    (*back * weight).sum().backward();
+    EXPECT_TRUE(torch::equal(x.grad(), weight * 2));
+    EXPECT_TRUE(transport.exchanges().empty()) << "a data call to the transport";
+    // Each call's first exchange agreed (routes: 2), none in the next step.
+    EXPECT_EQ(transport.all_gathers() - gathers, step == 0 ? 2 : 0);
+  }
 }
 
 TEST(DeadPeer, EverySurvivorFailsAndThenFailsFast) {

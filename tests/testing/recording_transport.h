@@ -29,6 +29,9 @@ struct Faults {
   absl::Status subgroup_check_error = absl::InvalidArgumentError("injected count mismatch");
   // Counted over every subgroup made from the transport (not faults: what
   // the subgroups' wrappers, made inside the code under test, saw).
+  // MovesSegments() says false (a transport that moves contiguous buffers
+  // only, as NCCL's do).
+  bool hide_segments = false;
   int subgroup_all_gathers = 0;
   int subgroup_flagged = 0;
   int subgroup_exchanges = 0;
@@ -84,7 +87,9 @@ class RecordingTransport final : public Transport {
     }
     return inner_->AllToAllRowsFlagged(send, send_rows, recv, recv_rows, row_bytes, mine, flags);
   }
-  bool MovesSegments() const override { return inner_->MovesSegments(); }
+  bool MovesSegments() const override {
+    return !faults_->hide_segments && inner_->MovesSegments();
+  }
   absl::Status ExchangeSegments(const std::vector<SendSegment>& sends,
                                 const std::vector<RecvSegment>& recvs, int64_t row_bytes,
                                 uint8_t mine, std::vector<uint8_t>* flags) override {
