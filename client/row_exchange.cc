@@ -319,8 +319,9 @@ std::vector<at::Tensor> Unpack(at::TensorList xs, const RowMove& move, const Pac
   return outputs;
 }
 
-// The exchange in place, for transports that move segments (host memory):
-// each tensor's rows to each peer are one message sent from where they lie
+// The exchange in place, for transports that move segments (host memory)
+// and for a group of one rank (any device, no peer at all): each tensor's
+// rows to each peer are one message sent from where they lie
 // when they are consecutive rows of the input (else gathered once into a
 // staging buffer), and received where they belong when they land on
 // consecutive rows of the output (else into staging, scattered after); this
