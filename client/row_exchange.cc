@@ -66,13 +66,6 @@ absl::Status FromTorchError(const c10::Error& e, const char* what) {
   return absl::InvalidArgumentError(message);
 }
 
-// Bytes per row of the tensors moved together.
-int64_t RowBytes(at::TensorList xs) {
-  int64_t bytes = 0;
-  for (const at::Tensor& x : xs) bytes += RowElements(x) * static_cast<int64_t>(x.element_size());
-  return bytes;
-}
-
 // ---- Agreement ----------------------------------------------------------
 
 // REQUIRES: a c10::ScalarType (AgreeOnExchange checks what peers send).
@@ -194,35 +187,52 @@ c10::Device TransportDevice(const Transport& transport) {
   return cuda < 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, cuda);
 }
 
+// Whether the transport moves segments of host memory (ExchangeSegments).
+bool MovesHostSegments(const Transport& transport) {
+  return transport.MovesSegments() && TransportDevice(transport).is_cpu();
+}
+
+// The messages of a segment exchange, in the order every rank derives from
+// the agreed counts and row sizes: for each tensor with bytes, for each peer
+// other than `me`, visit(tensor, peer, rows to it, rows from it), either of
+// which may be 0 (no message that way). The exchange and its stand-in from
+// scratch must send exactly these, or their peers wait.
+template <typename Visit>
+void ForEachMessage(const std::vector<int64_t>& tensor_row_bytes, const RowMove& move, int me,
+                    Visit&& visit) {
+  const int n = static_cast<int>(move.send_rows->size());
+  for (size_t t = 0; t < tensor_row_bytes.size(); ++t) {
+    if (tensor_row_bytes[t] == 0) continue;
+    for (int p = 0; p < n; ++p) {
+      if (p != me) visit(t, p, (*move.send_rows)[p], (*move.recv_rows)[p]);
+    }
+  }
+}
+
 // A flagged exchange of the agreed shape on behalf of a rank that cannot
 // send its own rows: zeros out, received rows dropped, `flag` raised; the
 // same messages as the peers' (one per tensor and peer where the transport
 // moves segments). Returns the flags, or the transport's error.
 absl::StatusOr<std::vector<uint8_t>> FlaggedFromScratch(
     const RowMove& move, const std::vector<int64_t>& tensor_row_bytes, uint8_t flag) {
-  std::vector<uint8_t> flags;
-  int64_t row_bytes = 0;
-  for (int64_t bytes : tensor_row_bytes) row_bytes += bytes;
   Transport& transport = *move.transport;
+  std::vector<uint8_t> flags;
+  if (transport.size() == 1) return std::vector<uint8_t>{flag};  // no peer to tell
+  const int64_t row_bytes = Sum(tensor_row_bytes);
   try {
     const auto options = at::TensorOptions().dtype(at::kByte).device(TransportDevice(transport));
     at::Tensor send = at::zeros({Sum(*move.send_rows) * row_bytes}, options);
     at::Tensor recv = at::empty({Sum(*move.recv_rows) * row_bytes}, options);
     absl::Status moved;
-    if (transport.MovesSegments() && TransportDevice(transport).is_cpu()) {
+    if (MovesHostSegments(transport)) {
       std::vector<SendSegment> sends;
       std::vector<RecvSegment> recvs;
-      for (int64_t bytes : tensor_row_bytes) {
-        for (int p = 0; p < transport.size(); ++p) {
-          if (p == transport.rank() || bytes == 0) continue;
-          if ((*move.send_rows)[p] > 0) {
-            sends.push_back({p, send.data_ptr(), (*move.send_rows)[p] * bytes});
-          }
-          if ((*move.recv_rows)[p] > 0) {
-            recvs.push_back({p, recv.data_ptr(), (*move.recv_rows)[p] * bytes});
-          }
-        }
-      }
+      ForEachMessage(tensor_row_bytes, move, transport.rank(),
+                     [&](size_t t, int p, int64_t send_rows, int64_t recv_rows) {
+                       const int64_t bytes = tensor_row_bytes[t];
+                       if (send_rows > 0) sends.push_back({p, send.data_ptr(), send_rows * bytes});
+                       if (recv_rows > 0) recvs.push_back({p, recv.data_ptr(), recv_rows * bytes});
+                     });
       moved = transport.ExchangeSegments(sends, recvs, row_bytes, flag, &flags);
     } else {
       moved = transport.AllToAllRowsFlagged(send.data_ptr(), *move.send_rows, recv.data_ptr(),
@@ -387,32 +397,32 @@ class Segmented {
     }
   }
 
-  // Every tensor's message to and from each peer, in (tensor, peer) order:
-  // the order every rank derives from the agreed counts and signatures.
-  void Segments(std::vector<SendSegment>* sends, std::vector<RecvSegment>* recvs) const {
-    const int n = static_cast<int>(send_start_.size());
-    for (const Tensor& t : tensors_) {
-      if (t.row_bytes == 0) continue;
-      int64_t staged_send = 0, staged_recv = 0;
-      for (int p = 0; p < n; ++p) {
-        if (p == me_) continue;
-        const int64_t send_rows = send_offset_[p + 1] - send_offset_[p];
-        const int64_t recv_rows = recv_offset_[p + 1] - recv_offset_[p];
-        if (send_rows > 0) {
-          const char* data = send_start_[p] >= 0
-                                 ? RowPointer(t.flat, send_start_[p], t.row_bytes)
-                                 : RowPointer(t.staged_send, staged_send, t.row_bytes);
-          if (send_start_[p] < 0) staged_send += send_rows;
-          sends->push_back({p, data, send_rows * t.row_bytes});
-        }
-        if (recv_rows > 0) {
-          char* data = recv_start_[p] >= 0 ? RowPointer(t.out_flat, recv_start_[p], t.row_bytes)
-                                           : RowPointer(t.staged_recv, staged_recv, t.row_bytes);
-          if (recv_start_[p] < 0) staged_recv += recv_rows;
-          recvs->push_back({p, data, recv_rows * t.row_bytes});
-        }
-      }
-    }
+  // Every tensor's message to and from each peer (ForEachMessage's order).
+  void Segments(const RowMove& move, std::vector<SendSegment>* sends,
+                std::vector<RecvSegment>* recvs) const {
+    std::vector<int64_t> tensor_row_bytes;
+    for (const Tensor& t : tensors_) tensor_row_bytes.push_back(t.row_bytes);
+    // Rows into each tensor's staging so far, on either side.
+    std::vector<int64_t> staged_send(tensors_.size(), 0), staged_recv(tensors_.size(), 0);
+    ForEachMessage(tensor_row_bytes, move, me_,
+                   [&](size_t i, int p, int64_t send_rows, int64_t recv_rows) {
+                     const Tensor& t = tensors_[i];
+                     if (send_rows > 0) {
+                       const char* data =
+                           send_start_[p] >= 0
+                               ? RowPointer(t.flat, send_start_[p], t.row_bytes)
+                               : RowPointer(t.staged_send, staged_send[i], t.row_bytes);
+                       if (send_start_[p] < 0) staged_send[i] += send_rows;
+                       sends->push_back({p, data, send_rows * t.row_bytes});
+                     }
+                     if (recv_rows > 0) {
+                       char* data = recv_start_[p] >= 0
+                                        ? RowPointer(t.out_flat, recv_start_[p], t.row_bytes)
+                                        : RowPointer(t.staged_recv, staged_recv[i], t.row_bytes);
+                       if (recv_start_[p] < 0) staged_recv[i] += recv_rows;
+                       recvs->push_back({p, data, recv_rows * t.row_bytes});
+                     }
+                   });
   }
 
   // Scatters what was received into staging; the outputs. Throws c10::Error.
@@ -481,10 +491,7 @@ class Segmented {
 // rows are all its own: one copy, no transport call).
 bool MovesInPlace(at::TensorList xs, const RowMove& move) {
   const bool alone = move.transport->size() == 1;
-  if (!alone &&
-      (!move.transport->MovesSegments() || !TransportDevice(*move.transport).is_cpu())) {
-    return false;
-  }
+  if (!alone && !MovesHostSegments(*move.transport)) return false;
   for (const at::Tensor& x : xs) {
     if (!alone && !x.device().is_cpu()) return false;
     if (x.device() != xs[0].device()) return false;
@@ -517,7 +524,7 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
   for (const at::Tensor& x : xs) {
     tensor_row_bytes.push_back(RowElements(x) * static_cast<int64_t>(x.element_size()));
   }
-  const int64_t row_bytes = RowBytes(xs);
+  const int64_t row_bytes = Sum(tensor_row_bytes);
   const bool in_place = MovesInPlace(xs, move);
   Packed packed;
   std::unique_ptr<Segmented> segmented;
@@ -541,7 +548,7 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
     } else if (in_place) {
       std::vector<SendSegment> sends;
       std::vector<RecvSegment> recvs;
-      segmented->Segments(&sends, &recvs);
+      segmented->Segments(move, &sends, &recvs);
       ThrowIfError(move.transport->ExchangeSegments(sends, recvs, row_bytes, flag, flags));
     } else if (flags != nullptr) {
       ThrowIfError(move.transport->AllToAllRowsFlagged(

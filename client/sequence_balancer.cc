@@ -47,6 +47,25 @@ at::Tensor Contiguous(const at::Tensor& view) {
   return EmptyHostTensor(view.sizes(), view.scalar_type()).copy_(view);
 }
 
+// A tensor call's name, as errors and the books know it.
+const char* CallName(SequenceBalancer::Call call) {
+  switch (call) {
+    case SequenceBalancer::Call::kRoute:
+      return "route";
+    case SequenceBalancer::Call::kReverseRoute:
+      return "reverse_route";
+    case SequenceBalancer::Call::kPreAttn:
+      return "pre_attn";
+    case SequenceBalancer::Call::kPostAttn:
+      return "post_attn";
+  }
+  return "?";
+}
+
+bool InBag(SequenceBalancer::Call call) {
+  return call == SequenceBalancer::Call::kPreAttn || call == SequenceBalancer::Call::kPostAttn;
+}
+
 absl::StatusOr<at::Tensor> Only(absl::StatusOr<std::vector<at::Tensor>> tensors) {
   if (!tensors.ok()) return tensors.status();
   return std::move((*tensors)[0]);
@@ -147,26 +166,25 @@ struct SequenceBalancer::Rep {
     return MoveOf(bag.get(), bag_owner, bag_ranks, in_book ? &bag_book : nullptr, what, send,
                   recv, std::move(before), std::move(after), xs);
   }
-  // The moves of each call, by the step's plan, on `device`.
-  RowMove RouteMove(const c10::Device& device, const std::vector<at::Tensor>& xs,
-                    bool in_book = true) {
-    return WorldMove("route", send_rows, recv_rows, OnDevice(send_order, device), {}, xs,
-                     in_book);
-  }
-  RowMove ReverseRouteMove(const c10::Device& device, const std::vector<at::Tensor>& xs,
-                           bool in_book = true) {
-    return WorldMove("reverse_route", recv_rows, send_rows, {},
-                     OnDevice(send_order, device).Inverted(), xs, in_book);
-  }
-  RowMove PreAttnMove(const c10::Device& device, const std::vector<at::Tensor>& xs,
-                      bool in_book = true) {
-    return BagMove("pre_attn", ulysses_send_rows, ulysses_recv_rows, {},
-                   OnDevice(sequence_order, device), xs, in_book);
-  }
-  RowMove PostAttnMove(const c10::Device& device, const std::vector<at::Tensor>& xs,
-                       bool in_book = true) {
-    return BagMove("post_attn", ulysses_recv_rows, ulysses_send_rows,
-                   OnDevice(sequence_order, device).Inverted(), {}, xs, in_book);
+  // The move of call `which` by the step's plan, its orders on `device`.
+  RowMove CallMove(SequenceBalancer::Call which, const c10::Device& device,
+                   const std::vector<at::Tensor>& xs, bool in_book = true) {
+    const char* what = CallName(which);
+    switch (which) {
+      case SequenceBalancer::Call::kRoute:
+        return WorldMove(what, send_rows, recv_rows, OnDevice(send_order, device), {}, xs,
+                         in_book);
+      case SequenceBalancer::Call::kReverseRoute:
+        return WorldMove(what, recv_rows, send_rows, {}, OnDevice(send_order, device).Inverted(),
+                         xs, in_book);
+      case SequenceBalancer::Call::kPreAttn:
+        return BagMove(what, ulysses_send_rows, ulysses_recv_rows, {},
+                       OnDevice(sequence_order, device), xs, in_book);
+      case SequenceBalancer::Call::kPostAttn:
+        return BagMove(what, ulysses_recv_rows, ulysses_send_rows,
+                       OnDevice(sequence_order, device).Inverted(), {}, xs, in_book);
+    }
+    return {};
   }
   // [T, heads, ...] -> [bag * T, heads/bag, ...]: position p's head slice of
   // every routed row, contiguous, is what goes to position p (one pass).
@@ -240,12 +258,12 @@ struct SequenceBalancer::Rep {
   // agreed with the group as the call's exchanges are (RefuseExchange), so
   // that no peer waits in it. Without a plan there are no counts: then the
   // error is agreed in one all-gather.
-  absl::Status Refused(bool in_bag, const char* what, const absl::Status& local) {
+  absl::Status Refused(SequenceBalancer::Call which, const absl::Status& local) {
     if (!planned) {
       // Without a plan this rank's peers may be planning: what it sends is
       // a report of the kind PlanRouting gathers, so that they name this
       // call instead of misreading it (and it names theirs).
-      Transport* group = in_bag ? bag.get() : world;
+      Transport* group = InBag(which) ? bag.get() : world;
       if (agreement == Agreement::kOff || group == nullptr) return local;
       client::RankReport report;
       report.set_call(client::RankReport::UNPLANNED_EXCHANGE);
@@ -265,23 +283,8 @@ struct SequenceBalancer::Rep {
       absl::StatusOr<Gathered> digested = Digest(*std::move(all), /*probing_ranks=*/0);
       return digested.ok() ? local : digested.status();
     }
-    static const std::vector<int64_t> kNone;
-    const bool route = std::string(what) == "route";
-    const bool reverse = std::string(what) == "reverse_route";
-    const bool pre = std::string(what) == "pre_attn";
-    const std::vector<int64_t>& send = route     ? send_rows
-                                       : reverse ? recv_rows
-                                       : pre     ? ulysses_send_rows
-                                       : in_bag  ? ulysses_recv_rows
-                                                 : kNone;
-    const std::vector<int64_t>& recv = route     ? recv_rows
-                                       : reverse ? send_rows
-                                       : pre     ? ulysses_recv_rows
-                                       : in_bag  ? ulysses_send_rows
-                                                 : kNone;
-    RowMove move = in_bag ? BagMove(what, send, recv, {}, {}, {})
-                          : WorldMove(what, send, recv, {}, {}, {});
-    return RefuseExchange(move, local);
+    // The orders are not read: nothing of this rank's moves.
+    return RefuseExchange(CallMove(which, c10::Device(c10::kCPU), {}), local);
   }
   // Checks on the tensors of an entry point that every rank must agree on.
   absl::Status CheckDevice(const std::vector<at::Tensor>& xs, const Transport& transport,
@@ -680,11 +683,11 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::RouteTensors(
   Rep& r = *rep_;
   absl::Status ok = r.CheckRows(xs, r.input_rows, "route", "the sum of its sequence lengths");
   if (ok.ok()) ok = r.CheckDevice(xs, *r.world, "route");
-  if (!ok.ok()) return r.Refused(false, "route", ok);
+  if (!ok.ok()) return r.Refused(Call::kRoute, ok);
   int64_t token_bytes = 0;
   for (const at::Tensor& x : xs) token_bytes += RowElements(x) * x.element_size();
   r.routed_token_bytes = token_bytes;
-  const RowMove move = r.RouteMove(xs[0].device(), xs);
+  const RowMove move = r.CallMove(Call::kRoute, xs[0].device(), xs);
   return Guarded([&] { return r.Move(at::TensorList(xs), move); });
 }
 
@@ -693,8 +696,8 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::ReverseRouteTensors(
   Rep& r = *rep_;
   absl::Status ok = r.CheckRows(ys, r.routed_rows, "reverse_route", "the sum of routed_lengths");
   if (ok.ok()) ok = r.CheckDevice(ys, *r.world, "reverse_route");
-  if (!ok.ok()) return r.Refused(false, "reverse_route", ok);
-  const RowMove move = r.ReverseRouteMove(ys[0].device(), ys);
+  if (!ok.ok()) return r.Refused(Call::kReverseRoute, ok);
+  const RowMove move = r.CallMove(Call::kReverseRoute, ys[0].device(), ys);
   return Guarded([&] { return r.Move(at::TensorList(ys), move); });
 }
 
@@ -706,10 +709,10 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PreAttnTensors(
   // A single-GPU bag moves nothing: its errors are its own.
   if (r.bag == nullptr) return ok.ok() ? absl::StatusOr<std::vector<at::Tensor>>(xs) : ok;
   if (ok.ok()) ok = r.CheckDevice(xs, *r.bag, "pre_attn");
-  if (!ok.ok()) return r.Refused(true, "pre_attn", ok);
+  if (!ok.ok()) return r.Refused(Call::kPreAttn, ok);
   return Guarded([&] {
     const std::vector<at::Tensor> by_position = r.ByPosition(xs);
-    const RowMove move = r.PreAttnMove(xs[0].device(), xs);
+    const RowMove move = r.CallMove(Call::kPreAttn, xs[0].device(), xs);
     return r.Move(at::TensorList(by_position), move);
   });
 }
@@ -721,9 +724,9 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PostAttnTensors(
   if (ok.ok()) ok = r.CheckHeads(ys, "post_attn", /*whole_heads=*/false);
   if (r.bag == nullptr) return ok.ok() ? absl::StatusOr<std::vector<at::Tensor>>(ys) : ok;
   if (ok.ok()) ok = r.CheckDevice(ys, *r.bag, "post_attn");
-  if (!ok.ok()) return r.Refused(true, "post_attn", ok);
+  if (!ok.ok()) return r.Refused(Call::kPostAttn, ok);
   return Guarded([&] {
-    const RowMove move = r.PostAttnMove(ys[0].device(), ys);
+    const RowMove move = r.CallMove(Call::kPostAttn, ys[0].device(), ys);
     return r.Merged(r.Move(at::TensorList(ys), move));
   });
 }
@@ -731,8 +734,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PostAttnTensors(
 absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::BackwardOf(
     Call which, const std::vector<at::Tensor>& grads) const {
   Rep& r = *rep_;
-  static const char* const kNames[] = {"route", "reverse_route", "pre_attn", "post_attn"};
-  const char* name = kNames[static_cast<int>(which)];
+  const char* name = CallName(which);
   if (!r.planned) {
     return absl::FailedPreconditionError(
         absl::StrCat(name, " (backward): no plan for this step; run the backward before the "
@@ -741,34 +743,26 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::BackwardOf(
   if (grads.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(name, " (backward): no tensors given"));
   }
-  const bool in_bag = which == Call::kPreAttn || which == Call::kPostAttn;
-  if (in_bag && r.bag == nullptr) return grads;  // a single-GPU bag moved nothing
+  if (InBag(which) && r.bag == nullptr) return grads;  // a single-GPU bag moved nothing
   return Guarded([&]() -> std::vector<at::Tensor> {
-    const c10::Device device = grads[0].device();
-    const at::TensorList moved(grads);
+    const RowMove back = Reversed(r.CallMove(which, grads[0].device(), grads, false));
     switch (which) {
-      case Call::kRoute:
-        return MoveRowsOnce(moved, Reversed(r.RouteMove(device, grads, false)));
-      case Call::kReverseRoute:
-        return MoveRowsOnce(moved, Reversed(r.ReverseRouteMove(device, grads, false)));
-      case Call::kPreAttn:
-        return r.Merged(MoveRowsOnce(moved, Reversed(r.PreAttnMove(device, grads, false))));
-      case Call::kPostAttn: {
+      case Call::kPreAttn:  // back to position-major rows, then whole heads
+        return r.Merged(MoveRowsOnce(at::TensorList(grads), back));
+      case Call::kPostAttn: {  // the other way round
         const std::vector<at::Tensor> by_position = r.ByPosition(grads);
-        return MoveRowsOnce(at::TensorList(by_position),
-                            Reversed(r.PostAttnMove(device, grads, false)));
+        return MoveRowsOnce(at::TensorList(by_position), back);
       }
+      default:
+        return MoveRowsOnce(at::TensorList(grads), back);
     }
-    return {};
   });
 }
 
 absl::Status SequenceBalancer::RefuseCall(Call which, const absl::Status& reason) const {
   Rep& r = *rep_;
-  const bool in_bag = which == Call::kPreAttn || which == Call::kPostAttn;
-  if (in_bag && r.bag == nullptr) return reason;  // a single-GPU bag moves nothing
-  static const char* const kNames[] = {"route", "reverse_route", "pre_attn", "post_attn"};
-  absl::Status agreed = r.Refused(in_bag, kNames[static_cast<int>(which)], reason);
+  if (InBag(which) && r.bag == nullptr) return reason;  // a single-GPU bag moves nothing
+  absl::Status agreed = r.Refused(which, reason);
   return agreed.ok() ? reason : agreed;
 }
 

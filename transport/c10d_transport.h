@@ -76,16 +76,10 @@ class C10dTransport : public Transport {
   absl::Status AllToAllRowsPrechecked(const void* send, const std::vector<int64_t>& send_rows,
                                       void* recv, const std::vector<int64_t>& recv_rows,
                                       int64_t row_bytes) override;
-  // On the CPU (Gloo): the rows and the flags as point-to-point messages all
-  // posted at once, each peer's rows sent from and received into their
-  // offsets and this rank's own rows one memcpy; no collective of its own.
-  // On a CUDA device, the default (the flags in a host all-gather).
-  absl::Status AllToAllRowsFlagged(const void* send, const std::vector<int64_t>& send_rows,
-                                   void* recv, const std::vector<int64_t>& recv_rows,
-                                   int64_t row_bytes, uint8_t mine,
-                                   std::vector<uint8_t>* flags) override;
   // On the CPU (Gloo): every segment a point-to-point message, all posted
-  // at once. On a CUDA device: Unimplemented (MovesSegments() is false).
+  // at once (and so AllToAllRowsFlagged, whose flags go beside the rows). On
+  // a CUDA device: Unimplemented (MovesSegments() is false), and flagged
+  // all-to-alls take their flags in a host all-gather.
   bool MovesSegments() const override { return options_.device.is_cpu(); }
   absl::Status ExchangeSegments(const std::vector<SendSegment>& sends,
                                 const std::vector<RecvSegment>& recvs, int64_t row_bytes,
@@ -114,9 +108,6 @@ class C10dTransport : public Transport {
   absl::StatusOr<std::string> DoBroadcastBytes(int root, absl::string_view mine);
   // Broadcasts `tensor` (on the metadata device) from `root`, in place.
   absl::Status BroadcastFrom(at::Tensor& tensor, int root, const char* op);
-  absl::Status HostFlagged(const void* send, const std::vector<int64_t>& send_rows, void* recv,
-                           const std::vector<int64_t>& recv_rows, int64_t row_bytes,
-                           uint8_t mine, std::vector<uint8_t>* flags);
   absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                         const std::vector<int64_t>& recv_rows, int64_t row_bytes,
                         bool check_counts);
@@ -139,7 +130,7 @@ class C10dTransport : public Transport {
   C10dTransportOptions options_;
   std::vector<int> global_ranks_;  // of the root group, by this group's rank
   absl::Status broken_;            // the first failed collective
-  // Flagged exchanges so far: their messages' tags (every rank counts the
+  // Segment exchanges so far: their messages' tags (every rank counts the
   // same, as every rank makes the same calls in the same order).
   uint32_t flagged_round_ = 0;
 };

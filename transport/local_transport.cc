@@ -66,22 +66,6 @@ std::vector<std::unique_ptr<LocalTransport>> LocalTransport::CreateGroup(int siz
 absl::Status LocalTransport::AllToAllRows(const void* send, const std::vector<int64_t>& send_rows,
                                           void* recv, const std::vector<int64_t>& recv_rows,
                                           int64_t row_bytes) {
-  return Exchange(send, send_rows, recv, recv_rows, row_bytes, nullptr, nullptr);
-}
-
-absl::Status LocalTransport::AllToAllRowsFlagged(const void* send,
-                                                 const std::vector<int64_t>& send_rows,
-                                                 void* recv,
-                                                 const std::vector<int64_t>& recv_rows,
-                                                 int64_t row_bytes, uint8_t mine,
-                                                 std::vector<uint8_t>* flags) {
-  return Exchange(send, send_rows, recv, recv_rows, row_bytes, &mine, flags);
-}
-
-absl::Status LocalTransport::Exchange(const void* send, const std::vector<int64_t>& send_rows,
-                                      void* recv, const std::vector<int64_t>& recv_rows,
-                                      int64_t row_bytes, const uint8_t* flag,
-                                      std::vector<uint8_t>* flags) {
   const int n = size();
   if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
     return sizes;
@@ -95,17 +79,11 @@ absl::Status LocalTransport::Exchange(const void* send, const std::vector<int64_
           absl::StrCat("AllToAllRows: negative row count for rank ", p));
     }
   }
-  const size_t head = flag != nullptr ? 1 : 0;
-  std::string mine = PackRows(send, send_rows, row_bytes);
-  if (flag != nullptr) mine.insert(mine.begin(), static_cast<char>(*flag));
-  auto all = hub_->Exchange(round_++, rank_, std::move(mine));
+  auto all = hub_->Exchange(round_++, rank_, PackRows(send, send_rows, row_bytes));
   if (!all.ok()) return all.status();
-  if (flags != nullptr) flags->assign(n, 0);
   char* out = static_cast<char*>(recv);
   for (int p = 0; p < n; ++p) {
-    const absl::string_view whole = (*all)[p];
-    if (flags != nullptr) (*flags)[p] = static_cast<uint8_t>(whole[0]);
-    const absl::string_view blob = whole.substr(head);
+    const std::string& blob = (*all)[p];
     std::vector<int64_t> rows(n);
     std::memcpy(rows.data(), blob.data(), sizeof(int64_t) * n);
     if (rows[rank_] != recv_rows[p]) {

@@ -60,12 +60,8 @@ class LocalTransport final : public Transport {
   int size() const override { return hub_->size(); }
   absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                             const std::vector<int64_t>& recv_rows, int64_t row_bytes) override;
-  // The flags travel in the rows' own round of the hub.
-  absl::Status AllToAllRowsFlagged(const void* send, const std::vector<int64_t>& send_rows,
-                                   void* recv, const std::vector<int64_t>& recv_rows,
-                                   int64_t row_bytes, uint8_t mine,
-                                   std::vector<uint8_t>* flags) override;
-  // Every rank's segments to each peer, concatenated, in one round of the hub.
+  // Every rank's segments to each peer, concatenated, in one round of the
+  // hub (and so AllToAllRowsFlagged, whose flags travel in that round).
   bool MovesSegments() const override { return true; }
   absl::Status ExchangeSegments(const std::vector<SendSegment>& sends,
                                 const std::vector<RecvSegment>& recvs, int64_t row_bytes,
@@ -74,12 +70,6 @@ class LocalTransport final : public Transport {
   absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override;
 
  private:
-  // AllToAllRows with `flag` (when set) as the first byte of this rank's
-  // contribution, and every rank's first byte in `flags`.
-  absl::Status Exchange(const void* send, const std::vector<int64_t>& send_rows, void* recv,
-                        const std::vector<int64_t>& recv_rows, int64_t row_bytes,
-                        const uint8_t* flag, std::vector<uint8_t>* flags);
-
   std::shared_ptr<LocalHub> hub_;
   const int rank_;
   uint64_t round_ = 0;

@@ -1,5 +1,6 @@
 #include "transport/transport.h"
 
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -132,6 +133,32 @@ absl::Status Transport::AllToAllRowsFlagged(const void* send,
                                             const std::vector<int64_t>& recv_rows,
                                             int64_t row_bytes, uint8_t mine,
                                             std::vector<uint8_t>* flags) {
+  if (MovesSegments()) {
+    if (absl::Status valid = CheckExchange(send_rows, recv_rows, row_bytes, size()); !valid.ok()) {
+      return valid;
+    }
+    if (absl::Status valid = CheckBuffers(send, send_rows, recv, recv_rows, row_bytes);
+        !valid.ok()) {
+      return valid;
+    }
+    // Each peer's rows one segment each way, from and into their offsets.
+    std::vector<SendSegment> sends;
+    std::vector<RecvSegment> recvs;
+    int64_t send_offset = 0, recv_offset = 0;
+    for (int p = 0; p < size(); ++p) {
+      const char* from = static_cast<const char*>(send) + send_offset * row_bytes;
+      char* into = static_cast<char*>(recv) + recv_offset * row_bytes;
+      if (p == rank()) {
+        if (send_rows[p] > 0 && row_bytes > 0) std::memcpy(into, from, send_rows[p] * row_bytes);
+      } else {
+        if (send_rows[p] > 0) sends.push_back({p, from, send_rows[p] * row_bytes});
+        if (recv_rows[p] > 0) recvs.push_back({p, into, recv_rows[p] * row_bytes});
+      }
+      send_offset += send_rows[p];
+      recv_offset += recv_rows[p];
+    }
+    return ExchangeSegments(sends, recvs, row_bytes, mine, flags);
+  }
   absl::Status moved = AllToAllRowsPrechecked(send, send_rows, recv, recv_rows, row_bytes);
   if (!moved.ok()) return moved;
   absl::StatusOr<std::vector<std::string>> all =

@@ -122,10 +122,11 @@ class Transport {
   // from what was agreed, an allocation failed) still moves the agreed bytes,
   // from scratch memory, with a non-zero flag, so that every rank learns in
   // this same call that the exchange failed somewhere, and nobody waits.
-  // Backends carry the flags with the rows (no collective of their own); the
-  // default is AllToAllRowsPrechecked followed by an AllGatherBytes of the
-  // flag. REQUIRES: counts accepted by CheckRowCounts, as for
-  // AllToAllRowsPrechecked; flags != nullptr.
+  // Where the backend moves segments, this is one ExchangeSegments of each
+  // peer's rows (this rank's own one memcpy): the flags travel with the
+  // rows, no collective of their own. Otherwise AllToAllRowsPrechecked
+  // followed by an AllGatherBytes of the flag. REQUIRES: counts accepted by
+  // CheckRowCounts, as for AllToAllRowsPrechecked; flags != nullptr.
   virtual absl::Status AllToAllRowsFlagged(const void* send, const std::vector<int64_t>& send_rows,
                                            void* recv, const std::vector<int64_t>& recv_rows,
                                            int64_t row_bytes, uint8_t mine,
@@ -133,7 +134,8 @@ class Transport {
 
   // Whether ExchangeSegments is implemented: rows then travel from where
   // they lie and land where they belong, without a contiguous staging
-  // buffer per exchange.
+  // buffer per exchange. Such backends move host memory (a caller copies
+  // its own rows with memcpy).
   virtual bool MovesSegments() const { return false; }
 
   // Collective over the group, for exchanges whose counts every rank has
