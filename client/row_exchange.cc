@@ -1,5 +1,6 @@
 #include "client/row_exchange.h"
 
+#include <cstring>
 #include <numeric>
 #include <utility>
 
@@ -357,6 +358,7 @@ class Segmented {
                                 ? move.before.host_index.data_ptr<int64_t>() : nullptr;
     const int64_t* landing = move.after.host_inverse.defined()
                                  ? move.after.host_inverse.data_ptr<int64_t>() : nullptr;
+    host_ = xs.empty() || xs[0].device().is_cpu();
     for (int p = 0; p < n; ++p) {
       send_start_.push_back(RunStart(before, send_offset_[p], send_offset_[p + 1]));
       recv_start_.push_back(RunStart(landing, recv_offset_[p], recv_offset_[p + 1]));
@@ -389,10 +391,15 @@ class Segmented {
                RowElements(flat) * static_cast<int64_t>(flat.element_size())};
       if (gather_.defined()) {
         t.staged_send = Empty({gather_.size(0), RowElements(flat)}, flat);
-        at::index_select_out(t.staged_send, flat, 0, gather_);
+        if (host_) {
+          CopyHostRows(flat, gather_.data_ptr<int64_t>(), 0, t.staged_send, nullptr, 0,
+                       gather_.size(0), t.row_bytes);
+        } else {
+          at::index_select_out(t.staged_send, flat, 0, gather_.to(flat.device()));
+        }
       }
       if (scatter_.defined()) t.staged_recv = Empty({scatter_.size(0), RowElements(flat)}, flat);
-      CopyOwnRows(t, move.before.index, move.after.inverse);
+      CopyOwnRows(t, move.before.index, move.after.inverse, before, landing);
       tensors_.push_back(std::move(t));
     }
   }
@@ -429,7 +436,13 @@ class Segmented {
   std::vector<at::Tensor> Finish() {
     std::vector<at::Tensor> outputs;
     for (Tensor& t : tensors_) {
-      if (t.staged_recv.defined()) t.out_flat.index_copy_(0, scatter_, t.staged_recv);
+      if (!t.staged_recv.defined()) {
+      } else if (host_) {
+        CopyHostRows(t.staged_recv, nullptr, 0, t.out_flat, scatter_.data_ptr<int64_t>(), 0,
+                     scatter_.size(0), t.row_bytes);
+      } else {
+        t.out_flat.index_copy_(0, scatter_.to(t.out_flat.device()), t.staged_recv);
+      }
       outputs.push_back(t.out);
     }
     return outputs;
@@ -456,12 +469,43 @@ class Segmented {
     return static_cast<char*>(rows.data_ptr()) + row * row_bytes;
   }
 
+  // Host rows: for i in [0, count), row src_rows[src_begin + i] of `src` to
+  // row dst_rows[dst_begin + i] of `dst` (an index that is null: the row
+  // itself), one memcpy per run of rows consecutive on both sides. Torch's
+  // index_copy_ moves one element at a time; this moves the run's bytes.
+  static void CopyHostRows(const at::Tensor& src, const int64_t* src_rows, int64_t src_begin,
+                           const at::Tensor& dst, const int64_t* dst_rows, int64_t dst_begin,
+                           int64_t count, int64_t row_bytes) {
+    if (count == 0 || row_bytes == 0) return;
+    auto from = [&](int64_t i) {
+      return src_rows != nullptr ? src_rows[src_begin + i] : src_begin + i;
+    };
+    auto to = [&](int64_t i) {
+      return dst_rows != nullptr ? dst_rows[dst_begin + i] : dst_begin + i;
+    };
+    const char* source = static_cast<const char*>(src.data_ptr());
+    char* target = static_cast<char*>(dst.data_ptr());
+    for (int64_t i = 0; i < count;) {
+      const int64_t s = from(i), d = to(i);
+      int64_t run = 1;
+      while (i + run < count && from(i + run) == s + run && to(i + run) == d + run) ++run;
+      std::memcpy(target + d * row_bytes, source + s * row_bytes, run * row_bytes);
+      i += run;
+    }
+  }
+
   // This rank's rows to itself: from their input rows to their output rows
   // (`before`, `landing`: the orders on the rows' device, defined where a
   // side is not one run).
-  void CopyOwnRows(Tensor& t, const at::Tensor& before, const at::Tensor& landing) {
+  void CopyOwnRows(Tensor& t, const at::Tensor& before, const at::Tensor& landing,
+                   const int64_t* host_before, const int64_t* host_landing) {
     const int64_t rows = send_offset_[me_ + 1] - send_offset_[me_];
     if (rows == 0 || t.row_bytes == 0) return;
+    if (host_) {
+      CopyHostRows(t.flat, host_before, send_offset_[me_], t.out_flat, host_landing,
+                   recv_offset_[me_], rows, t.row_bytes);
+      return;
+    }
     const int64_t src = send_start_[me_], dst = recv_start_[me_];
     auto positions = [](const at::Tensor& index, int64_t begin, int64_t count) {
       return index.narrow(0, begin, count);
@@ -480,6 +524,7 @@ class Segmented {
   }
 
   int me_ = 0;
+  bool host_ = true;  // the rows are in host memory: copied by CopyHostRows
   std::vector<int64_t> send_offset_, recv_offset_;  // by peer, then the total
   std::vector<int64_t> send_start_, recv_start_;    // by peer: RunStart
   at::Tensor gather_, scatter_;                     // the staged rows' positions

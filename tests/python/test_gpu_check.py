@@ -1,9 +1,10 @@
 """python -m knapformer.gpu_check on a machine without a GPU: its arguments
 (exit 2 naming the option), --dry-run (no GPU said plainly, the JSON with
 every check SKIP), the no-GPU exit 3, the report (table, JSON, exit status)
-from given results, the host-sync counter on made-up profiler events, the
---device cpu self-test on 4 Gloo processes (python_step exact,
-route_vs_all_to_all figures, fsdp2_checkpoint and compiled_block PASS or SKIP
+from given results, the host-sync and launch counters on made-up profiler
+events, sync_debug naming the call that synchronised, the --device cpu
+self-test on 4 Gloo processes (python_step exact, route_vs_all_to_all,
+copy_bandwidth and exchange_cost figures, fsdp2_checkpoint and compiled_block PASS or SKIP
 with the reason this torch gives, a killed rank raising on every survivor,
 the CUDA-only checks SKIP), injected faults that python_step and
 compiled_block must catch (exit 1), a hung check reported as such within its
@@ -99,7 +100,8 @@ def test_skip_reasons_follow_the_machine():
                                                           "--skip", "killed_rank"]),
                                  gpus=0, world_size=1, transport_built=False)
     assert [n for n, r in cpu.items() if r is None] == \
-        ["python_step", "route_vs_all_to_all"] + [n for n, r in TORCH_NEEDS.items() if r is None]
+        ["python_step", "exchange_cost", "copy_bandwidth", "route_vs_all_to_all"] + \
+        [n for n, r in TORCH_NEEDS.items() if r is None]
     assert cpu["killed_rank"] == "skipped (--skip)"
     assert all("CUDA only" in cpu[n] for n in gpu_check.CUDA_ONLY)
 
@@ -122,7 +124,7 @@ def test_dry_run_without_a_gpu_says_so_and_writes_every_check_skip(tmp_path):
     # What the CPU self-test would run, without running it.
     status, out, _ = run_cli(["--dry-run", "--device", "cpu", "--ranks", "3"], tmp_path)
     assert status == 0 and "3 CPU processes" in out
-    runs = ["python_step", "route_vs_all_to_all"] + \
+    runs = ["python_step", "exchange_cost", "copy_bandwidth", "route_vs_all_to_all"] + \
         [n for n, r in TORCH_NEEDS.items() if r is None] + ["killed_rank"]
     assert f"would run: {', '.join(runs)}" in out, out
     for name, reason in TORCH_NEEDS.items():  # both listed: to run, or skipped and why
@@ -223,6 +225,55 @@ def test_host_syncs_are_counted_inside_each_call():
     assert not saw_runtime
 
 
+def test_launches_are_counted_inside_each_call():
+    events = [Event("pre_attn", 0, 100), Event("post_attn", 200, 300),
+              Event("cudaLaunchKernel", 10, 11), Event("cudaLaunchKernel", 20, 21),
+              Event("cudaMemcpyAsync", 30, 31), Event("cuLaunchKernel", 250, 251),
+              Event("cudaLaunchKernel", 150, 151), Event("cudaStreamSynchronize", 40, 41)]
+    counts, saw_runtime, ranges = gpu_check.cuda_checks.count_runtime_calls(
+        events, gpu_check.cuda_checks.LAUNCH_CALLS)
+    assert saw_runtime and ranges == 2
+    assert counts["pre_attn"]["cudaLaunchKernel"] == 2 and counts["pre_attn"]["cudaMemcpyAsync"] == 1
+    assert sum(counts["post_attn"].values()) == 1 and counts["post_attn"]["cuLaunchKernel"] == 1
+    assert "cudaStreamSynchronize" not in counts["pre_attn"]  # a sync is not a launch
+
+
+def fake_sync_step(synchronising_call):
+    """A balanced step whose `synchronising_call` raises what torch raises for a sync
+    under set_sync_debug_mode("error") (and only in that mode), as _balanced_step's."""
+    mode = {"now": 0}
+
+    def set_mode(m):
+        mode["now"] = m
+
+    def step(run=lambda label, fn: fn()):
+        def call(label):
+            if label == synchronising_call and mode["now"] == "error":
+                raise RuntimeError("called a synchronizing CUDA operation")
+            return label
+        for label in gpu_check.cuda_checks.STEP_CALLS:
+            run(label, lambda label=label: call(label))
+    return step, set_mode, lambda: mode["now"]
+
+
+@pytest.mark.parametrize("call", [None, "pre_attn", "backward"])
+def test_sync_debug_names_the_call_that_synchronises(call, monkeypatch):
+    cuda_checks = gpu_check.cuda_checks
+    step, set_mode, get_mode = fake_sync_step(call)
+    monkeypatch.setattr(cuda_checks, "_balanced_step", lambda ctx: ("g1n1", step))
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", get_mode)
+    ctx = types.SimpleNamespace(size=1, gather=lambda value: [value],
+                                synchronize=lambda: None)
+    verdict = cuda_checks._check_sync_debug(ctx)
+    assert verdict["verdict"] == "INFO" and get_mode() == 0, verdict  # the mode restored
+    if call is None:
+        assert verdict["figures"]["raised"] == 0 and "nothing raised" in verdict["detail"]
+    else:
+        assert verdict["figures"]["raised"] == 1, verdict
+        assert f"{call} made a synchronising CUDA call" in verdict["detail"], verdict
+
+
 def load_json(tmp_path, name="gpu_check.json"):
     document = json.loads((tmp_path / name).read_text())
     return document, {c["name"]: c for c in document["checks"]}
@@ -252,6 +303,18 @@ def test_cpu_self_test_on_4_processes(tmp_path):
     for label in ("0.0625MB", "0.25MB"):
         for key in ("route_ms", "a2a_ms", "ratio"):
             assert a2a["figures"][f"{key}[{label}]"] > 0, a2a["figures"]
+
+    copies = checks["copy_bandwidth"]
+    assert copies["verdict"] == "INFO", copies
+    for key in ("route_ms", "copy_ms", "a2a_ms", "ratio", "ratio_a2a"):
+        assert copies["figures"][key] > 0, copies["figures"]
+    assert "all_to_all_single on a group of one" in copies["detail"], copies
+
+    cost = checks["exchange_cost"]
+    assert cost["verdict"] == "INFO", cost
+    for label in ("route", "pre_attn", "post_attn", "reverse_route", "backward"):
+        assert cost["figures"][f"host_us_{label}"] > 0, cost["figures"]
+    assert "CPU tensors: the call's own time" in cost["detail"], cost
 
     killed = checks["killed_rank"]
     assert killed["verdict"] == "PASS", killed
@@ -388,6 +451,9 @@ def stub_cuda():
     torch.cuda._sleep = lambda cycles: None
     torch.cuda.synchronize = lambda device=None: None
     torch.Tensor.record_stream = lambda self, stream: None
+    mode = {"now": 0}  # set_sync_debug_mode's: no CPU tensor op synchronises a GPU
+    torch.cuda.get_sync_debug_mode = lambda: mode["now"]
+    torch.cuda.set_sync_debug_mode = lambda m: mode.update(now=m)
 
 
 class GlooTransport:
@@ -487,6 +553,13 @@ def test_the_cuda_checks_code_runs_and_passes_on_stubs(size):
             assert verdicts[name] == "PASS", where
         assert verdicts["copy_bandwidth"] == "INFO", where
         assert results["copy_bandwidth"][2]["route_GBps"] > 0
+        assert results["copy_bandwidth"][2]["a2a_GBps"] > 0
+        assert verdicts["sync_debug"] == "INFO", where
+        assert results["sync_debug"][2]["raised"] == 0 and "nothing raised" in \
+            results["sync_debug"][1], where
+        assert verdicts["exchange_cost"] == "INFO", where
+        assert results["exchange_cost"][2]["host_us_pre_attn"] > 0, where
+        assert "while the GPU is busy" in results["exchange_cost"][1], where
         assert verdicts["route_vs_all_to_all"] == ("INFO" if size > 1 else "SKIP"), where
         syncs = results["host_syncs"]
         if syncs[0] == "SKIP":  # a CUDA torch without a device may refuse to profile

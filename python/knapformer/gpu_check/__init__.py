@@ -59,10 +59,29 @@ figures, SKIP rows say why they did not run):
                syncs_per_step, in_<call>, calls_<runtime call>); SKIP when the
                profiler cannot start or records no CUDA runtime calls (no
                CUPTI).
-  copy_bandwidth  route + reverse_route of one tensor (--copy-mb, 64 MB) where
-               every token stays on its GPU (one-GPU group), against
-               dst.copy_(src) twice of the same bytes: CUDA events, median of
-               --repeats; GB/s of both and their ratio. INFO.
+  sync_debug   The same step under torch.cuda.set_sync_debug_mode("error")
+               around each of route, pre_attn, post_attn, reverse_route and
+               the backward (after plan_routing and 2 warm-up steps): the first
+               call that makes a synchronising CUDA call is named with torch's
+               message, every rank stopping at it; "nothing raised" is 0 host
+               syncs per step. INFO (figure: raised, 0 or 1); SKIP where
+               set_sync_debug_mode is not usable.
+  exchange_cost  Per call of the same step (route, pre_attn, post_attn,
+               reverse_route, backward): the host microseconds it takes while
+               the GPU is still busy (a 50 ms sleep kernel enqueued right after
+               plan_routing, so a call that waits for the GPU shows about 50 ms;
+               on CPU, the call's own time), median of 3 steps, and the kernel
+               launches and memcpys (memsets included) it enqueues, counted in
+               a torch.profiler trace (CUDA runtime calls; on CPU not counted,
+               said so). INFO (figures: host_us_<call>, kernels_<call>,
+               memcpys_<call>). Runs on CPU too.
+  copy_bandwidth  route + reverse_route of one tensor (--copy-mb, 64 MB; CPU 4)
+               where every token stays on its device (one-rank group), against
+               dst.copy_(src) twice of the same bytes and against two
+               dist.all_to_all_single on a group of one (the collective's own
+               self-exchange): CUDA events (the clock on CPU), median of
+               --repeats; GB/s of each, ratio (to the copies) and ratio_a2a.
+               INFO. Runs on CPU too.
   route_vs_all_to_all  With 2 or more ranks: route + reverse_route against two
                bare dist.all_to_all_single calls with the plan's own splits
                (topology gNn1: every sequence spread over every rank), at each
@@ -115,9 +134,9 @@ results.
 --dry-run checks the arguments, says what would run here and why the rest
 would not (with no GPU: "no GPU: torch X (CPU build ...)"), writes the JSON
 with every check SKIP and exits 0. --device cpu is the self-test of this
-command's own logic, for CI: python_step, route_vs_all_to_all (smaller
-sizes), fsdp2_checkpoint, compiled_block and killed_rank on --ranks CPU
-processes over Gloo, the CUDA-only checks SKIP.
+command's own logic, for CI: python_step, exchange_cost, copy_bandwidth,
+route_vs_all_to_all (smaller sizes), fsdp2_checkpoint, compiled_block and
+killed_rank on --ranks CPU processes over Gloo, the CUDA-only checks SKIP.
 
 Exit status: 0 nothing FAILed; 1 a check FAILed; 2 bad arguments; 3 no GPU
 was found (outside --dry-run and --device cpu): nothing was checked. Under

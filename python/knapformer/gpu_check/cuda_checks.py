@@ -1,8 +1,10 @@
 """The CUDA-path checks: nccl_group (ProcessGroupNCCL under a SequenceBalancer),
 raw_nccl (the extension's own NCCL transport), side_stream (the exchanges ordered
 with the caller's stream), host_syncs (host-synchronising CUDA runtime calls in a
-balanced step, counted in a torch.profiler trace) and copy_bandwidth (route against
-plain copies on one GPU). Each takes the rank's Context and returns its result."""
+balanced step, counted in a torch.profiler trace), sync_debug (the same step under
+torch.cuda.set_sync_debug_mode("error")), exchange_cost (kernels, memcpys and host
+microseconds of each exchange) and copy_bandwidth (route against plain copies and
+all_to_all_single on one device). Each takes the rank's Context and returns its result."""
 import re
 import statistics
 import time
@@ -299,21 +301,25 @@ def on_host(event):
     return kind is None or str(kind).endswith("CPU")
 
 
-def count_host_syncs(events, labels=STEP_CALLS):
-    """Host-synchronising CUDA runtime calls inside each labelled range (record_function)
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                "cudaMemcpyAsync", "cudaMemcpy2DAsync", "cudaMemsetAsync")
+
+
+def count_runtime_calls(events, calls, labels=STEP_CALLS):
+    """CUDA runtime calls named in `calls` inside each labelled range (record_function)
     of a profile: ({label: {call: count}}, whether any CUDA runtime call was recorded at
     all, how many labelled ranges there were). A call belongs to the range its start
     falls in, so calls made by the autograd engine's threads during a labelled
     backward count for it."""
     ranges = [(e.time_range.start, e.time_range.end, e.name) for e in events
               if e.name in labels and on_host(e)]
-    counts = {label: {call: 0 for call in SYNC_CALLS} for label in labels}
+    counts = {label: {call: 0 for call in calls} for label in labels}
     saw_runtime = False
     for event in events:
         name = _runtime_name(event.name)
-        if name.startswith("cuda"):
+        if name.startswith("cuda") or name.startswith("cuLaunch"):
             saw_runtime = True
-        if name not in SYNC_CALLS:
+        if name not in calls:
             continue
         start = event.time_range.start
         for low, high, label in ranges:
@@ -323,40 +329,56 @@ def count_host_syncs(events, labels=STEP_CALLS):
     return counts, saw_runtime, len(ranges)
 
 
-def _check_host_syncs(ctx):
-    from torch.profiler import ProfilerActivity, profile, record_function
+def count_host_syncs(events, labels=STEP_CALLS):
+    """count_runtime_calls of the host-synchronising calls (SYNC_CALLS)."""
+    return count_runtime_calls(events, SYNC_CALLS, labels)
 
-    topology = ctx.topologies[-1]  # the one with the widest bag: pre/post_attn exchange
+
+def _balanced_step(ctx):
+    """The step the host_syncs, sync_debug and exchange_cost checks look into: the
+    topology (the one with the widest bag: pre/post_attn exchange) and step(run), which
+    runs plan_routing, route, pre_attn of q, k, v, post_attn, reverse_route and the
+    backward, each as run(label, fn) (by default fn()), on a balancer of its own."""
+    topology = ctx.topologies[-1]
     heads, head_dim = 2 * ctx.size, 64
     width = heads * head_dim
     balancer = knapformer.SequenceBalancer(topology, gamma=ctx.gamma)
     lens = [1024, 256, 256] if ctx.rank == 0 else [256, 256]
     x0 = torch.randn(sum(lens), width, device=ctx.device)
 
-    def step():
-        with record_function("plan_routing"):
-            balancer.plan_routing(lens, token_dim=width)
+    def step(run=lambda label, fn: fn()):
+        run("plan_routing", lambda: balancer.plan_routing(lens, token_dim=width))
         x = x0.clone().requires_grad_(True)
-        with record_function("route"):
-            _, h, _ = balancer.route(x)
+        _, h, _ = run("route", lambda: balancer.route(x))
         q, k, v = (h * c for c in (1, 2, 3))
-        with record_function("pre_attn"):
-            _, q, k, v = balancer.pre_attn(q.view(-1, heads, head_dim),
-                                           k.view(-1, heads, head_dim),
-                                           v.view(-1, heads, head_dim))
+        _, q, k, v = run("pre_attn", lambda: balancer.pre_attn(q.view(-1, heads, head_dim),
+                                                                 k.view(-1, heads, head_dim),
+                                                                 v.view(-1, heads, head_dim)))
         o = q * k + v  # stands in for attention, which syncs nothing here
-        with record_function("post_attn"):
-            _, o = balancer.post_attn(o)
-        with record_function("reverse_route"):
-            _, out, _ = balancer.reverse_route(o.reshape(-1, width))
-        with record_function("backward"):
-            out.sum().backward()
+        _, o = run("post_attn", lambda: balancer.post_attn(o))
+        _, out, _ = run("reverse_route", lambda: balancer.reverse_route(o.reshape(-1, width)))
+        run("backward", lambda: out.sum().backward())
+
+    return topology, step
+
+
+def _labelled(label, fn):
+    from torch.profiler import record_function
+    with record_function(label):
+        return fn()
+
+
+def _profile_steps(ctx, step, steps):
+    """`steps` runs of step(_labelled) under torch.profiler (CPU and CUDA activities),
+    after 2 warm-up runs: (its events, None), or (None, why there are none). Every rank
+    runs the same steps, profiled or not, so that every rank makes the same
+    collectives."""
+    from torch.profiler import ProfilerActivity, profile
 
     for _ in range(2):
         step()
     ctx.synchronize()
     ctx.barrier()
-    steps = 3
     profiler, reason = None, None
     try:
         profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
@@ -364,8 +386,8 @@ def _check_host_syncs(ctx):
     except Exception as error:  # noqa: BLE001
         profiler, reason = None, f"the profiler did not start: {one_line(error)}"
     try:
-        for _ in range(steps):  # profiled or not, every rank runs the same collectives
-            step()
+        for _ in range(steps):
+            step(_labelled)
         ctx.synchronize()
     finally:
         if profiler is not None:
@@ -373,9 +395,16 @@ def _check_host_syncs(ctx):
                 profiler.__exit__(None, None, None)
             except Exception as error:  # noqa: BLE001
                 profiler, reason = None, f"the profiler failed: {one_line(error)}"
-    if profiler is None:
+    return (profiler.events(), None) if profiler is not None else (None, reason)
+
+
+def _check_host_syncs(ctx):
+    topology, step = _balanced_step(ctx)
+    steps = 3
+    events, reason = _profile_steps(ctx, step, steps)
+    if events is None:
         return result("host_syncs", "SKIP", reason)
-    counts, saw_runtime, ranges = count_host_syncs(profiler.events())
+    counts, saw_runtime, ranges = count_host_syncs(events)
     if not saw_runtime:
         return result("host_syncs", "SKIP",
                       "the profiler recorded no CUDA runtime calls (CUPTI missing or not "
@@ -398,6 +427,127 @@ def _check_host_syncs(ctx):
                   f"reverse_route and backward ({topology}, {ctx.size} rank(s), mean of "
                   f"{steps} after 2 warm-up): {where or 'none'}; by call: {kinds or 'none'}; "
                   f"plan_routing {per_call['plan_routing']:g} more{note}", figures)
+
+
+# -- sync_debug ---------------------------------------------------------------------------
+
+class _Synced(Exception):
+    """A call of the step made a synchronising CUDA call under sync_debug's error mode."""
+
+
+def _sync_debug_mode(mode):
+    """torch.cuda.set_sync_debug_mode(mode); the mode before it."""
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    return before
+
+
+def _check_sync_debug(ctx):
+    topology, step = _balanced_step(ctx)
+    for _ in range(2):  # warm-up: the first steps allocate and compile
+        step()
+    ctx.synchronize()
+    try:
+        _sync_debug_mode(_sync_debug_mode(0))
+    except Exception as error:  # noqa: BLE001
+        return result("sync_debug", "SKIP", "torch.cuda.set_sync_debug_mode is not usable "
+                      f"here: {one_line(error)}")
+    raised = []
+
+    def run(label, fn):
+        # Planning may sync (the plan is known after it); every exchange after it must not.
+        if label == "plan_routing":
+            return fn()
+        before = _sync_debug_mode("error")
+        mine = None
+        try:
+            return fn()
+        except Exception as error:  # noqa: BLE001
+            if "synchroniz" not in str(error).lower():
+                raise
+            mine = one_line(error)
+        finally:
+            _sync_debug_mode(before)
+            # Every rank stops at the same call (the peers of a rank that raised would
+            # otherwise wait for it in the next exchange).
+            anyone = [m for m in ctx.gather(mine) if m]
+            if anyone:
+                raised.append((label, anyone[0]))
+                raise _Synced()
+
+    try:
+        step(run)
+    except _Synced:
+        pass
+    ctx.synchronize()
+    figures = {"raised": len(raised)}
+    if raised:
+        label, message = raised[0]
+        return result("sync_debug", "INFO",
+                      f"torch.cuda.set_sync_debug_mode(\"error\") around each exchange of a "
+                      f"step ({topology}, {ctx.size} rank(s)): {label} made a synchronising "
+                      f"CUDA call: {message}", figures)
+    return result("sync_debug", "INFO",
+                  f"torch.cuda.set_sync_debug_mode(\"error\") around route, pre_attn, "
+                  f"post_attn, reverse_route and the backward of a step ({topology}, "
+                  f"{ctx.size} rank(s), after plan_routing and 2 warm-up steps): nothing "
+                  f"raised, 0 host syncs", figures)
+
+
+# -- exchange_cost ------------------------------------------------------------------------
+
+def _check_exchange_cost(ctx):
+    """Per exchange of a step: host microseconds while the GPU is still busy with
+    earlier work (a sleep kernel enqueued right after plan_routing; on CPU the call's
+    own time), and kernel launches and memcpys from the profiler (CUDA only)."""
+    topology, step = _balanced_step(ctx)
+    exchanges = [label for label in STEP_CALLS if label != "plan_routing"]
+    steps = 3
+    events, reason = _profile_steps(ctx, step, steps)
+    launches = None
+    if events is not None:
+        counts, saw_runtime, _ = count_runtime_calls(events, LAUNCH_CALLS)
+        if saw_runtime:
+            launches = counts
+        else:
+            reason = ("the profiler recorded no CUDA runtime calls" +
+                      ("" if ctx.cuda else " (a CPU run: kernels and memcpys are CUDA's)"))
+    cycles = _sleep_cycles(SLEEP_MS) if ctx.cuda else 0
+    host_us = {label: [] for label in exchanges}
+
+    def timed(label, fn):
+        if label == "plan_routing":
+            out = fn()
+            if ctx.cuda:  # the GPU is busy for SLEEP_MS: each call below only enqueues
+                torch.cuda._sleep(cycles)
+            return out
+        began = time.perf_counter()
+        out = fn()
+        host_us[label].append((time.perf_counter() - began) * 1e6)
+        return out
+
+    for _ in range(steps):
+        ctx.synchronize()
+        ctx.barrier()
+        step(timed)
+    ctx.synchronize()
+    figures = {f"host_us_{label}": statistics.median(host_us[label]) for label in exchanges}
+    parts = [f"{label} {figures['host_us_' + label]:.0f} us" for label in exchanges]
+    kernels_text = f"; kernels and memcpys not counted: {reason}"
+    if launches is not None:
+        memcpys = ("cudaMemcpyAsync", "cudaMemcpy2DAsync", "cudaMemsetAsync")
+        for label in exchanges:
+            figures[f"kernels_{label}"] = sum(
+                n for call, n in launches[label].items() if call not in memcpys) / steps
+            figures[f"memcpys_{label}"] = sum(launches[label][c] for c in memcpys) / steps
+        kernels_text = "; kernels / memcpys (and memsets) per call: " + ", ".join(
+            f"{label} {figures['kernels_' + label]:g} / {figures['memcpys_' + label]:g}"
+            for label in exchanges)
+    busy = f"while the GPU is busy (a {SLEEP_MS} ms sleep kernel enqueued after " \
+        "plan_routing)" if ctx.cuda else "(CPU tensors: the call's own time)"
+    return result("exchange_cost", "INFO",
+                  f"host time per call {busy}, median of {steps} steps ({topology}, "
+                  f"{ctx.size} rank(s)): {', '.join(parts)}{kernels_text}", figures)
 
 
 # -- copy_bandwidth -----------------------------------------------------------------------
@@ -425,30 +575,42 @@ def _check_copy_bandwidth(ctx):
         a.copy_(x)
         b.copy_(a)
 
-    route_ms, copy_ms = [], []
+    one = group if group is not None else dist.distributed_c10d._get_default_group()
+
+    def via_all_to_all():  # the collective's own self-exchange, of the same bytes
+        dist.all_to_all_single(a, x, group=one)
+        dist.all_to_all_single(b, a, group=one)
+
+    times = {"route": [], "copy": [], "a2a": []}
+    ways = [("route", via_route), ("copy", via_copy), ("a2a", via_all_to_all)]
     with torch.no_grad():
         exact = torch.equal(via_route(), x)
         for i in range(ctx.opts.warmup + ctx.opts.repeats):
-            pair = [(route_ms, via_route), (copy_ms, via_copy)]
-            for times, fn in (pair if i % 2 == 0 else pair[::-1]):
+            for name, fn in ways[i % 3:] + ways[:i % 3]:  # each first in turn
                 took = ctx.time_ms(fn, barrier=False)
                 if i >= ctx.opts.warmup:
-                    times.append(took)
+                    times[name].append(took)
     moved = 2 * rows * width * 4
-    route, copy = statistics.median(route_ms), statistics.median(copy_ms)
+    route, copy, a2a = (statistics.median(times[name]) for name in ("route", "copy", "a2a"))
     figures = {"route_GBps": moved / 1e9 / (route / 1e3), "copy_GBps": moved / 1e9 / (copy / 1e3),
-               "ratio": route / copy, "route_ms": route, "copy_ms": copy, "bytes": moved // 2}
+               "a2a_GBps": moved / 1e9 / (a2a / 1e3), "ratio": route / copy,
+               "ratio_a2a": route / a2a, "route_ms": route, "copy_ms": copy, "a2a_ms": a2a,
+               "bytes": moved // 2}
     if not exact:
         return result("copy_bandwidth", "FAIL", "route + reverse_route did not return the "
                       "tensor it was given", figures)
+    where = "this GPU" if ctx.cuda else "this CPU process"
     return result("copy_bandwidth", "INFO",
-                  f"route + reverse_route of {moved // 2 / 2 ** 20:g} MB kept on this GPU: "
+                  f"route + reverse_route of {moved // 2 / 2 ** 20:g} MB kept on {where}: "
                   f"{route:.3g} ms ({figures['route_GBps']:.3g} GB/s) against two copy_ of "
                   f"the same bytes {copy:.3g} ms ({figures['copy_GBps']:.3g} GB/s): "
-                  f"{figures['ratio']:.3g}x; median of {ctx.opts.repeats}", figures)
+                  f"{figures['ratio']:.3g}x, and two all_to_all_single on a group of one "
+                  f"{a2a:.3g} ms ({figures['a2a_GBps']:.3g} GB/s): {figures['ratio_a2a']:.3g}x; "
+                  f"median of {ctx.opts.repeats}", figures)
 
 
 # {check: check(ctx) -> its result}: the harness runs them in CHECKS's order.
 WORLD_CHECKS = {"nccl_group": _check_nccl_group, "raw_nccl": _check_raw_nccl,
                 "side_stream": _check_side_stream, "host_syncs": _check_host_syncs,
+                "sync_debug": _check_sync_debug, "exchange_cost": _check_exchange_cost,
                 "copy_bandwidth": _check_copy_bandwidth}

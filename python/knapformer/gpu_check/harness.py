@@ -27,9 +27,9 @@ from knapformer.gpu_check.report import (BAD_ARGUMENTS, FAILED, FAULT_ENV, NO_GP
 from knapformer.launch import report, run_ranks
 
 CHECKS = ("nccl_group", "raw_nccl", "python_step", "side_stream", "host_syncs",
-          "copy_bandwidth", "route_vs_all_to_all", "fsdp2_checkpoint", "compiled_block",
-          "killed_rank")
-CUDA_ONLY = ("nccl_group", "raw_nccl", "side_stream", "host_syncs", "copy_bandwidth")
+          "sync_debug", "exchange_cost", "copy_bandwidth", "route_vs_all_to_all",
+          "fsdp2_checkpoint", "compiled_block", "killed_rank")
+CUDA_ONLY = ("nccl_group", "raw_nccl", "side_stream", "host_syncs", "sync_debug")
 FAULTS = ("corrupt_route", "corrupt_compiled", "hang")
 
 GAMMA = 0.49
@@ -110,8 +110,9 @@ def _parser():
     parser.add_argument("--sizes-mb", type=_sizes, default=None, metavar="MB[,MB...]",
                         help="route_vs_all_to_all: payloads per rank (default 1,16; "
                              "--device cpu 0.25,1)")
-    parser.add_argument("--copy-mb", type=_bounded(float, 0.0625, 65536), default=64.0,
-                        help="copy_bandwidth: bytes routed and copied (default 64)")
+    parser.add_argument("--copy-mb", type=_bounded(float, 0.0625, 65536), default=None,
+                        help="copy_bandwidth: bytes routed and copied (default 64; "
+                             "--device cpu 4)")
     parser.add_argument("--repeats", type=_bounded(int, 1, 1000), default=None,
                         help="timed repeats, medians reported (default 10; --device cpu 5)")
     parser.add_argument("--skip", type=_skip_list, default=[], metavar="NAME[,NAME...]",
@@ -133,6 +134,8 @@ def parse_options(argv):
         opts.sizes_mb = [0.25, 1.0] if cpu else [1.0, 16.0]
     if opts.repeats is None:
         opts.repeats = 5 if cpu else 10
+    if opts.copy_mb is None:
+        opts.copy_mb = 4.0 if cpu else 64.0
     opts.warmup = 1 if cpu else 2
     return opts
 
@@ -152,8 +155,9 @@ def skip_reasons(opts, gpus, world_size, transport_built):
         if name in opts.skip:
             reason = "skipped (--skip)"
         elif cpu and name in CUDA_ONLY:
-            reason = ("CUDA only; --device cpu runs python_step, route_vs_all_to_all, "
-                      "fsdp2_checkpoint, compiled_block and killed_rank on CPU processes")
+            reason = ("CUDA only; --device cpu runs python_step, exchange_cost, "
+                      "copy_bandwidth, route_vs_all_to_all, fsdp2_checkpoint, compiled_block "
+                      "and killed_rank on CPU processes")
         elif not cpu and gpus == 0:
             reason = "no GPU: " + _no_gpu_text()
         elif name == "raw_nccl" and not transport_built:
