@@ -436,11 +436,10 @@ class Segmented {
   std::vector<at::Tensor> Finish() {
     std::vector<at::Tensor> outputs;
     for (Tensor& t : tensors_) {
-      if (!t.staged_recv.defined()) {
-      } else if (host_) {
+      if (t.staged_recv.defined() && host_) {
         CopyHostRows(t.staged_recv, nullptr, 0, t.out_flat, scatter_.data_ptr<int64_t>(), 0,
                      scatter_.size(0), t.row_bytes);
-      } else {
+      } else if (t.staged_recv.defined()) {
         t.out_flat.index_copy_(0, scatter_.to(t.out_flat.device()), t.staged_recv);
       }
       outputs.push_back(t.out);
@@ -496,7 +495,8 @@ class Segmented {
 
   // This rank's rows to itself: from their input rows to their output rows
   // (`before`, `landing`: the orders on the rows' device, defined where a
-  // side is not one run).
+  // side is not one run; `host_before`, `host_landing`: the same in host
+  // memory, which host rows are copied by).
   void CopyOwnRows(Tensor& t, const at::Tensor& before, const at::Tensor& landing,
                    const int64_t* host_before, const int64_t* host_landing) {
     const int64_t rows = send_offset_[me_ + 1] - send_offset_[me_];
