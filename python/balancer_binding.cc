@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -30,6 +31,7 @@
 #include "python/machine_arg.h"
 #include "python/status_exception.h"
 #include "transport/c10d_transport.h"
+#include "transport/tensor_hub_transport.h"
 
 namespace knapformer {
 namespace python {
@@ -315,6 +317,15 @@ class BalancerBinding {
     balancer_ = ValueOrThrow(SequenceBalancer::Create(std::move(options), world_));
   }
 
+  // A balancer over a transport made in C++ (TensorHubTransport's ranks,
+  // for the GPU check). Collective: every rank's is made at once, on
+  // threads of their own, by OverTensorHub.
+  BalancerBinding(std::shared_ptr<Transport> world, const BalancerArgs& args)
+      : device_(ValueOrThrow(ParseDevice(args.device))), world_(std::move(world)) {
+    fixed_d_model_ = args.d_model != 0;
+    balancer_ = ValueOrThrow(SequenceBalancer::Create(OptionsOf(args), world_));
+  }
+
   // The bag transports (and the world's, unless autograd nodes still hold
   // it) go with the balancer: without the GIL, see DeleteWithoutGil.
   ~BalancerBinding() {
@@ -544,7 +555,6 @@ class BalancerBinding {
   uint64_t step() const { return balancer_->step(); }
   std::string source() const { return PlanSourceName(balancer_->step_plan().source); }
 
- private:
   static absl::StatusOr<c10::Device> ParseDevice(const std::string& name) {
     try {
       return c10::Device(name);
@@ -552,6 +562,8 @@ class BalancerBinding {
       return absl::InvalidArgumentError(absl::StrCat("device: '", name, "' is not a device"));
     }
   }
+
+ private:
 
   // One of the balancer's tensor calls (which checks the tensors' device
   // against the transport's, on every rank alike), with the GIL let go
@@ -640,6 +652,45 @@ class BalancerBinding {
   std::map<std::string, at::Tensor> lengths_cache_;
 };
 
+// `size` balancers in this process, one per rank of a TensorHubTransport on
+// `args.device` (each made on a thread of its own: making one agrees with
+// its peers). Raises the lowest rank's error.
+std::vector<std::unique_ptr<BalancerBinding>> OverTensorHub(int size, const BalancerArgs& args,
+                                                             double timeout_seconds) {
+  if (size < 1 || size > 1024) {
+    ThrowIfError(
+        absl::InvalidArgumentError(absl::StrCat("size: needs 1 to 1024 ranks, got ", size)));
+  }
+  if (!(timeout_seconds > 0)) {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat("timeout_seconds: needs a time > 0, got ", timeout_seconds)));
+  }
+  const c10::Device device = ValueOrThrow(BalancerBinding::ParseDevice(args.device));
+  std::vector<std::unique_ptr<TensorHubTransport>> group =
+      TensorHubTransport::CreateGroup(size, device, absl::Seconds(timeout_seconds));
+  std::vector<std::unique_ptr<BalancerBinding>> balancers(size);
+  std::vector<std::string> errors(size);
+  {
+    py::gil_scoped_release no_gil;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          balancers[r] = std::make_unique<BalancerBinding>(
+              std::shared_ptr<Transport>(std::move(group[r])), args);
+        } catch (const std::exception& e) {
+          errors[r] = absl::StrCat("rank ", r, ": ", e.what());
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  for (const std::string& error : errors) {
+    if (!error.empty()) ThrowIfError(absl::InvalidArgumentError(error));
+  }
+  return balancers;
+}
+
 }  // namespace
 
 void BindBalancer(py::module_& m) {
@@ -711,7 +762,13 @@ void BindBalancer(py::module_& m) {
       .def_property_readonly("planned", &BalancerBinding::planned)
       .def_property_readonly("planned_total_tokens", &BalancerBinding::planned_total_tokens)
       .def_property_readonly("planned_d_model", &BalancerBinding::planned_d_model)
-      .def_property_readonly("source", &BalancerBinding::source);
+      .def_property_readonly("source", &BalancerBinding::source)
+      .def_static("_over_tensor_hub", &OverTensorHub, py::arg("size"), py::arg("args"),
+                  py::arg("timeout_seconds") = 60.0,
+                  "`size` balancers in this process over one TensorHubTransport on "
+                  "args.device: each rank's rows are copied between tensors on that device "
+                  "(one GPU playing several ranks; the GPU check's hub_layout). Every rank's "
+                  "calls must come from a thread of its own, all on one CUDA stream.");
 }
 
 }  // namespace python

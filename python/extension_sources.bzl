@@ -67,6 +67,8 @@ SOURCES = [
     "server/thread_pool.cc",
     "transport/agreement.cc",
     "transport/c10d_transport.cc",
+    "transport/local_transport.cc",
+    "transport/tensor_hub_transport.cc",
     "transport/transport.cc",
 ]
 
@@ -137,6 +139,8 @@ HEADERS = [
     "server/thread_pool.h",
     "transport/agreement.h",
     "transport/c10d_transport.h",
+    "transport/local_transport.h",
+    "transport/tensor_hub_transport.h",
     "transport/transport.h",
 ]
 

@@ -2,7 +2,8 @@
 (exit 2 naming the option), --dry-run (no GPU said plainly, the JSON with
 every check SKIP), the no-GPU exit 3, the report (table, JSON, exit status)
 from given results, the host-sync and launch counters on made-up profiler
-events, sync_debug naming the call that synchronised, the --device cpu
+events, sync_debug naming the call that synchronised, hub_layout's 8 ranks in
+one process (and a misrouted token it must catch), the --device cpu
 self-test on 4 Gloo processes (python_step exact, route_vs_all_to_all,
 copy_bandwidth and exchange_cost figures, fsdp2_checkpoint and compiled_block PASS or SKIP
 with the reason this torch gives, a killed rank raising on every survivor,
@@ -100,7 +101,7 @@ def test_skip_reasons_follow_the_machine():
                                                           "--skip", "killed_rank"]),
                                  gpus=0, world_size=1, transport_built=False)
     assert [n for n, r in cpu.items() if r is None] == \
-        ["python_step", "exchange_cost", "copy_bandwidth", "route_vs_all_to_all"] + \
+        ["python_step", "exchange_cost", "copy_bandwidth", "hub_layout", "route_vs_all_to_all"] + \
         [n for n, r in TORCH_NEEDS.items() if r is None]
     assert cpu["killed_rank"] == "skipped (--skip)"
     assert all("CUDA only" in cpu[n] for n in gpu_check.CUDA_ONLY)
@@ -124,7 +125,8 @@ def test_dry_run_without_a_gpu_says_so_and_writes_every_check_skip(tmp_path):
     # What the CPU self-test would run, without running it.
     status, out, _ = run_cli(["--dry-run", "--device", "cpu", "--ranks", "3"], tmp_path)
     assert status == 0 and "3 CPU processes" in out
-    runs = ["python_step", "exchange_cost", "copy_bandwidth", "route_vs_all_to_all"] + \
+    runs = ["python_step", "exchange_cost", "copy_bandwidth", "hub_layout",
+            "route_vs_all_to_all"] + \
         [n for n, r in TORCH_NEEDS.items() if r is None] + ["killed_rank"]
     assert f"would run: {', '.join(runs)}" in out, out
     for name, reason in TORCH_NEEDS.items():  # both listed: to run, or skipped and why
@@ -274,6 +276,42 @@ def test_sync_debug_names_the_call_that_synchronises(call, monkeypatch):
         assert f"{call} made a synchronising CUDA call" in verdict["detail"], verdict
 
 
+class CorruptRoute:
+    """A balancer whose route adds 1 to its first routed token id."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def route(self, tensors):
+        routed = self.inner.route(tensors)
+        if routed[1].numel():
+            routed[1][0] += 1
+        return routed
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_hub_layout_plays_8_ranks_and_catches_a_misrouted_token(corrupt, monkeypatch):
+    hub_checks = gpu_check.hub_checks
+    made = hub_checks._hub_balancers
+    if corrupt:  # rank 2 (in the 2-GPU bag) misroutes one token id
+        monkeypatch.setattr(hub_checks, "_hub_balancers", lambda ctx, width: [
+            CorruptRoute(b) if r == 2 else b for r, b in enumerate(made(ctx, width))])
+    ctx = types.SimpleNamespace(gamma=0.49, device=torch.device("cpu"), scale=1,
+                                opts=types.SimpleNamespace(timeout_s=120.0),
+                                synchronize=lambda: None)
+    verdict = hub_checks._check_hub_layout(ctx)
+    if corrupt:
+        assert verdict["verdict"] == "FAIL", verdict
+        assert "rank 2: the routed token ids are not the planner's chunk table" in \
+            verdict["detail"], verdict
+    else:
+        assert verdict["verdict"] == "PASS", verdict
+        assert verdict["figures"]["moved_tokens"] > 0 and verdict["figures"]["step_ms"] > 0
+
+
 def load_json(tmp_path, name="gpu_check.json"):
     document = json.loads((tmp_path / name).read_text())
     return document, {c["name"]: c for c in document["checks"]}
@@ -309,6 +347,11 @@ def test_cpu_self_test_on_4_processes(tmp_path):
     for key in ("route_ms", "copy_ms", "a2a_ms", "ratio", "ratio_a2a"):
         assert copies["figures"][key] > 0, copies["figures"]
     assert "all_to_all_single on a group of one" in copies["detail"], copies
+
+    hub = checks["hub_layout"]
+    assert hub["verdict"] == "PASS", hub
+    assert hub["figures"]["ranks"] == 8 and hub["figures"]["moved_tokens"] > 0, hub
+    assert "8 ranks of g1n2+g2n1+g4n1 played on cpu" in hub["detail"], hub
 
     cost = checks["exchange_cost"]
     assert cost["verdict"] == "INFO", cost

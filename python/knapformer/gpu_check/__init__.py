@@ -82,6 +82,20 @@ figures, SKIP rows say why they did not run):
                self-exchange): CUDA events (the clock on CPU), median of
                --repeats; GB/s of each, ratio (to the copies) and ratio_a2a.
                INFO. Runs on CPU too.
+  hub_layout   An 8-rank layout with multi-GPU bags (g1n2+g2n1+g4n1) played on
+               this rank's one device: 8 balancers in this process, one thread
+               each, over a tensor hub whose exchanges copy rows between
+               tensors on the device (NCCL refuses two ranks on one GPU), so
+               the device path of a multi-GPU world runs here (packing,
+               indexing, unpacking, the bags' Ulysses exchanges). 2 steps of
+               plan_routing, route of float64 rows and int64 token ids,
+               pre_attn of q, k, v, post_attn, reverse_route and the
+               exchanges' backward (route, pre_attn): routed ids must be the
+               planner's chunk table, each attention sequence one sequence's
+               tokens in order with the position's heads, every round trip and
+               backward bit-exact. PASS/FAIL; figures: ranks, moved_tokens,
+               step_ms (one simulated rank's step, the ranks sharing the
+               device and the host's threads). Runs on CPU too.
   route_vs_all_to_all  With 2 or more ranks: route + reverse_route against two
                bare dist.all_to_all_single calls with the plan's own splits
                (topology gNn1: every sequence spread over every rank), at each
@@ -135,7 +149,7 @@ results.
 would not (with no GPU: "no GPU: torch X (CPU build ...)"), writes the JSON
 with every check SKIP and exits 0. --device cpu is the self-test of this
 command's own logic, for CI: python_step, exchange_cost, copy_bandwidth,
-route_vs_all_to_all (smaller sizes), fsdp2_checkpoint, compiled_block and
+hub_layout, route_vs_all_to_all (smaller sizes), fsdp2_checkpoint, compiled_block and
 killed_rank on --ranks CPU processes over Gloo, the CUDA-only checks SKIP.
 
 Exit status: 0 nothing FAILed; 1 a check FAILed; 2 bad arguments; 3 no GPU
@@ -165,7 +179,8 @@ reported as hung. The report names the fault.
 # merged from every rank, the text, the JSON, the exit statuses), the checks inside a
 # world (cuda_checks: the CUDA path; step_checks: a balanced step, with
 # knapformer.side_by_side; fsdp_checks: FSDP2 and torch.compile around the balancer;
-# each module's WORLD_CHECKS), and killed_rank (a world of its own).
+# hub_checks: 8 ranks played on one device; each module's WORLD_CHECKS), and
+# killed_rank (a world of its own).
 from knapformer.gpu_check.cuda_checks import count_host_syncs, on_host
 from knapformer.gpu_check.harness import (CHECKS, CUDA_ONLY, FAULTS, Context, main,
                                           parse_options, report_header, run_world_checks,

@@ -20,14 +20,14 @@ import torch.distributed as dist
 import knapformer
 from knapformer import _C
 from knapformer._torch_compat import tcp_store
-from knapformer.gpu_check import cuda_checks, fsdp_checks, killed_rank, step_checks
+from knapformer.gpu_check import cuda_checks, fsdp_checks, hub_checks, killed_rank, step_checks
 from knapformer.gpu_check.report import (BAD_ARGUMENTS, FAILED, FAULT_ENV, NO_GPU, OK, finish,
                                          last_line, merge_ranks, one_line, result,
                                          write_json_saying_where)
 from knapformer.launch import report, run_ranks
 
 CHECKS = ("nccl_group", "raw_nccl", "python_step", "side_stream", "host_syncs",
-          "sync_debug", "exchange_cost", "copy_bandwidth", "route_vs_all_to_all",
+          "sync_debug", "exchange_cost", "copy_bandwidth", "hub_layout", "route_vs_all_to_all",
           "fsdp2_checkpoint", "compiled_block", "killed_rank")
 CUDA_ONLY = ("nccl_group", "raw_nccl", "side_stream", "host_syncs", "sync_debug")
 FAULTS = ("corrupt_route", "corrupt_compiled", "hang")
@@ -156,8 +156,8 @@ def skip_reasons(opts, gpus, world_size, transport_built):
             reason = "skipped (--skip)"
         elif cpu and name in CUDA_ONLY:
             reason = ("CUDA only; --device cpu runs python_step, exchange_cost, "
-                      "copy_bandwidth, route_vs_all_to_all, fsdp2_checkpoint, compiled_block "
-                      "and killed_rank on CPU processes")
+                      "copy_bandwidth, hub_layout, route_vs_all_to_all, fsdp2_checkpoint, "
+                      "compiled_block and killed_rank on CPU processes")
         elif not cpu and gpus == 0:
             reason = "no GPU: " + _no_gpu_text()
         elif name == "raw_nccl" and not transport_built:
@@ -436,7 +436,8 @@ def _ended_at_a_hang(per_check, names, reasons):
     return ended
 
 
-_BY_NAME = {**cuda_checks.WORLD_CHECKS, **step_checks.WORLD_CHECKS, **fsdp_checks.WORLD_CHECKS}
+_BY_NAME = {**cuda_checks.WORLD_CHECKS, **step_checks.WORLD_CHECKS, **fsdp_checks.WORLD_CHECKS,
+            **hub_checks.WORLD_CHECKS}
 # Every check but killed_rank runs inside the world, in CHECKS's order.
 _WORLD_CHECKS = tuple((name, _BY_NAME[name]) for name in CHECKS if name in _BY_NAME)
 

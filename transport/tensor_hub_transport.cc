@@ -1,0 +1,109 @@
+#include "transport/tensor_hub_transport.h"
+
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace knapformer {
+namespace {
+
+// `bytes` bytes at `data` on `device`, as a tensor that does not own them.
+at::Tensor Bytes(const void* data, int64_t bytes, const c10::Device& device) {
+  return at::from_blob(const_cast<void*>(data), {bytes},
+                       at::TensorOptions().dtype(at::kByte).device(device));
+}
+
+// The first non-empty verdict of a hub round, as every rank's error.
+absl::Status FirstVerdict(const std::vector<std::string>& verdicts, absl::StatusCode code) {
+  for (const std::string& v : verdicts) {
+    if (!v.empty()) return absl::Status(code, v);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<TensorHubTransport>> TensorHubTransport::CreateGroup(
+    int size, c10::Device device, absl::Duration timeout) {
+  auto hub = std::make_shared<LocalHub>(size, timeout);
+  std::vector<std::unique_ptr<TensorHubTransport>> group;
+  for (int r = 0; r < size; ++r) {
+    group.push_back(std::make_unique<TensorHubTransport>(hub, r, device));
+  }
+  return group;
+}
+
+absl::Status TensorHubTransport::AllToAllRows(const void* send,
+                                              const std::vector<int64_t>& send_rows, void* recv,
+                                              const std::vector<int64_t>& recv_rows,
+                                              int64_t row_bytes) {
+  const int n = size();
+  if (absl::Status valid = CheckExchange(send_rows, recv_rows, row_bytes, n); !valid.ok()) {
+    return valid;
+  }
+  // Round 1: where every rank's send buffer is, and its rows to each rank.
+  std::string mine(sizeof(uint64_t) + sizeof(int64_t) * n, '\0');
+  const uint64_t address = reinterpret_cast<uintptr_t>(send);
+  std::memcpy(mine.data(), &address, sizeof(address));
+  std::memcpy(mine.data() + sizeof(address), send_rows.data(), sizeof(int64_t) * n);
+  auto all = hub_->Exchange(round_++, rank_, std::move(mine));
+  if (!all.ok()) return all.status();
+  std::vector<const char*> from(n);
+  std::vector<std::vector<int64_t>> rows(n, std::vector<int64_t>(n));
+  std::string verdict;
+  for (int p = 0; p < n; ++p) {
+    uint64_t theirs = 0;
+    std::memcpy(&theirs, (*all)[p].data(), sizeof(theirs));
+    from[p] = reinterpret_cast<const char*>(static_cast<uintptr_t>(theirs));
+    std::memcpy(rows[p].data(), (*all)[p].data() + sizeof(theirs), sizeof(int64_t) * n);
+    if (verdict.empty() && rows[p][rank_] != recv_rows[p]) {
+      verdict = std::string(RecvRowsMismatch(rank_, p, recv_rows[p], rows[p][rank_]).message());
+    }
+  }
+  // Round 2: every rank's count check, so that a mismatch fails every rank
+  // alike before anything is copied.
+  auto verdicts = hub_->Exchange(round_++, rank_, verdict);
+  if (!verdicts.ok()) return verdicts.status();
+  if (absl::Status agreed = FirstVerdict(*verdicts, absl::StatusCode::kInvalidArgument);
+      !agreed.ok()) {
+    return agreed;
+  }
+  std::string failed;
+  try {
+    char* out = static_cast<char*>(recv);
+    for (int p = 0; p < n; ++p) {
+      const int64_t bytes = recv_rows[p] * row_bytes;
+      if (bytes > 0) {
+        int64_t before = 0;
+        for (int q = 0; q < rank_; ++q) before += rows[p][q];
+        Bytes(out, bytes, device_).copy_(Bytes(from[p] + before * row_bytes, bytes, device_));
+      }
+      out += bytes;
+    }
+  } catch (const c10::Error& e) {
+    failed = absl::StrCat("AllToAllRows: rank ", rank_, ": ", e.what_without_backtrace());
+  }
+  // Round 3: every copy from a sender's buffer is queued before the sender
+  // returns (and may free or overwrite it).
+  auto done = hub_->Exchange(round_++, rank_, failed);
+  if (!done.ok()) return done.status();
+  return FirstVerdict(*done, absl::StatusCode::kInternal);
+}
+
+absl::StatusOr<std::vector<std::string>> TensorHubTransport::AllGatherBytes(
+    absl::string_view mine) {
+  return hub_->Exchange(round_++, rank_, std::string(mine));
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> TensorHubTransport::Subgroup(
+    const std::vector<int>& ranks) {
+  absl::StatusOr<int> position = IndexInSubgroup(ranks, rank_, size());
+  if (!position.ok()) return position.status();
+  return std::unique_ptr<Transport>(
+      new TensorHubTransport(hub_->SubHub(ranks), *position, device_));
+}
+
+}  // namespace knapformer
