@@ -3,10 +3,12 @@
 #include <map>
 #include <numeric>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/graph_task.h>
 
@@ -124,8 +126,9 @@ struct SequenceBalancer::Rep {
   // before the first exchange that records a backward.
   at::Tensor backward_chain;
   at::Tensor chain_started;  // the chain's flag (RowMove::chain_started)
-  // OnDevice's copies of this step's row orders, by (host tensor, device).
-  std::map<std::pair<const void*, std::string>, at::Tensor> device_copies;
+  // OnDevice's copies of this step's row orders, by (host tensor, device,
+  // stream id).
+  std::map<std::tuple<const void*, std::string, int64_t>, at::Tensor> device_copies;
 
   // The current step.
   StepPlan step_plan;
@@ -238,14 +241,20 @@ struct SequenceBalancer::Rep {
   // The exchange as an autograd node, chained after this step's previous
   // one when it records a backward.
   std::vector<at::Tensor> Move(at::TensorList xs, const RowMove& move);
-  // `order` with its tensors on `device`: copied once per step and device,
-  // not at every exchange, from pinned memory without waiting (a copy from
-  // pageable host memory to a GPU synchronises the host with it).
+  // `order` with its tensors on `device`: copied once per step, device and
+  // stream, not at every exchange, from pinned memory without waiting (a
+  // copy from pageable host memory to a GPU synchronises the host with it).
+  // Per stream: each copy is made on the stream that reads it, so that no
+  // exchange reads an index before its copy has landed, and the caching
+  // allocator (which orders a block's reuse by its allocation stream) never
+  // hands it out while another stream still reads it.
   RowOrder OnDevice(const RowOrder& order, const c10::Device& device) {
     if (device.is_cpu()) return order;
+    const int64_t stream =
+        c10::impl::getDeviceGuardImpl(device.type())->getStream(device).id();
     auto copy = [&](const at::Tensor& t) -> at::Tensor {
       if (!t.defined()) return t;
-      at::Tensor& cached = device_copies[{t.unsafeGetTensorImpl(), device.str()}];
+      at::Tensor& cached = device_copies[{t.unsafeGetTensorImpl(), device.str(), stream}];
       if (!cached.defined()) {
         cached = device.is_cuda() ? t.pin_memory().to(device, /*non_blocking=*/true)
                                   : t.to(device);

@@ -169,6 +169,7 @@ CUDA_HEADERS = [
     "transport/deadline_watchdog.h",
     "transport/exchange_plan.h",
     "transport/nccl_transport.h",
+    "transport/resource_pool.h",
 ]
 
 def labels(paths):

@@ -149,7 +149,15 @@ NcclTransport::NcclTransport(ncclComm_t comm, bool owned, cudaStream_t stream, i
       rank_(rank),
       size_(size),
       device_(device),
-      options_(options) {}
+      options_(options),
+      events_(
+          []() -> absl::StatusOr<cudaEvent_t> {
+            cudaEvent_t event = nullptr;
+            KF_RETURN_IF_ERROR(CudaStatus(
+                cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate"));
+            return event;
+          },
+          [](cudaEvent_t event) { cudaEventDestroy(event); }) {}
 
 absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(ncclComm_t comm,
                                                                      cudaStream_t stream,
@@ -231,6 +239,7 @@ NcclTransport::~NcclTransport() {
   if (scratch_ != nullptr) cudaFreeAsync(scratch_, stream_);
   if (staging_ != nullptr) cudaFreeHost(staging_);
   if (caller_ready_ != nullptr) cudaEventDestroy(caller_ready_);
+  events_.Clear();  // the watchdog, gone, has given every event back
 }
 
 void NcclTransport::Abort() {
@@ -251,7 +260,7 @@ void NcclTransport::NoteFailure(const absl::Status& status) {
 }
 
 cudaStream_t NcclTransport::CallerStream() const {
-  return options_.caller_stream ? options_.caller_stream() : stream_;
+  return options_.caller_stream ? options_.caller_stream() : cudaStreamLegacy;
 }
 
 template <typename Ops>
@@ -285,28 +294,26 @@ absl::Status NcclTransport::Group(const char* what, Ops&& ops) {
 }
 
 absl::Status NcclTransport::Publish(const char* what) {
-  cudaEvent_t done = nullptr;
-  KF_RETURN_IF_ERROR(
-      CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate"));
+  KF_ASSIGN_OR_RETURN(cudaEvent_t done, events_.Take());
   absl::Status status = CudaStatus(cudaEventRecord(done, stream_), "cudaEventRecord");
   const cudaStream_t caller = CallerStream();
   if (status.ok() && caller != stream_) {
     status = CudaStatus(cudaStreamWaitEvent(caller, done, 0), "cudaStreamWaitEvent (caller)");
   }
   if (!status.ok()) {
-    cudaEventDestroy(done);
+    events_.Give(done);
     return status;
   }
   const std::string name = what;
+  // Given back once done (or once the watchdog goes): reused by a later
+  // exchange, not made and destroyed per exchange.
   watchdog_->Watch([done, name] { return EventDone(done, name); },
-                   [done] { cudaEventDestroy(done); }, absl::Now() + options_.timeout, name);
+                   [this, done] { events_.Give(done); }, absl::Now() + options_.timeout, name);
   return absl::OkStatus();
 }
 
 absl::Status NcclTransport::WaitHost(const char* what) {
-  cudaEvent_t done = nullptr;
-  KF_RETURN_IF_ERROR(
-      CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate"));
+  KF_ASSIGN_OR_RETURN(cudaEvent_t done, events_.Take());
   absl::Status status = CudaStatus(cudaEventRecord(done, stream_), "cudaEventRecord");
   if (status.ok()) {
     const std::string name = what;
@@ -314,7 +321,7 @@ absl::Status NcclTransport::WaitHost(const char* what) {
                              absl::Now() + options_.timeout, name);
   }
   // After a failure the communicator is aborted and the event completes.
-  cudaEventDestroy(done);
+  events_.Give(done);
   return status;
 }
 

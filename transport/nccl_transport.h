@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "transport/deadline_watchdog.h"
+#include "transport/resource_pool.h"
 #include "transport/transport.h"
 
 namespace knapformer {
@@ -37,8 +38,12 @@ struct NcclTransportOptions {
   // communicators and breaks the transport.
   absl::Duration timeout = absl::Minutes(10);
   // The stream the caller produces `send` on and reads `recv` from (e.g.
-  // PyTorch's current stream, at::cuda::getCurrentCUDAStream). Empty: the
-  // transport's own stream is the caller's. Called on every exchange.
+  // PyTorch's current stream, at::cuda::getCurrentCUDAStream). Called on
+  // every exchange. Empty: the device's legacy default stream (stream 0,
+  // PyTorch's current stream unless the caller sets another), so that an
+  // exchange is ordered after what the trainer queued there and before what
+  // it queues next; never the transport's own stream alone, which nothing
+  // of the trainer's would be ordered with.
   std::function<cudaStream_t()> caller_stream;
 };
 
@@ -185,6 +190,9 @@ class NcclTransport final : public Transport {
   size_t staging_bytes_ = 0;
   cudaEvent_t caller_ready_ = nullptr;
   std::atomic<bool> aborted_{false};
+  // The events Publish and WaitHost record, reused (before the watchdog,
+  // which gives them back: destroyed after it).
+  ResourcePool<cudaEvent_t> events_;
   std::unique_ptr<DeadlineWatchdog> watchdog_;
 };
 
