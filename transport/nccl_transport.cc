@@ -215,7 +215,15 @@ absl::Status NcclTransport::Start() {
       cudaEventCreateWithFlags(&caller_ready_, cudaEventDisableTiming), "cudaEventCreate"));
   DeadlineWatchdog::Hooks hooks;
   const int device = device_;
-  hooks.thread_init = [device] { cudaSetDevice(device); };
+  hooks.thread_init = [device] {
+    cudaSetDevice(device);
+    // Relaxed: the watchdog's event queries are neither refused by nor
+    // break a CUDA graph the trainer captures meanwhile in the default
+    // (global) capture mode, which would otherwise read as a CUDA error
+    // here and abort the communicator.
+    cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&relaxed);
+  };
   hooks.poll_error = [this]() -> absl::Status {
     ncclResult_t async = ncclSuccess;
     KF_RETURN_IF_ERROR(
