@@ -20,8 +20,11 @@ HUB_HEADS = 8  # a multiple of every bag's size
 
 
 def _hub_balancers(ctx, width):
-    args = _arguments(HUB_TOPOLOGY, ctx.gamma, str(ctx.device), None, "gpu-check-hub", None,
-                      width, 0, "transformer", True, None, None, None, 0, False, True, None)
+    args = _arguments(HUB_TOPOLOGY, ctx.gamma, device=str(ctx.device), planner_address=None,
+                      job_id="gpu-check-hub", group_id=None, d_model=width,
+                      max_tokens_per_gpu=0, cost_model="transformer", locality=True,
+                      planner_deadline=None, planner_mode=None, require_planner=None,
+                      first_step=0, use_fitted_gamma=False, agree_on_errors=True, machine=None)
     return knapformer._C._SequenceBalancer._over_tensor_hub(
         HUB_RANKS, args, timeout_seconds=ctx.opts.timeout_s)
 
