@@ -299,9 +299,8 @@ def test_hub_layout_plays_8_ranks_and_catches_a_misrouted_token(corrupt, monkeyp
     if corrupt:  # rank 2 (in the 2-GPU bag) misroutes one token id
         monkeypatch.setattr(hub_checks, "_hub_balancers", lambda ctx, width: [
             CorruptRoute(b) if r == 2 else b for r, b in enumerate(made(ctx, width))])
-    ctx = types.SimpleNamespace(gamma=0.49, device=torch.device("cpu"), scale=1,
-                                opts=types.SimpleNamespace(timeout_s=120.0),
-                                synchronize=lambda: None)
+    opts = gpu_check.parse_options(["--device", "cpu", "--timeout-s", "120"])
+    ctx = gpu_check.Context(0, 1, torch.device("cpu"), opts, host_group=None, fault=None)
     verdict = hub_checks._check_hub_layout(ctx)
     if corrupt:
         assert verdict["verdict"] == "FAIL", verdict

@@ -306,14 +306,18 @@ class Context:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def token_ids(self, lens):
+    def token_ids(self, lens, rank=None):
         # Every token's id names its rank, sequence and offset, so a misplaced row shows.
-        return torch.tensor([(self.rank << 40) | (s << 20) | t for s, n in enumerate(lens)
+        # `rank`: another (simulated) rank's, where one process plays several.
+        rank = self.rank if rank is None else rank
+        return torch.tensor([(rank << 40) | (s << 20) | t for s, n in enumerate(lens)
                              for t in range(n)], dtype=torch.int64)
 
-    def planned_ids(self, plan):
-        """This rank's chunks in compute order and the ids of the tokens they hold."""
-        mine = [c for c in plan["chunks"] if c["dst_rank"] == self.rank]
+    def planned_ids(self, plan, rank=None):
+        """This rank's (or `rank`'s) chunks in compute order and the ids of the tokens
+        they hold."""
+        rank = self.rank if rank is None else rank
+        mine = [c for c in plan["chunks"] if c["dst_rank"] == rank]
         ids = [(c["src_rank"] << 40) | (c["seq_index"] << 20) | (c["offset"] + t)
                for c in mine for t in range(c["length"])]
         return mine, torch.tensor(ids, dtype=torch.int64)

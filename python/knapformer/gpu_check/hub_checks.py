@@ -35,27 +35,19 @@ def _hub_lengths(scale):
             for r in range(HUB_RANKS)]
 
 
-def _ids(rank, lens, device):
-    return torch.tensor([(rank << 40) | (s << 20) | t for s, n in enumerate(lens)
-                         for t in range(n)], dtype=torch.int64, device=device)
-
-
 def _one_rank(ctx, balancer, rank, lens, plan, width, head_dim, problems, times):
     """One simulated rank's step: plan, route (ids and rows), pre_attn of q, k, v,
     post_attn, reverse_route and the exchanges' backward; `problems` gets what is wrong."""
     device = ctx.device
     where = f"rank {rank}"
-    ids = _ids(rank, lens, device)
+    ids = ctx.token_ids(lens, rank).to(device)
     # float64 rows that name their token and column exactly: id * 256 + column
     # (ids < 2^43, columns < 256: below 2^53).
     x = ids.double()[:, None] * 256 + torch.arange(width, dtype=torch.float64, device=device)
     balancer.plan_routing(lens, width)
     began = time.perf_counter()
     routed_x, routed_ids = balancer.route([x, ids])
-    mine = [c for c in plan["chunks"] if c["dst_rank"] == rank]
-    want = [(c["src_rank"] << 40) | (c["seq_index"] << 20) | (c["offset"] + t)
-            for c in mine for t in range(c["length"])]
-    if routed_ids.cpu().tolist() != want:
+    if not torch.equal(routed_ids.cpu(), ctx.planned_ids(plan, rank)[1]):
         problems.append(f"{where}: the routed token ids are not the planner's chunk table")
     heads = HUB_HEADS
     q = routed_x.view(-1, heads, head_dim)
@@ -127,9 +119,8 @@ def _check_hub_layout(ctx):
     if any(t.is_alive() for t in threads):
         return result("hub_layout", "FAIL", f"a simulated rank did not finish within "
                       f"{ctx.opts.timeout_s:g} s")
-    figures = {"ranks": HUB_RANKS, "moved_tokens": sum(
-        c["length"] for c in plan["chunks"] if c["src_rank"] != c["dst_rank"]),
-        "step_ms": statistics.median(times) if times else 0.0}
+    figures = {"ranks": HUB_RANKS, "moved_tokens": plan["moved_tokens"],
+               "step_ms": statistics.median(times) if times else 0.0}
     problems = crashed + problems
     if problems:
         return result("hub_layout", "FAIL", problems_text(problems), figures)
