@@ -277,10 +277,15 @@ Rendezvous::Arrival Rendezvous::ArriveLocked(PendingCall* call, CheckedSpec chec
 
   std::vector<PendingCall*> by_rank(spec.world_size(), nullptr);
   for (PendingCall* c : step.calls) by_rank[c->request().rank()] = c;
+  // Each call reads the clock before it takes the lock: the last to arrive
+  // may have read it before the first did. Its wait is then 0, not negative
+  // (a negative wait is not observed at all, and the step would be missing
+  // from the rendezvous-wait histogram).
   auto ready = std::make_unique<ReadyStep>(ReadyStep{std::move(step.spec),
                                                      std::move(step.checked),
                                                      std::move(by_rank),
-                                                     step.first_arrival, now,
+                                                     step.first_arrival,
+                                                     std::max(step.first_arrival, now),
                                                      step.sequences});
   group.pending.erase(step_it);
   --pending_steps_;
