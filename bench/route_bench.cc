@@ -192,10 +192,10 @@ std::vector<int64_t> RowSplits(const std::vector<Transfer>& transfers) {
 
 // What the counting transport saw, summed over the world and its bags.
 struct Counts {
-  int all_gathers = 0, flagged = 0, exchanges = 0;
+  int all_gathers = 0, exchanges = 0;
 };
 Counts CountsOf(const testing_util::RecordingTransport& t, const testing_util::Faults& f) {
-  return {t.all_gathers() + f.subgroup_all_gathers, t.flagged() + f.subgroup_flagged,
+  return {t.all_gathers() + f.subgroup_all_gathers,
           static_cast<int>(t.exchanges().size()) + f.subgroup_exchanges};
 }
 
@@ -230,10 +230,8 @@ void CountCollectives(C10dTransport* transport, const std::vector<int64_t>& leng
     if (!back.ok()) Fail(rank, back.status().ToString());
     const Counts after = CountsOf(counting, *faults);
     lines.push_back(absl::StrFormat(
-        "  step %d, rank %d: %d data exchanges (%d carrying their flags), %d agreement "
-        "all-gathers",
-        step, rank, after.exchanges - before.exchanges, after.flagged - before.flagged,
-        after.all_gathers - before.all_gathers));
+        "  step %d, rank %d: %d data exchanges, %d agreement all-gathers", step, rank,
+        after.exchanges - before.exchanges, after.all_gathers - before.all_gathers));
   }
   // Rank 0 (a single-GPU bag: routes only) and rank 2 (in the bag) print.
   if (rank == 0 || rank == 2) {

@@ -193,27 +193,112 @@ bool MovesHostSegments(const Transport& transport) {
   return transport.MovesSegments() && TransportDevice(transport).is_cpu();
 }
 
+// ---- Head groups (RowMove::input_groups, output_groups) -------------------
+
+bool HasHeadGroups(const RowMove& move) {
+  return move.input_groups > 1 || move.output_groups > 1;
+}
+
+// Bytes of one exchanged row of x: a head group of its row when its rows
+// split into groups, else its whole row.
+int64_t MovedRowBytes(const at::Tensor& x, const RowMove& move) {
+  return RowElements(x) * static_cast<int64_t>(x.element_size()) / move.input_groups;
+}
+
+// The shape of x's output, `received` rows having arrived: [received,
+// heads / groups, ...] when x's rows split into groups, [received / groups,
+// heads * groups, ...] when the output's rows are made of groups.
+std::vector<int64_t> OutputShape(const at::Tensor& x, const RowMove& move, int64_t received) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[0] = received / move.output_groups;
+  if (HasHeadGroups(move)) shape[1] = shape[1] / move.input_groups * move.output_groups;
+  return shape;
+}
+
+// [T, heads, ...] -> [groups * T, heads / groups, ...]: group g of every
+// row, contiguous, where a packed exchange sends to position g (one pass).
+at::Tensor SplitHeads(const at::Tensor& x, int64_t groups) {
+  std::vector<int64_t> split = x.sizes().vec();
+  split[1] /= groups;
+  split.insert(split.begin() + 1, groups);
+  std::vector<int64_t> rows(split.begin() + 1, split.end());
+  rows[0] = groups * x.size(0);
+  const at::Tensor view = x.reshape(split).transpose(0, 1);
+  return Empty(view.sizes(), x).copy_(view).reshape(rows);
+}
+
+// The inverse: [groups * T, heads, ...] -> [T, groups * heads, ...].
+at::Tensor MergeHeads(const at::Tensor& y, int64_t groups) {
+  std::vector<int64_t> split = y.sizes().vec();
+  split[0] /= groups;
+  std::vector<int64_t> whole = split;
+  whole[1] *= groups;
+  split.insert(split.begin(), groups);
+  const at::Tensor view = y.reshape(split).transpose(0, 1);
+  return Empty(view.sizes(), y).copy_(view).reshape(whole);
+}
+
+// ---- The messages of an exchange that moves segments ---------------------
+
+// A message to or from one peer. Three kinds: one tensor's rows (sent from
+// where they lie or from staging, received likewise); every tensor's rows
+// packed one after another and then the sender's flag byte (rows in head
+// groups, which are gathered anyway, and small messages, for which a copy
+// costs less than a message of its own for the flag); the flag byte alone,
+// behind a peer's unpacked rows.
+struct Message {
+  enum Kind { kTensorRows, kPackedRows, kFlag };
+  Kind kind = kTensorRows;
+  int peer = 0;
+  bool outgoing = true;
+  size_t tensor = 0;  // kTensorRows
+  int64_t rows = 0;   // kTensorRows, kPackedRows
+  int64_t bytes = 0;  // on the wire, the flag byte included
+};
+
+// Rows to or from one peer up to this many bytes travel packed with the flag
+// (Message::kPackedRows): one message instead of one per tensor plus one
+// for the flag, where each message costs a wake-up on either side.
+constexpr int64_t kPackedMessageBytes = int64_t{256} << 10;
+
+bool PacksRows(const RowMove& move, int64_t bytes) {
+  return HasHeadGroups(move) || bytes <= kPackedMessageBytes;
+}
+
 // The messages of a segment exchange, in the order every rank derives from
-// the agreed counts and row sizes: for each tensor with bytes, for each peer
-// other than `me`, visit(tensor, peer, rows to it, rows from it), either of
-// which may be 0 (no message that way). The exchange and its stand-in from
-// scratch must send exactly these, or their peers wait.
+// the agreed counts and row sizes (`flagged`: the exchange carries every
+// rank's flag): for each peer other than `me`, what goes to it, then what
+// comes from it. Between two ranks, messages pair up in this order; the
+// exchange and its stand-in from scratch must send exactly these, or their
+// peers wait.
 template <typename Visit>
 void ForEachMessage(const std::vector<int64_t>& tensor_row_bytes, const RowMove& move, int me,
-                    Visit&& visit) {
+                    bool flagged, Visit&& visit) {
+  const int64_t row_bytes = Sum(tensor_row_bytes);
   const int n = static_cast<int>(move.send_rows->size());
-  for (size_t t = 0; t < tensor_row_bytes.size(); ++t) {
-    if (tensor_row_bytes[t] == 0) continue;
-    for (int p = 0; p < n; ++p) {
-      if (p != me) visit(t, p, (*move.send_rows)[p], (*move.recv_rows)[p]);
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    for (const bool outgoing : {true, false}) {
+      const int64_t rows = outgoing ? (*move.send_rows)[p] : (*move.recv_rows)[p];
+      if (PacksRows(move, rows * row_bytes)) {
+        if (rows > 0 || flagged) {
+          visit(Message{Message::kPackedRows, p, outgoing, 0, rows, rows * row_bytes + 1});
+        }
+        continue;
+      }
+      for (size_t t = 0; t < tensor_row_bytes.size(); ++t) {
+        if (tensor_row_bytes[t] == 0) continue;
+        visit(Message{Message::kTensorRows, p, outgoing, t, rows, rows * tensor_row_bytes[t]});
+      }
+      if (flagged) visit(Message{Message::kFlag, p, outgoing, 0, 0, 1});
     }
   }
 }
 
 // A flagged exchange of the agreed shape on behalf of a rank that cannot
 // send its own rows: zeros out, received rows dropped, `flag` raised; the
-// same messages as the peers' (one per tensor and peer where the transport
-// moves segments). Returns the flags, or the transport's error.
+// same messages as the peers' where the transport moves segments
+// (ForEachMessage). Returns the flags, or the transport's error.
 absl::StatusOr<std::vector<uint8_t>> FlaggedFromScratch(
     const RowMove& move, const std::vector<int64_t>& tensor_row_bytes, uint8_t flag) {
   Transport& transport = *move.transport;
@@ -222,19 +307,35 @@ absl::StatusOr<std::vector<uint8_t>> FlaggedFromScratch(
   const int64_t row_bytes = Sum(tensor_row_bytes);
   try {
     const auto options = at::TensorOptions().dtype(at::kByte).device(TransportDevice(transport));
-    at::Tensor send = at::zeros({Sum(*move.send_rows) * row_bytes}, options);
-    at::Tensor recv = at::empty({Sum(*move.recv_rows) * row_bytes}, options);
+    // Room for a flag byte per peer each way.
+    const int64_t flag_bytes = transport.size();
+    at::Tensor send = at::zeros({Sum(*move.send_rows) * row_bytes + flag_bytes}, options);
+    at::Tensor recv = at::empty({Sum(*move.recv_rows) * row_bytes + flag_bytes}, options);
     absl::Status moved;
     if (MovesHostSegments(transport)) {
       std::vector<SendSegment> sends;
       std::vector<RecvSegment> recvs;
-      ForEachMessage(tensor_row_bytes, move, transport.rank(),
-                     [&](size_t t, int p, int64_t send_rows, int64_t recv_rows) {
-                       const int64_t bytes = tensor_row_bytes[t];
-                       if (send_rows > 0) sends.push_back({p, send.data_ptr(), send_rows * bytes});
-                       if (recv_rows > 0) recvs.push_back({p, recv.data_ptr(), recv_rows * bytes});
+      std::vector<const uint8_t*> flag_of(transport.size(), nullptr);  // by peer, received
+      uint8_t* out = send.data_ptr<uint8_t>();
+      uint8_t* in = recv.data_ptr<uint8_t>();
+      ForEachMessage(tensor_row_bytes, move, transport.rank(), /*flagged=*/true,
+                     [&](const Message& m) {
+                       const bool carries_flag = m.kind != Message::kTensorRows;
+                       if (m.outgoing) {
+                         if (carries_flag) out[m.bytes - 1] = flag;
+                         sends.push_back({m.peer, out, m.bytes});
+                         out += m.bytes;
+                       } else {
+                         if (carries_flag) flag_of[m.peer] = in + m.bytes - 1;
+                         recvs.push_back({m.peer, in, m.bytes});
+                         in += m.bytes;
+                       }
                      });
-      moved = transport.ExchangeSegments(sends, recvs, row_bytes, flag, &flags);
+      moved = transport.ExchangeSegments(sends, recvs, row_bytes, 0, nullptr);
+      flags.assign(transport.size(), flag);
+      for (int p = 0; p < transport.size(); ++p) {
+        if (flag_of[p] != nullptr) flags[p] = *flag_of[p];
+      }
     } else {
       moved = transport.AllToAllRowsFlagged(send.data_ptr(), *move.send_rows, recv.data_ptr(),
                                             *move.recv_rows, row_bytes, flag, &flags);
@@ -330,14 +431,62 @@ std::vector<at::Tensor> Unpack(at::TensorList xs, const RowMove& move, const Pac
   return outputs;
 }
 
+// Where the exchange's rows lie in one tensor's host memory: row v of the
+// exchange is `bytes` bytes at At(v). Without head groups that is row v of
+// the tensor; with them (RowMove::input_groups / output_groups) it is group
+// v / rows of tensor row v % rows.
+struct RowAddress {
+  char* base = nullptr;
+  int64_t rows = 0;    // the tensor's rows
+  int64_t stride = 0;  // bytes from one tensor row to the next
+  int64_t bytes = 0;   // bytes of one exchanged row
+  int64_t groups = 1;
+  char* At(int64_t v) const {
+    if (groups == 1) return base + v * stride;
+    return base + (v % rows) * stride + (v / rows) * bytes;
+  }
+  // Rows of `bytes` one after another from `data` (a message's).
+  static RowAddress Packed(char* data, int64_t bytes) { return {data, 0, bytes, bytes, 1}; }
+};
+
+// Host rows: for i in [0, count), exchanged row src_rows[src_begin + i] of
+// `src` to row dst_rows[dst_begin + i] of `dst` (an index that is null: the
+// row itself), one memcpy per run of rows that lie one after another on
+// both sides. Torch's index_copy_ moves one element at a time; this moves
+// the run's bytes.
+void CopyHostRows(const RowAddress& src, const int64_t* src_rows, int64_t src_begin,
+                  const RowAddress& dst, const int64_t* dst_rows, int64_t dst_begin,
+                  int64_t count) {
+  const int64_t bytes = src.bytes;
+  if (count == 0 || bytes == 0) return;
+  auto from = [&](int64_t i) {
+    return src.At(src_rows != nullptr ? src_rows[src_begin + i] : src_begin + i);
+  };
+  auto to = [&](int64_t i) {
+    return dst.At(dst_rows != nullptr ? dst_rows[dst_begin + i] : dst_begin + i);
+  };
+  for (int64_t i = 0; i < count;) {
+    const char* s = from(i);
+    char* d = to(i);
+    int64_t run = 1;
+    while (i + run < count && from(i + run) == s + run * bytes && to(i + run) == d + run * bytes) {
+      ++run;
+    }
+    std::memcpy(d, s, run * bytes);
+    i += run;
+  }
+}
+
 // The exchange in place, for transports that move segments (host memory)
-// and for a group of one rank (any device, no peer at all): each tensor's
-// rows to each peer are one message sent from where they lie
-// when they are consecutive rows of the input (else gathered once into a
-// staging buffer), and received where they belong when they land on
-// consecutive rows of the output (else into staging, scattered after); this
-// rank's own rows are one copy, never on the wire. Several tensors are
-// several messages, each in its own dtype.
+// and for a group of one rank (any device, no peer at all); this rank's own
+// rows are one copy, never on the wire. The messages are ForEachMessage's:
+//  - one tensor's rows to a peer are sent from where they lie when they are
+//    consecutive rows of the input (else gathered once into that tensor's
+//    staging), and received where they belong when they land on
+//    consecutive rows of the output (else into staging, scattered after);
+//  - rows packed with the flag (head groups, small messages) are gathered
+//    straight from the inputs into one buffer per side and scattered
+//    straight into the outputs: one pass each way.
 class Segmented {
  public:
   // Allocates the outputs, gathers what must be staged and copies this
@@ -354,91 +503,133 @@ class Segmented {
     }
     // Planned from the orders in host memory; this rank's own rows are
     // copied with the orders on the rows' device.
-    const int64_t* before = move.before.host_index.defined()
-                                ? move.before.host_index.data_ptr<int64_t>() : nullptr;
-    const int64_t* landing = move.after.host_inverse.defined()
-                                 ? move.after.host_inverse.data_ptr<int64_t>() : nullptr;
+    before_ = move.before.host_index.defined() ? move.before.host_index.data_ptr<int64_t>()
+                                               : nullptr;
+    landing_ = move.after.host_inverse.defined() ? move.after.host_inverse.data_ptr<int64_t>()
+                                                 : nullptr;
     host_ = xs.empty() || xs[0].device().is_cpu();
-    for (int p = 0; p < n; ++p) {
-      send_start_.push_back(RunStart(before, send_offset_[p], send_offset_[p + 1]));
-      recv_start_.push_back(RunStart(landing, recv_offset_[p], recv_offset_[p + 1]));
-    }
-    // The rows staged on either side: the positions of the peers whose
-    // rows are not one run, in peer order.
-    std::vector<int64_t> gather, scatter;
-    for (int p = 0; p < n; ++p) {
-      if (p == me_) continue;
-      if (send_start_[p] < 0) {
-        for (int64_t k = send_offset_[p]; k < send_offset_[p + 1]; ++k) gather.push_back(before[k]);
-      }
-      if (recv_start_[p] < 0) {
-        for (int64_t j = recv_offset_[p]; j < recv_offset_[p + 1]; ++j) {
-          scatter.push_back(landing[j]);
-        }
-      }
-    }
-    if (!gather.empty()) gather_ = at::tensor(gather, at::kLong);
-    if (!scatter.empty()) scatter_ = at::tensor(scatter, at::kLong);
     const int64_t recv_count = recv_offset_[n];
+    int64_t row_bytes = 0;
     for (const at::Tensor& x : xs) {
       at::Tensor flat = x.resolve_conj().resolve_neg().contiguous();
       flat = flat.reshape({flat.size(0), RowElements(flat)});
-      std::vector<int64_t> shape = x.sizes().vec();
-      shape[0] = recv_count;
-      at::Tensor out = Empty(shape, x);
-      at::Tensor out_flat = out.view({recv_count, RowElements(out)});
-      Tensor t{flat, out, out_flat, {}, {},
-               RowElements(flat) * static_cast<int64_t>(flat.element_size())};
-      if (gather_.defined()) {
-        t.staged_send = Empty({gather_.size(0), RowElements(flat)}, flat);
-        if (host_) {
-          CopyHostRows(flat, gather_.data_ptr<int64_t>(), 0, t.staged_send, nullptr, 0,
-                       gather_.size(0), t.row_bytes);
-        } else {
-          at::index_select_out(t.staged_send, flat, 0, gather_.to(flat.device()));
-        }
-      }
-      if (scatter_.defined()) t.staged_recv = Empty({scatter_.size(0), RowElements(flat)}, flat);
-      CopyOwnRows(t, move.before.index, move.after.inverse, before, landing);
-      tensors_.push_back(std::move(t));
+      at::Tensor out = Empty(OutputShape(x, move, recv_count), x);
+      at::Tensor out_flat = out.view({out.size(0), RowElements(out)});
+      Tensor tensor{flat, out, out_flat, {}, {}, MovedRowBytes(x, move), {}, {}};
+      tensor.src = {static_cast<char*>(flat.data_ptr()), flat.size(0),
+                    flat.size(1) * static_cast<int64_t>(flat.element_size()), tensor.row_bytes,
+                    move.input_groups};
+      tensor.dst = {static_cast<char*>(out_flat.data_ptr()), out_flat.size(0),
+                    out_flat.size(1) * static_cast<int64_t>(out_flat.element_size()),
+                    tensor.row_bytes, move.output_groups};
+      row_bytes += tensor.row_bytes;
+      tensor_row_bytes_.push_back(tensor.row_bytes);
+      tensors_.push_back(std::move(tensor));
     }
+    packed_out_.assign(n, -1);
+    packed_in_.assign(n, -1);
+    flags_in_.assign(n, 0);
+    int64_t packed_send = 0, packed_recv = 0;
+    for (int p = 0; p < n; ++p) {
+      if (p == me_) continue;
+      const int64_t out_bytes = (*move.send_rows)[p] * row_bytes;
+      const int64_t in_bytes = (*move.recv_rows)[p] * row_bytes;
+      if (PacksRows(move, out_bytes)) {
+        packed_out_[p] = packed_send;
+        packed_send += out_bytes + 1;
+      }
+      if (PacksRows(move, in_bytes)) {
+        packed_in_[p] = packed_recv;
+        packed_recv += in_bytes + 1;
+      }
+    }
+    if (packed_send > 0) send_stage_ = EmptyHostTensor({packed_send}, at::kByte);
+    if (packed_recv > 0) recv_stage_ = EmptyHostTensor({packed_recv}, at::kByte);
+    GatherPacked();
+    StageTensorRows(n);
+    for (Tensor& tensor : tensors_) CopyOwnRows(tensor, move.before.index, move.after.inverse);
   }
 
-  // Every tensor's message to and from each peer (ForEachMessage's order).
-  void Segments(const RowMove& move, std::vector<SendSegment>* sends,
-                std::vector<RecvSegment>* recvs) const {
-    std::vector<int64_t> tensor_row_bytes;
-    for (const Tensor& t : tensors_) tensor_row_bytes.push_back(t.row_bytes);
+  // The segments of the exchange (ForEachMessage's), with `flag` in those
+  // that carry this rank's flag when `flagged`.
+  void Segments(const RowMove& move, uint8_t flag, bool flagged, std::vector<SendSegment>* sends,
+                std::vector<RecvSegment>* recvs) {
+    flag_out_ = flag;
+    char* send_stage = send_stage_.defined() ? static_cast<char*>(send_stage_.data_ptr()) : nullptr;
+    char* recv_stage = recv_stage_.defined() ? static_cast<char*>(recv_stage_.data_ptr()) : nullptr;
     // Rows into each tensor's staging so far, on either side.
     std::vector<int64_t> staged_send(tensors_.size(), 0), staged_recv(tensors_.size(), 0);
-    ForEachMessage(tensor_row_bytes, move, me_,
-                   [&](size_t i, int p, int64_t send_rows, int64_t recv_rows) {
-                     const Tensor& t = tensors_[i];
-                     if (send_rows > 0) {
-                       const char* data =
-                           send_start_[p] >= 0
-                               ? RowPointer(t.flat, send_start_[p], t.row_bytes)
-                               : RowPointer(t.staged_send, staged_send[i], t.row_bytes);
-                       if (send_start_[p] < 0) staged_send[i] += send_rows;
-                       sends->push_back({p, data, send_rows * t.row_bytes});
-                     }
-                     if (recv_rows > 0) {
-                       char* data = recv_start_[p] >= 0
-                                        ? RowPointer(t.out_flat, recv_start_[p], t.row_bytes)
-                                        : RowPointer(t.staged_recv, staged_recv[i], t.row_bytes);
-                       if (recv_start_[p] < 0) staged_recv[i] += recv_rows;
-                       recvs->push_back({p, data, recv_rows * t.row_bytes});
-                     }
-                   });
+    ForEachMessage(tensor_row_bytes_, move, me_, flagged, [&](const Message& m) {
+      const int p = m.peer;
+      switch (m.kind) {
+        case Message::kPackedRows:
+          if (m.outgoing) {
+            char* data = send_stage + packed_out_[p];
+            data[m.bytes - 1] = static_cast<char>(flag);
+            sends->push_back({p, data, m.bytes});
+          } else {
+            recvs->push_back({p, recv_stage + packed_in_[p], m.bytes});
+          }
+          break;
+        case Message::kFlag:
+          if (m.outgoing) {
+            sends->push_back({p, &flag_out_, 1});
+          } else {
+            recvs->push_back({p, &flags_in_[p], 1});
+          }
+          break;
+        case Message::kTensorRows: {
+          const Tensor& t = tensors_[m.tensor];
+          if (m.outgoing) {
+            const char* data =
+                send_start_[p] >= 0
+                    ? RowPointer(t.flat, send_start_[p], t.row_bytes)
+                    : RowPointer(t.staged_send, staged_send[m.tensor], t.row_bytes);
+            if (send_start_[p] < 0) staged_send[m.tensor] += m.rows;
+            sends->push_back({p, data, m.bytes});
+          } else {
+            char* data = recv_start_[p] >= 0
+                             ? RowPointer(t.out_flat, recv_start_[p], t.row_bytes)
+                             : RowPointer(t.staged_recv, staged_recv[m.tensor], t.row_bytes);
+            if (recv_start_[p] < 0) staged_recv[m.tensor] += m.rows;
+            recvs->push_back({p, data, m.bytes});
+          }
+          break;
+        }
+      }
+    });
+  }
+
+  // Every rank's flag, by rank (`mine` for this one), once a flagged
+  // exchange of Segments has ended.
+  std::vector<uint8_t> ReceivedFlags(uint8_t mine) const {
+    std::vector<uint8_t> flags = flags_in_;
+    flags[me_] = mine;
+    for (size_t p = 0; p < flags.size(); ++p) {
+      if (static_cast<int>(p) == me_ || packed_in_[p] < 0) continue;
+      const int64_t bytes = (recv_offset_[p + 1] - recv_offset_[p]) * RowBytes() + 1;
+      flags[p] = recv_stage_.data_ptr<uint8_t>()[packed_in_[p] + bytes - 1];
+    }
+    return flags;
   }
 
   // Scatters what was received into staging; the outputs. Throws c10::Error.
   std::vector<at::Tensor> Finish() {
+    for (size_t p = 0; p < packed_in_.size(); ++p) {
+      if (packed_in_[p] < 0) continue;
+      char* received = static_cast<char*>(recv_stage_.data_ptr()) + packed_in_[p];
+      const int64_t rows = recv_offset_[p + 1] - recv_offset_[p];
+      for (const Tensor& t : tensors_) {
+        CopyHostRows(RowAddress::Packed(received, t.row_bytes), nullptr, 0, t.dst, landing_,
+                     recv_offset_[p], rows);
+        received += rows * t.row_bytes;
+      }
+    }
     std::vector<at::Tensor> outputs;
     for (Tensor& t : tensors_) {
       if (t.staged_recv.defined() && host_) {
-        CopyHostRows(t.staged_recv, nullptr, 0, t.out_flat, scatter_.data_ptr<int64_t>(), 0,
-                     scatter_.size(0), t.row_bytes);
+        CopyHostRows(RowAddress::Packed(static_cast<char*>(t.staged_recv.data_ptr()), t.row_bytes),
+                     nullptr, 0, t.dst, scatter_.data_ptr<int64_t>(), 0, scatter_.size(0));
       } else if (t.staged_recv.defined()) {
         t.out_flat.index_copy_(0, scatter_.to(t.out_flat.device()), t.staged_recv);
       }
@@ -451,8 +642,66 @@ class Segmented {
   struct Tensor {
     at::Tensor flat, out, out_flat;  // [rows, elements] views
     at::Tensor staged_send, staged_recv;
-    int64_t row_bytes = 0;
+    int64_t row_bytes = 0;  // of an exchanged row
+    RowAddress src, dst;    // in host memory: where exchanged rows lie in flat and out_flat
   };
+
+  int64_t RowBytes() const { return Sum(tensor_row_bytes_); }
+
+  // Every tensor's rows to each peer whose rows travel packed, into the
+  // send staging (host memory: packed rows only move over transports that
+  // move segments).
+  void GatherPacked() {
+    for (size_t p = 0; p < packed_out_.size(); ++p) {
+      if (packed_out_[p] < 0) continue;
+      char* staged = static_cast<char*>(send_stage_.data_ptr()) + packed_out_[p];
+      const int64_t rows = send_offset_[p + 1] - send_offset_[p];
+      for (const Tensor& t : tensors_) {
+        CopyHostRows(t.src, before_, send_offset_[p], RowAddress::Packed(staged, t.row_bytes),
+                     nullptr, 0, rows);
+        staged += rows * t.row_bytes;
+      }
+    }
+  }
+
+  // Rows that travel by tensor: which peers' rows are one run on either
+  // side, and the staging of those that are not.
+  void StageTensorRows(int n) {
+    for (int p = 0; p < n; ++p) {
+      send_start_.push_back(RunStart(before_, send_offset_[p], send_offset_[p + 1]));
+      recv_start_.push_back(RunStart(landing_, recv_offset_[p], recv_offset_[p + 1]));
+    }
+    // The rows staged on either side: the positions of the peers whose
+    // rows are not one run, in peer order.
+    std::vector<int64_t> gather, scatter;
+    for (int p = 0; p < n; ++p) {
+      if (p == me_) continue;
+      if (packed_out_[p] < 0 && send_start_[p] < 0) {
+        for (int64_t k = send_offset_[p]; k < send_offset_[p + 1]; ++k) gather.push_back(before_[k]);
+      }
+      if (packed_in_[p] < 0 && recv_start_[p] < 0) {
+        for (int64_t j = recv_offset_[p]; j < recv_offset_[p + 1]; ++j) {
+          scatter.push_back(landing_[j]);
+        }
+      }
+    }
+    if (!gather.empty()) gather_ = at::tensor(gather, at::kLong);
+    if (!scatter.empty()) scatter_ = at::tensor(scatter, at::kLong);
+    for (Tensor& t : tensors_) {
+      if (gather_.defined()) {
+        t.staged_send = Empty({gather_.size(0), t.flat.size(1)}, t.flat);
+        if (host_) {
+          CopyHostRows(t.src, gather_.data_ptr<int64_t>(), 0,
+                       RowAddress::Packed(static_cast<char*>(t.staged_send.data_ptr()),
+                                          t.row_bytes),
+                       nullptr, 0, gather_.size(0));
+        } else {
+          at::index_select_out(t.staged_send, t.flat, 0, gather_.to(t.flat.device()));
+        }
+      }
+      if (scatter_.defined()) t.staged_recv = Empty({scatter_.size(0), t.flat.size(1)}, t.flat);
+    }
+  }
 
   // The first of consecutive rows index[begin..end) name (identity without
   // an index), or -1 when they are not consecutive.
@@ -468,44 +717,17 @@ class Segmented {
     return static_cast<char*>(rows.data_ptr()) + row * row_bytes;
   }
 
-  // Host rows: for i in [0, count), row src_rows[src_begin + i] of `src` to
-  // row dst_rows[dst_begin + i] of `dst` (an index that is null: the row
-  // itself), one memcpy per run of rows consecutive on both sides. Torch's
-  // index_copy_ moves one element at a time; this moves the run's bytes.
-  static void CopyHostRows(const at::Tensor& src, const int64_t* src_rows, int64_t src_begin,
-                           const at::Tensor& dst, const int64_t* dst_rows, int64_t dst_begin,
-                           int64_t count, int64_t row_bytes) {
-    if (count == 0 || row_bytes == 0) return;
-    auto from = [&](int64_t i) {
-      return src_rows != nullptr ? src_rows[src_begin + i] : src_begin + i;
-    };
-    auto to = [&](int64_t i) {
-      return dst_rows != nullptr ? dst_rows[dst_begin + i] : dst_begin + i;
-    };
-    const char* source = static_cast<const char*>(src.data_ptr());
-    char* target = static_cast<char*>(dst.data_ptr());
-    for (int64_t i = 0; i < count;) {
-      const int64_t s = from(i), d = to(i);
-      int64_t run = 1;
-      while (i + run < count && from(i + run) == s + run && to(i + run) == d + run) ++run;
-      std::memcpy(target + d * row_bytes, source + s * row_bytes, run * row_bytes);
-      i += run;
-    }
-  }
-
   // This rank's rows to itself: from their input rows to their output rows
   // (`before`, `landing`: the orders on the rows' device, defined where a
-  // side is not one run; `host_before`, `host_landing`: the same in host
-  // memory, which host rows are copied by).
-  void CopyOwnRows(Tensor& t, const at::Tensor& before, const at::Tensor& landing,
-                   const int64_t* host_before, const int64_t* host_landing) {
+  // side is not one run; host rows are copied by the orders in host memory).
+  void CopyOwnRows(Tensor& t, const at::Tensor& before, const at::Tensor& landing) {
     const int64_t rows = send_offset_[me_ + 1] - send_offset_[me_];
     if (rows == 0 || t.row_bytes == 0) return;
     if (host_) {
-      CopyHostRows(t.flat, host_before, send_offset_[me_], t.out_flat, host_landing,
-                   recv_offset_[me_], rows, t.row_bytes);
+      CopyHostRows(t.src, before_, send_offset_[me_], t.dst, landing_, recv_offset_[me_], rows);
       return;
     }
+    // A device tensor in a group of one: its rows move whole (MovesInPlace).
     const int64_t src = send_start_[me_], dst = recv_start_[me_];
     auto positions = [](const at::Tensor& index, int64_t begin, int64_t count) {
       return index.narrow(0, begin, count);
@@ -525,9 +747,18 @@ class Segmented {
 
   int me_ = 0;
   bool host_ = true;  // the rows are in host memory: copied by CopyHostRows
+  const int64_t* before_ = nullptr;   // the orders in host memory (null: identity)
+  const int64_t* landing_ = nullptr;
+  std::vector<int64_t> tensor_row_bytes_;
   std::vector<int64_t> send_offset_, recv_offset_;  // by peer, then the total
-  std::vector<int64_t> send_start_, recv_start_;    // by peer: RunStart
-  at::Tensor gather_, scatter_;                     // the staged rows' positions
+  // By peer: where its packed rows (and flag) lie in the staging, or -1
+  // where they travel by tensor.
+  std::vector<int64_t> packed_out_, packed_in_;
+  at::Tensor send_stage_, recv_stage_;
+  std::vector<int64_t> send_start_, recv_start_;  // by peer: RunStart
+  at::Tensor gather_, scatter_;                   // by tensor: the staged rows' positions
+  uint8_t flag_out_ = 0;                          // kFlag messages' bytes
+  std::vector<uint8_t> flags_in_;
   std::vector<Tensor> tensors_;
 };
 
@@ -537,6 +768,7 @@ class Segmented {
 bool MovesInPlace(at::TensorList xs, const RowMove& move) {
   const bool alone = move.transport->size() == 1;
   if (!alone && !MovesHostSegments(*move.transport)) return false;
+  if (HasHeadGroups(move) && !MovesHostSegments(*move.transport)) return false;
   for (const at::Tensor& x : xs) {
     if (!alone && !x.device().is_cpu()) return false;
     if (x.device() != xs[0].device()) return false;
@@ -566,12 +798,11 @@ void ThrowIfError(absl::Status status) {
 // the group learns of it in the same exchange.
 std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
   std::vector<int64_t> tensor_row_bytes;
-  for (const at::Tensor& x : xs) {
-    tensor_row_bytes.push_back(RowElements(x) * static_cast<int64_t>(x.element_size()));
-  }
+  for (const at::Tensor& x : xs) tensor_row_bytes.push_back(MovedRowBytes(x, move));
   const int64_t row_bytes = Sum(tensor_row_bytes);
   const bool in_place = MovesInPlace(xs, move);
   Packed packed;
+  std::vector<at::Tensor> split;  // packed: xs, their rows in head groups where they split
   std::unique_ptr<Segmented> segmented;
   absl::Status prepared;
   if (in_place) {
@@ -581,7 +812,14 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
       prepared = FromTorchError(e, move.what.c_str());
     }
   } else {
-    prepared = Pack(xs, move, row_bytes, &packed);
+    try {
+      for (const at::Tensor& x : xs) {
+        split.push_back(move.input_groups > 1 ? SplitHeads(x, move.input_groups) : x);
+      }
+      prepared = Pack(split, move, row_bytes, &packed);
+    } catch (const c10::Error& e) {
+      prepared = FromTorchError(e, move.what.c_str());
+    }
   }
   if (prepared.ok()) {
     prepared = move.transport->CheckLimits(*move.send_rows, *move.recv_rows, row_bytes);
@@ -593,8 +831,9 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
     } else if (in_place) {
       std::vector<SendSegment> sends;
       std::vector<RecvSegment> recvs;
-      segmented->Segments(move, &sends, &recvs);
-      ThrowIfError(move.transport->ExchangeSegments(sends, recvs, row_bytes, flag, flags));
+      segmented->Segments(move, flag, flags != nullptr, &sends, &recvs);
+      ThrowIfError(move.transport->ExchangeSegments(sends, recvs, row_bytes, 0, nullptr));
+      if (flags != nullptr) *flags = segmented->ReceivedFlags(flag);
     } else if (flags != nullptr) {
       ThrowIfError(move.transport->AllToAllRowsFlagged(
           packed.send.data_ptr(), *move.send_rows, packed.received.data_ptr(), *move.recv_rows,
@@ -605,7 +844,14 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
           row_bytes));
     }
   };
-  auto outputs = [&] { return in_place ? segmented->Finish() : Unpack(xs, move, packed); };
+  auto outputs = [&] {
+    if (in_place) return segmented->Finish();
+    std::vector<at::Tensor> moved = Unpack(split, move, packed);
+    if (move.output_groups > 1) {
+      for (at::Tensor& y : moved) y = MergeHeads(y, move.output_groups);
+    }
+    return moved;
+  };
   const ExchangeBook::Entry* agreed =
       move.book != nullptr ? move.book->Expected(move.what, move.ordinal) : nullptr;
   const bool flagged = move.agreement == Agreement::kOncePerStep &&
@@ -693,6 +939,8 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
     ctx->saved_data["world_ranks"] =
         std::vector<int64_t>(move->world_ranks.begin(), move->world_ranks.end());
     ctx->saved_data["step"] = static_cast<int64_t>(move->step);
+    ctx->saved_data["input_groups"] = move->input_groups;
+    ctx->saved_data["output_groups"] = move->output_groups;
     ctx->saved_data["before"] = move->before.index;
     ctx->saved_data["before_inverse"] = move->before.inverse;
     ctx->saved_data["before_host"] = move->before.host_index;
@@ -740,6 +988,8 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
       forward.world_ranks.push_back(static_cast<int>(rank));
     }
     forward.step = static_cast<uint64_t>(ctx->saved_data["step"].toInt());
+    forward.input_groups = ctx->saved_data["input_groups"].toInt();
+    forward.output_groups = ctx->saved_data["output_groups"].toInt();
     const RowMove back = Reversed(forward);
     std::vector<at::Tensor> to_send;
     for (int64_t i : differentiable) to_send.push_back(grads[i]);
@@ -771,6 +1021,8 @@ RowMove Reversed(const RowMove& move) {
   // The way back gathers with the inverses, in the opposite order.
   back.before = move.after.Inverted();
   back.after = move.before.Inverted();
+  back.input_groups = move.output_groups;
+  back.output_groups = move.input_groups;
   back.world_ranks = move.world_ranks;
   back.step = move.step;
   return back;

@@ -140,6 +140,16 @@ struct RowMove {
   const std::vector<int64_t>* recv_rows = nullptr;
   RowOrder before;
   RowOrder after;
+  // Ulysses head groups. Each input row moves as `input_groups` rows, one per
+  // group of heads (dimension 1 split evenly), group-major: group g of input
+  // row t is moved row g * T + t for T input rows, so position g of a bag
+  // receives its heads of every row (pre_attn). Each output row is made of
+  // `output_groups` received rows the same way (post_attn). 1: rows move
+  // whole. A move with groups sends one message per peer each way on
+  // transports that move segments, every tensor's rows and then the flag
+  // byte, packed in the one pass that gathers the head groups anyway.
+  int64_t input_groups = 1;
+  int64_t output_groups = 1;
   // The chain's "a backward has started" flag (a 1-element bool tensor
   // shared by the chain's nodes), or undefined when not chained.
   at::Tensor chain_started;

@@ -14,7 +14,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/host_tensor_cache.h"
 #include "client/rank_report.h"
 #include "client/route_layout.h"
 #include "client/row_exchange.h"
@@ -39,14 +38,6 @@ auto Guarded(Op&& op) -> absl::StatusOr<decltype(op())> {
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(e.what_without_backtrace());
   }
-}
-
-// `view`'s elements in a contiguous tensor of its own (one pass), in host
-// memory from the host tensor cache: a layer's Ulysses exchanges transpose
-// megabytes every call, and fresh host memory costs a page fault per page.
-at::Tensor Contiguous(const at::Tensor& view) {
-  if (!view.device().is_cpu() || view.is_contiguous()) return view.contiguous();
-  return EmptyHostTensor(view.sizes(), view.scalar_type()).copy_(view);
 }
 
 // A tensor call's name, as errors and the books know it.
@@ -180,43 +171,20 @@ struct SequenceBalancer::Rep {
       case SequenceBalancer::Call::kReverseRoute:
         return WorldMove(what, recv_rows, send_rows, {}, OnDevice(send_order, device).Inverted(),
                          xs, in_book);
-      case SequenceBalancer::Call::kPreAttn:
-        return BagMove(what, ulysses_send_rows, ulysses_recv_rows, {},
-                       OnDevice(sequence_order, device), xs, in_book);
-      case SequenceBalancer::Call::kPostAttn:
-        return BagMove(what, ulysses_recv_rows, ulysses_send_rows,
-                       OnDevice(sequence_order, device).Inverted(), {}, xs, in_book);
+      case SequenceBalancer::Call::kPreAttn: {  // position p gets its heads of every row
+        RowMove move = BagMove(what, ulysses_send_rows, ulysses_recv_rows, {},
+                               OnDevice(sequence_order, device), xs, in_book);
+        move.input_groups = bag_gpus;
+        return move;
+      }
+      case SequenceBalancer::Call::kPostAttn: {  // and gives them back
+        RowMove move = BagMove(what, ulysses_recv_rows, ulysses_send_rows,
+                               OnDevice(sequence_order, device).Inverted(), {}, xs, in_book);
+        move.output_groups = bag_gpus;
+        return move;
+      }
     }
     return {};
-  }
-  // [T, heads, ...] -> [bag * T, heads/bag, ...]: position p's head slice of
-  // every routed row, contiguous, is what goes to position p (one pass).
-  std::vector<at::Tensor> ByPosition(const std::vector<at::Tensor>& xs) const {
-    std::vector<at::Tensor> by_position;
-    for (const at::Tensor& x : xs) {
-      std::vector<int64_t> split = x.sizes().vec();
-      split[1] /= bag_gpus;
-      split.insert(split.begin() + 1, bag_gpus);
-      std::vector<int64_t> rows = split;
-      rows.erase(rows.begin());
-      rows[0] = bag_gpus * routed_rows;
-      by_position.push_back(Contiguous(x.reshape(split).transpose(0, 1)).reshape(rows));
-    }
-    return by_position;
-  }
-  // The inverse of ByPosition (one pass).
-  std::vector<at::Tensor> Merged(const std::vector<at::Tensor>& by_position) const {
-    std::vector<at::Tensor> merged;
-    for (const at::Tensor& y : by_position) {
-      std::vector<int64_t> split = y.sizes().vec();  // [bag * T, heads/bag, ...]
-      split[0] = routed_rows;
-      split.insert(split.begin(), bag_gpus);
-      std::vector<int64_t> whole = y.sizes().vec();  // [T, heads, ...]
-      whole[0] = routed_rows;
-      whole[1] *= bag_gpus;
-      merged.push_back(Contiguous(y.reshape(split).transpose(0, 1)).reshape(whole));
-    }
-    return merged;
   }
   RowMove MoveOf(Transport* transport, const at::Tensor& owner, const std::vector<int>& ranks,
                  ExchangeBook* book, const char* what, const std::vector<int64_t>& send,
@@ -720,9 +688,8 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PreAttnTensors(
   if (ok.ok()) ok = r.CheckDevice(xs, *r.bag, "pre_attn");
   if (!ok.ok()) return r.Refused(Call::kPreAttn, ok);
   return Guarded([&] {
-    const std::vector<at::Tensor> by_position = r.ByPosition(xs);
     const RowMove move = r.CallMove(Call::kPreAttn, xs[0].device(), xs);
-    return r.Move(at::TensorList(by_position), move);
+    return r.Move(at::TensorList(xs), move);
   });
 }
 
@@ -736,7 +703,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::PostAttnTensors(
   if (!ok.ok()) return r.Refused(Call::kPostAttn, ok);
   return Guarded([&] {
     const RowMove move = r.CallMove(Call::kPostAttn, ys[0].device(), ys);
-    return r.Merged(r.Move(at::TensorList(ys), move));
+    return r.Move(at::TensorList(ys), move);
   });
 }
 
@@ -755,16 +722,7 @@ absl::StatusOr<std::vector<at::Tensor>> SequenceBalancer::BackwardOf(
   if (InBag(which) && r.bag == nullptr) return grads;  // a single-GPU bag moved nothing
   return Guarded([&]() -> std::vector<at::Tensor> {
     const RowMove back = Reversed(r.CallMove(which, grads[0].device(), grads, false));
-    switch (which) {
-      case Call::kPreAttn:  // back to position-major rows, then whole heads
-        return r.Merged(MoveRowsOnce(at::TensorList(grads), back));
-      case Call::kPostAttn: {  // the other way round
-        const std::vector<at::Tensor> by_position = r.ByPosition(grads);
-        return MoveRowsOnce(at::TensorList(by_position), back);
-      }
-      default:
-        return MoveRowsOnce(at::TensorList(grads), back);
-    }
+    return MoveRowsOnce(at::TensorList(grads), back);
   });
 }
 
