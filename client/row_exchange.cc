@@ -362,69 +362,129 @@ constexpr uint8_t kSignatureChanged = 2;
 
 // ---- The exchange -------------------------------------------------------
 
-// The buffers of one exchange: the send buffer in send order, the receive
-// buffer, and for several tensors each one's bytes.
+// The buffers of one exchange: the send buffer in send order and the
+// receive buffer; for several tensors both are [rows, row bytes] of bytes,
+// each tensor's rows in its own columns.
 struct Packed {
   bool single = true;
   at::Tensor send, received;
-  std::vector<at::Tensor> bytes;  // several tensors: each [rows, its row bytes]
+  int64_t word = 1;  // several tensors: the columns' element size (Words)
 };
 
-// One tensor moves as it is; several are packed side by side as bytes (so
-// each keeps its dtype, bit for bit, and Gloo's refusal of bf16 does not
-// matter).
+// The widest element (8, 4, 2 or 1 bytes) that divides every size in
+// `bytes` and aligns every tensor's memory: copies of columns move elements
+// of this size, not one byte at a time.
+int64_t WordSize(const std::vector<int64_t>& bytes, at::TensorList tensors) {
+  for (int64_t w : {8, 4, 2}) {
+    bool fits = true;
+    for (int64_t b : bytes) fits = fits && b % w == 0;
+    for (const at::Tensor& t : tensors) {
+      fits = fits && reinterpret_cast<uintptr_t>(t.data_ptr()) % w == 0;
+    }
+    if (fits) return w;
+  }
+  return 1;
+}
+
+// A [rows, bytes] byte tensor as [rows, bytes / word] elements of `word` bytes.
+at::Tensor Words(const at::Tensor& bytes, int64_t word) {
+  switch (word) {
+    case 8:
+      return bytes.view(at::kLong);
+    case 4:
+      return bytes.view(at::kInt);
+    case 2:
+      return bytes.view(at::kShort);
+    default:
+      return bytes;
+  }
+}
+
+// One tensor moves as it is (its head groups split in one pass first);
+// several are packed side by side as bytes (so each keeps its dtype, bit for
+// bit, and Gloo's refusal of bf16 does not matter), each gathered into its
+// columns in one pass, its head groups split in the same pass.
 absl::Status Pack(at::TensorList xs, const RowMove& move, int64_t row_bytes, Packed* packed) {
   const int64_t send_count = Sum(*move.send_rows);
   const int64_t recv_count = Sum(*move.recv_rows);
+  const int64_t groups = move.input_groups;
   packed->single = xs.size() == 1;
   try {
     if (packed->single) {
       // Conjugate and negative views are lazy bits on the tensor, not in its
       // bytes: resolve them before the bytes travel.
-      packed->send =
-          Reordered(xs[0].resolve_conj().resolve_neg().contiguous(), move.before.index);
+      at::Tensor x = xs[0].resolve_conj().resolve_neg().contiguous();
+      if (groups > 1) x = SplitHeads(x, groups);
+      packed->send = Reordered(x, move.before.index);
       std::vector<int64_t> shape = packed->send.sizes().vec();
       shape[0] = recv_count;
       packed->received = Empty(shape, packed->send);
       return absl::OkStatus();
     }
-    for (const at::Tensor& x : xs) packed->bytes.push_back(ByteRows(x));
-    packed->send = Empty({send_count, row_bytes}, packed->bytes[0]);
-    int64_t column = 0;
-    for (const at::Tensor& b : packed->bytes) {
-      at::Tensor slot = packed->send.narrow(1, column, b.size(1));
-      if (move.before.index.defined()) {
-        at::index_select_out(slot, b, 0, move.before.index.to(b.device()));
-      } else {
-        slot.copy_(b);
-      }
-      column += b.size(1);
+    std::vector<at::Tensor> bytes;
+    std::vector<int64_t> sizes = {row_bytes};
+    for (const at::Tensor& x : xs) {
+      bytes.push_back(ByteRows(x));
+      sizes.push_back(bytes.back().size(1));
+      sizes.push_back(bytes.back().size(1) / groups);
     }
+    packed->send = Empty({send_count, row_bytes}, bytes[0]);
     packed->received = Empty({recv_count, row_bytes}, packed->send);
+    packed->word = WordSize(sizes, bytes);
+    const at::Tensor send = Words(packed->send, packed->word);
+    int64_t column = 0;
+    for (const at::Tensor& b : bytes) {
+      const at::Tensor words = Words(b, packed->word);
+      const int64_t width = words.size(1) / groups;  // of a moved row
+      at::Tensor slot = send.narrow(1, column, width);
+      column += width;
+      if (groups > 1 && !move.before.index.defined()) {
+        // Moved row g * T + t is group g of row t: one strided copy.
+        const int64_t rows = words.size(0);
+        slot.view({groups, rows, width}).copy_(words.view({rows, groups, width}).transpose(0, 1));
+        continue;
+      }
+      const at::Tensor rows = groups > 1 ? SplitHeads(words, groups) : words;
+      if (move.before.index.defined()) {
+        at::index_select_out(slot, rows, 0, move.before.index.to(rows.device()));
+      } else {
+        slot.copy_(rows);
+      }
+    }
   } catch (const c10::Error& e) {
     return FromTorchError(e, move.what.c_str());
   }
   return absl::OkStatus();
 }
 
+// The outputs of a packed exchange: each tensor's rows in `after` order,
+// its head groups merged, in one pass.
 std::vector<at::Tensor> Unpack(at::TensorList xs, const RowMove& move, const Packed& packed) {
-  if (packed.single) return {Reordered(packed.received, move.after.index)};
+  const int64_t groups = move.output_groups;
+  if (packed.single) {
+    at::Tensor y = Reordered(packed.received, move.after.index);
+    return {groups > 1 ? MergeHeads(y, groups) : y};
+  }
   const int64_t recv_count = Sum(*move.recv_rows);
+  const at::Tensor received = Words(packed.received, packed.word);
   std::vector<at::Tensor> outputs;
   int64_t column = 0;
-  for (size_t i = 0; i < xs.size(); ++i) {
-    at::Tensor slot = packed.received.narrow(1, column, packed.bytes[i].size(1));
-    column += packed.bytes[i].size(1);
+  for (const at::Tensor& x : xs) {
     // Each output is a tensor of its own, not a view of the receive buffer,
     // which is freed here instead of living as long as any one output.
-    std::vector<int64_t> shape = xs[i].sizes().vec();
-    shape[0] = recv_count;
-    at::Tensor out = Empty(shape, xs[i]);
-    at::Tensor out_bytes = out.view({recv_count, RowElements(out)}).view(at::kByte);
-    if (move.after.index.defined()) {
-      at::index_select_out(out_bytes, slot, 0, move.after.index.to(slot.device()));
+    at::Tensor out = Empty(OutputShape(x, move, recv_count), x);
+    const int64_t rows = out.size(0);
+    const at::Tensor out_words =
+        Words(out.view({rows, RowElements(out)}).view(at::kByte), packed.word);
+    const int64_t width = out_words.size(1) / groups;  // of a moved row
+    at::Tensor slot = received.narrow(1, column, width);
+    column += width;
+    if (move.after.index.defined()) slot = at::index_select(slot, 0, move.after.index.to(slot.device()));
+    if (groups > 1) {
+      // Output row t's group g is moved row g * T + t: one strided copy.
+      out_words.view({rows, groups, width}).transpose(0, 1).copy_(slot.view({groups, rows, width}));
     } else {
-      out_bytes.copy_(slot);
+      out_words.copy_(slot);
     }
     outputs.push_back(std::move(out));
   }
@@ -802,7 +862,6 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
   const int64_t row_bytes = Sum(tensor_row_bytes);
   const bool in_place = MovesInPlace(xs, move);
   Packed packed;
-  std::vector<at::Tensor> split;  // packed: xs, their rows in head groups where they split
   std::unique_ptr<Segmented> segmented;
   absl::Status prepared;
   if (in_place) {
@@ -812,14 +871,7 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
       prepared = FromTorchError(e, move.what.c_str());
     }
   } else {
-    try {
-      for (const at::Tensor& x : xs) {
-        split.push_back(move.input_groups > 1 ? SplitHeads(x, move.input_groups) : x);
-      }
-      prepared = Pack(split, move, row_bytes, &packed);
-    } catch (const c10::Error& e) {
-      prepared = FromTorchError(e, move.what.c_str());
-    }
+    prepared = Pack(xs, move, row_bytes, &packed);
   }
   if (prepared.ok()) {
     prepared = move.transport->CheckLimits(*move.send_rows, *move.recv_rows, row_bytes);
@@ -844,14 +896,7 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
           row_bytes));
     }
   };
-  auto outputs = [&] {
-    if (in_place) return segmented->Finish();
-    std::vector<at::Tensor> moved = Unpack(split, move, packed);
-    if (move.output_groups > 1) {
-      for (at::Tensor& y : moved) y = MergeHeads(y, move.output_groups);
-    }
-    return moved;
-  };
+  auto outputs = [&] { return in_place ? segmented->Finish() : Unpack(xs, move, packed); };
   const ExchangeBook::Entry* agreed =
       move.book != nullptr ? move.book->Expected(move.what, move.ordinal) : nullptr;
   const bool flagged = move.agreement == Agreement::kOncePerStep &&

@@ -381,6 +381,77 @@ TEST(AgreedErrors, LargeAndSmallMessagesInOneExchangeAreExactAndAgreeOnMistakes)
   EXPECT_TRUE(run.ok()) << run.output;
 }
 
+// The packed path (transports that move contiguous buffers only, as NCCL's
+// do), on Gloo with its segments hidden: several tensors of other dtypes in
+// their own columns, head groups split and merged in the packing pass, a
+// mid-step mistake every rank's error, and everything exact, gradients too.
+const bool kPackedPath = RegisterScenario("packed_path", [](Worker& w) {
+  Balanced b = Make(w);
+  ASSERT_TRUE(b.balancer);
+  b.faults->hide_segments = true;
+  SequenceBalancer& balancer = *b.balancer;
+  const bool culprit_bag = w.rank >= 2;  // bags {0, 1} and {2, 3}
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    ASSERT_TRUE(balancer.PlanRouting(Lengths(w.rank)).ok());
+    at::Tensor x = torch::randn({Rows(w.rank), 8}).requires_grad_(true);
+    at::Tensor ids = torch::arange(Rows(w.rank), torch::kLong) + 1000 * w.rank;
+    auto routed = balancer.RouteTensors({x, ids});
+    ASSERT_TRUE(routed.ok()) << routed.status();
+    const int64_t rows = (*routed)[0].size(0);
+    // 32, 64 and 8 bytes a row, half of each to a bag position: 4-byte words.
+    at::Tensor q = (*routed)[0].reshape({rows, 4, 2});
+    at::Tensor k = q.to(torch::kDouble) * 2;
+    at::Tensor v = (*routed)[1].remainder(30000).to(torch::kShort).reshape({rows, 1, 1})
+                       .expand({rows, 4, 1}).contiguous();
+    at::Tensor loss = torch::zeros({});
+    at::Tensor expected_grad = torch::zeros({rows, 4, 2});
+    for (int layer = 0; layer < 3; ++layer) {
+      SCOPED_TRACE("layer " + std::to_string(layer));
+      if (step == 0 && layer == 1) {
+        auto wrong = balancer.PreAttnTensors({q, w.rank == 3 ? k.to(torch::kFloat) : k, v});
+        if (culprit_bag) {
+          EXPECT_THAT(std::string(wrong.status().message()),
+                      HasSubstr("pre_attn at step 0: tensor 1's dtype is Double on rank 2 but "
+                                "Float on rank 3"));
+        } else {
+          EXPECT_TRUE(wrong.ok()) << wrong.status();
+        }
+      }
+      auto pre = balancer.PreAttnTensors({q, k, v});
+      ASSERT_TRUE(pre.ok()) << pre.status();
+      auto post = balancer.PostAttnTensors(*pre);
+      ASSERT_TRUE(post.ok()) << post.status();
+      EXPECT_TRUE(torch::equal((*post)[0], q));
+      EXPECT_TRUE(torch::equal((*post)[1], k));
+      EXPECT_TRUE(torch::equal((*post)[2], v));
+      // Whole weights: the gradient's sums are exact in any order.
+      const at::Tensor wq = torch::randint(-8, 8, {rows, 4, 2});
+      const at::Tensor wk = torch::randint(-8, 8, {rows, 4, 2}, torch::kDouble);
+      loss = loss + ((*post)[0] * wq).sum() + ((*post)[1] * wk).sum().to(torch::kFloat);
+      expected_grad = expected_grad + wq + (wk * 2).to(torch::kFloat);
+    }
+    auto back = balancer.ReverseRouteTensors(*routed);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(torch::equal((*back)[0], x));
+    EXPECT_TRUE(torch::equal((*back)[1], ids));
+    loss.backward();
+    at::Tensor want;
+    {
+      torch::NoGradGuard no_grad;
+      auto reversed = balancer.ReverseRoute(expected_grad.reshape({rows, 8}));
+      ASSERT_TRUE(reversed.ok()) << reversed.status();
+      want = *reversed;
+    }
+    EXPECT_TRUE(torch::equal(x.grad(), want)) << (x.grad() - want).abs().max();
+  }
+});
+
+TEST(AgreedErrors, ThePackedPathIsExactAndAgreesOnMistakes) {
+  WorkerRun run = RunWorkers("packed_path", 4, {{"topology", "g2n2"}});
+  EXPECT_TRUE(run.ok()) << run.output;
+}
+
 // Every rank changing a call's tensors alike mid-step is no mistake: the
 // new signature becomes the call's, and the rows are exact.
 const bool kAlike = RegisterScenario("alike_change", [](Worker& w) {
