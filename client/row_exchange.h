@@ -14,8 +14,10 @@
 //    every rank's verdict and on the signature of its tensors (dtype, shape
 //    after dimension 0 and requires_grad of each); the group's ExchangeBook
 //    keeps it. Later exchanges of that call, in this step and the next ones,
-//    move at once, with one status byte per rank carried with the rows
-//    (Transport::AllToAllRowsFlagged). A rank whose tensors differ from the
+//    move at once, with one status byte per rank carried with the rows (in
+//    the rows' own messages where the transport moves segments: the last
+//    byte of a message that packs a peer's rows, or a 1-byte message right
+//    behind larger ones; else Transport::AllToAllRowsFlagged). A rank whose tensors differ from the
 //    call's agreed signature, or that fails on its own (its rows, its device,
 //    an allocation), still moves the agreed bytes, from scratch memory, with
 //    its flag raised: every rank sees the flag in that same exchange, and
