@@ -122,21 +122,39 @@ struct PlannerClient::Rep {
   }
 
   // Per-rank mode: every rank draws one and all take rank 0's (one small
-  // all-gather). Group mode: only rank 0 sends requests, so its own draw is
-  // the run's. Never 0 (which means none).
-  absl::Status EnsureIncarnation() {
+  // all-gather, in this rank's report of `call` at `spec`). Group mode: only
+  // rank 0 sends requests, so its own draw is the run's. Never 0 (which
+  // means none).
+  absl::Status EnsureIncarnation(RankReport::Call call, const v1::StepSpec& spec) {
     if (incarnation != 0) return absl::OkStatus();
-    client::Incarnation mine;
-    mine.set_value(options.incarnation != 0 ? options.incarnation : DrawIncarnation());
+    const uint64_t mine = options.incarnation != 0 ? options.incarnation : DrawIncarnation();
     if (group_mode()) {
-      incarnation = mine.value();
+      incarnation = mine;
       return absl::OkStatus();
     }
-    absl::StatusOr<std::vector<client::Incarnation>> all = AllGatherMessages(*transport, mine);
+    RankReport report = InStep(call, spec);
+    report.set_incarnation(mine);
+    absl::StatusOr<std::vector<RankReport>> all = GatherInStep(report);
     if (!all.ok()) return all.status();
-    if ((*all)[0].value() == 0) return absl::InternalError("rank 0: drew incarnation 0");
-    incarnation = (*all)[0].value();
+    if ((*all)[0].incarnation() == 0) return absl::InternalError("rank 0: drew incarnation 0");
+    incarnation = (*all)[0].incarnation();
     return absl::OkStatus();
+  }
+
+  // Per-rank mode's own all-gathers of a step carry reports of the call
+  // this rank is in (InStep), so that a peer in an exchange without a plan
+  // (whose report says so) is named on every rank, not misread.
+  RankReport InStep(RankReport::Call call, const v1::StepSpec& spec) const {
+    RankReport report;
+    report.set_call(call);
+    *report.mutable_spec() = ComparedSpec(spec);
+    return report;
+  }
+  absl::StatusOr<std::vector<RankReport>> GatherInStep(const RankReport& mine) {
+    absl::StatusOr<std::vector<RankReport>> all = AllGatherMessages(*transport, mine);
+    if (!all.ok()) return all.status();
+    if (absl::Status calls = CheckCalls(*all, /*all_alike=*/false); !calls.ok()) return calls;
+    return all;
   }
 
   // This rank's request of `spec` (per-rank mode).
@@ -257,7 +275,9 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
     policy.LogSource(PlanSource::kLocal, spec.step(), "no planner service configured");
     return PlanLocally(spec, lengths, masks, mismatch, refused);
   }
-  if (absl::Status agreed = EnsureIncarnation(); !agreed.ok()) return agreed;
+  if (absl::Status agreed = EnsureIncarnation(RankReport::PLAN, spec); !agreed.ok()) {
+    return agreed;
+  }
   if (policy.service_down()) return PlanLocally(spec, lengths, masks, mismatch, refused);
 
   // A rank whose step differs from its prefetch still completes the
@@ -313,8 +333,13 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
     mine.set_workload_before(response.plan().workload_before());
     mine.set_workload_after(response.plan().workload_after());
   }
-  absl::StatusOr<std::vector<StepOutcome>> all = AllGatherMessages(*transport, mine);
-  if (!all.ok()) return all.status();
+  RankReport report = InStep(RankReport::PLAN, spec);
+  *report.mutable_outcome() = std::move(mine);
+  absl::StatusOr<std::vector<RankReport>> reports = GatherInStep(report);
+  if (!reports.ok()) return reports.status();
+  std::vector<StepOutcome> outcomes;
+  for (RankReport& theirs : *reports) outcomes.push_back(std::move(*theirs.mutable_outcome()));
+  const std::vector<StepOutcome>* all = &outcomes;
 
   int32_t first_fallback = -1, first_conflict = -1;
   for (size_t r = 0; r < all->size(); ++r) {
@@ -412,7 +437,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::FinishGroup(const v1::StepSpec& spe
     if (prefetched != nullptr && prefetched->call != nullptr) {
       status = prefetched->call->Wait();
       response = &prefetched->group_response;
-    } else if (absl::Status drawn = EnsureIncarnation(); !drawn.ok()) {
+    } else if (absl::Status drawn = EnsureIncarnation(RankReport::PLAN, spec); !drawn.ok()) {
       status = grpc::Status(grpc::StatusCode::INTERNAL, std::string(drawn.message()));
     } else {
       status = link->PlanGroup(group_requests.Request(spec, incarnation, gathered), &asked_now);
@@ -568,7 +593,9 @@ absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec, const std::vector
     if (!gathered.ok()) return gathered.status();
     prefetched->gathered = *std::move(gathered);
     if (link != nullptr && !rep.policy.service_down()) {
-      if (absl::Status drawn = rep.EnsureIncarnation(); !drawn.ok()) return drawn;
+      if (absl::Status drawn = rep.EnsureIncarnation(RankReport::PREFETCH, spec); !drawn.ok()) {
+        return drawn;
+      }
       auto request = std::make_shared<const v1::PlanGroupRequest>(
           rep.group_requests.Request(spec, rep.incarnation, *p->gathered));
       prefetched->call = std::make_unique<BackgroundCall>([link, p, request](CancelToken* token) {
@@ -578,7 +605,9 @@ absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec, const std::vector
   } else {
     if (absl::Status sized = rep.CheckWorldSize(spec); !sized.ok()) return sized;
     if (rep.has_service) {
-      if (absl::Status agreed = rep.EnsureIncarnation(); !agreed.ok()) return agreed;
+      if (absl::Status agreed = rep.EnsureIncarnation(RankReport::PREFETCH, spec); !agreed.ok()) {
+        return agreed;
+      }
     }
     if (link != nullptr && !rep.policy.service_down()) {
       // A refused input asks with a length the service refuses; the step's

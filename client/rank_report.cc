@@ -93,7 +93,7 @@ RankReport ReportOf(RankReport::Call call, const v1::StepSpec& spec,
   return report;
 }
 
-absl::StatusOr<Gathered> Digest(std::vector<RankReport> reports, int probing_ranks) {
+absl::Status CheckCalls(const std::vector<RankReport>& reports, bool all_alike) {
   for (size_t r = 0; r < reports.size(); ++r) {
     if (!RankReport::Call_IsValid(reports[r].call()) ||
         reports[r].call() == RankReport::CALL_UNSPECIFIED) {
@@ -102,17 +102,22 @@ absl::StatusOr<Gathered> Digest(std::vector<RankReport> reports, int probing_ran
     }
   }
   for (size_t r = 1; r < reports.size(); ++r) {
-    if (reports[r].call() != reports[0].call()) {
+    const bool unplanned = reports[r].call() == RankReport::UNPLANNED_EXCHANGE ||
+                           reports[0].call() == RankReport::UNPLANNED_EXCHANGE;
+    if (reports[r].call() != reports[0].call() && (all_alike || unplanned)) {
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", r, " is in ", CallName(reports[r].call()), " while rank 0 is in ",
                        CallName(reports[0].call()),
-                       reports[r].call() == RankReport::UNPLANNED_EXCHANGE ||
-                               reports[0].call() == RankReport::UNPLANNED_EXCHANGE
-                           ? "; every rank must call PlanRouting (plan_routing in Python) before "
-                             "the step's exchanges"
-                           : "; every rank must prefetch a step, or none"));
+                       unplanned ? "; every rank must call PlanRouting (plan_routing in "
+                                   "Python) before the step's exchanges"
+                                 : "; every rank must prefetch a step, or none"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Gathered> Digest(std::vector<RankReport> reports, int probing_ranks) {
+  if (absl::Status calls = CheckCalls(reports, /*all_alike=*/true); !calls.ok()) return calls;
   std::vector<agreement::Verdict> verdicts;
   verdicts.reserve(reports.size());
   for (const RankReport& report : reports) verdicts.push_back(report.verdict());

@@ -46,6 +46,12 @@ struct Gathered {
   bool probes_answered = false;  // every probing rank's last probe was answered
 };
 
+// The first rank in another call than rank 0 (FailedPrecondition), or in an
+// unknown call (Internal): Digest's first check. Unless `all_alike`, only an
+// exchange without a plan differs (per-rank mode's own all-gathers, which
+// ranks meet whether or not they prefetched the step).
+absl::Status CheckCalls(const std::vector<client::RankReport>& reports, bool all_alike);
+
 // The reports' verdict, decided from the same messages on every rank: the
 // first rank in another call than rank 0 (FailedPrecondition), an unknown
 // call (Internal), the lowest rank's verdict (its code, "rank R: " and its

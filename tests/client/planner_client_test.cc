@@ -17,9 +17,11 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "client/rank_report.pb.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
 #include "server/planner_server.h"
+#include "transport/agreement.h"
 #include "transport/local_transport.h"
 
 namespace knapformer {
@@ -375,6 +377,66 @@ TEST(PlannerClientTest, AHungServiceCostsOneStepAndIsUsedAgainWhenItAnswers) {
     EXPECT_EQ(sources[step][0], PlanSource::kService) << "step " << step;
   }
   EXPECT_GT(proxy.probes(), 0);
+}
+
+// Per-rank mode with a service: a rank that runs an exchange before its
+// plan all-gathers a report saying so (as SequenceBalancer does); its peers
+// meet it in the step's first all-gather (the run's incarnation at the
+// first step, the outcomes later, after the service's rendezvous gives up
+// on that rank) and every one names it, instead of misreading its bytes;
+// the unplanned rank reads its peers' reports of Plan at that step (which
+// it names in turn). The next step plans on every rank.
+TEST(PlannerClientTest, InPerRankModeAPeerInAnExchangeWithoutAPlanIsNamedByEveryRank) {
+  auto server = StartServer(/*rendezvous_timeout=*/absl::Seconds(1));
+  ASSERT_NE(server, nullptr);
+  PlannerClientOptions options;
+  options.mode = PlannerMode::kPerRank;
+  options.address = server->address();
+  constexpr int kUnplanned = 1;
+  for (const uint64_t unplanned_step : {uint64_t{0}, uint64_t{1}}) {
+    SCOPED_TRACE("unplanned at step " + std::to_string(unplanned_step));
+    auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+    const uint64_t last_step = unplanned_step + 1;
+    std::vector<std::vector<absl::StatusOr<StepPlan>>> results(
+        last_step + 1,
+        std::vector<absl::StatusOr<StepPlan>>(kRanks, absl::UnknownError("not run")));
+    std::vector<client::RankReport> peers_seen;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        auto client = PlannerClient::Create(options, transports[r].get());
+        ASSERT_TRUE(client.ok()) << client.status();
+        for (uint64_t step = 0; step <= last_step; ++step) {
+          if (r == kUnplanned && step == unplanned_step) {
+            client::RankReport report;
+            report.set_call(client::RankReport::UNPLANNED_EXCHANGE);
+            report.mutable_verdict()->set_code(static_cast<int>(absl::StatusCode::kFailedPrecondition));
+            auto all = AllGatherMessages(*transports[r], report);
+            ASSERT_TRUE(all.ok()) << all.status();
+            peers_seen = *std::move(all);
+            continue;
+          }
+          results[step][r] = (*client)->Plan(Spec(step), Lengths(step)[r]);
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < kRanks; ++r) {
+      if (r == kUnplanned) continue;
+      const absl::Status failed = results[unplanned_step][r].status();
+      EXPECT_EQ(failed.code(), absl::StatusCode::kFailedPrecondition) << "rank " << r << failed;
+      EXPECT_THAT(std::string(failed.message()),
+                  HasSubstr("rank 1 is in an exchange (route, reverse_route, pre_attn or "
+                            "post_attn) without a plan while rank 0 is in Plan"))
+          << "rank " << r;
+    }
+    ASSERT_EQ(peers_seen.size(), static_cast<size_t>(kRanks));
+    EXPECT_EQ(peers_seen[0].call(), client::RankReport::PLAN);
+    EXPECT_EQ(peers_seen[0].spec().step(), unplanned_step);
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_TRUE(results[last_step][r].ok()) << "rank " << r << ": " << results[last_step][r].status();
+    }
+  }
 }
 
 // A service that answers probes but never plans in time (overloaded): each
