@@ -29,6 +29,14 @@
 //         one of the attention output, on preallocated tensors
 //     (f) PreAttnTensors({q, k, v}) + PostAttn(o) as shipped
 //     (g) (f) with agree_on_errors="every_exchange"
+//     (h) a layer's Ulysses exchanges as a hand-written implementation
+//         makes them from the same tensors as (f): q, k and v's heads
+//         for each bag position copied into one send buffer (a strided
+//         copy each), one alltoall_base, the received heads put into
+//         attention order (index_select), and the attention output the
+//         other way (index_select, alltoall_base, a strided copy back
+//         into whole rows); preallocated buffers. (e) skips the copies
+//         any implementation needs; (h) makes them.
 //   Each rank times each variant with std::chrono::steady_clock (wall time).
 //   The headline is, per iteration, the slowest rank's time (all-gathered at
 //   the end), then the median and p90 over iterations; rank 0's own times
@@ -84,7 +92,7 @@ constexpr char kTopology[] = "g1n2+g2n1";
 constexpr int64_t kDModel = 1024;
 constexpr int64_t kRowBytes = kDModel * sizeof(float);
 constexpr int kWarmup = 3;
-constexpr int kVariants = 7;  // (a) .. (g)
+constexpr int kVariants = 8;  // (a) .. (h)
 constexpr int kHeads = 8;
 constexpr int64_t kHeadDim = kDModel / kHeads;
 const std::vector<int> kBagRanks = {2, 3};  // g1n2+g2n1 on 4 ranks
@@ -159,28 +167,30 @@ std::string Mb(int64_t bytes) {
 void PrintTable(const std::vector<Row>& rows, bool slowest) {
   std::cout << absl::StrFormat(
       "%-8s %-6s %-9s | %-13s | %-13s %-6s | %-13s %-6s | %-13s %-6s | %-13s | %-13s %-6s | "
-      "%-13s %-6s\n",
+      "%-13s %-6s | %-14s %-6s\n",
       "payload", "moved", "off-rank", "(a) 2x a2a", "(b) route+rev", "(b)/(a)", "(c) every",
       "(c)/(a)", "(d) off", "(d)/(a)", "(e) bare layer", "(f) layer", "(f)/(e)", "(g) every",
-      "(g)/(e)");
+      "(g)/(e)", "(h) hand layer", "(f)/(h)");
   std::cout << absl::StrFormat(
       "%-8s %-6s %-9s | %-6s %-6s | %-6s %-6s %-6s | %-6s %-6s %-6s | %-6s %-6s %-6s | %-6s "
-      "%-6s | %-6s %-6s %-6s | %-6s %-6s %-6s\n",
+      "%-6s | %-6s %-6s %-6s | %-6s %-6s %-6s | %-6s %-7s %-6s\n",
       "/rank", "frac", "MB (max)", "median", "p90", "median", "p90", "median", "median", "p90",
       "median", "median", "p90", "median", "median", "p90", "median", "p90", "median", "median",
-      "p90", "median");
+      "p90", "median", "median", "p90", "median");
   for (const Row& r : rows) {
     const double* med = slowest ? r.slowest_median : r.rank0_median;
     const double* p90 = slowest ? r.slowest_p90 : r.rank0_p90;
     auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
     std::cout << absl::StrFormat(
         "%-8s %-6.3f %-9.3f | %-6.3f %-6.3f | %-6.3f %-6.3f %-6.2f | %-6.3f %-6.3f %-6.2f | "
-        "%-6.3f %-6.3f %-6.2f | %-6.3f %-6.3f | %-6.3f %-6.3f %-6.2f | %-6.3f %-6.3f %-6.2f\n",
+        "%-6.3f %-6.3f %-6.2f | %-6.3f %-6.3f | %-6.3f %-6.3f %-6.2f | %-6.3f %-6.3f %-6.2f | "
+        "%-6.3f %-7.3f %-6.2f\n",
         Mb(r.bytes), r.moved_fraction, r.max_off_rank_mb, med[0] * 1e3, p90[0] * 1e3,
         med[1] * 1e3, p90[1] * 1e3, ratio(med[1], med[0]), med[2] * 1e3, p90[2] * 1e3,
         ratio(med[2], med[0]), med[3] * 1e3, p90[3] * 1e3, ratio(med[3], med[0]), med[4] * 1e3,
         p90[4] * 1e3, med[5] * 1e3, p90[5] * 1e3, ratio(med[5], med[4]), med[6] * 1e3,
-        p90[6] * 1e3, ratio(med[6], med[4]));
+        p90[6] * 1e3, ratio(med[6], med[4]), med[7] * 1e3, p90[7] * 1e3,
+        ratio(med[5], med[7]));
   }
 }
 
@@ -347,6 +357,8 @@ int RunWorker(const BenchOptions& o) {
     // all-gather, not timed).
     std::vector<int64_t> bag_send, bag_recv;
     at::Tensor qkv_send, qkv_recv, o_send, o_recv;
+    at::Tensor attention_source, attention_inverse, h_send, h_recv, h_o_send, h_merged;
+    std::vector<at::Tensor> h_out;
     if (in_bag) {
       auto counts = bag->AllGatherBytes(std::to_string(routed_rows));
       if (!counts.ok()) Fail(rank, counts.status().ToString());
@@ -361,6 +373,28 @@ int RunWorker(const BenchOptions& o) {
       qkv_recv = at::empty({received, 3 * heads_here * kHeadDim});
       o_send = at::randn({received, heads_here * kHeadDim});
       o_recv = at::empty({sent, heads_here * kHeadDim});
+      // (h): the row of the receive buffer (sender-major) that each row of
+      // PreAttn's attention order comes from, found by sending each row's
+      // bag position and index through PreAttn once (with the balancer
+      // that does not agree, so that the timed ones' books are untouched).
+      const int64_t position = rank - kBagRanks.front();
+      const at::Tensor tag = (at::arange(routed_rows, at::kDouble) + position * 1e9)
+                                 .view({routed_rows, 1, 1})
+                                 .expand({routed_rows, 2, 1})
+                                 .contiguous();
+      auto tagged = balancers[2]->PreAttn(tag);
+      if (!tagged.ok()) Fail(rank, tagged.status().ToString());
+      const at::Tensor v = tagged->view({-1});
+      const at::Tensor sender = at::floor(v / 1e9);
+      const at::Tensor offset = at::where(sender > 0, static_cast<double>(bag_recv[0]), 0.0);
+      attention_source = (offset + v - sender * 1e9).to(at::kLong);
+      attention_inverse = at::empty_like(attention_source);
+      attention_inverse.index_put_({attention_source}, at::arange(received, at::kLong));
+      h_send = at::empty({sent, 3 * heads_here * kHeadDim});
+      h_recv = at::empty({received, 3 * heads_here * kHeadDim});
+      for (int i = 0; i < 3; ++i) h_out.push_back(at::empty({received, heads_here * kHeadDim}));
+      h_o_send = at::empty({received, heads_here * kHeadDim});
+      h_merged = at::empty({routed_rows, kHeads * kHeadDim});
     }
     auto route_and_back = [&](const SequenceBalancer& b) {
       auto routed = b.Route(x);
@@ -402,8 +436,41 @@ int RunWorker(const BenchOptions& o) {
         case 6:
           layer(*balancers[1]);
           break;
+        case 7:
+          if (in_bag) {
+            const int64_t slice = kHeads / 2 * kHeadDim;  // one position's heads of a row
+            const at::Tensor send = h_send.view({2, routed_rows, 3, slice});
+            const at::Tensor inputs[] = {q, k_in, v_in};
+            for (int i = 0; i < 3; ++i) {
+              send.select(2, i).copy_(inputs[i].view({routed_rows, 2, slice}).transpose(0, 1));
+            }
+            std::vector<int64_t> out = bag_recv, in = bag_send;
+            bag_group->alltoall_base(h_recv, h_send, out, in)->wait();
+            const at::Tensor received = h_recv.view({-1, 3, slice});
+            for (int i = 0; i < 3; ++i) {
+              at::index_select_out(h_out[i], received.select(1, i), 0, attention_source);
+            }
+            at::index_select_out(h_o_send, attention_out.view({-1, slice}), 0, attention_inverse);
+            std::vector<int64_t> out2 = bag_send, in2 = bag_recv;
+            bag_group->alltoall_base(o_recv, h_o_send, out2, in2)->wait();
+            h_merged.view({routed_rows, 2, slice})
+                .transpose(0, 1)
+                .copy_(o_recv.view({2, routed_rows, slice}));
+          }
+          break;
       }
     };
+
+    // (h) computes what (f) does: checked once.
+    run(7);
+    if (in_bag) {
+      auto pre = balancers[0]->PreAttnTensors({q, k_in, v_in});
+      auto post = balancers[0]->PostAttn(attention_out);
+      if (!pre.ok() || !post.ok()) Fail(rank, "the layer failed");
+      bool same = at::equal(post->view({routed_rows, -1}), h_merged);
+      for (int i = 0; i < 3; ++i) same = same && at::equal((*pre)[i].view({-1, h_out[i].size(1)}), h_out[i]);
+      if (!same) Fail(rank, "(h), the hand-written layer, differs from PreAttn/PostAttn");
+    }
 
     // seconds[variant * k + iteration]; the variants interleave within each
     // iteration so that drift (other load, frequency) hits them alike.
@@ -489,6 +556,9 @@ int RunWorker(const BenchOptions& o) {
                  "side by side + 1 of the attention output, preallocated\n"
               << "  (f) PreAttnTensors({q, k, v}) + PostAttn(o) as shipped\n"
               << "  (g) (f) with agree_on_errors=\"every_exchange\"\n"
+              << "  (h) (f) written by hand: q, k, v's heads per position copied into one send "
+                 "buffer, 1 alltoall_base, index_select into attention order; the output "
+                 "back the same way (what (e) leaves out and any implementation must do)\n"
               << "moved frac = tokens leaving their rank / all tokens (the plan's); off-rank MB = "
                  "largest route volume one rank sends to others\n"
               << "ReverseRoute(Route(x)) == x and PostAttn(PreAttn(q)) == q bit for bit: checked "
