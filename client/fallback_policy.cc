@@ -50,7 +50,8 @@ bool FallbackPolicy::MaybeBackUp(uint64_t step, bool probes_answered) {
 
 void FallbackPolicy::CountLocalStep(uint64_t step) {
   ++local_steps_;
-  if (local_steps_ % kLocalStepsWarning != 0 || rank_ != 0) return;
+  // The 10th too: a short run hears of it again, not only at its first.
+  if ((local_steps_ != 10 && local_steps_ % kLocalStepsWarning != 0) || rank_ != 0) return;
   Log(LogLevel::kWarning,
       absl::StrCat("rank 0: ", local_steps_, " steps planned locally so far, step ", step,
                    " included, although the planner service at ", address_,

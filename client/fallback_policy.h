@@ -45,7 +45,7 @@ class FallbackPolicy {
   bool MaybeBackUp(uint64_t step, bool probes_answered);
 
   // Counts `step`, planned locally although a service is configured, for
-  // local_reason(); rank 0 warns every kLocalStepsWarning of them.
+  // local_reason(); rank 0 warns at the 10th and every kLocalStepsWarning.
   void CountLocalStep(uint64_t step);
   void set_local_reason(std::string why) { local_reason_ = std::move(why); }
   int64_t local_steps() const { return local_steps_; }

@@ -504,6 +504,9 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
     }
   }
   const bool has_service = !options.address.empty();
+  if (has_service) {
+    if (absl::Status valid = CheckPlannerTarget(options.address); !valid.ok()) return valid;
+  }
   if (options.require_service && !has_service) {
     return absl::InvalidArgumentError(
         "require_planner: set, but no planner address is (planner_address= or "

@@ -10,7 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 
@@ -50,7 +53,88 @@ int ResolvedReplicas(const std::string& host) {
   return PlannerAddressReplicas(addresses);
 }
 
+constexpr const char* kForms =
+    "a planner address is host:port (e.g. 127.0.0.1:50051 or planner.ns.svc:50051), "
+    "[ipv6]:port, dns:///host:port, ipv4:a:p,b:q, ipv6:[a]:p or unix:path";
+
+absl::Status Refused(const std::string& target, const std::string& why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("planner_address: '", target, "' ", why, "; ", kForms));
+}
+
+// host:port or [v6]:port, as gRPC's dns and ipv4/ipv6 resolvers take it.
+absl::Status CheckHostPort(const std::string& target, absl::string_view host_port) {
+  absl::string_view host, port;
+  if (absl::StartsWith(host_port, "[")) {
+    const size_t close = host_port.find(']');
+    if (close == absl::string_view::npos) return Refused(target, "has no ']' after its '['");
+    host = host_port.substr(1, close - 1);
+    absl::string_view rest = host_port.substr(close + 1);
+    if (!absl::StartsWith(rest, ":")) return Refused(target, "has no port");
+    port = rest.substr(1);
+  } else {
+    const size_t colon = host_port.rfind(':');
+    if (colon == absl::string_view::npos) {
+      return Refused(target, "has no port (gRPC would try 443)");
+    }
+    if (host_port.find(':') != colon) {
+      return Refused(target, "is an IPv6 address without brackets");
+    }
+    host = host_port.substr(0, colon);
+    port = host_port.substr(colon + 1);
+  }
+  if (host.empty()) return Refused(target, "has no host");
+  int number = 0;
+  if (!absl::SimpleAtoi(port, &number) || number < 1 || number > 65535 ||
+      !std::all_of(port.begin(), port.end(), [](char c) { return absl::ascii_isdigit(c); })) {
+    return Refused(target, absl::StrCat("has port '", port, "', not a number in 1..65535"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status CheckPlannerTarget(const std::string& target) {
+  absl::string_view rest = target;
+  if (rest.empty()) return Refused(target, "is empty");
+  if (absl::StartsWith(rest, "unix:") || absl::StartsWith(rest, "unix-abstract:")) {
+    return rest.substr(rest.find(':') + 1).empty() ? Refused(target, "names no socket")
+                                                   : absl::OkStatus();
+  }
+  for (absl::string_view scheme : {"ipv4:", "ipv6:"}) {
+    if (!absl::StartsWith(rest, scheme)) continue;
+    rest.remove_prefix(scheme.size());
+    if (absl::StartsWith(rest, "//")) {
+      const size_t slash = rest.find('/', 2);
+      rest = slash == absl::string_view::npos ? absl::string_view() : rest.substr(slash + 1);
+    }
+    bool any = false;
+    for (absl::string_view address : absl::StrSplit(rest, ',', absl::SkipEmpty())) {
+      if (absl::Status ok = CheckHostPort(target, address); !ok.ok()) return ok;
+      any = true;
+    }
+    return any ? absl::OkStatus() : Refused(target, "lists no address");
+  }
+  if (absl::StartsWith(rest, "dns:")) {
+    rest.remove_prefix(4);
+    if (absl::StartsWith(rest, "//")) {
+      const size_t slash = rest.find('/', 2);
+      rest = slash == absl::string_view::npos ? absl::string_view() : rest.substr(slash + 1);
+    } else if (absl::StartsWith(rest, "/")) {
+      rest.remove_prefix(1);
+    }
+    return CheckHostPort(target, rest);
+  }
+  if (const size_t scheme_end = rest.find("://"); scheme_end != absl::string_view::npos) {
+    const std::string scheme(rest.substr(0, scheme_end));
+    // Resolvers gRPC has besides those above; their targets are theirs.
+    if (scheme == "xds" || scheme == "vsock" || scheme == "google-c2p") return absl::OkStatus();
+    return Refused(target, absl::StrCat("is a URL of scheme '", scheme,
+                                        "', which gRPC does not resolve (drop '", scheme,
+                                        "://')"));
+  }
+  return CheckHostPort(target, rest);
+}
 
 int PlannerAddressReplicas(const std::vector<std::string>& addresses) {
   // By family: a dual-stack host (an A and an AAAA record) is one planner.

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace knapformer {
 
 // How many planner replicas a gRPC target names, as far as the client can
@@ -19,6 +21,14 @@ namespace knapformer {
 // Per-rank mode needs every rank of a step to reach the same replica (the
 // ranks meet in its memory), so it refuses a target naming more than one.
 int PlannerTargetReplicas(const std::string& target);
+
+// InvalidArgument, naming the forms a planner address takes, for a target
+// that can never reach one: a URL of a scheme gRPC does not resolve
+// (http://, https://, grpc://), a host without a port (gRPC would try 443),
+// a port that is not a number in 1..65535, an empty host or path, a bare
+// IPv6 address without brackets. A name that does not resolve (yet) is not
+// refused: it may later, and the client plans locally meanwhile.
+absl::Status CheckPlannerTarget(const std::string& target);
 
 // How many planners a resolved name's numeric addresses are: the larger of
 // its distinct IPv4 and IPv6 counts (a dual-stack host is one), 1 when all

@@ -136,6 +136,21 @@ std::unique_ptr<PlannerServer> StartServer(
   return server.ok() ? *std::move(server) : nullptr;
 }
 
+// An address that can never reach a planner is a configuration error when
+// the client is made, not a warning and a run planned locally.
+TEST(PlannerClientTest, AnAddressThatCanNeverWorkIsRefusedWhenTheClientIsMade) {
+  auto transports = LocalTransport::CreateGroup(1, absl::Seconds(5));
+  for (const char* address : {"http://127.0.0.1:50051", "127.0.0.1"}) {
+    PlannerClientOptions options;
+    options.address = address;
+    auto client = PlannerClient::Create(options, transports[0].get());
+    ASSERT_FALSE(client.ok()) << address;
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(client.status().message()),
+                HasSubstr(std::string("planner_address: '") + address + "'"));
+  }
+}
+
 TEST(PlannerClientTest, WithoutAServiceEveryRankComputesTheCorePlan) {
   PlannerClientOptions options;
   ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kLocal);

@@ -1,7 +1,8 @@
 // How many planner replicas a gRPC target names (per-rank mode refuses more
-// than one).
+// than one), and which targets can never reach a planner.
 #include "client/planner_target.h"
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace knapformer {
@@ -48,6 +49,52 @@ TEST(PlannerTargetTest, ANameThatDoesNotResolveCountsOne) {
   // .invalid never resolves (RFC 2606); the channel will report it.
   EXPECT_EQ(PlannerTargetReplicas("planner.invalid:50051"), 1);
   EXPECT_EQ(PlannerTargetReplicas("dns:///planner.invalid:50051"), 1);
+}
+
+TEST(PlannerTargetTest, EveryFormGrpcResolvesIsAccepted) {
+  for (const char* target :
+       {"127.0.0.1:50051", "localhost:50051", "planner.ns.svc.cluster.local:50051",
+        "[::1]:50051", "dns:///planner:50051", "dns://8.8.8.8/planner:50051", "dns:/planner:1",
+        "ipv4:127.0.0.1:5001,127.0.0.1:5002", "ipv4:///127.0.0.1:5001", "ipv6:[::1]:5001",
+        "unix:/tmp/planner.sock", "unix-abstract:planner",
+        // Resolves later, or never: the client plans locally meanwhile.
+        "no-such-planner:50051", "planner.invalid:65535"}) {
+    EXPECT_TRUE(CheckPlannerTarget(target).ok()) << target << ": " << CheckPlannerTarget(target);
+  }
+}
+
+TEST(PlannerTargetTest, ATargetThatCanNeverWorkNamesWhyAndTheFormsExpected) {
+  const std::pair<const char*, const char*> refused[] = {
+      {"http://127.0.0.1:50051", "is a URL of scheme 'http', which gRPC does not resolve"},
+      {"https://planner:443", "is a URL of scheme 'https'"},
+      {"grpc://planner:50051", "is a URL of scheme 'grpc'"},
+      {"127.0.0.1", "has no port (gRPC would try 443)"},
+      {"planner", "has no port"},
+      {"dns:///planner", "has no port"},
+      {"planner:", "has port '', not a number in 1..65535"},
+      {"planner:0", "has port '0'"},
+      {"planner:65536", "has port '65536'"},
+      {"planner:50051x", "has port '50051x'"},
+      {"planner:+80", "has port '+80'"},
+      {":50051", "has no host"},
+      {"::1:50051", "is an IPv6 address without brackets"},
+      {"[::1]", "has no port"},
+      {"[::1:50051", "has no ']' after its '['"},
+      {"ipv4:", "lists no address"},
+      {"ipv4:127.0.0.1", "has no port"},
+      {"unix:", "names no socket"},
+      {"", "is empty"},
+  };
+  for (const auto& [target, why] : refused) {
+    const absl::Status status = CheckPlannerTarget(target);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << target;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::HasSubstr(std::string("planner_address: '") + target + "' " + why))
+        << target;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::HasSubstr("a planner address is host:port (e.g. 127.0.0.1:50051"))
+        << target;
+  }
 }
 
 }  // namespace

@@ -375,6 +375,10 @@ def misuse_world(rank, size):
     outcomes["cost_model"] = caught(lambda: knapformer.SequenceBalancer("g1n4", cost_model="quad"))
     outcomes["replicas_per_rank"] = caught(lambda: knapformer.SequenceBalancer(
         "g1n4", planner_address="ipv4:127.0.0.1:1,127.0.0.1:2", planner_mode="per-rank"))
+    outcomes["url_address"] = caught(lambda: knapformer.SequenceBalancer(
+        "g1n4", planner_address="http://127.0.0.1:50051"))
+    outcomes["portless_address"] = caught(lambda: knapformer.SequenceBalancer(
+        "g1n4", planner_address="127.0.0.1"))
     balancer = knapformer.SequenceBalancer("g1n2+g2n1")
     outcomes["no_token_dim"] = caught(lambda: balancer.plan_routing([3]))
     outcomes["before_plan"] = caught(lambda: balancer.route(torch.zeros(3, 4)))
@@ -421,6 +425,11 @@ EXPECTED_MISUSE = {
     "cost_model": ("ValueError", "cost_model: 'quad' is not one of"),
     "replicas_per_rank": ("ValueError", "'ipv4:127.0.0.1:1,127.0.0.1:2' names 2 planner replicas, "
                                         "but per-rank mode needs every rank of a step"),
+    "url_address": ("ValueError", "planner_address: 'http://127.0.0.1:50051' is a URL of scheme "
+                                  "'http', which gRPC does not resolve (drop 'http://'); a planner "
+                                  "address is host:port"),
+    "portless_address": ("ValueError", "planner_address: '127.0.0.1' has no port (gRPC would try "
+                                       "443)"),
     "no_token_dim": ("ValueError", "token_dim is required"),
     "before_plan": ("RuntimeError", "FAILED_PRECONDITION: rank 0: route: no plan for this step yet"),
     "summary_before_plan": ("RuntimeError", "FAILED_PRECONDITION: get_routing_plan_summary: "
