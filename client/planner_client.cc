@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "client/fallback_policy.h"
 #include "client/planner_link.h"
+#include "client/plan_fingerprint.h"
 #include "client/planner_target.h"
 #include "client/rank_report.h"
 #include "client/step_plan.h"
@@ -332,6 +333,12 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
   } else if (mine.outcome() == StepOutcome::GOT_PLAN) {
     mine.set_workload_before(response.plan().workload_before());
     mine.set_workload_after(response.plan().workload_after());
+    const PlanFingerprint fingerprint = FingerprintOf(*plan, masks);
+    mine.set_sent_chunks(fingerprint.sent);
+    mine.set_expected_chunks(fingerprint.expected);
+    mine.set_bag_first(fingerprint.bag_first);
+    mine.set_bag_gpus(fingerprint.bag_gpus);
+    mine.set_bag_view(fingerprint.bag);
   }
   RankReport report = InStep(RankReport::PLAN, spec);
   *report.mutable_outcome() = std::move(mine);
@@ -379,6 +386,24 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
                      ": ", (*all)[first_fallback].status().message());
     if (options.require_service) return Required(spec, why);
     MarkDown(spec, why);
+    return PlanLocally(spec, lengths, masks, "");
+  }
+  // Every share is well formed on its own rank; the shares must also agree
+  // with each other, or the exchanges would mix sequences. Decided from the
+  // same outcomes on every rank.
+  std::vector<PlanFingerprint> fingerprints;
+  for (const StepOutcome& theirs : *all) {
+    fingerprints.push_back({theirs.sent_chunks(), theirs.expected_chunks(), theirs.bag_first(),
+                            theirs.bag_gpus(), theirs.bag_view()});
+  }
+  if (absl::Status agree = CheckFingerprints(fingerprints); !agree.ok()) {
+    const std::string why = absl::StrCat("the planner service at ", options.address,
+                                         " answered step ", spec.step(), " with plans that ",
+                                         agree.message());
+    if (options.require_service) return Required(spec, why);
+    policy.set_local_reason(why);
+    Log(LogLevel::kWarning, absl::StrCat("rank ", transport->rank(), ": step ", spec.step(),
+                                         " planned locally: ", why));
     return PlanLocally(spec, lengths, masks, "");
   }
   policy.LogSource(PlanSource::kService, spec.step(), options.address);

@@ -454,6 +454,77 @@ TEST(PlannerClientTest, InPerRankModeAPeerInAnExchangeWithoutAPlanIsNamedByEvery
   }
 }
 
+// A service whose answers at one step are well formed on each rank but do
+// not agree across ranks: every answer of that step with two receive chunks
+// of different lengths has those two lengths swapped (their total kept).
+class TamperingProxy final : public v1::Planner::Service {
+ public:
+  TamperingProxy(const std::string& target, uint64_t tamper_step)
+      : real_(v1::Planner::NewStub(
+            grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))),
+        tamper_step_(tamper_step) {}
+
+  grpc::Status Plan(grpc::ServerContext* context, const v1::PlanRequest* request,
+                    v1::PlanResponse* response) override {
+    grpc::ClientContext forward;
+    forward.set_deadline(context->deadline());
+    grpc::Status status = real_->Plan(&forward, *request, response);
+    if (!status.ok() || request->spec().step() != tamper_step_) return status;
+    auto* lengths = response->mutable_plan()->mutable_recvs()->mutable_length();
+    for (int i = 0; i + 1 < lengths->size(); ++i) {
+      if (lengths->Get(i) != lengths->Get(i + 1)) {
+        lengths->SwapElements(i, i + 1);
+        ++tampered_;
+        break;
+      }
+    }
+    return status;
+  }
+  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                      v1::JobState* response) override {
+    grpc::ClientContext forward;
+    forward.set_deadline(context->deadline());
+    return real_->GetJob(&forward, *request, response);
+  }
+  int tampered() const { return tampered_; }
+
+ private:
+  std::unique_ptr<v1::Planner::Stub> real_;
+  const uint64_t tamper_step_;
+  std::atomic<int> tampered_{0};
+};
+
+// Per-rank mode: the ranks' shares of a step's plan are confirmed by their
+// peers in the step's outcome all-gather, so a service answer that is wrong
+// but self-consistent on each rank is refused on every rank and the step is
+// planned locally (the right plan); the steps before and after come from
+// the service.
+TEST(PlannerClientTest, InPerRankModeSharesThatDisagreeAreRefusedOnEveryRank) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  TamperingProxy proxy(server->address(), /*tamper_step=*/1);
+  PlannerClientOptions options;
+  options.mode = PlannerMode::kPerRank;
+  std::unique_ptr<grpc::Server> front = ServeOnFreePort(&proxy, &options.address);
+  ASSERT_NE(front, nullptr);
+  const PersistentRun run = RunWithOneClientPerRank(options, StepsFrom(0, 3));
+  front->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  ASSERT_GT(proxy.tampered(), 0) << "no answer at step 1 had two receive chunks to swap";
+  for (int step = 0; step < 3; ++step) {
+    for (int r = 0; r < kRanks; ++r) {
+      const absl::StatusOr<StepPlan>& plan = run.results[step][r];
+      ASSERT_TRUE(plan.ok()) << "step " << step << " rank " << r << ": " << plan.status();
+      EXPECT_EQ(plan->source, step == 1 ? PlanSource::kLocal : PlanSource::kService)
+          << "step " << step << " rank " << r;
+      ExpectSameSlice(plan->plan, CorePlan(Lengths(step)).Slice(r));
+      if (step == 1) {
+        EXPECT_THAT(plan->local_reason, HasSubstr("answered step 1 with plans that disagree on "
+                                                  "the route"));
+      }
+    }
+  }
+}
+
 // A service that answers probes but never plans in time (overloaded): each
 // return to it costs a step, so the local stretches between returns double;
 // it costs a handful of steps, not every other one.
