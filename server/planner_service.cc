@@ -12,6 +12,7 @@
 #include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
 #include "common/log.h"
+#include "server/cpu_quota.h"
 #include "server/request_check.h"
 
 namespace knapformer {
@@ -24,7 +25,7 @@ std::string JobLabel(const std::string& job_id) {
 
 int SolverThreads(int requested) {
   if (requested > 0) return requested;
-  return std::max(1u, std::thread::hardware_concurrency());
+  return AvailableCpus();
 }
 
 // How often the reaper looks for new steps when none is pending (it sleeps

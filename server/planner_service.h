@@ -26,7 +26,9 @@ namespace knapformer {
 struct ServiceOptions {
   ServiceLimits limits;
   BalancerOptions balancer;
-  // Threads that solve steps and build the answers; 0 = one per core.
+  // Threads that solve steps and build the answers; 0 = one per CPU this
+  // process may use (AvailableCpus: its affinity and its cgroup's quota, not
+  // the node's cores).
   int solver_threads = 0;
   // A step of at most this many sequences (over all ranks) is solved and
   // answered on the gRPC thread that completed it: handing it to the pool

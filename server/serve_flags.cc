@@ -55,7 +55,7 @@ const std::vector<OptionSpec>& ServeOptions() {
         {"min-timing-samples", "N", number(limits.min_timing_samples),
          "samples a gamma fit needs"},
         {"solver-threads", "N", number(server.service.solver_threads),
-         "threads that solve steps; 0 = one per core"},
+         "threads that solve steps; 0 = one per CPU the process may use (affinity, cgroup quota)"},
         {"tls-cert", "PEM", "", "the server's certificate chain (TLS; with --tls-key)"},
         {"tls-key", "PEM", "", "its private key"},
         {"tls-client-ca", "PEM", "", "require client certificates signed by this CA"},
