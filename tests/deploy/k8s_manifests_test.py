@@ -137,6 +137,36 @@ def replica_problems(docs):
     return problems
 
 
+def hardening_problems(docs):
+    """Where a rendered overlay gives its pods more than they need: a
+    service-account token mounted, a planner container without a CPU limit
+    (its solver pool is sized by the quota), a namespace without the
+    restricted Pod Security label, or a NetworkPolicy peer that any pod can
+    join by labelling itself (a namespaceSelector that selects every
+    namespace)."""
+    problems = []
+    for doc in docs:
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        if kind in ("Job", "Deployment"):
+            if pod_spec(doc).get("automountServiceAccountToken") is not False:
+                problems.append(f"{kind} {name}: its pods mount a service-account token")
+            for c in containers(doc):
+                if c["name"] == "planner" and "cpu" not in c["resources"].get("limits", {}):
+                    problems.append(f"{kind} {name}/planner: no CPU limit")
+        if kind == "Namespace":
+            labels = doc["metadata"].get("labels", {})
+            if labels.get("pod-security.kubernetes.io/enforce") != "restricted":
+                problems.append(f"Namespace {name}: Pod Security 'restricted' is not enforced")
+        if kind == "NetworkPolicy":
+            for rule in doc["spec"].get("ingress", []):
+                for peer in rule.get("from", []):
+                    selector = peer.get("namespaceSelector")
+                    if selector is not None and not selector.get("matchLabels"):
+                        problems.append(f"NetworkPolicy {name}: a rule admits pods of every "
+                                        f"namespace by their own labels: {peer}")
+    return problems
+
+
 def main():
     deploy = source_dir()
     rendered = {}
@@ -216,13 +246,22 @@ def main():
         grpc_rules = [r for r in policy["spec"]["ingress"]
                       if {"port": "grpc", "protocol": "TCP"} in r.get("ports", [])]
         trainer_label = {"knapformer.io/trainer": "true"}
+        clients = {"knapformer.io/planner-clients": "true"}
         check(len(grpc_rules) == 1 and grpc_rules[0]["from"] ==
-              [{"namespaceSelector": {}, "podSelector": {"matchLabels": trainer_label}}],
-              "standalone: only pods labelled knapformer.io/trainer reach the planner's gRPC")
+              [{"namespaceSelector": {"matchLabels": clients},
+                "podSelector": {"matchLabels": trainer_label}}],
+              "standalone: only pods labelled knapformer.io/trainer, in namespaces labelled "
+              "knapformer.io/planner-clients, reach the planner's gRPC")
         check(all("ports" in r for r in policy["spec"]["ingress"]),
               "standalone: no rule opens every port of the planner")
         check(trainer_label.items() <= job["spec"]["template"]["metadata"]["labels"].items(),
               "standalone: the training Job's pods carry the trainer label")
+
+    for overlay, docs in rendered.items():
+        problems = hardening_problems(docs)
+        check(not problems, f"{overlay}: no service-account token, CPU-limited planners, "
+              "restricted namespaces, no NetworkPolicy peer chosen by its own labels" +
+              "".join(f"\n  {p}" for p in problems))
 
     problems = image_problems(deploy, rendered)
     check(not problems, "the planner image the manifests run is the one deploy/docker builds, "
@@ -274,6 +313,34 @@ def main():
           "broken: an image tag the manifests do not run is named")
     docs, _ = render(deploy, "k8s/base")
     if docs:
+        def kind_of(d, kind):
+            return next(x for x in d if x["kind"] == kind)
+
+        def planner_of(d):
+            return next(c for c in containers(kind_of(d, "Deployment")) if c["name"] == "planner")
+
+        for mistake, breaks, named in [
+            ("a token mounted",
+             lambda d: pod_spec(kind_of(d, "Deployment")).pop("automountServiceAccountToken"),
+             "mount a service-account token"),
+            ("no CPU limit", lambda d: planner_of(d)["resources"]["limits"].pop("cpu"),
+             "no CPU limit"),
+            ("no Pod Security label",
+             lambda d: kind_of(d, "Namespace")["metadata"].pop("labels"),
+             "'restricted' is not enforced"),
+            ("any namespace's self-labelled trainers",
+             lambda d: kind_of(d, "NetworkPolicy")["spec"]["ingress"][0]["from"][0].update(
+                 namespaceSelector={}),
+             "admits pods of every namespace"),
+        ]:
+            copy, _ = render(deploy, "k8s/overlays/standalone")
+            for doc in copy:
+                if doc["kind"] == "NetworkPolicy" and doc["metadata"]["name"] != "knapformer-planner":
+                    copy.remove(doc)  # kind_of finds the planner's
+            breaks(copy)
+            problems = hardening_problems(copy)
+            check(any(named in p for p in problems),
+                  f"broken: {mistake} is rejected ({problems})")
         job = next(d for d in docs if d["kind"] == "Job")
         pod_spec(job)["containers"][0]["imagePullPolicyy"] = "Always"
         code, out = type_check(deploy, docs)
