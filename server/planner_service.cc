@@ -141,7 +141,12 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*co
   } else if (arrival.ready != nullptr) {
     std::shared_ptr<ReadyStep> ready = std::move(arrival.ready);
     const int64_t sequences = ready->sequences;
-    SolveNowOrSchedule(sequences, [this, ready] { SolveAndAnswer(ready); });
+    absl::Status queued = SolveNowOrSchedule(sequences, [this, ready] { SolveAndAnswer(ready); });
+    if (!queued.ok()) {
+      for (PendingCall* waiting : ready->calls) {
+        static_cast<PlanCall*>(waiting)->FinishWith(queued);
+      }
+    }
   }
   return call;
 }
@@ -244,17 +249,24 @@ void PlannerService::AnswerRange(std::shared_ptr<const knapformer::Plan> plan,
   }
 }
 
-grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext* /*context*/,
+grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext* context,
                                                     const v1::PlanGroupRequest* request,
                                                     v1::PlanGroupResponse* response) {
   grpc::ServerUnaryReactor* reactor = new CountedReactor(this);
-  auto finish = [this, reactor, request](const absl::Status& status) {
-    metrics_.CountRequest(JobLabel(request->spec().job_id()), "PlanGroup", status.code(),
-                          absl::Now());
+  const std::string job = request->spec().job_id();
+  absl::Status status = PlanGroupArrived(job);
+  const bool counted = status.ok();
+  auto finish = [this, reactor, request, job, counted](const absl::Status& status) {
+    if (counted) PlanGroupDone(job);
+    metrics_.CountRequest(JobLabel(job), "PlanGroup", status.code(), absl::Now());
     reactor->Finish(ToGrpcStatus(status));
   };
+  if (!status.ok()) {
+    finish(status);
+    return reactor;
+  }
   auto checked = CheckPlanGroupRequest(*request, options_.limits, &worlds_);
-  absl::Status status = checked.status();
+  status = checked.status();
   if (status.ok()) status = rendezvous_.Touch(request->spec(), absl::Now());
   SyncGammaFits();
   if (!status.ok()) {
@@ -269,7 +281,15 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
   int64_t sequences = 0;
   for (const v1::RankLengths& rank : request->ranks()) sequences += rank.sequence_lengths_size();
   auto shared_checked = std::make_shared<CheckedSpec>(*std::move(checked));
-  SolveNowOrSchedule(sequences, [this, request, response, finish, shared_checked] {
+  status = SolveNowOrSchedule(sequences, [this, context, request, response, finish,
+                                          shared_checked] {
+    // A caller that gave up (cancelled, or past its deadline) while the step
+    // waited for a solver gets no solve: its answer would go nowhere.
+    if (context->IsCancelled()) {
+      finish(absl::CancelledError(
+          "PlanGroup: cancelled, or past its deadline, before a solver took the step"));
+      return;
+    }
     const v1::StepSpec& spec = request->spec();
     RankLengths lengths(request->ranks_size());
     for (int r = 0; r < request->ranks_size(); ++r) {
@@ -306,6 +326,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
     }
     finish(absl::OkStatus());
   });
+  if (!status.ok()) finish(status);
   return reactor;
 }
 
@@ -338,12 +359,49 @@ void PlannerService::ScheduleAnswer(std::function<void()> task) {
   }
 }
 
-void PlannerService::SolveNowOrSchedule(int64_t sequences, std::function<void()> task) {
+absl::Status PlannerService::SolveNowOrSchedule(int64_t sequences, std::function<void()> task) {
   if (!options_.answer_delay && sequences <= options_.inline_solve_max_sequences) {
     task();
-  } else {
-    ScheduleAnswer(std::move(task));
+    return absl::OkStatus();
   }
+  const int32_t limit = options_.limits.max_queued_solves;
+  if (queued_solves_.fetch_add(1) >= limit) {
+    queued_solves_.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_queued_solves: ", limit, " steps already wait for a solver thread; retry later"));
+  }
+  ScheduleAnswer([this, task = std::move(task)] {
+    queued_solves_.fetch_sub(1);
+    task();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status PlannerService::PlanGroupArrived(const std::string& job) {
+  absl::MutexLock lock(&plan_group_mu_);
+  const ServiceLimits& limits = options_.limits;
+  if (plan_group_calls_ >= limits.max_plan_group_calls) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_plan_group_calls: ", limits.max_plan_group_calls,
+                     " PlanGroup calls are already in flight; retry later"));
+  }
+  int32_t& mine = plan_group_calls_by_job_[job];
+  if (mine >= limits.max_plan_group_calls_per_job) {
+    if (mine == 0) plan_group_calls_by_job_.erase(job);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_plan_group_calls_per_job: this job already has ", mine,
+        " PlanGroup calls in flight (the limit); retry later"));
+  }
+  ++mine;
+  ++plan_group_calls_;
+  return absl::OkStatus();
+}
+
+void PlannerService::PlanGroupDone(const std::string& job) {
+  absl::MutexLock lock(&plan_group_mu_);
+  --plan_group_calls_;
+  auto it = plan_group_calls_by_job_.find(job);
+  if (it != plan_group_calls_by_job_.end() && --it->second <= 0) plan_group_calls_by_job_.erase(it);
 }
 
 void PlannerService::SyncGammaFits() {

@@ -3,7 +3,9 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -98,8 +100,14 @@ class PlannerService final : public v1::Planner::CallbackService {
   void ScheduleAnswer(std::function<void()> task);
   // Runs `task` now, on this thread, for a step of `sequences` sequences
   // small enough (options_.inline_solve_max_sequences) when no answer delay
-  // is injected; else as ScheduleAnswer does.
-  void SolveNowOrSchedule(int64_t sequences, std::function<void()> task);
+  // is injected; else queues it as ScheduleAnswer does, unless
+  // limits.max_queued_solves steps already wait: then RESOURCE_EXHAUSTED,
+  // and `task` never runs.
+  absl::Status SolveNowOrSchedule(int64_t sequences, std::function<void()> task);
+  // Counts a PlanGroup call of `job` in flight (RESOURCE_EXHAUSTED past the
+  // limits, counting nothing); PlanGroupDone uncounts it.
+  absl::Status PlanGroupArrived(const std::string& job);
+  void PlanGroupDone(const std::string& job);
   // Adds to and forgets from the gamma fits what the rendezvous added and
   // forgot (its lifetime log), in its order. Called after every Arrive,
   // Touch and DropIdleJobs, before the caller touches the fits: when it
@@ -128,6 +136,10 @@ class PlannerService final : public v1::Planner::CallbackService {
   absl::Mutex lifetime_mu_;
   GammaFits gamma_fits_;
   ServiceMetrics metrics_;
+  std::atomic<int32_t> queued_solves_{0};
+  absl::Mutex plan_group_mu_;
+  int32_t plan_group_calls_ ABSL_GUARDED_BY(plan_group_mu_) = 0;
+  std::map<std::string, int32_t> plan_group_calls_by_job_ ABSL_GUARDED_BY(plan_group_mu_);
   ThreadPool pool_;
 
   absl::Mutex reaper_mu_;

@@ -41,6 +41,12 @@ const std::vector<OptionSpec>& ServeOptions() {
          "steps waiting for ranks, one job"},
         {"max-jobs", "N", number(limits.max_jobs), "jobs tracked at once"},
         {"max-groups-per-job", "N", number(limits.max_groups_per_job), "groups of one job"},
+        {"max-queued-solves", "N", number(limits.max_queued_solves),
+         "steps waiting for a solver thread; beyond, RESOURCE_EXHAUSTED"},
+        {"max-plan-group-calls", "N", number(limits.max_plan_group_calls),
+         "PlanGroup calls in flight, all jobs"},
+        {"max-plan-group-calls-per-job", "N", number(limits.max_plan_group_calls_per_job),
+         "PlanGroup calls in flight, one job"},
         {"max-message-bytes", "N", number(limits.max_message_bytes),
          "largest request gRPC accepts"},
         {"remembered-steps", "N", number(limits.remembered_steps),
@@ -131,6 +137,13 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
   KF_ASSIGN_OR_RETURN(limits.max_jobs, args.GetInt("max-jobs", limits.max_jobs, 1, 1 << 20));
   KF_ASSIGN_OR_RETURN(limits.max_groups_per_job,
                       args.GetInt("max-groups-per-job", limits.max_groups_per_job, 1, 1 << 20));
+  KF_ASSIGN_OR_RETURN(limits.max_queued_solves,
+                      args.GetInt("max-queued-solves", limits.max_queued_solves, 1, 1 << 20));
+  KF_ASSIGN_OR_RETURN(limits.max_plan_group_calls,
+                      args.GetInt("max-plan-group-calls", limits.max_plan_group_calls, 1, 1 << 20));
+  KF_ASSIGN_OR_RETURN(
+      limits.max_plan_group_calls_per_job,
+      args.GetInt("max-plan-group-calls-per-job", limits.max_plan_group_calls_per_job, 1, 1 << 20));
   KF_ASSIGN_OR_RETURN(limits.max_message_bytes,
                       args.GetInt("max-message-bytes", limits.max_message_bytes, 1024,
                                   kInt32Max));

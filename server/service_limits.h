@@ -26,6 +26,15 @@ struct ServiceLimits {
   // Jobs the server tracks at once (state and metric labels), and groups per job.
   int32_t max_jobs = 256;
   int32_t max_groups_per_job = 1024;
+  // Steps solved on the pool (larger ones; all with an answer delay) that may
+  // wait for a solver thread; a step beyond is refused at once rather than
+  // queued without bound.
+  int32_t max_queued_solves = 256;
+  // PlanGroup calls being checked, queued or solved, in all and per job: a
+  // job that floods the server (a retry loop, a stranger) holds at most its
+  // share, and the others' steps still get solver time.
+  int32_t max_plan_group_calls = 256;
+  int32_t max_plan_group_calls_per_job = 16;
   // Largest request gRPC accepts (bytes).
   int32_t max_message_bytes = 64 << 20;
   // A step not complete this long after its first request fails every waiting

@@ -516,6 +516,130 @@ TEST(ServiceTest, LimitsAreResourceExhausted) {
   EXPECT_TRUE(waiting.status().ok());
 }
 
+// A PlanGroup request of `job`'s step `step` on 2 ranks of g1n2.
+v1::PlanGroupRequest GroupRequest(const std::string& job, uint64_t step) {
+  StepParams params;
+  params.job_id = job;
+  params.topology = "g1n2";
+  params.step = step;
+  v1::PlanGroupRequest request;
+  *request.mutable_spec() = MakeRequest(params, 2, 0, {}).spec();
+  for (int r = 0; r < 2; ++r) request.add_ranks()->add_sequence_lengths(10 + r);
+  return request;
+}
+
+// One PlanGroup call in the background, waited for by its destructor.
+class AsyncPlanGroup {
+ public:
+  AsyncPlanGroup(v1::Planner::Stub* stub, v1::PlanGroupRequest request,
+                 absl::Duration deadline = absl::Seconds(30))
+      : request_(std::move(request)) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    stub->async()->PlanGroup(&context_, &request_, &response_, [this](grpc::Status status) {
+      status_ = std::move(status);
+      done_.Notify();
+    });
+  }
+  ~AsyncPlanGroup() {
+    context_.TryCancel();
+    done_.WaitForNotificationWithTimeout(absl::Seconds(30));
+  }
+  grpc::Status Wait() {
+    EXPECT_TRUE(done_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return status_;
+  }
+
+ private:
+  v1::PlanGroupRequest request_;
+  v1::PlanGroupResponse response_;
+  grpc::ClientContext context_;
+  absl::Notification done_;
+  grpc::Status status_;
+};
+
+grpc::Status PlanGroupOnce(v1::Planner::Stub* stub, const v1::PlanGroupRequest& request) {
+  v1::PlanGroupResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  return stub->PlanGroup(&context, request, &response);
+}
+
+// Bounded before the solver: PlanGroup calls in flight per job and in all,
+// and the steps waiting for a solver thread, each RESOURCE_EXHAUSTED naming
+// its limit at once; the calls in flight still complete, and a job flooding
+// the server leaves room for another.
+TEST(ServiceTest, CallsInFlightAndTheSolverQueueAreBounded) {
+  PlannerServerOptions options = TestOptions();
+  options.service.solver_threads = 1;
+  options.service.limits.max_plan_group_calls_per_job = 1;
+  options.service.limits.max_plan_group_calls = 2;
+  options.service.limits.max_queued_solves = 2;
+  // Every answer waits on the pool's timer: each call stays in flight (and
+  // its step queued) that long.
+  options.service.answer_delay = [] { return absl::Milliseconds(700); };
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+
+  AsyncPlanGroup first(stub.get(), GroupRequest("flood", 0));
+  absl::SleepFor(absl::Milliseconds(100));
+  grpc::Status status = PlanGroupOnce(stub.get(), GroupRequest("flood", 1));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("max_plan_group_calls_per_job: this job already has 1 PlanGroup calls "
+                        "in flight"));
+  AsyncPlanGroup other(stub.get(), GroupRequest("other", 0));  // another job fits
+  absl::SleepFor(absl::Milliseconds(100));
+  status = PlanGroupOnce(stub.get(), GroupRequest("third", 0));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("max_plan_group_calls: 2 PlanGroup calls"));
+  EXPECT_TRUE(first.Wait().ok()) << first.Wait().error_message();
+  EXPECT_TRUE(other.Wait().ok()) << other.Wait().error_message();
+
+  // The solver queue: two steps wait, a third is refused; per-rank steps too
+  // (every rank of the refused step gets the error).
+  AsyncPlanGroup a(stub.get(), GroupRequest("a", 0));
+  AsyncPlanGroup b(stub.get(), GroupRequest("b", 0));
+  absl::SleepFor(absl::Milliseconds(100));
+  StepParams params;
+  params.job_id = "per-rank";
+  params.topology = "g1n2";
+  for (const PlanResult& result :
+       PlanConcurrently(stub.get(), MakeGroupRequests(params, {{3}, {4}}))) {
+    EXPECT_EQ(result.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(result.status.error_message(),
+                HasSubstr("max_queued_solves: 2 steps already wait for a solver thread"));
+  }
+  EXPECT_TRUE(a.Wait().ok());
+  EXPECT_TRUE(b.Wait().ok());
+  // Nothing is left counted: the limits hold again from zero.
+  EXPECT_TRUE(PlanGroupOnce(stub.get(), GroupRequest("flood", 1)).ok());
+}
+
+// A PlanGroup whose caller gives up while its step waits for a solver is
+// not solved: the job has no planned step afterwards.
+TEST(ServiceTest, APlanGroupWhoseCallerHasGoneIsNotSolved) {
+  PlannerServerOptions options = TestOptions();
+  options.service.answer_delay = [] { return absl::Milliseconds(600); };
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  {
+    AsyncPlanGroup gone(stub.get(), GroupRequest("gone", 0), absl::Milliseconds(150));
+    EXPECT_EQ(gone.Wait().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  absl::SleepFor(absl::Milliseconds(900));  // past the answer delay: the task ran
+  v1::GetJobRequest request;
+  request.set_job_id("gone");
+  v1::JobState state;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub->GetJob(&context, request, &state).ok());
+  ASSERT_EQ(state.groups_size(), 1);
+  EXPECT_EQ(state.groups(0).steps_planned(), 0u);
+  // The next call of the job is solved.
+  EXPECT_TRUE(PlanGroupOnce(stub.get(), GroupRequest("gone", 1)).ok());
+}
+
 // The fault-injection hook (serve --answer-delay-file) holds back step
 // answers and GetJob by its delay, read per call, without holding a solver
 // thread: with one solver thread, a second job's step is answered while the
