@@ -7,11 +7,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/plan_fingerprint.h"
+#include "client/rank_report.h"
+#include "client/rank_report.pb.h"
 #include "knapformer/v1/planner.pb.h"
 #include "planner/balancer.h"
 #include "planner/topology.h"
 #include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
+#include "tests/fuzz/seed_lengths.h"
 
 namespace knapformer {
 namespace {
@@ -33,17 +37,7 @@ v1::StepSpec Spec(const std::string& topology, int32_t world_size) {
   return spec;
 }
 
-// Small lengths (one byte each, for the response header), varied per rank.
-RankLengths Lengths(int32_t world_size, int seed) {
-  RankLengths lengths(world_size);
-  for (int32_t r = 0; r < world_size; ++r) {
-    for (int i = 0; i < 1 + (r + seed) % 4; ++i) {
-      lengths[r].push_back(1 + (r * 37 + i * 101 + seed * 13) % 200);
-    }
-  }
-  lengths[seed % world_size].push_back(250);
-  return lengths;
-}
+RankLengths Lengths(int32_t world_size, int seed) { return SeedLengths(world_size, seed); }
 
 // One mask of every kind in turn, spans cut in three.
 RankMasks MasksOf(const RankLengths& lengths) {
@@ -153,6 +147,53 @@ int main(int argc, char** argv) {
       bytes += response.SerializeAsString();
       Write(absl::StrCat(dir, "/corpus/plan_response_fuzzer/seed_", seed, "_rank_", r), bytes);
     }
+  }
+  // Group answers (plan_group_response_fuzzer): the header byte picks the
+  // lengths, then the service's answer to them.
+  for (int seed = 0; seed < 4; ++seed) {
+    const RankLengths lengths = Lengths(8, seed);
+    const Plan plan = *BalanceGreedy(world, *CostModel::Create(64, 0.5), lengths);
+    v1::PlanGroupResponse response;
+    response.set_job_id("seed");
+    response.set_step(3);
+    *response.mutable_balance() = BalanceToProto(plan, 128, 10);
+    ChunksToProto(plan, response.mutable_chunks());
+    response.mutable_workload_before()->Add(plan.workload_before.begin(),
+                                            plan.workload_before.end());
+    response.mutable_workload_after()->Add(plan.workload_after.begin(), plan.workload_after.end());
+    Write(absl::StrCat(dir, "/corpus/plan_group_response_fuzzer/seed_", seed),
+          std::string(1, static_cast<char>(seed)) + response.SerializeAsString());
+  }
+  // Rank reports (rank_reports_fuzzer): 8 ranks' reports of a Plan, and 8
+  // ranks' per-rank outcomes carrying their slices' fingerprints.
+  {
+    const v1::StepSpec spec = Spec("g1n2+g2n1+g4n1", 8);
+    const RankLengths lengths = Lengths(8, 1);
+    const Plan plan = *BalanceGreedy(world, *CostModel::Create(64, 0.5), lengths);
+    std::string reports(1, static_cast<char>(7));
+    std::string outcomes(1, static_cast<char>(7));
+    for (int32_t r = 0; r < 8; ++r) {
+      const client::RankReport report =
+          ReportOf(client::RankReport::PLAN, spec, lengths[r], {}, nullptr, absl::OkStatus(), true);
+      const std::string bytes = report.SerializeAsString();
+      if (bytes.size() > 255) return 1;
+      reports += static_cast<char>(bytes.size()) + bytes;
+      client::RankReport in_step;
+      in_step.set_call(client::RankReport::PLAN);
+      *in_step.mutable_spec() = ComparedSpec(spec);
+      client::StepOutcome* outcome = in_step.mutable_outcome();
+      const PlanFingerprint f = FingerprintOf(plan.Slice(r), {});
+      outcome->set_sent_chunks(f.sent);
+      outcome->set_expected_chunks(f.expected);
+      outcome->set_bag_first(f.bag_first);
+      outcome->set_bag_gpus(f.bag_gpus);
+      outcome->set_bag_view(f.bag);
+      const std::string outcome_bytes = in_step.SerializeAsString();
+      if (outcome_bytes.size() > 255) return 1;
+      outcomes += static_cast<char>(outcome_bytes.size()) + outcome_bytes;
+    }
+    Write(absl::StrCat(dir, "/corpus/rank_reports_fuzzer/plan"), reports);
+    Write(absl::StrCat(dir, "/corpus/rank_reports_fuzzer/outcomes"), outcomes);
   }
   return 0;
 }

@@ -14,7 +14,7 @@ shift || true
 fuzzers=("$@")
 if [[ ${#fuzzers[@]} -eq 0 ]]; then
   fuzzers=(topology_fuzzer plan_json_fuzzer plan_request_fuzzer plan_group_request_fuzzer
-    plan_response_fuzzer timing_csv_fuzzer)
+    plan_response_fuzzer plan_group_response_fuzzer rank_reports_fuzzer timing_csv_fuzzer)
 fi
 targets=()
 for f in "${fuzzers[@]}"; do targets+=("//tests/fuzz:$f"); done
