@@ -520,6 +520,10 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
     return absl::InvalidArgumentError(
         absl::StrCat("max_attempts: must be at least 1, got ", options.max_attempts));
   }
+  if (options.max_answer_bytes < 1024 || options.max_answer_bytes > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_answer_bytes: must be in 1024..", INT32_MAX, ", got ", options.max_answer_bytes));
+  }
   for (const auto& [name, value] : {std::make_pair("call_deadline", options.call_deadline),
                                     std::make_pair("probe_interval", options.probe_interval),
                                     std::make_pair("probe_deadline", options.probe_deadline)}) {
@@ -552,7 +556,8 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
     const PlannerClientOptions& o = rep->options;
     rep->link = std::make_unique<PlannerLink>(PlannerLinkOptions{
         o.address, o.credentials, rep->group_mode(), o.call_deadline, o.max_attempts,
-        o.initial_backoff, o.max_backoff, o.probe_interval, o.probe_deadline});
+        o.initial_backoff, o.max_backoff, o.probe_interval, o.probe_deadline,
+        o.max_answer_bytes});
   }
   return std::unique_ptr<PlannerClient>(new PlannerClient(std::move(rep)));
 }

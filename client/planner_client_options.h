@@ -72,6 +72,12 @@ struct PlannerClientOptions {
   // every step.
   absl::Duration probe_interval = absl::Seconds(1);
   absl::Duration probe_deadline = absl::Seconds(1);
+  // The largest answer the client takes from the service (bytes): a
+  // larger one (a buggy or hostile service) is refused before it is parsed
+  // (RESOURCE_EXHAUSTED, the step planned locally), so that rank 0, which
+  // rebroadcasts the answer to its group, never holds more. The default fits
+  // the whole plan of the server's largest step (4M sequences).
+  int64_t max_answer_bytes = int64_t{256} << 20;
   // The run's incarnation (StepSpec.incarnation), unless the spec sets one:
   // 0 = the ranks agree on a random one at their first step (one small
   // all-gather of rank 0's draw). The service keeps each incarnation's steps apart, so a run

@@ -38,8 +38,9 @@ std::shared_ptr<grpc::Channel> ChannelTo(const PlannerLinkOptions& options) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  // A group's whole plan can exceed gRPC's default 4 MiB.
-  args.SetMaxReceiveMessageSize(-1);
+  // A group's whole plan can exceed gRPC's default 4 MiB; a larger answer
+  // than the options allow is refused before it is parsed.
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_answer_bytes));
   auto credentials =
       options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
   return grpc::CreateCustomChannel(options.address, credentials, args);

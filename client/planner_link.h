@@ -36,6 +36,7 @@ struct PlannerLinkOptions {
   absl::Duration max_backoff;
   absl::Duration probe_interval;
   absl::Duration probe_deadline;
+  int64_t max_answer_bytes = 0;  // REQUIRES: in 1..INT32_MAX
 };
 
 // Lets a caller stop a call running on another thread: it cancels the

@@ -151,6 +151,34 @@ TEST(PlannerClientTest, AnAddressThatCanNeverWorkIsRefusedWhenTheClientIsMade) {
   }
 }
 
+// An answer larger than max_answer_bytes is refused before it is parsed:
+// the step is planned locally on every rank (the right plan), not taken.
+TEST(PlannerClientTest, AnAnswerOverMaxAnswerBytesIsRefusedAndTheStepPlannedLocally) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  PlannerClientOptions options;
+  options.address = server->address();
+  options.max_answer_bytes = 1024;
+  // 60 sequences a rank: a whole plan of several kilobytes.
+  auto many = [](uint64_t, int r) {
+    std::vector<int64_t> lengths;
+    for (int i = 0; i < 60; ++i) lengths.push_back(1 + (r * 31 + i * 17) % 300);
+    return lengths;
+  };
+  const auto results = RunSteps(options, 0, 1, nullptr, many);
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(results[0][r].ok()) << results[0][r].status();
+    EXPECT_EQ(results[0][r]->source, PlanSource::kLocal) << "rank " << r;
+    EXPECT_THAT(results[0][r]->local_reason, HasSubstr("1024")) << results[0][r]->local_reason;
+  }
+  auto transports = LocalTransport::CreateGroup(1, absl::Seconds(5));
+  options.max_answer_bytes = 100;
+  auto refused = PlannerClient::Create(options, transports[0].get());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("max_answer_bytes: must be in 1024..2147483647, got 100"));
+}
+
 TEST(PlannerClientTest, WithoutAServiceEveryRankComputesTheCorePlan) {
   PlannerClientOptions options;
   ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kLocal);
