@@ -468,7 +468,9 @@ int RunWorker(const BenchOptions& o) {
       auto post = balancers[0]->PostAttn(attention_out);
       if (!pre.ok() || !post.ok()) Fail(rank, "the layer failed");
       bool same = at::equal(post->view({routed_rows, -1}), h_merged);
-      for (int i = 0; i < 3; ++i) same = same && at::equal((*pre)[i].view({-1, h_out[i].size(1)}), h_out[i]);
+      for (int i = 0; i < 3; ++i) {
+        same = same && at::equal((*pre)[i].view({-1, h_out[i].size(1)}), h_out[i]);
+      }
       if (!same) Fail(rank, "(h), the hand-written layer, differs from PreAttn/PostAttn");
     }
 

@@ -29,7 +29,9 @@ uint64_t MaskHash(const AttentionMask& mask) {
 void AddChunk(std::map<std::pair<int32_t, int32_t>, uint64_t>* pairs, int32_t sender,
               int32_t receiver, const Transfer& chunk, uint64_t mask) {
   auto [it, fresh] = pairs->try_emplace({sender, receiver}, 0);
-  if (fresh) it->second = Mix(Mix(0, static_cast<uint64_t>(sender)), static_cast<uint64_t>(receiver));
+  if (fresh) {
+    it->second = Mix(Mix(0, static_cast<uint64_t>(sender)), static_cast<uint64_t>(receiver));
+  }
   uint64_t& h = it->second;
   h = Mix(h, static_cast<uint64_t>(chunk.seq_index));
   h = Mix(h, static_cast<uint64_t>(chunk.offset));
@@ -59,9 +61,9 @@ PlanFingerprint FingerprintOf(const RankPlan& plan, const std::vector<AttentionM
   // A sender's masks are those it gave (its share may have none: it may
   // keep no sequence to attend to), a receiver's those its share has.
   for (const Transfer& chunk : plan.route.sends) {
-    const uint64_t mask = chunk.seq_index >= 0 && static_cast<size_t>(chunk.seq_index) < masks.size()
-                              ? MaskHash(masks[chunk.seq_index])
-                              : 0;
+    const bool given =
+        chunk.seq_index >= 0 && static_cast<size_t>(chunk.seq_index) < masks.size();
+    const uint64_t mask = given ? MaskHash(masks[chunk.seq_index]) : 0;
     AddChunk(&sent, plan.rank, chunk.peer, chunk, mask);
   }
   for (size_t i = 0; i < plan.route.recvs.size(); ++i) {

@@ -479,7 +479,9 @@ std::vector<at::Tensor> Unpack(at::TensorList xs, const RowMove& move, const Pac
     const int64_t width = out_words.size(1) / groups;  // of a moved row
     at::Tensor slot = received.narrow(1, column, width);
     column += width;
-    if (move.after.index.defined()) slot = at::index_select(slot, 0, move.after.index.to(slot.device()));
+    if (move.after.index.defined()) {
+      slot = at::index_select(slot, 0, move.after.index.to(slot.device()));
+    }
     if (groups > 1) {
       // Output row t's group g is moved row g * T + t: one strided copy.
       out_words.view({rows, groups, width}).transpose(0, 1).copy_(slot.view({groups, rows, width}));
@@ -737,7 +739,9 @@ class Segmented {
     for (int p = 0; p < n; ++p) {
       if (p == me_) continue;
       if (packed_out_[p] < 0 && send_start_[p] < 0) {
-        for (int64_t k = send_offset_[p]; k < send_offset_[p + 1]; ++k) gather.push_back(before_[k]);
+        for (int64_t k = send_offset_[p]; k < send_offset_[p + 1]; ++k) {
+          gather.push_back(before_[k]);
+        }
       }
       if (packed_in_[p] < 0 && recv_start_[p] < 0) {
         for (int64_t j = recv_offset_[p]; j < recv_offset_[p + 1]; ++j) {

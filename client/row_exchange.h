@@ -17,18 +17,19 @@
 //    move at once, with one status byte per rank carried with the rows (in
 //    the rows' own messages where the transport moves segments: the last
 //    byte of a message that packs a peer's rows, or a 1-byte message right
-//    behind larger ones; else Transport::AllToAllRowsFlagged). A rank whose tensors differ from the
-//    call's agreed signature, or that fails on its own (its rows, its device,
-//    an allocation), still moves the agreed bytes, from scratch memory, with
-//    its flag raised: every rank sees the flag in that same exchange, and
-//    then all of them agree on why (the one all-gather of a failed
-//    exchange), so the error is the same on every rank, at once, naming the
-//    world rank, the call, the field and both values, and the transport
-//    stays usable for the next step. When every rank changed its signature
-//    alike (a second route of other tensors), the book records it for that
-//    exchange and the exchange runs again (once: the next step expects it). Backward exchanges move gradients
-//    shaped as their forward's outputs, so their signature was agreed in the
-//    forward: they only carry flags (a local failure, e.g. out of memory).
+//    behind larger ones; else Transport::AllToAllRowsFlagged). A rank whose
+//    tensors differ from the call's agreed signature, or that fails on its
+//    own (its rows, its device, an allocation), still moves the agreed
+//    bytes, from scratch memory, with its flag raised: every rank sees the
+//    flag in that same exchange, and then all of them agree on why (the one
+//    all-gather of a failed exchange), so the error is the same on every
+//    rank, at once, naming the world rank, the call, the field and both
+//    values, and the transport stays usable for the next step. When every
+//    rank changed its signature alike (a second route of other tensors), the
+//    book records it for that exchange and the exchange runs again (once:
+//    the next step expects it). Backward exchanges move gradients shaped as
+//    their forward's outputs, so their signature was agreed in the forward:
+//    they only carry flags (a local failure, e.g. out of memory).
 //  - kEveryExchange (debugging): the all-gather before every exchange.
 //  - kOff: no agreement; a rank's mistake is its own error and its peers
 //    wait in the exchange until that process exits or the transport's

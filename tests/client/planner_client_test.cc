@@ -453,7 +453,8 @@ TEST(PlannerClientTest, InPerRankModeAPeerInAnExchangeWithoutAPlanIsNamedByEvery
           if (r == kUnplanned && step == unplanned_step) {
             client::RankReport report;
             report.set_call(client::RankReport::UNPLANNED_EXCHANGE);
-            report.mutable_verdict()->set_code(static_cast<int>(absl::StatusCode::kFailedPrecondition));
+            report.mutable_verdict()->set_code(
+                static_cast<int>(absl::StatusCode::kFailedPrecondition));
             auto all = AllGatherMessages(*transports[r], report);
             ASSERT_TRUE(all.ok()) << all.status();
             peers_seen = *std::move(all);
@@ -477,7 +478,8 @@ TEST(PlannerClientTest, InPerRankModeAPeerInAnExchangeWithoutAPlanIsNamedByEvery
     EXPECT_EQ(peers_seen[0].call(), client::RankReport::PLAN);
     EXPECT_EQ(peers_seen[0].spec().step(), unplanned_step);
     for (int r = 0; r < kRanks; ++r) {
-      EXPECT_TRUE(results[last_step][r].ok()) << "rank " << r << ": " << results[last_step][r].status();
+      EXPECT_TRUE(results[last_step][r].ok())
+          << "rank " << r << ": " << results[last_step][r].status();
     }
   }
 }
