@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -33,6 +34,31 @@ std::string HostOf(absl::string_view host_port) {
     return std::string(host_port.substr(0, colon));
   }
   return std::string(host_port);
+}
+
+// What follows a target's scheme without its authority, as gRPC reads
+// URIs: "//authority/path" and "/path" give "path" (dns:///host:port,
+// dns://server/host:port, dns:/host:port), "//authority" alone gives "",
+// anything else is the path itself (dns:host:port, ipv4:a:p).
+absl::string_view UriPath(absl::string_view rest) {
+  if (absl::StartsWith(rest, "//")) {
+    const size_t slash = rest.find('/', 2);
+    return slash == absl::string_view::npos ? absl::string_view() : rest.substr(slash + 1);
+  }
+  if (absl::StartsWith(rest, "/")) rest.remove_prefix(1);
+  return rest;
+}
+
+// The addresses an ipv4: or ipv6: target lists (ipv4:a:p,b:q and
+// ipv4:///a:p alike), or nullopt when the target is neither.
+std::optional<std::vector<absl::string_view>> ListedAddresses(absl::string_view target) {
+  for (absl::string_view scheme : {"ipv4:", "ipv6:"}) {
+    if (!absl::StartsWith(target, scheme)) continue;
+    std::vector<absl::string_view> addresses =
+        absl::StrSplit(UriPath(target.substr(scheme.size())), ',', absl::SkipEmpty());
+    return addresses;
+  }
+  return std::nullopt;
 }
 
 int ResolvedReplicas(const std::string& host) {
@@ -101,30 +127,14 @@ absl::Status CheckPlannerTarget(const std::string& target) {
     return rest.substr(rest.find(':') + 1).empty() ? Refused(target, "names no socket")
                                                    : absl::OkStatus();
   }
-  for (absl::string_view scheme : {"ipv4:", "ipv6:"}) {
-    if (!absl::StartsWith(rest, scheme)) continue;
-    rest.remove_prefix(scheme.size());
-    if (absl::StartsWith(rest, "//")) {
-      const size_t slash = rest.find('/', 2);
-      rest = slash == absl::string_view::npos ? absl::string_view() : rest.substr(slash + 1);
-    }
-    bool any = false;
-    for (absl::string_view address : absl::StrSplit(rest, ',', absl::SkipEmpty())) {
+  if (const auto listed = ListedAddresses(rest)) {
+    if (listed->empty()) return Refused(target, "lists no address");
+    for (absl::string_view address : *listed) {
       if (absl::Status ok = CheckHostPort(target, address); !ok.ok()) return ok;
-      any = true;
     }
-    return any ? absl::OkStatus() : Refused(target, "lists no address");
+    return absl::OkStatus();
   }
-  if (absl::StartsWith(rest, "dns:")) {
-    rest.remove_prefix(4);
-    if (absl::StartsWith(rest, "//")) {
-      const size_t slash = rest.find('/', 2);
-      rest = slash == absl::string_view::npos ? absl::string_view() : rest.substr(slash + 1);
-    } else if (absl::StartsWith(rest, "/")) {
-      rest.remove_prefix(1);
-    }
-    return CheckHostPort(target, rest);
-  }
+  if (absl::StartsWith(rest, "dns:")) return CheckHostPort(target, UriPath(rest.substr(4)));
   if (const size_t scheme_end = rest.find("://"); scheme_end != absl::string_view::npos) {
     const std::string scheme(rest.substr(0, scheme_end));
     // Resolvers gRPC has besides those above; their targets are theirs.
@@ -159,28 +169,13 @@ int PlannerAddressReplicas(const std::vector<std::string>& addresses) {
 }
 
 int PlannerTargetReplicas(const std::string& target) {
-  for (absl::string_view scheme : {"ipv4:", "ipv6:"}) {
-    if (!absl::StartsWith(target, scheme)) continue;
-    std::set<std::string> distinct;
-    for (absl::string_view address :
-         absl::StrSplit(absl::string_view(target).substr(scheme.size()), ',', absl::SkipEmpty())) {
-      // gRPC accepts "ipv4:///a:p" as well as "ipv4:a:p".
-      if (absl::StartsWith(address, "//")) address.remove_prefix(address.find('/', 2) + 1);
-      distinct.insert(std::string(address));
-    }
+  if (const auto listed = ListedAddresses(target)) {
+    const std::set<absl::string_view> distinct(listed->begin(), listed->end());
     return distinct.empty() ? 1 : static_cast<int>(distinct.size());
   }
   absl::string_view name = target;
   if (absl::StartsWith(name, "dns:")) {
-    name.remove_prefix(4);
-    // dns://authority/name: skip the (DNS server) authority; dns:/name and
-    // dns:name are gRPC's too.
-    if (absl::StartsWith(name, "//")) {
-      const size_t slash = name.find('/', 2);
-      name = slash == absl::string_view::npos ? absl::string_view() : name.substr(slash + 1);
-    } else if (absl::StartsWith(name, "/")) {
-      name.remove_prefix(1);
-    }
+    name = UriPath(name.substr(4));  // skips a (DNS server) authority
   } else if (name.find("://") != absl::string_view::npos || absl::StartsWith(name, "unix:") ||
              absl::StartsWith(name, "unix-abstract:")) {
     return 1;
