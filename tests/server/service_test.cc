@@ -544,10 +544,19 @@ class AsyncPlanGroup {
     context_.TryCancel();
     done_.WaitForNotificationWithTimeout(absl::Seconds(30));
   }
+  // Its status, or UNKNOWN "no answer" when none came within 30 s.
   grpc::Status Wait() {
-    EXPECT_TRUE(done_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    if (!done_.WaitForNotificationWithTimeout(absl::Seconds(30))) {
+      return grpc::Status(grpc::StatusCode::UNKNOWN, "no answer");
+    }
     return status_;
   }
+  // What it said so far, for a failure message.
+  std::string Said() const {
+    return done_.HasBeenNotified() ? status_.error_message() : "no answer";
+  }
+  // REQUIRES: Wait() returned its status.
+  const v1::PlanGroupResponse& response() const { return response_; }
 
  private:
   v1::PlanGroupRequest request_;
@@ -757,35 +766,9 @@ TEST(ServiceTest, ShutdownAnswersTheStepInFlightAndRefusesNewOnes) {
   auto server = StartServer(options);
   ASSERT_NE(server, nullptr);
   auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
-  StepParams params;
-  params.job_id = "in-flight";
-  params.topology = "g1n2";
-  auto group_request = [&](uint64_t step) {
-    params.step = step;
-    v1::PlanGroupRequest request;
-    *request.mutable_spec() = MakeRequest(params, 2, 0, {}).spec();
-    for (int r = 0; r < 2; ++r) request.add_ranks()->add_sequence_lengths(10 + r);
-    return request;
-  };
-  const v1::PlanGroupRequest in_flight = group_request(0);
-  v1::PlanGroupResponse in_flight_response;
-  grpc::ClientContext in_flight_context;
-  in_flight_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-  absl::Notification in_flight_done;
-  grpc::Status in_flight_status;
-  stub->async()->PlanGroup(&in_flight_context, &in_flight, &in_flight_response,
-                           [&](grpc::Status status) {
-                             in_flight_status = std::move(status);
-                             in_flight_done.Notify();
-                           });
-  // On every way out, a failed assertion too: the call ends before the
-  // variables its callback writes.
-  absl::Cleanup call_ended = [&] {
-    in_flight_context.TryCancel();
-    in_flight_done.WaitForNotificationWithTimeout(absl::Seconds(30));
-  };
-  ASSERT_TRUE(scheduled->WaitForNotificationWithTimeout(absl::Seconds(10)))
-      << (in_flight_done.HasBeenNotified() ? in_flight_status.error_message() : "no answer");
+  // On every way out, a failed assertion too, its destructor ends the call.
+  AsyncPlanGroup in_flight(stub.get(), GroupRequest("in-flight", 0));
+  ASSERT_TRUE(scheduled->WaitForNotificationWithTimeout(absl::Seconds(10))) << in_flight.Said();
 
   const absl::Time start = absl::Now();
   absl::Duration took;
@@ -799,18 +782,12 @@ TEST(ServiceTest, ShutdownAnswersTheStepInFlightAndRefusesNewOnes) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   ASSERT_TRUE(server->service().rendezvous().closed());
-  {
-    const v1::PlanGroupRequest late = group_request(1);
-    v1::PlanGroupResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    const grpc::Status status = stub->PlanGroup(&context, late, &response);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
-    EXPECT_THAT(status.error_message(), HasSubstr("shutting down"));
-  }
-  ASSERT_TRUE(in_flight_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_TRUE(in_flight_status.ok()) << in_flight_status.error_message();
-  EXPECT_EQ(in_flight_response.step(), 0u);
+  const grpc::Status late = PlanGroupOnce(stub.get(), GroupRequest("in-flight", 1));
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(late.error_message(), HasSubstr("shutting down"));
+  const grpc::Status answered = in_flight.Wait();
+  ASSERT_TRUE(answered.ok()) << answered.error_message();
+  EXPECT_EQ(in_flight.response().step(), 0u);
   std::move(stopped).Invoke();
   EXPECT_GE(took, absl::Milliseconds(500));  // it waited for the 1.5 s answer
   EXPECT_LT(took, absl::Seconds(4));
