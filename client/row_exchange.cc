@@ -571,7 +571,6 @@ class Segmented {
                                                  : nullptr;
     host_ = xs.empty() || xs[0].device().is_cpu();
     const int64_t recv_count = recv_offset_[n];
-    int64_t row_bytes = 0;
     for (const at::Tensor& x : xs) {
       at::Tensor flat = x.resolve_conj().resolve_neg().contiguous();
       flat = flat.reshape({flat.size(0), RowElements(flat)});
@@ -584,27 +583,22 @@ class Segmented {
       tensor.dst = {static_cast<char*>(out_flat.data_ptr()), out_flat.size(0),
                     out_flat.size(1) * static_cast<int64_t>(out_flat.element_size()),
                     tensor.row_bytes, move.output_groups};
-      row_bytes += tensor.row_bytes;
       tensor_row_bytes_.push_back(tensor.row_bytes);
       tensors_.push_back(std::move(tensor));
     }
     packed_out_.assign(n, -1);
     packed_in_.assign(n, -1);
     flags_in_.assign(n, 0);
+    flag_at_.assign(n, nullptr);
+    // Room in the staging for every packed message, its flag byte included
+    // (the messages of a flagged exchange: the most there can be).
     int64_t packed_send = 0, packed_recv = 0;
-    for (int p = 0; p < n; ++p) {
-      if (p == me_) continue;
-      const int64_t out_bytes = (*move.send_rows)[p] * row_bytes;
-      const int64_t in_bytes = (*move.recv_rows)[p] * row_bytes;
-      if (PacksRows(move, out_bytes)) {
-        packed_out_[p] = packed_send;
-        packed_send += out_bytes + 1;
-      }
-      if (PacksRows(move, in_bytes)) {
-        packed_in_[p] = packed_recv;
-        packed_recv += in_bytes + 1;
-      }
-    }
+    ForEachMessage(tensor_row_bytes_, move, me_, /*flagged=*/true, [&](const Message& m) {
+      if (m.kind != Message::kPackedRows) return;
+      int64_t& end = m.outgoing ? packed_send : packed_recv;
+      (m.outgoing ? packed_out_ : packed_in_)[m.peer] = end;
+      end += m.bytes;
+    });
     if (packed_send > 0) send_stage_ = EmptyHostTensor({packed_send}, at::kByte);
     if (packed_recv > 0) recv_stage_ = EmptyHostTensor({packed_recv}, at::kByte);
     GatherPacked();
@@ -630,13 +624,16 @@ class Segmented {
             data[m.bytes - 1] = static_cast<char>(flag);
             sends->push_back({p, data, m.bytes});
           } else {
-            recvs->push_back({p, recv_stage + packed_in_[p], m.bytes});
+            char* data = recv_stage + packed_in_[p];
+            flag_at_[p] = reinterpret_cast<const uint8_t*>(data + m.bytes - 1);
+            recvs->push_back({p, data, m.bytes});
           }
           break;
         case Message::kFlag:
           if (m.outgoing) {
             sends->push_back({p, &flag_out_, 1});
           } else {
+            flag_at_[p] = &flags_in_[p];
             recvs->push_back({p, &flags_in_[p], 1});
           }
           break;
@@ -665,13 +662,11 @@ class Segmented {
   // Every rank's flag, by rank (`mine` for this one), once a flagged
   // exchange of Segments has ended.
   std::vector<uint8_t> ReceivedFlags(uint8_t mine) const {
-    std::vector<uint8_t> flags = flags_in_;
-    flags[me_] = mine;
+    std::vector<uint8_t> flags(flag_at_.size(), 0);
     for (size_t p = 0; p < flags.size(); ++p) {
-      if (static_cast<int>(p) == me_ || packed_in_[p] < 0) continue;
-      const int64_t bytes = (recv_offset_[p + 1] - recv_offset_[p]) * RowBytes() + 1;
-      flags[p] = recv_stage_.data_ptr<uint8_t>()[packed_in_[p] + bytes - 1];
+      if (flag_at_[p] != nullptr) flags[p] = *flag_at_[p];
     }
+    flags[me_] = mine;
     return flags;
   }
 
@@ -707,8 +702,6 @@ class Segmented {
     int64_t row_bytes = 0;  // of an exchanged row
     RowAddress src, dst;    // in host memory: where exchanged rows lie in flat and out_flat
   };
-
-  int64_t RowBytes() const { return Sum(tensor_row_bytes_); }
 
   // Every tensor's rows to each peer whose rows travel packed, into the
   // send staging (host memory: packed rows only move over transports that
@@ -823,6 +816,9 @@ class Segmented {
   at::Tensor gather_, scatter_;                   // by tensor: the staged rows' positions
   uint8_t flag_out_ = 0;                          // kFlag messages' bytes
   std::vector<uint8_t> flags_in_;
+  // By peer: where its flag arrives in the last Segments' messages (null:
+  // no flag from it).
+  std::vector<const uint8_t*> flag_at_;
   std::vector<Tensor> tensors_;
 };
 
