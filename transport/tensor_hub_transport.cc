@@ -93,6 +93,35 @@ absl::Status TensorHubTransport::AllToAllRows(const void* send,
   return FirstVerdict(*done, absl::StatusCode::kInternal);
 }
 
+absl::Status TensorHubTransport::CheckRowCounts(const std::vector<int64_t>& send_rows,
+                                                const std::vector<int64_t>& recv_rows) {
+  const int n = size();
+  if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
+    return sizes;
+  }
+  // Every rank's send and receive counts, so that every rank finds the same
+  // first disagreement (smallest receiver, then sender) without a second round.
+  std::string mine(2 * sizeof(int64_t) * n, '\0');
+  std::memcpy(mine.data(), send_rows.data(), sizeof(int64_t) * n);
+  std::memcpy(mine.data() + sizeof(int64_t) * n, recv_rows.data(), sizeof(int64_t) * n);
+  auto all = hub_->Exchange(round_++, rank_, std::move(mine));
+  if (!all.ok()) return all.status();
+  auto count = [&](int of, bool receives, int peer) {
+    int64_t value = 0;
+    std::memcpy(&value, (*all)[of].data() + sizeof(int64_t) * ((receives ? n : 0) + peer),
+                sizeof(value));
+    return value;
+  };
+  for (int receiver = 0; receiver < n; ++receiver) {
+    for (int sender = 0; sender < n; ++sender) {
+      const int64_t expected = count(receiver, /*receives=*/true, sender);
+      const int64_t sent = count(sender, /*receives=*/false, receiver);
+      if (expected != sent) return RecvRowsMismatch(receiver, sender, expected, sent);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::string>> TensorHubTransport::AllGatherBytes(
     absl::string_view mine) {
   return hub_->Exchange(round_++, rank_, std::string(mine));

@@ -44,6 +44,11 @@ class TensorHubTransport final : public Transport {
   // every rank, and nothing is copied.
   absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                             const std::vector<int64_t>& recv_rows, int64_t row_bytes) override;
+  // One hub round of every rank's counts, compared on the host. The base
+  // class's check is an AllToAllRows of host memory, which this transport's
+  // device copies cannot read on a GPU.
+  absl::Status CheckRowCounts(const std::vector<int64_t>& send_rows,
+                              const std::vector<int64_t>& recv_rows) override;
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override;
   absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override;
 

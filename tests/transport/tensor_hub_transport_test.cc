@@ -8,8 +8,10 @@
 
 #include <ATen/ATen.h>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "transport/local_transport.h"
 
 namespace knapformer {
 namespace {
@@ -89,6 +91,59 @@ TEST(TensorHubTransportTest, CountMismatchIsTheSameErrorEverywhereAndCopiesNothi
     gathered[s] = t.AllGatherBytes(std::string(1, static_cast<char>('a' + s))).value();
   });
   EXPECT_THAT(gathered[1], ElementsAre("a", "b"));
+}
+
+// CheckRowCounts compares counts on the host (a GPU hub cannot copy host
+// memory, which the base class's check moves): the same verdict, on every
+// rank, as the base class's check over a host transport, for counts that
+// agree and for mismatches at several receivers and senders.
+TEST(TensorHubTransportTest, CheckRowCountsGivesTheBaseClassVerdictOnEveryRank) {
+  const int n = 3;
+  // recv_rows of rank r: what rank p sends it is (p + 2 * r) % 4, except
+  // where a case changes one count.
+  struct Case {
+    int receiver, sender;  // -1: no change
+    int64_t expected;
+  };
+  for (const Case& c : {Case{-1, -1, 0}, Case{2, 0, 9}, Case{1, 2, 3}, Case{0, 0, 5}}) {
+    auto counts = [&](int r, std::vector<int64_t>* send_rows, std::vector<int64_t>* recv_rows) {
+      send_rows->assign(n, 0);
+      recv_rows->assign(n, 0);
+      for (int p = 0; p < n; ++p) {
+        (*send_rows)[p] = (r + 2 * p) % 4;
+        (*recv_rows)[p] = (p + 2 * r) % 4;
+      }
+      if (r == c.receiver) (*recv_rows)[c.sender] = c.expected;
+      // A second mismatch at a later receiver, which the verdict must not name.
+      if (c.receiver >= 0 && r == n - 1 && c.receiver != n - 1) (*recv_rows)[1] += 1;
+    };
+    std::vector<absl::Status> hub(n), base(n);
+    auto hubs = TensorHubTransport::CreateGroup(n, c10::Device(c10::kCPU));
+    RunRanks(hubs, [&](int r, TensorHubTransport& t) {
+      std::vector<int64_t> send_rows, recv_rows;
+      counts(r, &send_rows, &recv_rows);
+      hub[r] = t.CheckRowCounts(send_rows, recv_rows);
+    });
+    auto hosts = LocalTransport::CreateGroup(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        std::vector<int64_t> send_rows, recv_rows;
+        counts(r, &send_rows, &recv_rows);
+        base[r] = hosts[r]->CheckRowCounts(send_rows, recv_rows);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(hub[r], base[r]) << "case receiver " << c.receiver << ", rank " << r;
+      EXPECT_EQ(hub[r].ok(), c.receiver < 0) << hub[r];
+      if (c.receiver >= 0) {
+        EXPECT_THAT(std::string(hub[r].message()),
+                    HasSubstr(absl::StrCat("rank ", c.receiver, " expects ", c.expected,
+                                           " rows from rank ", c.sender)));
+      }
+    }
+  }
 }
 
 TEST(TensorHubTransportTest, SubgroupsExchangeAmongTheirRanks) {
