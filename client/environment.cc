@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/planner_credentials.h"
 
 namespace knapformer {
 
@@ -38,6 +39,16 @@ absl::Status ApplyClientEnvironment(PlannerClientOptions* planner, std::string* 
     }
     new_planner.call_deadline = absl::Seconds(seconds);
   }
+  if (const char* token = get("KNAPFORMER_PLANNER_TOKEN")) {
+    new_planner.token = token;
+    if (absl::Status valid = CheckPlannerToken(new_planner.token); !valid.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KNAPFORMER_PLANNER_TOKEN: ", valid.message()));
+    }
+  }
+  if (const char* path = get("KNAPFORMER_PLANNER_TLS_CA")) new_planner.tls.ca_file = path;
+  if (const char* path = get("KNAPFORMER_PLANNER_TLS_CERT")) new_planner.tls.cert_file = path;
+  if (const char* path = get("KNAPFORMER_PLANNER_TLS_KEY")) new_planner.tls.key_file = path;
   *planner = std::move(new_planner);
   *job_id = std::move(new_job);
   *group_id = std::move(new_group);

@@ -13,6 +13,12 @@
 //                                        (its attempts share it), > 0
 //   KNAPFORMER_REQUIRE_PLANNER           1/true: a step the service does not
 //                                        plan is an error, not a local plan
+//   KNAPFORMER_PLANNER_TOKEN             the job token (serve --auth=token;
+//                                        knapformer token --job ID)
+//   KNAPFORMER_PLANNER_TLS_CA            PEM: TLS to the planner, verified
+//                                        against this CA
+//   KNAPFORMER_PLANNER_TLS_CERT, _KEY    PEM: this client's certificate and
+//                                        key (mutual TLS, serve --auth=mtls)
 
 #include <functional>
 #include <string>

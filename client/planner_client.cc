@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "client/fallback_policy.h"
 #include "client/plan_fingerprint.h"
+#include "client/planner_credentials.h"
 #include "client/planner_link.h"
 #include "client/planner_target.h"
 #include "client/rank_report.h"
@@ -536,6 +537,15 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
   if (has_service) {
     if (absl::Status valid = CheckPlannerTarget(options.address); !valid.ok()) return valid;
   }
+  if (absl::Status valid = CheckPlannerToken(options.token); !valid.ok()) return valid;
+  // Every rank reads the TLS files (not only the one that connects), so
+  // that a missing file is every rank's error when the client is made.
+  if (options.credentials == nullptr && options.tls.enabled()) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        PlannerChannelCredentials(options.tls);
+    if (!credentials.ok()) return credentials.status();
+    options.credentials = *std::move(credentials);
+  }
   if (options.require_service && !has_service) {
     return absl::InvalidArgumentError(
         "require_planner: set, but no planner address is (planner_address= or "
@@ -555,7 +565,7 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
   if (has_service && (!rep->group_mode() || rep->leader())) {
     const PlannerClientOptions& o = rep->options;
     rep->link = std::make_unique<PlannerLink>(PlannerLinkOptions{
-        o.address, o.credentials, rep->group_mode(), o.call_deadline, o.max_attempts,
+        o.address, o.credentials, o.token, rep->group_mode(), o.call_deadline, o.max_attempts,
         o.initial_backoff, o.max_backoff, o.probe_interval, o.probe_deadline,
         o.max_answer_bytes});
   }

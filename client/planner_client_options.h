@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/planner_credentials.h"
 #include "planner/balancer.h"
 
 namespace grpc {
@@ -50,8 +51,16 @@ struct PlannerClientOptions {
   // (InvalidArgument): its ranks must all meet in one replica
   // (planner_target.h says how replicas are counted).
   std::string address;
-  // Null = plaintext.
+  // Null = from `tls` (plaintext when it names no file).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // TLS to the planner from PEM files (planner_credentials.h), read when the
+  // client is made; ignored when `credentials` is set.
+  PlannerTls tls;
+  // The job token of a planner run with --auth=token (`knapformer token
+  // --job ID` mints it for this job id), sent as "authorization: Bearer
+  // <token>" with every call, probes included. Over plaintext anyone on the
+  // path can read it: use TLS where the network is shared. Empty = none.
+  std::string token;
   // Deadline of one step's request, shared by its attempts. Keep it longer
   // than the server's rendezvous timeout, so that a missing rank is
   // reported by the server (naming it).

@@ -46,6 +46,11 @@ std::shared_ptr<grpc::Channel> ChannelTo(const PlannerLinkOptions& options) {
   return grpc::CreateCustomChannel(options.address, credentials, args);
 }
 
+// Every call's context carries the job token (none without one).
+void Authorize(const PlannerLinkOptions& options, grpc::ClientContext* context) {
+  if (!options.token.empty()) context->AddMetadata("authorization", "Bearer " + options.token);
+}
+
 }  // namespace
 
 bool CancelToken::Enter(grpc::ClientContext* context) {
@@ -120,6 +125,7 @@ grpc::Status PlannerLink::CallWithRetries(
   for (int attempt = 1; attempt <= std::max(1, options_.max_attempts); ++attempt) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
+    Authorize(options_, &context);
     if (token != nullptr && !token->Enter(&context)) return cancelled;
     status = call(&context);
     if (token != nullptr) token->Leave();
@@ -172,6 +178,7 @@ void PlannerLink::ProbeLoop() {
     mu_.Unlock();
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_deadline));
+    Authorize(options_, &context);
     // Waits (within the deadline) for a connection instead of failing at
     // once while the channel backs off: a probe is what makes an idle
     // channel reconnect to a restarted service.

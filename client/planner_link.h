@@ -23,6 +23,7 @@ namespace knapformer {
 struct PlannerLinkOptions {
   std::string address;  // a gRPC target: host:port, dns:///NAME:PORT, ipv4:a:p,b:q
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = plaintext
+  std::string token;  // sent with every call as "authorization: Bearer"; empty = none
   // A group's link (rank 0 asks for every rank): spreads steps over the
   // target's replicas (round_robin) and pings a call's replica to find a
   // hung one. Else pick_first, no pings (per-rank mode's ranks must meet in

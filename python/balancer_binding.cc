@@ -55,6 +55,11 @@ struct BalancerArgs {
   std::optional<double> planner_deadline_s;
   std::optional<std::string> planner_mode;
   std::optional<bool> require_planner;  // unset: KNAPFORMER_REQUIRE_PLANNER
+  // Unset: KNAPFORMER_PLANNER_TOKEN, KNAPFORMER_PLANNER_TLS_CA, _CERT, _KEY.
+  std::optional<std::string> planner_token;
+  std::optional<std::string> planner_tls_ca;
+  std::optional<std::string> planner_tls_cert;
+  std::optional<std::string> planner_tls_key;
   uint64_t first_step = 0;
   bool use_fitted_gamma = false;
   bool agree_on_errors = true;
@@ -260,6 +265,10 @@ SequenceBalancerOptions OptionsOf(const BalancerArgs& args) {
   ThrowIfError(ApplyClientEnvironment(&options.planner, &job_id, &group_id));
   if (args.planner_address.has_value()) options.planner.address = *args.planner_address;
   if (args.require_planner.has_value()) options.planner.require_service = *args.require_planner;
+  if (args.planner_token.has_value()) options.planner.token = *args.planner_token;
+  if (args.planner_tls_ca.has_value()) options.planner.tls.ca_file = *args.planner_tls_ca;
+  if (args.planner_tls_cert.has_value()) options.planner.tls.cert_file = *args.planner_tls_cert;
+  if (args.planner_tls_key.has_value()) options.planner.tls.key_file = *args.planner_tls_key;
   if (args.job_id.has_value()) job_id = *args.job_id;
   if (args.group_id.has_value()) group_id = *args.group_id;
   if (args.planner_deadline_s.has_value()) {
@@ -709,6 +718,10 @@ void BindBalancer(py::module_& m) {
       .def_readwrite("planner_deadline_s", &BalancerArgs::planner_deadline_s)
       .def_readwrite("planner_mode", &BalancerArgs::planner_mode)
       .def_readwrite("require_planner", &BalancerArgs::require_planner)
+      .def_readwrite("planner_token", &BalancerArgs::planner_token)
+      .def_readwrite("planner_tls_ca", &BalancerArgs::planner_tls_ca)
+      .def_readwrite("planner_tls_cert", &BalancerArgs::planner_tls_cert)
+      .def_readwrite("planner_tls_key", &BalancerArgs::planner_tls_key)
       .def_readwrite("first_step", &BalancerArgs::first_step)
       .def_readwrite("use_fitted_gamma", &BalancerArgs::use_fitted_gamma)
       .def_readwrite("agree_on_errors", &BalancerArgs::agree_on_errors)

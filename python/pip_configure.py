@@ -82,6 +82,7 @@ PKG_CONFIG_MODULES = [
     ("prometheus-cpp-pull", "prometheus-cpp-dev"),
     ("prometheus-cpp-core", "prometheus-cpp-dev"),
     ("nlohmann_json", "nlohmann-json3-dev"),
+    ("libcrypto", "libssl-dev"),
 ]
 # Libraries without a pkg-config file, found beside the ones above.
 PLAIN_LIBRARIES = [("grpc++_reflection", "libgrpc++-dev")]

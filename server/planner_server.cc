@@ -119,10 +119,15 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     const PlannerServerOptions& options) {
   auto credentials = Credentials(options.tls);
   if (!credentials.ok()) return credentials.status();
+  absl::StatusOr<std::unique_ptr<JobAuthorizer>> authorizer = JobAuthorizer::Create(
+      options.auth, options.auth_key_file, !options.tls.client_ca_file.empty());
+  if (!authorizer.ok()) return authorizer.status();
+  ServiceOptions service = options.service;
+  service.authorizer = *std::move(authorizer);
 
   std::unique_ptr<PlannerServer> server(new PlannerServer());
   server->host_ = HostOf(options.listen_address);
-  server->service_ = std::make_unique<PlannerService>(options.service);
+  server->service_ = std::make_unique<PlannerService>(service);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -169,7 +174,8 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   }
   Log(LogLevel::kInfo,
       absl::StrCat("planner serving on ", server->address(),
-                   options.tls.cert_file.empty() ? " (plaintext)" : " (TLS)",
+                   options.tls.cert_file.empty() ? " (plaintext" : " (TLS",
+                   ", auth ", AuthModeName(options.auth), ")",
                    server->metrics_port_ != 0
                        ? absl::StrCat(", metrics on ", HostOf(options.metrics_address), ":",
                                       server->metrics_port_, "/metrics")

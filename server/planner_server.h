@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/job_auth.h"
 #include "server/planner_service.h"
 
 namespace grpc {
@@ -34,6 +35,10 @@ struct PlannerServerOptions {
   // host:port for the Prometheus /metrics page; empty = no metrics endpoint.
   std::string metrics_address;
   TlsFiles tls;
+  // Who may act as which job (job_auth.h): mtls needs tls.client_ca_file,
+  // token a key file. Replaces service.authorizer.
+  AuthMode auth = AuthMode::kNone;
+  std::string auth_key_file;
   ServiceOptions service;
   // A connection older than this is asked to close (GOAWAY; its calls
   // finish first) so that clients resolve the planner's name again: a
@@ -50,7 +55,8 @@ struct PlannerServerOptions {
 // Embeddable: a trainer's rank 0 can host it in-process. Thread-safe.
 class PlannerServer {
  public:
-  // Errors: InvalidArgument (unreadable or incomplete TLS files),
+  // Errors: InvalidArgument (unreadable or incomplete TLS files, an auth
+  // mode without what it needs, a bad key file),
   // Unavailable (an address cannot be bound, e.g. the port is in use: the
   // server never shares a port with another process).
   static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(

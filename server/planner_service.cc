@@ -77,9 +77,11 @@ class PlannerService::PlanCall final : public CountedReactor, public PendingCall
     FinishWith(absl::OkStatus());
   }
 
-  void FinishWith(const absl::Status& status) {
-    service_->metrics_.CountRequest(JobLabel(request_->spec().job_id()), "Plan", status.code(),
-                                    absl::Now());
+  // `named_job`: the call may be counted under the job it names (false for
+  // a caller refused as that job, who must not add labels).
+  void FinishWith(const absl::Status& status, bool named_job = true) {
+    service_->metrics_.CountRequest(named_job ? JobLabel(request_->spec().job_id()) : "", "Plan",
+                                    status.code(), absl::Now());
     if (!status.ok() && LogEnabled(LogLevel::kDebug)) {
       Log(LogLevel::kDebug, absl::StrCat("Plan: ", status.ToString()));
     }
@@ -117,10 +119,20 @@ PlannerService::~PlannerService() {
   reaper_.join();
 }
 
-grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* /*context*/,
+absl::Status PlannerService::Authorize(const grpc::CallbackServerContext& context,
+                                       const std::string& job_id) {
+  if (options_.authorizer == nullptr) return absl::OkStatus();
+  return options_.authorizer->Authorize(context, job_id);
+}
+
+grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* context,
                                                const v1::PlanRequest* request,
                                                v1::PlanResponse* response) {
   auto* call = new PlanCall(this, request, response);
+  if (absl::Status allowed = Authorize(*context, request->spec().job_id()); !allowed.ok()) {
+    call->FinishWith(allowed, /*named_job=*/false);
+    return call;
+  }
   auto checked = CheckPlanRequest(*request, options_.limits, &worlds_);
   if (!checked.ok()) {
     call->FinishWith(checked.status());
@@ -254,6 +266,12 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
                                                     v1::PlanGroupResponse* response) {
   grpc::ServerUnaryReactor* reactor = new CountedReactor(this);
   const std::string job = request->spec().job_id();
+  // Before anything counts the call against the job it names.
+  if (absl::Status allowed = Authorize(*context, job); !allowed.ok()) {
+    metrics_.CountRequest("", "PlanGroup", allowed.code(), absl::Now());
+    reactor->Finish(ToGrpcStatus(allowed));
+    return reactor;
+  }
   absl::Status status = PlanGroupArrived(job);
   const bool counted = status.ok();
   auto finish = [this, reactor, request, job, counted](const absl::Status& status) {
@@ -330,10 +348,15 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
   return reactor;
 }
 
-grpc::ServerUnaryReactor* PlannerService::GetJob(grpc::CallbackServerContext* /*context*/,
+grpc::ServerUnaryReactor* PlannerService::GetJob(grpc::CallbackServerContext* context,
                                                  const v1::GetJobRequest* request,
                                                  v1::JobState* response) {
   grpc::ServerUnaryReactor* reactor = new CountedReactor(this);
+  if (absl::Status allowed = Authorize(*context, request->job_id()); !allowed.ok()) {
+    metrics_.CountRequest("", "GetJob", allowed.code(), absl::Now());
+    reactor->Finish(ToGrpcStatus(allowed));
+    return reactor;
+  }
   auto answer = [this, reactor, request, response] {
     absl::StatusOr<v1::JobState> state = rendezvous_.GetJob(request->job_id(), absl::Now());
     if (state.ok()) *response = *std::move(state);

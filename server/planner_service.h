@@ -17,6 +17,7 @@
 #include "planner/balancer.h"
 #include "server/arena_message_allocator.h"
 #include "server/gamma_fits.h"
+#include "server/job_auth.h"
 #include "server/rendezvous.h"
 #include "server/request_check.h"
 #include "server/service_limits.h"
@@ -43,6 +44,9 @@ struct ServiceOptions {
   // Plan step, PlanGroup and GetJob call; the answer is held back that long
   // (on a timer: no thread sleeps). Null = no delay.
   std::function<absl::Duration()> answer_delay;
+  // Who may act as which job (job_auth.h); null = anyone (`--auth=none`).
+  // Asked first by every call that names a job.
+  std::shared_ptr<JobAuthorizer> authorizer;
 };
 
 // The knapformer.v1.Planner service on gRPC's callback API: a rank waiting in
@@ -83,6 +87,9 @@ class PlannerService final : public v1::Planner::CallbackService {
 
  private:
   class PlanCall;
+
+  // options_.authorizer's verdict on `context` acting as `job_id`.
+  absl::Status Authorize(const grpc::CallbackServerContext& context, const std::string& job_id);
 
   // Solves one step and records it in the job's state and metrics
   // (wait_seconds < 0: no rendezvous, e.g. PlanGroup); *balance on success.

@@ -3,6 +3,7 @@
 //   knapformer simulate [--data D] [--world W] [--topology T[,T...]] [--steps N] ...
 //   knapformer calibrate --input FILE|- --d-model D  |  --exchanges FILE|-
 //   knapformer serve [--listen ADDR] [--metrics ADDR] ... (see server/serve_flags.cc)
+//   knapformer token --job ID --key-file FILE
 //   knapformer help [COMMAND], knapformer COMMAND --help: the usage texts
 // Exit codes: 0 success, 2 bad input (one line on stderr naming the field),
 // 1 internal error.
@@ -35,6 +36,7 @@
 #include "tools/machine_flags.h"
 #include "tools/serve.h"
 #include "tools/simulate.h"
+#include "tools/token.h"
 
 namespace knapformer {
 namespace {
@@ -47,6 +49,7 @@ constexpr char kUsage[] =
     "  simulate   balance the paper's synthetic data streams and compare topologies\n"
     "  calibrate  fit the cost model (or the links) to measured times\n"
     "  serve      run the planner as a gRPC service\n"
+    "  token      print a job's token for a planner run with --auth=token\n"
     "  help       print this text, or a command's usage: knapformer help COMMAND\n"
     "\n"
     "knapformer COMMAND --help (or -h) lists the command's options and their defaults.\n"
@@ -120,6 +123,7 @@ std::string UsageOf(const std::string& command) {
   if (command == "simulate") return SimulateUsage();
   if (command == "calibrate") return CalibrateUsage();
   if (command == "serve") return ServeUsage();
+  if (command == "token") return TokenUsage();
   return "";
 }
 
@@ -271,18 +275,19 @@ int main(int argc, char** argv) {
       return 0;
     }
     std::cerr << "knapformer help: " << (usage.empty() ? "unknown command '" : "one command, not '")
-              << absl::StrJoin(args, " ") << "' (plan, simulate, calibrate, serve)\n";
+              << absl::StrJoin(args, " ") << "' (plan, simulate, calibrate, serve, token)\n";
     return 2;
   }
   if (command == "plan") return knapformer::RunPlan(args);
   if (command == "simulate") return knapformer::RunSimulate(args);
   if (command == "serve") return knapformer::RunServe(args);
   if (command == "calibrate") return knapformer::RunCalibrate(args);
+  if (command == "token") return knapformer::RunToken(args);
   std::string hint;
   const std::vector<std::string> close =
-      knapformer::SuggestOptions(command, {"plan", "simulate", "calibrate", "serve", "help"});
+      knapformer::SuggestOptions(command, {"plan", "simulate", "calibrate", "serve", "token", "help"});
   if (!close.empty()) hint = absl::StrCat("; did you mean ", absl::StrJoin(close, " or "), "?");
   std::cerr << "knapformer: unknown command '" << command
-            << "' (plan, simulate, calibrate, serve, help" << hint << ")\n";
+            << "' (plan, simulate, calibrate, serve, token, help" << hint << ")\n";
   return 2;
 }

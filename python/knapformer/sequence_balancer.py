@@ -80,7 +80,8 @@ def _make_host_groups(group, bags):
 
 def _arguments(bag_specs, gamma, device, planner_address, job_id, group_id, d_model,
                max_tokens_per_gpu, cost_model, locality, planner_deadline, planner_mode,
-               require_planner, first_step, use_fitted_gamma, agree_on_errors, machine):
+               require_planner, first_step, use_fitted_gamma, agree_on_errors, machine,
+               planner_token=None, planner_tls=None):
     """The C++ balancer's arguments, checked; ValueError naming a bad one."""
     if not isinstance(bag_specs, str):
         raise ValueError(f"bag_specs: needs a topology string such as 'g1n2+g2n1+g4n1', "
@@ -103,6 +104,18 @@ def _arguments(bag_specs, gamma, device, planner_address, job_id, group_id, d_mo
     args.planner_deadline_s = None if planner_deadline is None else float(planner_deadline)
     args.planner_mode = None if planner_mode is None else str(planner_mode)
     args.require_planner = None if require_planner is None else bool(require_planner)
+    if planner_token is not None:
+        if not isinstance(planner_token, str):
+            raise ValueError(f"planner_token: needs a string (knapformer token --job ID), got "
+                             f"{type(planner_token).__name__}")
+        args.planner_token = planner_token
+    if planner_tls is not None:
+        if not isinstance(planner_tls, dict) or not set(planner_tls) <= {"ca", "cert", "key"}:
+            raise ValueError(f"planner_tls: needs a dict of PEM file paths with the keys ca, "
+                             f"cert and key (any of them), got {planner_tls!r}")
+        args.planner_tls_ca = planner_tls.get("ca")
+        args.planner_tls_cert = planner_tls.get("cert")
+        args.planner_tls_key = planner_tls.get("key")
     args.first_step = int(first_step)
     args.use_fitted_gamma = bool(use_fitted_gamma)
     if agree_on_errors == "every_exchange":
@@ -164,6 +177,13 @@ class SequenceBalancer:
       planner_mode: "group" (default: rank 0 asks the service for the
         whole group, the plan is broadcast) or "per-rank" (every rank asks
         for its own slice); see docs/service.md.
+      planner_token: the job token of a planner run with --auth=token
+        (``knapformer token --job ID``), sent with every call (default: the
+        KNAPFORMER_PLANNER_TOKEN environment variable).
+      planner_tls: TLS to the planner, a dict of PEM file paths: "ca" (the
+        planner's certificate is verified against it), "cert" and "key"
+        (this client's, for mutual TLS) (default: KNAPFORMER_PLANNER_TLS_CA,
+        _CERT, _KEY; none = plaintext). docs/service.md#security.
       group_id, planner_deadline (seconds per step's planner request), first_step,
       use_fitted_gamma: see docs/python.md.
       machine: for "auto", a dict of any of flops_per_second,
@@ -210,7 +230,8 @@ class SequenceBalancer:
                  job_id=None, d_model=None, max_tokens_per_gpu=0, cost_model="transformer",
                  locality=True, group_id=None, planner_deadline=None, first_step=0,
                  use_fitted_gamma=False, agree_on_errors=True, planner_mode=None,
-                 machine=None, require_planner=None, _metadata_on_gloo=False):
+                 machine=None, require_planner=None, planner_token=None, planner_tls=None,
+                 _metadata_on_gloo=False):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("SequenceBalancer: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first")
@@ -227,7 +248,8 @@ class SequenceBalancer:
             args = _arguments(bag_specs, gamma, device, planner_address, job_id, group_id,
                               d_model, max_tokens_per_gpu, cost_model, locality,
                               planner_deadline, planner_mode, require_planner, first_step,
-                              use_fitted_gamma, agree_on_errors, machine)
+                              use_fitted_gamma, agree_on_errors, machine,
+                              planner_token=planner_token, planner_tls=planner_tls)
             bags = _C.multi_gpu_bags(bag_specs, group.size(), args.machine)
             replica_size = _C.replica_size(bag_specs, group.size(), args.machine)
             mine = ("ok", _C._encoded_settings(args))

@@ -1035,20 +1035,9 @@ class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing_util::TempPath("tls");
-    const std::string script = absl::StrCat(
-        "set -e; mkdir -p ", dir_, "; cd ", dir_, ";",
-        "printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext;"
-        "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca "
-        "  -keyout ca.key -out ca.pem;",
-        "openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key "
-        "  -out server.csr;",
-        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
-        "  -extfile san.ext -out server.pem;",
-        "openssl req -newkey rsa:2048 -nodes -subj /CN=rank -keyout client.key -out client.csr;",
-        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
-        "  -out client.pem;");
-    ASSERT_EQ(std::system(absl::StrCat("(", script, ") >/dev/null 2>&1").c_str()), 0)
-        << "openssl failed (scripts/setup.sh installs it)";
+    std::string log;
+    ASSERT_TRUE(testing_util::MakeTlsFiles(dir_, {{"client", ""}}, &log))
+        << "openssl failed (scripts/setup.sh installs it): " << log;
   }
 
   std::string Read(const std::string& name) {
@@ -1118,7 +1107,7 @@ TEST_F(TlsTest, IncompleteOrUnreadableTlsFilesAreInvalidArgument) {
   server = PlannerServer::Start(options);
   ASSERT_FALSE(server.ok());
   EXPECT_THAT(server.status().message(), HasSubstr("--tls-key: cannot read"));
-  options.tls.key_file = dir_ + "/san.ext";
+  options.tls.key_file = dir_ + "/server.ext";
   server = PlannerServer::Start(options);
   ASSERT_FALSE(server.ok());
   EXPECT_THAT(server.status().message(), HasSubstr("is not a PEM file"));

@@ -179,6 +179,33 @@ std::string ReadFile(const std::string& path) {
   return text.str();
 }
 
+bool MakeTlsFiles(const std::string& dir, const std::vector<TestClientCert>& clients,
+                  std::string* log) {
+  std::string script = absl::StrCat(
+      "set -e; mkdir -p ", dir, "; cd ", dir, ";",
+      "printf 'subjectAltName=IP:127.0.0.1\\n' > server.ext;"
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca "
+      "  -keyout ca.key -out ca.pem;",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key "
+      "  -out server.csr;",
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
+      "  -extfile server.ext -out server.pem;");
+  for (const TestClientCert& client : clients) {
+    const std::string& n = client.name;
+    absl::StrAppend(&script, "openssl req -newkey rsa:2048 -nodes -subj /CN=", n, " -keyout ",
+                    n, ".key -out ", n, ".csr;");
+    std::string extfile;
+    if (!client.alt_names.empty()) {
+      absl::StrAppend(&script, "printf 'subjectAltName=", client.alt_names, "\\n' > ", n,
+                      ".ext;");
+      extfile = absl::StrCat(" -extfile ", n, ".ext");
+    }
+    absl::StrAppend(&script, "openssl x509 -req -in ", n, ".csr -CA ca.pem -CAkey ca.key ",
+                    "-CAcreateserial -days 1", extfile, " -out ", n, ".pem;");
+  }
+  return RunWithInput(script, "", log) == 0;
+}
+
 int RunWithInput(const std::string& command, const std::string& input, std::string* output) {
   const std::string base = TempPath(absl::StrCat("run_", getpid()));
   {

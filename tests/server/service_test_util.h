@@ -112,6 +112,18 @@ std::string TempPath(const std::string& name);
 // The whole file at `path` ("" if it cannot be read).
 std::string ReadFile(const std::string& path);
 
+// Throwaway certificates from openssl in `dir` (made if missing): ca.pem
+// and ca.key; server.pem and server.key for 127.0.0.1; and for each client
+// NAME, NAME.pem and NAME.key signed by the CA, with the client's subject
+// alternative names (openssl's form: "URI:spiffe://d/ns/a/sa/b,DNS:job-b";
+// empty: none). False, with openssl's output in *log, when it fails.
+struct TestClientCert {
+  std::string name;
+  std::string alt_names;
+};
+bool MakeTlsFiles(const std::string& dir, const std::vector<TestClientCert>& clients,
+                  std::string* log);
+
 // Runs `command` through /bin/sh with `input` on its stdin; returns its exit
 // status (-1 if it could not run) and appends its stdout+stderr to *output.
 int RunWithInput(const std::string& command, const std::string& input, std::string* output);

@@ -1,0 +1,42 @@
+#ifndef KNAPFORMER_CLIENT_PLANNER_CREDENTIALS_H_
+#define KNAPFORMER_CLIENT_PLANNER_CREDENTIALS_H_
+
+// How a rank proves itself to a planner that checks who may act as a job
+// (serve --auth, docs/service.md#security): TLS from PEM files, and the
+// job token every call carries.
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace grpc {
+class ChannelCredentials;
+}  // namespace grpc
+
+namespace knapformer {
+
+// PEM files for TLS to the planner. All empty: plaintext. ca_file alone:
+// TLS, the planner's certificate verified against it. cert_file and
+// key_file as well: mutual TLS (serve --tls-client-ca, --auth=mtls).
+struct PlannerTls {
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  bool enabled() const { return !ca_file.empty() || !cert_file.empty() || !key_file.empty(); }
+};
+
+// Channel credentials from `tls`'s files, read now. InvalidArgument naming
+// the field (planner_tls_ca, planner_tls_cert, planner_tls_key) for a file
+// that cannot be read or is empty, or a certificate without its key.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> PlannerChannelCredentials(
+    const PlannerTls& tls);
+
+// InvalidArgument unless `token` is empty or fits an HTTP header value
+// (visible ASCII: a token with a line break could add headers of its own).
+absl::Status CheckPlannerToken(const std::string& token);
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_CLIENT_PLANNER_CREDENTIALS_H_

@@ -1,0 +1,59 @@
+#include "tools/token.h"
+
+#include <iostream>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/args.h"
+#include "server/job_auth.h"
+#include "server/request_check.h"
+
+namespace knapformer {
+namespace {
+
+const std::vector<OptionSpec>& TokenOptions() {
+  static const std::vector<OptionSpec> kOptions = {
+      {"job", "ID", "", "the job id the token is for, as the trainer sends it (required)"},
+      {"key-file", "FILE", "", "the planner's --auth-key-file; its first key mints (required)"},
+  };
+  return kOptions;
+}
+
+}  // namespace
+
+std::string TokenUsage() {
+  return FormatUsage("knapformer token --job ID --key-file FILE",
+                     "Print the job token that a planner run with --auth=token and this key file\n"
+                     "accepts for job ID (the trainer's KNAPFORMER_PLANNER_TOKEN, or planner_token=\n"
+                     "in Python). Anyone holding it may act as that job: keep it in a Secret.",
+                     TokenOptions());
+}
+
+int RunToken(const std::vector<std::string>& argv) {
+  if (Args::WantsHelp(argv)) {
+    std::cout << TokenUsage();
+    return 0;
+  }
+  auto fail = [](const absl::Status& status) {
+    std::cerr << "knapformer token: " << status.message() << "\n";
+    return 2;
+  };
+  absl::StatusOr<Args> args = Args::ParseOptions(argv, TokenOptions());
+  if (!args.ok()) return fail(args.status());
+  const std::string job = args->GetString("job", "");
+  const std::string key_file = args->GetString("key-file", "");
+  if (job.empty()) return fail(absl::InvalidArgumentError("--job: required (the job id)"));
+  if (absl::Status valid = CheckJobId(job); !valid.ok()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "--job: '", job, "' is not a job id the planner accepts (", valid.message(), ")")));
+  }
+  if (key_file.empty()) {
+    return fail(absl::InvalidArgumentError("--key-file: required (the planner's key file)"));
+  }
+  absl::StatusOr<std::vector<std::string>> keys = ReadJobKeys(key_file);
+  if (!keys.ok()) return fail(keys.status());
+  std::cout << MintJobToken(keys->front(), job) << "\n";
+  return 0;
+}
+
+}  // namespace knapformer

@@ -1,0 +1,18 @@
+#ifndef KNAPFORMER_TOOLS_TOKEN_H_
+#define KNAPFORMER_TOOLS_TOKEN_H_
+
+#include <string>
+#include <vector>
+
+namespace knapformer {
+
+// `knapformer token --job ID --key-file FILE`: prints the job token a planner
+// run with `--auth=token --auth-key-file FILE` accepts for job ID (minted
+// under the file's first key; server/job_auth.h). 0, or 2 for bad flags, an
+// invalid job id or an unusable key file.
+std::string TokenUsage();
+int RunToken(const std::vector<std::string>& argv);
+
+}  // namespace knapformer
+
+#endif  // KNAPFORMER_TOOLS_TOKEN_H_
