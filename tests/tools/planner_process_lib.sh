@@ -1,5 +1,6 @@
 # Shell helpers shared by the tests that run `knapformer serve` and
-# train-sim as real processes (planner_faults_test, planner_replicas_test).
+# train-sim as real processes (planner_faults_test, planner_replicas_test,
+# planner_auth_test).
 # Sourced; uses the caller's `fail`.
 
 # Waits (bounded, 30 s) until `serve --port-file` $1 is written; fails
@@ -28,5 +29,46 @@ last_step() {
 import re, sys
 rows = re.findall(r"^(\d+)\s+unbalanced", open(sys.argv[1]).read(), re.M)
 print(rows[-1] if rows else -1)
+PY
+}
+
+# Checks run output $1: name $2, steps $3..$4, every step done, at most $5
+# steps planned longer than the deadline; prints each step's source.
+# Remaining args: "service-after STEP" (some step after STEP, and the last,
+# come from the service), then "local STEP..." or "service STEP..." (these
+# steps were planned locally / by the service).
+check_run() {
+  python3 - "$@" <<'PY' || return 1
+import re, sys
+path, name, first, last, slow_allowed, *rest = sys.argv[1:]
+text = open(path).read()
+steps = re.findall(r"^(\d+)\s+unbalanced.*\n\s+balanced.*\((local planner|planner service)"
+                   r"(, ahead)?, waited ([\d.]+) ms\)$", text, re.M)
+ahead = {int(s): bool(a) for s, _, a, _ in steps}
+steps = [(s, src, ms) for s, src, _, ms in steps]
+got = [int(s) for s, _, _ in steps]
+assert got == list(range(int(first), int(last) + 1)), f"{name}: steps {got}\n{text}"
+assert "FAILED" not in text and "largest relative loss difference" in text, f"{name}:\n{text}"
+source = {int(s): src for s, src, _ in steps}
+slow = [int(s) for s, _, ms in steps if float(ms) > 2000]
+print(f"{name}: " + " ".join(f"{s}:{'S' if source[s] == 'planner service' else 'L'}" for s in got)
+      + f"; steps planned > 2 s: {slow}")
+assert len(slow) <= int(slow_allowed), f"{name}: steps {slow} waited past the deadline"
+i = 0
+while i < len(rest):
+    if rest[i] == "ahead":  # every step but the first was planned ahead
+        assert not ahead[got[0]] and all(ahead[s] for s in got[1:]), f"{name}: {ahead}"
+        i += 1
+    elif rest[i] == "service-after":
+        after = int(rest[i + 1])
+        assert any(source[s] == "planner service" for s in got if s > after), \
+            f"{name}: the service was not used again after step {after}"
+        assert source[got[-1]] == "planner service", f"{name}: the last step was not the service's"
+        i += 2
+    elif rest[i] in ("local", "service"):
+        want = "local planner" if rest[i] == "local" else "planner service"
+        for s in rest[i + 1:]:
+            assert source[int(s)] == want, f"{name}: step {s} was not planned by the {want}"
+        break
 PY
 }
