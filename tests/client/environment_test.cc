@@ -53,6 +53,29 @@ TEST(ClientEnvironment, MalformedVariablesAreErrorsNamingThemAndChangeNothing) {
             "KNAPFORMER_JOB_ID: set but empty");
 }
 
+TEST(ClientEnvironment, CredentialsComeFromTheirVariables) {
+  PlannerClientOptions planner;
+  std::string job = "default", group;
+  ASSERT_TRUE(ApplyClientEnvironment(&planner, &job, &group,
+                                     From({{"KNAPFORMER_PLANNER_TOKEN", "kf1.abc"},
+                                           {"KNAPFORMER_PLANNER_TLS_CA", "/etc/ca.pem"},
+                                           {"KNAPFORMER_PLANNER_TLS_CERT", "/etc/rank.pem"},
+                                           {"KNAPFORMER_PLANNER_TLS_KEY", "/etc/rank.key"}}))
+                  .ok());
+  EXPECT_EQ(planner.token, "kf1.abc");
+  EXPECT_EQ(planner.tls.ca_file, "/etc/ca.pem");
+  EXPECT_EQ(planner.tls.cert_file, "/etc/rank.pem");
+  EXPECT_EQ(planner.tls.key_file, "/etc/rank.key");
+  // A token with a line break could add headers of its own.
+  const absl::Status bad = ApplyClientEnvironment(
+      &planner, &job, &group, From({{"KNAPFORMER_PLANNER_TOKEN", "kf1.abc\r\nx-admin: 1"}}));
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("KNAPFORMER_PLANNER_TOKEN: planner_token: character 7"),
+            std::string::npos)
+      << bad;
+  EXPECT_EQ(planner.token, "kf1.abc");  // unchanged
+}
+
 TEST(ClientEnvironment, RequirePlannerIsOneOfFourWords) {
   PlannerClientOptions planner;
   std::string job = "default", group;

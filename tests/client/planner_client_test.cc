@@ -4,6 +4,8 @@
 #include "client/planner_client.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -199,6 +201,56 @@ TEST_P(EveryMode, WithAServiceEveryRankGetsItsSliceFromIt) {
   options.mode = GetParam();
   options.address = server->address();
   ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kService);
+}
+
+// A planner that checks job tokens: every call of the run carries its token
+// (every rank's in per-rank mode), so every step comes from the service;
+// another job's token gets every step planned locally, naming why.
+TEST_P(EveryMode, AJobTokenIsSentWithEveryCall) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string keys = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/planner_keys");
+  const std::string key = "0123456789abcdef0123456789abcdef";
+  std::ofstream(keys) << key << "\n";
+  PlannerServerOptions server_options;
+  server_options.listen_address = "127.0.0.1:0";
+  server_options.auth = AuthMode::kToken;
+  server_options.auth_key_file = keys;
+  auto server = PlannerServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  PlannerClientOptions options;
+  options.mode = GetParam();
+  options.address = (*server)->address();
+  options.token = MintJobToken(key, "client-test");  // Spec's job
+  ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kService);
+
+  options.token = MintJobToken(key, "another-job");
+  const auto results = RunSteps(options, 10, 1);
+  ExpectCorePlans(results, 10, PlanSource::kLocal);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_THAT(results[0][r]->local_reason, HasSubstr("not this planner's token")) << r;
+  }
+}
+
+TEST(PlannerClientTest, UnusableCredentialsAreRefusedWhenTheClientIsMade) {
+  auto transports = LocalTransport::CreateGroup(1, absl::Seconds(5));
+  PlannerClientOptions options;
+  options.address = "127.0.0.1:50051";
+  options.tls.ca_file = "/no/such/ca.pem";
+  auto client = PlannerClient::Create(options, transports[0].get());
+  ASSERT_FALSE(client.ok());
+  EXPECT_THAT(std::string(client.status().message()),
+              HasSubstr("planner_tls_ca: cannot read '/no/such/ca.pem'"));
+  options.tls = {"", "/etc/rank.pem", ""};
+  client = PlannerClient::Create(options, transports[0].get());
+  ASSERT_FALSE(client.ok());
+  EXPECT_THAT(std::string(client.status().message()),
+              HasSubstr("a client certificate needs its key"));
+  options.tls = {};
+  options.token = "kf1.ab cd";
+  client = PlannerClient::Create(options, transports[0].get());
+  ASSERT_FALSE(client.ok());
+  EXPECT_THAT(std::string(client.status().message()),
+              HasSubstr("planner_token: character 6 is not visible ASCII"));
 }
 
 TEST_P(EveryMode, AServiceThatIsDownOrGoesDownMidRunFallsBackOnEveryRank) {

@@ -116,9 +116,27 @@ expect missing-file 2 "--input: cannot read" -- "$bin" plan --input "$tmp/none.j
 expect missing-input 2 "--input: required" -- "$bin" plan
 expect unknown-option 2 "--bogus: unknown option (known: --input, --rank," -- "$bin" plan --bogus 1
 expect unknown-command 2 "unknown command 'frobnicate'" -- "$bin" frobnicate
-want="unknown command 'simulte' (plan, simulate, calibrate, serve, help; did you mean simulate?)"
+want="unknown command 'simulte' (plan, simulate, calibrate, serve, token, help; did you mean simulate?)"
 expect unknown-command-close 2 "$want" \
   -- "$bin" simulte
+# knapformer token: the HMAC-SHA256 of the job id under the key file's
+# first key, as Python's hmac computes it; bad input names the field.
+printf '# planner keys\n%s\n%s\n' 0123456789abcdef0123456789abcdef-first \
+  0123456789abcdef0123456789abcdef-second >"$tmp/keys"
+expect token 0 "" -- "$bin" token --job team-a/run-1 --key-file "$tmp/keys"
+want="kf1.$(python3 -c 'import hashlib, hmac
+print(hmac.new(b"0123456789abcdef0123456789abcdef-first", b"team-a/run-1", hashlib.sha256).hexdigest())')"
+[[ "$(cat "$tmp/out")" == "$want" ]] ||
+  { echo "FAIL token: printed '$(cat "$tmp/out")', not '$want'"; failures=$((failures + 1)); }
+expect token-no-job 2 "knapformer token: --job: required" -- "$bin" token --key-file "$tmp/keys"
+expect token-bad-job 2 "--job: 'a b' is not a job id the planner accepts" \
+  -- "$bin" token --job "a b" --key-file "$tmp/keys"
+expect token-no-keys 2 "--key-file: required" -- "$bin" token --job j
+printf 'short\n' >"$tmp/short_keys"
+expect token-short-key 2 "short_keys, line 1: a key of 5 characters; at least 32" \
+  -- "$bin" token --job j --key-file "$tmp/short_keys"
+expect token-missing-keys 2 "none.keys: cannot be read" \
+  -- "$bin" token --job j --key-file "$tmp/none.keys"
 expect help 0 "" -- "$bin" help
 grep -q "^  serve " "$tmp/out" || { echo "FAIL help: no serve in the usage"; failures=$((failures + 1)); }
 
