@@ -1,26 +1,13 @@
 #include "client/planner_credentials.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
+#include "common/pem_file.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_certificate_verifier.h"
+#include "grpcpp/security/tls_credentials_options.h"
 
 namespace knapformer {
-namespace {
-
-absl::StatusOr<std::string> ReadPemFile(const char* field, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(field, ": cannot read '", path, "'"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (text.str().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": '", path, "' is empty"));
-  }
-  return text.str();
-}
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> PlannerChannelCredentials(
     const PlannerTls& tls) {
@@ -29,21 +16,33 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> PlannerChannelCredenti
         "planner_tls_cert and planner_tls_key: a client certificate needs its key (set both, "
         "or neither)");
   }
-  grpc::SslCredentialsOptions options;
-  if (!tls.ca_file.empty()) {
-    absl::StatusOr<std::string> ca = ReadPemFile("planner_tls_ca", tls.ca_file);
-    if (!ca.ok()) return ca.status();
-    options.pem_root_certs = *std::move(ca);
+  if (tls.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "planner_tls_ca: TLS to the planner needs the CA that signed its certificate");
   }
-  if (!tls.cert_file.empty()) {
-    absl::StatusOr<std::string> cert = ReadPemFile("planner_tls_cert", tls.cert_file);
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadPemFile("planner_tls_key", tls.key_file);
-    if (!key.ok()) return key.status();
-    options.pem_cert_chain = *std::move(cert);
-    options.pem_private_key = *std::move(key);
+  // Read once here for a clear error when the client is made; the provider
+  // reads them again every refresh interval (a renewed Secret).
+  for (const auto& [field, path] : {std::make_pair("planner_tls_ca", tls.ca_file),
+                                    std::make_pair("planner_tls_cert", tls.cert_file),
+                                    std::make_pair("planner_tls_key", tls.key_file)}) {
+    if (path.empty()) continue;
+    if (absl::StatusOr<std::string> pem = ReadPemFile(field, path); !pem.ok()) {
+      return pem.status();
+    }
   }
-  return grpc::SslCredentials(options);
+  const unsigned int refresh_s = static_cast<unsigned int>(
+      std::max<int64_t>(1, absl::ToInt64Seconds(tls.refresh_interval)));
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      tls.key_file, tls.cert_file, tls.ca_file, refresh_s);
+  grpc::experimental::TlsChannelCredentialsOptions options;
+  options.set_certificate_provider(provider);
+  options.watch_root_certs();
+  if (!tls.cert_file.empty()) options.watch_identity_key_cert_pairs();
+  // The planner's certificate must name the host the target names.
+  options.set_verify_server_certs(true);
+  options.set_certificate_verifier(
+      std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
+  return grpc::experimental::TlsCredentials(options);
 }
 
 absl::Status CheckPlannerToken(const std::string& token) {

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace grpc {
 class ChannelCredentials;
@@ -18,18 +19,23 @@ class ChannelCredentials;
 namespace knapformer {
 
 // PEM files for TLS to the planner. All empty: plaintext. ca_file alone:
-// TLS, the planner's certificate verified against it. cert_file and
-// key_file as well: mutual TLS (serve --tls-client-ca, --auth=mtls).
+// TLS, the planner's certificate verified against it (and its name against
+// the target's host). cert_file and key_file as well: mutual TLS (serve
+// --tls-client-ca, --auth=mtls). The files are read again every
+// refresh_interval (whole seconds, at least 1), so that a renewed
+// certificate is used without restarting the trainer.
 struct PlannerTls {
   std::string ca_file;
   std::string cert_file;
   std::string key_file;
+  absl::Duration refresh_interval = absl::Seconds(60);
   bool enabled() const { return !ca_file.empty() || !cert_file.empty() || !key_file.empty(); }
 };
 
-// Channel credentials from `tls`'s files, read now. InvalidArgument naming
-// the field (planner_tls_ca, planner_tls_cert, planner_tls_key) for a file
-// that cannot be read or is empty, or a certificate without its key.
+// Channel credentials from `tls`'s files, checked now. InvalidArgument
+// naming the field (planner_tls_ca, planner_tls_cert, planner_tls_key) for
+// a file that cannot be read or holds no PEM block, no CA, or a
+// certificate without its key.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> PlannerChannelCredentials(
     const PlannerTls& tls);
 

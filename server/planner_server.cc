@@ -18,26 +18,16 @@
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
 #include "common/log.h"
+#include "common/pem_file.h"
 
 namespace knapformer {
 namespace {
-
-absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read '", path, "'"));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (text.str().find("-----BEGIN") == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": '", path, "' is not a PEM file"));
-  }
-  return text.str();
-}
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const TlsFiles& tls) {
   if (tls.cert_file.empty() && tls.key_file.empty() && tls.client_ca_file.empty()) {
@@ -47,23 +37,26 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const TlsFi
     return absl::InvalidArgumentError(
         "--tls-cert and --tls-key: TLS needs both (and --tls-client-ca only with them)");
   }
-  grpc::SslServerCredentialsOptions options;
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  auto key = ReadPem("--tls-key", tls.key_file);
-  if (!key.ok()) return key.status();
-  auto cert = ReadPem("--tls-cert", tls.cert_file);
-  if (!cert.ok()) return cert.status();
-  pair.private_key = *std::move(key);
-  pair.cert_chain = *std::move(cert);
-  options.pem_key_cert_pairs.push_back(std::move(pair));
-  if (!tls.client_ca_file.empty()) {
-    auto ca = ReadPem("--tls-client-ca", tls.client_ca_file);
-    if (!ca.ok()) return ca.status();
-    options.pem_root_certs = *std::move(ca);
-    options.client_certificate_request =
-        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  // Read once here for a clear error at start; the provider reads them again
+  // every refresh interval, so a renewed certificate (a Secret's new
+  // version) is served without a restart.
+  for (const auto& [flag, path] : {std::make_pair("--tls-key", tls.key_file),
+                                   std::make_pair("--tls-cert", tls.cert_file),
+                                   std::make_pair("--tls-client-ca", tls.client_ca_file)}) {
+    if (path.empty()) continue;
+    if (absl::StatusOr<std::string> pem = ReadPemFile(flag, path); !pem.ok()) return pem.status();
   }
-  return grpc::SslServerCredentials(options);
+  const unsigned int refresh_s = static_cast<unsigned int>(
+      std::max<int64_t>(1, absl::ToInt64Seconds(tls.refresh_interval)));
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      tls.key_file, tls.cert_file, tls.client_ca_file, refresh_s);
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (!tls.client_ca_file.empty()) {
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  return grpc::experimental::TlsServerCredentials(options);
 }
 
 // "host" of "host:port" ("[::1]:0" -> "[::1]").
@@ -154,9 +147,26 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
         "--listen: cannot serve on '", options.listen_address,
         "' (malformed address, or the port is in use)"));
   }
-  grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
-  health->SetServingStatus(true);
-  health->SetServingStatus(v1::Planner::service_full_name(), true);
+  if (!options.health_address.empty()) {
+    // Its own server, so that nothing but health answers in plaintext.
+    grpc::ServerBuilder health_builder;
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    health_builder.AddListeningPort(options.health_address, grpc::InsecureServerCredentials(),
+                                    &server->health_port_);
+    server->health_server_ = health_builder.BuildAndStart();
+    if (server->health_server_ == nullptr || server->health_port_ == 0) {
+      server->Shutdown(absl::ZeroDuration());
+      return absl::UnavailableError(absl::StrCat(
+          "--health-listen: cannot serve on '", options.health_address,
+          "' (malformed address, or the port is in use)"));
+    }
+  }
+  for (grpc::Server* s : {server->server_.get(), server->health_server_.get()}) {
+    if (s == nullptr) continue;
+    grpc::HealthCheckServiceInterface* health = s->GetHealthCheckService();
+    health->SetServingStatus(true);
+    health->SetServingStatus(v1::Planner::service_full_name(), true);
+  }
 
   if (!options.metrics_address.empty()) {
     try {
@@ -193,6 +203,7 @@ void PlannerServer::Shutdown(absl::Duration grace) {
   shut_down_ = true;
   const absl::Time deadline = absl::Now() + grace;
   server_->GetHealthCheckService()->Shutdown();
+  if (health_server_ != nullptr) health_server_->GetHealthCheckService()->Shutdown();
   service_->Drain();  // from here new steps are refused with UNAVAILABLE
   service_->WaitForAnswers(deadline);
   // What is left are health Watch streams, which never end by themselves
@@ -202,6 +213,10 @@ void PlannerServer::Shutdown(absl::Duration grace) {
   // under way to answer its cancelled call; a solve is never interrupted.
   server_->Shutdown(absl::ToChronoTime(absl::Now()));
   server_->Wait();
+  if (health_server_ != nullptr) {
+    health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
+    health_server_->Wait();
+  }
   StopMetrics();
   Log(LogLevel::kInfo, "planner stopped");
 }

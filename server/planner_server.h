@@ -22,11 +22,14 @@ namespace knapformer {
 
 // PEM files for TLS. All empty: plaintext. cert_file and key_file: TLS.
 // client_ca_file as well: mutual TLS (clients must present a certificate
-// signed by that CA).
+// signed by that CA). The files are read again every refresh_interval
+// (whole seconds, at least 1), so that a renewed certificate or CA is used
+// without a restart; a file that has become unreadable keeps the last read.
 struct TlsFiles {
   std::string cert_file;
   std::string key_file;
   std::string client_ca_file;
+  absl::Duration refresh_interval = absl::Seconds(60);
 };
 
 struct PlannerServerOptions {
@@ -34,6 +37,10 @@ struct PlannerServerOptions {
   std::string listen_address = "127.0.0.1:50051";
   // host:port for the Prometheus /metrics page; empty = no metrics endpoint.
   std::string metrics_address;
+  // host:port of a plaintext listener that serves only the health service
+  // (the same statuses as the main one), for probes that cannot speak TLS
+  // (the kubelet's gRPC probes) when the main listener does; empty = none.
+  std::string health_address;
   TlsFiles tls;
   // Who may act as which job (job_auth.h): mtls needs tls.client_ca_file,
   // token a key file. Replaces service.authorizer.
@@ -69,6 +76,7 @@ class PlannerServer {
   // The bound ports (metrics_port() is 0 without a metrics endpoint).
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
+  int health_port() const { return health_port_; }
   // "host:port" of the gRPC listener, with the bound port.
   std::string address() const;
 
@@ -91,9 +99,11 @@ class PlannerServer {
   std::string host_;
   int port_ = 0;
   int metrics_port_ = 0;
+  int health_port_ = 0;
   std::string metrics_wake_host_;  // where StopMetrics connects to wake civetweb
   std::unique_ptr<PlannerService> service_;  // outlives server_
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_server_;  // health_address's
   std::unique_ptr<prometheus::Exposer> exposer_;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

@@ -66,6 +66,7 @@ const std::vector<OptionSpec>& ServeOptions() {
         {"tls-key", "PEM", "", "its private key"},
         {"tls-client-ca", "PEM", "", "require client certificates signed by this CA"},
         {"auth", "MODE", "none", "who may act as a job: none, token or mtls"},
+        {"health-listen", "ADDR", "", "plaintext health-only listener (kubelet probes of TLS)"},
         {"auth-key-file", "FILE", "", "--auth=token: keys, one per line; reread on change"},
         {"log-level", "LEVEL", kDefaultLogLevel, "debug, info, warning or error"},
         {"shutdown-grace-ms", "MS", number(absl::ToInt64Milliseconds(config.shutdown_grace)),
@@ -167,6 +168,7 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
   server.tls.client_ca_file = args.GetString("tls-client-ca", "");
   KF_ASSIGN_OR_RETURN(server.auth, ParseAuthMode(args.GetString("auth", "none")));
   server.auth_key_file = args.GetString("auth-key-file", "");
+  server.health_address = args.GetString("health-listen", "");
   KF_ASSIGN_OR_RETURN(config.log_level,
                       ParseLogLevel(args.GetString("log-level", kDefaultLogLevel)));
   KF_ASSIGN_OR_RETURN(int64_t grace_ms,

@@ -22,7 +22,9 @@ struct ServeConfig {
   PlannerServerOptions server;
   LogLevel log_level = LogLevel::kInfo;
   absl::Duration shutdown_grace = absl::Seconds(5);
-  std::string port_file;  // written with "<grpc port> <metrics port>\n" once serving
+  // Written with "<grpc port> <metrics port>\n" once serving (and
+  // " <health port>" before the newline with --health-listen).
+  std::string port_file;
   // glibc malloc keeps freed memory for the next plan (common/malloc_policy.h).
   bool retain_freed_memory = true;
 };

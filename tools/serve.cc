@@ -55,7 +55,9 @@ int RunServe(const std::vector<std::string>& argv) {
     const std::string temporary = config->port_file + ".tmp";
     {
       std::ofstream out(temporary);
-      out << (*server)->port() << " " << (*server)->metrics_port() << "\n";
+      out << (*server)->port() << " " << (*server)->metrics_port();
+      if ((*server)->health_port() != 0) out << " " << (*server)->health_port();
+      out << "\n";
     }
     if (std::rename(temporary.c_str(), config->port_file.c_str()) != 0) {
       std::cerr << "knapformer serve: --port-file: cannot write '" << config->port_file << "'\n";

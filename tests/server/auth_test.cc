@@ -4,10 +4,12 @@
 // alike whether the job exists or not, while the job's own credential works.
 #include "server/job_auth.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/planner_credentials.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/planner_server.h"
@@ -248,6 +250,71 @@ TEST(MtlsServiceTest, TheCertificatesNamesDecideWhichJobsItMayActAs) {
                    grpc::StatusCode::PERMISSION_DENIED, "team-a as team-b's job");
   ExpectAllRefused(CallAs(channel_of("anonymous"), "job-b", "", 10),
                    grpc::StatusCode::UNAUTHENTICATED, "a certificate without names");
+}
+
+// Certificates renewed in place (a Secret's new version) are used without a
+// restart, by the server and by a client's credentials alike: both move from
+// one CA's certificates to another's within their refresh interval.
+TEST(TlsReloadTest, RenewedCertificatesAreUsedWithoutARestart) {
+  const std::string first = TempPath("reload_first"), second = TempPath("reload_second");
+  const std::string live = TempPath("reload_live");
+  std::string log;
+  ASSERT_TRUE(testing_util::MakeTlsFiles(first, {}, &log)) << log;
+  ASSERT_TRUE(testing_util::MakeTlsFiles(second, {}, &log)) << log;
+  namespace fs = std::filesystem;
+  fs::create_directories(live);
+  auto install = [&](const std::string& from) {
+    for (const char* name : {"server.pem", "server.key", "ca.pem"}) {
+      fs::copy_file(from + "/" + name, live + "/" + name, fs::copy_options::overwrite_existing);
+    }
+  };
+  install(first);
+  PlannerServerOptions options = TestOptions();
+  options.tls = {live + "/server.pem", live + "/server.key", "", absl::Seconds(1)};
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  // The client's CA file is the live one too.
+  PlannerTls tls;
+  tls.ca_file = live + "/ca.pem";
+  tls.refresh_interval = absl::Seconds(1);
+  auto credentials = PlannerChannelCredentials(tls);
+  ASSERT_TRUE(credentials.ok()) << credentials.status();
+  auto get_job = [&](const std::shared_ptr<grpc::ChannelCredentials>& with) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    auto stub = v1::Planner::NewStub(grpc::CreateCustomChannel(
+        absl::StrCat("127.0.0.1:", server->port()), with, args));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    v1::GetJobRequest request;
+    request.set_job_id("nobody");
+    v1::JobState state;
+    return stub->GetJob(&context, request, &state).error_code();
+  };
+  auto static_ca = [&](const std::string& dir) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = testing_util::ReadFile(dir + "/ca.pem");
+    return grpc::SslCredentials(ssl);
+  };
+  EXPECT_EQ(get_job(*credentials), grpc::StatusCode::NOT_FOUND);  // answered
+  EXPECT_EQ(get_job(static_ca(second)), grpc::StatusCode::UNAVAILABLE);
+
+  install(second);
+  // Within a few refresh intervals both sides use the second CA's files.
+  grpc::StatusCode server_renewed = grpc::StatusCode::UNAVAILABLE;
+  grpc::StatusCode client_renewed = grpc::StatusCode::UNAVAILABLE;
+  for (int i = 0; i < 50; ++i) {
+    server_renewed = get_job(static_ca(second));
+    client_renewed = get_job(*credentials);
+    if (server_renewed == grpc::StatusCode::NOT_FOUND &&
+        client_renewed == grpc::StatusCode::NOT_FOUND) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_EQ(server_renewed, grpc::StatusCode::NOT_FOUND) << "the server kept its old certificate";
+  EXPECT_EQ(client_renewed, grpc::StatusCode::NOT_FOUND) << "the client kept its old CA";
+  EXPECT_EQ(get_job(static_ca(first)), grpc::StatusCode::UNAVAILABLE);
 }
 
 }  // namespace

@@ -1096,6 +1096,32 @@ TEST_F(TlsTest, TlsWithoutClientCaServesAnyTlsClient) {
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
+// The kubelet's gRPC probes cannot speak TLS: --health-listen answers them
+// in plaintext, and nothing but health is served there.
+TEST_F(TlsTest, AHealthOnlyListenerAnswersProbesInPlaintext) {
+  PlannerServerOptions options = TestOptions();
+  options.tls.cert_file = dir_ + "/server.pem";
+  options.tls.key_file = dir_ + "/server.key";
+  options.health_address = "127.0.0.1:0";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  ASSERT_NE(server->health_port(), 0);
+  auto health = grpc::health::v1::Health::NewStub(LocalChannel(server->health_port()));
+  for (const std::string& name : {std::string(), std::string("knapformer.v1.Planner")}) {
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(name);
+    grpc::health::v1::HealthCheckResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    ASSERT_TRUE(health->Check(&context, request, &response).ok()) << "'" << name << "'";
+    EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  }
+  EXPECT_EQ(PlanOver(server->health_port(), grpc::InsecureChannelCredentials()).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(PlanOver(server->port(), grpc::InsecureChannelCredentials()).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+}
+
 TEST_F(TlsTest, IncompleteOrUnreadableTlsFilesAreInvalidArgument) {
   PlannerServerOptions options = TestOptions();
   options.tls.cert_file = dir_ + "/server.pem";
