@@ -88,6 +88,10 @@ absl::StatusOr<std::vector<std::string>> ReadJobKeys(const std::string& path) {
   return keys;
 }
 
+std::string MintJobPrefixToken(absl::string_view key, absl::string_view prefix) {
+  return absl::StrCat(MintJobToken(key, prefix), ".", prefix);
+}
+
 std::string MintJobToken(absl::string_view key, absl::string_view job_id) {
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int mac_bytes = 0;
@@ -185,15 +189,27 @@ absl::Status JobAuthorizer::Authorize(const CallerCredentials& caller,
             "this planner needs a job token: metadata 'authorization: Bearer <token>' "
             "(knapformer token --job ID; KNAPFORMER_PLANNER_TOKEN)");
       }
-      const std::string& token = caller.bearer_token;
+      absl::string_view token = caller.bearer_token;
+      // "kf1.<64 hex>" for one job, "kf1.<64 hex>.<prefix ending in />" for
+      // every job under the prefix (the MAC is of the prefix).
+      const size_t mac_end = kTokenPrefix.size() + 64;
+      const bool scoped = token.size() > mac_end + 1 && token[mac_end] == '.' &&
+                          token.back() == '/';
       if (!caller.authorization_is_bearer || !absl::StartsWith(token, kTokenPrefix) ||
-          token.size() != kTokenPrefix.size() + 64) {
+          (token.size() != mac_end && !scoped)) {
         return absl::UnauthenticatedError(
-            "authorization: not 'Bearer kf1.<64 hex digits>' (knapformer token --job ID)");
+            "authorization: not 'Bearer kf1.<64 hex digits>[.<job id prefix>/]' "
+            "(knapformer token --job ID)");
       }
+      const std::string scope = scoped ? std::string(token.substr(mac_end + 1)) : job_id;
+      if (scoped && !absl::StartsWith(job_id, scope)) {
+        return absl::PermissionDeniedError(
+            "authorization: the token is not this planner's token for the job the request names");
+      }
+      const absl::string_view mac = token.substr(0, mac_end);
       for (const std::string& key : CurrentKeys()) {
-        const std::string expected = MintJobToken(key, job_id);
-        if (CRYPTO_memcmp(expected.data(), token.data(), expected.size()) == 0) {
+        const std::string expected = MintJobToken(key, scope);
+        if (CRYPTO_memcmp(expected.data(), mac.data(), expected.size()) == 0) {
           return absl::OkStatus();
         }
       }

@@ -11,7 +11,12 @@
 //          planner, which listen on loopback or inside the pod);
 //   token  the call carries "authorization: Bearer <token>" minted for the
 //          job it names: "kf1." and the hex HMAC-SHA256 of the job id under
-//          a key of the key file (MintJobToken; `knapformer token --job ID`);
+//          a key of the key file (MintJobToken; `knapformer token --job ID`),
+//          or for a prefix of it that ends in "/": the MAC of the prefix,
+//          "." and the prefix (MintJobPrefixToken; `--job-prefix NS/`), so
+//          that one Secret per namespace serves the jobs whose ids begin
+//          with it (deploy/k8s's ids are NAMESPACE/NAME/UID, the UID
+//          unknown before the Job exists);
 //   mtls   the client's certificate (verified against --tls-client-ca)
 //          names the job: a DNS or URI subject alternative name equal to the
 //          job id, or a Kubernetes SPIFFE id spiffe://DOMAIN/ns/NS/... for a
@@ -57,6 +62,9 @@ absl::StatusOr<std::vector<std::string>> ReadJobKeys(const std::string& path);
 
 // The token for `job_id` under `key`.
 std::string MintJobToken(absl::string_view key, absl::string_view job_id);
+// The token for every job id that begins with `prefix`. REQUIRES: `prefix`
+// ends in "/" (so "team-a/" never grants "team-ab/...").
+std::string MintJobPrefixToken(absl::string_view key, absl::string_view prefix);
 
 // What a JobAuthorizer reads from a call: its bearer token ("" without
 // one) and its verified certificate's names (DNS and URI SANs).

@@ -13,7 +13,8 @@ namespace {
 
 const std::vector<OptionSpec>& TokenOptions() {
   static const std::vector<OptionSpec> kOptions = {
-      {"job", "ID", "", "the job id the token is for, as the trainer sends it (required)"},
+      {"job", "ID", "", "the job id the token is for, as the trainer sends it"},
+      {"job-prefix", "P/", "", "or: every job id that begins with P/ (a namespace's jobs)"},
       {"key-file", "FILE", "", "the planner's --auth-key-file; its first key mints (required)"},
   };
   return kOptions;
@@ -22,10 +23,11 @@ const std::vector<OptionSpec>& TokenOptions() {
 }  // namespace
 
 std::string TokenUsage() {
-  return FormatUsage("knapformer token --job ID --key-file FILE",
+  return FormatUsage("knapformer token --job ID | --job-prefix P/  --key-file FILE",
                      "Print the job token that a planner run with --auth=token and this key file\n"
-                     "accepts for job ID (the trainer's KNAPFORMER_PLANNER_TOKEN, or planner_token=\n"
-                     "in Python). Anyone holding it may act as that job: keep it in a Secret.",
+                     "accepts for job ID, or for every job whose id begins with P/ (the trainer's\n"
+                     "KNAPFORMER_PLANNER_TOKEN, or planner_token= in Python). Anyone holding it may\n"
+                     "act as those jobs: keep it in a Secret (docs/service.md#security).",
                      TokenOptions());
 }
 
@@ -41,18 +43,31 @@ int RunToken(const std::vector<std::string>& argv) {
   absl::StatusOr<Args> args = Args::ParseOptions(argv, TokenOptions());
   if (!args.ok()) return fail(args.status());
   const std::string job = args->GetString("job", "");
+  const std::string prefix = args->GetString("job-prefix", "");
   const std::string key_file = args->GetString("key-file", "");
-  if (job.empty()) return fail(absl::InvalidArgumentError("--job: required (the job id)"));
-  if (absl::Status valid = CheckJobId(job); !valid.ok()) {
+  if (job.empty() == prefix.empty()) {
+    return fail(absl::InvalidArgumentError(
+        "--job or --job-prefix: one of them is required (a job id, or a prefix ending in /)"));
+  }
+  const std::string& scope = job.empty() ? prefix : job;
+  const char* flag = job.empty() ? "--job-prefix" : "--job";
+  if (absl::Status valid = CheckJobId(scope); !valid.ok()) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
-        "--job: '", job, "' is not a job id the planner accepts (", valid.message(), ")")));
+        flag, ": '", scope, "' is not a job id the planner accepts (", valid.message(), ")")));
+  }
+  if (!prefix.empty() && prefix.back() != '/') {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "--job-prefix: '", prefix, "' must end in / (so that it cannot grant '", prefix,
+        "x/...')")));
   }
   if (key_file.empty()) {
     return fail(absl::InvalidArgumentError("--key-file: required (the planner's key file)"));
   }
   absl::StatusOr<std::vector<std::string>> keys = ReadJobKeys(key_file);
   if (!keys.ok()) return fail(keys.status());
-  std::cout << MintJobToken(keys->front(), job) << "\n";
+  std::cout << (job.empty() ? MintJobPrefixToken(keys->front(), prefix)
+                            : MintJobToken(keys->front(), job))
+            << "\n";
   return 0;
 }
 

@@ -167,6 +167,55 @@ def hardening_problems(docs):
     return problems
 
 
+def secret_mounts(doc, container):
+    """Where `container` of `doc`'s pods sees each Secret: {mount path: secret name}."""
+    volumes = {v["name"]: v["secret"]["secretName"] for v in pod_spec(doc).get("volumes", [])
+               if "secret" in v}
+    return {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])
+            if m["name"] in volumes}
+
+
+def security_problems(docs):
+    """Where the shared planner (the standalone overlay) trusts its callers:
+    no TLS or job tokens from mounted Secrets, probes on the TLS port (the
+    kubelet's speak no TLS), or trainers without a token from a Secret and
+    the CA to verify the planner by."""
+    problems = []
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    planner = next(c for c in containers(deployment) if c["name"] == "planner")
+    args = dict(a.split("=", 1) for a in planner["args"] if a.startswith("--") and "=" in a)
+    mounts = secret_mounts(deployment, planner)
+
+    def from_secret(path):
+        return any(path.startswith(m + "/") for m in mounts)
+
+    if args.get("--auth") not in ("token", "mtls"):
+        problems.append(f"planner: --auth is {args.get('--auth', 'none')}: any caller may act "
+                        "as any job")
+    if args.get("--auth") == "token" and not from_secret(args.get("--auth-key-file", "")):
+        problems.append("planner: --auth-key-file is not in a mounted Secret")
+    for flag in ("--tls-cert", "--tls-key"):
+        if not from_secret(args.get(flag, "")):
+            problems.append(f"planner: {flag} is not in a mounted Secret (plaintext gRPC)")
+    health = args.get("--health-listen", "")
+    health_port = int(health.rsplit(":", 1)[1]) if ":" in health else None
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        port = planner.get(probe, {}).get("grpc", {}).get("port")
+        if port != health_port:
+            problems.append(f"planner: the {probe} asks port {port}, not the plaintext health "
+                            f"listener ({health or 'none'}): the kubelet speaks no TLS")
+    job = next(d for d in docs if d["kind"] == "Job")
+    trainer = pod_spec(job)["containers"][0]
+    env = {e["name"]: e for e in trainer["env"]}
+    if "secretKeyRef" not in env.get("KNAPFORMER_PLANNER_TOKEN", {}).get("valueFrom", {}):
+        problems.append("trainer: KNAPFORMER_PLANNER_TOKEN does not come from a Secret")
+    ca = env.get("KNAPFORMER_PLANNER_TLS_CA", {}).get("value", "")
+    if not any(ca.startswith(m + "/") for m in secret_mounts(job, trainer)):
+        problems.append(f"trainer: KNAPFORMER_PLANNER_TLS_CA ({ca or 'unset'}) is not in a "
+                        "mounted Secret")
+    return problems
+
+
 def main():
     deploy = source_dir()
     rendered = {}
@@ -189,9 +238,12 @@ def main():
                 check(c["securityContext"].get("readOnlyRootFilesystem") is True,
                       f"{overlay} {doc['kind']}/{c['name']}: read-only root filesystem")
                 if c["name"] == "planner":
-                    check({p["name"] for p in c["ports"]} == {"grpc", "metrics"},
-                          f"{overlay}: planner ports are named grpc and metrics")
-                    check(c["readinessProbe"]["grpc"] == {"port": 50051,
+                    # The shared planner's probes ask its plaintext health port.
+                    shared = overlay == "k8s/overlays/standalone"
+                    ports = {"grpc", "metrics"} | ({"health"} if shared else set())
+                    check({p["name"] for p in c["ports"]} == ports,
+                          f"{overlay}: planner ports are named {', '.join(sorted(ports))}")
+                    check(c["readinessProbe"]["grpc"] == {"port": 50052 if shared else 50051,
                                                           "service": "knapformer.v1.Planner"},
                           f"{overlay}: planner readiness is the gRPC health of the Planner service")
                     check("grpc" in c["livenessProbe"], f"{overlay}: planner liveness is gRPC")
@@ -256,6 +308,25 @@ def main():
               "standalone: no rule opens every port of the planner")
         check(trainer_label.items() <= job["spec"]["template"]["metadata"]["labels"].items(),
               "standalone: the training Job's pods carry the trainer label")
+        problems = security_problems(docs)
+        check(not problems, "standalone: TLS and job tokens from mounted Secrets, probes on the "
+              "plaintext health port, trainers with a token and the CA from Secrets" +
+              "".join(f"\n  {p}" for p in problems))
+        for mistake, breaks, named in [
+            ("--auth=none", lambda p: p["args"].remove("--auth=token"), "--auth is none"),
+            ("no TLS", lambda p: p["args"].remove("--tls-cert=/etc/knapformer/tls/tls.crt"),
+             "--tls-cert is not in a mounted Secret"),
+            ("probes on the TLS port",
+             lambda p: p["readinessProbe"]["grpc"].update(port=50051),
+             "the readinessProbe asks port 50051"),
+        ]:
+            copy, _ = render(deploy, "k8s/overlays/standalone")
+            planner = next(c for c in containers(next(d for d in copy
+                                                      if d["kind"] == "Deployment"))
+                           if c["name"] == "planner")
+            breaks(planner)
+            problems = security_problems(copy)
+            check(any(named in p for p in problems), f"broken: {mistake} is rejected ({problems})")
 
     for overlay, docs in rendered.items():
         problems = hardening_problems(docs)

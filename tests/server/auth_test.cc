@@ -108,6 +108,33 @@ TEST(JobAuthorizerTest, TokensGrantTheirJobOnlyAndFollowTheKeyFile) {
   EXPECT_TRUE(auth.Authorize(Bearer(MintJobToken(kKeyB, "job-a")), "job-a").ok());
 }
 
+TEST(JobAuthorizerTest, APrefixTokenGrantsTheJobsUnderItsPrefixOnly) {
+  const std::string path = TempPath("keys_prefix");
+  WriteFile(path, absl::StrCat(kKeyA, "\n"));
+  auto authorizer = JobAuthorizer::Create(AuthMode::kToken, path, false);
+  ASSERT_TRUE(authorizer.ok()) << authorizer.status();
+  JobAuthorizer& auth = **authorizer;
+  const std::string team = MintJobPrefixToken(kKeyA, "team-a/");
+  EXPECT_EQ(team, MintJobToken(kKeyA, "team-a/") + ".team-a/");
+  EXPECT_TRUE(auth.Authorize(Bearer(team), "team-a/train/123").ok());
+  EXPECT_EQ(auth.Authorize(Bearer(team), "team-b/train/123").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(auth.Authorize(Bearer(team), "team-a").code(), absl::StatusCode::kPermissionDenied);
+  // The prefix is what the MAC covers: another prefix under the same MAC fails.
+  const std::string forged = MintJobToken(kKeyA, "team-a/") + ".team-";
+  EXPECT_EQ(auth.Authorize(Bearer(forged + "b/"), "team-b/x").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(auth.Authorize(Bearer(MintJobToken(kKeyA, "team-a/") + ".team-a/x/"), "team-a/x/1")
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  // A prefix must end in "/": else it is no token at all.
+  EXPECT_EQ(auth.Authorize(Bearer(MintJobToken(kKeyA, "team-a") + ".team-a"), "team-a/x").code(),
+            absl::StatusCode::kUnauthenticated);
+  // A job token never grants more than its job.
+  EXPECT_EQ(auth.Authorize(Bearer(MintJobToken(kKeyA, "team-a/")), "team-a/x").code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
 TEST(JobAuthorizerTest, CertificatesNameTheirJobOrTheirNamespacesJobs) {
   auto authorizer = JobAuthorizer::Create(AuthMode::kMtls, "", true);
   ASSERT_TRUE(authorizer.ok()) << authorizer.status();

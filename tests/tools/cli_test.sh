@@ -128,7 +128,15 @@ want="kf1.$(python3 -c 'import hashlib, hmac
 print(hmac.new(b"0123456789abcdef0123456789abcdef-first", b"team-a/run-1", hashlib.sha256).hexdigest())')"
 [[ "$(cat "$tmp/out")" == "$want" ]] ||
   { echo "FAIL token: printed '$(cat "$tmp/out")', not '$want'"; failures=$((failures + 1)); }
-expect token-no-job 2 "knapformer token: --job: required" -- "$bin" token --key-file "$tmp/keys"
+expect token-no-job 2 "knapformer token: --job or --job-prefix: one of them is required" \
+  -- "$bin" token --key-file "$tmp/keys"
+expect token-prefix 0 "" -- "$bin" token --job-prefix team-a/ --key-file "$tmp/keys"
+want="kf1.$(python3 -c 'import hashlib, hmac
+print(hmac.new(b"0123456789abcdef0123456789abcdef-first", b"team-a/", hashlib.sha256).hexdigest())').team-a/"
+[[ "$(cat "$tmp/out")" == "$want" ]] ||
+  { echo "FAIL token-prefix: printed '$(cat "$tmp/out")', not '$want'"; failures=$((failures + 1)); }
+expect token-prefix-slash 2 "--job-prefix: 'team-a' must end in /" \
+  -- "$bin" token --job-prefix team-a --key-file "$tmp/keys"
 expect token-bad-job 2 "--job: 'a b' is not a job id the planner accepts" \
   -- "$bin" token --job "a b" --key-file "$tmp/keys"
 expect token-no-keys 2 "--key-file: required" -- "$bin" token --job j
