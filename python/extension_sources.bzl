@@ -100,6 +100,7 @@ HEADERS = [
     "common/log.h",
     "common/pem_file.h",
     "common/status_macros.h",
+    "common/tsan_handoff.h",
     "planner/attention_mask.h",
     "planner/auto_layout.h",
     "planner/bag_members.h",

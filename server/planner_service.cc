@@ -12,6 +12,7 @@
 #include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
 #include "common/log.h"
+#include "common/tsan_handoff.h"
 #include "server/cpu_quota.h"
 #include "server/request_check.h"
 
@@ -43,14 +44,28 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 // A unary reactor that counts its call from arrival until gRPC is done with
 // it (the answer sent, or the call cancelled), for WaitForAnswers, and then
 // deletes itself. Every call's reactor is one.
+//
+// gRPC calls OnCancel and OnDone on its threads after the handler returned
+// the reactor or called Finish: Returned and FinishCall mark those handoffs
+// for TSan (common/tsan_handoff.h), OnCancel and OnDone take them over.
 class PlannerService::CountedReactor : public grpc::ServerUnaryReactor {
  public:
   explicit CountedReactor(PlannerService* service) : service_(service) {
     service_->CallArrived();
   }
   void OnDone() override {
+    TakeOver(this);
     service_->CallAnswered();
     delete this;
+  }
+  // What a handler returns: this reactor, handed to gRPC.
+  grpc::ServerUnaryReactor* Returned() {
+    HandOff(this);
+    return this;
+  }
+  void FinishCall(const absl::Status& status) {
+    HandOff(this);
+    Finish(ToGrpcStatus(status));
   }
 
  protected:
@@ -85,10 +100,11 @@ class PlannerService::PlanCall final : public CountedReactor, public PendingCall
     if (!status.ok() && LogEnabled(LogLevel::kDebug)) {
       Log(LogLevel::kDebug, absl::StrCat("Plan: ", status.ToString()));
     }
-    Finish(ToGrpcStatus(status));
+    FinishCall(status);
   }
 
   void OnCancel() override {
+    TakeOver(this);
     if (service_->rendezvous_.Leave(this)) {
       FinishWith(absl::CancelledError(absl::StrCat(
           "rank ", request_->rank(), " cancelled and left step ", request_->spec().step())));
@@ -131,12 +147,12 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* cont
   auto* call = new PlanCall(this, request, response);
   if (absl::Status allowed = Authorize(*context, request->spec().job_id()); !allowed.ok()) {
     call->FinishWith(allowed, /*named_job=*/false);
-    return call;
+    return call->Returned();
   }
   auto checked = CheckPlanRequest(*request, options_.limits, &worlds_);
   if (!checked.ok()) {
     call->FinishWith(checked.status());
-    return call;
+    return call->Returned();
   }
   if (request->previous().compute_seconds() > 0) {
     gamma_fits_.AddTiming(request->spec(), request->rank(), request->previous());
@@ -160,7 +176,7 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* cont
       }
     }
   }
-  return call;
+  return call->Returned();
 }
 
 absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSpec& spec,
@@ -264,24 +280,24 @@ void PlannerService::AnswerRange(std::shared_ptr<const knapformer::Plan> plan,
 grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext* context,
                                                     const v1::PlanGroupRequest* request,
                                                     v1::PlanGroupResponse* response) {
-  grpc::ServerUnaryReactor* reactor = new CountedReactor(this);
+  CountedReactor* reactor = new CountedReactor(this);
   const std::string job = request->spec().job_id();
   // Before anything counts the call against the job it names.
   if (absl::Status allowed = Authorize(*context, job); !allowed.ok()) {
     metrics_.CountRequest("", "PlanGroup", allowed.code(), absl::Now());
-    reactor->Finish(ToGrpcStatus(allowed));
-    return reactor;
+    reactor->FinishCall(allowed);
+    return reactor->Returned();
   }
   absl::Status status = PlanGroupArrived(job);
   const bool counted = status.ok();
   auto finish = [this, reactor, request, job, counted](const absl::Status& status) {
     if (counted) PlanGroupDone(job);
     metrics_.CountRequest(JobLabel(job), "PlanGroup", status.code(), absl::Now());
-    reactor->Finish(ToGrpcStatus(status));
+    reactor->FinishCall(status);
   };
   if (!status.ok()) {
     finish(status);
-    return reactor;
+    return reactor->Returned();
   }
   auto checked = CheckPlanGroupRequest(*request, options_.limits, &worlds_);
   status = checked.status();
@@ -289,7 +305,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
   SyncGammaFits();
   if (!status.ok()) {
     finish(status);
-    return reactor;
+    return reactor->Returned();
   }
   for (int r = 0; r < request->previous_size(); ++r) {
     if (request->previous(r).compute_seconds() > 0) {
@@ -345,31 +361,31 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
     finish(absl::OkStatus());
   });
   if (!status.ok()) finish(status);
-  return reactor;
+  return reactor->Returned();
 }
 
 grpc::ServerUnaryReactor* PlannerService::GetJob(grpc::CallbackServerContext* context,
                                                  const v1::GetJobRequest* request,
                                                  v1::JobState* response) {
-  grpc::ServerUnaryReactor* reactor = new CountedReactor(this);
+  CountedReactor* reactor = new CountedReactor(this);
   if (absl::Status allowed = Authorize(*context, request->job_id()); !allowed.ok()) {
     metrics_.CountRequest("", "GetJob", allowed.code(), absl::Now());
-    reactor->Finish(ToGrpcStatus(allowed));
-    return reactor;
+    reactor->FinishCall(allowed);
+    return reactor->Returned();
   }
   auto answer = [this, reactor, request, response] {
     absl::StatusOr<v1::JobState> state = rendezvous_.GetJob(request->job_id(), absl::Now());
     if (state.ok()) *response = *std::move(state);
     metrics_.CountRequest(JobLabel(request->job_id()), "GetJob", state.status().code(),
                           absl::Now());
-    reactor->Finish(ToGrpcStatus(state.status()));
+    reactor->FinishCall(state.status());
   };
   if (options_.answer_delay) {
     ScheduleAnswer(std::move(answer));
   } else {
     answer();  // cheap: on gRPC's thread
   }
-  return reactor;
+  return reactor->Returned();
 }
 
 void PlannerService::ScheduleAnswer(std::function<void()> task) {
