@@ -120,7 +120,8 @@ PlannerService::PlannerService(const ServiceOptions& options)
     : options_(options),
       rendezvous_(options.limits),
       gamma_fits_(options.limits),
-      metrics_(&rendezvous_, &gamma_fits_, options.limits.max_jobs),
+      metrics_(&rendezvous_, &gamma_fits_, options.limits.max_jobs,
+               options.metrics_gauge_interval),
       pool_(SolverThreads(options.solver_threads)),
       reaper_([this] { Reap(); }) {
   SetMessageAllocatorFor_Plan(&plan_messages_);

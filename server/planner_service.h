@@ -44,6 +44,9 @@ struct ServiceOptions {
   // Plan step, PlanGroup and GetJob call; the answer is held back that long
   // (on a timer: no thread sleeps). Null = no delay.
   std::function<absl::Duration()> answer_delay;
+  // The metrics page's per-group gauges are a snapshot made at most this
+  // often (a scrape never holds the rendezvous' lock more often).
+  absl::Duration metrics_gauge_interval = absl::Seconds(1);
   // Who may act as which job (job_auth.h); null = anyone (`--auth=none`).
   // Asked first by every call that names a job.
   std::shared_ptr<JobAuthorizer> authorizer;

@@ -474,6 +474,7 @@ absl::StatusOr<v1::JobState> Rendezvous::GetJob(const std::string& job_id,
 }
 
 std::vector<GroupGauges> Rendezvous::Gauges() const {
+  gauge_reads_.fetch_add(1, std::memory_order_relaxed);
   std::vector<GroupGauges> gauges;
   absl::MutexLock lock(&mu_);
   for (const auto& [job_id, job] : jobs_) {

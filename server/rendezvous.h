@@ -1,6 +1,7 @@
 #ifndef KNAPFORMER_SERVER_RENDEZVOUS_H_
 #define KNAPFORMER_SERVER_RENDEZVOUS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -152,6 +153,8 @@ class Rendezvous {
   absl::StatusOr<v1::JobState> GetJob(const std::string& job_id, absl::Time now) const;
 
   std::vector<GroupGauges> Gauges() const;
+  // How many times Gauges() has run (what a scrape costs the rendezvous).
+  int64_t gauge_reads() const { return gauge_reads_.load(std::memory_order_relaxed); }
   int32_t pending_steps() const;
   int32_t jobs() const;
 
@@ -216,6 +219,7 @@ class Rendezvous {
 
   const ServiceLimits limits_;
   mutable absl::Mutex mu_;
+  mutable std::atomic<int64_t> gauge_reads_{0};
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   int32_t pending_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t groups_replaced_ ABSL_GUARDED_BY(mu_) = 0;

@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "planner/plan.h"
 #include "prometheus/metric_family.h"
 
@@ -19,13 +20,29 @@ const prometheus::Histogram::BucketBoundaries kPlanningBuckets = {
 const prometheus::Histogram::BucketBoundaries kWaitBuckets = {
     1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 3, 10, 30, 100};
 
-// Gauges read from the rendezvous and the gamma fits at scrape time.
+// Gauges read from the rendezvous and the gamma fits: a snapshot made at
+// most once per `interval` and copied by every scrape in
+// between, so that scrapes, however frequent (a scraper's retry loop, a
+// stranger on the metrics port), take the rendezvous' lock for O(groups) at
+// most once a second and never hold up the steps for longer.
 class GroupGaugeCollector final : public prometheus::Collectable {
  public:
-  GroupGaugeCollector(const Rendezvous* rendezvous, const GammaFits* fits)
-      : rendezvous_(rendezvous), fits_(fits) {}
+  GroupGaugeCollector(const Rendezvous* rendezvous, const GammaFits* fits,
+                      absl::Duration interval)
+      : rendezvous_(rendezvous), fits_(fits), interval_(interval) {}
 
   std::vector<MetricFamily> Collect() const override {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (now - taken_ >= interval_) {
+      snapshot_ = Snapshot();
+      taken_ = now;
+    }
+    return snapshot_;
+  }
+
+ private:
+  std::vector<MetricFamily> Snapshot() const {
     const std::vector<GroupGauges> groups = rendezvous_->Gauges();
     const std::map<std::string, double> gammas = fits_->FittedGammas();
     std::vector<MetricFamily> families;
@@ -109,9 +126,12 @@ class GroupGaugeCollector final : public prometheus::Collectable {
     return families;
   }
 
- private:
   const Rendezvous* rendezvous_;
   const GammaFits* fits_;
+  const absl::Duration interval_;
+  mutable absl::Mutex mu_;
+  mutable std::vector<MetricFamily> snapshot_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Time taken_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace
@@ -133,10 +153,10 @@ struct ServiceMetrics::JobSeries {
 };
 
 ServiceMetrics::ServiceMetrics(const Rendezvous* rendezvous, const GammaFits* fits,
-                               int32_t max_jobs)
+                               int32_t max_jobs, absl::Duration gauge_interval)
     : max_jobs_(max_jobs),
       registry_(std::make_shared<prometheus::Registry>()),
-      gauges_(std::make_shared<GroupGaugeCollector>(rendezvous, fits)),
+      gauges_(std::make_shared<GroupGaugeCollector>(rendezvous, fits, gauge_interval)),
       requests_(prometheus::BuildCounter()
                     .Name("knapformer_planner_requests_total")
                     .Help("Planner RPCs answered, by method and gRPC status code.")

@@ -43,7 +43,10 @@ namespace knapformer {
 // under job=""), and series of jobs idle for the TTL are removed. Thread-safe.
 class ServiceMetrics {
  public:
-  ServiceMetrics(const Rendezvous* rendezvous, const GammaFits* fits, int32_t max_jobs);
+  // The per-group gauges are a snapshot of the rendezvous and the fits made
+  // at most once per `gauge_interval`, whatever the scrape rate.
+  ServiceMetrics(const Rendezvous* rendezvous, const GammaFits* fits, int32_t max_jobs,
+                 absl::Duration gauge_interval = absl::Seconds(1));
   ~ServiceMetrics();
 
   // Counters and histograms; and the per-group gauges (a Collectable that

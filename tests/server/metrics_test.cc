@@ -56,13 +56,16 @@ std::map<std::string, double> ParseSamples(const std::string& page) {
 
 class MetricsTest : public ::testing::Test {
  protected:
-  void StartServer(absl::Duration job_ttl) {
+  // Gauges snapshotted at every scrape unless `gauge_interval` says otherwise.
+  void StartServer(absl::Duration job_ttl,
+                   absl::Duration gauge_interval = absl::ZeroDuration()) {
     PlannerServerOptions options;
     options.listen_address = "127.0.0.1:0";
     options.metrics_address = "127.0.0.1:0";
     options.service.solver_threads = 2;
     options.service.limits.rendezvous_timeout = absl::Milliseconds(300);
     options.service.limits.job_ttl = job_ttl;
+    options.service.metrics_gauge_interval = gauge_interval;
     auto server = PlannerServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -312,6 +315,30 @@ TEST_F(MetricsTest, AnIdleJobsSeriesAndStateAreDropped) {
   EXPECT_THAT(page, Not(HasSubstr("short-lived")));
   EXPECT_EQ(server_->service().rendezvous().jobs(), 0);
   EXPECT_EQ(server_->service().gamma_fits().usage().jobs, 0);
+}
+
+// However often it is scraped, the metrics page reads the rendezvous (under
+// its lock) at most once per gauge interval, and a later scrape shows what
+// changed since.
+TEST_F(MetricsTest, ScrapesShareOneSnapshotOfTheGaugesPerInterval) {
+  StartServer(absl::Hours(1), absl::Seconds(1));
+  int64_t moved = 0;
+  PlanSteps("first", 1, &moved);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(Scrape(), HasSubstr("knapformer_planner_ranks_seen{group=\"\",job_id=\"first\"}"));
+  const int64_t reads = server_->service().rendezvous().gauge_reads();
+  PlanSteps("second", 1, &moved);
+  std::string page;
+  for (int i = 0; i < 50; ++i) page = Scrape();
+  if (absl::Now() - start < absl::Milliseconds(900)) {
+    EXPECT_EQ(server_->service().rendezvous().gauge_reads(), reads);
+    // The gauges are the snapshot's (the counters are live).
+    EXPECT_THAT(page, Not(HasSubstr("ranks_seen{group=\"\",job_id=\"second\"}")));
+    EXPECT_THAT(page, HasSubstr("knapformer_planner_jobs 1\n"));
+  }
+  absl::SleepFor(absl::Milliseconds(1100));
+  EXPECT_THAT(Scrape(), HasSubstr("knapformer_planner_ranks_seen{group=\"\",job_id=\"second\"}"));
+  EXPECT_LE(server_->service().rendezvous().gauge_reads(), reads + 2);
 }
 
 }  // namespace
