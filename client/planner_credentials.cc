@@ -1,5 +1,9 @@
 #include "client/planner_credentials.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "common/pem_file.h"
 #include "grpcpp/security/credentials.h"

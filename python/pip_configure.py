@@ -24,10 +24,12 @@ drift apart.
 import ast
 import glob
 import os
+import platform
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -187,6 +189,19 @@ class Flags:
             elif flag not in self.compile_args:
                 self.compile_args.append(flag)
 
+    def add_multiarch_includes(self, triplet):
+        """Beside each include folder of an unpacked prefix (<prefix>/usr/include),
+        its <triplet> subfolder where there is one: the compiler searches
+        /usr/include/<triplet> by itself (libssl-dev's opensslconf.h lies
+        there), but not that folder under an unpacked prefix."""
+        if not triplet:
+            return
+        for folder in list(self.include_dirs):
+            beside = os.path.join(folder, triplet)
+            if (os.path.realpath(folder) != "/usr/include" and folder.endswith("/usr/include")
+                    and os.path.isdir(beside) and beside not in self.include_dirs):
+                self.include_dirs.append(beside)
+
     def add_libs(self, text):
         # Kept in order (--push-state ... --pop-state pairs, static orders).
         for flag in text.split():
@@ -232,6 +247,9 @@ def system_libraries():
         if code != 0:
             raise ConfigureError(f"pkg-config {option} {' '.join(modules)} failed: {err}")
         add(out)
+    triplet = sysconfig.get_config_var("MULTIARCH") or \
+        (f"{platform.machine()}-linux-gnu" if sys.platform.startswith("linux") else "")
+    flags.add_multiarch_includes(triplet)
     for library, package in PLAIN_LIBRARIES:
         if not _find_library(library, flags.library_dirs + list(_SYSTEM_LIBRARY_DIRS)):
             raise ConfigureError(f"lib{library}.so is missing (install {package})")

@@ -71,6 +71,18 @@ def test_unpacked_packages_get_an_rpath(tmp_path):
     assert flags.link_args[1] == "-lgrpc++"  # order kept
 
 
+def test_an_unpacked_prefix_gets_its_multiarch_include_folder(tmp_path):
+    prefix = tmp_path / "deps" / "usr" / "include"
+    (prefix / "x86_64-linux-gnu" / "openssl").mkdir(parents=True)
+    bare = tmp_path / "bare" / "usr" / "include"
+    bare.mkdir(parents=True)
+    flags = pip_configure.Flags()
+    flags.add_cflags(f"-I{prefix} -I{bare} -I/usr/include")
+    flags.add_multiarch_includes("x86_64-linux-gnu")
+    assert flags.include_dirs == [str(prefix), str(bare), "/usr/include",
+                                  str(prefix / "x86_64-linux-gnu")]
+
+
 def test_a_missing_tool_names_its_package(monkeypatch):
     monkeypatch.setenv("KNAPFORMER_PROTOC", "/nonexistent/protoc")
     with pytest.raises(ConfigureError) as refused:
