@@ -165,8 +165,13 @@ std::vector<std::string> JobAuthorizer::CurrentKeys() {
     return keys_;
   }
   if (mtime_ns == file_mtime_ns_ && size == file_size_) return keys_;
+  // A version of the file already found unusable is not read (or warned
+  // about) again until it changes.
+  if (mtime_ns == refused_mtime_ns_ && size == refused_size_) return keys_;
   absl::StatusOr<std::vector<std::string>> keys = ReadJobKeys(key_file_);
   if (!keys.ok()) {
+    refused_mtime_ns_ = mtime_ns;
+    refused_size_ = size;
     Log(LogLevel::kWarning,
         absl::StrCat("auth: ", keys.status().message(), "; keeping the keys last read"));
     return keys_;

@@ -107,6 +107,9 @@ class JobAuthorizer {
   std::vector<std::string> keys_ ABSL_GUARDED_BY(mu_);
   int64_t file_mtime_ns_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t file_size_ ABSL_GUARDED_BY(mu_) = -1;
+  // The last version of the file that was refused (warned about once).
+  int64_t refused_mtime_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t refused_size_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Time last_look_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 

@@ -102,10 +102,22 @@ TEST(JobAuthorizerTest, TokensGrantTheirJobOnlyAndFollowTheKeyFile) {
   WriteFile(path, absl::StrCat(kKeyB, "\n"));
   EXPECT_EQ(auth.Authorize(Bearer(MintJobToken(kKeyA, "job-a")), "job-a").code(),
             absl::StatusCode::kPermissionDenied);
-  // A file made unusable keeps the keys last read.
+  // A file made unusable keeps the keys last read, and is warned about once,
+  // not at every look.
   absl::SleepFor(absl::Milliseconds(1100));
   WriteFile(path, "short\n");
-  EXPECT_TRUE(auth.Authorize(Bearer(MintJobToken(kKeyB, "job-a")), "job-a").ok());
+  ::testing::internal::CaptureStderr();
+  for (int look = 0; look < 3; ++look) {
+    EXPECT_TRUE(auth.Authorize(Bearer(MintJobToken(kKeyB, "job-a")), "job-a").ok());
+    absl::SleepFor(absl::Milliseconds(1100));
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  size_t warnings = 0;
+  for (size_t at = log.find("keeping the keys last read"); at != std::string::npos;
+       at = log.find("keeping the keys last read", at + 1)) {
+    ++warnings;
+  }
+  EXPECT_EQ(warnings, 1u) << log;
 }
 
 TEST(JobAuthorizerTest, APrefixTokenGrantsTheJobsUnderItsPrefixOnly) {
