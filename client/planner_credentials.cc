@@ -1,9 +1,5 @@
 #include "client/planner_credentials.h"
 
-#include <algorithm>
-#include <cstdint>
-#include <utility>
-
 #include "absl/strings/str_cat.h"
 #include "common/pem_file.h"
 #include "grpcpp/security/credentials.h"
@@ -26,18 +22,14 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> PlannerChannelCredenti
   }
   // Read once here for a clear error when the client is made; the provider
   // reads them again every refresh interval (a renewed Secret).
-  for (const auto& [field, path] : {std::make_pair("planner_tls_ca", tls.ca_file),
-                                    std::make_pair("planner_tls_cert", tls.cert_file),
-                                    std::make_pair("planner_tls_key", tls.key_file)}) {
-    if (path.empty()) continue;
-    if (absl::StatusOr<std::string> pem = ReadPemFile(field, path); !pem.ok()) {
-      return pem.status();
-    }
+  if (absl::Status readable = CheckPemFiles({{"planner_tls_ca", tls.ca_file},
+                                              {"planner_tls_cert", tls.cert_file},
+                                              {"planner_tls_key", tls.key_file}});
+      !readable.ok()) {
+    return readable;
   }
-  const unsigned int refresh_s = static_cast<unsigned int>(
-      std::max<int64_t>(1, absl::ToInt64Seconds(tls.refresh_interval)));
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      tls.key_file, tls.cert_file, tls.ca_file, refresh_s);
+      tls.key_file, tls.cert_file, tls.ca_file, PemRefreshSeconds(tls.refresh_interval));
   grpc::experimental::TlsChannelCredentialsOptions options;
   options.set_certificate_provider(provider);
   options.watch_root_certs();

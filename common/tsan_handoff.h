@@ -8,7 +8,8 @@
 // fields as raced. HandOff(p) before giving p to the library and TakeOver(p)
 // where the library gives it back make the ordering visible, so that the
 // suppressions need not hide every stack with a gRPC frame. No-ops without
-// TSan.
+// TSan. KNAPFORMER_HAVE_TSAN is defined in a TSan build (tests that need TSan
+// skip without it).
 
 #if defined(__SANITIZE_THREAD__)
 #define KNAPFORMER_HAVE_TSAN 1

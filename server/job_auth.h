@@ -56,8 +56,8 @@ absl::StatusOr<AuthMode> ParseAuthMode(absl::string_view name);
 const char* AuthModeName(AuthMode mode);
 
 // The keys of a key file (format above). InvalidArgument naming the file
-// and line for a short key, NotFound/PermissionDenied when unreadable,
-// InvalidArgument when it holds no key.
+// and line for a short key, NotFound when unreadable, InvalidArgument when
+// it holds no key.
 absl::StatusOr<std::vector<std::string>> ReadJobKeys(const std::string& path);
 
 // The token for `job_id` under `key`.

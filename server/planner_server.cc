@@ -7,9 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -40,16 +38,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const TlsFi
   // Read once here for a clear error at start; the provider reads them again
   // every refresh interval, so a renewed certificate (a Secret's new
   // version) is served without a restart.
-  for (const auto& [flag, path] : {std::make_pair("--tls-key", tls.key_file),
-                                   std::make_pair("--tls-cert", tls.cert_file),
-                                   std::make_pair("--tls-client-ca", tls.client_ca_file)}) {
-    if (path.empty()) continue;
-    if (absl::StatusOr<std::string> pem = ReadPemFile(flag, path); !pem.ok()) return pem.status();
+  if (absl::Status readable = CheckPemFiles({{"--tls-key", tls.key_file},
+                                              {"--tls-cert", tls.cert_file},
+                                              {"--tls-client-ca", tls.client_ca_file}});
+      !readable.ok()) {
+    return readable;
   }
-  const unsigned int refresh_s = static_cast<unsigned int>(
-      std::max<int64_t>(1, absl::ToInt64Seconds(tls.refresh_interval)));
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      tls.key_file, tls.cert_file, tls.client_ca_file, refresh_s);
+      tls.key_file, tls.cert_file, tls.client_ca_file, PemRefreshSeconds(tls.refresh_interval));
   grpc::experimental::TlsServerCredentialsOptions options(provider);
   options.watch_identity_key_cert_pairs();
   if (!tls.client_ca_file.empty()) {

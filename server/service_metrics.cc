@@ -21,10 +21,10 @@ const prometheus::Histogram::BucketBoundaries kWaitBuckets = {
     1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 3, 10, 30, 100};
 
 // Gauges read from the rendezvous and the gamma fits: a snapshot made at
-// most once per `interval` and copied by every scrape in
-// between, so that scrapes, however frequent (a scraper's retry loop, a
-// stranger on the metrics port), take the rendezvous' lock for O(groups) at
-// most once a second and never hold up the steps for longer.
+// most once per `interval` (a second by default) and copied by every scrape
+// in between, so that scrapes, however frequent (a scraper's retry loop, a
+// stranger on the metrics port), take the rendezvous' lock for O(groups)
+// at most once per interval.
 class GroupGaugeCollector final : public prometheus::Collectable {
  public:
   GroupGaugeCollector(const Rendezvous* rendezvous, const GammaFits* fits,

@@ -12,19 +12,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/tsan_handoff.h"  // KNAPFORMER_HAVE_TSAN
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "tests/server/service_test_util.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define KNAPFORMER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define KNAPFORMER_TSAN 1
-#endif
-#endif
 
 namespace knapformer {
 namespace {
@@ -76,7 +69,7 @@ TEST(PlantedRaceChild, TwoConcurrentCalls) {
 }
 
 TEST(PlantedRace, ARaceInAHandlerIsReported) {
-#ifndef KNAPFORMER_TSAN
+#ifndef KNAPFORMER_HAVE_TSAN
   GTEST_SKIP() << "built without ThreadSanitizer (the TSan lane runs it)";
 #else
   if (std::getenv(kChildVariable) != nullptr) GTEST_SKIP() << "the child runs the other test";
