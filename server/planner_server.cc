@@ -23,6 +23,7 @@
 #include "prometheus/exposer.h"
 #include "common/log.h"
 #include "common/pem_file.h"
+#include "server/request_scan.h"
 
 namespace knapformer {
 namespace {
@@ -134,7 +135,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
         static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(options.max_connection_age),
                                            std::numeric_limits<int>::max())));
   }
-  builder.SetMaxReceiveMessageSize(options.service.limits.max_message_bytes);
+  builder.SetMaxReceiveMessageSize(ReceiveLimitBytes(options.service.limits));
   builder.AddListeningPort(options.listen_address, *credentials, &server->port_);
   builder.RegisterService(server->service_.get());
   server->server_ = builder.BuildAndStart();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,9 +13,13 @@
 #include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "common/tsan_handoff.h"
+#include "grpcpp/support/proto_buffer_reader.h"
+#include "server/arena_messages.h"
 #include "server/cpu_quota.h"
 #include "server/request_check.h"
+#include "server/request_scan.h"
 
 namespace knapformer {
 namespace {
@@ -43,18 +48,22 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 // A unary reactor that counts its call from arrival until gRPC is done with
 // it (the answer sent, or the call cancelled), for WaitForAnswers, and then
-// deletes itself. Every call's reactor is one.
+// deletes itself, giving back the request memory it was charged. Every
+// call's reactor is one; a raw call's answers with its response serialized
+// into gRPC's buffer.
 //
 // gRPC calls OnCancel and OnDone on its threads after the handler returned
 // the reactor or called Finish: Returned and FinishCall mark those handoffs
 // for TSan (common/tsan_handoff.h), OnCancel and OnDone take them over.
 class PlannerService::CountedReactor : public grpc::ServerUnaryReactor {
  public:
-  explicit CountedReactor(PlannerService* service) : service_(service) {
+  explicit CountedReactor(PlannerService* service, grpc::ByteBuffer* wire_response = nullptr)
+      : service_(service), wire_response_(wire_response) {
     service_->CallArrived();
   }
   void OnDone() override {
     TakeOver(this);
+    if (charged_bytes_ > 0) service_->request_memory_.Give(charged_job_, charged_bytes_);
     service_->CallAnswered();
     delete this;
   }
@@ -63,13 +72,33 @@ class PlannerService::CountedReactor : public grpc::ServerUnaryReactor {
     HandOff(this);
     return this;
   }
-  void FinishCall(const absl::Status& status) {
+  // With OK and a raw call, `response` is the answer.
+  void FinishCall(const absl::Status& status,
+                  const google::protobuf::MessageLite* response = nullptr) {
+    grpc::Status result = ToGrpcStatus(status);
+    if (status.ok() && wire_response_ != nullptr && response != nullptr) {
+      bool own_buffer = false;
+      result = grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(
+          *response, wire_response_, &own_buffer);
+    }
     HandOff(this);
-    Finish(ToGrpcStatus(status));
+    Finish(result);
+  }
+  // Charges `bytes` of request memory to `job` until OnDone.
+  absl::Status Charge(const std::string& job, int64_t bytes) {
+    KF_RETURN_IF_ERROR(service_->request_memory_.Take(job, bytes));
+    charged_job_ = job;
+    charged_bytes_ = bytes;
+    return absl::OkStatus();
   }
 
  protected:
   PlannerService* const service_;
+
+ private:
+  grpc::ByteBuffer* const wire_response_;
+  std::string charged_job_;
+  int64_t charged_bytes_ = 0;
 };
 
 // One rank's Plan call. Answered exactly once: by the fan-out of its solved
@@ -77,43 +106,53 @@ class PlannerService::CountedReactor : public grpc::ServerUnaryReactor {
 // Deletes itself when gRPC is done with it (CountedReactor).
 class PlannerService::PlanCall final : public CountedReactor, public PendingCall {
  public:
-  PlanCall(PlannerService* service, const v1::PlanRequest* request, v1::PlanResponse* response)
-      : CountedReactor(service), request_(request), response_(response) {}
+  PlanCall(PlannerService* service, grpc::ByteBuffer* wire_response)
+      : CountedReactor(service, wire_response) {}
 
-  const v1::PlanRequest& request() const override { return *request_; }
+  const v1::PlanRequest& request() const override { return *messages_.request(); }
+  v1::PlanRequest* mutable_request() { return messages_.request(); }
 
   void Answer(const knapformer::Plan& plan, const v1::Balance& balance) {
-    const v1::StepSpec& spec = request_->spec();
-    response_->set_job_id(spec.job_id());
-    response_->set_group_id(spec.group_id());
-    response_->set_step(spec.step());
-    RankPlanToProto(plan.Slice(request_->rank()), response_->mutable_plan());
-    *response_->mutable_balance() = balance;
+    const v1::StepSpec& spec = request().spec();
+    v1::PlanResponse* response = messages_.response();
+    response->set_job_id(spec.job_id());
+    response->set_group_id(spec.group_id());
+    response->set_step(spec.step());
+    RankPlanToProto(plan.Slice(request().rank()), response->mutable_plan());
+    *response->mutable_balance() = balance;
     FinishWith(absl::OkStatus());
   }
 
   // `named_job`: the call may be counted under the job it names (false for
   // a caller refused as that job, who must not add labels).
   void FinishWith(const absl::Status& status, bool named_job = true) {
-    service_->metrics_.CountRequest(named_job ? JobLabel(request_->spec().job_id()) : "", "Plan",
-                                    status.code(), absl::Now());
+    service_->metrics_.CountRequest(named_job ? JobLabel(request().spec().job_id()) : "",
+                                    "Plan", status.code(), absl::Now());
     if (!status.ok() && LogEnabled(LogLevel::kDebug)) {
       Log(LogLevel::kDebug, absl::StrCat("Plan: ", status.ToString()));
     }
-    FinishCall(status);
+    FinishCall(status, messages_.response());
   }
 
   void OnCancel() override {
     TakeOver(this);
     if (service_->rendezvous_.Leave(this)) {
       FinishWith(absl::CancelledError(absl::StrCat(
-          "rank ", request_->rank(), " cancelled and left step ", request_->spec().step())));
+          "rank ", request().rank(), " cancelled and left step ", request().spec().step())));
     }
   }
 
  private:
-  const v1::PlanRequest* const request_;
-  v1::PlanResponse* const response_;
+  ArenaMessages<v1::PlanRequest, v1::PlanResponse> messages_;
+};
+
+// One PlanGroup call: its messages, and its place among the calls in flight.
+class PlannerService::PlanGroupCall final : public CountedReactor {
+ public:
+  PlanGroupCall(PlannerService* service, grpc::ByteBuffer* wire_response)
+      : CountedReactor(service, wire_response) {}
+
+  ArenaMessages<v1::PlanGroupRequest, v1::PlanGroupResponse> messages;
 };
 
 PlannerService::PlannerService(const ServiceOptions& options)
@@ -122,11 +161,14 @@ PlannerService::PlannerService(const ServiceOptions& options)
       gamma_fits_(options.limits),
       metrics_(&rendezvous_, &gamma_fits_, options.limits.max_jobs,
                options.metrics_gauge_interval),
+      plan_group_calls_("max_plan_group_calls", "PlanGroup calls in flight",
+                        options.limits.max_plan_group_calls,
+                        options.limits.max_plan_group_calls_per_job),
+      request_memory_("max_request_memory", "bytes of requests",
+                      options.limits.max_request_memory,
+                      options.limits.max_request_memory_per_job),
       pool_(SolverThreads(options.solver_threads)),
-      reaper_([this] { Reap(); }) {
-  SetMessageAllocatorFor_Plan(&plan_messages_);
-  SetMessageAllocatorFor_PlanGroup(&plan_group_messages_);
-}
+      reaper_([this] { Reap(); }) {}
 
 PlannerService::~PlannerService() {
   {
@@ -142,12 +184,49 @@ absl::Status PlannerService::Authorize(const grpc::CallbackServerContext& contex
   return options_.authorizer->Authorize(context, job_id);
 }
 
+template <typename Request>
+absl::Status PlannerService::Admit(const grpc::CallbackServerContext& context,
+                                   const grpc::ByteBuffer& wire, CountedReactor* reactor,
+                                   Request* request, bool* authorized) {
+  constexpr bool group = std::is_same_v<Request, v1::PlanGroupRequest>;
+  *authorized = false;
+  grpc::ByteBuffer bytes(wire);  // the same slices, referenced again
+  absl::StatusOr<RequestShape> shape;
+  {
+    grpc::ProtoBufferReader reader(&bytes);
+    shape = group ? ScanPlanGroupRequest(&reader) : ScanPlanRequest(&reader);
+  }
+  KF_RETURN_IF_ERROR(shape.status());
+  // Before anything counts the call against the job it names.
+  KF_RETURN_IF_ERROR(Authorize(context, shape->job_id));
+  *authorized = true;
+  // Known before the rest is parsed: a refusal below counts under the job.
+  request->mutable_spec()->set_job_id(shape->job_id);
+  KF_RETURN_IF_ERROR(CheckRequestShape(*shape, options_.limits));
+  KF_RETURN_IF_ERROR(reactor->Charge(shape->job_id, EstimatedParsedBytes(*shape)));
+  grpc::ProtoBufferReader reader(&bytes);
+  if (!request->ParseFromZeroCopyStream(&reader)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request: not a valid ", group ? "PlanGroupRequest" : "PlanRequest", " (", wire.Length(),
+        " bytes; a string field is not UTF-8?)"));
+  }
+  // The job authorized is the job the request names (the scan reads the
+  // job id as the parser does; this keeps it so).
+  if (request->spec().job_id() != shape->job_id) {
+    return absl::InternalError("request: the parsed job id is not the one scanned");
+  }
+  return absl::OkStatus();
+}
+
 grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* context,
-                                               const v1::PlanRequest* request,
-                                               v1::PlanResponse* response) {
-  auto* call = new PlanCall(this, request, response);
-  if (absl::Status allowed = Authorize(*context, request->spec().job_id()); !allowed.ok()) {
-    call->FinishWith(allowed, /*named_job=*/false);
+                                               const grpc::ByteBuffer* wire,
+                                               grpc::ByteBuffer* wire_response) {
+  auto* call = new PlanCall(this, wire_response);
+  const v1::PlanRequest* request = call->mutable_request();
+  bool authorized = false;
+  if (absl::Status admitted = Admit(*context, *wire, call, call->mutable_request(), &authorized);
+      !admitted.ok()) {
+    call->FinishWith(admitted, /*named_job=*/authorized);
     return call->Returned();
   }
   auto checked = CheckPlanRequest(*request, options_.limits, &worlds_);
@@ -279,26 +358,29 @@ void PlannerService::AnswerRange(std::shared_ptr<const knapformer::Plan> plan,
 }
 
 grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext* context,
-                                                    const v1::PlanGroupRequest* request,
-                                                    v1::PlanGroupResponse* response) {
-  CountedReactor* reactor = new CountedReactor(this);
-  const std::string job = request->spec().job_id();
-  // Before anything counts the call against the job it names.
-  if (absl::Status allowed = Authorize(*context, job); !allowed.ok()) {
-    metrics_.CountRequest("", "PlanGroup", allowed.code(), absl::Now());
-    reactor->FinishCall(allowed);
-    return reactor->Returned();
+                                                    const grpc::ByteBuffer* wire,
+                                                    grpc::ByteBuffer* wire_response) {
+  auto* call = new PlanGroupCall(this, wire_response);
+  const v1::PlanGroupRequest* request = call->messages.request();
+  v1::PlanGroupResponse* response = call->messages.response();
+  bool authorized = false;
+  absl::Status status = Admit(*context, *wire, call, call->messages.request(), &authorized);
+  if (!authorized) {  // counted under no job
+    metrics_.CountRequest("", "PlanGroup", status.code(), absl::Now());
+    call->FinishCall(status);
+    return call->Returned();
   }
-  absl::Status status = PlanGroupArrived(job);
+  const std::string job = request->spec().job_id();
+  if (status.ok()) status = plan_group_calls_.Take(job, 1);
   const bool counted = status.ok();
-  auto finish = [this, reactor, request, job, counted](const absl::Status& status) {
-    if (counted) PlanGroupDone(job);
+  auto finish = [this, call, response, job, counted](const absl::Status& status) {
+    if (counted) plan_group_calls_.Give(job, 1);
     metrics_.CountRequest(JobLabel(job), "PlanGroup", status.code(), absl::Now());
-    reactor->FinishCall(status);
+    call->FinishCall(status, response);
   };
   if (!status.ok()) {
     finish(status);
-    return reactor->Returned();
+    return call->Returned();
   }
   auto checked = CheckPlanGroupRequest(*request, options_.limits, &worlds_);
   status = checked.status();
@@ -306,7 +388,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
   SyncGammaFits();
   if (!status.ok()) {
     finish(status);
-    return reactor->Returned();
+    return call->Returned();
   }
   for (int r = 0; r < request->previous_size(); ++r) {
     if (request->previous(r).compute_seconds() > 0) {
@@ -362,7 +444,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
     finish(absl::OkStatus());
   });
   if (!status.ok()) finish(status);
-  return reactor->Returned();
+  return call->Returned();
 }
 
 grpc::ServerUnaryReactor* PlannerService::GetJob(grpc::CallbackServerContext* context,
@@ -415,33 +497,6 @@ absl::Status PlannerService::SolveNowOrSchedule(int64_t sequences, std::function
     task();
   });
   return absl::OkStatus();
-}
-
-absl::Status PlannerService::PlanGroupArrived(const std::string& job) {
-  absl::MutexLock lock(&plan_group_mu_);
-  const ServiceLimits& limits = options_.limits;
-  if (plan_group_calls_ >= limits.max_plan_group_calls) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("max_plan_group_calls: ", limits.max_plan_group_calls,
-                     " PlanGroup calls are already in flight; retry later"));
-  }
-  int32_t& mine = plan_group_calls_by_job_[job];
-  if (mine >= limits.max_plan_group_calls_per_job) {
-    if (mine == 0) plan_group_calls_by_job_.erase(job);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "max_plan_group_calls_per_job: this job already has ", mine,
-        " PlanGroup calls in flight (the limit); retry later"));
-  }
-  ++mine;
-  ++plan_group_calls_;
-  return absl::OkStatus();
-}
-
-void PlannerService::PlanGroupDone(const std::string& job) {
-  absl::MutexLock lock(&plan_group_mu_);
-  --plan_group_calls_;
-  auto it = plan_group_calls_by_job_.find(job);
-  if (it != plan_group_calls_by_job_.end() && --it->second <= 0) plan_group_calls_by_job_.erase(it);
 }
 
 void PlannerService::SyncGammaFits() {

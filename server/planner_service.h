@@ -3,7 +3,6 @@
 
 #include <atomic>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,11 +14,12 @@
 #include "grpcpp/grpcpp.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
-#include "server/arena_message_allocator.h"
 #include "server/gamma_fits.h"
 #include "server/job_auth.h"
+#include "server/job_quota.h"
 #include "server/rendezvous.h"
 #include "server/request_check.h"
+#include "server/request_scan.h"
 #include "server/service_limits.h"
 #include "server/service_metrics.h"
 #include "server/thread_pool.h"
@@ -52,6 +52,13 @@ struct ServiceOptions {
   std::shared_ptr<JobAuthorizer> authorizer;
 };
 
+// Plan and PlanGroup take their requests as bytes (gRPC's raw callback
+// methods): each is scanned, authorized, checked against the limits and
+// charged to the request-memory quota before it is parsed (request_scan.h).
+using PlannerServiceBase = v1::Planner::WithRawCallbackMethod_Plan<
+    v1::Planner::WithRawCallbackMethod_PlanGroup<
+        v1::Planner::WithCallbackMethod_GetJob<v1::Planner::Service>>>;
+
 // The knapformer.v1.Planner service on gRPC's callback API: a rank waiting in
 // a rendezvous holds no thread. Small steps are solved and answered on the
 // gRPC thread that completed them, larger ones on the service's own thread
@@ -59,17 +66,17 @@ struct ServiceOptions {
 // live beside the rendezvous, under a lock of their own, and keep each job
 // and group incarnation exactly as long as it does (SyncGammaFits).
 // Thread-safe. Must outlive the grpc::Server it is registered with.
-class PlannerService final : public v1::Planner::CallbackService {
+class PlannerService final : public PlannerServiceBase {
  public:
   explicit PlannerService(const ServiceOptions& options);
   ~PlannerService() override;
 
   grpc::ServerUnaryReactor* Plan(grpc::CallbackServerContext* context,
-                                 const v1::PlanRequest* request,
-                                 v1::PlanResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* PlanGroup(grpc::CallbackServerContext* context,
-                                      const v1::PlanGroupRequest* request,
-                                      v1::PlanGroupResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
                                    const v1::GetJobRequest* request,
                                    v1::JobState* response) override;
@@ -87,9 +94,22 @@ class PlannerService final : public v1::Planner::CallbackService {
   ServiceMetrics& metrics() { return metrics_; }
   const Rendezvous& rendezvous() const { return rendezvous_; }
   const GammaFits& gamma_fits() const { return gamma_fits_; }
+  // Bytes of requests held (estimated before parsing), in all and by job.
+  const JobQuota& request_memory() const { return request_memory_; }
 
  private:
   class PlanCall;
+  class PlanGroupCall;
+  class CountedReactor;
+
+  // Reads a raw call's request into `request`: scans it, authorizes the job
+  // it names (*authorized: whether it did, so the call may be counted under
+  // that job), checks it against the limits, charges its estimated memory
+  // to `reactor` and parses it. Nothing is parsed unless all passed.
+  // Request: v1::PlanRequest or v1::PlanGroupRequest.
+  template <typename Request>
+  absl::Status Admit(const grpc::CallbackServerContext& context, const grpc::ByteBuffer& wire,
+                     CountedReactor* reactor, Request* request, bool* authorized);
 
   // options_.authorizer's verdict on `context` acting as `job_id`.
   absl::Status Authorize(const grpc::CallbackServerContext& context, const std::string& job_id);
@@ -114,10 +134,6 @@ class PlannerService final : public v1::Planner::CallbackService {
   // limits.max_queued_solves steps already wait: then RESOURCE_EXHAUSTED,
   // and `task` never runs.
   absl::Status SolveNowOrSchedule(int64_t sequences, std::function<void()> task);
-  // Counts a PlanGroup call of `job` in flight (RESOURCE_EXHAUSTED past the
-  // limits, counting nothing); PlanGroupDone uncounts it.
-  absl::Status PlanGroupArrived(const std::string& job);
-  void PlanGroupDone(const std::string& job);
   // Adds to and forgets from the gamma fits what the rendezvous added and
   // forgot (its lifetime log), in its order. Called after every Arrive,
   // Touch and DropIdleJobs, before the caller touches the fits: when it
@@ -125,16 +141,12 @@ class PlannerService final : public v1::Planner::CallbackService {
   // that finds the log empty still waits for one applying what it took).
   void SyncGammaFits();
 
-  class CountedReactor;
-
   // Counts a call from its arrival until gRPC is done with it (WaitForAnswers).
   void CallArrived();
   void CallAnswered();
   bool AllAnswered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_);
 
   const ServiceOptions options_;
-  ArenaMessageAllocator<v1::PlanRequest, v1::PlanResponse> plan_messages_;
-  ArenaMessageAllocator<v1::PlanGroupRequest, v1::PlanGroupResponse> plan_group_messages_;
   WorldCache worlds_;
   // Before pool_: its threads may still finish calls while it is joined.
   absl::Mutex calls_mu_;
@@ -147,9 +159,10 @@ class PlannerService final : public v1::Planner::CallbackService {
   GammaFits gamma_fits_;
   ServiceMetrics metrics_;
   std::atomic<int32_t> queued_solves_{0};
-  absl::Mutex plan_group_mu_;
-  int32_t plan_group_calls_ ABSL_GUARDED_BY(plan_group_mu_) = 0;
-  std::map<std::string, int32_t> plan_group_calls_by_job_ ABSL_GUARDED_BY(plan_group_mu_);
+  // PlanGroup calls in flight (checked, queued or being solved).
+  JobQuota plan_group_calls_;
+  // Estimated bytes of the requests of calls gRPC is not done with.
+  JobQuota request_memory_;
   ThreadPool pool_;
 
   absl::Mutex reaper_mu_;

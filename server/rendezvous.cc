@@ -261,7 +261,19 @@ Rendezvous::Arrival Rendezvous::ArriveLocked(PendingCall* call, CheckedSpec chec
         limits_.max_sequences_per_step, " per step"));
     return arrival;
   }
+  int64_t mask_spans = 0;
+  for (const v1::AttentionMask& mask : request.attention_masks()) {
+    mask_spans += mask.span_lengths_size();
+  }
+  if (step.mask_spans + mask_spans > limits_.max_mask_spans_per_step) {
+    arrival.status = absl::ResourceExhaustedError(absl::StrCat(
+        "attention_masks: rank ", rank, " would bring ", StepName(spec), " to ",
+        step.mask_spans + mask_spans, " spans, over the limit of ",
+        limits_.max_mask_spans_per_step, " per step"));
+    return arrival;
+  }
   step.sequences += sequences;
+  step.mask_spans += mask_spans;
   step.arrived[rank] = true;
   step.calls.push_back(call);
 

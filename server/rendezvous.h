@@ -166,6 +166,7 @@ class Rendezvous {
     std::vector<bool> arrived;        // by rank
     std::vector<PendingCall*> calls;  // arrival order
     int64_t sequences = 0;
+    int64_t mask_spans = 0;
   };
   struct Group {
     std::map<uint64_t, std::unique_ptr<Step>> pending;

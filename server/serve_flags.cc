@@ -35,6 +35,8 @@ const std::vector<OptionSpec>& ServeOptions() {
          "sequences in one rank's request"},
         {"max-sequences-per-step", "N", number(limits.max_sequences_per_step),
          "sequences in one step of a group"},
+        {"max-mask-spans-per-step", "N", number(limits.max_mask_spans_per_step),
+         "spans of attention masks in one step"},
         {"max-pending-steps", "N", number(limits.max_pending_steps),
          "steps waiting for ranks, all jobs"},
         {"max-pending-steps-per-job", "N", number(limits.max_pending_steps_per_job),
@@ -48,7 +50,11 @@ const std::vector<OptionSpec>& ServeOptions() {
         {"max-plan-group-calls-per-job", "N", number(limits.max_plan_group_calls_per_job),
          "PlanGroup calls in flight, one job"},
         {"max-message-bytes", "N", number(limits.max_message_bytes),
-         "largest request gRPC accepts"},
+         "largest request gRPC accepts; 0 = what the limits admit"},
+        {"max-request-memory", "BYTES", number(limits.max_request_memory),
+         "requests held, parsed, all jobs; beyond, refused unparsed"},
+        {"max-request-memory-per-job", "BYTES", number(limits.max_request_memory_per_job),
+         "requests held, parsed, one job"},
         {"remembered-steps", "N", number(limits.remembered_steps),
          "answered steps remembered per group"},
         {"refine-rounds", "N", number(server.service.balancer.refine_rounds),
@@ -132,6 +138,9 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
   KF_ASSIGN_OR_RETURN(limits.max_sequences_per_step,
                       args.GetInt("max-sequences-per-step", limits.max_sequences_per_step, 0,
                                   BalancerLimits().max_sequences));
+  KF_ASSIGN_OR_RETURN(limits.max_mask_spans_per_step,
+                      args.GetInt("max-mask-spans-per-step", limits.max_mask_spans_per_step, 0,
+                                  int64_t{1} << 28));
   KF_ASSIGN_OR_RETURN(limits.max_pending_steps,
                       args.GetInt("max-pending-steps", limits.max_pending_steps, 1, 1 << 20));
   KF_ASSIGN_OR_RETURN(limits.max_pending_steps_per_job,
@@ -148,8 +157,18 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
       limits.max_plan_group_calls_per_job,
       args.GetInt("max-plan-group-calls-per-job", limits.max_plan_group_calls_per_job, 1, 1 << 20));
   KF_ASSIGN_OR_RETURN(limits.max_message_bytes,
-                      args.GetInt("max-message-bytes", limits.max_message_bytes, 1024,
-                                  kInt32Max));
+                      args.GetInt("max-message-bytes", limits.max_message_bytes, 0, kInt32Max));
+  if (limits.max_message_bytes > 0 && limits.max_message_bytes < 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-message-bytes: ", limits.max_message_bytes,
+        " is too small for any request; give 0 (what the limits admit) or at least 1024"));
+  }
+  KF_ASSIGN_OR_RETURN(limits.max_request_memory,
+                      args.GetInt("max-request-memory", limits.max_request_memory, 1 << 20,
+                                  int64_t{1} << 40));
+  KF_ASSIGN_OR_RETURN(limits.max_request_memory_per_job,
+                      args.GetInt("max-request-memory-per-job", limits.max_request_memory_per_job,
+                                  1 << 20, int64_t{1} << 40));
   KF_ASSIGN_OR_RETURN(limits.remembered_steps,
                       args.GetInt("remembered-steps", limits.remembered_steps, 0, 1 << 16));
   KF_ASSIGN_OR_RETURN(limits.timed_steps, args.GetInt("timed-steps", limits.timed_steps, 0, 1024));

@@ -17,7 +17,9 @@ struct ServiceLimits {
   // Sequences in one rank's request, and in one step of a group (summed
   // over its ranks, or in one PlanGroup request).
   int64_t max_sequences_per_rank = 1 << 16;
-  int64_t max_sequences_per_step = 1 << 22;
+  int64_t max_sequences_per_step = 1 << 20;
+  // Spans of SPANS attention masks in one step (summed over its ranks).
+  int64_t max_mask_spans_per_step = 1 << 20;
   // Steps waiting for ranks, over all jobs and per job (so that one job
   // flooding the server, by mistake or not, cannot keep the others' steps
   // from opening). A client that pipelines k steps ahead holds k per group.
@@ -35,8 +37,15 @@ struct ServiceLimits {
   // share, and the others' steps still get solver time.
   int32_t max_plan_group_calls = 256;
   int32_t max_plan_group_calls_per_job = 16;
-  // Largest request gRPC accepts (bytes).
-  int32_t max_message_bytes = 64 << 20;
+  // Largest request gRPC accepts (bytes); 0 = the largest request the
+  // limits above admit (MaxRequestWireBytes, request_scan.h).
+  int32_t max_message_bytes = 0;
+  // Memory of the requests being parsed and held (a per-rank request waits
+  // in its step's rendezvous), in all and per job, as estimated from the
+  // request's wire form before it is parsed (EstimatedParsedBytes): a call
+  // that would pass either is refused, and nothing of it is parsed.
+  int64_t max_request_memory = int64_t{512} << 20;
+  int64_t max_request_memory_per_job = int64_t{256} << 20;
   // A step not complete this long after its first request fails every waiting
   // rank with DEADLINE_EXCEEDED.
   absl::Duration rendezvous_timeout = absl::Seconds(60);

@@ -595,13 +595,13 @@ TEST(ServiceTest, CallsInFlightAndTheSolverQueueAreBounded) {
   grpc::Status status = PlanGroupOnce(stub.get(), GroupRequest("flood", 1));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(),
-              HasSubstr("max_plan_group_calls_per_job: this job already has 1 PlanGroup calls "
-                        "in flight"));
+              HasSubstr("max_plan_group_calls_per_job: this job holds 1 PlanGroup calls in "
+                        "flight, and 1 more would pass its limit of 1"));
   AsyncPlanGroup other(stub.get(), GroupRequest("other", 0));  // another job fits
   absl::SleepFor(absl::Milliseconds(100));
   status = PlanGroupOnce(stub.get(), GroupRequest("third", 0));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(status.error_message(), HasSubstr("max_plan_group_calls: 2 PlanGroup calls"));
+  EXPECT_THAT(status.error_message(), HasSubstr("max_plan_group_calls: all jobs hold 2 PlanGroup calls"));
   EXPECT_TRUE(first.Wait().ok()) << first.Wait().error_message();
   EXPECT_TRUE(other.Wait().ok()) << other.Wait().error_message();
 
