@@ -625,6 +625,46 @@ TEST(ServiceTest, CallsInFlightAndTheSolverQueueAreBounded) {
   EXPECT_TRUE(PlanGroupOnce(stub.get(), GroupRequest("flood", 1)).ok());
 }
 
+// Memory before parsing: each request is charged its estimated parsed size
+// (request_scan.h) from its arrival until gRPC is done with it, per job and
+// in all; a request past either share is refused naming the limit, and
+// what was charged is given back.
+TEST(ServiceTest, RequestMemoryIsChargedBeforeParsingAndGivenBack) {
+  PlannerServerOptions options = TestOptions();
+  options.service.limits.max_request_memory = 250 << 10;
+  options.service.limits.max_request_memory_per_job = 200 << 10;
+  options.service.answer_delay = [] { return absl::Milliseconds(700); };
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  auto large = [](const std::string& job, uint64_t step) {
+    v1::PlanGroupRequest request = GroupRequest(job, step);
+    for (int i = 0; i < 4096; ++i) request.mutable_ranks(0)->add_sequence_lengths(10);
+    return request;  // ~150 KiB parsed, as estimated
+  };
+  AsyncPlanGroup first(stub.get(), large("big", 0));
+  absl::SleepFor(absl::Milliseconds(100));
+  const int64_t charged = server->service().request_memory().held();
+  EXPECT_GT(charged, 100 << 10);
+  EXPECT_LT(charged, 200 << 10);
+  grpc::Status status = PlanGroupOnce(stub.get(), large("big", 1));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr(absl::StrCat("max_request_memory_per_job: this job holds ", charged,
+                                     " bytes of requests")));
+  status = PlanGroupOnce(stub.get(), large("other", 0));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("max_request_memory: all jobs hold " + std::to_string(charged)));
+  EXPECT_TRUE(PlanGroupOnce(stub.get(), GroupRequest("small", 0)).ok());  // room for it
+  EXPECT_TRUE(first.Wait().ok()) << first.Said();
+  for (int i = 0; i < 100 && server->service().request_memory().held() != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(server->service().request_memory().held(), 0);
+  EXPECT_TRUE(PlanGroupOnce(stub.get(), large("other", 0)).ok());
+}
+
 // A PlanGroup whose caller gives up while its step waits for a solver is
 // not solved: the job has no planned step afterwards.
 TEST(ServiceTest, APlanGroupWhoseCallerHasGoneIsNotSolved) {
