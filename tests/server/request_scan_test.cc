@@ -16,11 +16,15 @@
 #include "gtest/gtest.h"
 #include "knapformer/v1/planner.pb.h"
 #include "server/arena_messages.h"
+#include "tests/server/wire_bytes.h"
 
 namespace knapformer {
 namespace {
 
 using ::testing::HasSubstr;
+using testing_util::Field;
+using testing_util::Tag;
+using testing_util::Varint;
 
 absl::StatusOr<RequestShape> ScanPlan(const std::string& bytes) {
   google::protobuf::io::ArrayInputStream input(bytes.data(), static_cast<int>(bytes.size()),
@@ -32,21 +36,6 @@ absl::StatusOr<RequestShape> ScanGroup(const std::string& bytes) {
   google::protobuf::io::ArrayInputStream input(bytes.data(), static_cast<int>(bytes.size()),
                                                /*block_size=*/7);
   return ScanPlanGroupRequest(&input);
-}
-
-// A varint, a tag, a length-delimited field: protobuf's encoding, written
-// by hand for what a conforming encoder never sends.
-std::string Varint(uint64_t value) {
-  std::string out;
-  do {
-    out.push_back(static_cast<char>((value & 0x7f) | (value > 0x7f ? 0x80 : 0)));
-    value >>= 7;
-  } while (value != 0);
-  return out;
-}
-std::string Tag(int number, int wire) { return Varint(static_cast<uint64_t>(number) << 3 | wire); }
-std::string Field(int number, const std::string& payload) {
-  return Tag(number, 2) + Varint(payload.size()) + payload;
 }
 
 v1::AttentionMask SpansMask(int spans) {

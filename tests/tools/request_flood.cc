@@ -18,28 +18,19 @@
 #include "absl/time/clock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "tests/server/wire_bytes.h"
 
 namespace knapformer {
 namespace {
 
-std::string Varint(uint64_t value) {
-  std::string out;
-  do {
-    out.push_back(static_cast<char>((value & 0x7f) | (value > 0x7f ? 0x80 : 0)));
-    value >>= 7;
-  } while (value != 0);
-  return out;
-}
-
-// A length-delimited field (protobuf's encoding).
-std::string Field(int number, const std::string& payload) {
-  return Varint(static_cast<uint64_t>(number) << 3 | 2) + Varint(payload.size()) + payload;
-}
+using testing_util::Field;
+using testing_util::Tag;
+using testing_util::Varint;
 
 // A PlanGroupRequest (rank 0 holding `zeros` zero lengths) or a PlanRequest.
 std::string ZeroLengths(bool group, int64_t zeros, int i) {
   const std::string spec = Field(1, Field(1, absl::StrCat("flood-", i)) +
-                                        std::string("\x20\x01", 2) +  // world_size 1
+                                        Tag(4, 0) + Varint(1) +  // world_size 1
                                         Field(5, "g1n1"));
   const std::string lengths = Field(group ? 1 : 3, std::string(zeros, '\0'));
   return spec + (group ? Field(2, lengths) : lengths);
