@@ -11,8 +11,6 @@
 namespace knapformer {
 namespace {
 
-constexpr size_t kMaxIdLength = 256;  // namespace/name/uid of a Kubernetes Job fits
-
 bool IsIdChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
          c == '.' || c == '_' || c == ':' || c == '/' || c == '-';
@@ -22,7 +20,7 @@ absl::Status CheckId(const char* field, const std::string& id, bool may_be_empty
   if (id.empty() && !may_be_empty) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
   }
-  if (id.size() > kMaxIdLength) {
+  if (static_cast<int64_t>(id.size()) > kMaxIdLength) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", id.size(),
                                                    " characters exceed the limit of ",
                                                    kMaxIdLength));

@@ -19,9 +19,6 @@ constexpr int kFixed64 = 1;
 constexpr int kLengthDelimited = 2;
 constexpr int kFixed32 = 5;
 
-// As request_check's limit on ids: a longer job id is refused unread.
-constexpr uint32_t kMaxJobIdLength = 256;
-
 // Walks one request's fields as protobuf's parser would take them, counting
 // what parsing would allocate. Every method returns false on bytes the parser
 // would refuse too.
@@ -158,7 +155,7 @@ class Scanner {
     if (wire != kLengthDelimited) return Unknown(wire);
     uint32_t length = 0;
     if (!in_.ReadVarint32(&length) || length > INT_MAX) return false;
-    if (length > kMaxJobIdLength) {
+    if (length > kMaxIdLength) {  // refused unread
       long_job_id_ = length;
       return in_.Skip(static_cast<int>(length));
     }
@@ -238,7 +235,7 @@ absl::StatusOr<RequestShape> Scan(google::protobuf::io::ZeroCopyInputStream* inp
   if (scanner.long_job_id() != 0) {
     return absl::InvalidArgumentError(absl::StrCat("spec.job_id: ", scanner.long_job_id(),
                                                    " characters exceed the limit of ",
-                                                   kMaxJobIdLength));
+                                                   kMaxIdLength));
   }
   RequestShape& shape = scanner.shape();
   shape.group = group;
@@ -317,7 +314,8 @@ int64_t MaxRequestWireBytes(const ServiceLimits& limits) {
   constexpr int64_t kTiming = kField + 11 + 3 * 9;                    // StepTiming
   constexpr int64_t kMask = kField + 2 * 11 + 2 * kField;             // kind, window, 2 runs
   constexpr int64_t kRank = kField + kField + kTiming;                // RankLengths, previous
-  constexpr int64_t kSpecFixed = kField + 2 * (kField + 256) + 12 * 11 + kField + 6 * 11;
+  constexpr int64_t kSpecFixed =
+      kField + 2 * (kField + kMaxIdLength) + 12 * 11 + kField + 6 * 11;  // ids, scalars, machine
   // The topology string: at most one bag term ("g1n1+") per rank, and a few.
   const int64_t spec = kSpecFixed + kField + 8 * (int64_t{limits.max_world_size} + 4);
   const int64_t bytes = spec + kRank * limits.max_world_size +

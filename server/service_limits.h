@@ -7,6 +7,11 @@
 
 namespace knapformer {
 
+// Characters in a job or group id, a fixed bound (no flag): a Kubernetes
+// Job's namespace/name/uid fits. Checked on the wire (request_scan.h) and
+// once parsed (request_check.h).
+inline constexpr int64_t kMaxIdLength = 256;
+
 // Bounds on what one planner server accepts and keeps. Each has a flag in
 // `knapformer serve`; exceeding one is RESOURCE_EXHAUSTED (a count or size)
 // or DEADLINE_EXCEEDED (the rendezvous timeout), with a message naming it.
