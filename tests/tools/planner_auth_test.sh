@@ -18,7 +18,6 @@ set -u
 knapformer="$1"
 train_sim="$2"
 stranger="$3"
-failures=0
 tmp="$(mktemp -d)"
 server=""
 cleanup() {
@@ -27,8 +26,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-# wait_for_port_file, wait_for_step, check_run
+# fail, wait_for_port_file, wait_for_step, check_run
 source "$(dirname "${BASH_SOURCE[0]}")/planner_process_lib.sh"
 export KNAPFORMER_PLANNER_DEADLINE_SECONDS=2
 

@@ -1,7 +1,11 @@
 # Shell helpers shared by the tests that run `knapformer serve` and
 # train-sim as real processes (planner_faults_test, planner_replicas_test,
-# planner_auth_test).
-# Sourced; uses the caller's `fail`.
+# planner_auth_test, planner_memory_test).
+# Sourced, before anything can fail: it starts the count of failures.
+
+failures=0
+# Reports a failure ("FAIL ..."), counted in $failures.
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 
 # Waits (bounded, 30 s) until `serve --port-file` $1 is written; fails
 # naming the log $2 otherwise.

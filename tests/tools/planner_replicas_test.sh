@@ -15,7 +15,6 @@
 set -u
 knapformer="$1"
 train_sim="$2"
-failures=0
 tmp="$(mktemp -d)"
 declare -a pid port
 cleanup() {
@@ -27,8 +26,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-# wait_for_port_file, wait_for_step, last_step
+# fail, wait_for_port_file, wait_for_step, last_step
 source "$(dirname "${BASH_SOURCE[0]}")/planner_process_lib.sh"
 export KNAPFORMER_PLANNER_DEADLINE_SECONDS=10
 
