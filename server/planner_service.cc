@@ -134,8 +134,13 @@ class PlannerService::PlanCall final : public CountedReactor, public PendingCall
     FinishCall(status, messages_.response());
   }
 
+  // Whether gRPC cancelled the call (the rank gave up, or its deadline
+  // passed), also after its step left the rendezvous.
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+
   void OnCancel() override {
     TakeOver(this);
+    cancelled_.store(true, std::memory_order_release);
     if (service_->rendezvous_.Leave(this)) {
       FinishWith(absl::CancelledError(absl::StrCat(
           "rank ", request().rank(), " cancelled and left step ", request().spec().step())));
@@ -144,6 +149,7 @@ class PlannerService::PlanCall final : public CountedReactor, public PendingCall
 
  private:
   ArenaMessages<v1::PlanRequest, v1::PlanResponse> messages_;
+  std::atomic<bool> cancelled_{false};
 };
 
 // One PlanGroup call: its messages, and its place among the calls in flight.
@@ -249,12 +255,16 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* cont
   } else if (arrival.ready != nullptr) {
     std::shared_ptr<ReadyStep> ready = std::move(arrival.ready);
     const int64_t sequences = ready->sequences;
-    absl::Status queued = SolveNowOrSchedule(sequences, [this, ready] { SolveAndAnswer(ready); });
-    if (!queued.ok()) {
-      for (PendingCall* waiting : ready->calls) {
-        static_cast<PlanCall*>(waiting)->FinishWith(queued);
-      }
-    }
+    SolveNowOrSchedule(request->spec().job_id(), sequences,
+                       [this, ready](const absl::Status& admitted) {
+                         if (!admitted.ok()) {
+                           for (PendingCall* waiting : ready->calls) {
+                             static_cast<PlanCall*>(waiting)->FinishWith(admitted);
+                           }
+                           return;
+                         }
+                         SolveAndAnswer(ready);
+                       });
   }
   return call->Returned();
 }
@@ -305,6 +315,16 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
 
 void PlannerService::SolveAndAnswer(std::shared_ptr<ReadyStep> step) {
   const v1::StepSpec& spec = step->spec;
+  // A rank that gave up while the step waited for a solver plans it
+  // locally, and so, by the step's agreement, do the others: no solve.
+  for (size_t r = 0; r < step->calls.size(); ++r) {
+    if (!static_cast<PlanCall*>(step->calls[r])->cancelled()) continue;
+    const absl::Status gone = absl::AbortedError(absl::StrCat(
+        "rank ", step->calls[r]->request().rank(), " gave up (cancelled, or past its deadline) "
+        "before a solver took step ", spec.step(), "; not solved"));
+    for (PendingCall* call : step->calls) static_cast<PlanCall*>(call)->FinishWith(gone);
+    return;
+  }
   RankLengths lengths(step->calls.size());
   for (size_t r = 0; r < step->calls.size(); ++r) {
     const auto& field = step->calls[r]->request().sequence_lengths();
@@ -398,8 +418,12 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
   int64_t sequences = 0;
   for (const v1::RankLengths& rank : request->ranks()) sequences += rank.sequence_lengths_size();
   auto shared_checked = std::make_shared<CheckedSpec>(*std::move(checked));
-  status = SolveNowOrSchedule(sequences, [this, context, request, response, finish,
-                                          shared_checked] {
+  SolveNowOrSchedule(job, sequences, [this, context, request, response, finish,
+                                      shared_checked](const absl::Status& admitted) {
+    if (!admitted.ok()) {
+      finish(admitted);
+      return;
+    }
     // A caller that gave up (cancelled, or past its deadline) while the step
     // waited for a solver gets no solve: its answer would go nowhere.
     if (context->IsCancelled()) {
@@ -443,7 +467,6 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
     }
     finish(absl::OkStatus());
   });
-  if (!status.ok()) finish(status);
   return call->Returned();
 }
 
@@ -481,22 +504,44 @@ void PlannerService::ScheduleAnswer(std::function<void()> task) {
   }
 }
 
-absl::Status PlannerService::SolveNowOrSchedule(int64_t sequences, std::function<void()> task) {
+void PlannerService::SolveNowOrSchedule(const std::string& job, int64_t sequences,
+                                        std::function<void(const absl::Status&)> solve) {
   if (!options_.answer_delay && sequences <= options_.inline_solve_max_sequences) {
-    task();
-    return absl::OkStatus();
+    solve(absl::OkStatus());
+    return;
   }
   const int32_t limit = options_.limits.max_queued_solves;
   if (queued_solves_.fetch_add(1) >= limit) {
     queued_solves_.fetch_sub(1);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "max_queued_solves: ", limit, " steps already wait for a solver thread; retry later"));
+    solve(absl::ResourceExhaustedError(absl::StrCat(
+        "max_queued_solves: ", limit, " steps already wait for a solver thread; retry later")));
+    return;
   }
-  ScheduleAnswer([this, task = std::move(task)] {
+  const absl::Time ready = absl::Now();
+  auto queued = [this, ready, solve = std::move(solve)] {
     queued_solves_.fetch_sub(1);
-    task();
+    const absl::Duration waited = absl::Now() - ready;
+    const absl::Duration limit = options_.limits.max_solve_wait;
+    if (waited > limit) {
+      solve(absl::DeadlineExceededError(absl::StrCat(
+          "max_solve_wait: the step waited ", absl::FormatDuration(waited),
+          " for a solver thread, past the limit of ", absl::FormatDuration(limit),
+          "; not solved (the planner is overloaded)")));
+      return;
+    }
+    solve(absl::OkStatus());
+  };
+  // After the injected delay (if any) the step joins its job's queue; each
+  // pool task then runs whichever step's turn it is.
+  ScheduleAnswer([this, job, queued = std::move(queued)]() mutable {
+    solve_queue_.Push(job, std::move(queued));
+    pool_.Schedule([this] { SolveNextQueued(); });
   });
-  return absl::OkStatus();
+}
+
+void PlannerService::SolveNextQueued() {
+  // One pool task is scheduled per step pushed, after its push: never empty.
+  if (std::function<void()> solve = solve_queue_.Pop()) solve();
 }
 
 void PlannerService::SyncGammaFits() {

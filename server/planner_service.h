@@ -14,6 +14,7 @@
 #include "grpcpp/grpcpp.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
+#include "server/fair_queue.h"
 #include "server/gamma_fits.h"
 #include "server/job_auth.h"
 #include "server/job_quota.h"
@@ -128,12 +129,17 @@ class PlannerService final : public PlannerServiceBase {
   void Reap();
   // Runs `task` on the pool after options_.answer_delay (at once without one).
   void ScheduleAnswer(std::function<void()> task);
-  // Runs `task` now, on this thread, for a step of `sequences` sequences
-  // small enough (options_.inline_solve_max_sequences) when no answer delay
-  // is injected; else queues it as ScheduleAnswer does, unless
-  // limits.max_queued_solves steps already wait: then RESOURCE_EXHAUSTED,
-  // and `task` never runs.
-  absl::Status SolveNowOrSchedule(int64_t sequences, std::function<void()> task);
+  // Runs `solve` exactly once, with OK when it may solve, for a step of
+  // `job` of `sequences` sequences: now, on this thread, when the step is
+  // small enough (options_.inline_solve_max_sequences) and no answer delay
+  // is injected; else after the delay, on a solver thread, the job's turn
+  // come (solve_queue_). With an error instead, and nothing to solve: at
+  // once, RESOURCE_EXHAUSTED, when limits.max_queued_solves steps already
+  // wait; DEADLINE_EXCEEDED when the step waited past limits.max_solve_wait.
+  void SolveNowOrSchedule(const std::string& job, int64_t sequences,
+                          std::function<void(const absl::Status&)> solve);
+  // Runs the next step of solve_queue_ (one pool task per queued step).
+  void SolveNextQueued();
   // Adds to and forgets from the gamma fits what the rendezvous added and
   // forgot (its lifetime log), in its order. Called after every Arrive,
   // Touch and DropIdleJobs, before the caller touches the fits: when it
@@ -163,6 +169,8 @@ class PlannerService final : public PlannerServiceBase {
   JobQuota plan_group_calls_;
   // Estimated bytes of the requests of calls gRPC is not done with.
   JobQuota request_memory_;
+  // Steps waiting for a solver thread, taken round-robin between jobs.
+  FairQueue solve_queue_;
   ThreadPool pool_;
 
   absl::Mutex reaper_mu_;

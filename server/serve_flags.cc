@@ -45,6 +45,8 @@ const std::vector<OptionSpec>& ServeOptions() {
         {"max-groups-per-job", "N", number(limits.max_groups_per_job), "groups of one job"},
         {"max-queued-solves", "N", number(limits.max_queued_solves),
          "steps waiting for a solver; beyond, refused"},
+        {"max-solve-wait-ms", "MS", number(absl::ToInt64Milliseconds(limits.max_solve_wait)),
+         "a step waiting longer for a solver is refused"},
         {"max-plan-group-calls", "N", number(limits.max_plan_group_calls),
          "PlanGroup calls in flight, all jobs"},
         {"max-plan-group-calls-per-job", "N", number(limits.max_plan_group_calls_per_job),
@@ -151,6 +153,11 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
                       args.GetInt("max-groups-per-job", limits.max_groups_per_job, 1, 1 << 20));
   KF_ASSIGN_OR_RETURN(limits.max_queued_solves,
                       args.GetInt("max-queued-solves", limits.max_queued_solves, 1, 1 << 20));
+  KF_ASSIGN_OR_RETURN(int64_t solve_wait_ms,
+                      args.GetInt("max-solve-wait-ms",
+                                  absl::ToInt64Milliseconds(limits.max_solve_wait), 1,
+                                  24LL * 3600 * 1000));
+  limits.max_solve_wait = absl::Milliseconds(solve_wait_ms);
   KF_ASSIGN_OR_RETURN(limits.max_plan_group_calls,
                       args.GetInt("max-plan-group-calls", limits.max_plan_group_calls, 1, 1 << 20));
   KF_ASSIGN_OR_RETURN(

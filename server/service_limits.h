@@ -37,6 +37,12 @@ struct ServiceLimits {
   // wait for a solver thread; a step beyond is refused at once rather than
   // queued without bound.
   int32_t max_queued_solves = 256;
+  // A step that waited longer for a solver thread (from the moment it was
+  // complete, injected answer delay included) is refused with
+  // DEADLINE_EXCEEDED and not solved: under overload the queue serves steps
+  // whose ranks still wait, not answers nobody will use. Waiting steps take
+  // the solver threads round-robin between jobs (fair_queue.h).
+  absl::Duration max_solve_wait = absl::Seconds(10);
   // PlanGroup calls being checked, queued or solved, in all and per job: a
   // job that floods the server (a retry loop, a stranger) holds at most its
   // share, and the others' steps still get solver time.

@@ -537,6 +537,7 @@ class AsyncPlanGroup {
     context_.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
     stub->async()->PlanGroup(&context_, &request_, &response_, [this](grpc::Status status) {
       status_ = std::move(status);
+      finished_at_ = absl::Now();
       done_.Notify();
     });
   }
@@ -557,6 +558,7 @@ class AsyncPlanGroup {
   }
   // REQUIRES: Wait() returned its status.
   const v1::PlanGroupResponse& response() const { return response_; }
+  absl::Time finished_at() const { return finished_at_; }
 
  private:
   v1::PlanGroupRequest request_;
@@ -564,6 +566,7 @@ class AsyncPlanGroup {
   grpc::ClientContext context_;
   absl::Notification done_;
   grpc::Status status_;
+  absl::Time finished_at_ = absl::InfiniteFuture();
 };
 
 grpc::Status PlanGroupOnce(v1::Planner::Stub* stub, const v1::PlanGroupRequest& request) {
@@ -665,6 +668,74 @@ TEST(ServiceTest, RequestMemoryIsChargedBeforeParsingAndGivenBack) {
   EXPECT_TRUE(PlanGroupOnce(stub.get(), large("other", 0)).ok());
 }
 
+// Steps planned so far in `job`'s only group.
+uint64_t StepsPlanned(v1::Planner::Stub* stub, const std::string& job) {
+  v1::GetJobRequest request;
+  request.set_job_id(job);
+  v1::JobState state;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  const grpc::Status status = stub->GetJob(&context, request, &state);
+  EXPECT_TRUE(status.ok()) << job << ": " << status.error_message();
+  EXPECT_EQ(state.groups_size(), 1) << job;
+  return state.groups_size() == 1 ? state.groups(0).steps_planned() : 0;
+}
+
+// The solve deadline: a step that waited for a solver past max_solve_wait
+// (here held back by the injected delay) is refused, every rank of it with
+// DEADLINE_EXCEEDED naming the limit, and not solved.
+TEST(ServiceTest, AStepThatWaitedPastTheSolveDeadlineIsNotSolved) {
+  PlannerServerOptions options = TestOptions();
+  options.service.limits.max_solve_wait = absl::Milliseconds(100);
+  options.service.answer_delay = [] { return absl::Milliseconds(300); };
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  const grpc::Status status = PlanGroupOnce(stub.get(), GroupRequest("late-group", 0));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("max_solve_wait: the step waited 3"));  // 300 ms and more
+  EXPECT_THAT(status.error_message(), HasSubstr("past the limit of 100ms; not solved"));
+  StepParams params;
+  params.job_id = "late-ranks";
+  params.topology = "g1n2";
+  for (const PlanResult& result :
+       PlanConcurrently(stub.get(), MakeGroupRequests(params, {{3}, {4}}))) {
+    EXPECT_EQ(result.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    EXPECT_THAT(result.status.error_message(), HasSubstr("max_solve_wait"));
+  }
+  EXPECT_EQ(StepsPlanned(stub.get(), "late-group"), 0u);
+  EXPECT_EQ(StepsPlanned(stub.get(), "late-ranks"), 0u);
+}
+
+// Jobs take the solver round-robin: with one solver thread and eight steps
+// of a flooding job waiting, a quiet job's step is solved second, not
+// ninth. Every step becomes due at the same instant (the injected delay
+// counts down to it), so the queue holds all nine when the solver starts.
+TEST(ServiceTest, WaitingStepsTakeTheSolverRoundRobinBetweenJobs) {
+  PlannerServerOptions options = TestOptions();
+  options.service.solver_threads = 1;
+  const absl::Time due = absl::Now() + absl::Seconds(2);
+  options.service.answer_delay = [due] { return due - absl::Now(); };
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  std::vector<std::unique_ptr<AsyncPlanGroup>> flood;
+  for (uint64_t step = 0; step < 8; ++step) {
+    flood.push_back(std::make_unique<AsyncPlanGroup>(stub.get(), GroupRequest("flood", step)));
+  }
+  AsyncPlanGroup quiet(stub.get(), GroupRequest("quiet", 0));
+  ASSERT_TRUE(quiet.Wait().ok()) << quiet.Said();
+  ASSERT_LT(absl::Now(), due + absl::Seconds(1)) << "the calls did not all arrive before " << due;
+  int flood_before_quiet = 0;
+  for (auto& call : flood) {
+    ASSERT_TRUE(call->Wait().ok()) << call->Said();
+    if (call->finished_at() < quiet.finished_at()) ++flood_before_quiet;
+  }
+  // Solved second; answers travel in parallel, so allow one more ahead.
+  EXPECT_LE(flood_before_quiet, 2);
+}
+
 // A PlanGroup whose caller gives up while its step waits for a solver is
 // not solved: the job has no planned step afterwards.
 TEST(ServiceTest, APlanGroupWhoseCallerHasGoneIsNotSolved) {
@@ -687,6 +758,38 @@ TEST(ServiceTest, APlanGroupWhoseCallerHasGoneIsNotSolved) {
   EXPECT_EQ(state.groups(0).steps_planned(), 0u);
   // The next call of the job is solved.
   EXPECT_TRUE(PlanGroupOnce(stub.get(), GroupRequest("gone", 1)).ok());
+}
+
+// Per-rank: when one rank gives up while its complete step waits for a
+// solver, the step is not solved (that rank plans locally, and so, by the
+// step's agreement, do the others); the ranks still waiting are told which
+// rank gave up.
+TEST(ServiceTest, APerRankStepWithARankGoneIsNotSolved) {
+  PlannerServerOptions options = TestOptions();
+  options.service.answer_delay = [] { return absl::Milliseconds(600); };
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.job_id = "rank-gone";
+  params.topology = "g1n2";
+  {
+    AsyncPlan gone(stub.get(), MakeRequest(params, 2, 0, {3}), absl::Milliseconds(150));
+    AsyncPlan waiting(stub.get(), MakeRequest(params, 2, 1, {4}));
+    ASSERT_TRUE(gone.WaitFor(absl::Seconds(10)));
+    EXPECT_EQ(gone.status().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    ASSERT_TRUE(waiting.WaitFor(absl::Seconds(10)));
+    EXPECT_EQ(waiting.status().error_code(), grpc::StatusCode::ABORTED);
+    EXPECT_THAT(waiting.status().error_message(),
+                HasSubstr("rank 0 gave up (cancelled, or past its deadline) before a solver "
+                          "took step 0; not solved"));
+  }
+  EXPECT_EQ(StepsPlanned(stub.get(), "rank-gone"), 0u);
+  params.step = 1;  // the next step is solved
+  for (const PlanResult& result :
+       PlanConcurrently(stub.get(), MakeGroupRequests(params, {{3}, {4}}))) {
+    EXPECT_TRUE(result.status.ok()) << result.status.error_message();
+  }
 }
 
 // The fault-injection hook (serve --answer-delay-file) holds back step
