@@ -25,9 +25,11 @@
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "common/args.h"
+#include "common/status_macros.h"
 #include "planner/balance_stats.h"
 #include "planner/balancer.h"
 #include "planner/cost_model.h"
+#include "planner/lengths_file.h"
 #include "planner/plan_json.h"
 #include "planner/topology.h"
 #include "planner/validate.h"
@@ -82,6 +84,10 @@ std::vector<OptionSpec> SimulateOptionSpecs() {
   const SimulateOptions defaults;
   std::vector<OptionSpec> options = {
       {"data", "D", defaults.data, "a scenario, data codes or a masked stream (above)"},
+      {"lengths", "FILE", "", "your own data: one sample per line, tokens[,mask]"},
+      {"samples-per-gpu", "N", "", "with --lengths: your loader's samples per GPU"},
+      {"tokens-per-gpu", "T", "", "with --lengths: or its token budget per GPU"},
+      {"shuffle", "on|off", OnOff(defaults.shuffle), "with --lengths: shuffle each epoch"},
       {"world", "N", absl::StrCat(defaults.world), "GPUs"},
       {"topology", "T[,T...]", absl::StrJoin(defaults.topologies, ","),
        "fixed or auto[:max_bag=G][:group=T]"},
@@ -113,7 +119,11 @@ std::string SimulateUsage() {
       "too, and phases of a stream that changes over the steps joined by ';'. Scenarios:\n"
       "low-res, mixed-res, joint, curriculum. Masked streams, alone: video-blockcausal,\n"
       "interleaved, llm-packed; they compare the true max/mean of plans made by token\n"
-      "counts, mask-blind and with the masks (docs/planner.md).",
+      "counts, mask-blind and with the masks (docs/planner.md). --lengths FILE takes your\n"
+      "own data instead: a sample's token count per line, and its mask after a comma\n"
+      "(full, causal, window=W, spans=n:f;n:c;...), dealt to the GPUs as a shuffling\n"
+      "distributed sampler does and batched as your loader does. The last line advises\n"
+      "a topology.",
       SimulateOptionSpecs());
 }
 
@@ -137,12 +147,13 @@ int FailIn(absl::string_view command, const absl::Status& status) {
              : 1;
 }
 
-absl::StatusOr<std::string> ReadInput(const std::string& path) {
+// The text of `path` ("-": standard input), the input of option `flag`.
+absl::StatusOr<std::string> ReadInput(const std::string& path, const std::string& flag) {
   if (path == "-") {
     return std::string(std::istreambuf_iterator<char>(std::cin), {});
   }
   std::ifstream file(path, std::ios::binary);
-  if (!file) return absl::InvalidArgumentError(absl::StrCat("--input: cannot read '", path, "'"));
+  if (!file) return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read '", path, "'"));
   return std::string(std::istreambuf_iterator<char>(file), {});
 }
 
@@ -172,7 +183,7 @@ int RunPlan(const std::vector<std::string>& argv) {
     if (!parsed.ok()) return Fail(parsed.status());
     rank = *parsed;
   }
-  auto text = ReadInput(args->GetString("input", "-"));
+  auto text = ReadInput(args->GetString("input", "-"), "--input");
   if (!text.ok()) return Fail(text.status());
   auto json = PlanRequestToJson(*text, *kind, balancer, rank);
   if (!json.ok()) {
@@ -191,6 +202,43 @@ int RunPlan(const std::vector<std::string>& argv) {
     std::cout << *json;
   }
   return 0;
+}
+
+// --lengths and how the loader batches it, into `options`; with no
+// --lengths, its companions are refused.
+absl::Status ReadLengthsOptions(const Args& args, SimulateOptions* options) {
+  if (!args.Has("lengths")) {
+    for (const char* flag : {"samples-per-gpu", "tokens-per-gpu", "shuffle"}) {
+      if (args.Has(flag)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", flag, ": only with --lengths FILE (your own data)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (args.Has("data")) {
+    return absl::InvalidArgumentError(
+        "--data and --lengths: give one (a synthetic stream, or your own data)");
+  }
+  const std::string path = args.GetString("lengths", "");
+  KF_ASSIGN_OR_RETURN(const std::string text, ReadInput(path, "--lengths"));
+  absl::StatusOr<LengthsFile> file = ParseLengthsFile(text, path);
+  if (!file.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--lengths: ", file.status().message()));
+  }
+  if (args.Has("samples-per-gpu") == args.Has("tokens-per-gpu")) {
+    return absl::InvalidArgumentError(
+        "--lengths: give --samples-per-gpu N or --tokens-per-gpu T (how your loader fills "
+        "one GPU's batch)");
+  }
+  KF_ASSIGN_OR_RETURN(options->batching.samples_per_gpu,
+                      args.GetInt("samples-per-gpu", 0, 1, 1 << 20));
+  KF_ASSIGN_OR_RETURN(options->batching.tokens_per_gpu,
+                      args.GetInt("tokens-per-gpu", 0, 1, LengthsFile::kMaxTokens));
+  KF_ASSIGN_OR_RETURN(options->shuffle, args.GetOnOff("shuffle", options->shuffle));
+  options->data = path;
+  options->lengths = *std::move(file);
+  return absl::OkStatus();
 }
 
 int RunSimulate(const std::vector<std::string>& argv) {
@@ -212,6 +260,7 @@ int RunSimulate(const std::vector<std::string>& argv) {
   if (!kind.ok()) return Fail(kind.status());
   options.cost_model = *kind;
   options.data = args->GetString("data", options.data);
+  if (absl::Status read = ReadLengthsOptions(*args, &options); !read.ok()) return Fail(read);
   auto world = args->GetInt("world", options.world, 1, 1 << 20);
   if (!world.ok()) return Fail(world.status());
   options.world = *world;

@@ -132,7 +132,9 @@ absl::Status CheckMaskedData(const SimulateOptions& options,
 
 }  // namespace
 
-std::vector<std::string> DataPhases(const std::string& data) {
+std::vector<std::string> DataPhases(const SimulateOptions& options) {
+  if (options.lengths.has_value()) return {options.data};
+  const std::string& data = options.data;
   return absl::StrSplit(data == "curriculum" ? "low-res;mixed-res;joint" : data, ';');
 }
 
@@ -144,14 +146,29 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
   if (options.topologies.empty()) {
     return absl::InvalidArgumentError("--topology: at least one topology is required");
   }
-  const std::vector<std::string> phases = DataPhases(options.data);
+  const std::vector<std::string> phases = DataPhases(options);
   if (static_cast<int64_t>(phases.size()) > options.steps) {
     return absl::InvalidArgumentError(absl::StrCat("--data: ", phases.size(),
                                                    " phases need at least as many --steps"));
   }
-  if (absl::Status checked = CheckMaskedData(options, phases); !checked.ok()) return checked;
+  std::optional<LengthsStream> user;
+  if (options.lengths.has_value()) {
+    auto stream = LengthsStream::Create(*options.lengths, options.world, options.batching,
+                                        options.seed, options.shuffle);
+    if (!stream.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--lengths: ", stream.status().message()));
+    }
+    user = *std::move(stream);
+    if (options.lengths->masked > 0 && options.cost_model != CostKind::kTransformer) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cost-model ", CostKindName(options.cost_model), ": ", options.data, " has masks ",
+          "and is compared by the transformer cost model's work; use --cost-model transformer"));
+    }
+  } else if (absl::Status checked = CheckMaskedData(options, phases); !checked.ok()) {
+    return checked;
+  }
   std::optional<MaskedStream> masked;
-  if (IsMaskedScenario(options.data)) {
+  if (!user.has_value() && IsMaskedScenario(options.data)) {
     auto stream = MaskedStream::Create(options.data, options.world, options.seed);
     if (!stream.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--world: ", stream.status().message()));
@@ -159,7 +176,11 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
     masked = *std::move(stream);
   }
   std::vector<DataStream> streams;
-  for (const std::string& phase : masked.has_value() ? std::vector<std::string>() : phases) {
+  // With masks: the plans priced and compared with them.
+  const bool with_masks =
+      masked.has_value() || (user.has_value() && options.lengths->masked > 0);
+  for (const std::string& phase :
+       masked.has_value() || user.has_value() ? std::vector<std::string>() : phases) {
     std::string codes = ScenarioCodes(phase);
     if (codes.empty()) codes = phase;
     auto parsed = ParseDataCodes(codes);
@@ -235,7 +256,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
   balancer_options.max_tokens_per_gpu = options.max_tokens_per_gpu;
   struct Samples {
     std::vector<double> wir_before, wir_after, mom_before, mom_after, bound, micros, moved,
-        moved_tokens, moved_bytes, seconds, comm_share, blind_true, tokens_true;
+        moved_tokens, moved_bytes, seconds, comm_share, seconds_before, blind_true, tokens_true;
     std::vector<std::vector<double>> phase_seconds;
     std::vector<double> gpus_by_size = std::vector<double>(21, 0.0);
   };
@@ -248,12 +269,15 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
     if (masked.has_value()) {
       MaskedStream::Step batch = masked->Batch(step);
       data = {std::move(batch.lengths), std::move(batch.masks)};
+    } else if (user.has_value()) {
+      LengthsStream::Step batch = user->Batch(step);
+      data = {std::move(batch.lengths), std::move(batch.masks)};
     } else {
       data.lengths = streams[phase].Batch(step);
     }
     const RankLengths& lengths = data.lengths;
     // Null for the paper's streams: planned exactly as without masks.
-    const RankMasks* masks = masked.has_value() ? &data.masks : nullptr;
+    const RankMasks* masks = with_masks ? &data.masks : nullptr;
     for (size_t t = 0; t < layouts.size(); ++t) {
       const Layout& layout = layouts[t];
       const auto start = std::chrono::steady_clock::now();
@@ -303,8 +327,9 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
         s.phase_seconds[phase].push_back(seconds);
         s.comm_share.push_back(
             predicted.time > 0 ? (predicted.ulysses + predicted.route) / predicted.time : 0.0);
+        s.seconds_before.push_back(before.max / options.machine.flops_per_second);
       }
-      if (masked.has_value()) {
+      if (with_masks) {
         auto baselines =
             MaskBlindBaselines(layout, options.world, *cost, *prices, balancer_options, data);
         if (!baselines.ok()) {
@@ -340,10 +365,11 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
     result.predicted = prices.has_value();
     result.step_seconds = Summarize(samples[t].seconds);
     result.comm_share = Summarize(samples[t].comm_share);
+    result.step_seconds_before = Summarize(samples[t].seconds_before);
     for (const std::vector<double>& phase : samples[t].phase_seconds) {
       result.phase_step_seconds.push_back(Summarize(phase));
     }
-    result.masked = masked.has_value();
+    result.masked = with_masks;
     if (result.masked) {
       result.masked_true = result.max_over_mean_after;
       result.blind_true = Summarize(samples[t].blind_true);
@@ -411,11 +437,49 @@ std::string MaskedTable(const std::vector<TopologyResult>& results) {
   return out;
 }
 
+// Which row to use, by predicted step time: the fastest, or auto when it is
+// within 1% of it (it adapts when the data changes), and what it buys
+// against the same step without balancing.
+std::string Advice(const std::vector<TopologyResult>& results) {
+  const TopologyResult* best = nullptr;
+  for (const TopologyResult& r : results) {
+    if (best == nullptr || r.step_seconds.mean < best->step_seconds.mean) best = &r;
+  }
+  if (best == nullptr || best->step_seconds.mean <= 0) return "";
+  const TopologyResult* chosen = best;
+  for (const TopologyResult& r : results) {
+    if (AutoLayout::Matches(r.topology) && r.step_seconds.mean <= 1.01 * best->step_seconds.mean) {
+      chosen = &r;
+      break;
+    }
+  }
+  const TopologyResult* worst = best;
+  for (const TopologyResult& r : results) {
+    if (r.step_seconds.mean > worst->step_seconds.mean) worst = &r;
+  }
+  std::string out = absl::StrFormat(
+      "\nadvice: --topology %s: %.1fus per block on the slowest GPU, %.2fx faster than the "
+      "same step without balancing (%.1fus)",
+      chosen->topology, chosen->step_seconds.mean * 1e6,
+      chosen->step_seconds_before.mean / chosen->step_seconds.mean,
+      chosen->step_seconds_before.mean * 1e6);
+  if (chosen != best) {
+    absl::StrAppend(&out, absl::StrFormat(" (within 1%% of %s, and it adapts to the data)",
+                                          best->topology));
+  }
+  if (worst->step_seconds.mean > 1.05 * chosen->step_seconds.mean) {
+    absl::StrAppend(&out, absl::StrFormat("; %s would be %.2fx slower", worst->topology,
+                                          worst->step_seconds.mean / chosen->step_seconds.mean));
+  }
+  absl::StrAppend(&out, "\n");
+  return out;
+}
+
 // Each topology's predicted step time: what a user picks a topology by.
 std::string PredictedTable(const SimulateOptions& options,
                            const std::vector<TopologyResult>& results) {
   std::string out;
-  const std::vector<std::string> phases = DataPhases(options.data);
+  const std::vector<std::string> phases = DataPhases(options);
   const Machine& m = options.machine;
   absl::StrAppend(
       &out, "\npredicted time of one block's forward pass on the slowest GPU (compute + Ulysses + "
@@ -439,7 +503,8 @@ std::string PredictedTable(const SimulateOptions& options,
   auto timed = [](double seconds, double against) {
     return absl::StrFormat("%.1fus %.3fx", seconds * 1e6, against > 0 ? seconds / against : 1.0);
   };
-  std::string header = absl::StrFormat("%-16s %-17s %-6s", "topology", "whole stream", "comm");
+  std::string header = absl::StrFormat("%-16s %-17s %-6s %-11s %-6s", "topology",
+                                       "whole stream", "comm", "unbalanced", "buys");
   if (phases.size() > 1) {
     for (const std::string& phase : phases) {
       absl::StrAppend(&header, absl::StrFormat(" %-17s", phase.substr(0, 17)));
@@ -447,9 +512,13 @@ std::string PredictedTable(const SimulateOptions& options,
   }
   absl::StrAppend(&out, header, " GPUs in bags of 1/2/4/8/...\n");
   for (const TopologyResult& r : results) {
-    std::string row =
-        absl::StrFormat("%-16s %-17s %-6s", r.topology, timed(r.step_seconds.mean, best),
-                        absl::StrFormat("%.1f%%", 100 * r.comm_share.mean));
+    std::string row = absl::StrFormat(
+        "%-16s %-17s %-6s %-11s %-6s", r.topology, timed(r.step_seconds.mean, best),
+        absl::StrFormat("%.1f%%", 100 * r.comm_share.mean),
+        absl::StrFormat("%.1fus", r.step_seconds_before.mean * 1e6),
+        absl::StrFormat("%.2fx", r.step_seconds.mean > 0
+                                     ? r.step_seconds_before.mean / r.step_seconds.mean
+                                     : 1.0));
     if (phases.size() > 1) {
       for (size_t p = 0; p < phases.size(); ++p) {
         absl::StrAppend(&row, absl::StrFormat(" %-17s", timed(r.phase_step_seconds[p].mean,
@@ -463,6 +532,7 @@ std::string PredictedTable(const SimulateOptions& options,
     }
     absl::StrAppend(&out, row, bags, "\n");
   }
+  absl::StrAppend(&out, Advice(results));
   return out;
 }
 
@@ -471,8 +541,25 @@ std::string PredictedTable(const SimulateOptions& options,
 std::string FormatSimulation(const SimulateOptions& options,
                              const std::vector<TopologyResult>& results) {
   // The codes of a paper's scenario, or what a masked stream holds.
-  std::string codes = ScenarioCodes(options.data);
-  if (codes.empty()) codes = MaskedScenarioSummary(options.data);
+  std::string codes;
+  if (options.lengths.has_value()) {
+    const LengthsFile& file = *options.lengths;
+    codes = absl::StrCat(file.samples.size(), " samples",
+                         file.masked > 0 ? absl::StrCat(", ", file.masked, " with masks") : "",
+                         "; ", options.batching.ToString(), ", ",
+                         options.shuffle ? absl::StrCat("shuffled with seed ", options.seed)
+                                         : "in the file's order");
+    if (options.batching.tokens_per_gpu > 0) {
+      int64_t over = 0;
+      for (const LengthSample& sample : file.samples) {
+        over += sample.tokens > options.batching.tokens_per_gpu ? 1 : 0;
+      }
+      if (over > 0) absl::StrAppend(&codes, "; ", over, " samples over the budget, each alone");
+    }
+  } else {
+    codes = ScenarioCodes(options.data);
+    if (codes.empty()) codes = MaskedScenarioSummary(options.data);
+  }
   std::string out = absl::StrCat(
       "data ", options.data, codes.empty() ? "" : absl::StrCat(" (", codes, ")"),
       "\nworld ", options.world, ", ", options.steps, " steps, seed ", options.seed,

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "planner/balancer.h"
+#include "planner/lengths_file.h"
 #include "planner/machine.h"
 
 namespace knapformer {
@@ -20,6 +21,13 @@ struct SimulateOptions {
   // interleaved, llm-packed), which needs the transformer cost model and
   // adds the comparison of TopologyResult's masked fields.
   std::string data = "mixed-res";
+  // A user's own data instead (planner/lengths_file.h; `simulate --lengths
+  // FILE`): its samples, dealt and batched as the user's loader does, one
+  // phase; `data` then names the file. Masks in the file make it a masked
+  // stream (the transformer cost model, the masked comparison).
+  std::optional<LengthsFile> lengths;
+  LoaderBatching batching;  // exactly one field > 0 with `lengths`
+  bool shuffle = true;
   int64_t world = 32;
   // Fixed specs and "auto" layouts (planner/auto_layout.h).
   std::vector<std::string> topologies = {"g1n32", "g2n16", "g4n8", "g8n4", "auto"};
@@ -66,6 +74,10 @@ struct TopologyResult {
   bool predicted = false;
   Summary step_seconds;
   Summary comm_share;
+  // The same without balancing: the slowest GPU's compute on its own
+  // sequences (nothing moves), so step_seconds_before / step_seconds is what
+  // balancing on this topology buys.
+  Summary step_seconds_before;
   // The same per phase of the data (one entry per phase).
   std::vector<Summary> phase_step_seconds;
   // Share of the GPUs in bags of each size (index log2 G), mean over steps.
@@ -83,9 +95,9 @@ struct TopologyResult {
   Summary tokens_true;
 };
 
-// The phases of SimulateOptions::data: its ';'-separated parts, with
-// "curriculum" standing for low-res;mixed-res;joint.
-std::vector<std::string> DataPhases(const std::string& data);
+// The phases of the data: SimulateOptions::data's ';'-separated parts, with
+// "curriculum" standing for low-res;mixed-res;joint; a lengths file is one.
+std::vector<std::string> DataPhases(const SimulateOptions& options);
 
 // Runs the greedy planner on `steps` batches of the data stream for every
 // topology, validating each plan (an invalid plan is an Internal error).

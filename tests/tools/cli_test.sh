@@ -273,6 +273,28 @@ expect simulate-bad-data 2 "--data: data code 'g1b1i256f1s9': s exceeds the limi
 expect simulate-bad-world 2 "--world: world: 30 must be a positive multiple" -- "$bin" simulate --world 30
 expect simulate-bad-topology 2 "--topology g4n3: world_size: 32 is not a multiple of the group size 12" -- "$bin" simulate --topology g4n3
 expect simulate-bad-steps 2 "--steps: 'x' is not a whole number" -- "$bin" simulate --steps x
+# A user's own lengths: simulated and advised; a malformed line named by
+# file, line and field; the batching flags required with it, refused without.
+printf '# tokens[,mask]\n4096\n1300,causal\n700\n16000\n' >"$tmp/lengths.txt"
+expect simulate-lengths 0 "" -- "$bin" simulate --lengths "$tmp/lengths.txt" \
+  --samples-per-gpu 2 --world 8 --steps 3 --topology g1n8,g4n2,auto
+grep -q "^advice: --topology " "$tmp/out" || fail "simulate-lengths: no advice line"
+grep -q "4 samples, 1 with masks; 2 samples per GPU" "$tmp/out" ||
+  fail "simulate-lengths: no data line"
+printf '4096\n12x\n' >"$tmp/bad-lengths.txt"
+expect simulate-lengths-bad-line 2 \
+  "--lengths: $tmp/bad-lengths.txt:2: tokens: '12x' is not a whole number" \
+  -- "$bin" simulate --lengths "$tmp/bad-lengths.txt" --samples-per-gpu 1
+printf '40,spans=10:c;20:f\n' >"$tmp/bad-lengths.txt"
+expect simulate-lengths-bad-mask 2 \
+  "--lengths: $tmp/bad-lengths.txt:1: mask.spans: lengths add up to 30, the sequence has 40" \
+  -- "$bin" simulate --lengths "$tmp/bad-lengths.txt" --samples-per-gpu 1
+expect simulate-lengths-no-batching 2 "--lengths: give --samples-per-gpu N or --tokens-per-gpu T" \
+  -- "$bin" simulate --lengths "$tmp/lengths.txt"
+expect simulate-batching-without-lengths 2 "--tokens-per-gpu: only with --lengths FILE" \
+  -- "$bin" simulate --tokens-per-gpu 4096
+expect simulate-lengths-and-data 2 "--data and --lengths: give one" \
+  -- "$bin" simulate --lengths "$tmp/lengths.txt" --data low-res --samples-per-gpu 1
 expect simulate-bad-gamma 2 "--gamma: 'nan' is not a finite number" -- "$bin" simulate --gamma nan
 # Moved tokens and bytes per step: bytes = tokens x --token-bytes.
 expect simulate-moved 0 "" -- "$bin" simulate --data low-res --steps 2 --topology g8n4 --token-bytes 1000

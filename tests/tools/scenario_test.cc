@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "planner/balance_stats.h"
 #include "planner/balancer.h"
+#include "planner/lengths_file.h"
 #include "planner/cost_model.h"
 #include "planner/data_stream.h"
 #include "planner/masked_stream.h"
@@ -288,6 +289,56 @@ TEST(ScenarioTest, MaskedStreamsHaveTheirOwnTableAndLimits) {
   EXPECT_THAT(std::string(Simulate(options).status().message()),
               HasSubstr("--cost-model linear: the masked stream interleaved compares plans by "
                         "the transformer cost model's work"));
+}
+
+// A user's lengths file: simulated as the paper's streams are (every plan
+// validated), its masks priced, and the advice names the fastest row and
+// what balancing buys against the same steps unbalanced.
+TEST(ScenarioTest, AUsersLengthsFileIsSimulatedAndAdvised) {
+  std::string text = "# tokens[,mask]\n";
+  for (int i = 0; i < 200; ++i) {
+    // A long tail: one sample in 20 is 16k tokens, the rest 256..2k.
+    absl::StrAppend(&text, i % 20 == 0 ? 16384 : 256 + (i * 97) % 1792, "\n");
+  }
+  auto file = ParseLengthsFile(text, "mine.txt");
+  ASSERT_TRUE(file.ok()) << file.status();
+  SimulateOptions options;
+  options.lengths = *file;
+  options.data = "mine.txt";
+  options.batching.tokens_per_gpu = 16384;
+  options.world = 8;
+  options.steps = 6;
+  options.topologies = {"g1n8", "g2n4", "g4n2", "auto"};
+  auto results = Simulate(options);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 4u);
+  for (const TopologyResult& r : *results) {
+    EXPECT_FALSE(r.masked);
+    ASSERT_TRUE(r.predicted);
+    EXPECT_GT(r.step_seconds_before.mean, 0) << r.topology;
+    // Balancing never predicts slower compute than none; with the route and
+    // Ulysses priced it may cost a little on g1n8, where little can move.
+    EXPECT_LE(r.max_over_mean_after.mean, r.max_over_mean_before.mean + 1e-9) << r.topology;
+  }
+  // g4n2 spreads a 16k sample over 4 GPUs; g1n8 cannot split it.
+  EXPECT_LT((*results)[2].step_seconds.mean, (*results)[0].step_seconds.mean);
+  const std::string table = FormatSimulation(options, *results);
+  EXPECT_THAT(table, HasSubstr("data mine.txt (200 samples; up to 16384 tokens per GPU, "
+                               "shuffled with seed 0)"));
+  EXPECT_THAT(table, HasSubstr("unbalanced  buys"));
+  EXPECT_THAT(table, HasSubstr("advice: --topology "));
+  EXPECT_THAT(table, HasSubstr("faster than the same step without balancing"));
+
+  // Masks make it a masked stream, which only the transformer cost prices.
+  absl::StrAppend(&text, "4096,causal\n300,spans=100:c;200:f\n");
+  options.lengths = *ParseLengthsFile(text, "mine.txt");
+  results = Simulate(options);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_TRUE(results->front().masked);
+  EXPECT_THAT(FormatSimulation(options, *results), HasSubstr("202 samples, 2 with masks"));
+  options.cost_model = CostKind::kLinear;
+  EXPECT_THAT(std::string(Simulate(options).status().message()),
+              HasSubstr("--cost-model linear: mine.txt has masks"));
 }
 
 }  // namespace
