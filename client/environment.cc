@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -20,15 +21,18 @@ absl::Status ApplyClientEnvironment(PlannerClientOptions* planner, std::string* 
     new_job = job;
   }
   if (const char* group = get("KNAPFORMER_GROUP_ID")) new_group = group;
-  if (const char* text = get("KNAPFORMER_REQUIRE_PLANNER")) {
+  for (auto [name, field] : {std::pair{"KNAPFORMER_REQUIRE_PLANNER", &new_planner.require_service},
+                             std::pair{"KNAPFORMER_LOG_STEPS", &new_planner.log_steps}}) {
+    const char* text = get(name);
+    if (text == nullptr) continue;
     const std::string value = text;
     if (value == "1" || value == "true") {
-      new_planner.require_service = true;
+      *field = true;
     } else if (value == "0" || value == "false" || value.empty()) {
-      new_planner.require_service = false;
+      *field = false;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KNAPFORMER_REQUIRE_PLANNER: '", value, "' is not one of 1, true, 0, false"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": '", value, "' is not one of 1, true, 0, false"));
     }
   }
   if (const char* text = get("KNAPFORMER_PLANNER_DEADLINE_SECONDS")) {

@@ -19,6 +19,8 @@
 //                                        against this CA
 //   KNAPFORMER_PLANNER_TLS_CERT, _KEY    PEM: this client's certificate and
 //                                        key (mutual TLS, serve --auth=mtls)
+//   KNAPFORMER_LOG_STEPS                 1/true: rank 0 logs one line per
+//                                        step (PlannerClientOptions::log_steps)
 
 #include <functional>
 #include <string>

@@ -613,6 +613,7 @@ absl::StatusOr<StepPlan> PlannerClient::Plan(const v1::StepSpec& spec,
     }
     result->local_steps = rep.policy.local_steps();
     result->local_reason = rep.policy.local_steps() > 0 ? rep.policy.local_reason() : "";
+    if (rep.options.log_steps && rep.leader()) Log(LogLevel::kInfo, StepLine(spec.step(), *result));
   }
   return result;
 }

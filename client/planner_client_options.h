@@ -99,6 +99,10 @@ struct PlannerClientOptions {
   // conflict) fails with Unavailable on every rank instead of being planned
   // locally. Needs an address.
   bool require_service = false;
+  // Rank 0 logs one line per planned step (StepLine, client/step_plan.h):
+  // where the plan came from, the bags, max/mean before and after, the
+  // tokens moved and the time the step waited for its plan.
+  bool log_steps = false;
   // For local planning (the service uses its own).
   BalancerOptions balancer;
 };

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/rank_report.h"
 #include "planner/balance_stats.h"
 #include "planner/plan_from_chunks.h"
@@ -14,6 +15,20 @@ namespace knapformer {
 
 const char* PlanSourceName(PlanSource source) {
   return source == PlanSource::kService ? "planner service" : "local planner";
+}
+
+std::string StepLine(uint64_t step, const StepPlan& plan) {
+  std::string line = absl::StrFormat(
+      "step %d: %s, %s, max/mean %.2f -> %.2f, moved %d of %d tokens (%.1f%%), plan wait %.1f ms",
+      step, PlanSourceName(plan.source), plan.layout.empty() ? "-" : plan.layout,
+      plan.max_over_mean_before, plan.max_over_mean_after, plan.moved_tokens, plan.total_tokens,
+      plan.total_tokens > 0 ? 100.0 * plan.moved_tokens / plan.total_tokens : 0.0,
+      plan.wait_seconds * 1e3);
+  if (plan.source == PlanSource::kLocal && plan.local_steps > 0) {
+    absl::StrAppend(&line, " (", plan.local_steps, " steps planned locally so far: ",
+                    plan.local_reason, ")");
+  }
+  return line;
 }
 
 StepPlan StepPlanOf(Plan plan, int32_t rank, PlanSource source) {

@@ -55,6 +55,7 @@ struct BalancerArgs {
   std::optional<double> planner_deadline_s;
   std::optional<std::string> planner_mode;
   std::optional<bool> require_planner;  // unset: KNAPFORMER_REQUIRE_PLANNER
+  std::optional<bool> log_steps;        // unset: KNAPFORMER_LOG_STEPS
   // Unset: KNAPFORMER_PLANNER_TOKEN, KNAPFORMER_PLANNER_TLS_CA, _CERT, _KEY.
   std::optional<std::string> planner_token;
   std::optional<std::string> planner_tls_ca;
@@ -265,6 +266,7 @@ SequenceBalancerOptions OptionsOf(const BalancerArgs& args) {
   ThrowIfError(ApplyClientEnvironment(&options.planner, &job_id, &group_id));
   if (args.planner_address.has_value()) options.planner.address = *args.planner_address;
   if (args.require_planner.has_value()) options.planner.require_service = *args.require_planner;
+  if (args.log_steps.has_value()) options.planner.log_steps = *args.log_steps;
   if (args.planner_token.has_value()) options.planner.token = *args.planner_token;
   if (args.planner_tls_ca.has_value()) options.planner.tls.ca_file = *args.planner_tls_ca;
   if (args.planner_tls_cert.has_value()) options.planner.tls.cert_file = *args.planner_tls_cert;
@@ -718,6 +720,7 @@ void BindBalancer(py::module_& m) {
       .def_readwrite("planner_deadline_s", &BalancerArgs::planner_deadline_s)
       .def_readwrite("planner_mode", &BalancerArgs::planner_mode)
       .def_readwrite("require_planner", &BalancerArgs::require_planner)
+      .def_readwrite("log_steps", &BalancerArgs::log_steps)
       .def_readwrite("planner_token", &BalancerArgs::planner_token)
       .def_readwrite("planner_tls_ca", &BalancerArgs::planner_tls_ca)
       .def_readwrite("planner_tls_cert", &BalancerArgs::planner_tls_cert)

@@ -81,7 +81,7 @@ def _make_host_groups(group, bags):
 def _arguments(bag_specs, gamma, device, planner_address, job_id, group_id, d_model,
                max_tokens_per_gpu, cost_model, locality, planner_deadline, planner_mode,
                require_planner, first_step, use_fitted_gamma, agree_on_errors, machine,
-               planner_token=None, planner_tls=None):
+               planner_token=None, planner_tls=None, log_steps=None):
     """The C++ balancer's arguments, checked; ValueError naming a bad one."""
     if not isinstance(bag_specs, str):
         raise ValueError(f"bag_specs: needs a topology string such as 'g1n2+g2n1+g4n1', "
@@ -104,6 +104,7 @@ def _arguments(bag_specs, gamma, device, planner_address, job_id, group_id, d_mo
     args.planner_deadline_s = None if planner_deadline is None else float(planner_deadline)
     args.planner_mode = None if planner_mode is None else str(planner_mode)
     args.require_planner = None if require_planner is None else bool(require_planner)
+    args.log_steps = None if log_steps is None else bool(log_steps)
     if planner_token is not None:
         if not isinstance(planner_token, str):
             raise ValueError(f"planner_token: needs a string (knapformer token --job ID), got "
@@ -196,6 +197,11 @@ class SequenceBalancer:
         KNAPFORMER_REQUIRE_PLANNER environment variable (1/true), else
         False; needs a planner address. Without it, the summary's
         ``local_steps`` and ``local_reason`` count the steps planned locally.
+      log_steps: rank 0 logs one line per step to stderr: where its plan
+        came from (the planner service or the local planner, and why
+        locally), the bags, max/mean before and after, the tokens moved and
+        how long the step waited for its plan. Default: the
+        KNAPFORMER_LOG_STEPS environment variable (1/true), else False.
       agree_on_errors: one rank's mistake in an exchange raises on every
         rank at once (default True): the first exchange of each call agrees
         on every rank's verdict and tensors in one small all-gather, later
@@ -231,7 +237,7 @@ class SequenceBalancer:
                  locality=True, group_id=None, planner_deadline=None, first_step=0,
                  use_fitted_gamma=False, agree_on_errors=True, planner_mode=None,
                  machine=None, require_planner=None, planner_token=None, planner_tls=None,
-                 _metadata_on_gloo=False):
+                 log_steps=None, _metadata_on_gloo=False):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("SequenceBalancer: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first")
@@ -249,7 +255,8 @@ class SequenceBalancer:
                               d_model, max_tokens_per_gpu, cost_model, locality,
                               planner_deadline, planner_mode, require_planner, first_step,
                               use_fitted_gamma, agree_on_errors, machine,
-                              planner_token=planner_token, planner_tls=planner_tls)
+                              planner_token=planner_token, planner_tls=planner_tls,
+                              log_steps=log_steps)
             bags = _C.multi_gpu_bags(bag_specs, group.size(), args.machine)
             replica_size = _C.replica_size(bag_specs, group.size(), args.machine)
             mine = ("ok", _C._encoded_settings(args))

@@ -95,5 +95,21 @@ TEST(ClientEnvironment, RequirePlannerIsOneOfFourWords) {
   EXPECT_FALSE(planner.require_service);
 }
 
+TEST(ClientEnvironment, LogStepsIsOneOfFourWords) {
+  PlannerClientOptions planner;
+  std::string job = "default", group;
+  ASSERT_TRUE(
+      ApplyClientEnvironment(&planner, &job, &group, From({{"KNAPFORMER_LOG_STEPS", "true"}}))
+          .ok());
+  EXPECT_TRUE(planner.log_steps);
+  EXPECT_FALSE(planner.require_service);  // the other switch is left alone
+  ASSERT_TRUE(
+      ApplyClientEnvironment(&planner, &job, &group, From({{"KNAPFORMER_LOG_STEPS", "0"}})).ok());
+  EXPECT_FALSE(planner.log_steps);
+  const absl::Status status =
+      ApplyClientEnvironment(&planner, &job, &group, From({{"KNAPFORMER_LOG_STEPS", "on"}}));
+  EXPECT_EQ(status.message(), "KNAPFORMER_LOG_STEPS: 'on' is not one of 1, true, 0, false");
+}
+
 }  // namespace
 }  // namespace knapformer

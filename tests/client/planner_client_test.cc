@@ -14,7 +14,10 @@
 #include <thread>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -184,6 +187,36 @@ TEST(PlannerClientTest, AnAnswerOverMaxAnswerBytesIsRefusedAndTheStepPlannedLoca
 TEST(PlannerClientTest, WithoutAServiceEveryRankComputesTheCorePlan) {
   PlannerClientOptions options;
   ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kLocal);
+}
+
+// log_steps: rank 0 (only) logs one line per step with its plan's source
+// and figures; a local plan made while a service is configured says why.
+TEST(PlannerClientTest, LogStepsLogsOneLinePerStepOnRankZero) {
+  PlannerClientOptions options;
+  options.log_steps = true;
+  ::testing::internal::CaptureStderr();
+  const auto results = RunSteps(options, 5, 2);
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(results[0][0].ok());
+  const StepPlan& plan = *results[0][0];
+  EXPECT_THAT(logged, HasSubstr(absl::StrFormat(
+                          "step 5: local planner, %s, max/mean %.2f -> %.2f, moved %d of "
+                          "%d tokens",
+                          plan.layout, plan.max_over_mean_before, plan.max_over_mean_after,
+                          plan.moved_tokens, plan.total_tokens)));
+  EXPECT_EQ(plan.layout, "g1n2+g2n1+g4n1");
+  EXPECT_THAT(logged, HasSubstr("step 6: local planner"));
+  int step_lines = 0;  // rank 0's two, among the other ranks' other lines
+  for (absl::string_view line : absl::StrSplit(logged, '\n')) {
+    step_lines += absl::StrContains(line, " I step ") ? 1 : 0;
+  }
+  EXPECT_EQ(step_lines, 2) << logged;
+
+  StepPlan local = plan;
+  local.local_steps = 3;
+  local.local_reason = "the planner service did not answer";
+  EXPECT_THAT(StepLine(9, local),
+              HasSubstr("(3 steps planned locally so far: the planner service did not answer)"));
 }
 
 class EveryMode : public ::testing::TestWithParam<PlannerMode> {};

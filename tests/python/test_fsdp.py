@@ -8,6 +8,10 @@ including a step where whole bags receive no tokens and a rank whose data
 has no tokens of one modality (where the reference needed a dummy op to
 keep FSDP from hanging).
 
+The same model under DistributedDataParallel (replicated, gradients
+averaged by DDP's all-reduce) must agree too, and its averaged gradients be
+the same on every rank.
+
 FSDP2 (fully_shard) is tried first; on a torch where it cannot run on CPU
 (2.6: its streams have no record_event) those cases skip with torch's own
 error, and the GPU check runs them (knapformer.gpu_check). FSDP1
@@ -52,7 +56,8 @@ def blocks_of(model):
 
 def sharded(model, wrap, checkpoint):
     """``model`` sharded by ``wrap`` ("fsdp1" or "fsdp2": every stream MLP
-    and every block a unit of its own), with ``checkpoint`` on every block."""
+    and every block a unit of its own) or replicated ("ddp"), with
+    ``checkpoint`` on every block."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
 
@@ -77,6 +82,8 @@ def sharded(model, wrap, checkpoint):
         model = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Block,
                                                                                    StreamMLP}),
                                          device_id=torch.device("cpu"), use_orig_params=True)
+    if wrap == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
     return model
 
 
@@ -125,7 +132,10 @@ def fsdp_world(rank, size, wrap, checkpoint):
         balanced = run_step(model, balancer, lengths, kinds, step, rank)
         worst.append(largest_difference(plain, balanced))
     shards = sum(p.numel() for p in model.parameters())
-    return {"worst": worst, "shard_elements": shards, "moved_tokens": moved}
+    # The last balanced step's gradients, in parameter order.
+    last = [g.flatten() for g in balanced[2] if g is not None]
+    return {"worst": worst, "shard_elements": shards, "moved_tokens": moved,
+            "gradients": torch.cat(last) if last else torch.zeros(0)}
 
 
 def fsdp2_on_cpu_failure():
@@ -179,6 +189,17 @@ def test_fsdp2_with_activation_checkpointing_matches_unbalanced(checkpoint, size
         pytest.skip(f"fully_shard does not run on CPU with torch {torch.__version__} ({failure});"
                     " the GPU check runs this case")
     check(run_world(fsdp_world, size, "fsdp2", checkpoint, timeout=600), size)
+
+
+@pytest.mark.parametrize("checkpoint", ("none", "non_reentrant"))
+def test_ddp_matches_unbalanced_and_its_gradients_agree_across_ranks(checkpoint):
+    results = run_world(fsdp_world, 4, "ddp", checkpoint, timeout=600)
+    assert results[0]["moved_tokens"][0] > 0, results[0]["moved_tokens"]
+    for rank, r in enumerate(results):
+        assert all(w < TOL for w in r["worst"]), f"rank {rank}: differences {r['worst']}"
+        # Replicated, and DDP averaged each step's gradients over the ranks.
+        assert r["shard_elements"] == results[0]["shard_elements"]
+        assert torch.allclose(r["gradients"], results[0]["gradients"], rtol=0, atol=TOL), rank
 
 
 def recompute_mistake_world(rank, size):
