@@ -30,7 +30,7 @@ qkv, proj = torch.nn.Linear(64, 192).double(), torch.nn.Linear(64, 64).double()
 seq_lens = [1024] if rank == 0 else [64, 128, 32]  # rank 0 holds a long sequence
 x = torch.randn(sum(seq_lens), 64, dtype=torch.float64)
 
-balancer = SequenceBalancer("g1n2+g2n1", gamma=0.49)  # 2 one-GPU bags, 1 two-GPU bag
+balancer = SequenceBalancer("g4n1", gamma=0.49)  # one bag of 4 GPUs: see below
 balancer.plan_routing(seq_lens, token_dim=64)
 chunk_lens, routed, _ = balancer.route(x)  # the chunks this rank computes on
 _, y, _ = balancer.reverse_route(block(routed, chunk_lens, balancer))
