@@ -81,6 +81,30 @@ class BuildWithProtos(BuildExtension):
             extension.sources += sources
             extension.include_dirs.append(generated)
         super().build_extensions()
+        self.build_command_line(self.extensions[0])
+
+    def build_command_line(self, ext):
+        """The `knapformer` command (serve, plan, simulate, calibrate, token)
+        beside the extension, as knapformer/bin/knapformer: its own files
+        compiled as the extension's are, linked with the extension's objects
+        of the rooms it needs (python/extension_sources.bzl); the console
+        script `knapformer` (knapformer/cli.py) runs it."""
+        rooms = tuple(f"{room}/" for room in pip_configure.COMMAND_LINE_ROOMS)
+        generated = os.path.join(os.path.abspath(self.build_temp), "knapformer_protos")
+        reused = [source for source in ext.sources
+                  if source.startswith(rooms) or source.startswith(generated)]
+        objects = self.compiler.object_filenames(reused, output_dir=self.build_temp)
+        objects += self.compiler.compile(
+            pip_configure.COMMAND_LINE_SOURCES, output_dir=self.build_temp,
+            macros=ext.define_macros, include_dirs=ext.include_dirs,
+            extra_postargs=ext.extra_compile_args,
+            depends=pip_configure.COMMAND_LINE_HEADERS + pip_configure.HEADERS)
+        folder = os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), "bin")
+        os.makedirs(folder, exist_ok=True)
+        # The system libraries only: the command needs neither torch nor CUDA.
+        self.compiler.link_executable(
+            objects, "knapformer", output_dir=folder,
+            extra_postargs=SYSTEM.link_args + SYSTEM.rpaths(), target_lang="c++")
 
 
 def extension():
@@ -129,5 +153,6 @@ setup(
     install_requires=[f"torch{package_facts.torch_specifier(FACTS['full_version'])}"],
     extras_require={"plot": ["matplotlib"]},
     cmdclass={"build_ext": BuildWithProtos, "build_py": BuildInfo},
+    entry_points={"console_scripts": ["knapformer = knapformer.cli:main"]},
     zip_safe=False,
 )

@@ -191,6 +191,34 @@ CUDA_HEADERS = [
     "transport/resource_pool.h",
 ]
 
+# The `knapformer` command a pip install adds (setup.py): these files, linked
+# with the extension's objects of COMMAND_LINE_ROOMS (and its protos); the
+# same command Bazel builds as //tools:knapformer.
+COMMAND_LINE_SOURCES = [
+    "common/malloc_policy.cc",
+    "planner/exchange_fit.cc",
+    "planner/masked_stream.cc",
+    "tools/calibrate.cc",
+    "tools/knapformer_main.cc",
+    "tools/machine_flags.cc",
+    "tools/serve.cc",
+    "tools/simulate.cc",
+    "tools/token.cc",
+]
+
+COMMAND_LINE_HEADERS = [
+    "common/malloc_policy.h",
+    "planner/exchange_fit.h",
+    "planner/masked_stream.h",
+    "tools/calibrate.h",
+    "tools/machine_flags.h",
+    "tools/serve.h",
+    "tools/simulate.h",
+    "tools/token.h",
+]
+
+COMMAND_LINE_ROOMS = ["common", "planner", "proto", "server"]
+
 def labels(paths):
     """Bazel labels of repository paths, each in its room's package:
     "client/x.cc" -> "//client:x.cc", "proto/knapformer/v1/planner.proto" ->
@@ -200,7 +228,8 @@ def labels(paths):
 def extension_files(room, suffixes = (".cc", ".h", ".proto")):
     """The files of `room` (a top-level folder) in the lists, relative to it:
     what that room's BUILD file exports to the two builds (exports_files)."""
-    paths = SOURCES + HEADERS + CUDA_SOURCES + CUDA_HEADERS + PROTOS.keys()
+    paths = (SOURCES + HEADERS + CUDA_SOURCES + CUDA_HEADERS + PROTOS.keys() +
+             COMMAND_LINE_SOURCES + COMMAND_LINE_HEADERS)
     return [
         p.partition("/")[2]
         for p in paths

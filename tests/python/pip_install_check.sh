@@ -93,6 +93,27 @@ cat "$work/import.log"
 check imports_from_the_venv "$status" "$(tail -n 1 "$work/import.log")"
 timeout 600 "$venv/bin/python" tests/python/installed_check.py "$venv"
 check trains_a_step_on_4_processes $? "tests/python/installed_check.py"
+
+# The `knapformer` command the install put on the venv's PATH: simulate on
+# a lengths file (the advice line), and serve (its port file written once
+# it serves; stopped by SIGTERM).
+printf '# tokens[,mask]\n4096\n1300,causal\n700\n16000\n' >"$work/lengths.txt"
+"$venv/bin/knapformer" simulate --lengths "$work/lengths.txt" --samples-per-gpu 2 --world 8 \
+  --steps 2 --topology g1n8,g4n2,auto >"$work/simulate.log" 2>&1
+status=$?
+[[ $status -ne 0 ]] || grep -q "^advice: --topology " "$work/simulate.log" || status=1
+check command_simulates_lengths "$status" "$(tail -n 1 "$work/simulate.log")"
+"$venv/bin/knapformer" serve --listen 127.0.0.1:0 --metrics off --port-file "$work/port" \
+  >"$work/serve.log" 2>&1 &
+serve_pid=$!
+for _ in $(seq 100); do [[ -s "$work/port" ]] && break; sleep 0.2; done
+status=1
+[[ -s "$work/port" ]] && kill -0 "$serve_pid" 2>/dev/null && status=0
+kill -TERM "$serve_pid" 2>/dev/null
+wait "$serve_pid"
+check command_serves "$status" "port $(cat "$work/port" 2>/dev/null): $(tail -n 1 "$work/serve.log")"
+"$venv/bin/python" -m knapformer --help >"$work/help.log" 2>&1
+check python_m_knapformer "$?" "$(head -n 1 "$work/help.log")"
 [[ $suite -eq 1 ]] || finish
 
 # The suite: every pytest file but the one about the Bazel build's source

@@ -55,6 +55,48 @@ def test_every_include_and_import_is_listed():
     assert not unlisted, "extension_sources.bzl lacks: " + "; ".join(unlisted)
 
 
+def test_the_command_lines_files_are_listed_and_need_only_its_rooms():
+    """The pip build's `knapformer` command (setup.py) compiles
+    COMMAND_LINE_SOURCES and links the extension's objects of
+    COMMAND_LINE_ROOMS: every repository header its files include is listed,
+    and every listed source it needs beyond them is in those rooms."""
+    for name in ("COMMAND_LINE_SOURCES", "COMMAND_LINE_HEADERS"):
+        files = getattr(pip_configure, name)
+        assert files == sorted(files), f"extension_sources.bzl: {name} is not sorted"
+        missing = [f for f in files if not os.path.isfile(f)]
+        assert not missing, f"{name} lists files that do not exist: {missing}"
+    sources = pip_configure.COMMAND_LINE_SOURCES
+    assert not set(sources) & set(pip_configure.SOURCES), "compiled twice"
+    headers = set(pip_configure.HEADERS + pip_configure.COMMAND_LINE_HEADERS)
+    generated = {pip_configure.proto_import_path(p)[:-len(".proto")] + ext
+                 for p in pip_configure.PROTOS for ext in (".pb.h", ".grpc.pb.h")}
+    rooms = set(pip_configure.COMMAND_LINE_ROOMS)
+    seen, todo, unlisted = set(), list(sources), []
+    while todo:  # every file the command's sources reach through includes
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        with open(path, encoding="utf-8") as f:
+            for include in INCLUDE.findall(f.read()):
+                room = include.split("/")[0]
+                if include in generated:
+                    continue
+                if room not in ("client", "common", "planner", "proto", "python", "server",
+                                "tools", "transport"):
+                    continue
+                if include not in headers:
+                    unlisted.append(f"{path} includes {include}")
+                    continue
+                if room not in rooms and room != "tools":
+                    unlisted.append(f"{path} reaches {include}, outside {sorted(rooms)}")
+                todo.append(include)
+                source = include[:-len(".h")] + ".cc"
+                if os.path.isfile(source):
+                    todo.append(source)
+    assert not unlisted, "the command line's lists: " + "; ".join(unlisted)
+
+
 def test_the_cuda_files_are_apart():
     # Without a CUDA torch the extension must not need CUDA headers: a file
     # of the CPU lists includes a CUDA-only one only under KNAPFORMER_HAVE_NCCL.
