@@ -15,6 +15,8 @@
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
 #include "planner/data_stream.h"
+#include "planner/lengths_file.h"
+#include "planner/mask_json.h"
 #include "planner/plan_json.h"
 #include "planner/topology.h"
 #include "python/machine_arg.h"
@@ -136,9 +138,41 @@ RankLengths SyntheticLengths(const std::string& data, int64_t world_size, uint64
   return stream.Batch(step);
 }
 
+// A user's lengths file batched as a loader would (planner/lengths_file.h).
+LengthsStream MakeLengthsStream(const std::string& text, const std::string& name,
+                                int64_t world_size, int64_t samples_per_gpu,
+                                int64_t tokens_per_gpu, uint64_t seed, bool shuffle) {
+  LengthsFile file = ValueOrThrow(ParseLengthsFile(text, name));
+  return ValueOrThrow(LengthsStream::Create(std::move(file), world_size,
+                                            {samples_per_gpu, tokens_per_gpu}, seed, shuffle));
+}
+
+// (lengths by rank, masks by rank as JSON texts, or None without masks).
+py::tuple LengthsStreamBatch(LengthsStream& stream, int64_t step) {
+  if (step < 0) {
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", step)));
+  }
+  LengthsStream::Step batch = stream.Batch(step);
+  if (batch.masks.empty()) return py::make_tuple(batch.lengths, py::none());
+  std::vector<std::vector<std::string>> masks(batch.masks.size());
+  for (size_t r = 0; r < batch.masks.size(); ++r) {
+    for (const AttentionMask& mask : batch.masks[r]) masks[r].push_back(MaskToJson(mask));
+  }
+  return py::make_tuple(batch.lengths, masks);
+}
+
 }  // namespace
 
 void BindPlanner(py::module_& m) {
+  py::class_<LengthsStream>(m, "_LengthsStream")
+      .def(py::init(&MakeLengthsStream), py::arg("text"), py::arg("name"),
+           py::arg("world_size"), py::arg("samples_per_gpu"), py::arg("tokens_per_gpu"),
+           py::arg("seed"), py::arg("shuffle"))
+      .def("batch", &LengthsStreamBatch, py::arg("step"))
+      .def_property_readonly("samples",
+                             [](const LengthsStream& s) { return s.file().samples.size(); })
+      .def_property_readonly("masked", [](const LengthsStream& s) { return s.file().masked; })
+      .def_property_readonly("samples_over_budget", &LengthsStream::samples_over_budget);
   m.def("_plan_json", &PlanJson, py::arg("request_json"), py::arg("cost_model"),
         py::arg("locality"), py::arg("max_tokens_per_gpu"), py::arg("refine_rounds"),
         py::arg("rank"));
@@ -155,6 +189,9 @@ void BindPlanner(py::module_& m) {
         "The calibration fit seconds ~= k * (24*l*d^2 + gamma*4*l^2*d) of sequences "
         "timed alone (relative least squares): a dict of k, gamma, samples, "
         "rmse_seconds, r_squared, max_relative_error.");
+  m.def(
+      "scenario_codes", [](const std::string& name) { return ScenarioCodes(name); },
+      py::arg("name"), "The data codes of one of the paper's scenarios; '' for another name.");
   m.def("synthetic_lengths", &SyntheticLengths, py::arg("data"), py::arg("world_size"),
         py::arg("seed"), py::arg("step"),
         "Sequence lengths of every rank at `step` of the paper's synthetic data "

@@ -1,7 +1,8 @@
 """The `knapformer` command a pip install puts on the PATH: `serve`, `plan`,
 `simulate`, `calibrate` and `token` run the command line built with the
 package (knapformer/bin/knapformer, the same sources as Bazel's
-//tools:knapformer); `python -m knapformer` is the same."""
+//tools:knapformer), `replay` runs knapformer.replay; `python -m knapformer`
+is the same."""
 import os
 import sys
 
@@ -13,6 +14,10 @@ def command_path():
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["replay"]:  # Python: what it times is torch
+        from knapformer.replay import main as replay_main
+        replay_main(argv[1:])
+        return
     path = command_path()
     if not os.access(path, os.X_OK):
         sys.exit(f"knapformer: the command line is not installed with this package ({path} is "

@@ -62,6 +62,42 @@ def synthetic_lengths(data, world_size, seed=0, step=0):
     return _C.synthetic_lengths(data, world_size, seed, step)
 
 
+class LengthsStream:
+    """A user's own data, as ``knapformer simulate --lengths`` takes it: a
+    text file with one sample per line, its token count and optionally its
+    attention mask (``tokens[,mask]``, masks as ``full``, ``causal``,
+    ``window=W``, ``spans=n:f;n:c;...``), dealt to ``world_size`` ranks as
+    torch's DistributedSampler deals them (each epoch a permutation seeded by
+    ``seed``; the file's order with ``shuffle=False``) and batched as the
+    loader does: ``samples_per_gpu`` samples, or samples while their tokens
+    fit ``tokens_per_gpu`` (exactly one). ``batch(step)`` gives
+    ``(lengths, masks)``: every rank's lengths, and their masks in
+    ``plan``'s forms (None when the file has none). A malformed file raises
+    ValueError naming the file, the line and the field."""
+
+    def __init__(self, path, world_size, *, samples_per_gpu=0, tokens_per_gpu=0, seed=0,
+                 shuffle=True):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        self._stream = _C._LengthsStream(text, str(path), world_size, samples_per_gpu,
+                                         tokens_per_gpu, seed, bool(shuffle))
+
+    @property
+    def samples(self):
+        return self._stream.samples
+
+    @property
+    def masked(self):
+        """How many of the file's samples carry a mask."""
+        return self._stream.masked
+
+    def batch(self, step):
+        lengths, masks = self._stream.batch(step)
+        if masks is not None:
+            masks = [[json.loads(mask) for mask in rank] for rank in masks]
+        return lengths, masks
+
+
 def _flag_value(name, value):
     if isinstance(value, bool):
         return "on" if value else "off"

@@ -132,10 +132,12 @@ def fsdp_world(rank, size, wrap, checkpoint):
         balanced = run_step(model, balancer, lengths, kinds, step, rank)
         worst.append(largest_difference(plain, balanced))
     shards = sum(p.numel() for p in model.parameters())
-    # The last balanced step's gradients, in parameter order.
+    # The last balanced step's gradients, in parameter order (as floats: a
+    # tensor would cross to the parent through a file descriptor of this
+    # process, which may have exited by then).
     last = [g.flatten() for g in balanced[2] if g is not None]
     return {"worst": worst, "shard_elements": shards, "moved_tokens": moved,
-            "gradients": torch.cat(last) if last else torch.zeros(0)}
+            "gradients": torch.cat(last).tolist() if last else []}
 
 
 def fsdp2_on_cpu_failure():
@@ -193,13 +195,18 @@ def test_fsdp2_with_activation_checkpointing_matches_unbalanced(checkpoint, size
 
 @pytest.mark.parametrize("checkpoint", ("none", "non_reentrant"))
 def test_ddp_matches_unbalanced_and_its_gradients_agree_across_ranks(checkpoint):
+    if checkpoint != "none" and fsdp1_missing() is not None:
+        pytest.skip(f"torch {torch.__version__}'s checkpoint wrapper does not import "
+                    f"({fsdp1_missing()})")
     results = run_world(fsdp_world, 4, "ddp", checkpoint, timeout=600)
     assert results[0]["moved_tokens"][0] > 0, results[0]["moved_tokens"]
     for rank, r in enumerate(results):
         assert all(w < TOL for w in r["worst"]), f"rank {rank}: differences {r['worst']}"
         # Replicated, and DDP averaged each step's gradients over the ranks.
         assert r["shard_elements"] == results[0]["shard_elements"]
-        assert torch.allclose(r["gradients"], results[0]["gradients"], rtol=0, atol=TOL), rank
+        assert len(r["gradients"]) == len(results[0]["gradients"]) > 0
+        assert max(abs(a - b) for a, b in zip(r["gradients"], results[0]["gradients"])) < TOL, \
+            rank
 
 
 def recompute_mistake_world(rank, size):

@@ -126,6 +126,25 @@ def test_synthetic_lengths_follow_the_papers_streams():
         knapformer.synthetic_lengths("g4b1q256", 4)
 
 
+def test_a_lengths_file_is_batched_as_the_command_line_batches_it(tmp_path):
+    path = tmp_path / "mine.txt"
+    path.write_text("# tokens[,mask]\n4096\n1300,causal\n700\n90,spans=40:c;50:f\n")
+    stream = knapformer.LengthsStream(path, 2, samples_per_gpu=2, shuffle=False)
+    assert (stream.samples, stream.masked) == (4, 2)
+    lengths, masks = stream.batch(0)
+    assert lengths == [[4096, 700], [1300, 90]]  # DistributedSampler's shards
+    assert masks == [["full", "full"], ["causal", {"spans": [[40, "causal"], [50, "full"]]}]]
+    # The masks are plan's own forms: the step plans with them.
+    result = knapformer.plan(lengths, "g2n1", d_model=64, attn_masks=masks)
+    assert sum(c["length"] for c in result["chunks"]) == 4096 + 700 + 1300 + 90
+    path.write_text("4096\n12x\n")
+    with pytest.raises(ValueError, match=r"mine.txt:2: tokens: '12x' is not a whole number"):
+        knapformer.LengthsStream(path, 2, samples_per_gpu=1)
+    path.write_text("4096\n")
+    with pytest.raises(ValueError, match="exactly one must be > 0"):
+        knapformer.LengthsStream(path, 2)
+
+
 def test_planner_server_serves_health_and_metrics_and_stops():
     with knapformer.PlannerServer("127.0.0.1:0", metrics="127.0.0.1:0",
                                   rendezvous_timeout_ms=5000, locality=False) as server:

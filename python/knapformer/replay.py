@@ -1,0 +1,429 @@
+"""knapformer replay: what balancing buys on the kernels this device runs.
+
+For a data source and a world size, every step is planned with the
+project's planner, then each simulated GPU's share of one transformer block
+is played on this one device, in turn, as it would run after the route: the
+linear layers on the tokens it holds, and attention on whole sequences (all
+heads on a one-GPU bag, 1/G of them on each GPU of a G-GPU bag: Ulysses),
+forward and backward. The same steps are played without balancing (each GPU
+its own sequences). Measured: the slowest GPU's time with and without
+balancing, and the max/mean of the GPUs' times against the plan's predicted
+max/mean. Communication is not played (one device): the route's and
+Ulysses' bytes are priced at the machine's link speeds, a model.
+
+    python3 -m knapformer.replay --data mixed-res --world 8 --d-model 256 --heads 4 \\
+        --length-scale 8 --topology g1n8,g2n4,g4n2,auto
+
+On CPU the widths and lengths must be small (--length-scale divides every
+length); on a GPU, --model flux plays the paper's FLUX block (d_model 3072,
+24 heads of 128, bf16). docs/planner.md has the figures and how to read them.
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+import knapformer
+from knapformer import _C
+
+MODELS = {"flux": (3072, 24)}  # d_model, heads (the paper's FLUX block)
+DEFAULT_TOPOLOGIES = "g1n{w},g2n{w2},g4n{w4},auto"
+
+
+class ReplayError(ValueError):
+    """A bad argument; the message names it."""
+
+
+# --- data ---------------------------------------------------------------------------------
+
+
+def _scaled_codes(data, world):
+    """The data codes of ``data`` (a scenario or codes) for ``world`` GPUs:
+    as given when the world is a multiple of their GPUs, else each code's
+    GPU count divided alike (mixed-res's 32 GPUs at 8: g16 -> g4, ...)."""
+    codes = _C.scenario_codes(data) or data
+    parts = codes.split(",")
+    gpus = []
+    for part in parts:
+        if not part.startswith("g") or "b" not in part:
+            raise ReplayError(f"--data: '{part}' is not a data code g{{G}}b{{B}}i{{R}}f{{F}}s{{S}}")
+        gpus.append(int(part[1:part.index("b")]))
+    total = sum(gpus)
+    if world % total == 0:
+        return codes
+    if total % world or any(g * world % total for g in gpus):
+        raise ReplayError(f"--world {world}: the data's {total} GPUs ({codes}) cannot be "
+                          f"scaled to it; use a multiple or a divisor of {total} that divides "
+                          f"every code's G")
+    return ",".join(f"g{g * world // total}{p[p.index('b'):]}" for g, p in zip(gpus, parts))
+
+
+class Data:
+    """Every step's lengths (and masks) of one source, every length divided
+    by ``scale`` (at least one token; a mask's spans and window alike)."""
+
+    def __init__(self, args):
+        self.scale = args.length_scale
+        if args.lengths:
+            if (args.samples_per_gpu > 0) == (args.tokens_per_gpu > 0):
+                raise ReplayError("--lengths: give --samples-per-gpu N or --tokens-per-gpu T "
+                                  "(how your loader fills one GPU's batch)")
+            self.stream = knapformer.LengthsStream(
+                args.lengths, args.world, samples_per_gpu=args.samples_per_gpu,
+                tokens_per_gpu=args.tokens_per_gpu, seed=args.seed, shuffle=args.shuffle)
+            self.name = f"{args.lengths} ({self.stream.samples} samples)"
+            self.codes = None
+        else:
+            self.stream = None
+            self.codes = _scaled_codes(args.data, args.world)
+            self.name = f"{args.data} ({self.codes})"
+        self.world = args.world
+        self.seed = args.seed
+
+    def step(self, step):
+        if self.stream is not None:
+            lengths, masks = self.stream.batch(step)
+        else:
+            lengths = knapformer.synthetic_lengths(self.codes, self.world, self.seed, step)
+            masks = None
+        if self.scale > 1:
+            lengths = [[max(1, n // self.scale) for n in rank] for rank in lengths]
+            if masks is not None:
+                masks = [[_scaled_mask(m, self.scale) for m in rank] for rank in masks]
+                lengths = [[_mask_length(m, n) for m, n in zip(mr, lr)]
+                           for mr, lr in zip(masks, lengths)]
+        return lengths, masks
+
+
+def _scaled_mask(mask, scale):
+    if isinstance(mask, dict) and "window" in mask:
+        return {"window": max(1, mask["window"] // scale)}
+    if isinstance(mask, dict) and "spans" in mask:
+        return {"spans": [[max(1, n // scale), kind] for n, kind in mask["spans"]]}
+    return mask
+
+
+def _mask_length(mask, length):
+    """A scaled sequence's length: its spans' sum where it has spans."""
+    if isinstance(mask, dict) and "spans" in mask:
+        return sum(n for n, _ in mask["spans"])
+    return length
+
+
+def attends(n, mask):
+    """The dense [n, n] boolean mask of who attends whom (None: everyone)."""
+    if mask is None or mask == "full":
+        return None
+    i, j = torch.arange(n).unsqueeze(1), torch.arange(n).unsqueeze(0)
+    if mask == "causal":
+        return j <= i
+    if "window" in mask:
+        return (j <= i) & (i - j < mask["window"])
+    span = torch.cat([torch.full((m,), s) for s, (m, _) in enumerate(mask["spans"])])
+    causal = torch.cat([torch.full((m,), kind == "causal") for m, kind in mask["spans"]])
+    same = span.unsqueeze(1) == span.unsqueeze(0)
+    return (span.unsqueeze(0) < span.unsqueeze(1)) | (same & (~causal.unsqueeze(1) | (j <= i)))
+
+
+def attended_pairs(n, mask):
+    dense = attends(n, mask)
+    return n * n if dense is None else int(dense.sum())
+
+
+# --- what each simulated GPU plays --------------------------------------------------------
+
+
+class Share:
+    """One simulated GPU's part of a block: the tokens its linear layers see,
+    and the sequences its attention sees with the fraction of the heads."""
+
+    def __init__(self):
+        self.tokens = 0
+        self.sequences = []  # (length, mask)
+        self.head_fraction = 1.0
+
+    def pairs(self):
+        """Attended (query, key) pairs, times its fraction of the heads."""
+        return self.head_fraction * sum(attended_pairs(n, m) for n, m in self.sequences)
+
+
+def unbalanced_shares(lengths, masks):
+    shares = []
+    for r, rank in enumerate(lengths):
+        share = Share()
+        share.tokens = sum(rank)
+        share.sequences = [(n, masks[r][i] if masks else None) for i, n in enumerate(rank)]
+        shares.append(share)
+    return shares
+
+
+def balanced_shares(result, lengths, masks, world):
+    """Each GPU's share under a whole-world plan (knapformer.plan's dict)."""
+    shares = [Share() for _ in range(world)]
+    for chunk in result["chunks"]:
+        shares[chunk["dst_rank"]].tokens += chunk["length"]
+    bag_of = {}
+    for bag in _C.multi_gpu_bags(result["topology"], world):
+        for rank in bag:
+            bag_of[rank] = tuple(bag)
+    seen = {}
+    for chunk in result["chunks"]:
+        key = (chunk["src_rank"], chunk["seq_index"])
+        dst = chunk["dst_rank"]
+        holder = bag_of.get(dst, (dst,))
+        if seen.setdefault(key, holder) != holder:
+            raise RuntimeError(f"sequence {key} is split over two bags: {seen[key]}, {holder}")
+    for (src, index), holder in sorted(seen.items()):
+        mask = masks[src][index] if masks else None
+        for rank in holder:
+            shares[rank].sequences.append((lengths[src][index], mask))
+            shares[rank].head_fraction = 1.0 / len(holder)
+    return shares
+
+
+def predicted_workload(share, d_model, gamma):
+    """The cost model's work of a share: 24*T*d^2 + gamma*4*pairs*d."""
+    return 24 * share.tokens * d_model ** 2 + gamma * 4 * share.pairs() * d_model
+
+
+# --- playing it ---------------------------------------------------------------------------
+
+
+class Block:
+    """One transformer block's weights: QKV, output projection and a 4x MLP
+    (the cost model's 24*d^2 per token), on the device in its dtype."""
+
+    def __init__(self, d_model, heads, device, dtype):
+        if d_model % heads:
+            raise ReplayError(f"--heads {heads} does not divide --d-model {d_model}")
+        self.d, self.heads, self.device, self.dtype = d_model, heads, device, dtype
+        make = lambda i, o: torch.nn.Linear(i, o, device=device, dtype=dtype)  # noqa: E731
+        self.qkv, self.proj = make(d_model, 3 * d_model), make(d_model, d_model)
+        self.up, self.down = make(d_model, 4 * d_model), make(4 * d_model, d_model)
+        self.sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
+
+    def linear(self, tokens, checkpoint=False):
+        """The linear layers on ``tokens`` rows, forward and backward."""
+        x = torch.randn(tokens, self.d, device=self.device, dtype=self.dtype, requires_grad=True)
+        passes = 2 if checkpoint else 1  # the recompute of activation checkpointing
+        for p in range(passes):
+            grad = p == passes - 1
+            with torch.set_grad_enabled(grad):
+                y = self.proj(self.qkv(x)[:, :self.d]) + self.down(
+                    torch.nn.functional.gelu(self.up(x)))
+            if grad:
+                y.backward(torch.ones_like(y))
+
+    def attention(self, sequences, head_fraction, checkpoint=False):
+        """Attention of whole sequences with ``head_fraction`` of the heads."""
+        heads = round(self.heads * head_fraction)
+        if heads < 1 or abs(heads - self.heads * head_fraction) > 1e-9:
+            raise ReplayError(f"--heads {self.heads}: a bag of {round(1 / head_fraction)} GPUs "
+                              f"splits the heads unevenly (Ulysses needs a multiple)")
+        head_dim = self.d // self.heads
+        for n, mask in sequences:
+            q, k, v = (torch.randn(1, heads, n, head_dim, device=self.device, dtype=self.dtype,
+                                   requires_grad=True) for _ in range(3))
+            dense = attends(n, mask)
+            if dense is not None:
+                dense = dense.to(self.device)
+            passes = 2 if checkpoint else 1
+            for p in range(passes):
+                grad = p == passes - 1
+                with torch.set_grad_enabled(grad):
+                    if self.sdpa is not None:
+                        o = self.sdpa(q, k, v, attn_mask=dense)
+                    else:  # torch 1.13
+                        s = q @ k.transpose(-1, -2) / math.sqrt(head_dim)
+                        if dense is not None:
+                            s = s.masked_fill(~dense, float("-inf"))
+                        o = torch.softmax(s, -1) @ v
+                if grad:
+                    o.backward(torch.ones_like(o))
+
+
+def _now(device):
+    if device.type == "cuda":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def _elapsed(device, start, stop):
+    if device.type == "cuda":
+        stop.synchronize()
+        return start.elapsed_time(stop) / 1e3
+    return stop - start
+
+
+def time_share(block, share, checkpoint, repeat):
+    """Seconds of one GPU's share, forward and backward: the median of
+    ``repeat`` plays after one untimed."""
+    def play():
+        if share.tokens:
+            block.linear(share.tokens, checkpoint)
+        if share.sequences:
+            block.attention(share.sequences, share.head_fraction, checkpoint)
+    play()
+    times = []
+    for _ in range(repeat):
+        start = _now(block.device)
+        play()
+        times.append(_elapsed(block.device, start, _now(block.device)))
+    return statistics.median(times)
+
+
+def fit_gamma(block, max_length, checkpoint, repeat):
+    """The cost model's fit (calibrate's) of whole blocks timed alone at
+    lengths from max_length / 16 to max_length."""
+    lengths = sorted({max(8, int(max_length / 2 ** (i / 2))) for i in range(9)})
+    seconds = []
+    for n in lengths:
+        share = Share()
+        share.tokens, share.sequences = n, [(n, None)]
+        seconds.append(time_share(block, share, checkpoint, repeat))
+    return _C.fit_cost_model(lengths, seconds, block.d), lengths, seconds
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+def _max_over_mean(values):
+    mean = sum(values) / len(values)
+    return max(values) / mean if mean > 0 else 1.0
+
+
+def replay(args, out=sys.stdout):
+    """Runs the replay of ``args`` (parse_args); returns the per-topology
+    results (dicts), printing the table to ``out``."""
+    if args.world < 1:
+        raise ReplayError(f"--world: must be >= 1, got {args.world}")
+    if args.steps < 1:
+        raise ReplayError(f"--steps: must be >= 1, got {args.steps}")
+    d_model, heads = MODELS[args.model] if args.model else (args.d_model, args.heads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(args.seed)
+    block = Block(d_model, heads, device, dtype)
+    data = Data(args)
+    steps = [data.step(s) for s in range(args.steps)]
+    longest = max(n for lengths, _ in steps for rank in lengths for n in rank)
+    if args.gamma is None:
+        fit, _, _ = fit_gamma(block, longest, args.checkpoint, args.repeat)
+        gamma, k, fit_note = fit["gamma"], fit["k"], f"fitted here (r^2 {fit['r_squared']:.3f})"
+    else:
+        gamma, k, fit_note = args.gamma, None, "given"
+    w = args.world
+    topologies = args.topology or DEFAULT_TOPOLOGIES.format(w=w, w2=w // 2, w4=w // 4)
+    topologies = [t for t in topologies.split(",") if t]
+    print(f"replay: {data.name}, world {w}, {args.steps} steps, lengths / {data.scale}; "
+          f"block d_model {d_model}, {heads} heads, {dtype} on {device}"
+          f"{', activation checkpointing' if args.checkpoint else ''}; "
+          f"gamma {gamma:.3g} ({fit_note})", file=out)
+
+    # Without balancing: the same for every topology.
+    unbalanced = []
+    for lengths, masks in steps:
+        unbalanced.append([time_share(block, s, args.checkpoint, args.repeat)
+                           for s in unbalanced_shares(lengths, masks)])
+    results = []
+    for topology in topologies:
+        row = {"topology": topology, "steps": []}
+        for (lengths, masks), before in zip(steps, unbalanced):
+            plan = knapformer.plan(lengths, topology, d_model=d_model, gamma=gamma,
+                                   attn_masks=masks)
+            shares = balanced_shares(plan, lengths, masks, w)
+            after = [time_share(block, s, args.checkpoint, args.repeat) for s in shares]
+            row["steps"].append({
+                "layout": plan["topology"],
+                "tokens": [s.tokens for s in shares],
+                "pairs": [s.pairs() for s in shares],
+                "predicted_workload": plan["gpu_workload"],
+                "played_workload": [predicted_workload(s, d_model, gamma) for s in shares],
+                "seconds_before": before, "seconds_after": after,
+                "predicted_max_over_mean": plan["after"]["max_over_mean"],
+                "measured_max_over_mean": _max_over_mean(after),
+                "moved_bytes": plan["moved_bytes"],
+            })
+        steps_of = row["steps"]
+        row["slowest_before"] = statistics.mean(max(s["seconds_before"]) for s in steps_of)
+        row["slowest_after"] = statistics.mean(max(s["seconds_after"]) for s in steps_of)
+        row["speedup"] = row["slowest_before"] / row["slowest_after"]
+        row["predicted_max_over_mean"] = statistics.mean(
+            s["predicted_max_over_mean"] for s in steps_of)
+        row["measured_max_over_mean"] = statistics.mean(
+            s["measured_max_over_mean"] for s in steps_of)
+        row["miss"] = row["measured_max_over_mean"] / row["predicted_max_over_mean"] - 1
+        tokens = statistics.mean(sum(s["tokens"]) for s in steps_of)
+        row["fbl_seconds"] = row["slowest_after"] * args.blocks
+        row["tps"] = tokens / row["fbl_seconds"]
+        results.append(row)
+    _print_table(results, args, out)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"gamma": gamma, "k": k, "results": results}, f, indent=1)
+    return results
+
+
+def _print_table(results, args, out):
+    print(f"\n{'topology':<16} {'slowest unbal.':>14} {'slowest bal.':>12} {'buys':>6} "
+          f"{'max/mean pred.':>14} {'measured':>9} {'miss':>7} {'FBL':>9} {'TPS':>10}",
+          file=out)
+    for r in results:
+        print(f"{r['topology']:<16} {r['slowest_before'] * 1e3:>12.2f}ms "
+              f"{r['slowest_after'] * 1e3:>10.2f}ms {r['speedup']:>5.2f}x "
+              f"{r['predicted_max_over_mean']:>14.3f} {r['measured_max_over_mean']:>9.3f} "
+              f"{100 * r['miss']:>+6.1f}% {r['fbl_seconds']:>8.3f}s {r['tps']:>10.0f}",
+              file=out)
+    print(f"\nslowest = the slowest simulated GPU's block, forward and backward, mean over "
+          f"steps; FBL = it times {args.blocks} blocks; TPS = tokens per step / FBL; miss = "
+          f"measured max/mean against the plan's predicted one (the cost model's error on "
+          f"this device). Communication is not played.", file=out)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="knapformer replay", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--data", default="mixed-res",
+                        help="a scenario (low-res, mixed-res, joint) or data codes")
+    source.add_argument("--lengths", help="your own data: one sample per line, tokens[,mask]")
+    parser.add_argument("--samples-per-gpu", type=int, default=0)
+    parser.add_argument("--tokens-per-gpu", type=int, default=0)
+    parser.add_argument("--shuffle", type=lambda v: v == "on", default=True,
+                        help="on|off: shuffle the lengths file each epoch")
+    parser.add_argument("--world", type=int, default=8, help="simulated GPUs")
+    parser.add_argument("--topology", help="comma-separated (default g1nW,g2nW/2,g4nW/4,auto)")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", choices=sorted(MODELS), help="a preset block")
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--blocks", type=int, default=57, help="blocks per model, for FBL")
+    parser.add_argument("--length-scale", type=int, default=1,
+                        help="divide every length by this (CPU runs)")
+    parser.add_argument("--gamma", type=float, help="skip the fit and plan with this gamma")
+    parser.add_argument("--checkpoint", action="store_true", help="play the recompute too")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when there is one)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed plays per share")
+    parser.add_argument("--json", help="write every figure to this file")
+    args = parser.parse_args(argv)
+    if args.lengths:
+        args.data = None
+    return args
+
+
+def main(argv=None):
+    try:
+        replay(parse_args(argv))
+    except (ReplayError, ValueError) as error:
+        sys.exit(f"knapformer replay: {error}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""knapformer replay on CPU at small widths: every paper scenario and a
+user's lengths file run over simulated GPUs, and its bookkeeping holds: the
+tokens and attended pairs it plays on each GPU are the plan's (their cost is
+the plan's per-GPU workload), the balanced and unbalanced plays cover the
+same tokens, and its figures are the ratios of what it timed."""
+import io
+import math
+
+import pytest
+
+from knapformer import replay
+
+
+def run(argv):
+    out = io.StringIO()
+    results = replay.replay(replay.parse_args(argv + ["--repeat", "1", "--d-model", "32",
+                                                      "--heads", "8"]), out)
+    return results, out.getvalue()
+
+
+def check_bookkeeping(results, lengths_of_step):
+    for row in results:
+        for step, s in enumerate(row["steps"]):
+            total = sum(sum(rank) for rank in lengths_of_step(step))
+            # Every token is played once, balanced as unbalanced.
+            assert sum(s["tokens"]) == total, (row["topology"], step)
+            # What each GPU plays costs what the plan says it costs.
+            for played, planned in zip(s["played_workload"], s["predicted_workload"]):
+                assert math.isclose(played, planned, rel_tol=1e-9), (row["topology"], step)
+            assert s["measured_max_over_mean"] >= 1.0
+        assert math.isclose(row["speedup"], row["slowest_before"] / row["slowest_after"])
+
+
+@pytest.mark.parametrize("data,world", [("mixed-res", 8), ("low-res", 8), ("joint", 32)])
+def test_every_scenario_plays_what_the_plan_says(data, world):
+    args = ["--data", data, "--world", str(world), "--steps", "1", "--length-scale", "32",
+            "--gamma", "1.0", "--topology", f"g1n{world},g2n{world // 2},auto"]
+    results, text = run(args)
+    data_of = replay.Data(replay.parse_args(args))
+    check_bookkeeping(results, lambda step: data_of.step(step)[0])
+    assert [r["topology"] for r in results] == [f"g1n{world}", f"g2n{world // 2}", "auto"]
+    assert "slowest unbal." in text and "miss" in text
+
+
+def test_a_lengths_file_with_masks_plays_its_masks(tmp_path):
+    path = tmp_path / "mine.txt"
+    path.write_text("# tokens[,mask]\n" + "".join(
+        f"{64 + 37 * i % 700}{',causal' if i % 3 == 0 else ''}\n" for i in range(40)) +
+        "512,spans=128:c;384:f\n")
+    args = ["--lengths", str(path), "--samples-per-gpu", "2", "--world", "8", "--steps", "2",
+            "--topology", "g1n8,g4n2", "--gamma", "0.8"]
+    results, _ = run(args)
+    data_of = replay.Data(replay.parse_args(args))
+    check_bookkeeping(results, lambda step: data_of.step(step)[0])
+    # A causal sequence plays about half the pairs of a full one.
+    assert replay.attended_pairs(100, "causal") == 5050
+
+
+def test_the_fit_and_the_cli_errors():
+    results, text = run(["--data", "mixed-res", "--world", "8", "--steps", "1",
+                         "--length-scale", "32", "--topology", "g4n2"])
+    assert "fitted here (r^2" in text
+    with pytest.raises(replay.ReplayError, match="--world 6: the data's 32 GPUs"):
+        run(["--world", "6", "--steps", "1"])
+    with pytest.raises(replay.ReplayError, match="give --samples-per-gpu N or --tokens-per-gpu"):
+        run(["--lengths", "x.txt"])
+    with pytest.raises(replay.ReplayError, match="splits the heads unevenly"):
+        replay.Block(32, 8, replay.torch.device("cpu"), replay.torch.float32).attention(
+            [(4, None)], 1 / 16)
