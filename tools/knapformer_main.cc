@@ -56,7 +56,9 @@ constexpr char kUsage[] =
     "\n"
     "knapformer COMMAND --help (or -h) lists the command's options and their defaults.\n"
     "train-sim, the client on CPU processes, is a binary of its own (it links LibTorch):\n"
-    "bash scripts/knapformer train-sim --help.\n";
+    "bash scripts/knapformer train-sim --help. replay (times one block per simulated GPU\n"
+    "on this device) is Python: knapformer replay from a pip install, or\n"
+    "python3 -m knapformer.replay --help.\n";
 
 const std::vector<OptionSpec>& PlanOptions() {
   static const std::vector<OptionSpec> kOptions = {
@@ -332,6 +334,11 @@ int main(int argc, char** argv) {
   if (command == "serve") return knapformer::RunServe(args);
   if (command == "calibrate") return knapformer::RunCalibrate(args);
   if (command == "token") return knapformer::RunToken(args);
+  if (command == "replay") {  // the pip install's console script runs it
+    std::cerr << "knapformer replay is Python (it times torch): python3 -m knapformer.replay, "
+                 "or knapformer replay from a pip install\n";
+    return 2;
+  }
   std::string hint;
   const std::vector<std::string> close =
       knapformer::SuggestOptions(command, {"plan", "simulate", "calibrate", "serve", "token", "help"});

@@ -36,3 +36,23 @@ def to_json(attn_masks):
 def from_json(text):
     """The masks as Python forms; None stays None."""
     return None if text is None else json.loads(text)
+
+
+def dense(length, mask):
+    """[length, length] booleans, query i attends to key j, of one mask in
+    the forms above (what a per-sequence attention call takes as attn_mask;
+    knapformer.replay plays masks with it)."""
+    import torch
+
+    i = torch.arange(length).unsqueeze(1)
+    j = torch.arange(length).unsqueeze(0)
+    if mask == "full":
+        return torch.ones(length, length, dtype=torch.bool)
+    if mask == "causal":
+        return j <= i
+    if "window" in mask:
+        return (j <= i) & (i - j < mask["window"])
+    span = torch.cat([torch.full((n,), s) for s, (n, _) in enumerate(mask["spans"])])
+    causal = torch.cat([torch.full((n,), kind == "causal") for n, kind in mask["spans"]])
+    same = span.unsqueeze(1) == span.unsqueeze(0)
+    return (span.unsqueeze(0) < span.unsqueeze(1)) | (same & (~causal.unsqueeze(1) | (j <= i)))

@@ -8,8 +8,8 @@ heads on a one-GPU bag, 1/G of them on each GPU of a G-GPU bag: Ulysses),
 forward and backward. The same steps are played without balancing (each GPU
 its own sequences). Measured: the slowest GPU's time with and without
 balancing, and the max/mean of the GPUs' times against the plan's predicted
-max/mean. Communication is not played (one device): the route's and
-Ulysses' bytes are priced at the machine's link speeds, a model.
+max/mean. Communication is not played (one device); each step's moved
+bytes are in --json.
 
     python3 -m knapformer.replay --data mixed-res --world 8 --d-model 256 --heads 4 \\
         --length-scale 8 --topology g1n8,g2n4,g4n2,auto
@@ -29,6 +29,7 @@ import torch
 
 import knapformer
 from knapformer import _C
+from knapformer._masks import dense
 
 MODELS = {"flux": (3072, 24)}  # d_model, heads (the paper's FLUX block)
 DEFAULT_TOPOLOGIES = "g1n{w},g2n{w2},g4n{w4},auto"
@@ -115,18 +116,9 @@ def _mask_length(mask, length):
 
 
 def attends(n, mask):
-    """The dense [n, n] boolean mask of who attends whom (None: everyone)."""
-    if mask is None or mask == "full":
-        return None
-    i, j = torch.arange(n).unsqueeze(1), torch.arange(n).unsqueeze(0)
-    if mask == "causal":
-        return j <= i
-    if "window" in mask:
-        return (j <= i) & (i - j < mask["window"])
-    span = torch.cat([torch.full((m,), s) for s, (m, _) in enumerate(mask["spans"])])
-    causal = torch.cat([torch.full((m,), kind == "causal") for m, kind in mask["spans"]])
-    same = span.unsqueeze(1) == span.unsqueeze(0)
-    return (span.unsqueeze(0) < span.unsqueeze(1)) | (same & (~causal.unsqueeze(1) | (j <= i)))
+    """The dense [n, n] mask of who attends whom; None for full attention
+    (the kernel's unmasked path)."""
+    return None if mask is None or mask == "full" else dense(n, mask)
 
 
 def attended_pairs(n, mask):

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from knapformer._masks import dense
 from knapformer.launch import run_world
 
 D_MODEL = 8
@@ -53,22 +54,6 @@ def mask_of(rank, step, i, length):
     return "full"
 
 
-def attends(length, mask):
-    """[length, length] booleans: query i attends to key j."""
-    i = torch.arange(length).unsqueeze(1)
-    j = torch.arange(length).unsqueeze(0)
-    if mask == "full":
-        return torch.ones(length, length, dtype=torch.bool)
-    if mask == "causal":
-        return j <= i
-    if "window" in mask:
-        return (j <= i) & (i - j < mask["window"])
-    span = torch.cat([torch.full((n,), s) for s, (n, _) in enumerate(mask["spans"])])
-    causal = torch.cat([torch.full((n,), kind == "causal") for n, kind in mask["spans"]])
-    same = span.unsqueeze(1) == span.unsqueeze(0)
-    return (span.unsqueeze(0) < span.unsqueeze(1)) | (same & (~causal.unsqueeze(1) | (j <= i)))
-
-
 def masked_varlen_attention(q, k, v, seq_lens, masks):
     """Attention of each sequence on its own, under its mask."""
     outs, start = [], 0
@@ -77,7 +62,7 @@ def masked_varlen_attention(q, k, v, seq_lens, masks):
             continue
         qs, ks, vs = (t[start:start + n].transpose(0, 1) for t in (q, k, v))
         scores = qs @ ks.transpose(1, 2) / math.sqrt(q.shape[-1])
-        scores = scores.masked_fill(~attends(n, mask), float("-inf"))
+        scores = scores.masked_fill(~dense(n, mask), float("-inf"))
         outs.append((torch.softmax(scores, dim=-1) @ vs).transpose(0, 1))
         start += n
     return torch.cat(outs) if outs else q[:0] * 0

@@ -116,6 +116,7 @@ expect missing-file 2 "--input: cannot read" -- "$bin" plan --input "$tmp/none.j
 expect missing-input 2 "--input: required" -- "$bin" plan
 expect unknown-option 2 "--bogus: unknown option (known: --input, --rank," -- "$bin" plan --bogus 1
 expect unknown-command 2 "unknown command 'frobnicate'" -- "$bin" frobnicate
+expect replay-is-python 2 "knapformer replay is Python (it times torch)" -- "$bin" replay
 want="unknown command 'simulte' (plan, simulate, calibrate, serve, token, help; did you mean simulate?)"
 expect unknown-command-close 2 "$want" \
   -- "$bin" simulte
