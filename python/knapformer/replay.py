@@ -354,8 +354,19 @@ def replay(args, out=sys.stdout):
         tokens = statistics.mean(sum(s["tokens"]) for s in steps_of)
         row["fbl_seconds"] = row["slowest_after"] * args.blocks
         row["tps"] = tokens / row["fbl_seconds"]
+        # HFU as the paper defines it: the FLOPs the hardware ran (the
+        # block's forward, backward twice its size, the recompute) over what
+        # the world's GPUs could run while the slowest one worked.
+        passes = 4 if args.checkpoint else 3
+        flops = statistics.mean(
+            passes * sum(24 * t * d_model ** 2 + 4 * p * d_model
+                         for t, p in zip(s["tokens"], s["pairs"])) for s in steps_of)
+        row["hfu"] = (flops / (w * row["slowest_after"] * args.tflops * 1e12)
+                      if args.tflops else None)
         results.append(row)
     _print_table(results, args, out)
+    if args.png:
+        _plot(results, args.png)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"gamma": gamma, "k": k, "results": results}, f, indent=1)
@@ -364,18 +375,47 @@ def replay(args, out=sys.stdout):
 
 def _print_table(results, args, out):
     print(f"\n{'topology':<16} {'slowest unbal.':>14} {'slowest bal.':>12} {'buys':>6} "
-          f"{'max/mean pred.':>14} {'measured':>9} {'miss':>7} {'FBL':>9} {'TPS':>10}",
-          file=out)
+          f"{'max/mean pred.':>14} {'measured':>9} {'miss':>7} {'FBL':>9} {'TPS':>10} "
+          f"{'HFU':>6}", file=out)
     for r in results:
+        hfu = "-" if r["hfu"] is None else f"{100 * r['hfu']:.1f}%"
         print(f"{r['topology']:<16} {r['slowest_before'] * 1e3:>12.2f}ms "
               f"{r['slowest_after'] * 1e3:>10.2f}ms {r['speedup']:>5.2f}x "
               f"{r['predicted_max_over_mean']:>14.3f} {r['measured_max_over_mean']:>9.3f} "
-              f"{100 * r['miss']:>+6.1f}% {r['fbl_seconds']:>8.3f}s {r['tps']:>10.0f}",
-              file=out)
+              f"{100 * r['miss']:>+6.1f}% {r['fbl_seconds']:>8.3f}s {r['tps']:>10.0f} "
+              f"{hfu:>6}", file=out)
     print(f"\nslowest = the slowest simulated GPU's block, forward and backward, mean over "
           f"steps; FBL = it times {args.blocks} blocks; TPS = tokens per step / FBL; miss = "
           f"measured max/mean against the plan's predicted one (the cost model's error on "
-          f"this device). Communication is not played.", file=out)
+          f"this device); HFU = the FLOPs run over --tflops per GPU for the slowest GPU's "
+          f"time (- without --tflops). Communication is not played.", file=out)
+
+
+def _plot(results, path):
+    """Each simulated GPU's measured time without and with balancing, first
+    step, one panel per topology (needs matplotlib: pip install
+    knapformer[plot])."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise ReplayError(f"--png: needs matplotlib ({error})") from None
+    fig, axes = plt.subplots(len(results), 1, figsize=(8, 2.2 * len(results)), squeeze=False)
+    for ax, row in zip(axes[:, 0], results):
+        step = row["steps"][0]
+        gpus = range(len(step["seconds_after"]))
+        ax.bar([g - 0.2 for g in gpus], [t * 1e3 for t in step["seconds_before"]], 0.4,
+               label="unbalanced")
+        ax.bar([g + 0.2 for g in gpus], [t * 1e3 for t in step["seconds_after"]], 0.4,
+               label="balanced")
+        ax.set_title(f"{row['topology']} ({step['layout']})", fontsize=9)
+        ax.set_ylabel("ms")
+    axes[0, 0].legend(fontsize=8)
+    axes[-1, 0].set_xlabel("simulated GPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def parse_args(argv=None):
@@ -404,9 +444,16 @@ def parse_args(argv=None):
     parser.add_argument("--device", help="cpu or cuda (default: cuda when there is one)")
     parser.add_argument("--repeat", type=int, default=3, help="timed plays per share")
     parser.add_argument("--json", help="write every figure to this file")
+    parser.add_argument("--png", help="draw each GPU's time before and after (matplotlib)")
+    parser.add_argument("--tflops", type=float,
+                        help="peak TFLOP/s of one GPU in the dtype played, for HFU "
+                             "(default: 989.4 on CUDA, an H100's bf16; none on CPU)")
     args = parser.parse_args(argv)
     if args.lengths:
         args.data = None
+    if args.tflops is None and (args.device or ("cuda" if torch.cuda.is_available()
+                                                 else "cpu")) != "cpu":
+        args.tflops = 989.4
     return args
 
 

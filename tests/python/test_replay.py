@@ -56,10 +56,23 @@ def test_a_lengths_file_with_masks_plays_its_masks(tmp_path):
     assert replay.attended_pairs(100, "causal") == 5050
 
 
-def test_the_fit_and_the_cli_errors():
+def test_the_picture(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "replay.png"
+    run(["--data", "mixed-res", "--world", "8", "--steps", "1", "--length-scale", "32",
+         "--gamma", "1", "--topology", "g1n8,g4n2", "--png", str(png)])
+    assert png.stat().st_size > 1000
+
+
+def test_the_fit_hfu_and_the_cli_errors():
     results, text = run(["--data", "mixed-res", "--world", "8", "--steps", "1",
-                         "--length-scale", "32", "--topology", "g4n2"])
+                         "--length-scale", "32", "--topology", "g4n2", "--tflops", "0.01"])
     assert "fitted here (r^2" in text
+    # HFU: the FLOPs the plays ran (3 passes) over 8 GPUs' peak for the slowest one's time.
+    row = results[0]
+    s = row["steps"][0]
+    flops = 3 * sum(24 * t * 32 ** 2 + 4 * p * 32 for t, p in zip(s["tokens"], s["pairs"]))
+    assert math.isclose(row["hfu"], flops / (8 * row["slowest_after"] * 0.01e12))
     with pytest.raises(replay.ReplayError, match="--world 6: the data's 32 GPUs"):
         run(["--world", "6", "--steps", "1"])
     with pytest.raises(replay.ReplayError, match="give --samples-per-gpu N or --tokens-per-gpu"):
