@@ -310,13 +310,30 @@ def replay(args, out=sys.stdout):
         gamma, k, fit_note = fit["gamma"], fit["k"], f"fitted here (r^2 {fit['r_squared']:.3f})"
     else:
         gamma, k, fit_note = args.gamma, None, "given"
+    # What auto prices communication against: this device's measured rate
+    # and the links given. The planner prices a block's forward pass; the
+    # fit timed forward and backward (and the recompute), about 3 (4)
+    # forwards: its seconds per unit of work k make passes / k units per
+    # second of forward.
+    passes = 4 if args.checkpoint else 3
+    machine = {}
+    if k:
+        machine["flops_per_second"] = passes / k
+    for flag, field in (("intra_node_gbps", "intra_node_bytes_per_second"),
+                        ("inter_node_gbps", "inter_node_bytes_per_second")):
+        if getattr(args, flag) is not None:
+            machine[field] = getattr(args, flag) * 1e9
+    if args.gpus_per_node is not None:
+        machine["gpus_per_node"] = args.gpus_per_node
     w = args.world
     topologies = args.topology or DEFAULT_TOPOLOGIES.format(w=w, w2=w // 2, w4=w // 4)
     topologies = [t for t in topologies.split(",") if t]
     print(f"replay: {data.name}, world {w}, {args.steps} steps, lengths / {data.scale}; "
           f"block d_model {d_model}, {heads} heads, {dtype} on {device}"
           f"{', activation checkpointing' if args.checkpoint else ''}; "
-          f"gamma {gamma:.3g} ({fit_note})", file=out)
+          f"gamma {gamma:.3g} ({fit_note})"
+          f"{f'; auto prices links against {passes * 1e-12 / k:.4g} TFLOP/s measured' if k else ''}",
+          file=out)
 
     # Without balancing: the same for every topology.
     unbalanced = []
@@ -328,7 +345,7 @@ def replay(args, out=sys.stdout):
         row = {"topology": topology, "steps": []}
         for (lengths, masks), before in zip(steps, unbalanced):
             plan = knapformer.plan(lengths, topology, d_model=d_model, gamma=gamma,
-                                   attn_masks=masks)
+                                   attn_masks=masks, machine=machine or None)
             shares = balanced_shares(plan, lengths, masks, w)
             after = [time_share(block, s, args.checkpoint, args.repeat) for s in shares]
             row["steps"].append({
@@ -357,7 +374,6 @@ def replay(args, out=sys.stdout):
         # HFU as the paper defines it: the FLOPs the hardware ran (the
         # block's forward, backward twice its size, the recompute) over what
         # the world's GPUs could run while the slowest one worked.
-        passes = 4 if args.checkpoint else 3
         flops = statistics.mean(
             passes * sum(24 * t * d_model ** 2 + 4 * p * d_model
                          for t, p in zip(s["tokens"], s["pairs"])) for s in steps_of)
@@ -443,6 +459,11 @@ def parse_args(argv=None):
     parser.add_argument("--checkpoint", action="store_true", help="play the recompute too")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when there is one)")
     parser.add_argument("--repeat", type=int, default=3, help="timed plays per share")
+    parser.add_argument("--intra-node-gbps", type=float,
+                        help="GB/s each way within a node, for auto (planner's default 450)")
+    parser.add_argument("--inter-node-gbps", type=float,
+                        help="GB/s each way across nodes, for auto (planner's default 50)")
+    parser.add_argument("--gpus-per-node", type=int, help="for auto (planner's default 8)")
     parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument("--png", help="draw each GPU's time before and after (matplotlib)")
     parser.add_argument("--tflops", type=float,

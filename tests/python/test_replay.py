@@ -67,7 +67,7 @@ def test_the_picture(tmp_path):
 def test_the_fit_hfu_and_the_cli_errors():
     results, text = run(["--data", "mixed-res", "--world", "8", "--steps", "1",
                          "--length-scale", "32", "--topology", "g4n2", "--tflops", "0.01"])
-    assert "fitted here (r^2" in text
+    assert "fitted here (r^2" in text and "auto prices links against" in text
     # HFU: the FLOPs the plays ran (3 passes) over 8 GPUs' peak for the slowest one's time.
     row = results[0]
     s = row["steps"][0]
