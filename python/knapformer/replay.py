@@ -295,8 +295,10 @@ def replay(args, out=sys.stdout):
     results (dicts), printing the table to ``out``."""
     if args.world < 1:
         raise ReplayError(f"--world: must be >= 1, got {args.world}")
-    if args.steps < 1:
-        raise ReplayError(f"--steps: must be >= 1, got {args.steps}")
+    for flag in ("steps", "repeat", "length_scale", "blocks"):
+        if getattr(args, flag) < 1:
+            raise ReplayError(f"--{flag.replace('_', '-')}: must be >= 1, got "
+                              f"{getattr(args, flag)}")
     d_model, heads = MODELS[args.model] if args.model else (args.d_model, args.heads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -73,6 +73,8 @@ def test_the_fit_hfu_and_the_cli_errors():
     s = row["steps"][0]
     flops = 3 * sum(24 * t * 32 ** 2 + 4 * p * 32 for t, p in zip(s["tokens"], s["pairs"]))
     assert math.isclose(row["hfu"], flops / (8 * row["slowest_after"] * 0.01e12))
+    with pytest.raises(replay.ReplayError, match="--length-scale: must be >= 1, got 0"):
+        run(["--length-scale", "0"])
     with pytest.raises(replay.ReplayError, match="--world 6: the data's 32 GPUs"):
         run(["--world", "6", "--steps", "1"])
     with pytest.raises(replay.ReplayError, match="give --samples-per-gpu N or --tokens-per-gpu"):
