@@ -66,6 +66,12 @@ absl::StatusOr<LengthsFile> ParseLengthsFile(absl::string_view text, const std::
   return file;
 }
 
+int64_t LengthsFile::SamplesLongerThan(int64_t tokens) const {
+  int64_t longer = 0;
+  for (const LengthSample& sample : samples) longer += sample.tokens > tokens ? 1 : 0;
+  return longer;
+}
+
 std::string LoaderBatching::ToString() const {
   return samples_per_gpu > 0 ? absl::StrCat(samples_per_gpu, " samples per GPU")
                              : absl::StrCat("up to ", tokens_per_gpu, " tokens per GPU");
@@ -99,11 +105,6 @@ LengthsStream::LengthsStream(LengthsFile file, int64_t world_size, LoaderBatchin
       shuffle_(shuffle) {
   const int64_t n = static_cast<int64_t>(file_.samples.size());
   shard_size_ = (n + world_size_ - 1) / world_size_;
-  if (batching_.tokens_per_gpu > 0) {
-    for (const LengthSample& sample : file_.samples) {
-      if (sample.tokens > batching_.tokens_per_gpu) ++samples_over_budget_;
-    }
-  }
 }
 
 const std::vector<int32_t>& LengthsStream::EpochOrder(int64_t epoch) {

@@ -40,6 +40,9 @@ struct LengthsFile {
 
   std::vector<LengthSample> samples;
   int64_t masked = 0;  // samples that carry a mask
+
+  // Samples of more than `tokens` tokens (a token budget's lone batches).
+  int64_t SamplesLongerThan(int64_t tokens) const;
 };
 
 // Parses the text of a lengths file named `name` (for messages).
@@ -81,8 +84,11 @@ class LengthsStream {
   Step Batch(int64_t step);
   int64_t world_size() const { return world_size_; }
   const LengthsFile& file() const { return file_; }
-  // The file's samples longer than the token budget (each is batched alone).
-  int64_t samples_over_budget() const { return samples_over_budget_; }
+  // The file's samples longer than the token budget (each is batched
+  // alone); 0 when batching by count.
+  int64_t samples_over_budget() const {
+    return batching_.tokens_per_gpu > 0 ? file_.SamplesLongerThan(batching_.tokens_per_gpu) : 0;
+  }
 
  private:
   LengthsStream(LengthsFile file, int64_t world_size, LoaderBatching batching, uint64_t seed,
@@ -106,7 +112,6 @@ class LengthsStream {
   // Token budget: the next step to read and each rank's next shard position.
   int64_t next_step_ = 0;
   std::vector<int64_t> cursor_;
-  int64_t samples_over_budget_ = 0;
 };
 
 }  // namespace knapformer

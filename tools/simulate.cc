@@ -549,13 +549,10 @@ std::string FormatSimulation(const SimulateOptions& options,
                          "; ", options.batching.ToString(), ", ",
                          options.shuffle ? absl::StrCat("shuffled with seed ", options.seed)
                                          : "in the file's order");
-    if (options.batching.tokens_per_gpu > 0) {
-      int64_t over = 0;
-      for (const LengthSample& sample : file.samples) {
-        over += sample.tokens > options.batching.tokens_per_gpu ? 1 : 0;
-      }
-      if (over > 0) absl::StrAppend(&codes, "; ", over, " samples over the budget, each alone");
-    }
+    const int64_t over = options.batching.tokens_per_gpu > 0
+                             ? file.SamplesLongerThan(options.batching.tokens_per_gpu)
+                             : 0;
+    if (over > 0) absl::StrAppend(&codes, "; ", over, " samples over the budget, each alone");
   } else {
     codes = ScenarioCodes(options.data);
     if (codes.empty()) codes = MaskedScenarioSummary(options.data);
