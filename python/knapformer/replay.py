@@ -177,9 +177,10 @@ def balanced_shares(result, lengths, masks, world):
     return shares
 
 
-def predicted_workload(share, d_model, gamma):
-    """The cost model's work of a share: 24*T*d^2 + gamma*4*pairs*d."""
-    return 24 * share.tokens * d_model ** 2 + gamma * 4 * share.pairs() * d_model
+def cost_model_work(tokens, pairs, d_model, gamma):
+    """The cost model's work of a share of ``tokens`` and attended ``pairs``
+    (its fraction of the heads counted): 24*T*d^2 + gamma*4*pairs*d."""
+    return 24 * tokens * d_model ** 2 + gamma * 4 * pairs * d_model
 
 
 # --- playing it ---------------------------------------------------------------------------
@@ -350,12 +351,15 @@ def replay(args, out=sys.stdout):
                                    attn_masks=masks, machine=machine or None)
             shares = balanced_shares(plan, lengths, masks, w)
             after = [time_share(block, s, args.checkpoint, args.repeat) for s in shares]
+            tokens = [s.tokens for s in shares]
+            pairs = [s.pairs() for s in shares]  # dense masks: counted once
             row["steps"].append({
                 "layout": plan["topology"],
-                "tokens": [s.tokens for s in shares],
-                "pairs": [s.pairs() for s in shares],
+                "tokens": tokens,
+                "pairs": pairs,
                 "predicted_workload": plan["gpu_workload"],
-                "played_workload": [predicted_workload(s, d_model, gamma) for s in shares],
+                "played_workload": [cost_model_work(t, p, d_model, gamma)
+                                    for t, p in zip(tokens, pairs)],
                 "seconds_before": before, "seconds_after": after,
                 "predicted_max_over_mean": plan["after"]["max_over_mean"],
                 "measured_max_over_mean": _max_over_mean(after),
@@ -370,14 +374,14 @@ def replay(args, out=sys.stdout):
         row["measured_max_over_mean"] = statistics.mean(
             s["measured_max_over_mean"] for s in steps_of)
         row["miss"] = row["measured_max_over_mean"] / row["predicted_max_over_mean"] - 1
-        tokens = statistics.mean(sum(s["tokens"]) for s in steps_of)
+        mean_tokens = statistics.mean(sum(s["tokens"]) for s in steps_of)
         row["fbl_seconds"] = row["slowest_after"] * args.blocks
-        row["tps"] = tokens / row["fbl_seconds"]
+        row["tps"] = mean_tokens / row["fbl_seconds"]
         # HFU as the paper defines it: the FLOPs the hardware ran (the
         # block's forward, backward twice its size, the recompute) over what
         # the world's GPUs could run while the slowest one worked.
         flops = statistics.mean(
-            passes * sum(24 * t * d_model ** 2 + 4 * p * d_model
+            passes * sum(cost_model_work(t, p, d_model, 1.0)
                          for t, p in zip(s["tokens"], s["pairs"])) for s in steps_of)
         row["hfu"] = (flops / (w * row["slowest_after"] * args.tflops * 1e12)
                       if args.tflops else None)
