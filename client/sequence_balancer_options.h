@@ -32,8 +32,12 @@ struct SequenceBalancerOptions {
   // (ranks node-major, as torchrun numbers them).
   Machine machine;
   // The cost model: transformer 24*l*d^2 + gamma*4*l^2*d (d_model and gamma
-  // are checked whatever the kind), uniform or linear (planner/cost_model.h).
+  // are checked whatever the kind), uniform, linear or measured
+  // (planner/cost_model.h).
   CostKind cost_model = CostKind::kTransformer;
+  // The measured model's attention table (`knapformer calibrate --table`):
+  // given exactly with CostKind::kMeasured.
+  std::optional<MeasuredAttention> measured_attention;
   int32_t d_model = 0;
   double gamma = 1.0;
   // Bytes per token of the routed tensors, for the service's moved-bytes

@@ -17,6 +17,16 @@ namespace {
 
 std::string Exact(double value) { return absl::StrFormat("%.17g", value); }
 
+// The table's points exactly, "none" without one.
+std::string MeasuredText(const std::optional<MeasuredAttention>& table) {
+  if (!table.has_value()) return "none";
+  std::vector<std::string> points;
+  for (size_t i = 0; i < table->pairs().size(); ++i) {
+    points.push_back(absl::StrCat(Exact(table->pairs()[i]), ":", Exact(table->work()[i])));
+  }
+  return absl::StrJoin(points, ",");
+}
+
 // "rank 3", "ranks 0-2", "ranks 0, 2, 5-7".
 std::string RankList(const std::vector<int>& ranks) {
   std::vector<std::string> runs;
@@ -92,6 +102,7 @@ SharedSettings SharedSettingsOf(const SequenceBalancerOptions& options) {
       {"d_model", absl::StrCat(options.d_model)},
       {"gamma", Exact(options.gamma)},
       {"cost_model", CostKindName(options.cost_model)},
+      {"measured_attention", MeasuredText(options.measured_attention)},
       {"locality", options.locality.has_value() ? (*options.locality ? "on" : "off")
                                                 : "the planner's"},
       {"max_tokens_per_gpu", absl::StrCat(options.max_tokens_per_gpu)},

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -101,6 +103,59 @@ absl::StatusOr<CostFit> FitCostModel(const std::vector<WorkSample>& samples) {
   fit.rmse_seconds = std::sqrt(sse / static_cast<double>(samples.size()));
   fit.r_squared = sst > 0 ? 1 - sse / sst : 1;
   return fit;
+}
+
+absl::StatusOr<MeasuredAttention> MeasuredAttentionFromSamples(
+    const std::vector<WorkSample>& samples, const CostFit& fit, int64_t d_model) {
+  if (!std::isfinite(fit.k) || fit.k <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fit.k: must be a finite number > 0, got ", fit.k));
+  }
+  if (d_model < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("d_model: must be >= 1, got ", d_model));
+  }
+  // Pairs -> (sum of work, samples).
+  std::map<double, std::pair<double, int>> by_pairs;
+  for (const WorkSample& s : samples) {
+    const double pairs = s.attention / (4.0 * static_cast<double>(d_model));
+    if (!std::isfinite(pairs) || !(pairs > 0)) continue;
+    auto& [sum, count] = by_pairs[pairs];
+    sum += std::max(0.0, s.seconds / fit.k - s.linear);
+    ++count;
+  }
+  if (by_pairs.empty()) {
+    return absl::InvalidArgumentError("samples: none attends any pairs; nothing to tabulate");
+  }
+  if (by_pairs.size() > static_cast<size_t>(MeasuredAttention::kMaxPoints)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("samples: ", by_pairs.size(),
+                     " different attention sizes, over the table's limit of ",
+                     MeasuredAttention::kMaxPoints));
+  }
+  // Pool adjacent violators: blocks of points whose means increase.
+  struct Block {
+    double mean;
+    double weight;
+    int points;
+  };
+  std::vector<double> pairs;
+  std::vector<Block> blocks;
+  for (const auto& [p, sum_count] : by_pairs) {
+    pairs.push_back(p);
+    blocks.push_back(
+        {sum_count.first / sum_count.second, static_cast<double>(sum_count.second), 1});
+    while (blocks.size() > 1 && blocks[blocks.size() - 2].mean > blocks.back().mean) {
+      const Block last = blocks.back();
+      blocks.pop_back();
+      Block& prev = blocks.back();
+      prev.mean = (prev.mean * prev.weight + last.mean * last.weight) / (prev.weight + last.weight);
+      prev.weight += last.weight;
+      prev.points += last.points;
+    }
+  }
+  std::vector<double> work;
+  for (const Block& block : blocks) work.insert(work.end(), block.points, block.mean);
+  return MeasuredAttention::Create(std::move(pairs), std::move(work), "measured_attention");
 }
 
 }  // namespace knapformer

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "planner/attention_mask.h"
+#include "planner/measured_cost.h"
 #include "planner/plan.h"
 
 namespace knapformer {
@@ -49,6 +50,17 @@ struct CostFit {
 // length only); FailedPrecondition when the fit gives k <= 0 or gamma < 0
 // (the times do not grow with the work as the model says).
 absl::StatusOr<CostFit> FitCostModel(const std::vector<WorkSample>& samples);
+
+// The measured cost model's attention table from the same samples (one
+// sequence each, SequenceSample) and their fit: each sample's attention
+// work is its time in units (seconds / fit.k) less its linear term, kept
+// >= 0, averaged over the samples of equal pairs and made nondecreasing in
+// the pairs by pooling adjacent violators (least squares). Samples without
+// pairs carry no attention and are skipped. InvalidArgument when fit.k is
+// not > 0, no sample has pairs, or they have more than
+// MeasuredAttention::kMaxPoints different pair counts.
+absl::StatusOr<MeasuredAttention> MeasuredAttentionFromSamples(
+    const std::vector<WorkSample>& samples, const CostFit& fit, int64_t d_model);
 
 }  // namespace knapformer
 

@@ -43,9 +43,9 @@ absl::Status CheckMachine(const Machine& machine, const std::string& field) {
 absl::StatusOr<CommPrices> CommPrices::Create(const Machine& machine, const CostModel& cost,
                                               int64_t route_token_bytes) {
   if (absl::Status s = CheckMachine(machine); !s.ok()) return s;
-  if (cost.kind() != CostKind::kTransformer) {
+  if (!PricedInFlops(cost.kind())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cost_model: communication is priced for the transformer model only, got ",
+        "cost_model: communication is priced for the transformer and measured models, not ",
         CostKindName(cost.kind())));
   }
   if (route_token_bytes < 0) {

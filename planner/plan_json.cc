@@ -37,6 +37,43 @@ json StatsJson(const BalanceStats& stats) {
               {"max_over_mean", Ratio(stats.max_over_mean)}};
 }
 
+// {"pairs": [...], "work": [...]}: a measured attention table.
+absl::StatusOr<MeasuredAttention> ParseMeasuredAttention(const json& table,
+                                                         const std::string& field) {
+  if (!table.is_object()) {
+    return FieldError(field, "must be an object {\"pairs\": [...], \"work\": [...]}");
+  }
+  std::vector<double> columns[2];
+  const char* names[2] = {"pairs", "work"};
+  for (const auto& item : table.items()) {
+    if (item.key() != names[0] && item.key() != names[1]) {
+      return FieldError(absl::StrCat(field, ".", item.key()),
+                        "unknown field (expected pairs, work)");
+    }
+  }
+  for (int c = 0; c < 2; ++c) {
+    const std::string column = absl::StrCat(field, ".", names[c]);
+    if (!table.contains(names[c])) return FieldError(column, "missing");
+    const json& values = table[names[c]];
+    if (!values.is_array()) return FieldError(column, "must be an array of numbers");
+    if (values.size() > static_cast<size_t>(MeasuredAttention::kMaxPoints)) {
+      return FieldError(column, absl::StrCat(values.size(), " points, over the limit of ",
+                                             MeasuredAttention::kMaxPoints));
+    }
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!values[i].is_number()) {
+        return FieldError(absl::StrCat(column, "[", i, "]"), "must be a number");
+      }
+      columns[c].push_back(values[i].get<double>());
+    }
+  }
+  return MeasuredAttention::Create(std::move(columns[0]), std::move(columns[1]), field);
+}
+
+json MeasuredAttentionJson(const MeasuredAttention& table) {
+  return json{{"pairs", table.pairs()}, {"work", table.work()}};
+}
+
 // "machine": an object of planner/machine.h's fields by name.
 absl::Status ParseMachine(const json& fields, Machine* machine) {
   if (!fields.is_object()) return FieldError("machine", "must be an object of machine fields");
@@ -78,10 +115,10 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
   for (const auto& item : root.items()) {
     const std::string& key = item.key();
     if (key != "topology" && key != "d_model" && key != "gamma" && key != "token_bytes" &&
-        key != "machine" && key != "ranks" && key != "masks") {
+        key != "machine" && key != "ranks" && key != "masks" && key != "measured_attention") {
       return FieldError(key,
                         "unknown field (expected topology, d_model, gamma, token_bytes, machine, "
-                        "ranks, masks)");
+                        "ranks, masks, measured_attention)");
     }
   }
   PlanRequest request;
@@ -116,6 +153,10 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
   }
 
   if (root.contains("machine")) KF_RETURN_IF_ERROR(ParseMachine(root["machine"], &request.machine));
+  if (root.contains("measured_attention")) {
+    KF_ASSIGN_OR_RETURN(request.measured_attention,
+                        ParseMeasuredAttention(root["measured_attention"], "measured_attention"));
+  }
 
   if (!root.contains("ranks")) return FieldError("ranks", "missing");
   const json& ranks = root["ranks"];
@@ -154,7 +195,63 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
   return request;
 }
 
-std::string PlanToJson(const PlanRequest& request, const Plan& plan, double lower_bound) {
+std::string CostTableToJson(const CostTable& table) {
+  json out;
+  out["cost_model"] = "measured";
+  out["d_model"] = table.d_model;
+  out["k"] = table.k;
+  out["gamma"] = table.gamma;
+  out["measured_attention"] = MeasuredAttentionJson(table.attention);
+  return out.dump() + "\n";
+}
+
+absl::StatusOr<CostTable> ParseCostTable(absl::string_view json_text, absl::string_view source) {
+  const auto error = [&](const absl::Status& status) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", status.message()));
+  };
+  json root;
+  try {
+    root = json::parse(json_text.begin(), json_text.end());
+  } catch (const json::exception&) {
+    return error(FieldError("input", "not valid JSON"));
+  }
+  if (!root.is_object()) return error(FieldError("input", "must be a JSON object"));
+  for (const auto& item : root.items()) {
+    const std::string& key = item.key();
+    if (key != "cost_model" && key != "d_model" && key != "k" && key != "gamma" &&
+        key != "measured_attention") {
+      return error(FieldError(
+          key, "unknown field (expected cost_model, d_model, k, gamma, measured_attention)"));
+    }
+  }
+  if (!root.contains("cost_model") || root["cost_model"] != "measured") {
+    return error(
+        FieldError("cost_model", "must be \"measured\" (a table calibrate --table wrote)"));
+  }
+  const json* d = root.contains("d_model") ? &root["d_model"] : nullptr;
+  if (d == nullptr || !d->is_number_integer() ||
+      d->get<int64_t>() < 1 ||
+      (d->is_number_unsigned() && d->get<uint64_t>() > static_cast<uint64_t>(CostModel::kMaxDModel))) {
+    return error(FieldError(
+        "d_model", absl::StrCat("must be an integer in [1, ", CostModel::kMaxDModel, "]")));
+  }
+  for (const char* name : {"k", "gamma"}) {
+    if (root.contains(name) && !root[name].is_number()) {
+      return error(FieldError(name, "must be a number"));
+    }
+  }
+  if (!root.contains("measured_attention")) {
+    return error(FieldError("measured_attention", "missing"));
+  }
+  absl::StatusOr<MeasuredAttention> attention =
+      ParseMeasuredAttention(root["measured_attention"], "measured_attention");
+  if (!attention.ok()) return error(attention.status());
+  return CostTable{d->get<int64_t>(), root.value("k", 0.0), root.value("gamma", 0.0),
+                   *std::move(attention)};
+}
+
+std::string PlanToJson(const PlanRequest& request, const Plan& plan, double lower_bound,
+                       const PredictedStep* predicted) {
   json chunks = json::array();
   for (const Chunk& chunk : plan.chunks) {
     chunks.push_back(json{{"src_rank", chunk.src_rank},
@@ -178,6 +275,14 @@ std::string PlanToJson(const PlanRequest& request, const Plan& plan, double lowe
   out["before"] = StatsJson(ComputeBalanceStats(plan.workload_before));
   out["after"] = StatsJson(ComputeBalanceStats(plan.workload_after));
   out["lower_bound_max_over_mean"] = lower_bound;
+  if (predicted != nullptr) {
+    const double flops = request.machine.flops_per_second;
+    out["predicted_step"] = json{{"seconds", predicted->time / flops},
+                                 {"compute_seconds", predicted->compute / flops},
+                                 {"ulysses_seconds", predicted->ulysses / flops},
+                                 {"route_seconds", predicted->route / flops},
+                                 {"slowest_rank", predicted->slowest_rank}};
+  }
   return out.dump() + "\n";
 }
 
@@ -246,13 +351,25 @@ absl::StatusOr<std::string> PlanRequestToJson(absl::string_view request_json, Co
                                                    "' is not a whole number in [0, ",
                                                    ranks - 1, "]"));
   }
-  KF_ASSIGN_OR_RETURN(CostModel cost, CostModel::Create(request.d_model, request.gamma, cost_kind));
+  KF_ASSIGN_OR_RETURN(CostModel cost,
+                      CostModel::Create(request.d_model, request.gamma, cost_kind,
+                                        request.measured_attention.has_value()
+                                            ? &*request.measured_attention
+                                            : nullptr));
+  // Communication is priced for the FLOP models: auto needs it, and the
+  // answer's predicted_step is made with it.
+  std::optional<CommPrices> prices;
+  if (PricedInFlops(cost.kind())) {
+    KF_ASSIGN_OR_RETURN(prices, CommPrices::Create(request.machine, cost, request.token_bytes));
+  }
   Plan plan;
   if (layout.has_value()) {
-    KF_ASSIGN_OR_RETURN(CommPrices prices,
-                        CommPrices::Create(request.machine, cost, request.token_bytes));
+    if (!prices.has_value()) {
+      return absl::InvalidArgumentError(
+          "cost_model: auto layouts need the transformer or measured model");
+    }
     KF_ASSIGN_OR_RETURN(AutoPlan chosen,
-                        BalanceAuto(*layout, ranks, cost, prices, request.ranks, options,
+                        BalanceAuto(*layout, ranks, cost, *prices, request.ranks, options,
                                     &request.masks));
     plan = std::move(chosen.plan);
     world = std::move(chosen.world);
@@ -262,8 +379,13 @@ absl::StatusOr<std::string> PlanRequestToJson(absl::string_view request_json, Co
   }
   KF_RETURN_IF_ERROR(ValidatePlan(plan, *world, request.ranks));
   if (rank.has_value()) return RankPlanToJson(plan.Slice(static_cast<int32_t>(*rank)));
+  std::optional<PredictedStep> predicted;
+  if (prices.has_value()) {
+    predicted = PredictStep(plan, *world, request.ranks, cost, *prices, &request.masks);
+  }
   return PlanToJson(request, plan,
-                    MaxOverMeanLowerBound(*world, cost, request.ranks, &request.masks));
+                    MaxOverMeanLowerBound(*world, cost, request.ranks, &request.masks),
+                    predicted.has_value() ? &*predicted : nullptr);
 }
 
 }  // namespace knapformer

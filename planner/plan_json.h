@@ -11,6 +11,7 @@
 #include "planner/cost_model.h"
 #include "planner/machine.h"
 #include "planner/plan.h"
+#include "planner/step_time.h"
 
 namespace knapformer {
 
@@ -23,6 +24,9 @@ namespace knapformer {
 // to 2 * d_model: one bf16 hidden state per token. masks, optional, gives
 // every sequence's attention mask (masks[r][i] for ranks[r][i], in the forms
 // of mask_json.h); without it every sequence attends fully.
+// measured_attention, {"pairs": [...], "work": [...]} as `knapformer
+// calibrate --table` writes it, is the measured cost model's table: given
+// exactly when the plan is made with that model.
 struct PlanRequest {
   // The largest token_bytes accepted: 16 MiB a token is far past any model
   // (d_model 65536 in float64 is 512 KiB), and keeps the products in range.
@@ -37,7 +41,23 @@ struct PlanRequest {
   Machine machine;
   RankLengths ranks;
   RankMasks masks;  // empty: all full
+  std::optional<MeasuredAttention> measured_attention;
 };
+
+// What `knapformer calibrate --table` writes: a cost table for one d_model,
+//   {"cost_model": "measured", "d_model": 64, "k": ..., "gamma": ...,
+//    "measured_attention": {"pairs": [...], "work": [...]}}
+// k (seconds per unit of work) and gamma are the fit it was made with, for
+// reading; the planner uses d_model and the table.
+struct CostTable {
+  int64_t d_model;
+  double k;
+  double gamma;
+  MeasuredAttention attention;
+};
+std::string CostTableToJson(const CostTable& table);
+// InvalidArgument naming `source` and the field for a malformed table.
+absl::StatusOr<CostTable> ParseCostTable(absl::string_view json_text, absl::string_view source);
 
 // Parses and checks the JSON text. InvalidArgument naming the field ("ranks[3][1]:
 // ...") for malformed JSON, a missing or unknown field, or a wrong type or value.
@@ -46,8 +66,12 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text);
 // The plan as JSON: topology, world_size, d_model, gamma, token_bytes, chunks
 // [{src_rank, seq_index, offset, length, dst_rank}], gpu_workload and
 // gpu_workload_before per rank, total_tokens, moved_tokens, moved_bytes and
-// balance figures.
-std::string PlanToJson(const PlanRequest& request, const Plan& plan, double lower_bound);
+// balance figures; with `predicted` (the FLOP cost models), predicted_step:
+// one block's forward on the slowest GPU priced on request.machine
+// (seconds, compute_seconds, ulysses_seconds, route_seconds, slowest_rank),
+// a model, not a measurement.
+std::string PlanToJson(const PlanRequest& request, const Plan& plan, double lower_bound,
+                       const PredictedStep* predicted = nullptr);
 
 // One rank's slice as JSON: sends, recvs, compute_chunk_lengths, ulysses,
 // and attention_masks (what its attention sees) in a plan made with masks.

@@ -11,7 +11,7 @@ absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel
                                      int64_t route_token_bytes, const RankMasks* masks) {
   SolvedStep solved;
   std::optional<CommPrices> prices;
-  if (cost.kind() == CostKind::kTransformer) {
+  if (PricedInFlops(cost.kind())) {
     absl::StatusOr<CommPrices> created =
         CommPrices::Create(problem.machine, cost, route_token_bytes);
     if (!created.ok()) return created.status();
@@ -19,7 +19,8 @@ absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel
   }
   if (problem.auto_layout.has_value()) {
     if (!prices.has_value()) {
-      return absl::InvalidArgumentError("cost_model: auto layouts need the transformer model");
+      return absl::InvalidArgumentError(
+          "cost_model: auto layouts need the transformer or measured model");
     }
     absl::StatusOr<AutoPlan> chosen = BalanceAuto(*problem.auto_layout, problem.world_size, cost,
                                                   *prices, lengths, options, masks);

@@ -1,6 +1,8 @@
 #include "proto/plan_proto.h"
 
 #include <map>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -17,16 +19,29 @@ absl::StatusOr<CostKind> CostKindFromProto(int value) {
       return CostKind::kUniform;
     case v1::COST_MODEL_LINEAR:
       return CostKind::kLinear;
+    case v1::COST_MODEL_MEASURED:
+      return CostKind::kMeasured;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.cost_model: unknown value ", value, " (0 transformer, 1 uniform, 2 linear)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.cost_model: unknown value ", value,
+                       " (0 transformer, 1 uniform, 2 linear, 3 measured)"));
   }
 }
 
 absl::StatusOr<CostModel> CostModelFromSpec(const v1::StepSpec& spec) {
   absl::StatusOr<CostKind> kind = CostKindFromProto(spec.cost_model());
   if (!kind.ok()) return kind.status();
-  absl::StatusOr<CostModel> cost = CostModel::Create(spec.d_model(), spec.gamma(), *kind);
+  std::optional<MeasuredAttention> measured;
+  if (spec.has_measured_attention()) {
+    const v1::MeasuredAttention& table = spec.measured_attention();
+    absl::StatusOr<MeasuredAttention> created = MeasuredAttention::Create(
+        {table.pairs().begin(), table.pairs().end()}, {table.work().begin(), table.work().end()},
+        "spec.measured_attention");
+    if (!created.ok()) return created.status();
+    measured = *std::move(created);
+  }
+  absl::StatusOr<CostModel> cost = CostModel::Create(spec.d_model(), spec.gamma(), *kind,
+                                                     measured ? &*measured : nullptr);
   if (!cost.ok()) {
     return absl::Status(cost.status().code(), absl::StrCat("spec.", cost.status().message()));
   }
@@ -85,6 +100,8 @@ v1::CostModel CostKindToProto(CostKind kind) {
       return v1::COST_MODEL_UNIFORM;
     case CostKind::kLinear:
       return v1::COST_MODEL_LINEAR;
+    case CostKind::kMeasured:
+      return v1::COST_MODEL_MEASURED;
     case CostKind::kTransformer:
       break;
   }

@@ -55,9 +55,9 @@ absl::StatusOr<StepProblem> StepProblemOf(const v1::StepSpec& spec,
   }
   absl::StatusOr<CostModel> cost = CostModelFromSpec(spec);
   if (!cost.ok()) return cost.status();
-  if (auto_layout.has_value() && cost->kind() != CostKind::kTransformer) {
+  if (auto_layout.has_value() && !PricedInFlops(cost->kind())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "spec.topology: '", topology, "' chooses bags by the transformer cost model's "
+        "spec.topology: '", topology, "' chooses bags by the FLOP cost models' "
         "communication prices; spec.cost_model ", v1::CostModel_Name(spec.cost_model()),
         " has none, give a fixed topology"));
   }

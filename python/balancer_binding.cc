@@ -23,6 +23,7 @@
 #include "planner/balance_stats.h"
 #include "planner/attention_mask.h"
 #include "planner/cost_model.h"
+#include "planner/plan_json.h"
 #include "planner/mask_json.h"
 #include "planner/plan.h"
 #include "planner/topology.h"
@@ -51,6 +52,8 @@ struct BalancerArgs {
   int32_t d_model = 0;  // 0: plan_routing's token_dim
   int64_t max_tokens_per_gpu = 0;
   std::string cost_model = "transformer";
+  // The measured model's table as calibrate --table writes it (JSON text).
+  std::optional<std::string> cost_table_json;
   std::optional<bool> locality;
   std::optional<double> planner_deadline_s;
   std::optional<std::string> planner_mode;
@@ -292,6 +295,15 @@ SequenceBalancerOptions OptionsOf(const BalancerArgs& args) {
   options.topology = args.topology;
   options.cost_model = kind;
   options.d_model = args.d_model;
+  if (args.cost_table_json.has_value()) {
+    CostTable table = ValueOrThrow(ParseCostTable(*args.cost_table_json, "cost_table"));
+    if (args.d_model != 0 && args.d_model != table.d_model) {
+      ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+          "d_model: ", args.d_model, ", but cost_table was measured at d_model ", table.d_model)));
+    }
+    options.d_model = static_cast<int32_t>(table.d_model);
+    options.measured_attention = std::move(table.attention);
+  }
   options.gamma = args.gamma;
   options.max_tokens_per_gpu = args.max_tokens_per_gpu;
   options.first_step = args.first_step;
@@ -716,6 +728,7 @@ void BindBalancer(py::module_& m) {
       .def_readwrite("d_model", &BalancerArgs::d_model)
       .def_readwrite("max_tokens_per_gpu", &BalancerArgs::max_tokens_per_gpu)
       .def_readwrite("cost_model", &BalancerArgs::cost_model)
+      .def_readwrite("cost_table_json", &BalancerArgs::cost_table_json)
       .def_readwrite("locality", &BalancerArgs::locality)
       .def_readwrite("planner_deadline_s", &BalancerArgs::planner_deadline_s)
       .def_readwrite("planner_mode", &BalancerArgs::planner_mode)

@@ -117,7 +117,10 @@ py::dict FitCostModelOf(const std::vector<int64_t>& lengths, const std::vector<d
     samples.push_back(SequenceSample(lengths[i], d_model, seconds[i]));
   }
   const CostFit fit = ValueOrThrow(FitCostModel(samples));
+  const MeasuredAttention attention =
+      ValueOrThrow(MeasuredAttentionFromSamples(samples, fit, d_model));
   py::dict result;
+  result["cost_table_json"] = CostTableToJson(CostTable{d_model, fit.k, fit.gamma, attention});
   result["k"] = fit.k;
   result["gamma"] = fit.gamma;
   result["samples"] = fit.samples;
@@ -125,6 +128,21 @@ py::dict FitCostModelOf(const std::vector<int64_t>& lengths, const std::vector<d
   result["r_squared"] = fit.r_squared;
   result["max_relative_error"] = fit.max_relative_error;
   return result;
+}
+
+// The work of a GPU's share, `tokens` and the (query, key) `pairs` its
+// attention computes, by the transformer model or (with a table as calibrate
+// --table writes it) the measured one.
+double ShareWork(int64_t tokens, double pairs, int64_t d_model, double gamma,
+                 const std::optional<std::string>& cost_table_json) {
+  std::optional<CostTable> table;
+  if (cost_table_json.has_value()) {
+    table = ValueOrThrow(ParseCostTable(*cost_table_json, "cost_table"));
+  }
+  const CostModel cost = ValueOrThrow(
+      CostModel::Create(d_model, gamma, table ? CostKind::kMeasured : CostKind::kTransformer,
+                        table ? &table->attention : nullptr));
+  return cost.Linear(tokens) + cost.AttentionOfPairs(pairs);
 }
 
 RankLengths SyntheticLengths(const std::string& data, int64_t world_size, uint64_t seed,
@@ -188,7 +206,12 @@ void BindPlanner(py::module_& m) {
         py::arg("d_model"),
         "The calibration fit seconds ~= k * (24*l*d^2 + gamma*4*l^2*d) of sequences "
         "timed alone (relative least squares): a dict of k, gamma, samples, "
-        "rmse_seconds, r_squared, max_relative_error.");
+        "rmse_seconds, r_squared, max_relative_error, and cost_table_json: the measured "
+        "cost model's table from the same timings (what calibrate --table writes).");
+  m.def("share_work", &ShareWork, py::arg("tokens"), py::arg("pairs"), py::arg("d_model"),
+        py::arg("gamma"), py::arg("cost_table_json") = py::none(),
+        "The cost model's work of a GPU's share: 24*tokens*d^2 plus the attention of "
+        "`pairs` (query, key) pairs, gamma*4*pairs*d, or by the measured table given.");
   m.def(
       "scenario_codes", [](const std::string& name) { return ScenarioCodes(name); },
       py::arg("name"), "The data codes of one of the paper's scenarios; '' for another name.");

@@ -50,6 +50,13 @@ absl::Status CompareSpecs(const v1::StepSpec& first, const CheckedSpec& first_ch
     return mismatch("cost_model", v1::CostModel_Name(spec.cost_model()),
                     v1::CostModel_Name(first.cost_model()));
   }
+  if (spec.measured_attention().SerializeAsString() !=
+      first.measured_attention().SerializeAsString()) {
+    return mismatch("measured_attention",
+                    absl::StrCat("a table of ", spec.measured_attention().pairs_size(), " points"),
+                    absl::StrCat("another (of ", first.measured_attention().pairs_size(),
+                                 " points)"));
+  }
   if (spec.locality() != first.locality()) {
     return mismatch("locality", v1::Locality_Name(spec.locality()),
                     v1::Locality_Name(first.locality()));

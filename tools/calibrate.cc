@@ -1,5 +1,6 @@
 #include "tools/calibrate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -17,6 +18,7 @@
 #include "common/args.h"
 #include "planner/cost_model.h"
 #include "common/status_macros.h"
+#include "planner/plan_json.h"
 
 namespace knapformer {
 
@@ -26,6 +28,7 @@ const std::vector<OptionSpec>& CalibrateOptions() {
   static const std::vector<OptionSpec> kOptions = {
       {"input", "FILE|-", "", "rows \"length,seconds[,mask]\" (docs/planner.md); - reads stdin"},
       {"d-model", "D", "", "the model width the blocks were timed at (required with --input)"},
+      {"table", "FILE", "", "with --input: also write the measured cost model's table"},
       {"exchanges", "FILE|-", "",
        "timed all-to-alls, rows \"gpus,bytes_per_gpu,seconds,intra|inter\""},
   };
@@ -36,12 +39,14 @@ const std::vector<OptionSpec>& CalibrateOptions() {
 
 std::string CalibrateUsage() {
   return FormatUsage(
-      "knapformer calibrate --input FILE|- --d-model D\n"
+      "knapformer calibrate --input FILE|- --d-model D [--table FILE]\n"
       "knapformer calibrate --exchanges FILE|-",
       "With --input: fit the cost model's k and gamma (least squares, as in the paper) to\n"
       "measured latencies of one transformer block per sequence length. With --exchanges:\n"
       "fit the machine's intra- and inter-node bandwidths to timed all-to-alls, as\n"
-      "bench/exchange_times.py writes them. A header row and # comments are skipped.",
+      "bench/exchange_times.py writes them. A header row and # comments are skipped.\n"
+      "--table FILE writes the measured cost model: the fit's linear term and each\n"
+      "length's measured attention, interpolated (docs/planner.md).",
       CalibrateOptions());
 }
 
@@ -198,7 +203,7 @@ int RunCalibrate(const std::vector<std::string>& argv) {
   auto args = Args::ParseOptions(argv, CalibrateOptions());
   if (!args.ok()) return Fail(args.status());
   if (args->Has("exchanges")) {
-    if (args->Has("input") || args->Has("d-model")) {
+    if (args->Has("input") || args->Has("d-model") || args->Has("table")) {
       return Fail(absl::InvalidArgumentError(
           "--exchanges: fits the links alone; --input and --d-model fit the compute (run "
           "calibrate once for each)"));
@@ -229,6 +234,30 @@ int RunCalibrate(const std::vector<std::string>& argv) {
       "max relative error  %.2f%%\n",
       *d_model, fit->samples, fit->gamma, fit->k, fit->rmse_seconds, fit->r_squared,
       100 * fit->max_relative_error);
+  if (args->Has("table")) {
+    const std::string path = args->GetString("table", "");
+    auto attention = MeasuredAttentionFromSamples(*samples, *fit, *d_model);
+    if (!attention.ok()) return Fail(attention.status());
+    // How the table prices the samples, against the fit's straight line.
+    double worst = 0;
+    for (const WorkSample& s : *samples) {
+      if (s.seconds <= 0) continue;
+      const double pairs = s.attention / (4.0 * static_cast<double>(*d_model));
+      const double predicted = fit->k * (s.linear + attention->Work(pairs));
+      worst = std::max(worst, std::abs(predicted - s.seconds) / s.seconds);
+    }
+    const std::string text = CostTableToJson(CostTable{*d_model, fit->k, fit->gamma, *attention});
+    std::ofstream out(path);
+    out << text;
+    out.close();
+    if (!out) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--table: cannot write '", path, "'")));
+    }
+    std::cout << absl::StrFormat(
+        "measured table      %d attention sizes written to %s, max relative error %.2f%%\n"
+        "                    (plan with --cost-model measured --cost-table %s)\n",
+        attention->pairs().size(), path, 100 * worst, path);
+  }
   return 0;
 }
 

@@ -67,7 +67,7 @@ const std::vector<OptionSpec>& PlanOptions() {
       {"locality", "on|off", OnOff(BalancerOptions().locality),
        "move as few tokens as possible at the same max/mean"},
       {"max-tokens-per-gpu", "N", "0", "cap on the tokens of one GPU; 0 = no cap"},
-      {"cost-model", "KIND", "transformer", "transformer, uniform or linear"},
+      {"cost-model", "KIND", "transformer", "transformer, uniform, linear or measured"},
       {"pretty", "", "", "indent the JSON by 2 spaces (default: one line)"},
   };
   return kOptions;
@@ -77,8 +77,8 @@ std::string PlanUsage() {
   return FormatUsage(
       "knapformer plan --input FILE|- [options]",
       "Read a plan request, {\"topology\", \"ranks\": [[lengths]...], \"d_model\", \"gamma\",\n"
-      "\"token_bytes\", \"machine\"}, and print the plan as JSON: chunks, workloads before\n"
-      "and after, balance figures, moved tokens (docs/cli.md).",
+      "\"token_bytes\", \"machine\", \"measured_attention\"}, and print the plan as JSON:\n"
+      "chunks, workloads before and after, balance figures, moved tokens (docs/cli.md).",
       PlanOptions());
 }
 
@@ -101,7 +101,8 @@ std::vector<OptionSpec> SimulateOptionSpecs() {
        "local refinement; 0 with --locality off = the paper's greedy"},
       {"locality", "on|off", OnOff(defaults.locality),
        "move as few tokens as possible at the same max/mean"},
-      {"cost-model", "KIND", "transformer", "transformer, uniform or linear"},
+      {"cost-model", "KIND", "transformer", "transformer, uniform, linear or measured"},
+      {"cost-table", "FILE", "", "with --cost-model measured: calibrate --table's output"},
       {"max-tokens-per-gpu", "N", "0", "cap on the tokens of one GPU; 0 = no cap"},
       {"token-bytes", "B", "2 x d-model", "bytes a routed token occupies"},
   };
@@ -243,6 +244,35 @@ absl::Status ReadLengthsOptions(const Args& args, SimulateOptions* options) {
   return absl::OkStatus();
 }
 
+// --cost-table FILE, the measured model's table, into `options` (its d_model
+// too, which --d-model may only repeat); only with --cost-model measured.
+absl::Status ReadCostTable(const Args& args, SimulateOptions* options) {
+  const bool measured = options->cost_model == CostKind::kMeasured;
+  if (!args.Has("cost-table")) {
+    if (!measured) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        "--cost-model measured: needs --cost-table FILE (knapformer calibrate --table writes it)");
+  }
+  if (!measured) {
+    return absl::InvalidArgumentError(
+        "--cost-table: only with --cost-model measured (the table is that model's)");
+  }
+  const std::string path = args.GetString("cost-table", "");
+  KF_ASSIGN_OR_RETURN(const std::string text, ReadInput(path, "--cost-table"));
+  absl::StatusOr<CostTable> table = ParseCostTable(text, path);
+  if (!table.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--cost-table: ", table.status().message()));
+  }
+  if (args.Has("d-model") && options->d_model != table->d_model) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--d-model: ", options->d_model, ", but --cost-table ", path, " was measured at d_model ",
+        table->d_model));
+  }
+  options->d_model = table->d_model;
+  options->measured_attention = std::move(table->attention);
+  return absl::OkStatus();
+}
+
 int RunSimulate(const std::vector<std::string>& argv) {
   auto Fail = [](const absl::Status& status) { return FailIn("simulate", status); };
   if (Args::WantsHelp(argv)) {
@@ -281,6 +311,7 @@ int RunSimulate(const std::vector<std::string>& argv) {
   auto gamma = args->GetDouble("gamma", options.gamma);
   if (!gamma.ok()) return Fail(gamma.status());
   options.gamma = *gamma;
+  if (absl::Status read = ReadCostTable(*args, &options); !read.ok()) return Fail(read);
   auto rounds = args->GetInt("refine-rounds", options.refine_rounds, 0, 1 << 24);
   if (!rounds.ok()) return Fail(rounds.status());
   options.refine_rounds = static_cast<int32_t>(*rounds);

@@ -122,10 +122,10 @@ absl::Status CheckMaskedData(const SimulateOptions& options,
           "--data: the masked stream ", phase, " cannot be a phase; give it alone"));
     }
   }
-  if (IsMaskedScenario(options.data) && options.cost_model != CostKind::kTransformer) {
+  if (IsMaskedScenario(options.data) && !PricedInFlops(options.cost_model)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--cost-model ", CostKindName(options.cost_model), ": the masked stream ", options.data,
-        " compares plans by the transformer cost model's work; use --cost-model transformer"));
+        " compares plans by the pairs they attend; use --cost-model transformer or measured"));
   }
   return absl::OkStatus();
 }
@@ -159,10 +159,10 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
       return absl::InvalidArgumentError(absl::StrCat("--lengths: ", stream.status().message()));
     }
     user = *std::move(stream);
-    if (options.lengths->masked > 0 && options.cost_model != CostKind::kTransformer) {
+    if (options.lengths->masked > 0 && !PricedInFlops(options.cost_model)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--cost-model ", CostKindName(options.cost_model), ": ", options.data, " has masks ",
-          "and is compared by the transformer cost model's work; use --cost-model transformer"));
+          "and is compared by the pairs they attend; use --cost-model transformer or measured"));
     }
   } else if (absl::Status checked = CheckMaskedData(options, phases); !checked.ok()) {
     return checked;
@@ -196,7 +196,9 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
     }
     streams.push_back(*std::move(stream));
   }
-  auto cost = CostModel::Create(options.d_model, options.gamma, options.cost_model);
+  auto cost = CostModel::Create(
+      options.d_model, options.gamma, options.cost_model,
+      options.measured_attention.has_value() ? &*options.measured_attention : nullptr);
   if (!cost.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--", cost.status().message()));
   }
@@ -205,9 +207,9 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
     return absl::InvalidArgumentError(
         absl::StrCat("--token-bytes: must be >= 0, got ", token_bytes));
   }
-  // Communication is priced for the transformer model only.
+  // Communication is priced for the FLOP models only (transformer, measured).
   std::optional<CommPrices> prices;
-  if (options.cost_model == CostKind::kTransformer) {
+  if (PricedInFlops(options.cost_model)) {
     auto created = CommPrices::Create(options.machine, *cost, token_bytes);
     if (!created.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--", created.status().message()));
@@ -561,7 +563,11 @@ std::string FormatSimulation(const SimulateOptions& options,
       "data ", options.data, codes.empty() ? "" : absl::StrCat(" (", codes, ")"),
       "\nworld ", options.world, ", ", options.steps, " steps, seed ", options.seed,
       ", cost model ", CostKindName(options.cost_model), ", d_model ", options.d_model,
-      ", gamma ", options.gamma, ", refine rounds ",
+      options.measured_attention.has_value()
+          ? absl::StrCat(" (attention measured at ", options.measured_attention->pairs().size(),
+                         " sizes)")
+          : absl::StrCat(", gamma ", options.gamma),
+      ", refine rounds ",
       options.refine_rounds,
       options.refine_rounds == 0 && !options.locality ? " (the paper's greedy)" : "",
       ", locality ", options.locality ? "on" : "off",

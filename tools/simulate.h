@@ -43,6 +43,8 @@ struct SimulateOptions {
   bool locality = BalancerOptions().locality;
   int64_t max_tokens_per_gpu = 0;  // 0 = no cap
   CostKind cost_model = CostKind::kTransformer;
+  // With kMeasured: its table (--cost-table, what calibrate --table wrote).
+  std::optional<MeasuredAttention> measured_attention;
   // Bytes one token occupies in the route's all-to-all, for the moved-bytes
   // figures; unset = 2 * d_model (one bf16 hidden state per token).
   std::optional<int64_t> token_bytes;

@@ -8,8 +8,11 @@ heads on a one-GPU bag, 1/G of them on each GPU of a G-GPU bag: Ulysses),
 forward and backward. The same steps are played without balancing (each GPU
 its own sequences). Measured: the slowest GPU's time with and without
 balancing, and the max/mean of the GPUs' times against the plan's predicted
-max/mean. Communication is not played (one device); each step's moved
-bytes are in --json.
+max/mean. Communication is not played (one device): it is priced at the
+link speeds given (a model), and each step's moved bytes are in --json.
+Each topology is planned by the transformer cost model and by the measured
+one (this device's attention timed per length, as calibrate --table
+tabulates it), to show which balances the measured time better.
 
     python3 -m knapformer.replay --data mixed-res --world 8 --d-model 256 --heads 4 \\
         --length-scale 8 --topology g1n8,g2n4,g4n2,auto
@@ -177,10 +180,12 @@ def balanced_shares(result, lengths, masks, world):
     return shares
 
 
-def cost_model_work(tokens, pairs, d_model, gamma):
+def cost_model_work(tokens, pairs, d_model, gamma, cost_table=None):
     """The cost model's work of a share of ``tokens`` and attended ``pairs``
-    (its fraction of the heads counted): 24*T*d^2 + gamma*4*pairs*d."""
-    return 24 * tokens * d_model ** 2 + gamma * 4 * pairs * d_model
+    (its fraction of the heads counted): 24*T*d^2 + gamma*4*pairs*d, or the
+    measured attention of ``cost_table`` in place of the second term."""
+    return _C.share_work(tokens, pairs, d_model, gamma,
+                         None if cost_table is None else json.dumps(cost_table))
 
 
 # --- playing it ---------------------------------------------------------------------------
@@ -271,16 +276,34 @@ def time_share(block, share, checkpoint, repeat):
     return statistics.median(times)
 
 
-def fit_gamma(block, max_length, checkpoint, repeat):
-    """The cost model's fit (calibrate's) of whole blocks timed alone at
-    lengths from max_length / 16 to max_length."""
-    lengths = sorted({max(8, int(max_length / 2 ** (i / 2))) for i in range(9)})
+def fit_cost(block, min_length, max_length, checkpoint, repeat):
+    """calibrate's fit of whole blocks timed alone at lengths a factor
+    sqrt(2) apart from ``min_length`` (at least 8) to ``max_length``, and
+    the measured cost model's table of the same timings (``cost_table``,
+    what ``knapformer calibrate --table`` writes)."""
+    count = 1 + math.ceil(2 * math.log2(max_length / max(8, min(min_length, max_length))))
+    lengths = sorted({max(8, int(max_length / 2 ** (i / 2))) for i in range(max(2, count))})
     seconds = []
     for n in lengths:
         share = Share()
         share.tokens, share.sequences = n, [(n, None)]
         seconds.append(time_share(block, share, checkpoint, repeat))
-    return _C.fit_cost_model(lengths, seconds, block.d), lengths, seconds
+    fit = dict(_C.fit_cost_model(lengths, seconds, block.d))
+    fit["cost_table"] = json.loads(fit.pop("cost_table_json"))
+    return fit, lengths, seconds
+
+
+def _read_cost_table(path, d_model):
+    try:
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ReplayError(f"--cost-table: {error}") from None
+    if not isinstance(table, dict) or table.get("d_model") != d_model:
+        raise ReplayError(f"--cost-table: {path} was measured at d_model "
+                          f"{table.get('d_model') if isinstance(table, dict) else '?'}, "
+                          f"the block has {d_model}")
+    return table
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -307,12 +330,24 @@ def replay(args, out=sys.stdout):
     block = Block(d_model, heads, device, dtype)
     data = Data(args)
     steps = [data.step(s) for s in range(args.steps)]
-    longest = max(n for lengths, _ in steps for rank in lengths for n in rank)
-    if args.gamma is None:
-        fit, _, _ = fit_gamma(block, longest, args.checkpoint, args.repeat)
-        gamma, k, fit_note = fit["gamma"], fit["k"], f"fitted here (r^2 {fit['r_squared']:.3f})"
-    else:
-        gamma, k, fit_note = args.gamma, None, "given"
+    all_lengths = [n for lengths, _ in steps for rank in lengths for n in rank if n > 0]
+    if not all_lengths:
+        raise ReplayError(f"{data.name}: no tokens in {args.steps} steps")
+    models = ["transformer", "measured"] if args.cost_model == "both" else [args.cost_model]
+    cost_table = _read_cost_table(args.cost_table, d_model) if args.cost_table else None
+    gamma, k, fit_note = args.gamma, None, "given"
+    if args.gamma is None or ("measured" in models and cost_table is None):
+        fit, _, _ = fit_cost(block, min(all_lengths), max(all_lengths), args.checkpoint,
+                             args.repeat)
+        k = fit["k"]
+        if args.gamma is None:
+            gamma, fit_note = fit["gamma"], f"fitted here (r^2 {fit['r_squared']:.3f})"
+        if cost_table is None:
+            cost_table = fit["cost_table"]
+    table_note = ""
+    if "measured" in models:
+        table_note = (f"; measured table of {len(cost_table['measured_attention']['pairs'])} "
+                      f"lengths ({'--cost-table' if args.cost_table else 'fitted here'})")
     # What auto prices communication against: this device's measured rate
     # and the links given. The planner prices a block's forward pass; the
     # fit timed forward and backward (and the recompute), about 3 (4)
@@ -334,7 +369,7 @@ def replay(args, out=sys.stdout):
     print(f"replay: {data.name}, world {w}, {args.steps} steps, lengths / {data.scale}; "
           f"block d_model {d_model}, {heads} heads, {dtype} on {device}"
           f"{', activation checkpointing' if args.checkpoint else ''}; "
-          f"gamma {gamma:.3g} ({fit_note})"
+          f"gamma {gamma:.3g} ({fit_note}){table_note}"
           f"{f'; auto prices links against {passes * 1e-12 / k:.4g} TFLOP/s measured' if k else ''}",
           file=out)
 
@@ -344,11 +379,13 @@ def replay(args, out=sys.stdout):
         unbalanced.append([time_share(block, s, args.checkpoint, args.repeat)
                            for s in unbalanced_shares(lengths, masks)])
     results = []
-    for topology in topologies:
-        row = {"topology": topology, "steps": []}
+    for topology, model in ((t, m) for t in topologies for m in models):
+        table = cost_table if model == "measured" else None
+        row = {"topology": topology, "cost_model": model, "steps": []}
         for (lengths, masks), before in zip(steps, unbalanced):
             plan = knapformer.plan(lengths, topology, d_model=d_model, gamma=gamma,
-                                   attn_masks=masks, machine=machine or None)
+                                   attn_masks=masks, machine=machine or None,
+                                   cost_model=model, cost_table=table)
             shares = balanced_shares(plan, lengths, masks, w)
             after = [time_share(block, s, args.checkpoint, args.repeat) for s in shares]
             tokens = [s.tokens for s in shares]
@@ -358,12 +395,17 @@ def replay(args, out=sys.stdout):
                 "tokens": tokens,
                 "pairs": pairs,
                 "predicted_workload": plan["gpu_workload"],
-                "played_workload": [cost_model_work(t, p, d_model, gamma)
+                "played_workload": [cost_model_work(t, p, d_model, gamma, table)
                                     for t, p in zip(tokens, pairs)],
                 "seconds_before": before, "seconds_after": after,
                 "predicted_max_over_mean": plan["after"]["max_over_mean"],
                 "measured_max_over_mean": _max_over_mean(after),
                 "moved_bytes": plan["moved_bytes"],
+                # The slowest GPU's Ulysses and route time of one block's
+                # forward, priced on the machine (a model), twice for the
+                # backward's mirrored exchanges.
+                "comm_model_seconds": 2 * (plan["predicted_step"]["ulysses_seconds"] +
+                                           plan["predicted_step"]["route_seconds"]),
             })
         steps_of = row["steps"]
         row["slowest_before"] = statistics.mean(max(s["seconds_before"]) for s in steps_of)
@@ -374,6 +416,7 @@ def replay(args, out=sys.stdout):
         row["measured_max_over_mean"] = statistics.mean(
             s["measured_max_over_mean"] for s in steps_of)
         row["miss"] = row["measured_max_over_mean"] / row["predicted_max_over_mean"] - 1
+        row["comm_model_seconds"] = statistics.mean(s["comm_model_seconds"] for s in steps_of)
         mean_tokens = statistics.mean(sum(s["tokens"]) for s in steps_of)
         row["fbl_seconds"] = row["slowest_after"] * args.blocks
         row["tps"] = mean_tokens / row["fbl_seconds"]
@@ -391,26 +434,33 @@ def replay(args, out=sys.stdout):
         _plot(results, args.png)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"gamma": gamma, "k": k, "results": results}, f, indent=1)
+            json.dump({"gamma": gamma, "k": k, "cost_table": cost_table, "results": results},
+                      f, indent=1)
     return results
 
 
 def _print_table(results, args, out):
-    print(f"\n{'topology':<16} {'slowest unbal.':>14} {'slowest bal.':>12} {'buys':>6} "
-          f"{'max/mean pred.':>14} {'measured':>9} {'miss':>7} {'FBL':>9} {'TPS':>10} "
-          f"{'HFU':>6}", file=out)
+    print(f"\n{'topology':<16} {'model':<11} {'slowest unbal.':>14} {'slowest bal.':>12} {'buys':>6} "
+          f"{'max/mean pred.':>14} {'measured':>9} {'miss':>7} {'comm model':>10} "
+          f"{'FBL':>9} {'TPS':>10} {'HFU':>6}", file=out)
     for r in results:
         hfu = "-" if r["hfu"] is None else f"{100 * r['hfu']:.1f}%"
-        print(f"{r['topology']:<16} {r['slowest_before'] * 1e3:>12.2f}ms "
+        print(f"{r['topology']:<16} {r['cost_model']:<11} {r['slowest_before'] * 1e3:>12.2f}ms "
               f"{r['slowest_after'] * 1e3:>10.2f}ms {r['speedup']:>5.2f}x "
               f"{r['predicted_max_over_mean']:>14.3f} {r['measured_max_over_mean']:>9.3f} "
-              f"{100 * r['miss']:>+6.1f}% {r['fbl_seconds']:>8.3f}s {r['tps']:>10.0f} "
+              f"{100 * r['miss']:>+6.1f}% {r['comm_model_seconds'] * 1e3:>8.2f}ms "
+              f"{r['fbl_seconds']:>8.3f}s {r['tps']:>10.0f} "
               f"{hfu:>6}", file=out)
     print(f"\nslowest = the slowest simulated GPU's block, forward and backward, mean over "
           f"steps; FBL = it times {args.blocks} blocks; TPS = tokens per step / FBL; miss = "
           f"measured max/mean against the plan's predicted one (the cost model's error on "
-          f"this device); HFU = the FLOPs run over --tflops per GPU for the slowest GPU's "
-          f"time (- without --tflops). Communication is not played.", file=out)
+          f"this device); model = what the plan priced by: transformer (24*l*d^2 + "
+          f"gamma*4*l^2*d) or measured (the fit's linear term and this device's measured "
+          f"attention by length, calibrate --table); HFU = the FLOPs run over --tflops per GPU for the slowest GPU's "
+          f"time (- without --tflops). Communication is not played: comm model = the "
+          f"slowest GPU's Ulysses and route time, forward and backward, priced at the link "
+          f"speeds of --intra-node-gbps, --inter-node-gbps, --gpus-per-node (a model, not a "
+          f"measurement; not in FBL).", file=out)
 
 
 def _plot(results, path):
@@ -431,7 +481,8 @@ def _plot(results, path):
                label="unbalanced")
         ax.bar([g + 0.2 for g in gpus], [t * 1e3 for t in step["seconds_after"]], 0.4,
                label="balanced")
-        ax.set_title(f"{row['topology']} ({step['layout']})", fontsize=9)
+        ax.set_title(f"{row['topology']} ({step['layout']}), {row['cost_model']} model",
+                     fontsize=9)
         ax.set_ylabel("ms")
     axes[0, 0].legend(fontsize=8)
     axes[-1, 0].set_xlabel("simulated GPU")
@@ -462,6 +513,11 @@ def parse_args(argv=None):
     parser.add_argument("--length-scale", type=int, default=1,
                         help="divide every length by this (CPU runs)")
     parser.add_argument("--gamma", type=float, help="skip the fit and plan with this gamma")
+    parser.add_argument("--cost-model", choices=("transformer", "measured", "both"),
+                        default="both", help="plan by the transformer model, the measured one "
+                        "(attention timed per length here, or --cost-table), or each in turn")
+    parser.add_argument("--cost-table", help="the measured model's table, as calibrate --table "
+                        "writes it (default: fitted here)")
     parser.add_argument("--checkpoint", action="store_true", help="play the recompute too")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when there is one)")
     parser.add_argument("--repeat", type=int, default=3, help="timed plays per share")

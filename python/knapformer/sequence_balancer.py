@@ -1,6 +1,7 @@
 """SequenceBalancer with the KnapFormer reference implementation's API, over
 the trainer's torch.distributed process group."""
 
+import json
 import math
 import time
 
@@ -14,7 +15,7 @@ from knapformer import _reference_tables as reference
 from knapformer._reference_tables import tflops_estimator, workload_estimator  # noqa: F401
 from knapformer._torch_compat import device_backend
 
-_COST_MODELS = ("transformer", "uniform", "linear")
+_COST_MODELS = ("transformer", "uniform", "linear", "measured")
 
 
 # The autograd graph task this thread runs, -1 outside a backward pass
@@ -81,13 +82,18 @@ def _make_host_groups(group, bags):
 def _arguments(bag_specs, gamma, device, planner_address, job_id, group_id, d_model,
                max_tokens_per_gpu, cost_model, locality, planner_deadline, planner_mode,
                require_planner, first_step, use_fitted_gamma, agree_on_errors, machine,
-               planner_token=None, planner_tls=None, log_steps=None):
+               planner_token=None, planner_tls=None, log_steps=None, cost_table=None):
     """The C++ balancer's arguments, checked; ValueError naming a bad one."""
     if not isinstance(bag_specs, str):
         raise ValueError(f"bag_specs: needs a topology string such as 'g1n2+g2n1+g4n1', "
                          f"got {type(bag_specs).__name__}")
     if cost_model not in _COST_MODELS:
         raise ValueError(f"cost_model: '{cost_model}' is not one of {', '.join(_COST_MODELS)}")
+    if (cost_model == "measured") != (cost_table is not None):
+        raise ValueError("cost_table: give it exactly with cost_model='measured' (the dict "
+                         "knapformer calibrate --table writes)")
+    if cost_table is not None and not isinstance(cost_table, dict):
+        raise ValueError(f"cost_table: needs a dict, got {type(cost_table).__name__}")
     if machine is not None and not isinstance(machine, dict):
         raise ValueError(f"machine: needs a dict of machine fields, got {type(machine).__name__}")
     args = _C._BalancerArgs()
@@ -100,6 +106,7 @@ def _arguments(bag_specs, gamma, device, planner_address, job_id, group_id, d_mo
     args.d_model = 0 if d_model is None else int(d_model)
     args.max_tokens_per_gpu = int(max_tokens_per_gpu)
     args.cost_model = cost_model
+    args.cost_table_json = None if cost_table is None else json.dumps(cost_table)
     args.locality = None if locality is None else bool(locality)
     args.planner_deadline_s = None if planner_deadline is None else float(planner_deadline)
     args.planner_mode = None if planner_mode is None else str(planner_mode)
@@ -171,8 +178,11 @@ class SequenceBalancer:
       d_model: the cost model's model width; default: plan_routing's
         token_dim every step.
       max_tokens_per_gpu: at most this many tokens on any GPU (0 = no cap).
-      cost_model: "transformer" (24*l*d^2 + gamma*4*l^2*d), "uniform" or
-        "linear".
+      cost_model: "transformer" (24*l*d^2 + gamma*4*l^2*d), "uniform",
+        "linear" or "measured" (with ``cost_table``).
+      cost_table: the measured cost model's table, a dict as ``knapformer
+        calibrate --table`` (or ``knapformer replay --cost-table``) writes
+        it, json.load of the file; its d_model is the model width.
       locality: let the plan trade WIR (never max/mean) for fewer moved
         tokens. None = the planner's own setting.
       planner_mode: "group" (default: rank 0 asks the service for the
@@ -237,7 +247,7 @@ class SequenceBalancer:
                  locality=True, group_id=None, planner_deadline=None, first_step=0,
                  use_fitted_gamma=False, agree_on_errors=True, planner_mode=None,
                  machine=None, require_planner=None, planner_token=None, planner_tls=None,
-                 log_steps=None, _metadata_on_gloo=False):
+                 log_steps=None, cost_table=None, _metadata_on_gloo=False):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("SequenceBalancer: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first")
@@ -256,7 +266,7 @@ class SequenceBalancer:
                               planner_deadline, planner_mode, require_planner, first_step,
                               use_fitted_gamma, agree_on_errors, machine,
                               planner_token=planner_token, planner_tls=planner_tls,
-                              log_steps=log_steps)
+                              log_steps=log_steps, cost_table=cost_table)
             bags = _C.multi_gpu_bags(bag_specs, group.size(), args.machine)
             replica_size = _C.replica_size(bag_specs, group.size(), args.machine)
             mine = ("ok", _C._encoded_settings(args))

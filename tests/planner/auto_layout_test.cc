@@ -86,7 +86,8 @@ TEST(BalanceAutoTest, RejectsWorldsThatAreNotWholeGroupsOrNodes) {
   EXPECT_THAT(std::string(lengths.status().message()), HasSubstr("ranks: got sequence lengths"));
   auto linear = CommPrices::Create(Machine(), *CostModel::Create(64, 1.0, CostKind::kLinear));
   ASSERT_FALSE(linear.ok());
-  EXPECT_THAT(std::string(linear.status().message()), HasSubstr("transformer model only"));
+  EXPECT_THAT(std::string(linear.status().message()),
+              HasSubstr("transformer and measured models, not linear"));
   Machine broken;
   broken.inter_node_bytes_per_second = 0;
   auto bad_machine = CommPrices::Create(broken, cost);

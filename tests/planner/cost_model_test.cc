@@ -75,7 +75,7 @@ TEST(CostModelTest, UniformAndLinearKinds) {
   EXPECT_EQ(*ParseCostKind("linear", "x"), CostKind::kLinear);
   EXPECT_EQ(*ParseCostKind("transformer", "x"), CostKind::kTransformer);
   EXPECT_EQ(ParseCostKind("quadratic", "--cost-model").status().message(),
-            "--cost-model: unknown cost model 'quadratic' (transformer, uniform or linear)");
+            "--cost-model: unknown cost model 'quadratic' (transformer, uniform, linear or measured)");
   EXPECT_STREQ(CostKindName(CostKind::kLinear), "linear");
 }
 

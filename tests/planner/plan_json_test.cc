@@ -195,5 +195,81 @@ TEST(PlanJsonTest, MovedBytesAreMovedTokensTimesTokenBytes) {
   EXPECT_EQ(plan->MovedBytes(int64_t{1} << 62), INT64_MAX);  // saturates, never wraps
 }
 
+TEST(PlanJsonTest, ACostTableRoundTripsAndPlansWithTheMeasuredModel) {
+  const MeasuredAttention attention = *MeasuredAttention::Create({100, 10000}, {1e6, 1e9}, "t");
+  const std::string text = CostTableToJson(CostTable{64, 2e-12, 0.8, attention});
+  auto table = ParseCostTable(text, "table.json");
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(table->d_model, 64);
+  EXPECT_EQ(table->k, 2e-12);
+  EXPECT_EQ(table->gamma, 0.8);
+  EXPECT_EQ(table->attention.pairs(), attention.pairs());
+  EXPECT_EQ(table->attention.work(), attention.work());
+
+  // The table in a plan request: the measured model prices the workloads.
+  nlohmann::json request = {{"topology", "g1n2"}, {"d_model", 64}, {"ranks", {{100}, {10}}}};
+  request["measured_attention"] = nlohmann::json::parse(text)["measured_attention"];
+  auto plan = PlanRequestToJson(request.dump(), CostKind::kMeasured, BalancerOptions());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const auto before = nlohmann::json::parse(*plan)["gpu_workload_before"];
+  EXPECT_DOUBLE_EQ(before[0].get<double>(), 24.0 * 100 * 64 * 64 + 1e9);
+  EXPECT_DOUBLE_EQ(before[1].get<double>(), 24.0 * 10 * 64 * 64 + 1e6);
+  // Without it the measured model is refused, and with another model the table is.
+  request.erase("measured_attention");
+  EXPECT_THAT(std::string(PlanRequestToJson(request.dump(), CostKind::kMeasured, BalancerOptions())
+                              .status()
+                              .message()),
+              HasSubstr("the measured cost model needs its table"));
+  request["measured_attention"] = {{"pairs", {1}}, {"work", {1}}};
+  EXPECT_THAT(std::string(PlanRequestToJson(request.dump(), CostKind::kTransformer,
+                                            BalancerOptions())
+                              .status()
+                              .message()),
+              HasSubstr("only for the measured cost model"));
+  request["measured_attention"] = {{"pairs", {1, 2}}, {"work", {2, 1}}};
+  EXPECT_THAT(std::string(ParsePlanRequest(request.dump()).status().message()),
+              HasSubstr("measured_attention.work[1]: 1 is less than work[0] (2)"));
+}
+
+TEST(PlanJsonTest, ACostTableNamesItsFileAndField) {
+  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+           {"[", "t.json: input: not valid JSON"},
+           {R"({"cost_model": "transformer"})", "t.json: cost_model: must be \"measured\""},
+           {R"({"cost_model": "measured", "d_model": 0})", "t.json: d_model: must be an integer"},
+           {R"({"cost_model": "measured", "d_model": 8, "x": 1})", "t.json: x: unknown field"},
+           {R"({"cost_model": "measured", "d_model": 8})", "t.json: measured_attention: missing"},
+           {R"({"cost_model": "measured", "d_model": 8, "measured_attention": {"pairs": [1]}})",
+            "t.json: measured_attention.work: missing"},
+           {R"({"cost_model": "measured", "d_model": 8,
+               "measured_attention": {"pairs": [1], "work": ["a"]}})",
+            "t.json: measured_attention.work[0]: must be a number"},
+       }) {
+    auto table = ParseCostTable(text, "t.json");
+    ASSERT_FALSE(table.ok()) << text;
+    EXPECT_THAT(std::string(table.status().message()), HasSubstr(message)) << text;
+  }
+}
+
+TEST(PlanJsonTest, TheFlopModelsPredictTheStepOnTheRequestsMachine) {
+  const std::string request = R"({"topology": "g2n1", "d_model": 1024, "ranks": [[8192], [64]],
+                                  "machine": {"flops_per_second": 1e15}})";
+  const auto plan =
+      nlohmann::json::parse(*PlanRequestToJson(request, CostKind::kTransformer, BalancerOptions()));
+  const auto& predicted = plan["predicted_step"];
+  const double seconds = predicted["seconds"].get<double>();
+  EXPECT_GT(predicted["ulysses_seconds"].get<double>(), 0.0);  // a 2-GPU bag
+  EXPECT_NEAR(seconds,
+              predicted["compute_seconds"].get<double>() +
+                  predicted["ulysses_seconds"].get<double>() +
+                  predicted["route_seconds"].get<double>(),
+              1e-12 * seconds);
+  // Compute alone: half the bag's work on a 1e15 FLOP/s GPU.
+  const double work = plan["gpu_workload"][0].get<double>();
+  EXPECT_NEAR(predicted["compute_seconds"].get<double>(), work / 1e15, 1e-9 * work / 1e15);
+  const auto uniform =
+      nlohmann::json::parse(*PlanRequestToJson(request, CostKind::kUniform, BalancerOptions()));
+  EXPECT_FALSE(uniform.contains("predicted_step"));
+}
+
 }  // namespace
 }  // namespace knapformer

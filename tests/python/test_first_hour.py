@@ -20,6 +20,14 @@ CASES = {
     "d_model": ({}, {"d_model": 16}, "'16' on rank 3 but '8' on ranks 0-2"),
     "gamma": ({}, {"gamma": 1.0}, "'1' on rank 3 but '0.48999999999999999' on ranks 0-2"),
     "cost_model": ({}, {"cost_model": "linear"}, "'linear' on rank 3"),
+    "measured_attention": (
+        {"cost_model": "measured", "cost_table": {
+            "cost_model": "measured", "d_model": 8,
+            "measured_attention": {"pairs": [16], "work": [100]}}},
+        {"cost_model": "measured", "cost_table": {
+            "cost_model": "measured", "d_model": 8,
+            "measured_attention": {"pairs": [16], "work": [200]}}},
+        "'16:200' on rank 3 but '16:100' on ranks 0-2"),
     "locality": ({}, {"locality": False}, "'off' on rank 3 but 'on' on ranks 0-2"),
     "max_tokens_per_gpu": ({}, {"max_tokens_per_gpu": 512}, "'512' on rank 3"),
     "planner_address": ({}, {"planner_address": "127.0.0.1:1"}, "'127.0.0.1:1' on rank 3"),

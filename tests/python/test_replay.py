@@ -2,8 +2,11 @@
 user's lengths file run over simulated GPUs, and its bookkeeping holds: the
 tokens and attended pairs it plays on each GPU are the plan's (their cost is
 the plan's per-GPU workload), the balanced and unbalanced plays cover the
-same tokens, and its figures are the ratios of what it timed."""
+same tokens, and its figures are the ratios of what it timed. Plans by
+the measured cost model (fitted here, or a table given) are played and
+checked the same way."""
 import io
+import json
 import math
 
 import pytest
@@ -34,7 +37,8 @@ def check_bookkeeping(results, lengths_of_step):
 @pytest.mark.parametrize("data,world", [("mixed-res", 8), ("low-res", 8), ("joint", 32)])
 def test_every_scenario_plays_what_the_plan_says(data, world):
     args = ["--data", data, "--world", str(world), "--steps", "1", "--length-scale", "32",
-            "--gamma", "1.0", "--topology", f"g1n{world},g2n{world // 2},auto"]
+            "--gamma", "1.0", "--topology", f"g1n{world},g2n{world // 2},auto",
+            "--cost-model", "transformer"]
     results, text = run(args)
     data_of = replay.Data(replay.parse_args(args))
     check_bookkeeping(results, lambda step: data_of.step(step)[0])
@@ -48,10 +52,26 @@ def test_a_lengths_file_with_masks_plays_its_masks(tmp_path):
         f"{64 + 37 * i % 700}{',causal' if i % 3 == 0 else ''}\n" for i in range(40)) +
         "512,spans=128:c;384:f\n")
     args = ["--lengths", str(path), "--samples-per-gpu", "2", "--world", "8", "--steps", "2",
-            "--topology", "g1n8,g4n2", "--gamma", "0.8"]
-    results, _ = run(args)
+            "--topology", "g1n8,g4n2", "--gamma", "0.8", "--json", str(tmp_path / "r.json")]
+    results, text = run(args)
     data_of = replay.Data(replay.parse_args(args))
+    # Both cost models by default: the measured one's table fitted here
+    # prices the masked shares by their pairs as the plan did.
+    assert [(r["topology"], r["cost_model"]) for r in results] == [
+        ("g1n8", "transformer"), ("g1n8", "measured"), ("g4n2", "transformer"),
+        ("g4n2", "measured")]
+    assert "measured table of" in text and "(fitted here)" in text
     check_bookkeeping(results, lambda step: data_of.step(step)[0])
+    table = json.loads((tmp_path / "r.json").read_text())["cost_table"]
+    assert table["cost_model"] == "measured" and table["d_model"] == 32
+    # The table given back is planned by as it is, and no fit runs.
+    (tmp_path / "table.json").write_text(json.dumps(table))
+    again, text = run(args[:-2] + ["--cost-model", "measured", "--cost-table",
+                                   str(tmp_path / "table.json")])
+    assert "(--cost-table)" in text and "gamma 0.8 (given)" in text
+    for first, second in zip([r for r in results if r["cost_model"] == "measured"], again):
+        assert [s["predicted_workload"] for s in first["steps"]] == \
+            [s["predicted_workload"] for s in second["steps"]]
     # A causal sequence plays about half the pairs of a full one.
     assert replay.attended_pairs(100, "causal") == 5050
 
@@ -64,15 +84,21 @@ def test_the_picture(tmp_path):
     assert png.stat().st_size > 1000
 
 
-def test_the_fit_hfu_and_the_cli_errors():
+def test_the_fit_hfu_and_the_cli_errors(tmp_path):
     results, text = run(["--data", "mixed-res", "--world", "8", "--steps", "1",
-                         "--length-scale", "32", "--topology", "g4n2", "--tflops", "0.01"])
+                         "--length-scale", "32", "--topology", "g4n2", "--tflops", "0.01",
+                         "--cost-model", "transformer"])
     assert "fitted here (r^2" in text and "auto prices links against" in text
     # HFU: the FLOPs the plays ran (3 passes) over 8 GPUs' peak for the slowest one's time.
     row = results[0]
     s = row["steps"][0]
     flops = 3 * sum(24 * t * 32 ** 2 + 4 * p * 32 for t, p in zip(s["tokens"], s["pairs"]))
     assert math.isclose(row["hfu"], flops / (8 * row["slowest_after"] * 0.01e12))
+    with pytest.raises(replay.ReplayError, match="--cost-table: .* was measured at d_model 64, "
+                                                 "the block has 32"):
+        bad = tmp_path / "t.json"
+        bad.write_text('{"cost_model": "measured", "d_model": 64}')
+        run(["--cost-table", str(bad)])
     with pytest.raises(replay.ReplayError, match="--length-scale: must be >= 1, got 0"):
         run(["--length-scale", "0"])
     with pytest.raises(replay.ReplayError, match="--world 6: the data's 32 GPUs"):

@@ -87,14 +87,14 @@ def attention_layer(balancer, lens, seed):
     return out.detach(), x.grad, grads
 
 
-def check_step(balancer, rank, size, step, topology, gamma):
+def check_step(balancer, rank, size, step, topology, gamma, cost=None):
     lens = lengths_at(rank, size, step)
     balancer.plan_routing(lens, token_dim=D_MODEL)
     rows = sum(lens)
 
     # The routed rows are exactly the tokens the planner core assigns here.
     expected = __import__("knapformer").plan(all_lengths(lens), topology, d_model=D_MODEL,
-                                             gamma=gamma)
+                                             gamma=gamma, **(cost or {}))
     mine = [c for c in expected["chunks"] if c["dst_rank"] == rank]
     want_ids = torch.tensor([(c["src_rank"] << 40) | (c["seq_index"] << 20) | (c["offset"] + t)
                              for c in mine for t in range(c["length"])], dtype=torch.int64)
@@ -162,21 +162,30 @@ def check_step(balancer, rank, size, step, topology, gamma):
     return summary
 
 
-def balance_world(rank, size, topology):
+# A measured cost model far from the transformer's straight line: attention
+# flat up to 64 tokens (launch-bound), then growing in proportion.
+MEASURED = {"cost_model": "measured",
+            "cost_table": {"cost_model": "measured", "d_model": D_MODEL,
+                           "measured_attention": {"pairs": [64, 4096, 65536],
+                                                  "work": [4e5, 5e5, 2e7]}}}
+
+
+def balance_world(rank, size, topology, cost):
     import knapformer
 
-    balancer = knapformer.SequenceBalancer(topology, gamma=0.49)
-    return [check_step(balancer, rank, size, step, topology, 0.49) for step in range(3)]
+    balancer = knapformer.SequenceBalancer(topology, gamma=0.49, **(cost or {}))
+    return [check_step(balancer, rank, size, step, topology, 0.49, cost) for step in range(3)]
 
 
-@pytest.mark.parametrize("topology,size", [
-    ("g1n4", 4),
-    ("g2n2", 4),
-    ("g1n2+g2n1+g4n1", 8),
-    ("g1n2+g2n1", 8),  # two replicas
+@pytest.mark.parametrize("topology,size,cost", [
+    ("g1n4", 4, None),
+    ("g2n2", 4, None),
+    ("g1n2+g2n1+g4n1", 8, None),
+    ("g1n2+g2n1", 8, None),  # two replicas
+    ("g1n2+g2n1+g4n1", 8, MEASURED),
 ])
-def test_round_trip_attention_and_gradients_are_exact(topology, size):
-    summaries = run_world(balance_world, size, topology)
+def test_round_trip_attention_and_gradients_are_exact(topology, size, cost):
+    summaries = run_world(balance_world, size, topology, cost)
     # Every rank reports the same group figures.
     for step in range(3):
         figures = {(s[step]["moved_tokens"], tuple(s[step]["workload_after"])) for s in summaries}
@@ -373,6 +382,13 @@ def misuse_world(rank, size):
     outcomes["topology"] = caught(lambda: knapformer.SequenceBalancer("g1n2abc"))
     outcomes["world"] = caught(lambda: knapformer.SequenceBalancer("g4n3"))
     outcomes["cost_model"] = caught(lambda: knapformer.SequenceBalancer("g1n4", cost_model="quad"))
+    outcomes["cost_table"] = caught(lambda: knapformer.SequenceBalancer("g1n4",
+                                                                        cost_model="measured"))
+    outcomes["cost_table_d_model"] = caught(lambda: knapformer.SequenceBalancer(
+        "g1n4", d_model=D_MODEL * 2, **MEASURED))
+    outcomes["cost_table_points"] = caught(lambda: knapformer.SequenceBalancer(
+        "g1n4", cost_model="measured", cost_table=dict(
+            MEASURED["cost_table"], measured_attention={"pairs": [2, 1], "work": [1, 1]})))
     outcomes["replicas_per_rank"] = caught(lambda: knapformer.SequenceBalancer(
         "g1n4", planner_address="ipv4:127.0.0.1:1,127.0.0.1:2", planner_mode="per-rank"))
     outcomes["url_address"] = caught(lambda: knapformer.SequenceBalancer(
@@ -423,6 +439,11 @@ EXPECTED_MISUSE = {
     "topology": ("ValueError", "topology term 'g1n2abc': unexpected trailing 'abc'"),
     "world": ("ValueError", "4 is not a multiple of the group size 12"),
     "cost_model": ("ValueError", "cost_model: 'quad' is not one of"),
+    "cost_table": ("ValueError", "cost_table: give it exactly with cost_model='measured'"),
+    "cost_table_d_model": ("ValueError", f"d_model: {D_MODEL * 2}, but cost_table was measured "
+                                         f"at d_model {D_MODEL}"),
+    "cost_table_points": ("ValueError", "cost_table: measured_attention.pairs[1]: 1 must be "
+                                        "greater than pairs[0] (2)"),
     "replicas_per_rank": ("ValueError", "'ipv4:127.0.0.1:1,127.0.0.1:2' names 2 planner replicas, "
                                         "but per-rank mode needs every rank of a step"),
     "url_address": ("ValueError", "planner_address: 'http://127.0.0.1:50051' is a URL of scheme "

@@ -315,6 +315,29 @@ std::vector<MismatchCase> MismatchCases() {
   return cases;
 }
 
+TEST(RendezvousTest, RanksMustAgreeOnTheMeasuredTable) {
+  auto measured = [](std::vector<double> work) {
+    v1::StepSpec spec = Spec(4, 8);
+    spec.set_cost_model(v1::COST_MODEL_MEASURED);
+    for (size_t i = 0; i < work.size(); ++i) {
+      spec.mutable_measured_attention()->add_pairs(static_cast<double>(64 * (i + 1)));
+      spec.mutable_measured_attention()->add_work(work[i]);
+    }
+    return spec;
+  };
+  Rendezvous rendezvous{ServiceLimits()};
+  auto opener = Call(measured({10}), 0);
+  ASSERT_TRUE(Arrive(rendezvous, opener.get(), kT0).status.ok());
+  auto same = Call(measured({10}), 1);
+  ASSERT_TRUE(Arrive(rendezvous, same.get(), kT0).status.ok());
+  auto odd = Call(measured({10, 20}), 2);
+  auto arrival = Arrive(rendezvous, odd.get(), kT0);
+  EXPECT_EQ(arrival.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Message(arrival.status),
+              HasSubstr("spec.measured_attention: rank 2 sent a table of 2 points but step 4 of "
+                        "job 'job' group '' was opened with another (of 1 points)"));
+}
+
 TEST(RendezvousTest, MismatchedSpecIsFailedPreconditionAndNotAdded) {
   for (const MismatchCase& c : MismatchCases()) {
     SCOPED_TRACE(c.name);

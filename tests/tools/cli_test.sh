@@ -234,7 +234,7 @@ expect suggest-serve 2 "knapformer serve: --max-job: unknown option (did you mea
 expect suggest-help 2 "--hlep: unknown option (did you mean --help?)" -- "$bin" serve --hlep
 expect suggest-one-dash 2 "unexpected argument '-topology' (did you mean --topology?)" \
   -- "$bin" simulate -topology g1n8
-want="--verbose: unknown option (known: --input, --d-model, --exchanges; --help for the usage)"
+want="--verbose: unknown option (known: --input, --d-model, --table, --exchanges; --help for the usage)"
 expect suggest-none 2 "$want" \
   -- "$bin" calibrate --verbose
 expect missing-value-before-option 2 "--topology: missing value" \
@@ -342,6 +342,32 @@ expect calibrate-bad-line 2 "--input: line 3: expected \"length,seconds[,mask]\"
 printf '512,0.001\n512,0.0011\n' >"$tmp/one_length.csv"
 expect calibrate-one-length 2 "time at least two different lengths" -- "$bin" calibrate --input "$tmp/one_length.csv" --d-model 64
 expect calibrate-no-d 2 "--d-model: required" -- "$bin" calibrate --input "$tmp/one_length.csv"
+
+# calibrate --table: the measured cost model from the same times, which
+# simulate plans by (and whose figures differ from the transformer's).
+expect calibrate-table 0 "" -- "$bin" calibrate --input "$tmp/times.csv" --d-model 3072 --table "$tmp/table.json"
+python3 - "$tmp/out" "$tmp/table.json" <<'PY' || { echo "FAIL calibrate-table-file"; failures=$((failures + 1)); }
+import json, re, sys
+text, table = open(sys.argv[1]).read(), json.load(open(sys.argv[2]))
+assert re.search(r"^measured table +8 attention sizes written to .*table.json", text, re.M), text
+assert table["cost_model"] == "measured" and table["d_model"] == 3072, table
+pairs, work = table["measured_attention"]["pairs"], table["measured_attention"]["work"]
+assert pairs == [float(l * l) for l in [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]], pairs
+assert work == sorted(work) and work[0] >= 0, work
+# The times follow gamma 0.49: the table is its attention term, within noise.
+for p, w in zip(pairs, work):
+    if p >= 8192 ** 2:  # shorter, the attention is within the noise of the linear term
+        assert abs(w / (0.49 * 4 * p * 3072) - 1) < 0.25, (p, w)
+PY
+expect simulate-measured 0 "" -- "$bin" simulate --data mixed-res --steps 2 --topology g4n8 --cost-model measured --cost-table "$tmp/table.json"
+grep -q "cost model measured, d_model 3072 (attention measured at 8 sizes)" "$tmp/out" ||
+  { echo "FAIL simulate-measured-header: $(head -3 "$tmp/out")"; failures=$((failures + 1)); }
+expect simulate-measured-no-table 2 "--cost-model measured: needs --cost-table FILE" -- "$bin" simulate --cost-model measured
+expect simulate-table-not-measured 2 "--cost-table: only with --cost-model measured" -- "$bin" simulate --cost-table "$tmp/table.json"
+expect simulate-table-d-model 2 "--d-model: 64, but --cost-table $tmp/table.json was measured at d_model 3072" -- "$bin" simulate --cost-model measured --cost-table "$tmp/table.json" --d-model 64
+printf '{"cost_model": "measured", "d_model": 64, "measured_attention": {"pairs": [4, 1], "work": [1, 2]}}' >"$tmp/bad_table.json"
+expect simulate-bad-table 2 "--cost-table: $tmp/bad_table.json: measured_attention.pairs[1]: 1 must be greater than pairs[0] (4)" -- "$bin" simulate --cost-model measured --cost-table "$tmp/bad_table.json"
+expect plan-measured-no-table 2 "measured_attention: the measured cost model needs its table" -- "$bin" plan --input "$tmp/good.json" --cost-model measured
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures failure(s)"

@@ -288,7 +288,7 @@ TEST(ScenarioTest, MaskedStreamsHaveTheirOwnTableAndLimits) {
   options.cost_model = CostKind::kLinear;
   EXPECT_THAT(std::string(Simulate(options).status().message()),
               HasSubstr("--cost-model linear: the masked stream interleaved compares plans by "
-                        "the transformer cost model's work"));
+                        "the pairs they attend; use --cost-model transformer or measured"));
 }
 
 // A user's lengths file: simulated as the paper's streams are (every plan
