@@ -130,10 +130,12 @@ py::dict FitCostModelOf(const std::vector<int64_t>& lengths, const std::vector<d
   return result;
 }
 
-// The work of a GPU's share, `tokens` and the (query, key) `pairs` its
-// attention computes, by the transformer model or (with a table as calibrate
-// --table writes it) the measured one.
-double ShareWork(int64_t tokens, double pairs, int64_t d_model, double gamma,
+// The work of a GPU's share: the linear layers on `tokens`, and
+// `head_fraction` of the attention of sequences attending `pairs` (query,
+// key) pairs each, by the transformer model or (with a table as calibrate
+// --table writes it) the measured one, which prices each sequence alone.
+double ShareWork(int64_t tokens, const std::vector<double>& pairs, double head_fraction,
+                 int64_t d_model, double gamma,
                  const std::optional<std::string>& cost_table_json) {
   std::optional<CostTable> table;
   if (cost_table_json.has_value()) {
@@ -142,7 +144,9 @@ double ShareWork(int64_t tokens, double pairs, int64_t d_model, double gamma,
   const CostModel cost = ValueOrThrow(
       CostModel::Create(d_model, gamma, table ? CostKind::kMeasured : CostKind::kTransformer,
                         table ? &table->attention : nullptr));
-  return cost.Linear(tokens) + cost.AttentionOfPairs(pairs);
+  double attention = 0;
+  for (double p : pairs) attention += cost.AttentionOfPairs(p);
+  return cost.Linear(tokens) + head_fraction * attention;
 }
 
 RankLengths SyntheticLengths(const std::string& data, int64_t world_size, uint64_t seed,
@@ -208,10 +212,11 @@ void BindPlanner(py::module_& m) {
         "timed alone (relative least squares): a dict of k, gamma, samples, "
         "rmse_seconds, r_squared, max_relative_error, and cost_table_json: the measured "
         "cost model's table from the same timings (what calibrate --table writes).");
-  m.def("share_work", &ShareWork, py::arg("tokens"), py::arg("pairs"), py::arg("d_model"),
-        py::arg("gamma"), py::arg("cost_table_json") = py::none(),
-        "The cost model's work of a GPU's share: 24*tokens*d^2 plus the attention of "
-        "`pairs` (query, key) pairs, gamma*4*pairs*d, or by the measured table given.");
+  m.def("share_work", &ShareWork, py::arg("tokens"), py::arg("pairs"), py::arg("head_fraction"),
+        py::arg("d_model"), py::arg("gamma"), py::arg("cost_table_json") = py::none(),
+        "The cost model's work of a GPU's share: 24*tokens*d^2 plus head_fraction of "
+        "the attention of sequences of `pairs` (query, key) pairs each, gamma*4*pairs*d "
+        "or by the measured table given.");
   m.def(
       "scenario_codes", [](const std::string& name) { return ScenarioCodes(name); },
       py::arg("name"), "The data codes of one of the paper's scenarios; '' for another name.");

@@ -141,9 +141,13 @@ class Share:
         self.sequences = []  # (length, mask)
         self.head_fraction = 1.0
 
+    def sequence_pairs(self):
+        """Each sequence's attended (query, key) pairs, all heads."""
+        return [attended_pairs(n, m) for n, m in self.sequences]
+
     def pairs(self):
         """Attended (query, key) pairs, times its fraction of the heads."""
-        return self.head_fraction * sum(attended_pairs(n, m) for n, m in self.sequences)
+        return self.head_fraction * sum(self.sequence_pairs())
 
 
 def unbalanced_shares(lengths, masks):
@@ -180,12 +184,12 @@ def balanced_shares(result, lengths, masks, world):
     return shares
 
 
-def cost_model_work(tokens, pairs, d_model, gamma, cost_table=None):
-    """The cost model's work of a share of ``tokens`` and attended ``pairs``
-    (its fraction of the heads counted): 24*T*d^2 + gamma*4*pairs*d, or the
-    measured attention of ``cost_table`` in place of the second term."""
-    return _C.share_work(tokens, pairs, d_model, gamma,
-                         None if cost_table is None else json.dumps(cost_table))
+def cost_model_work(share, d_model, gamma, cost_table=None):
+    """The cost model's work of a Share: 24*T*d^2 for its tokens, and its
+    fraction of the heads of each sequence's attention, gamma*4*pairs*d or
+    the measured attention of ``cost_table`` (each sequence priced alone)."""
+    return _C.share_work(share.tokens, share.sequence_pairs(), share.head_fraction, d_model,
+                         gamma, None if cost_table is None else json.dumps(cost_table))
 
 
 # --- playing it ---------------------------------------------------------------------------
@@ -395,8 +399,8 @@ def replay(args, out=sys.stdout):
                 "tokens": tokens,
                 "pairs": pairs,
                 "predicted_workload": plan["gpu_workload"],
-                "played_workload": [cost_model_work(t, p, d_model, gamma, table)
-                                    for t, p in zip(tokens, pairs)],
+                "played_workload": [cost_model_work(s, d_model, gamma, table) for s in shares],
+                "flops": passes * sum(cost_model_work(s, d_model, 1.0) for s in shares),
                 "seconds_before": before, "seconds_after": after,
                 "predicted_max_over_mean": plan["after"]["max_over_mean"],
                 "measured_max_over_mean": _max_over_mean(after),
@@ -423,9 +427,7 @@ def replay(args, out=sys.stdout):
         # HFU as the paper defines it: the FLOPs the hardware ran (the
         # block's forward, backward twice its size, the recompute) over what
         # the world's GPUs could run while the slowest one worked.
-        flops = statistics.mean(
-            passes * sum(cost_model_work(t, p, d_model, 1.0)
-                         for t, p in zip(s["tokens"], s["pairs"])) for s in steps_of)
+        flops = statistics.mean(s["flops"] for s in steps_of)
         row["hfu"] = (flops / (w * row["slowest_after"] * args.tflops * 1e12)
                       if args.tflops else None)
         results.append(row)

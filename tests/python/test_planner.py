@@ -50,6 +50,16 @@ def test_plan_takes_tensors_like_lists():
     assert knapformer.plan(ranks, TOPOLOGY) == knapformer.plan(RANKS, TOPOLOGY)
 
 
+def test_the_measured_model_prices_attention_by_its_table():
+    table = {"cost_model": "measured", "d_model": 16,
+             "measured_attention": {"pairs": [100, 10000], "work": [1e5, 1e6]}}
+    plan = knapformer.plan([[100], [10]], "g1n2", d_model=16, cost_model="measured",
+                           cost_table=table)
+    # 24*l*d^2 and the table: 10000 pairs at its point, 100 at its first.
+    assert plan["gpu_workload_before"] == [24 * 100 * 16 ** 2 + 1e6, 24 * 10 * 16 ** 2 + 1e5]
+    assert plan["predicted_step"]["seconds"] > 0
+
+
 def test_locality_moves_fewer_tokens_at_the_same_step_time():
     """The paper's low-res scenario on g1n32: locality keeps most tokens home."""
     ranks = knapformer.synthetic_lengths("low-res", 32, seed=0, step=0)
@@ -89,6 +99,11 @@ def test_auto_takes_the_machine():
     (lambda: knapformer.plan([[5], [3]], "g1n2", cost_model="cubic"), ValueError,
      "cost_model: unknown cost model 'cubic'"),
     (lambda: knapformer.plan([[5], [3]], "g1n2", d_model=0), ValueError, "d_model"),
+    (lambda: knapformer.plan([[5], [3]], "g1n2", cost_model="measured"), ValueError,
+     "measured_attention: the measured cost model needs its table"),
+    (lambda: knapformer.plan([[5], [3]], "g1n2", d_model=64, cost_model="measured",
+                             cost_table={"d_model": 32, "measured_attention": {}}), ValueError,
+     "d_model: 64, but cost_table was measured at d_model 32"),
     (lambda: knapformer.plan([[5], [3]], "g1n2", max_tokens_per_gpu=-1), ValueError,
      "max_tokens_per_gpu: must be >= 0"),
     (lambda: knapformer.plan([[50], [3]], "g1n2", max_tokens_per_gpu=10), RuntimeError,
