@@ -442,7 +442,8 @@ def replay(args, out=sys.stdout):
 
 
 def _print_table(results, args, out):
-    print(f"\n{'topology':<16} {'model':<11} {'slowest unbal.':>14} {'slowest bal.':>12} {'buys':>6} "
+    print(f"\n{'topology':<16} {'model':<11} {'slowest unbal.':>14} {'slowest bal.':>12} "
+          f"{'buys':>6} "
           f"{'max/mean pred.':>14} {'measured':>9} {'miss':>7} {'comm model':>10} "
           f"{'FBL':>9} {'TPS':>10} {'HFU':>6}", file=out)
     for r in results:
@@ -450,7 +451,7 @@ def _print_table(results, args, out):
         print(f"{r['topology']:<16} {r['cost_model']:<11} {r['slowest_before'] * 1e3:>12.2f}ms "
               f"{r['slowest_after'] * 1e3:>10.2f}ms {r['speedup']:>5.2f}x "
               f"{r['predicted_max_over_mean']:>14.3f} {r['measured_max_over_mean']:>9.3f} "
-              f"{100 * r['miss']:>+6.1f}% {r['comm_model_seconds'] * 1e3:>8.2f}ms "
+              f"{100 * r['miss']:>+6.1f}% {r['comm_model_seconds'] * 1e3:>8.3g}ms "
               f"{r['fbl_seconds']:>8.3f}s {r['tps']:>10.0f} "
               f"{hfu:>6}", file=out)
     print(f"\nslowest = the slowest simulated GPU's block, forward and backward, mean over "
@@ -458,9 +459,10 @@ def _print_table(results, args, out):
           f"measured max/mean against the plan's predicted one (the cost model's error on "
           f"this device); model = what the plan priced by: transformer (24*l*d^2 + "
           f"gamma*4*l^2*d) or measured (the fit's linear term and this device's measured "
-          f"attention by length, calibrate --table); HFU = the FLOPs run over --tflops per GPU for the slowest GPU's "
-          f"time (- without --tflops). Communication is not played: comm model = the "
-          f"slowest GPU's Ulysses and route time, forward and backward, priced at the link "
+          f"attention by length, calibrate --table); HFU = the FLOPs run over --tflops per "
+          f"GPU for the slowest GPU's time (- without --tflops). Communication is not "
+          f"played: comm model = the slowest GPU's Ulysses and route time, forward and "
+          f"backward, priced at the link "
           f"speeds of --intra-node-gbps, --inter-node-gbps, --gpus-per-node (a model, not a "
           f"measurement; not in FBL).", file=out)
 
