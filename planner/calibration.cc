@@ -37,14 +37,33 @@ std::vector<WorkSample> RankWork(const Plan& plan, int64_t d_model, const RankMa
   return work;
 }
 
-absl::StatusOr<CostFit> FitCostModel(const std::vector<WorkSample>& samples) {
-  if (samples.size() < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("samples: need at least 2 to fit k and gamma, got ", samples.size()));
+namespace {
+
+// The fit of seconds ~= a * linear + b * attention: k, gamma and how well it
+// explains the samples.
+CostFit FitFigures(const std::vector<WorkSample>& samples, double a, double b) {
+  CostFit fit;
+  fit.k = a;
+  fit.gamma = b / a;
+  fit.samples = static_cast<int64_t>(samples.size());
+  double sse = 0, mean = 0;
+  for (const WorkSample& s : samples) mean += s.seconds;
+  mean /= static_cast<double>(samples.size());
+  double sst = 0;
+  for (const WorkSample& s : samples) {
+    const double residual = s.seconds - (a * s.linear + b * s.attention);
+    sse += residual * residual;
+    sst += (s.seconds - mean) * (s.seconds - mean);
+    if (s.seconds > 0) {
+      fit.max_relative_error = std::max(fit.max_relative_error, std::abs(residual) / s.seconds);
+    }
   }
-  // Columns scaled to their largest value, so that the 2x2 normal equations
-  // stay well conditioned (the raw terms reach 1e20).
-  double scale_linear = 0, scale_attention = 0;
+  fit.rmse_seconds = std::sqrt(sse / static_cast<double>(samples.size()));
+  fit.r_squared = sst > 0 ? 1 - sse / sst : 1;
+  return fit;
+}
+
+absl::Status CheckSamples(const std::vector<WorkSample>& samples) {
   for (size_t i = 0; i < samples.size(); ++i) {
     const WorkSample& s = samples[i];
     if (!std::isfinite(s.linear) || !std::isfinite(s.attention) || !std::isfinite(s.seconds) ||
@@ -52,6 +71,44 @@ absl::StatusOr<CostFit> FitCostModel(const std::vector<WorkSample>& samples) {
       return absl::InvalidArgumentError(
           absl::StrCat("samples[", i, "]: values must be finite and >= 0"));
     }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CostFit> FitCostScale(const std::vector<WorkSample>& samples, double gamma) {
+  if (samples.empty()) return absl::InvalidArgumentError("samples: need at least 1 to fit k");
+  if (!std::isfinite(gamma) || gamma < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gamma: must be a finite number >= 0, got ", gamma));
+  }
+  if (absl::Status checked = CheckSamples(samples); !checked.ok()) return checked;
+  // Relative least squares in k alone: minimizes sum ((k * x - t) / t)^2.
+  double xx = 0, xt = 0;
+  for (const WorkSample& s : samples) {
+    const double w = s.seconds > 0 ? 1.0 / (s.seconds * s.seconds) : 1.0;
+    const double x = s.linear + gamma * s.attention;
+    xx += w * x * x;
+    xt += w * x * s.seconds;
+  }
+  if (!(xx > 0) || !(xt > 0)) {
+    return absl::InvalidArgumentError("samples: no work or no time to fit k to");
+  }
+  const double k = xt / xx;
+  return FitFigures(samples, k, k * gamma);
+}
+
+absl::StatusOr<CostFit> FitCostModel(const std::vector<WorkSample>& samples) {
+  if (samples.size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("samples: need at least 2 to fit k and gamma, got ", samples.size()));
+  }
+  // Columns scaled to their largest value, so that the 2x2 normal equations
+  // stay well conditioned (the raw terms reach 1e20).
+  if (absl::Status checked = CheckSamples(samples); !checked.ok()) return checked;
+  double scale_linear = 0, scale_attention = 0;
+  for (const WorkSample& s : samples) {
     scale_linear = std::max(scale_linear, s.linear);
     scale_attention = std::max(scale_attention, s.attention);
   }
@@ -84,25 +141,7 @@ absl::StatusOr<CostFit> FitCostModel(const std::vector<WorkSample>& samples) {
         "fit: k = ", a, ", k * gamma = ", b,
         "; the times do not grow with the work as 24*l*d^2 + gamma*4*l^2*d says"));
   }
-  CostFit fit;
-  fit.k = a;
-  fit.gamma = b / a;
-  fit.samples = static_cast<int64_t>(samples.size());
-  double sse = 0, mean = 0;
-  for (const WorkSample& s : samples) mean += s.seconds;
-  mean /= static_cast<double>(samples.size());
-  double sst = 0;
-  for (const WorkSample& s : samples) {
-    const double residual = s.seconds - (a * s.linear + b * s.attention);
-    sse += residual * residual;
-    sst += (s.seconds - mean) * (s.seconds - mean);
-    if (s.seconds > 0) {
-      fit.max_relative_error = std::max(fit.max_relative_error, std::abs(residual) / s.seconds);
-    }
-  }
-  fit.rmse_seconds = std::sqrt(sse / static_cast<double>(samples.size()));
-  fit.r_squared = sst > 0 ? 1 - sse / sst : 1;
-  return fit;
+  return FitFigures(samples, a, b);
 }
 
 absl::StatusOr<MeasuredAttention> MeasuredAttentionFromSamples(

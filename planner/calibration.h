@@ -51,6 +51,12 @@ struct CostFit {
 // (the times do not grow with the work as the model says).
 absl::StatusOr<CostFit> FitCostModel(const std::vector<WorkSample>& samples);
 
+// k alone, with gamma given (the same relative least squares): for a table
+// (below) where gamma is known, or where the times cannot tell the two terms
+// apart. InvalidArgument without samples, for a bad value or gamma, or
+// without work or time.
+absl::StatusOr<CostFit> FitCostScale(const std::vector<WorkSample>& samples, double gamma);
+
 // The measured cost model's attention table from the same samples (one
 // sequence each, SequenceSample) and their fit: each sample's attention
 // work is its time in units (seconds / fit.k) less its linear term, kept

@@ -96,10 +96,10 @@ int32_t ReplicaSize(const std::string& topology, int64_t world_size,
   return ValueOrThrow(World::Create(std::move(parsed), world_size)).group_size();
 }
 
-// The calibration fit (planner/calibration.h) of sequences timed alone:
-// `seconds[i]` for one sequence of `lengths[i]` tokens at width d_model.
-py::dict FitCostModelOf(const std::vector<int64_t>& lengths, const std::vector<double>& seconds,
-                        int64_t d_model) {
+// Samples of sequences timed alone: `seconds[i]` for one sequence of
+// `lengths[i]` tokens at width d_model; raises on a bad one.
+std::vector<WorkSample> TimedSamples(const std::vector<int64_t>& lengths,
+                                     const std::vector<double>& seconds, int64_t d_model) {
   if (lengths.size() != seconds.size()) {
     ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
         "seconds: ", seconds.size(), " timings for ", lengths.size(), " lengths")));
@@ -116,11 +116,16 @@ py::dict FitCostModelOf(const std::vector<int64_t>& lengths, const std::vector<d
     }
     samples.push_back(SequenceSample(lengths[i], d_model, seconds[i]));
   }
-  const CostFit fit = ValueOrThrow(FitCostModel(samples));
-  const MeasuredAttention attention =
-      ValueOrThrow(MeasuredAttentionFromSamples(samples, fit, d_model));
+  return samples;
+}
+
+// The calibration fit (planner/calibration.h) of sequences timed alone.
+py::dict FitCostModelOf(const std::vector<int64_t>& lengths, const std::vector<double>& seconds,
+                        int64_t d_model, std::optional<double> gamma) {
+  const std::vector<WorkSample> samples = TimedSamples(lengths, seconds, d_model);
+  const CostFit fit =
+      ValueOrThrow(gamma.has_value() ? FitCostScale(samples, *gamma) : FitCostModel(samples));
   py::dict result;
-  result["cost_table_json"] = CostTableToJson(CostTable{d_model, fit.k, fit.gamma, attention});
   result["k"] = fit.k;
   result["gamma"] = fit.gamma;
   result["samples"] = fit.samples;
@@ -147,6 +152,18 @@ double ShareWork(int64_t tokens, const std::vector<double>& pairs, double head_f
   double attention = 0;
   for (double p : pairs) attention += cost.AttentionOfPairs(p);
   return cost.Linear(tokens) + head_fraction * attention;
+}
+
+std::string CostTableJsonOf(const std::vector<int64_t>& lengths,
+                            const std::vector<double>& seconds, int64_t d_model, double k,
+                            double gamma) {
+  const std::vector<WorkSample> samples = TimedSamples(lengths, seconds, d_model);
+  CostFit fit;
+  fit.k = k;
+  fit.gamma = gamma;
+  const MeasuredAttention attention =
+      ValueOrThrow(MeasuredAttentionFromSamples(samples, fit, d_model));
+  return CostTableToJson(CostTable{d_model, k, gamma, attention});
 }
 
 RankLengths SyntheticLengths(const std::string& data, int64_t world_size, uint64_t seed,
@@ -207,11 +224,14 @@ void BindPlanner(py::module_& m) {
         py::arg("machine") = py::dict(),
         "Ranks in each replica (balancing group) of `topology` over `world_size` ranks.");
   m.def("fit_cost_model", &FitCostModelOf, py::arg("lengths"), py::arg("seconds"),
-        py::arg("d_model"),
+        py::arg("d_model"), py::arg("gamma") = py::none(),
         "The calibration fit seconds ~= k * (24*l*d^2 + gamma*4*l^2*d) of sequences "
-        "timed alone (relative least squares): a dict of k, gamma, samples, "
-        "rmse_seconds, r_squared, max_relative_error, and cost_table_json: the measured "
-        "cost model's table from the same timings (what calibrate --table writes).");
+        "timed alone (relative least squares; k alone with `gamma` given): a dict of k, "
+        "gamma, samples, rmse_seconds, r_squared, max_relative_error.");
+  m.def("cost_table_json", &CostTableJsonOf, py::arg("lengths"), py::arg("seconds"),
+        py::arg("d_model"), py::arg("k"), py::arg("gamma"),
+        "The measured cost model's table (JSON, what calibrate --table writes) of sequences "
+        "timed alone, with the fit's k (seconds per unit) and gamma.");
   m.def("share_work", &ShareWork, py::arg("tokens"), py::arg("pairs"), py::arg("head_fraction"),
         py::arg("d_model"), py::arg("gamma"), py::arg("cost_table_json") = py::none(),
         "The cost model's work of a GPU's share: 24*tokens*d^2 plus head_fraction of "

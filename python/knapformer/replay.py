@@ -280,11 +280,13 @@ def time_share(block, share, checkpoint, repeat):
     return statistics.median(times)
 
 
-def fit_cost(block, min_length, max_length, checkpoint, repeat):
-    """calibrate's fit of whole blocks timed alone at lengths a factor
-    sqrt(2) apart from ``min_length`` (at least 8) to ``max_length``, and
-    the measured cost model's table of the same timings (``cost_table``,
-    what ``knapformer calibrate --table`` writes)."""
+def fit_cost(block, min_length, max_length, checkpoint, repeat, gamma=None):
+    """Whole blocks timed alone at lengths a factor sqrt(2) apart from
+    ``min_length`` (at least 8) to ``max_length``: calibrate's fit of those
+    from max_length / 16 up (k alone with ``gamma`` given; at shorter
+    lengths a narrow block's time is mostly overhead, which bends the fit's
+    two terms), and the measured cost model's table of all of them
+    (``cost_table``, what ``knapformer calibrate --table`` writes)."""
     count = 1 + math.ceil(2 * math.log2(max_length / max(8, min(min_length, max_length))))
     lengths = sorted({max(8, int(max_length / 2 ** (i / 2))) for i in range(max(2, count))})
     seconds = []
@@ -292,8 +294,15 @@ def fit_cost(block, min_length, max_length, checkpoint, repeat):
         share = Share()
         share.tokens, share.sequences = n, [(n, None)]
         seconds.append(time_share(block, share, checkpoint, repeat))
-    fit = dict(_C.fit_cost_model(lengths, seconds, block.d))
-    fit["cost_table"] = json.loads(fit.pop("cost_table_json"))
+    long = [i for i, n in enumerate(lengths) if n >= max_length / 16] or range(len(lengths))
+    try:
+        fit = dict(_C.fit_cost_model([lengths[i] for i in long], [seconds[i] for i in long],
+                                     block.d, gamma))
+    except RuntimeError as error:  # times that do not grow as the model says
+        raise ReplayError(f"the fit of k and gamma failed ({error}); give --gamma G to fit "
+                          f"k alone") from None
+    fit["cost_table"] = json.loads(_C.cost_table_json(lengths, seconds, block.d, fit["k"],
+                                                      fit["gamma"]))
     return fit, lengths, seconds
 
 
@@ -342,7 +351,7 @@ def replay(args, out=sys.stdout):
     gamma, k, fit_note = args.gamma, None, "given"
     if args.gamma is None or ("measured" in models and cost_table is None):
         fit, _, _ = fit_cost(block, min(all_lengths), max(all_lengths), args.checkpoint,
-                             args.repeat)
+                             args.repeat, args.gamma)
         k = fit["k"]
         if args.gamma is None:
             gamma, fit_note = fit["gamma"], f"fitted here (r^2 {fit['r_squared']:.3f})"

@@ -43,6 +43,26 @@ TEST(CalibrationTest, RecoversAKnownGammaFromNoisyTimes) {
   EXPECT_NEAR(exact->max_relative_error, 0.0, 1e-9);
 }
 
+TEST(CalibrationTest, FitsKAloneAtAGivenGamma) {
+  const double k = 2.5e-15;
+  auto fit = FitCostScale(Synthetic(k, 0.49, 3072, 0.0, 1), 0.49);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->k, k, 1e-9 * k);
+  EXPECT_DOUBLE_EQ(fit->gamma, 0.49);
+  EXPECT_NEAR(fit->max_relative_error, 0.0, 1e-9);
+  // Times that fall as sequences grow defeat the two-term fit, not k alone.
+  std::vector<WorkSample> falling = {SequenceSample(256, 64, 2e-3), SequenceSample(512, 64, 3e-3),
+                                     SequenceSample(1024, 64, 1e-3)};
+  EXPECT_FALSE(FitCostModel(falling).ok());
+  auto scale = FitCostScale(falling, 0.5);
+  ASSERT_TRUE(scale.ok()) << scale.status();
+  EXPECT_GT(scale->k, 0.0);
+  EXPECT_THAT(std::string(FitCostScale({}, 0.5).status().message()),
+              ::testing::HasSubstr("need at least 1"));
+  EXPECT_THAT(std::string(FitCostScale(falling, -1).status().message()),
+              ::testing::HasSubstr("gamma: must be a finite number >= 0"));
+}
+
 TEST(CalibrationTest, RefusesWhatItCannotFit) {
   EXPECT_EQ(FitCostModel({SequenceSample(512, 64, 1.0)}).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -72,7 +72,11 @@ run_through_fault() {
     fail "$name the run did not reach step 5: $(cat "$out" "$out.err")"
   fi
   wait "$sim" || fail "$name train-sim exited non-zero: $(cat "$out.err")"
-  check_run "$out" "$name" 0 29 1 "${expect[@]}" service-after 6 || failures=$((failures + 1))
+  if ! check_run "$out" "$name" 0 29 1 "${expect[@]}" service-after 6; then
+    failures=$((failures + 1))
+    # Why each step went local (the client logs it), for the next reader.
+    grep "planned locally" "$out.err" | head -5
+  fi
 }
 
 # (a) SIGSTOP for 5 s (the deadline is 2 s), then SIGCONT.
