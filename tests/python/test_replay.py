@@ -85,10 +85,13 @@ def test_the_picture(tmp_path):
 
 
 def test_the_fit_hfu_and_the_cli_errors(tmp_path):
+    # gamma given: k alone is fitted, for the measured table and auto's rate
+    # (at d_model 32 a loaded machine's times can defeat the two-term fit,
+    # which tests/planner:calibration_test covers).
     results, text = run(["--data", "mixed-res", "--world", "8", "--steps", "1",
                          "--length-scale", "32", "--topology", "g4n2", "--tflops", "0.01",
-                         "--cost-model", "transformer"])
-    assert "fitted here (r^2" in text and "auto prices links against" in text
+                         "--gamma", "1.0"])
+    assert "gamma 1 (given)" in text and "auto prices links against" in text
     # HFU: the FLOPs the plays ran (3 passes) over 8 GPUs' peak for the slowest one's time.
     row = results[0]
     s = row["steps"][0]
