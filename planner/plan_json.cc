@@ -356,18 +356,14 @@ absl::StatusOr<std::string> PlanRequestToJson(absl::string_view request_json, Co
                                         request.measured_attention.has_value()
                                             ? &*request.measured_attention
                                             : nullptr));
-  // Communication is priced for the FLOP models: auto needs it, and the
-  // answer's predicted_step is made with it.
+  // Communication is priced for the FLOP models: the answer's predicted_step
+  // is made with it, and auto needs it (CommPrices refuses another model).
   std::optional<CommPrices> prices;
-  if (PricedInFlops(cost.kind())) {
+  if (layout.has_value() || PricedInFlops(cost.kind())) {
     KF_ASSIGN_OR_RETURN(prices, CommPrices::Create(request.machine, cost, request.token_bytes));
   }
   Plan plan;
   if (layout.has_value()) {
-    if (!prices.has_value()) {
-      return absl::InvalidArgumentError(
-          "cost_model: auto layouts need the transformer or measured model");
-    }
     KF_ASSIGN_OR_RETURN(AutoPlan chosen,
                         BalanceAuto(*layout, ranks, cost, *prices, request.ranks, options,
                                     &request.masks));
