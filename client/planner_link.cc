@@ -36,8 +36,14 @@ std::shared_ptr<grpc::Channel> ChannelTo(const PlannerLinkOptions& options) {
   // A restarted service is found within seconds, not after gRPC's default
   // reconnect backoff (up to two minutes).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // gRPC's "min reconnect backoff" is the time a connection attempt is
+  // given to reach the service's first HTTP/2 frame, not a backoff. At
+  // 200 ms, reconnections after the service's max connection age timed
+  // out on a loaded machine and their steps were planned locally
+  // (AServiceSlowToConnectToPlansEveryStepAcrossReconnections). gRPC's
+  // default, 20 s: a call's own deadline still bounds its step.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);
   // A group's whole plan can exceed gRPC's default 4 MiB; a larger answer
   // than the options allow is refused before it is parsed.
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_answer_bytes));

@@ -26,6 +26,7 @@
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
 #include "server/planner_server.h"
+#include "tests/client/slow_connect_proxy.h"
 #include "transport/agreement.h"
 #include "transport/local_transport.h"
 
@@ -443,6 +444,38 @@ std::unique_ptr<grpc::Server> ServeOnFreePort(grpc::Service* service, std::strin
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   *address = absl::StrCat("127.0.0.1:", port);
   return server;
+}
+
+// A service whose connections are slow to set up (a proxy holds each new
+// one 600 ms before forwarding it: a loaded machine, a slow network) plans
+// every step, also after it closes connections by age (1 s here) and the
+// clients connect again mid-run. The channel once gave a connection attempt
+// 200 ms: on CI's loaded machine a reconnection after the service's max
+// connection age timed out and the step was planned locally.
+TEST_P(EveryMode, AServiceSlowToConnectToPlansEveryStepAcrossReconnections) {
+  PlannerServerOptions server_options;
+  server_options.listen_address = "127.0.0.1:0";
+  server_options.max_connection_age = absl::Seconds(1);
+  auto server = PlannerServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto proxy = SlowConnectProxy::Start((*server)->port(), absl::Milliseconds(600));
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  PlannerClientOptions options;
+  options.mode = GetParam();
+  options.address = absl::StrCat("127.0.0.1:", (*proxy)->port());
+  constexpr int kSteps = 12;
+  const PersistentRun run =
+      RunWithOneClientPerRank(options, StepsFrom(0, kSteps), absl::Milliseconds(250));
+  for (int step = 0; step < kSteps; ++step) {
+    for (int r = 0; r < kRanks; ++r) {
+      const absl::StatusOr<StepPlan>& plan = run.results[step][r];
+      ASSERT_TRUE(plan.ok()) << "step " << step << " rank " << r << ": " << plan.status();
+      EXPECT_EQ(plan->source, PlanSource::kService) << "step " << step << " rank " << r;
+      ExpectSameSlice(plan->plan, CorePlan(Lengths(step)).Slice(r));
+    }
+  }
+  // The run outlived a connection: the clients did connect again.
+  EXPECT_GE((*proxy)->connections(), 2);
 }
 
 // A service that hangs costs one step, at most the call deadline: the ranks
