@@ -38,6 +38,7 @@ SOURCES = [
     "planner/locality.cc",
     "planner/machine.cc",
     "planner/mask_json.cc",
+    "planner/masked_stream.cc",
     "planner/measured_cost.cc",
     "planner/multifit.cc",
     "planner/packing_bound.cc",
@@ -118,6 +119,7 @@ HEADERS = [
     "planner/locality.h",
     "planner/machine.h",
     "planner/mask_json.h",
+    "planner/masked_stream.h",
     "planner/measured_cost.h",
     "planner/min_tree.h",
     "planner/multifit.h",
@@ -199,7 +201,6 @@ CUDA_HEADERS = [
 COMMAND_LINE_SOURCES = [
     "common/malloc_policy.cc",
     "planner/exchange_fit.cc",
-    "planner/masked_stream.cc",
     "tools/calibrate.cc",
     "tools/knapformer_main.cc",
     "tools/machine_flags.cc",
@@ -211,7 +212,6 @@ COMMAND_LINE_SOURCES = [
 COMMAND_LINE_HEADERS = [
     "common/malloc_policy.h",
     "planner/exchange_fit.h",
-    "planner/masked_stream.h",
     "tools/calibrate.h",
     "tools/machine_flags.h",
     "tools/serve.h",

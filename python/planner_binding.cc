@@ -17,6 +17,7 @@
 #include "planner/data_stream.h"
 #include "planner/lengths_file.h"
 #include "planner/mask_json.h"
+#include "planner/masked_stream.h"
 #include "planner/plan_json.h"
 #include "planner/topology.h"
 #include "python/machine_arg.h"
@@ -166,14 +167,18 @@ std::string CostTableJsonOf(const std::vector<int64_t>& lengths,
   return CostTableToJson(CostTable{d_model, k, gamma, attention});
 }
 
+void CheckStep(int64_t step) {
+  if (step < 0) {
+    ThrowIfError(absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", step)));
+  }
+}
+
 RankLengths SyntheticLengths(const std::string& data, int64_t world_size, uint64_t seed,
                              int64_t step) {
   const std::string scenario = ScenarioCodes(data);
   std::vector<DataCode> codes = ValueOrThrow(ParseDataCodes(scenario.empty() ? data : scenario));
   DataStream stream = ValueOrThrow(DataStream::Create(std::move(codes), world_size, seed));
-  if (step < 0) {
-    ThrowIfError(absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", step)));
-  }
+  CheckStep(step);
   return stream.Batch(step);
 }
 
@@ -187,17 +192,28 @@ LengthsStream MakeLengthsStream(const std::string& text, const std::string& name
 }
 
 // (lengths by rank, masks by rank as JSON texts, or None without masks).
+py::tuple LengthsAndMasks(const RankLengths& lengths, const RankMasks& masks) {
+  if (masks.empty()) return py::make_tuple(lengths, py::none());
+  std::vector<std::vector<std::string>> texts(masks.size());
+  for (size_t r = 0; r < masks.size(); ++r) {
+    for (const AttentionMask& mask : masks[r]) texts[r].push_back(MaskToJson(mask));
+  }
+  return py::make_tuple(lengths, texts);
+}
+
 py::tuple LengthsStreamBatch(LengthsStream& stream, int64_t step) {
-  if (step < 0) {
-    ThrowIfError(absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", step)));
-  }
+  CheckStep(step);
   LengthsStream::Step batch = stream.Batch(step);
-  if (batch.masks.empty()) return py::make_tuple(batch.lengths, py::none());
-  std::vector<std::vector<std::string>> masks(batch.masks.size());
-  for (size_t r = 0; r < batch.masks.size(); ++r) {
-    for (const AttentionMask& mask : batch.masks[r]) masks[r].push_back(MaskToJson(mask));
-  }
-  return py::make_tuple(batch.lengths, masks);
+  return LengthsAndMasks(batch.lengths, batch.masks);
+}
+
+// One step of a masked stream (planner/masked_stream.h), as LengthsStreamBatch.
+py::tuple MaskedBatch(const std::string& name, int64_t world_size, uint64_t seed,
+                      int64_t step) {
+  const MaskedStream stream = ValueOrThrow(MaskedStream::Create(name, world_size, seed));
+  CheckStep(step);
+  MaskedStream::Step batch = stream.Batch(step);
+  return LengthsAndMasks(batch.lengths, batch.masks);
 }
 
 }  // namespace
@@ -245,6 +261,11 @@ void BindPlanner(py::module_& m) {
         "Sequence lengths of every rank at `step` of the paper's synthetic data "
         "stream: a scenario name (low-res, mixed-res, joint) or data codes "
         "g{G}b{B}i{R}f{F}s{S},...");
+  m.def("masked_scenario_names", &MaskedScenarioNames,
+        "The masked streams: video-blockcausal, interleaved, llm-packed.");
+  m.def("masked_batch", &MaskedBatch, py::arg("name"), py::arg("world_size"), py::arg("seed"),
+        py::arg("step"),
+        "Every rank's lengths and masks (JSON texts) at `step` of a masked stream.");
 }
 
 }  // namespace python

@@ -16,7 +16,8 @@ Also: ``TheoreticalWorkloadEstimator`` (the reference's: times a model,
 fits the cost model's gamma), ``plan`` (the planner on lists of lengths),
 ``plot_plan`` (a picture of one step's plan; needs matplotlib),
 ``PlannerServer`` (the planner service inside this process),
-``synthetic_lengths`` (the paper's synthetic data streams) and
+``synthetic_lengths`` and ``synthetic_batch`` (the paper's synthetic data
+streams, and the masked ones with their masks) and
 ``LengthsStream`` (your own data's lengths, batched as your loader does).
 """
 
@@ -31,7 +32,8 @@ from knapformer._build_check import check_build, load_extension
 build_info = check_build(torch)
 _C = load_extension(build_info)
 
-from knapformer.planner import LengthsStream, PlannerServer, plan, synthetic_lengths
+from knapformer.planner import (LengthsStream, PlannerServer, plan, synthetic_batch,
+                                synthetic_lengths)
 from knapformer.sequence_balancer import SequenceBalancer
 from knapformer.workload_estimator import TheoreticalWorkloadEstimator
 
@@ -46,4 +48,5 @@ def __getattr__(name):
 
 
 __all__ = ["SequenceBalancer", "TheoreticalWorkloadEstimator", "PlannerServer", "plan",
-           "plot_plan", "synthetic_lengths", "LengthsStream", "build_info", "__version__"]
+           "plot_plan", "synthetic_lengths", "synthetic_batch", "LengthsStream", "build_info",
+           "__version__"]

@@ -70,6 +70,17 @@ def synthetic_lengths(data, world_size, seed=0, step=0):
     return _C.synthetic_lengths(data, world_size, seed, step)
 
 
+def synthetic_batch(data, world_size, seed=0, step=0):
+    """``(lengths, masks)`` at ``step`` of a synthetic stream: the paper's
+    (as ``synthetic_lengths``; masks None) or a masked one
+    (``video-blockcausal``, ``interleaved``, ``llm-packed``: every sequence's
+    mask in ``plan``'s forms), as ``knapformer simulate --data`` takes them."""
+    if data in _C.masked_scenario_names():
+        lengths, masks = _C.masked_batch(data, world_size, seed, step)
+        return lengths, [[json.loads(mask) for mask in rank] for rank in masks]
+    return synthetic_lengths(data, world_size, seed, step), None
+
+
 class LengthsStream:
     """A user's own data, as ``knapformer simulate --lengths`` takes it: a
     text file with one sample per line, its token count and optionally its

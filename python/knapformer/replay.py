@@ -81,6 +81,10 @@ class Data:
                 tokens_per_gpu=args.tokens_per_gpu, seed=args.seed, shuffle=args.shuffle)
             self.name = f"{args.lengths} ({self.stream.samples} samples)"
             self.codes = None
+        elif args.data in _C.masked_scenario_names():
+            self.stream = None
+            self.codes = args.data  # its ranks are alike: any world size
+            self.name = f"{args.data} (masked)"
         else:
             self.stream = None
             self.codes = _scaled_codes(args.data, args.world)
@@ -92,8 +96,7 @@ class Data:
         if self.stream is not None:
             lengths, masks = self.stream.batch(step)
         else:
-            lengths = knapformer.synthetic_lengths(self.codes, self.world, self.seed, step)
-            masks = None
+            lengths, masks = knapformer.synthetic_batch(self.codes, self.world, self.seed, step)
         if self.scale > 1:
             lengths = [[max(1, n // self.scale) for n in rank] for rank in lengths]
             if masks is not None:
@@ -509,7 +512,8 @@ def parse_args(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--data", default="mixed-res",
-                        help="a scenario (low-res, mixed-res, joint) or data codes")
+                        help="a scenario (low-res, mixed-res, joint), data codes or a masked "
+                        "stream (video-blockcausal, interleaved, llm-packed)")
     source.add_argument("--lengths", help="your own data: one sample per line, tokens[,mask]")
     parser.add_argument("--samples-per-gpu", type=int, default=0)
     parser.add_argument("--tokens-per-gpu", type=int, default=0)

@@ -1,4 +1,4 @@
-"""knapformer.plan, synthetic_lengths and PlannerServer in one process."""
+"""knapformer.plan, synthetic_lengths, synthetic_batch and PlannerServer in one process."""
 import json
 import subprocess
 import urllib.request
@@ -139,6 +139,27 @@ def test_synthetic_lengths_follow_the_papers_streams():
         knapformer.synthetic_lengths("mixed-res", 30)
     with pytest.raises(ValueError):
         knapformer.synthetic_lengths("g4b1q256", 4)
+
+
+def test_synthetic_batch_gives_the_masked_streams_with_their_masks():
+    lengths, masks = knapformer.synthetic_batch("llm-packed", 4, seed=1, step=2)
+    # Every rank holds 131072 tokens of documents, each causal or windowed.
+    assert [sum(rank) for rank in lengths] == [131072] * 4
+    assert [len(rank) for rank in masks] == [len(rank) for rank in lengths]
+    assert {m if isinstance(m, str) else "window" for rank in masks for m in rank} <= {
+        "causal", "window"}
+    assert (lengths, masks) == knapformer.synthetic_batch("llm-packed", 4, seed=1, step=2)
+    # Block-causal clips: the spans add up to the clip.
+    lengths, masks = knapformer.synthetic_batch("video-blockcausal", 2, step=0)
+    for rank_lengths, rank_masks in zip(lengths, masks):
+        for n, mask in zip(rank_lengths, rank_masks):
+            if isinstance(mask, dict) and "spans" in mask:
+                assert sum(span for span, _ in mask["spans"]) == n
+    # The paper's streams have no masks, and are synthetic_lengths'.
+    assert knapformer.synthetic_batch("mixed-res", 32, step=3) == (
+        knapformer.synthetic_lengths("mixed-res", 32, step=3), None)
+    with pytest.raises(ValueError, match="step: must be >= 0, got -1"):
+        knapformer.synthetic_batch("interleaved", 4, step=-1)
 
 
 def test_a_lengths_file_is_batched_as_the_command_line_batches_it(tmp_path):

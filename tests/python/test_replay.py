@@ -1,5 +1,5 @@
-"""knapformer replay on CPU at small widths: every paper scenario and a
-user's lengths file run over simulated GPUs, and its bookkeeping holds: the
+"""knapformer replay on CPU at small widths: every paper scenario, every
+masked stream and a user's lengths file run over simulated GPUs, and its bookkeeping holds: the
 tokens and attended pairs it plays on each GPU are the plan's (their cost is
 the plan's per-GPU workload), the balanced and unbalanced plays cover the
 same tokens, and its figures are the ratios of what it timed. Plans by
@@ -34,9 +34,12 @@ def check_bookkeeping(results, lengths_of_step):
         assert math.isclose(row["speedup"], row["slowest_before"] / row["slowest_after"])
 
 
-@pytest.mark.parametrize("data,world", [("mixed-res", 8), ("low-res", 8), ("joint", 32)])
-def test_every_scenario_plays_what_the_plan_says(data, world):
-    args = ["--data", data, "--world", str(world), "--steps", "1", "--length-scale", "32",
+# The masked streams' sequences are up to 128k tokens: divided by 256 on CPU.
+@pytest.mark.parametrize("data,world,scale", [
+    ("mixed-res", 8, 32), ("low-res", 8, 32), ("joint", 32, 32), ("video-blockcausal", 8, 256),
+    ("interleaved", 8, 256), ("llm-packed", 8, 256)])
+def test_every_scenario_plays_what_the_plan_says(data, world, scale):
+    args = ["--data", data, "--world", str(world), "--steps", "1", "--length-scale", str(scale),
             "--gamma", "1.0", "--topology", f"g1n{world},g2n{world // 2},auto",
             "--cost-model", "transformer"]
     results, text = run(args)
