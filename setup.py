@@ -153,6 +153,6 @@ setup(
     install_requires=[f"torch{package_facts.torch_specifier(FACTS['full_version'])}"],
     extras_require={"plot": ["matplotlib"]},
     cmdclass={"build_ext": BuildWithProtos, "build_py": BuildInfo},
-    entry_points={"console_scripts": ["knapformer = knapformer.cli:main"]},
+    entry_points={"console_scripts": [package_facts.CONSOLE_SCRIPT]},
     zip_safe=False,
 )

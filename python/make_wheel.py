@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes the knapformer wheel from the package's files (Bazel's //python:wheel).
+"""Writes the knapformer wheel from the package's files (Bazel's //:wheel).
 
 A wheel is a zip archive with the package and a .dist-info folder (METADATA,
 WHEEL, RECORD with a sha256 per file); writing it directly needs nothing but
@@ -10,11 +10,13 @@ import base64
 import hashlib
 import os
 import re
+import stat
 import zipfile
 
 import package_facts
 
 NAME = package_facts.NAME
+COMMAND = package_facts.COMMAND
 
 
 def torch_requirement(torch_version):
@@ -51,6 +53,8 @@ def main():
     parser.add_argument("--python-version", required=True, help="MAJOR.MINOR, e.g. 3.13")
     parser.add_argument("--torch-version", required=True,
                         help="the torch the extension was built against, e.g. 1.13.0a0")
+    parser.add_argument("--command", required=True,
+                        help="the command line (//tools:knapformer), installed as " + COMMAND)
     parser.add_argument("files", nargs="+",
                         help="knapformer/*.py (_build_info.py among them), "
                              "knapformer/gpu_check/*.py and knapformer/_C.so")
@@ -66,6 +70,8 @@ def main():
             entries.append((archive_name(path), f.read()))
     if not any(name.endswith("/_C.so") for name, _ in entries):
         raise SystemExit("make_wheel: the extension knapformer/_C.so is missing")
+    with open(args.command, "rb") as f:
+        entries.append((COMMAND, f.read()))
     with open(args.readme, encoding="utf-8") as f:
         readme = f.read()
 
@@ -81,6 +87,8 @@ def main():
     wheel = (f"Wheel-Version: 1.0\nGenerator: knapformer make_wheel.py\n"
              f"Root-Is-Purelib: false\nTag: {args.tag}\n")
     entries += [(f"{info}/METADATA", metadata.encode()), (f"{info}/WHEEL", wheel.encode()),
+                (f"{info}/entry_points.txt",
+                 f"[console_scripts]\n{package_facts.CONSOLE_SCRIPT}\n".encode()),
                 (f"{info}/top_level.txt", f"{NAME}\n".encode())]
     record = "".join(f"{name},{digest(data)},{len(data)}\n" for name, data in entries)
     record += f"{info}/RECORD,,\n"
@@ -90,7 +98,10 @@ def main():
         for name, data in entries:
             # Fixed timestamps and modes: the same inputs give the same wheel.
             item = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
-            item.external_attr = (0o755 if name.endswith(".so") else 0o644) << 16
+            # A regular file's type bits too: pip makes a file executable
+            # only when they say it is one.
+            executable = name.endswith(".so") or name == COMMAND
+            item.external_attr = (stat.S_IFREG | (0o755 if executable else 0o644)) << 16
             item.compress_type = zipfile.ZIP_DEFLATED
             wheel_zip.writestr(item, data)
 

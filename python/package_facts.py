@@ -1,7 +1,8 @@
-"""What both builds of the Python package (Bazel's //python:wheel and
+"""What both builds of the Python package (Bazel's //:wheel and
 `pip install --no-build-isolation .`) must write the same way: the version,
-the torch requirement and knapformer/_build_info.py, which the package
-checks on import before it loads its extension.
+the torch requirement, knapformer/_build_info.py, which the package
+checks on import before it loads its extension, and where the command line
+and its console script go.
 
     python3 package_facts.py build-info --out FILE --torch 2.6.0 --cuda 12.4 \
         --cxx11-abi 1 --python 3.13 --nccl-transport 0 --built-by bazel
@@ -11,6 +12,9 @@ import os
 import re
 
 NAME = "knapformer"
+# The command line, in the package, and the console script that runs it.
+COMMAND = f"{NAME}/bin/{NAME}"
+CONSOLE_SCRIPT = f"{NAME} = {NAME}.cli:main"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _VERSION_FILE = os.path.join(_HERE, NAME, "_version.py")
 

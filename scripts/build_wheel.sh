@@ -36,10 +36,10 @@ if [[ "$python" == /usr/bin/python3* ]]; then
 fi
 cd "$root"
 flags=(-c opt --noshow_progress --repo_env=KNAPFORMER_PYTHON="$python")
-bazel build "${flags[@]}" //python:wheel >&2
+bazel build "${flags[@]}" //:wheel >&2
 # The wheel's name carries the interpreter's tag: ask Bazel which it made.
 files='" ".join([f.path for f in target.files.to_list()])'
-wheel="$(bazel cquery "${flags[@]}" --output=starlark --starlark:expr="$files" //python:wheel \
+wheel="$(bazel cquery "${flags[@]}" --output=starlark --starlark:expr="$files" //:wheel \
   2>/dev/null)" || true
 [[ -f "$wheel" ]] || { echo "build_wheel: bazel made no wheel (cquery said '$wheel')" >&2; exit 1; }
 mkdir -p dist

@@ -95,8 +95,8 @@ timeout 600 "$venv/bin/python" tests/python/installed_check.py "$venv"
 check trains_a_step_on_4_processes $? "tests/python/installed_check.py"
 
 # The `knapformer` command the install put on the venv's PATH: simulate on
-# a lengths file (the advice line), and serve (its port file written once
-# it serves; stopped by SIGTERM).
+# a lengths file (the advice line), serve (its port file written once it
+# serves; stopped by SIGTERM) and replay on the lengths file (one row).
 printf '# tokens[,mask]\n4096\n1300,causal\n700\n16000\n' >"$work/lengths.txt"
 "$venv/bin/knapformer" simulate --lengths "$work/lengths.txt" --samples-per-gpu 2 --world 8 \
   --steps 2 --topology g1n8,g4n2,auto >"$work/simulate.log" 2>&1
@@ -112,6 +112,12 @@ status=1
 kill -TERM "$serve_pid" 2>/dev/null
 wait "$serve_pid"
 check command_serves "$status" "port $(cat "$work/port" 2>/dev/null): $(tail -n 1 "$work/serve.log")"
+"$venv/bin/knapformer" replay --lengths "$work/lengths.txt" --samples-per-gpu 2 --world 8 \
+  --steps 1 --length-scale 16 --d-model 32 --heads 8 --topology g1n8 --gamma 1 \
+  --cost-model transformer --repeat 1 --device cpu >"$work/replay.log" 2>&1
+status=$?
+[[ $status -ne 0 ]] || grep -q "^g1n8 .* transformer " "$work/replay.log" || status=1
+check command_replays_lengths "$status" "$(tail -n 3 "$work/replay.log" | head -n 1)"
 "$venv/bin/python" -m knapformer --help >"$work/help.log" 2>&1
 check python_m_knapformer "$?" "$(head -n 1 "$work/help.log")"
 [[ $suite -eq 1 ]] || finish

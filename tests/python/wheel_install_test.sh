@@ -4,8 +4,8 @@
 # installed package works from outside the source tree
 # (tests/python/installed_check.py: its files come from the venv, it plans,
 # 4 Gloo processes train a step in float64 with balanced == unbalanced, and
-# misuse raises the expected errors), and its METADATA declares the torch
-# major.minor it was built against.
+# misuse raises the expected errors), its METADATA declares the torch
+# major.minor it was built against, and its `knapformer` command runs.
 #   wheel_install_test.sh PYTHON WHEEL   (the interpreter it was built for)
 set -euo pipefail
 python="$1"
@@ -17,7 +17,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 unzip -l "$wheel" >"$TEST_TMPDIR/contents" 2>/dev/null ||
   "$python" -m zipfile -l "$wheel" >"$TEST_TMPDIR/contents"
 for member in knapformer/__init__.py knapformer/_C.so knapformer/gpu_check/__main__.py \
-    knapformer-0.1.0.dist-info/RECORD; do
+    knapformer/bin/knapformer knapformer-0.1.0.dist-info/RECORD \
+    knapformer-0.1.0.dist-info/entry_points.txt; do
   grep -q "$member" "$TEST_TMPDIR/contents" || fail "the wheel lacks $member"
 done
 
@@ -73,6 +74,12 @@ sed 's/^/pip check: /' "$TEST_TMPDIR/pip_check"
 if grep -qi "knapformer" "$TEST_TMPDIR/pip_check"; then
   fail "pip check reports knapformer's requirements unmet"
 fi
+# The `knapformer` command the install put on the venv's PATH: the command
+# line (simulate's advice) and replay, as a pip install has them.
+"$venv/bin/knapformer" simulate --data mixed-res --world 32 --steps 1 --topology g1n32,auto \
+  >simulate.log 2>&1 || { cat simulate.log; fail "knapformer simulate failed"; }
+grep -q "^advice: --topology " simulate.log || { cat simulate.log; fail "simulate gave no advice"; }
+"$venv/bin/knapformer" replay --help >replay.log 2>&1 || { cat replay.log; fail "knapformer replay --help failed"; }
 # A copy, not the runfiles' path: spawned workers import the main module again.
 cp "$runfiles/tests/python/installed_check.py" check_installed.py
 timeout 300 "$venv/bin/python3" check_installed.py "$venv" || fail "the installed package does not work"
