@@ -5,7 +5,9 @@ project's planner, then each simulated GPU's share of one transformer block
 is played on this one device, in turn, as it would run after the route: the
 linear layers on the tokens it holds, and attention on whole sequences (all
 heads on a one-GPU bag, 1/G of them on each GPU of a G-GPU bag: Ulysses),
-forward and backward. The same steps are played without balancing (each GPU
+forward and backward; on CUDA, unmasked sequences in one fused
+variable-length call where torch has one (SDPA over jagged nested tensors,
+torch 2.x), masked ones one call each with a dense mask. The same steps are played without balancing (each GPU
 its own sequences). Measured: the slowest GPU's time with and without
 balancing, and the max/mean of the GPUs' times against the plan's predicted
 max/mean. Communication is not played (one device): it is priced at the
@@ -22,6 +24,7 @@ length); on a GPU, --model flux plays the paper's FLUX block (d_model 3072,
 24 heads of 128, bf16). docs/planner.md has the figures and how to read them.
 """
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -198,11 +201,31 @@ def cost_model_work(share, d_model, gamma, cost_table=None):
 # --- playing it ---------------------------------------------------------------------------
 
 
+def varlen_available():
+    """Whether this torch has the fused variable-length path: SDPA over
+    jagged nested tensors (torch 2.x; not 1.13)."""
+    return (getattr(torch.nn.functional, "scaled_dot_product_attention", None) is not None
+            and hasattr(torch.nested, "nested_tensor_from_jagged"))
+
+
+def varlen_sdpa(q, k, v, offsets):
+    """Attention of packed sequences in one call: q, k, v are [tokens,
+    heads, head_dim], sequence i is rows offsets[i]:offsets[i + 1]; the
+    output is packed alike. No sequence attends another."""
+    def jagged(t):  # [sequences, heads, ragged, head_dim]
+        return torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2)
+    o = torch.nn.functional.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v))
+    return o.transpose(1, 2).values()
+
+
 class Block:
     """One transformer block's weights: QKV, output projection and a 4x MLP
-    (the cost model's 24*d^2 per token), on the device in its dtype."""
+    (the cost model's 24*d^2 per token), on the device in its dtype.
+    ``varlen``: a share's unmasked sequences attend in one fused call
+    (varlen_sdpa), as a trainer's variable-length kernel runs them; else,
+    and for masked ones, one call per sequence."""
 
-    def __init__(self, d_model, heads, device, dtype):
+    def __init__(self, d_model, heads, device, dtype, varlen=False):
         if d_model % heads:
             raise ReplayError(f"--heads {heads} does not divide --d-model {d_model}")
         self.d, self.heads, self.device, self.dtype = d_model, heads, device, dtype
@@ -210,6 +233,7 @@ class Block:
         self.qkv, self.proj = make(d_model, 3 * d_model), make(d_model, d_model)
         self.up, self.down = make(d_model, 4 * d_model), make(4 * d_model, d_model)
         self.sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
+        self.varlen = varlen
 
     def linear(self, tokens, checkpoint=False):
         """The linear layers on ``tokens`` rows, forward and backward."""
@@ -230,13 +254,25 @@ class Block:
             raise ReplayError(f"--heads {self.heads}: a bag of {round(1 / head_fraction)} GPUs "
                               f"splits the heads unevenly (Ulysses needs a multiple)")
         head_dim = self.d // self.heads
+        passes = 2 if checkpoint else 1
+        if self.varlen:
+            plain = [n for n, mask in sequences if n > 0 and (mask is None or mask == "full")]
+            sequences = [(n, mask) for n, mask in sequences if mask is not None and mask != "full"]
+            if plain:
+                offsets = torch.tensor([0] + list(itertools.accumulate(plain)),
+                                       device=self.device)
+                q, k, v = (torch.randn(sum(plain), heads, head_dim, device=self.device,
+                                       dtype=self.dtype, requires_grad=True) for _ in range(3))
+                for p in range(passes):
+                    with torch.set_grad_enabled(p == passes - 1):
+                        o = varlen_sdpa(q, k, v, offsets)
+                o.backward(torch.ones_like(o))
         for n, mask in sequences:
             q, k, v = (torch.randn(1, heads, n, head_dim, device=self.device, dtype=self.dtype,
                                    requires_grad=True) for _ in range(3))
             dense = attends(n, mask)
             if dense is not None:
                 dense = dense.to(self.device)
-            passes = 2 if checkpoint else 1
             for p in range(passes):
                 grad = p == passes - 1
                 with torch.set_grad_enabled(grad):
@@ -343,7 +379,15 @@ def replay(args, out=sys.stdout):
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(args.seed)
-    block = Block(d_model, heads, device, dtype)
+    if args.attention == "varlen" and not varlen_available():
+        raise ReplayError(f"--attention varlen: torch {torch.__version__} has no SDPA over "
+                          f"jagged nested tensors (torch 2.x); use per-sequence")
+    # On CPU torch 2.6 runs jagged SDPA through a slower fallback (3x one
+    # call per sequence at 4096 tokens in sequences of 64-256): auto takes
+    # the fused path on CUDA only, where it is flash or memory-efficient.
+    varlen = args.attention == "varlen" or (
+        args.attention == "auto" and device.type == "cuda" and varlen_available())
+    block = Block(d_model, heads, device, dtype, varlen)
     data = Data(args)
     steps = [data.step(s) for s in range(args.steps)]
     all_lengths = [n for lengths, _ in steps for rank in lengths for n in rank if n > 0]
@@ -383,7 +427,8 @@ def replay(args, out=sys.stdout):
     topologies = args.topology or DEFAULT_TOPOLOGIES.format(w=w, w2=w // 2, w4=w // 4)
     topologies = [t for t in topologies.split(",") if t]
     print(f"replay: {data.name}, world {w}, {args.steps} steps, lengths / {data.scale}; "
-          f"block d_model {d_model}, {heads} heads, {dtype} on {device}"
+          f"block d_model {d_model}, {heads} heads, {dtype} on {device}, attention "
+          f"{'varlen (masked: per sequence)' if varlen else 'per sequence'}"
           f"{', activation checkpointing' if args.checkpoint else ''}; "
           f"gamma {gamma:.3g} ({fit_note}){table_note}"
           f"{f'; auto prices links against {passes * 1e-12 / k:.4g} TFLOP/s measured' if k else ''}",
@@ -448,7 +493,8 @@ def replay(args, out=sys.stdout):
         _plot(results, args.png)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"gamma": gamma, "k": k, "cost_table": cost_table, "results": results},
+            json.dump({"gamma": gamma, "k": k, "cost_table": cost_table,
+                       "attention": "varlen" if varlen else "per-sequence", "results": results},
                       f, indent=1)
     return results
 
@@ -477,6 +523,31 @@ def _print_table(results, args, out):
           f"backward, priced at the link "
           f"speeds of --intra-node-gbps, --inter-node-gbps, --gpus-per-node (a model, not a "
           f"measurement; not in FBL).", file=out)
+    print(f"\n{advice(results)}", file=out)
+
+
+def advice(results):
+    """The line that says which topology (and cost model) to use: the
+    fastest block on the slowest GPU, its measured compute plus the
+    modelled communication; auto when within 1% of it (it adapts to the
+    data), as simulate advises."""
+    def seconds(r):
+        return r["slowest_after"] + r["comm_model_seconds"]
+    best = min(results, key=seconds)
+    chosen = next((r for r in results if r["topology"].startswith("auto")
+                   and seconds(r) <= 1.01 * seconds(best)), best)
+    model = f" --cost-model {chosen['cost_model']}" if len(
+        {r["cost_model"] for r in results}) > 1 else ""
+    line = (f"advice: --topology {chosen['topology']}{model}: {seconds(chosen) * 1e3:.3g}ms per "
+            f"block on the slowest GPU (measured compute, modelled communication), "
+            f"{chosen['slowest_before'] / seconds(chosen):.2f}x faster than without balancing "
+            f"({chosen['slowest_before'] * 1e3:.3g}ms)")
+    if chosen is not best:
+        line += f" (within 1% of {best['topology']}, and it adapts to the data)"
+    worst = max(results, key=seconds)
+    if seconds(worst) > 1.05 * seconds(chosen):
+        line += f"; {worst['topology']} would be {seconds(worst) / seconds(chosen):.2f}x slower"
+    return line
 
 
 def _plot(results, path):
@@ -536,6 +607,10 @@ def parse_args(argv=None):
     parser.add_argument("--cost-table", help="the measured model's table, as calibrate --table "
                         "writes it (default: fitted here)")
     parser.add_argument("--checkpoint", action="store_true", help="play the recompute too")
+    parser.add_argument("--attention", choices=("auto", "varlen", "per-sequence"), default="auto",
+                        help="unmasked sequences in one fused SDPA call over jagged "
+                             "nested tensors (varlen; auto: on CUDA where torch has it) "
+                             "or one call each")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when there is one)")
     parser.add_argument("--repeat", type=int, default=3, help="timed plays per share")
     parser.add_argument("--intra-node-gbps", type=float,

@@ -47,6 +47,7 @@ def test_every_scenario_plays_what_the_plan_says(data, world, scale):
     check_bookkeeping(results, lambda step: data_of.step(step)[0])
     assert [r["topology"] for r in results] == [f"g1n{world}", f"g2n{world // 2}", "auto"]
     assert "slowest unbal." in text and "miss" in text
+    assert "\nadvice: --topology " in text
 
 
 def test_a_lengths_file_with_masks_plays_its_masks(tmp_path):
@@ -114,3 +115,55 @@ def test_the_fit_hfu_and_the_cli_errors(tmp_path):
     with pytest.raises(replay.ReplayError, match="splits the heads unevenly"):
         replay.Block(32, 8, replay.torch.device("cpu"), replay.torch.float32).attention(
             [(4, None)], 1 / 16)
+
+
+def test_the_varlen_path_attends_each_sequence_alone():
+    torch = replay.torch
+    if not replay.varlen_available():  # torch 1.13: one call per sequence only
+        with pytest.raises(replay.ReplayError, match="--attention varlen: torch .* has no SDPA"):
+            run(["--attention", "varlen", "--steps", "1"])
+        assert "attention per sequence" in run(
+            ["--data", "mixed-res", "--world", "8", "--steps", "1", "--length-scale", "64",
+             "--gamma", "1", "--topology", "g1n8", "--cost-model", "transformer"])[1]
+        return
+    # One fused call over packed sequences gives each sequence's own
+    # attention, and its gradients, as per-sequence calls do.
+    torch.manual_seed(0)
+    lengths = [5, 1, 17, 3]
+    offsets = torch.tensor([0, 5, 6, 23, 26])
+    q, k, v = (torch.randn(26, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    packed = replay.varlen_sdpa(q, k, v, offsets)
+    packed.sum().backward()
+    for i, n in enumerate(lengths):
+        rows = slice(offsets[i], offsets[i + 1])
+        qi, ki, vi = (t.detach()[rows].transpose(0, 1).clone().requires_grad_() for t in (q, k, v))
+        alone = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi)
+        alone.sum().backward()
+        assert torch.allclose(packed[rows], alone.transpose(0, 1), atol=1e-12), n
+        assert torch.allclose(q.grad[rows], qi.grad.transpose(0, 1), atol=1e-12), n
+    # A replay on it plays what the plan says, masked sequences one by one.
+    results, text = run(["--data", "interleaved", "--world", "8", "--steps", "1",
+                         "--length-scale", "256", "--gamma", "1", "--topology", "g2n4",
+                         "--cost-model", "transformer", "--attention", "varlen"])
+    assert "attention varlen (masked: per sequence)" in text
+    check_bookkeeping(results, lambda step: replay.Data(replay.parse_args(
+        ["--data", "interleaved", "--world", "8", "--length-scale", "256"])).step(step)[0])
+
+
+def test_the_advice_names_the_fastest_and_prefers_auto_within_one_percent():
+    def row(topology, model, after, comm=0.0, before=2.0):
+        return {"topology": topology, "cost_model": model, "slowest_after": after,
+                "comm_model_seconds": comm, "slowest_before": before}
+    line = replay.advice([row("g1n8", "transformer", 1.0), row("g2n4", "transformer", 0.8, 0.1),
+                          row("auto", "transformer", 0.905)])
+    assert line.startswith("advice: --topology auto: 905ms per block")
+    assert "2.21x faster than without balancing (2e+03ms)" in line
+    assert "(within 1% of g2n4, and it adapts to the data); g1n8 would be 1.10x slower" in line
+    # Communication counts; with both models the line names the one to use.
+    line = replay.advice([row("g1n8", "transformer", 1.0), row("g4n2", "measured", 0.5, 0.6),
+                          row("g1n8", "measured", 0.99)])
+    assert line.startswith("advice: --topology g1n8 --cost-model measured: 990ms")
+    assert line.endswith("; g4n2 would be 1.11x slower")
+    # Nothing named slower when none is 5% slower.
+    assert "would be" not in replay.advice([row("g1n8", "transformer", 1.0),
+                                            row("g2n4", "transformer", 1.04)])
