@@ -7,11 +7,12 @@ linear layers on the tokens it holds, and attention on whole sequences (all
 heads on a one-GPU bag, 1/G of them on each GPU of a G-GPU bag: Ulysses),
 forward and backward; on CUDA, unmasked sequences in one fused
 variable-length call where torch has one (SDPA over jagged nested tensors,
-torch 2.x), masked ones one call each with a dense mask. The same steps are played without balancing (each GPU
-its own sequences). Measured: the slowest GPU's time with and without
-balancing, and the max/mean of the GPUs' times against the plan's predicted
-max/mean. Communication is not played (one device): it is priced at the
-link speeds given (a model), and each step's moved bytes are in --json.
+torch 2.x), masked ones one call each with a dense mask. The same steps are
+played without balancing (each GPU its own sequences). Measured: the
+slowest GPU's time with and without balancing, and the max/mean of the
+GPUs' times against the plan's predicted max/mean. Communication is not
+played (one device): it is priced at the link speeds given (a model), and
+each step's moved bytes are in --json.
 Each topology is planned by the transformer cost model and by the measured
 one (this device's attention timed per length, as calibrate --table
 tabulates it), to show which balances the measured time better.
@@ -361,6 +362,19 @@ def _read_cost_table(path, d_model):
 # --- the run ------------------------------------------------------------------------------
 
 
+def device_name(device):
+    """What the figures were measured on: the GPU's name, or the CPU's."""
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return f"cpu ({model or 'unknown'}, {torch.get_num_threads()} threads)"
+
+
 def _max_over_mean(values):
     mean = sum(values) / len(values)
     return max(values) / mean if mean > 0 else 1.0
@@ -427,8 +441,8 @@ def replay(args, out=sys.stdout):
     topologies = args.topology or DEFAULT_TOPOLOGIES.format(w=w, w2=w // 2, w4=w // 4)
     topologies = [t for t in topologies.split(",") if t]
     print(f"replay: {data.name}, world {w}, {args.steps} steps, lengths / {data.scale}; "
-          f"block d_model {d_model}, {heads} heads, {dtype} on {device}, attention "
-          f"{'varlen (masked: per sequence)' if varlen else 'per sequence'}"
+          f"block d_model {d_model}, {heads} heads, {dtype} on {device_name(device)}, "
+          f"attention {'varlen (masked: per sequence)' if varlen else 'per sequence'}"
           f"{', activation checkpointing' if args.checkpoint else ''}; "
           f"gamma {gamma:.3g} ({fit_note}){table_note}"
           f"{f'; auto prices links against {passes * 1e-12 / k:.4g} TFLOP/s measured' if k else ''}",
@@ -493,7 +507,8 @@ def replay(args, out=sys.stdout):
         _plot(results, args.png)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"gamma": gamma, "k": k, "cost_table": cost_table,
+            json.dump({"device": device_name(device), "gamma": gamma, "k": k,
+                       "cost_table": cost_table,
                        "attention": "varlen" if varlen else "per-sequence", "results": results},
                       f, indent=1)
     return results

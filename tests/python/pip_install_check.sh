@@ -69,6 +69,8 @@ tree="$work/tree"
 mkdir -p "$tree/tests"
 cp -r "$root/tests/python" "$root/tests/testing" "$tree/tests/"
 cp -r "$root/examples" "$tree/examples"
+mkdir -p "$tree/scripts"
+cp "$root/scripts/replay_paper_table.sh" "$tree/scripts/"
 cd "$tree"
 unset PYTHONPATH
 "$venv/bin/python" - "$venv" "$expect_nccl" >"$work/import.log" 2>&1 <<'EOF'

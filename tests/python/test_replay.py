@@ -8,6 +8,8 @@ checked the same way."""
 import io
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -167,3 +169,30 @@ def test_the_advice_names_the_fastest_and_prefers_auto_within_one_percent():
     # Nothing named slower when none is 5% slower.
     assert "would be" not in replay.advice([row("g1n8", "transformer", 1.0),
                                             row("g2n4", "transformer", 1.04)])
+
+
+def test_the_paper_table_script_runs_on_cpu_and_keeps_its_budget(tmp_path):
+    # scripts/replay_paper_table.sh, what a GPU machine runs for
+    # docs/planner.md's table, here with CPU widths in place of FLUX's and
+    # without the install and the GPU check (it needs a GPU).
+    def table(budget, out):
+        return subprocess.run(
+            ["bash", "scripts/replay_paper_table.sh", "--out", str(out), "--no-install",
+             "--skip-check", "--python", sys.executable, "--budget-s", str(budget), "--steps",
+             "1", "--topology", "g1n32,g8n4", "--", "--device", "cpu", "--d-model", "32",
+             "--heads", "8", "--length-scale", "128", "--gamma", "1", "--cost-model",
+             "transformer", "--repeat", "1"], capture_output=True, text=True, timeout=600)
+    done = table(600, tmp_path / "done")
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (tmp_path / "done" / "table.md").read_text()
+    assert text.startswith("Measured on cpu (")
+    for scenario in ("low-res", "mixed-res", "joint"):
+        for topology in ("g1n32", "g8n4"):
+            assert f"| {scenario} | {topology} | transformer | " in text
+        assert "advice: --topology " in (tmp_path / "done" / f"replay-{scenario}.txt").read_text()
+    # A budget too small for any scenario: none runs, each says why, exit 1.
+    spent = table(9, tmp_path / "spent")
+    assert spent.returncode == 1, spent.stdout + spent.stderr
+    assert "| joint | (not finished: replay-joint.txt) |" in (
+        tmp_path / "spent" / "table.md").read_text()
+    assert "not run, the budget is spent" in (tmp_path / "spent" / "replay-joint.txt").read_text()
