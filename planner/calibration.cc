@@ -104,9 +104,9 @@ absl::StatusOr<CostFit> FitCostModel(const std::vector<WorkSample>& samples) {
     return absl::InvalidArgumentError(
         absl::StrCat("samples: need at least 2 to fit k and gamma, got ", samples.size()));
   }
+  if (absl::Status checked = CheckSamples(samples); !checked.ok()) return checked;
   // Columns scaled to their largest value, so that the 2x2 normal equations
   // stay well conditioned (the raw terms reach 1e20).
-  if (absl::Status checked = CheckSamples(samples); !checked.ok()) return checked;
   double scale_linear = 0, scale_attention = 0;
   for (const WorkSample& s : samples) {
     scale_linear = std::max(scale_linear, s.linear);

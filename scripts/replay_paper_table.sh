@@ -58,7 +58,6 @@ if [[ $skip_check -eq 0 ]]; then
   status=$?
   [[ $status -eq 4 ]] && exit 4
   echo "replay_paper_table: the GPU check exited $status (report: $out/gpu_check.json)"
-  check_args+=(--no-install)  # installed now
 elif [[ $install -eq 1 ]]; then
   (cd "$out" && bash "$root/scripts/gpu_check.sh" "${check_args[@]}" -- --dry-run >/dev/null)
   [[ $? -eq 4 ]] && exit 4

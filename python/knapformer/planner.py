@@ -70,6 +70,11 @@ def synthetic_lengths(data, world_size, seed=0, step=0):
     return _C.synthetic_lengths(data, world_size, seed, step)
 
 
+def _parse_masks(masks):
+    """Every rank's masks from the extension's JSON texts to plan's forms."""
+    return [[json.loads(mask) for mask in rank] for rank in masks]
+
+
 def synthetic_batch(data, world_size, seed=0, step=0):
     """``(lengths, masks)`` at ``step`` of a synthetic stream: the paper's
     (as ``synthetic_lengths``; masks None) or a masked one
@@ -77,7 +82,7 @@ def synthetic_batch(data, world_size, seed=0, step=0):
     mask in ``plan``'s forms), as ``knapformer simulate --data`` takes them."""
     if data in _C.masked_scenario_names():
         lengths, masks = _C.masked_batch(data, world_size, seed, step)
-        return lengths, [[json.loads(mask) for mask in rank] for rank in masks]
+        return lengths, _parse_masks(masks)
     return synthetic_lengths(data, world_size, seed, step), None
 
 
@@ -112,9 +117,7 @@ class LengthsStream:
 
     def batch(self, step):
         lengths, masks = self._stream.batch(step)
-        if masks is not None:
-            masks = [[json.loads(mask) for mask in rank] for rank in masks]
-        return lengths, masks
+        return lengths, None if masks is None else _parse_masks(masks)
 
 
 def _flag_value(name, value):

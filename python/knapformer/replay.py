@@ -125,10 +125,15 @@ def _mask_length(mask, length):
     return length
 
 
+def is_full(mask):
+    """Whether a sequence with ``mask`` attends every pair (no mask)."""
+    return mask is None or mask == "full"
+
+
 def attends(n, mask):
     """The dense [n, n] mask of who attends whom; None for full attention
     (the kernel's unmasked path)."""
-    return None if mask is None or mask == "full" else dense(n, mask)
+    return None if is_full(mask) else dense(n, mask)
 
 
 def attended_pairs(n, mask):
@@ -257,8 +262,8 @@ class Block:
         head_dim = self.d // self.heads
         passes = 2 if checkpoint else 1
         if self.varlen:
-            plain = [n for n, mask in sequences if n > 0 and (mask is None or mask == "full")]
-            sequences = [(n, mask) for n, mask in sequences if mask is not None and mask != "full"]
+            plain = [n for n, mask in sequences if n > 0 and is_full(mask)]
+            sequences = [(n, mask) for n, mask in sequences if not is_full(mask)]
             if plain:
                 offsets = torch.tensor([0] + list(itertools.accumulate(plain)),
                                        device=self.device)
@@ -402,6 +407,7 @@ def replay(args, out=sys.stdout):
     varlen = args.attention == "varlen" or (
         args.attention == "auto" and device.type == "cuda" and varlen_available())
     block = Block(d_model, heads, device, dtype, varlen)
+    measured_on = device_name(device)
     data = Data(args)
     steps = [data.step(s) for s in range(args.steps)]
     all_lengths = [n for lengths, _ in steps for rank in lengths for n in rank if n > 0]
@@ -441,7 +447,7 @@ def replay(args, out=sys.stdout):
     topologies = args.topology or DEFAULT_TOPOLOGIES.format(w=w, w2=w // 2, w4=w // 4)
     topologies = [t for t in topologies.split(",") if t]
     print(f"replay: {data.name}, world {w}, {args.steps} steps, lengths / {data.scale}; "
-          f"block d_model {d_model}, {heads} heads, {dtype} on {device_name(device)}, "
+          f"block d_model {d_model}, {heads} heads, {dtype} on {measured_on}, "
           f"attention {'varlen (masked: per sequence)' if varlen else 'per sequence'}"
           f"{', activation checkpointing' if args.checkpoint else ''}; "
           f"gamma {gamma:.3g} ({fit_note}){table_note}"
@@ -507,7 +513,7 @@ def replay(args, out=sys.stdout):
         _plot(results, args.png)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"device": device_name(device), "gamma": gamma, "k": k,
+            json.dump({"device": measured_on, "gamma": gamma, "k": k,
                        "cost_table": cost_table,
                        "attention": "varlen" if varlen else "per-sequence", "results": results},
                       f, indent=1)

@@ -1,10 +1,11 @@
 """knapformer replay on CPU at small widths: every paper scenario, every
-masked stream and a user's lengths file run over simulated GPUs, and its bookkeeping holds: the
-tokens and attended pairs it plays on each GPU are the plan's (their cost is
-the plan's per-GPU workload), the balanced and unbalanced plays cover the
-same tokens, and its figures are the ratios of what it timed. Plans by
-the measured cost model (fitted here, or a table given) are played and
-checked the same way."""
+masked stream and a user's lengths file run over simulated GPUs, and its
+bookkeeping holds: the tokens and attended pairs it plays on each GPU are
+the plan's (their cost is the plan's per-GPU workload), the balanced and
+unbalanced plays cover the same tokens, and its figures are the ratios of
+what it timed. Plans by the measured cost model (fitted here, or a table
+given) are played and checked the same way. Also the fused varlen path,
+the advice line and scripts/replay_paper_table.sh."""
 import io
 import json
 import math
