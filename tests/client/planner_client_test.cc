@@ -133,10 +133,12 @@ void ExpectCorePlans(const std::vector<std::vector<absl::StatusOr<StepPlan>>>& r
 // A planner server on 127.0.0.1 (a free port); null, with a failure, if it
 // does not start.
 std::unique_ptr<PlannerServer> StartServer(
-    absl::Duration rendezvous_timeout = ServiceLimits().rendezvous_timeout) {
+    absl::Duration rendezvous_timeout = ServiceLimits().rendezvous_timeout,
+    absl::Duration max_connection_age = PlannerServerOptions().max_connection_age) {
   PlannerServerOptions options;
   options.listen_address = "127.0.0.1:0";
   options.service.limits.rendezvous_timeout = rendezvous_timeout;
+  options.max_connection_age = max_connection_age;
   auto server = PlannerServer::Start(options);
   EXPECT_TRUE(server.ok()) << server.status();
   return server.ok() ? *std::move(server) : nullptr;
@@ -453,12 +455,9 @@ std::unique_ptr<grpc::Server> ServeOnFreePort(grpc::Service* service, std::strin
 // 200 ms: on CI's loaded machine a reconnection after the service's max
 // connection age timed out and the step was planned locally.
 TEST_P(EveryMode, AServiceSlowToConnectToPlansEveryStepAcrossReconnections) {
-  PlannerServerOptions server_options;
-  server_options.listen_address = "127.0.0.1:0";
-  server_options.max_connection_age = absl::Seconds(1);
-  auto server = PlannerServer::Start(server_options);
-  ASSERT_TRUE(server.ok()) << server.status();
-  auto proxy = SlowConnectProxy::Start((*server)->port(), absl::Milliseconds(600));
+  auto server = StartServer(ServiceLimits().rendezvous_timeout, absl::Seconds(1));
+  ASSERT_NE(server, nullptr);
+  auto proxy = SlowConnectProxy::Start(server->port(), absl::Milliseconds(600));
   ASSERT_TRUE(proxy.ok()) << proxy.status();
   PlannerClientOptions options;
   options.mode = GetParam();
