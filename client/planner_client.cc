@@ -116,11 +116,18 @@ struct PlannerClient::Rep {
   void LogGammaNote(const v1::StepSpec& spec, const std::string& note, double gamma) {
     if (!leader() || logged_gamma_note == note) return;
     logged_gamma_note = note;
+    // The measured model's fitted part is its attention table.
+    const bool table = spec.cost_model() == v1::COST_MODEL_MEASURED;
+    const std::string fitted =
+        table ? std::string("attention table") : absl::StrCat("gamma ", gamma);
+    const std::string given =
+        table ? std::string("the spec's attention table") : absl::StrCat("gamma ", gamma);
     Log(note.empty() ? LogLevel::kInfo : LogLevel::kWarning,
         note.empty() ? absl::StrCat("rank 0: step ", spec.step(),
-                                    " is planned with the service's fitted gamma ", gamma)
-                     : absl::StrCat("rank 0: online gamma fit not used at step ", spec.step(), ": ",
-                                    note, "; planning with gamma ", gamma));
+                                    " is planned with the service's fitted ", fitted)
+                     : absl::StrCat("rank 0: online ", table ? "table" : "gamma",
+                                    " fit not used at step ", spec.step(), ": ", note,
+                                    "; planning with ", given));
   }
 
   // Per-rank mode: every rank draws one and all take rank 0's (one small

@@ -1,5 +1,7 @@
 #include "client/step_requests.h"
 
+#include <utility>
+
 #include "proto/mask_proto.h"
 
 namespace knapformer {
@@ -41,10 +43,15 @@ v1::PlanGroupRequest GroupRequests::Request(const v1::StepSpec& spec, uint64_t i
       v1::StepTiming* timing = request.add_previous();
       *timing = gathered.timings[r];
       if (timing->compute_seconds() <= 0) continue;
-      for (const auto& [step, work] : recent_work_) {
-        if (step != timing->step() || r >= work.size()) continue;
-        timing->set_linear_work(work[r].linear);
-        timing->set_attention_work(work[r].attention);
+      for (const StepWork& kept : recent_work_) {
+        if (kept.step != timing->step() || r >= kept.work.size()) continue;
+        timing->set_linear_work(kept.work[r].linear);
+        timing->set_attention_work(kept.work[r].attention);
+        timing->clear_attention_by_pair_point();
+        if (r < kept.weights.size()) {
+          timing->mutable_attention_by_pair_point()->Add(kept.weights[r].begin(),
+                                                         kept.weights[r].end());
+        }
       }
     }
   }
@@ -55,9 +62,12 @@ void GroupRequests::KeepWork(const v1::StepSpec& spec, const Gathered& gathered,
                              const StepPlan& step, bool leader) {
   if (gathered.any_timing) ranks_send_timings_ = true;
   if (!leader || !ranks_send_timings_ || step.whole == nullptr) return;
-  recent_work_.emplace_back(
-      spec.step(),
-      RankWork(*step.whole, spec.d_model(), gathered.masks.empty() ? nullptr : &gathered.masks));
+  const RankMasks* masks = gathered.masks.empty() ? nullptr : &gathered.masks;
+  StepWork kept{spec.step(), RankWork(*step.whole, spec.d_model(), masks), {}};
+  if (spec.cost_model() == v1::COST_MODEL_MEASURED && spec.use_fitted_gamma()) {
+    kept.weights = RankPairWeights(*step.whole, masks);
+  }
+  recent_work_.push_back(std::move(kept));
   while (recent_work_.size() > kKeptSteps) recent_work_.pop_front();
 }
 

@@ -16,6 +16,7 @@
 #include "knapformer/v1/planner.pb.h"
 #include "planner/attention_mask.h"
 #include "planner/calibration.h"
+#include "planner/measured_fit.h"
 
 namespace knapformer {
 
@@ -41,7 +42,9 @@ class GroupRequests {
 
   // After `step` of `spec` was planned: once the ranks send timings (this
   // step's `gathered` has some, or an earlier one had), keeps the work its
-  // plan gives every rank, for the last kKeptSteps steps. On rank 0 only
+  // plan gives every rank, for the last kKeptSteps steps, and under the
+  // measured cost model with use_fitted_gamma each rank's attention by grid
+  // point (the service fits the table from them). On rank 0 only
   // (`leader`); a plan without the whole group's (step.whole) is skipped.
   void KeepWork(const v1::StepSpec& spec, const Gathered& gathered, const StepPlan& step,
                 bool leader);
@@ -49,8 +52,13 @@ class GroupRequests {
   static constexpr size_t kKeptSteps = 16;
 
  private:
+  struct StepWork {
+    uint64_t step = 0;
+    std::vector<WorkSample> work;
+    std::vector<PairWeights> weights;  // empty but for the measured table's fit
+  };
   bool ranks_send_timings_ = false;
-  std::deque<std::pair<uint64_t, std::vector<WorkSample>>> recent_work_;
+  std::deque<StepWork> recent_work_;
 };
 
 }  // namespace knapformer

@@ -143,7 +143,7 @@ std::vector<PairWeights> RankPairWeights(const Plan& plan, const RankMasks* mask
 }
 
 absl::StatusOr<MeasuredAttention> FitMeasuredAttentionFromSteps(
-    const std::vector<StepSample>& steps, double k) {
+    const std::vector<StepSample>& steps, double k, const MeasuredAttention* prior) {
   if (!std::isfinite(k) || k <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("k: must be a finite number > 0, got ", k));
   }
@@ -184,6 +184,10 @@ absl::StatusOr<MeasuredAttention> FitMeasuredAttentionFromSteps(
   // unit norm for the solve.
   std::vector<std::vector<double>> g(m, std::vector<double>(m, 0.0));
   std::vector<double> h(m, 0.0), row(m);
+  // The prior's scale that best explains the steps (its shape is what
+  // guides the fit, not its level: a table from another device, or a
+  // gamma line, may be off by a factor throughout).
+  double prior_xx = 0, prior_xy = 0;
   for (const StepSample& step : steps) {
     const double w = step.work.seconds > 0 ? 1.0 / step.work.seconds : 1.0;
     double above = 0;
@@ -192,9 +196,34 @@ absl::StatusOr<MeasuredAttention> FitMeasuredAttentionFromSteps(
       row[i] = w * above;
     }
     const double attention_seconds = w * (step.work.seconds - k * step.work.linear);
+    if (prior != nullptr) {
+      double priced = 0;
+      for (size_t i = 0; i < m; ++i) {
+        priced += step.weights[points[i]] * k * prior->Work(PairGridPoint(points[i]));
+      }
+      prior_xx += w * priced * w * priced;
+      prior_xy += w * priced * attention_seconds;
+    }
     for (size_t i = 0; i < m; ++i) {
       h[i] += row[i] * attention_seconds;
       for (size_t c = 0; c < m; ++c) g[i][c] += row[i] * row[c];
+    }
+  }
+  if (prior != nullptr) {
+    // Point i's row: (seconds at i - the scaled prior's) relative to the
+    // scaled prior's (or to a millionth of the longest step where it is 0).
+    const double scale = prior_xx > 0 && prior_xy > 0 ? prior_xy / prior_xx : 1.0;
+    double longest = 0;
+    for (const StepSample& step : steps) longest = std::max(longest, step.work.seconds);
+    constexpr double kPriorWeight = 1e-3;  // squared: a millionth
+    for (size_t i = 0; i < m; ++i) {
+      const double target = scale * k * prior->Work(PairGridPoint(points[i]));
+      const double w = kPriorWeight / std::max(target, 1e-6 * longest);
+      if (!std::isfinite(w)) continue;
+      for (size_t a = 0; a <= i; ++a) {
+        h[a] += w * w * target;
+        for (size_t c = 0; c <= i; ++c) g[a][c] += w * w;
+      }
     }
   }
   std::vector<double> norm(m);

@@ -55,11 +55,20 @@ struct StepSample {
 // points some step attends around, so that between the table's points every
 // value is what the steps measured.
 //
+// `prior` (optional; the table the job started from) is the shape the fit
+// keeps where the steps cannot tell: scaled to explain the steps best (a
+// table from another device, or a gamma line, may be off by a factor
+// throughout), a point 100% off it costs what one step 0.1% off its time
+// costs, so the steps decide wherever they can.
+// Why: steps of one length between two grid points fix one mix of the
+// two points, not each; without a prior the fit may leave the upper point
+// flat, and every longer sequence would be priced as if it were no longer.
+//
 // InvalidArgument: k not finite and > 0, a sample not finite or negative,
 // no step with attention, or fewer steps than 2 per table point (too few to
 // fit the points: the caller keeps waiting for steps of more lengths).
 absl::StatusOr<MeasuredAttention> FitMeasuredAttentionFromSteps(
-    const std::vector<StepSample>& steps, double k);
+    const std::vector<StepSample>& steps, double k, const MeasuredAttention* prior = nullptr);
 
 }  // namespace knapformer
 

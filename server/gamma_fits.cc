@@ -1,5 +1,7 @@
 #include "server/gamma_fits.h"
 
+#include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -34,14 +36,24 @@ std::deque<GammaFits::PlannedWork>* GammaFits::FindGroup(const v1::StepSpec& spe
   return &group_it->second;
 }
 
-void GammaFits::RecordPlanned(const v1::StepSpec& spec, std::vector<WorkSample> rank_work) {
+void GammaFits::RecordPlanned(const v1::StepSpec& spec, std::vector<WorkSample> rank_work,
+                              std::vector<PairWeights> rank_weights,
+                              const MeasuredAttention* prior) {
   absl::MutexLock lock(&mu_);
   Job* job = nullptr;
   std::deque<PlannedWork>* work = FindGroup(spec, &job);
   if (work == nullptr) return;
+  if (prior != nullptr && !rank_weights.empty() &&
+      (!job->prior.has_value() || job->prior->pairs() != prior->pairs() ||
+       job->prior->work() != prior->work())) {
+    job->prior = *prior;
+    job->table_steps_changed = true;
+  }
   if (!rank_work.empty() && limits_.timed_steps > 0) {
     const size_t ranks = rank_work.size();
-    work->push_back({spec.step(), std::move(rank_work), std::vector<bool>(ranks, false)});
+    if (rank_weights.size() != ranks) rank_weights.clear();
+    work->push_back({spec.step(), std::move(rank_work), std::vector<bool>(ranks, false),
+                     std::move(rank_weights)});
     while (static_cast<int32_t>(work->size()) > limits_.timed_steps) work->pop_front();
   }
   Refit(*job);  // once per step, so the exported gamma keeps up
@@ -68,7 +80,7 @@ void GammaFits::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::Step
     // timing brings its work. Recorded as a step so that a retried
     // request does not count twice.
     if (!carried || limits_.timed_steps <= 0 || spec.world_size() <= 0) return;
-    work->push_back({timing.step(), {}, std::vector<bool>(spec.world_size(), false)});
+    work->push_back({timing.step(), {}, std::vector<bool>(spec.world_size(), false), {}});
     while (static_cast<int32_t>(work->size()) > limits_.timed_steps) work->pop_front();
     planned = &work->back();
   }
@@ -89,6 +101,28 @@ void GammaFits::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::Step
   }
   planned->timed[rank] = true;
   sample.seconds = timing.compute_seconds();
+  // A sample of the table needs the rank's attention by grid point in the
+  // plan it ran: carried with the work (group mode: any replica), else
+  // this server's plan's, when the rank ran it (the work it carries, if
+  // any, is this plan's).
+  const auto& carried_weights = timing.attention_by_pair_point();
+  std::optional<PairWeights> weights;
+  if (carried && carried_weights.size() == kPairGridPoints) {
+    weights.emplace();
+    std::copy(carried_weights.begin(), carried_weights.end(), weights->begin());
+  } else if (rank < static_cast<int32_t>(planned->rank_weights.size())) {
+    const WorkSample& own = planned->rank_work[rank];
+    if (!carried || (own.linear == sample.linear && own.attention == sample.attention)) {
+      weights = planned->rank_weights[rank];
+    }
+  }
+  if (weights.has_value()) {
+    job->table_steps.push_back({sample, *weights});
+    while (job->table_steps.size() > static_cast<size_t>(kTableWindow)) {
+      job->table_steps.pop_front();
+    }
+    job->table_steps_changed = true;
+  }
   std::deque<WorkSample>& timings = job->timings;
   timings.push_back(sample);
   while (static_cast<int32_t>(timings.size()) > limits_.timing_window) timings.pop_front();
@@ -120,6 +154,43 @@ void GammaFits::Refit(Job& job) const {
                                 " timing samples failed: ", fit.status().message(),
                                 job.fit.has_value() ? " (the previous fit is used)" : "");
   }
+}
+
+void GammaFits::RefitTable(Job& job) const {
+  if (!job.table_steps_changed) return;
+  if (!job.fit.has_value()) {
+    job.table_note = absl::StrCat("no gamma fit yet, whose k the table needs: ", job.fit_note);
+    return;  // its samples stay new until there is a k
+  }
+  job.table_steps_changed = false;
+  absl::StatusOr<MeasuredAttention> table = FitMeasuredAttentionFromSteps(
+      std::vector<StepSample>(job.table_steps.begin(), job.table_steps.end()), job.fit->k,
+      job.prior.has_value() ? &*job.prior : nullptr);
+  if (table.ok()) {
+    job.table = *std::move(table);
+    job.table_note.clear();
+  } else {
+    job.table_note = absl::StrCat("the table's fit of ", job.table_steps.size(),
+                                  " timed steps failed: ", table.status().message(),
+                                  job.table.has_value() ? " (the previous table is used)" : "");
+  }
+}
+
+std::optional<MeasuredAttention> GammaFits::FittedTable(const std::string& job_id,
+                                                        std::string* note) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.table_steps.empty()) {
+    if (note != nullptr) {
+      *note = "no timed steps of this job planned by this server yet (record_compute_seconds "
+              "on every rank)";
+    }
+    return std::nullopt;
+  }
+  Refit(it->second);
+  RefitTable(it->second);
+  if (note != nullptr) *note = it->second.table_note;
+  return it->second.table;
 }
 
 std::optional<CostFit> GammaFits::FittedCost(const std::string& job_id, std::string* note) {
@@ -156,7 +227,7 @@ GammaFits::Usage GammaFits::usage() const {
     for (const auto& [key, work] : job.groups) {
       usage.planned_steps += static_cast<int64_t>(work.size());
     }
-    usage.samples += static_cast<int64_t>(job.timings.size());
+    usage.samples += static_cast<int64_t>(job.timings.size() + job.table_steps.size());
   }
   return usage;
 }

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
+#include "planner/measured_fit.h"
 #include "planner/step_solve.h"
 #include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
@@ -288,6 +289,18 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
         gamma_note = absl::StrCat("the fitted gamma is not usable: ", fitted.status().message());
       }
     }
+  } else if (spec.use_fitted_gamma() && cost.kind() == CostKind::kMeasured) {
+    // The measured model's fitted part is its attention table.
+    if (std::optional<MeasuredAttention> table =
+            gamma_fits_.FittedTable(spec.job_id(), &gamma_note)) {
+      absl::StatusOr<CostModel> fitted =
+          CostModel::Create(cost.d_model(), cost.gamma(), CostKind::kMeasured, &*table);
+      if (fitted.ok()) {
+        cost = *fitted;
+      } else {
+        gamma_note = absl::StrCat("the fitted table is not usable: ", fitted.status().message());
+      }
+    }
   } else if (spec.use_fitted_gamma()) {
     gamma_note = absl::StrCat("the ", CostKindName(cost.kind()),
                               " cost model has no gamma to fit");
@@ -305,8 +318,15 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
     balance->set_gamma_note(gamma_note);
   }
   std::vector<WorkSample> rank_work;
-  if (gamma_fits_.WantsWork(spec.job_id())) rank_work = RankWork(*plan, cost.d_model(), &masks);
-  gamma_fits_.RecordPlanned(spec, std::move(rank_work));
+  std::vector<PairWeights> rank_weights;
+  if (gamma_fits_.WantsWork(spec.job_id())) {
+    rank_work = RankWork(*plan, cost.d_model(), &masks);
+    if (spec.use_fitted_gamma() && cost.kind() == CostKind::kMeasured) {
+      rank_weights = RankPairWeights(*plan, &masks);
+    }
+  }
+  gamma_fits_.RecordPlanned(spec, std::move(rank_work), std::move(rank_weights),
+                            checked.cost.measured());
   rendezvous_.RecordPlanned(spec, plan->topology, *balance, solved);
   metrics_.RecordStep(spec.job_id(), *balance, spec.token_bytes(),
                       absl::ToDoubleSeconds(solved - start), wait_seconds, solved);

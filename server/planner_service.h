@@ -95,6 +95,8 @@ class PlannerService final : public PlannerServiceBase {
   ServiceMetrics& metrics() { return metrics_; }
   const Rendezvous& rendezvous() const { return rendezvous_; }
   const GammaFits& gamma_fits() const { return gamma_fits_; }
+  // Its fits are refitted as they are read (FittedCost, FittedTable).
+  GammaFits& gamma_fits() { return gamma_fits_; }
   // Bytes of requests held (estimated before parsing), in all and by job.
   const JobQuota& request_memory() const { return request_memory_; }
 

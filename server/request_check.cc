@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "planner/measured_fit.h"
 #include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
 
@@ -120,6 +121,19 @@ absl::Status CheckTiming(const std::string& field, const v1::StepTiming& timing)
     if (!std::isfinite(work) || work < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".", name, ": must be a finite number >= 0, got ", work));
+    }
+  }
+  const auto& weights = timing.attention_by_pair_point();
+  if (!weights.empty() && weights.size() != kPairGridPoints) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".attention_by_pair_point: ", weights.size(),
+                     " values; empty, or one per grid point (", kPairGridPoints, ")"));
+  }
+  for (int j = 0; j < weights.size(); ++j) {
+    if (!std::isfinite(weights[j]) || weights[j] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".attention_by_pair_point[", j,
+                                                     "]: must be a finite number >= 0, got ",
+                                                     weights[j]));
     }
   }
   return absl::OkStatus();

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "knapformer/v1/planner.pb.h"
+#include "planner/measured_cost.h"
+#include "planner/measured_fit.h"
 
 namespace knapformer {
 namespace {
@@ -178,9 +180,23 @@ class Scanner {
       switch (number) {
         case 1: return Scalar(wire, kVarint);  // step
         case 2: case 3: case 4: return Scalar(wire, kFixed64);
+        case 5: return Floats(wire, &shape_.timing_weights);  // attention_by_pair_point
         default: return Unknown(wire);
       }
     });
+  }
+
+  // A repeated float: packed (4 bytes a value) or one value.
+  bool Floats(int wire, int64_t* count) {
+    if (wire == kFixed32) {
+      ++*count;
+      return Skip(wire);
+    }
+    if (wire != kLengthDelimited) return Unknown(wire);
+    uint32_t length = 0;
+    if (!in_.ReadVarint32(&length) || length > INT_MAX) return false;
+    *count += length / 4;
+    return in_.Skip(static_cast<int>(length));
   }
 
   bool Mask() {
@@ -253,6 +269,11 @@ absl::Status CheckRequestShape(const RequestShape& shape, const ServiceLimits& l
   if (group && shape.timings > limits.max_world_size) {
     return TooMany("previous", shape.timings, "entries", limits.max_world_size, " ranks");
   }
+  const int64_t max_weights = (group ? shape.timings : 1) * kPairGridPoints;
+  if (shape.timing_weights > max_weights) {
+    return TooMany("previous.attention_by_pair_point", shape.timing_weights, "values",
+                   max_weights, " (one per grid point per timing)");
+  }
   if (shape.rank_sequences > limits.max_sequences_per_rank) {
     return TooMany(group ? absl::StrCat("ranks[", shape.fullest_rank, "].sequence_lengths")
                          : std::string("sequence_lengths"),
@@ -297,7 +318,7 @@ int64_t EstimatedParsedBytes(const RequestShape& shape) {
   constexpr int64_t kUnknownField = 16;
   constexpr int64_t kFixed = 16 << 10;
   return kFixed + shape.wire_bytes + kGrowth * (8 * shape.sequences + 8 * shape.span_lengths +
-                                                shape.span_flags +
+                                                shape.span_flags + 4 * shape.timing_weights +
                                                 kUnknownField * shape.unknown_fields) +
          shape.masks * (sizeof(v1::AttentionMask) + kGrowth * kPointer) +
          shape.ranks * (sizeof(v1::RankLengths) + kGrowth * kPointer) +
@@ -311,11 +332,14 @@ int64_t MaxRequestWireBytes(const ServiceLimits& limits) {
   // per value, and a request that needs the room is refused).
   constexpr int64_t kField = 6;
   constexpr int64_t kLength = 5;
-  constexpr int64_t kTiming = kField + 11 + 3 * 9;                    // StepTiming
+  constexpr int64_t kTiming =
+      kField + 11 + 3 * 9 + kField + 4 * kPairGridPoints;  // StepTiming
   constexpr int64_t kMask = kField + 2 * 11 + 2 * kField;             // kind, window, 2 runs
   constexpr int64_t kRank = kField + kField + kTiming;                // RankLengths, previous
-  constexpr int64_t kSpecFixed =
-      kField + 2 * (kField + kMaxIdLength) + 12 * 11 + kField + 6 * 11;  // ids, scalars, machine
+  // The measured cost model's table: two packed runs of doubles.
+  constexpr int64_t kTable = kField + 2 * (kField + 8 * MeasuredAttention::kMaxPoints);
+  constexpr int64_t kSpecFixed = kField + 2 * (kField + kMaxIdLength) + 12 * 11 + kField +
+                                 6 * 11 + kTable;  // ids, scalars, machine, table
   // The topology string: at most one bag term ("g1n1+") per rank, and a few.
   const int64_t spec = kSpecFixed + kField + 8 * (int64_t{limits.max_world_size} + 4);
   const int64_t bytes = spec + kRank * limits.max_world_size +

@@ -27,6 +27,8 @@ struct RequestShape {
   // PlanGroupRequest.ranks and .previous entries (a PlanRequest: 1 and 0).
   int64_t ranks = 0;
   int64_t timings = 0;
+  // Over all timings: attention_by_pair_point values.
+  int64_t timing_weights = 0;
   // Over all ranks: sequence lengths, attention masks, and the masks'
   // span_lengths and span_causal entries.
   int64_t sequences = 0;

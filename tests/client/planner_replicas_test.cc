@@ -3,6 +3,7 @@
 // steps costs no step (every step still comes from the service, exact), and
 // per-rank mode refuses a target naming several replicas.
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
 #include "planner/calibration.h"
+#include "planner/measured_cost.h"
 #include "server/planner_server.h"
 #include "transport/local_transport.h"
 
@@ -189,6 +191,63 @@ TEST(PlannerReplicasTest, EveryReplicaFitsGammaFromTimingsOfStepsOthersPlanned) 
   for (int s = kSteps - 3; s < kSteps; ++s) {
     for (int r = 0; r < kRanks; ++r) {
       EXPECT_NEAR(gamma_used[s][r], kTrueGamma, 1e-3) << "step " << s << " rank " << r;
+    }
+  }
+}
+
+// The measured model under use_fitted_gamma, over replicas: each replica
+// fits the job's attention table from the timings of the steps it planned
+// itself (a timing carries the work of the plan the ranks ran, which must
+// be that replica's own, bit for bit, for its grid weights to count), and
+// plans with it. The ranks' times follow gamma 2's line; the spec's table
+// is gamma 0.5's.
+TEST(PlannerReplicasTest, EachReplicaFitsAMeasuredJobsTableFromTheStepsItPlanned) {
+  std::vector<std::unique_ptr<PlannerServer>> replicas;
+  std::vector<std::string> addresses;
+  PlannerClientOptions options;
+  ASSERT_NO_FATAL_FAILURE(StartReplicas(&replicas, &addresses, &options));
+  constexpr int kSteps = 48;
+  constexpr double kTrueGamma = 2.0;
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+  std::vector<std::vector<std::string>> notes(kSteps, std::vector<std::string>(kRanks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      ASSERT_TRUE(client.ok()) << client.status();
+      v1::StepTiming previous;
+      for (int s = 0; s < kSteps; ++s) {
+        v1::StepSpec spec = Spec(s);
+        spec.set_use_fitted_gamma(true);
+        spec.set_cost_model(v1::COST_MODEL_MEASURED);
+        for (double pairs : {1.0, 1e7}) {
+          spec.mutable_measured_attention()->add_pairs(pairs);
+          spec.mutable_measured_attention()->add_work(0.5 * 4 * 64 * pairs);
+        }
+        auto step = (*client)->Plan(spec, Lengths(s, r), s > 0 ? &previous : nullptr);
+        ASSERT_TRUE(step.ok()) << "step " << s << ": " << step.status();
+        ASSERT_EQ(step->source, PlanSource::kService);
+        ASSERT_NE(step->whole, nullptr);
+        notes[s][r] = step->gamma_note;
+        const WorkSample work = RankWork(*step->whole, spec.d_model())[r];
+        previous.set_step(s);
+        previous.set_compute_seconds(1e-9 * (work.linear + kTrueGamma * work.attention));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_THAT(notes[0][0], HasSubstr("no timed steps of this job planned by this server"));
+  for (int s = kSteps - 3; s < kSteps; ++s) {
+    for (int r = 0; r < kRanks; ++r) EXPECT_EQ(notes[s][r], "") << "step " << s << " rank " << r;
+  }
+  for (const auto& replica : replicas) {
+    std::optional<MeasuredAttention> table =
+        replica->service().gamma_fits().FittedTable(kJob);
+    ASSERT_TRUE(table.has_value()) << replica->address();
+    // At lengths the steps had (up to 400, and 1200), as gamma 2 prices them.
+    for (double l : {100.0, 200.0, 300.0, 1200.0}) {
+      const double want = kTrueGamma * 4 * 64 * l * l;
+      EXPECT_NEAR(table->Work(l * l), want, 1e-2 * want) << "length " << l;
     }
   }
 }

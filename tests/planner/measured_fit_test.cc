@@ -156,6 +156,62 @@ TEST(FitMeasuredAttentionFromStepsTest, WithNoisyTimesItIsCloseAndNeverDecreases
   EXPECT_LT(worst, 0.05);
 }
 
+// Steps whose only long sequences are 1200 tokens: 1200^2 pairs lie between
+// grid points 4^10 and 4^11, and one length there fixes one mix of the two.
+std::vector<StepSample> StepsWithOneLongLength(int count, double k) {
+  std::mt19937_64 rng(7);
+  const World world = *World::Create(*Topology::Parse("g1n2+g2n1"), 4);
+  std::uniform_real_distribution<double> log_length(std::log(64), std::log(400));
+  const MeasuredAttention table = TrueTable();
+  std::vector<StepSample> steps;
+  while (static_cast<int>(steps.size()) < count) {
+    RankLengths lengths(4);
+    for (auto& rank : lengths) {
+      for (int n = 1 + static_cast<int>(rng() % 4); n > 0; --n) {
+        rank.push_back(std::llround(std::exp(log_length(rng))));
+      }
+      if (rng() % 2 == 0) rank.push_back(1200);
+    }
+    const Plan plan = *BalanceGreedy(world, *CostModel::Create(kDModel, 1.0), lengths);
+    const std::vector<WorkSample> work = RankWork(plan, kDModel);
+    const std::vector<PairWeights> weights = RankPairWeights(plan);
+    const std::vector<double> seconds = TrueSeconds(plan, table, k);
+    for (int r = 0; r < 4; ++r) {
+      StepSample step{work[r], weights[r]};
+      step.work.seconds = seconds[r];
+      steps.push_back(step);
+    }
+  }
+  return steps;
+}
+
+TEST(FitMeasuredAttentionFromStepsTest, APriorHoldsThePointsTheStepsCannotTellApart) {
+  constexpr double kK = 1e-12;
+  const std::vector<StepSample> steps = StepsWithOneLongLength(400, kK);
+  const MeasuredAttention truth = TrueTable();
+  // A prior of another shape (a straight line in the pairs, through the
+  // truth at 4^12) and a quarter of the level: the steps overrule it where
+  // they can.
+  const double per_pair = truth.Work(PairGridPoint(12)) / PairGridPoint(12) / 4;
+  const MeasuredAttention prior =
+      *MeasuredAttention::Create({1.0, 1e12}, {per_pair, per_pair * 1e12}, "prior");
+  for (const MeasuredAttention* given : {static_cast<const MeasuredAttention*>(nullptr), &prior}) {
+    absl::StatusOr<MeasuredAttention> fitted = FitMeasuredAttentionFromSteps(steps, kK, given);
+    ASSERT_TRUE(fitted.ok()) << fitted.status();
+    // What the steps measured: the 1200-token sequence, and lengths 64..400.
+    for (double l : {1200.0, 64.0, 100.0, 200.0, 400.0}) {
+      EXPECT_NEAR(fitted->Work(l * l), truth.Work(l * l), 1e-3 * truth.Work(l * l))
+          << "length " << l << (given ? " with" : " without") << " the prior";
+    }
+  }
+  // With the prior the point above 1200 tokens (2048) grows with the
+  // pairs as the prior does, instead of staying wherever the mix allows.
+  const MeasuredAttention fitted = *FitMeasuredAttentionFromSteps(steps, kK, &prior);
+  const double above = PairGridPoint(11), below = PairGridPoint(10);
+  EXPECT_GT(fitted.Work(above), 2.5 * fitted.Work(below));
+  EXPECT_NEAR(fitted.Work(above), truth.Work(above), 0.5 * truth.Work(above));
+}
+
 TEST(FitMeasuredAttentionFromStepsTest, TooFewStepsOrABadScaleAreRefusedByName) {
   constexpr double kK = 1e-12;
   const std::vector<StepSample> steps = Steps(8, kK, 0.0, 5);

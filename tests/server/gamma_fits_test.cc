@@ -237,6 +237,96 @@ TEST(GammaFitsTest, ATimingsCarriedWorkIsUsedBeforeTheServersOwnPlans) {
   EXPECT_NEAR(fit->gamma, 2.0, 1e-6);
 }
 
+// A measured-model job's step of rank r: one sequence's worth of attention
+// on one of four grid points, with work and time as the transformer model
+// at gamma 0.49 gives them, so the table fitted is gamma*4*d*pairs.
+struct TableStep {
+  std::vector<WorkSample> work;
+  std::vector<PairWeights> weights;
+};
+TableStep MeasuredStep(uint64_t step) {
+  constexpr double kD = 1024;  // Spec's d_model
+  TableStep planned;
+  for (int r = 0; r < 4; ++r) {
+    const int point = 3 + static_cast<int>((step + r) % 4);
+    const double share = 1.0 + r;
+    PairWeights weights{};
+    weights[point] = static_cast<float>(share);
+    planned.weights.push_back(weights);
+    planned.work.push_back({1e9 * (r + 1) * (1 + step % 3), 4 * kD * share * PairGridPoint(point), 0});
+  }
+  return planned;
+}
+
+TEST(GammaFitsTest, AMeasuredJobsTimedStepsFitItsTableWhenTheRanksRanThisServersPlan) {
+  ServiceLimits limits;
+  limits.min_timing_samples = 8;
+  GammaFits fits{limits};
+  fits.AddGroup("job", "", 0);
+  std::string note;
+  EXPECT_FALSE(fits.FittedTable("job", &note).has_value());
+  EXPECT_THAT(note, ::testing::HasSubstr("no timed steps of this job planned by this server"));
+  // A timing carrying work that is not this server's plan's (the ranks ran
+  // another plan) counts for gamma, not for the table.
+  for (uint64_t step = 0; step < 12; ++step) {
+    const TableStep planned = MeasuredStep(step);
+    fits.RecordPlanned(Spec(step), planned.work, planned.weights);
+    for (int32_t rank = 0; rank < 4; ++rank) {
+      WorkSample other = planned.work[rank];
+      other.linear *= 2;
+      fits.AddTiming(Spec(step + 1), rank, Carrying(step, other, 0.49));
+    }
+  }
+  ASSERT_TRUE(fits.FittedCost("job").has_value());
+  EXPECT_FALSE(fits.FittedTable("job").has_value());
+  // Timings carrying this server's plan's work (group mode), and timings
+  // carrying none (per-rank mode), are samples of the table.
+  for (uint64_t step = 20; step < 26; ++step) {
+    const TableStep planned = MeasuredStep(step);
+    fits.RecordPlanned(Spec(step), planned.work, planned.weights);
+    for (int32_t rank = 0; rank < 4; ++rank) {
+      fits.AddTiming(Spec(step + 1), rank,
+                     step % 2 == 0 ? Carrying(step, planned.work[rank], 0.49)
+                                   : Timing(step, planned.work[rank], 0.49));
+    }
+  }
+  std::optional<MeasuredAttention> table = fits.FittedTable("job", &note);
+  ASSERT_TRUE(table.has_value()) << note;
+  EXPECT_EQ(note, "");
+  const CostFit fit = *fits.FittedCost("job");
+  EXPECT_NEAR(fit.gamma, 0.49, 1e-6);
+  ASSERT_EQ(table->pairs().size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(table->pairs()[i], PairGridPoint(3 + static_cast<int>(i)));
+    const double want = 0.49 * 4 * 1024 * table->pairs()[i];
+    EXPECT_NEAR(table->work()[i], want, 1e-4 * want) << "point " << i;
+  }
+  // A timing of a step this server did not plan (another replica did)
+  // is a sample of the table when it carries the rank's grid weights.
+  const int64_t samples = fits.usage().samples;
+  const TableStep elsewhere = MeasuredStep(40);
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    v1::StepTiming timing = Carrying(40, elsewhere.work[rank], 0.49);
+    if (rank < 2) {
+      timing.mutable_attention_by_pair_point()->Add(elsewhere.weights[rank].begin(),
+                                                    elsewhere.weights[rank].end());
+    }
+    fits.AddTiming(Spec(41), rank, timing);
+  }
+  EXPECT_EQ(fits.usage().samples, samples + 4 + 2);  // 4 for gamma, 2 for the table
+  ASSERT_TRUE(fits.FittedTable("job", &note).has_value());
+  EXPECT_EQ(note, "");
+
+  // A job planned without grid weights (any other model) has no table.
+  fits.AddGroup("plain", "", 0);
+  const TableStep planned = MeasuredStep(0);
+  fits.RecordPlanned(Spec(0, "plain"), planned.work);
+  for (int32_t rank = 0; rank < 4; ++rank) {
+    fits.AddTiming(Spec(1, "plain"), rank, Timing(0, planned.work[rank], 0.49));
+  }
+  EXPECT_FALSE(fits.FittedTable("plain").has_value());
+}
+
 // A timing of a step whose work is no longer kept (more than timed_steps
 // planned steps ago) or was never known, and carries none, is no sample;
 // nor is any timing of a group or job not added.

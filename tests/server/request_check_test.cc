@@ -172,6 +172,18 @@ std::vector<BadRequest> BadRequests() {
          r.mutable_previous()->set_attention_work(std::numeric_limits<double>::infinity());
        },
        kInvalid, "previous.attention_work", "must be a finite number >= 0, got inf"},
+      {"attention_by_pair_point of 3 values",
+       [](R& r, L&) {
+         for (int j = 0; j < 3; ++j) r.mutable_previous()->add_attention_by_pair_point(1);
+       },
+       kInvalid, "previous.attention_by_pair_point", "3 values; empty, or one per grid point (32)"},
+      {"negative attention_by_pair_point",
+       [](R& r, L&) {
+         for (int j = 0; j < 32; ++j) {
+           r.mutable_previous()->add_attention_by_pair_point(j == 4 ? -1 : 0);
+         }
+       },
+       kInvalid, "previous.attention_by_pair_point[4]", "must be a finite number >= 0, got -1"},
       {"rank -1", [](R& r, L&) { r.set_rank(-1); }, kInvalid, "rank",
        "-1 is outside [0, world_size = 8)"},
       {"rank == world_size", [](R& r, L&) { r.set_rank(8); }, kInvalid, "rank",

@@ -15,6 +15,8 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
 #include "knapformer/v1/planner.pb.h"
+#include "planner/measured_cost.h"
+#include "planner/measured_fit.h"
 #include "server/arena_messages.h"
 #include "tests/server/wire_bytes.h"
 
@@ -63,6 +65,7 @@ v1::PlanGroupRequest GroupRequest() {
     v1::StepTiming* timing = request.add_previous();
     timing->set_step(7);
     timing->set_compute_seconds(0.5);
+    for (int j = 0; j < kPairGridPoints; ++j) timing->add_attention_by_pair_point(j == 5);
   }
   return request;
 }
@@ -76,6 +79,7 @@ TEST(RequestScanTest, CountsWhatTheParserFinds) {
   EXPECT_EQ(shape->wire_bytes, static_cast<int64_t>(request.ByteSizeLong()));
   EXPECT_EQ(shape->ranks, 3);
   EXPECT_EQ(shape->timings, 3);
+  EXPECT_EQ(shape->timing_weights, 3 * kPairGridPoints);
   EXPECT_EQ(shape->sequences, 6);
   EXPECT_EQ(shape->masks, 6);
   EXPECT_EQ(shape->span_lengths, 1 + (1 + 2) + (1 + 2 + 3));
@@ -163,6 +167,17 @@ TEST(RequestScanTest, RefusesEachLimitByName) {
     EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << c.message;
     EXPECT_THAT(status.message(), HasSubstr(c.message));
   }
+  // A timing with more values than grid points (a PlanRequest's previous
+  // sent twice merges into one).
+  v1::PlanRequest plan;
+  for (int j = 0; j <= kPairGridPoints; ++j) {
+    plan.mutable_previous()->add_attention_by_pair_point(1);
+  }
+  shape = ScanPlan(plan.SerializeAsString());
+  ASSERT_TRUE(shape.ok());
+  EXPECT_THAT(CheckRequestShape(*shape, ServiceLimits()).message(),
+              HasSubstr("previous.attention_by_pair_point: 33 values exceed the limit of 32 (one "
+                        "per grid point per timing)"));
   // 64 MiB of zero lengths in one rank: refused by count, nothing parsed.
   const std::string zeros = Field(2, Field(1, std::string(64 << 20, '\0')));
   shape = ScanGroup(zeros);
@@ -255,6 +270,11 @@ TEST(RequestScanTest, ReceiveLimitAdmitsTheLargestValidRequest) {
   spec->set_incarnation(~uint64_t{0});
   spec->mutable_machine()->set_flops_per_second(1);
   spec->mutable_machine()->set_gpus_per_node(INT32_MAX);
+  spec->set_cost_model(v1::COST_MODEL_MEASURED);
+  for (int i = 0; i < MeasuredAttention::kMaxPoints; ++i) {
+    spec->mutable_measured_attention()->add_pairs(1e300);
+    spec->mutable_measured_attention()->add_work(1e300);
+  }
   request.set_include_rank_plans(true);
   for (int r = 0; r < 4; ++r) {
     v1::RankLengths* rank = request.add_ranks();
@@ -273,6 +293,7 @@ TEST(RequestScanTest, ReceiveLimitAdmitsTheLargestValidRequest) {
     timing->set_compute_seconds(1);
     timing->set_linear_work(1);
     timing->set_attention_work(1);
+    for (int j = 0; j < kPairGridPoints; ++j) timing->add_attention_by_pair_point(1);
   }
   EXPECT_LE(static_cast<int64_t>(request.ByteSizeLong()), MaxRequestWireBytes(limits));
   EXPECT_EQ(ReceiveLimitBytes(limits), MaxRequestWireBytes(limits));

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 #include <tuple>
@@ -20,6 +21,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "planner/balancer.h"
+#include "planner/measured_cost.h"
 #include "planner/validate.h"
 #include "proto/plan_proto.h"
 #include "server/planner_server.h"
@@ -1144,6 +1146,65 @@ TEST(ServiceTest, TheFittedGammaLivesAndDiesWithItsJob) {
   EXPECT_EQ(server->service().rendezvous().jobs(), 1);
   EXPECT_EQ(server->service().gamma_fits().usage().jobs, 1);
   EXPECT_EQ(server->service().gamma_fits().usage().samples, 0);
+}
+
+// The measured model under use_fitted_gamma: the service fits the job's
+// attention table from its timed steps and plans with it. One rank, so the
+// test knows the work of every plan: the rank's own sequences; its times
+// are the transformer model's at gamma 2, so the table fitted is that line,
+// not the one the spec starts from (gamma 0.5's).
+TEST(ServiceTest, AMeasuredJobIsPlannedWithTheTableFittedFromItsSteps) {
+  PlannerServerOptions options = TestOptions();
+  options.service.limits.min_timing_samples = 4;
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  constexpr double kD = 64;
+  auto plan = [&](uint64_t step, const std::vector<int64_t>* timed_lengths) {
+    StepParams params;
+    params.job_id = "measured";
+    params.step = step;
+    params.topology = "g1n1";
+    v1::PlanGroupRequest request;
+    *request.mutable_spec() = MakeRequest(params, 1, 0, {}).spec();
+    request.mutable_spec()->set_cost_model(v1::COST_MODEL_MEASURED);
+    request.mutable_spec()->set_use_fitted_gamma(true);
+    for (double pairs : {1.0, 1e8}) {
+      request.mutable_spec()->mutable_measured_attention()->add_pairs(pairs);
+      request.mutable_spec()->mutable_measured_attention()->add_work(0.5 * 4 * kD * pairs);
+    }
+    const std::vector<int64_t> lengths = RandomLengths(1, step + 1)[0];
+    request.add_ranks()->mutable_sequence_lengths()->Add(lengths.begin(), lengths.end());
+    if (timed_lengths != nullptr) {
+      double linear = 0, attention = 0;
+      for (int64_t l : *timed_lengths) {
+        linear += 24.0 * l * kD * kD;
+        attention += 4.0 * l * l * kD;
+      }
+      v1::StepTiming* timing = request.add_previous();
+      timing->set_step(step - 1);
+      timing->set_compute_seconds(1e-12 * (linear + 2.0 * attention));
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::PlanGroupResponse response;
+    grpc::Status status = stub->PlanGroup(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return std::make_pair(lengths, response.balance());
+  };
+  auto [lengths, balance] = plan(0, nullptr);
+  EXPECT_THAT(balance.gamma_note(), HasSubstr("no timed steps of this job planned by this server"));
+  for (uint64_t step = 1; step < 60; ++step) std::tie(lengths, balance) = plan(step, &lengths);
+  EXPECT_EQ(balance.gamma_note(), "");
+  std::optional<MeasuredAttention> table = server->service().gamma_fits().FittedTable("measured");
+  ASSERT_TRUE(table.has_value());
+  EXPECT_GE(table->pairs().size(), 8u);  // lengths up to 4096: points up to 4^12
+  // At lengths that carry a step's time (the shortest weigh a millionth of
+  // it), as gamma 2 prices them.
+  for (double l : {512.0, 1024.0, 2048.0, 3000.0}) {
+    const double want = 2.0 * 4 * kD * l * l;
+    EXPECT_NEAR(table->Work(l * l), want, 1e-2 * want) << "length " << l;
+  }
 }
 
 // Reflection is tested against the `knapformer serve` process
