@@ -182,8 +182,8 @@ std::optional<MeasuredAttention> GammaFits::FittedTable(const std::string& job_i
   auto it = jobs_.find(job_id);
   if (it == jobs_.end() || it->second.table_steps.empty()) {
     if (note != nullptr) {
-      *note = "no timed steps of this job planned by this server yet (record_compute_seconds "
-              "on every rank)";
+      *note = "no timed steps of this job for its table yet (record_compute_seconds on every "
+              "rank)";
     }
     return std::nullopt;
   }

@@ -74,9 +74,10 @@ class GammaFits {
   // or was planned elsewhere and the timing carries no work), and when the
   // rank already sent a timing for that step (a retried request). Ignored
   // too, and the job not marked as timed, for a group not added.
-  // It is a sample of the job's table too when this server's plan of the
-  // step kept the rank's attention by grid point and is the plan the rank
-  // ran (a carried work equal to this plan's).
+  // It is a sample of the job's table too when the timing carries the
+  // rank's attention by grid point with its work, or when this server's
+  // plan of the step kept it and is the plan the rank ran (no carried
+  // work, or this plan's).
   void AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing);
 
   // Whether the job's ranks send timings (so its steps' work is worth keeping).

@@ -236,7 +236,7 @@ TEST(PlannerReplicasTest, EachReplicaFitsAMeasuredJobsTableFromTheStepsItPlanned
     });
   }
   for (std::thread& t : threads) t.join();
-  EXPECT_THAT(notes[0][0], HasSubstr("no timed steps of this job planned by this server"));
+  EXPECT_THAT(notes[0][0], HasSubstr("no timed steps of this job for its table yet"));
   for (int s = kSteps - 3; s < kSteps; ++s) {
     for (int r = 0; r < kRanks; ++r) EXPECT_EQ(notes[s][r], "") << "step " << s << " rank " << r;
   }

@@ -265,7 +265,7 @@ TEST(GammaFitsTest, AMeasuredJobsTimedStepsFitItsTableWhenTheRanksRanThisServers
   fits.AddGroup("job", "", 0);
   std::string note;
   EXPECT_FALSE(fits.FittedTable("job", &note).has_value());
-  EXPECT_THAT(note, ::testing::HasSubstr("no timed steps of this job planned by this server"));
+  EXPECT_THAT(note, ::testing::HasSubstr("no timed steps of this job for its table yet"));
   // A timing carrying work that is not this server's plan's (the ranks ran
   // another plan) counts for gamma, not for the table.
   for (uint64_t step = 0; step < 12; ++step) {

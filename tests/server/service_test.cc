@@ -1193,7 +1193,7 @@ TEST(ServiceTest, AMeasuredJobIsPlannedWithTheTableFittedFromItsSteps) {
     return std::make_pair(lengths, response.balance());
   };
   auto [lengths, balance] = plan(0, nullptr);
-  EXPECT_THAT(balance.gamma_note(), HasSubstr("no timed steps of this job planned by this server"));
+  EXPECT_THAT(balance.gamma_note(), HasSubstr("no timed steps of this job for its table yet"));
   for (uint64_t step = 1; step < 60; ++step) std::tie(lengths, balance) = plan(step, &lengths);
   EXPECT_EQ(balance.gamma_note(), "");
   std::optional<MeasuredAttention> table = server->service().gamma_fits().FittedTable("measured");
