@@ -2,7 +2,8 @@
 rank at construction, at once, naming the setting, the values and their
 ranks (it used to hang the job); require_planner makes a step the service
 cannot plan an error, and without it the summary counts the steps planned
-locally; an online gamma fit that is not used says why."""
+locally; an online gamma fit that is not used says why, and the measured
+model's table is fitted online from the ranks' times."""
 import time
 
 import pytest
@@ -170,3 +171,37 @@ def test_an_online_gamma_fit_that_is_not_used_says_why(capfd):
     assert "rank 0: online gamma fit not used at step 0: no timings of this job yet" in log, log
     assert "rank 0: online gamma fit not used at step 2: 4 timing samples" in log, log
     assert "at step 1:" not in log, log  # logged when the reason changes
+
+
+def table_world(rank, size):
+    import knapformer
+
+    server = knapformer.PlannerServer("127.0.0.1:0") if rank == 0 else None
+    address = [server.address if server else None]
+    dist.broadcast_object_list(address, src=0)
+    # gamma 0.5's line as a table; each rank's time is the work its plan gave it.
+    table = {"cost_model": "measured", "d_model": 8,
+             "measured_attention": {"pairs": [1, 1e6], "work": [0.5 * 32, 0.5 * 32 * 1e6]}}
+    balancer = knapformer.SequenceBalancer("g1n2+g2n1", d_model=8, cost_model="measured",
+                                           cost_table=table, planner_address=address[0],
+                                           job_id="table-fit", use_fitted_gamma=True,
+                                           planner_deadline=20)
+    notes = []
+    for step in range(12):
+        balancer.plan_routing([10 + rank, 3 * step + 1, 7 * (step % 5) + rank + 2])
+        summary = balancer.get_routing_plan_summary()
+        balancer.record_compute_seconds(1e-9 * summary["workload_after"][rank])
+        notes.append(summary["gamma_note"])
+    dist.barrier()
+    if server:
+        server.shutdown(grace=1)
+    return notes
+
+
+def test_the_measured_models_table_is_fitted_online_from_the_ranks_times(capfd):
+    for notes in run_world(table_world, 4):
+        assert notes[0].startswith("no timed steps of this job for its table yet"), notes
+        assert notes[-1] == "", notes  # planned with the table fitted from the times
+    log = capfd.readouterr().err
+    assert "rank 0: online table fit not used at step 0: no timed steps" in log, log
+    assert "is planned with the service's fitted attention table" in log, log
