@@ -2,8 +2,10 @@
 // group steps spread over them (round_robin), a replica that stops between
 // steps costs no step (every step still comes from the service, exact), and
 // per-rank mode refuses a target naming several replicas.
+#include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -151,6 +153,45 @@ TEST(PlannerReplicasTest, GroupStepsSpreadOverReplicasAndAStoppedOneCostsNoStep)
   EXPECT_GT(StepsPlanned(addresses[2]), 0u);
 }
 
+// What a step's plan said of the fitted cost, on one rank.
+struct FittedCostUsed {
+  double gamma_used = 0;
+  std::string gamma_note;
+};
+
+// kRanks in-process ranks plan `steps` steps through `options`, step s with
+// spec_of(s) and Lengths(s, rank), every step from the service; with each
+// request a rank sends its time of the step before: its work under
+// `true_gamma`, at 1e-9 s per unit. What each step's plan said, by step and
+// rank.
+std::vector<std::vector<FittedCostUsed>> PlanTimedSteps(
+    const PlannerClientOptions& options, int steps,
+    const std::function<v1::StepSpec(int)>& spec_of, double true_gamma) {
+  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
+  std::vector<std::vector<FittedCostUsed>> used(steps, std::vector<FittedCostUsed>(kRanks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = PlannerClient::Create(options, transports[r].get());
+      ASSERT_TRUE(client.ok()) << client.status();
+      v1::StepTiming previous;
+      for (int s = 0; s < steps; ++s) {
+        const v1::StepSpec spec = spec_of(s);
+        auto step = (*client)->Plan(spec, Lengths(s, r), s > 0 ? &previous : nullptr);
+        ASSERT_TRUE(step.ok()) << "step " << s << ": " << step.status();
+        ASSERT_EQ(step->source, PlanSource::kService);
+        ASSERT_NE(step->whole, nullptr);
+        used[s][r] = {step->gamma_used, step->gamma_note};
+        const WorkSample work = RankWork(*step->whole, spec.d_model())[r];
+        previous.set_step(s);
+        previous.set_compute_seconds(1e-9 * (work.linear + true_gamma * work.attention));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return used;
+}
+
 // Each step's timing goes out with the next step's request, to the next
 // replica, which did not plan the timed step: the client sends the step's
 // work with it, so every replica fits gamma (here 2, the spec says 0.5)
@@ -162,83 +203,47 @@ TEST(PlannerReplicasTest, EveryReplicaFitsGammaFromTimingsOfStepsOthersPlanned) 
   ASSERT_NO_FATAL_FAILURE(StartReplicas(&replicas, &addresses, &options));
   constexpr int kSteps = 24;
   constexpr double kTrueGamma = 2.0;
-  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
-  std::vector<std::vector<double>> gamma_used(kSteps, std::vector<double>(kRanks, 0));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      auto client = PlannerClient::Create(options, transports[r].get());
-      ASSERT_TRUE(client.ok()) << client.status();
-      v1::StepTiming previous;
-      for (int s = 0; s < kSteps; ++s) {
-        v1::StepSpec spec = Spec(s);
-        spec.set_use_fitted_gamma(true);
-        auto step = (*client)->Plan(spec, Lengths(s, r), s > 0 ? &previous : nullptr);
-        ASSERT_TRUE(step.ok()) << "step " << s << ": " << step.status();
-        ASSERT_EQ(step->source, PlanSource::kService);
-        ASSERT_NE(step->whole, nullptr);
-        gamma_used[s][r] = step->gamma_used;
-        // What this rank would measure: its work under the true gamma.
-        const WorkSample work = RankWork(*step->whole, spec.d_model())[r];
-        previous.set_step(s);
-        previous.set_compute_seconds(1e-9 * (work.linear + kTrueGamma * work.attention));
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const auto used = PlanTimedSteps(options, kSteps, [](int s) {
+    v1::StepSpec spec = Spec(s);
+    spec.set_use_fitted_gamma(true);
+    return spec;
+  }, kTrueGamma);
   // The last three steps went to three replicas (round_robin); each planned
   // with the fitted gamma.
   for (int s = kSteps - 3; s < kSteps; ++s) {
     for (int r = 0; r < kRanks; ++r) {
-      EXPECT_NEAR(gamma_used[s][r], kTrueGamma, 1e-3) << "step " << s << " rank " << r;
+      EXPECT_NEAR(used[s][r].gamma_used, kTrueGamma, 1e-3) << "step " << s << " rank " << r;
     }
   }
 }
 
-// The measured model under use_fitted_gamma, over replicas: each replica
-// fits the job's attention table from the timings of the steps it planned
-// itself (a timing carries the work of the plan the ranks ran, which must
-// be that replica's own, bit for bit, for its grid weights to count), and
+// The measured model under use_fitted_gamma, over replicas: rank 0 sends
+// each timing with its rank's attention by grid point in the plan it ran,
+// so every replica fits the job's attention table from every step, and
 // plans with it. The ranks' times follow gamma 2's line; the spec's table
 // is gamma 0.5's.
-TEST(PlannerReplicasTest, EachReplicaFitsAMeasuredJobsTableFromTheStepsItPlanned) {
+TEST(PlannerReplicasTest, EveryReplicaFitsAMeasuredJobsTableFromTheRanksTimings) {
   std::vector<std::unique_ptr<PlannerServer>> replicas;
   std::vector<std::string> addresses;
   PlannerClientOptions options;
   ASSERT_NO_FATAL_FAILURE(StartReplicas(&replicas, &addresses, &options));
   constexpr int kSteps = 48;
   constexpr double kTrueGamma = 2.0;
-  auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
-  std::vector<std::vector<std::string>> notes(kSteps, std::vector<std::string>(kRanks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      auto client = PlannerClient::Create(options, transports[r].get());
-      ASSERT_TRUE(client.ok()) << client.status();
-      v1::StepTiming previous;
-      for (int s = 0; s < kSteps; ++s) {
-        v1::StepSpec spec = Spec(s);
-        spec.set_use_fitted_gamma(true);
-        spec.set_cost_model(v1::COST_MODEL_MEASURED);
-        for (double pairs : {1.0, 1e7}) {
-          spec.mutable_measured_attention()->add_pairs(pairs);
-          spec.mutable_measured_attention()->add_work(0.5 * 4 * 64 * pairs);
-        }
-        auto step = (*client)->Plan(spec, Lengths(s, r), s > 0 ? &previous : nullptr);
-        ASSERT_TRUE(step.ok()) << "step " << s << ": " << step.status();
-        ASSERT_EQ(step->source, PlanSource::kService);
-        ASSERT_NE(step->whole, nullptr);
-        notes[s][r] = step->gamma_note;
-        const WorkSample work = RankWork(*step->whole, spec.d_model())[r];
-        previous.set_step(s);
-        previous.set_compute_seconds(1e-9 * (work.linear + kTrueGamma * work.attention));
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  EXPECT_THAT(notes[0][0], HasSubstr("no timed steps of this job for its table yet"));
+  const auto used = PlanTimedSteps(options, kSteps, [](int s) {
+    v1::StepSpec spec = Spec(s);
+    spec.set_use_fitted_gamma(true);
+    spec.set_cost_model(v1::COST_MODEL_MEASURED);
+    for (double pairs : {1.0, 1e7}) {
+      spec.mutable_measured_attention()->add_pairs(pairs);
+      spec.mutable_measured_attention()->add_work(0.5 * 4 * 64 * pairs);
+    }
+    return spec;
+  }, kTrueGamma);
+  EXPECT_THAT(used[0][0].gamma_note, HasSubstr("no timed steps of this job for its table yet"));
   for (int s = kSteps - 3; s < kSteps; ++s) {
-    for (int r = 0; r < kRanks; ++r) EXPECT_EQ(notes[s][r], "") << "step " << s << " rank " << r;
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(used[s][r].gamma_note, "") << "step " << s << " rank " << r;
+    }
   }
   for (const auto& replica : replicas) {
     std::optional<MeasuredAttention> table =

@@ -137,14 +137,22 @@ def test_require_planner_needs_an_address():
         assert message is not None and "require_planner" in message, message
 
 
-def gamma_world(rank, size):
+def planner_on_rank_0(rank):
+    """An embedded planner on rank 0 (None elsewhere), and its address on every rank."""
     import knapformer
 
     server = knapformer.PlannerServer("127.0.0.1:0") if rank == 0 else None
     address = [server.address if server else None]
     dist.broadcast_object_list(address, src=0)
+    return server, address[0]
+
+
+def gamma_world(rank, size):
+    import knapformer
+
+    server, address = planner_on_rank_0(rank)
     balancer = knapformer.SequenceBalancer("g1n4", gamma=0.49, d_model=8,
-                                           planner_address=address[0], job_id="gamma-note",
+                                           planner_address=address, job_id="gamma-note",
                                            use_fitted_gamma=True, planner_deadline=20)
     notes = []
     for step in range(3):
@@ -176,14 +184,12 @@ def test_an_online_gamma_fit_that_is_not_used_says_why(capfd):
 def table_world(rank, size):
     import knapformer
 
-    server = knapformer.PlannerServer("127.0.0.1:0") if rank == 0 else None
-    address = [server.address if server else None]
-    dist.broadcast_object_list(address, src=0)
+    server, address = planner_on_rank_0(rank)
     # gamma 0.5's line as a table; each rank's time is the work its plan gave it.
     table = {"cost_model": "measured", "d_model": 8,
              "measured_attention": {"pairs": [1, 1e6], "work": [0.5 * 32, 0.5 * 32 * 1e6]}}
     balancer = knapformer.SequenceBalancer("g1n2+g2n1", d_model=8, cost_model="measured",
-                                           cost_table=table, planner_address=address[0],
+                                           cost_table=table, planner_address=address,
                                            job_id="table-fit", use_fitted_gamma=True,
                                            planner_deadline=20)
     notes = []
