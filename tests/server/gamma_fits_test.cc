@@ -253,7 +253,8 @@ TableStep MeasuredStep(uint64_t step) {
     PairWeights weights{};
     weights[point] = static_cast<float>(share);
     planned.weights.push_back(weights);
-    planned.work.push_back({1e9 * (r + 1) * (1 + step % 3), 4 * kD * share * PairGridPoint(point), 0});
+    const double linear = 1e9 * (r + 1) * (1 + step % 3);
+    planned.work.push_back({linear, 4 * kD * share * PairGridPoint(point), 0});
   }
   return planned;
 }
