@@ -12,6 +12,21 @@
 #include "proto/step_problem.h"
 
 namespace knapformer {
+namespace {
+
+// The service's fitted table, when it sent one that is a valid table (it
+// only informs the caller, so a malformed one is dropped, not an error).
+std::optional<MeasuredAttention> FittedTableOf(const v1::Balance& balance) {
+  if (!balance.has_fitted_attention_table()) return std::nullopt;
+  const v1::MeasuredAttention& table = balance.fitted_attention_table();
+  absl::StatusOr<MeasuredAttention> valid = MeasuredAttention::Create(
+      {table.pairs().begin(), table.pairs().end()}, {table.work().begin(), table.work().end()},
+      "balance.fitted_attention_table");
+  if (!valid.ok()) return std::nullopt;
+  return *std::move(valid);
+}
+
+}  // namespace
 
 const char* PlanSourceName(PlanSource source) {
   return source == PlanSource::kService ? "planner service" : "local planner";
@@ -98,6 +113,7 @@ absl::StatusOr<StepPlan> StepPlanOfGroupAnswer(const v1::StepSpec& spec, const G
   step.predicted_step_seconds = response.balance().predicted_step_seconds();
   step.gamma_note = response.balance().gamma_note();
   step.gamma_used = response.balance().gamma_used();
+  step.fitted_table = FittedTableOf(response.balance());
   return step;
 }
 
@@ -114,6 +130,7 @@ StepPlan StepPlanOfRankAnswer(const v1::PlanResponse& response, RankPlan plan,
   result.predicted_step_seconds = response.balance().predicted_step_seconds();
   result.gamma_note = response.balance().gamma_note();
   result.gamma_used = response.balance().gamma_used();
+  result.fitted_table = FittedTableOf(response.balance());
   for (const client::StepOutcome& outcome : outcomes) {
     result.workload_before.push_back(outcome.workload_before());
     result.workload_after.push_back(outcome.workload_after());

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "knapformer/v1/planner.pb.h"
 #include "planner/attention_mask.h"
 #include "planner/balancer.h"
+#include "planner/measured_cost.h"
 #include "planner/plan.h"
 
 namespace knapformer {
@@ -59,6 +61,10 @@ struct StepPlan {
   // The gamma the step was planned with, when the service says (under
   // use_fitted_gamma); 0 = the spec's.
   double gamma_used = 0;
+  // The measured model's attention table the service fitted and planned
+  // the step with (under use_fitted_gamma), when it did and sent a valid
+  // one (Balance.fitted_attention_table).
+  std::optional<MeasuredAttention> fitted_table;
   // Whether the step was requested ahead (PlannerClient::Prefetch).
   bool prefetched = false;
   // Wall time this rank spent in Plan for the step: what the step waited

@@ -177,6 +177,7 @@ struct PlannedStep {
   // its attention sees; unset in a step without masks.
   std::optional<std::string> input_masks;
   std::optional<std::string> attention_masks;
+  std::optional<MeasuredAttention> fitted_table;  // StepPlan::fitted_table
 };
 
 // Ranks per replica of a plan's layout ("g1n2+g2n1", or one spec per
@@ -396,6 +397,7 @@ class BalancerBinding {
                                : MasksJson(balancer_->attention_masks())};
     absl::StatusOr<CostModel> cost = CostModelFromSpec(spec);
     if (cost.ok()) planned_->cost = *cost;
+    planned_->fitted_table = plan.fitted_table;
   }
 
   // The next step's lengths, while this one computes (PrefetchRouting).
@@ -531,6 +533,20 @@ class BalancerBinding {
     summary["local_reason"] = p.local_reason;
     summary["gamma_note"] = p.gamma_note;
     summary["gamma_used"] = p.gamma_used;
+    // As cost_table= takes it (calibrate --table's form), so a run can keep
+    // it and start the next from it.
+    py::object fitted = py::none();
+    if (p.fitted_table.has_value()) {
+      py::dict attention;
+      attention["pairs"] = p.fitted_table->pairs();
+      attention["work"] = p.fitted_table->work();
+      py::dict table;
+      table["cost_model"] = "measured";
+      table["d_model"] = p.d_model;
+      table["measured_attention"] = attention;
+      fitted = table;
+    }
+    summary["fitted_cost_table"] = fitted;
     // JSON text, read into lists by the Python layer; None without masks.
     summary["attn_masks"] = p.input_masks.has_value() ? py::object(py::str(*p.input_masks))
                                                       : py::object(py::none());

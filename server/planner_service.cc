@@ -280,6 +280,7 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   const BalancerOptions balancer = BalancerOptionsForSpec(options_.balancer, spec);
   CostModel cost = checked.cost;
   std::string gamma_note;
+  std::optional<MeasuredAttention> fitted_table;  // when it plans the step
   if (spec.use_fitted_gamma() && cost.kind() == CostKind::kTransformer) {
     if (std::optional<CostFit> fit = gamma_fits_.FittedCost(spec.job_id(), &gamma_note)) {
       absl::StatusOr<CostModel> fitted = CostModel::Create(cost.d_model(), fit->gamma);
@@ -297,6 +298,7 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
           CostModel::Create(cost.d_model(), cost.gamma(), CostKind::kMeasured, &*table);
       if (fitted.ok()) {
         cost = *fitted;
+        fitted_table = *std::move(table);
       } else {
         gamma_note = absl::StrCat("the fitted table is not usable: ", fitted.status().message());
       }
@@ -316,6 +318,11 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   if (spec.use_fitted_gamma()) {
     balance->set_gamma_used(cost.gamma());
     balance->set_gamma_note(gamma_note);
+  }
+  if (fitted_table.has_value()) {
+    v1::MeasuredAttention* out = balance->mutable_fitted_attention_table();
+    out->mutable_pairs()->Add(fitted_table->pairs().begin(), fitted_table->pairs().end());
+    out->mutable_work()->Add(fitted_table->work().begin(), fitted_table->work().end());
   }
   std::vector<WorkSample> rank_work;
   std::vector<PairWeights> rank_weights;

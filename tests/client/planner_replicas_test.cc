@@ -157,6 +157,7 @@ TEST(PlannerReplicasTest, GroupStepsSpreadOverReplicasAndAStoppedOneCostsNoStep)
 struct FittedCostUsed {
   double gamma_used = 0;
   std::string gamma_note;
+  std::optional<MeasuredAttention> fitted_table;
 };
 
 // kRanks in-process ranks plan `steps` steps through `options`, step s with
@@ -181,7 +182,7 @@ std::vector<std::vector<FittedCostUsed>> PlanTimedSteps(
         ASSERT_TRUE(step.ok()) << "step " << s << ": " << step.status();
         ASSERT_EQ(step->source, PlanSource::kService);
         ASSERT_NE(step->whole, nullptr);
-        used[s][r] = {step->gamma_used, step->gamma_note};
+        used[s][r] = {step->gamma_used, step->gamma_note, step->fitted_table};
         const WorkSample work = RankWork(*step->whole, spec.d_model())[r];
         previous.set_step(s);
         previous.set_compute_seconds(1e-9 * (work.linear + true_gamma * work.attention));
@@ -213,6 +214,7 @@ TEST(PlannerReplicasTest, EveryReplicaFitsGammaFromTimingsOfStepsOthersPlanned) 
   for (int s = kSteps - 3; s < kSteps; ++s) {
     for (int r = 0; r < kRanks; ++r) {
       EXPECT_NEAR(used[s][r].gamma_used, kTrueGamma, 1e-3) << "step " << s << " rank " << r;
+      EXPECT_FALSE(used[s][r].fitted_table.has_value());
     }
   }
 }
@@ -240,9 +242,14 @@ TEST(PlannerReplicasTest, EveryReplicaFitsAMeasuredJobsTableFromTheRanksTimings)
     return spec;
   }, kTrueGamma);
   EXPECT_THAT(used[0][0].gamma_note, HasSubstr("no timed steps of this job for its table yet"));
+  EXPECT_FALSE(used[0][0].fitted_table.has_value());
+  // The last steps were planned with the fitted table, which every rank got.
   for (int s = kSteps - 3; s < kSteps; ++s) {
     for (int r = 0; r < kRanks; ++r) {
       EXPECT_EQ(used[s][r].gamma_note, "") << "step " << s << " rank " << r;
+      ASSERT_TRUE(used[s][r].fitted_table.has_value()) << "step " << s << " rank " << r;
+      const double want = kTrueGamma * 4 * 64 * 1200.0 * 1200.0;
+      EXPECT_NEAR(used[s][r].fitted_table->Work(1200.0 * 1200.0), want, 1e-2 * want);
     }
   }
   for (const auto& replica : replicas) {

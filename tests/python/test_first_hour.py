@@ -192,22 +192,32 @@ def table_world(rank, size):
                                            cost_table=table, planner_address=address,
                                            job_id="table-fit", use_fitted_gamma=True,
                                            planner_deadline=20)
-    notes = []
+    notes, tables = [], []
     for step in range(12):
         balancer.plan_routing([10 + rank, 3 * step + 1, 7 * (step % 5) + rank + 2])
         summary = balancer.get_routing_plan_summary()
         balancer.record_compute_seconds(1e-9 * summary["workload_after"][rank])
         notes.append(summary["gamma_note"])
+        tables.append(summary["fitted_cost_table"])
     dist.barrier()
     if server:
         server.shutdown(grace=1)
-    return notes
+    # The fitted table starts the next run as any cost_table does.
+    again = knapformer.SequenceBalancer("g1n2+g2n1", d_model=8, cost_model="measured",
+                                        cost_table=tables[-1], job_id="table-again")
+    again.plan_routing([10 + rank, 5])
+    return notes, tables
 
 
 def test_the_measured_models_table_is_fitted_online_from_the_ranks_times(capfd):
-    for notes in run_world(table_world, 4):
+    for notes, tables in run_world(table_world, 4):
         assert notes[0].startswith("no timed steps of this job for its table yet"), notes
+        assert tables[0] is None
         assert notes[-1] == "", notes  # planned with the table fitted from the times
+        fitted = tables[-1]
+        assert fitted["cost_model"] == "measured" and fitted["d_model"] == 8, fitted
+        pairs, work = fitted["measured_attention"]["pairs"], fitted["measured_attention"]["work"]
+        assert len(pairs) == len(work) > 1 and pairs == sorted(pairs), fitted
     log = capfd.readouterr().err
     assert "rank 0: online table fit not used at step 0: no timed steps" in log, log
     assert "is planned with the service's fitted attention table" in log, log
