@@ -20,7 +20,10 @@ void AddPairs(double pairs, double share, PairWeights& weights) {
     weights[0] += static_cast<float>(share * pairs);
     return;
   }
-  const int below = std::min(kPairGridPoints - 1, static_cast<int>(std::log2(pairs)) / 2);
+  int below = std::min(kPairGridPoints - 1, static_cast<int>(std::log2(pairs)) / 2);
+  // log2 may round across a power of 4: settle on lo <= pairs < hi.
+  while (below > 0 && PairGridPoint(below) > pairs) --below;
+  while (below < kPairGridPoints - 1 && PairGridPoint(below + 1) <= pairs) ++below;
   const double lo = PairGridPoint(below);
   if (below == kPairGridPoints - 1 || pairs == lo) {
     weights[below] += static_cast<float>(share * pairs / lo);
@@ -104,7 +107,8 @@ std::vector<double> NonNegativeLeastSquares(const std::vector<std::vector<double
       for (int j : passive) {
         if (z[j] <= 0) {
           feasible = false;
-          alpha = std::min(alpha, x[j] / (x[j] - z[j]));
+          const double drop = x[j] - z[j];  // > 0 but where rounding left both 0
+          alpha = std::min(alpha, drop > 0 ? x[j] / drop : 0.0);
         }
       }
       if (feasible) {
