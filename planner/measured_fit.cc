@@ -177,7 +177,7 @@ absl::StatusOr<MeasuredAttention> FitMeasuredAttentionFromSteps(
   const size_t m = points.size();
   if (steps.size() < 2 * m) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "steps: ", steps.size(), " timed steps for a table of ", m,
+        "steps: ", steps.size(), " timings (one per rank and step) for a table of ", m,
         " points (sequences of lengths near 2^", points.front(), " to 2^", points.back(),
         " tokens); the fit needs at least ", 2 * m));
   }

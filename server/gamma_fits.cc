@@ -171,7 +171,7 @@ void GammaFits::RefitTable(Job& job) const {
     job.table_note.clear();
   } else {
     job.table_note = absl::StrCat("the table's fit of ", job.table_steps.size(),
-                                  " timed steps failed: ", table.status().message(),
+                                  " timings failed: ", table.status().message(),
                                   job.table.has_value() ? " (the previous table is used)" : "");
   }
 }

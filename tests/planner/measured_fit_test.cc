@@ -217,7 +217,7 @@ TEST(FitMeasuredAttentionFromStepsTest, TooFewStepsOrABadScaleAreRefusedByName) 
   const std::vector<StepSample> steps = Steps(8, kK, 0.0, 5);
   absl::StatusOr<MeasuredAttention> fitted = FitMeasuredAttentionFromSteps(steps, kK);
   EXPECT_EQ(fitted.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(fitted.status().message(), HasSubstr("8 timed steps for a table of"));
+  EXPECT_THAT(fitted.status().message(), HasSubstr("8 timings (one per rank and step) for a table of"));
   EXPECT_THAT(FitMeasuredAttentionFromSteps(steps, 0).status().message(),
               HasSubstr("k: must be a finite number > 0"));
   EXPECT_THAT(FitMeasuredAttentionFromSteps({StepSample{}}, kK).status().message(),
