@@ -517,11 +517,7 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
   rep->spec.set_max_tokens_per_gpu(options.max_tokens_per_gpu);
   rep->spec.set_cost_model(CostKindToProto(options.cost_model));
   if (options.measured_attention.has_value()) {
-    v1::MeasuredAttention* table = rep->spec.mutable_measured_attention();
-    table->mutable_pairs()->Add(options.measured_attention->pairs().begin(),
-                                options.measured_attention->pairs().end());
-    table->mutable_work()->Add(options.measured_attention->work().begin(),
-                               options.measured_attention->work().end());
+    MeasuredAttentionToProto(*options.measured_attention, rep->spec.mutable_measured_attention());
   }
   rep->spec.set_use_fitted_gamma(options.use_fitted_gamma);
   MachineToProto(options.machine, rep->spec.mutable_machine());

@@ -18,10 +18,8 @@ namespace {
 // only informs the caller, so a malformed one is dropped, not an error).
 std::optional<MeasuredAttention> FittedTableOf(const v1::Balance& balance) {
   if (!balance.has_fitted_attention_table()) return std::nullopt;
-  const v1::MeasuredAttention& table = balance.fitted_attention_table();
-  absl::StatusOr<MeasuredAttention> valid = MeasuredAttention::Create(
-      {table.pairs().begin(), table.pairs().end()}, {table.work().begin(), table.work().end()},
-      "balance.fitted_attention_table");
+  absl::StatusOr<MeasuredAttention> valid = MeasuredAttentionFromProto(
+      balance.fitted_attention_table(), "balance.fitted_attention_table");
   if (!valid.ok()) return std::nullopt;
   return *std::move(valid);
 }

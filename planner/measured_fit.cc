@@ -188,11 +188,16 @@ absl::StatusOr<MeasuredAttention> FitMeasuredAttentionFromSteps(
   // unit norm for the solve.
   std::vector<std::vector<double>> g(m, std::vector<double>(m, 0.0));
   std::vector<double> h(m, 0.0), row(m);
-  // The prior's scale that best explains the steps (its shape is what
-  // guides the fit, not its level: a table from another device, or a
-  // gamma line, may be off by a factor throughout).
-  double prior_xx = 0, prior_xy = 0;
+  // The prior's seconds at each point, and its scale that best explains the
+  // steps (its shape is what guides the fit, not its level: a table from
+  // another device, or a gamma line, may be off by a factor throughout).
+  std::vector<double> prior_seconds(m, 0.0);
+  if (prior != nullptr) {
+    for (size_t i = 0; i < m; ++i) prior_seconds[i] = k * prior->Work(PairGridPoint(points[i]));
+  }
+  double prior_xx = 0, prior_xy = 0, longest = 0;
   for (const StepSample& step : steps) {
+    longest = std::max(longest, step.work.seconds);
     const double w = step.work.seconds > 0 ? 1.0 / step.work.seconds : 1.0;
     double above = 0;
     for (size_t i = m; i-- > 0;) {
@@ -202,9 +207,7 @@ absl::StatusOr<MeasuredAttention> FitMeasuredAttentionFromSteps(
     const double attention_seconds = w * (step.work.seconds - k * step.work.linear);
     if (prior != nullptr) {
       double priced = 0;
-      for (size_t i = 0; i < m; ++i) {
-        priced += step.weights[points[i]] * k * prior->Work(PairGridPoint(points[i]));
-      }
+      for (size_t i = 0; i < m; ++i) priced += step.weights[points[i]] * prior_seconds[i];
       prior_xx += w * priced * w * priced;
       prior_xy += w * priced * attention_seconds;
     }
@@ -217,11 +220,9 @@ absl::StatusOr<MeasuredAttention> FitMeasuredAttentionFromSteps(
     // Point i's row: (seconds at i - the scaled prior's) relative to the
     // scaled prior's (or to a millionth of the longest step where it is 0).
     const double scale = prior_xx > 0 && prior_xy > 0 ? prior_xy / prior_xx : 1.0;
-    double longest = 0;
-    for (const StepSample& step : steps) longest = std::max(longest, step.work.seconds);
     constexpr double kPriorWeight = 1e-3;  // squared: a millionth
     for (size_t i = 0; i < m; ++i) {
-      const double target = scale * k * prior->Work(PairGridPoint(points[i]));
+      const double target = scale * prior_seconds[i];
       const double w = kPriorWeight / std::max(target, 1e-6 * longest);
       if (!std::isfinite(w)) continue;
       for (size_t a = 0; a <= i; ++a) {

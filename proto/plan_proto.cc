@@ -28,15 +28,24 @@ absl::StatusOr<CostKind> CostKindFromProto(int value) {
   }
 }
 
+void MeasuredAttentionToProto(const MeasuredAttention& table, v1::MeasuredAttention* out) {
+  out->mutable_pairs()->Assign(table.pairs().begin(), table.pairs().end());
+  out->mutable_work()->Assign(table.work().begin(), table.work().end());
+}
+
+absl::StatusOr<MeasuredAttention> MeasuredAttentionFromProto(const v1::MeasuredAttention& table,
+                                                             const std::string& field) {
+  return MeasuredAttention::Create({table.pairs().begin(), table.pairs().end()},
+                                   {table.work().begin(), table.work().end()}, field);
+}
+
 absl::StatusOr<CostModel> CostModelFromSpec(const v1::StepSpec& spec) {
   absl::StatusOr<CostKind> kind = CostKindFromProto(spec.cost_model());
   if (!kind.ok()) return kind.status();
   std::optional<MeasuredAttention> measured;
   if (spec.has_measured_attention()) {
-    const v1::MeasuredAttention& table = spec.measured_attention();
-    absl::StatusOr<MeasuredAttention> created = MeasuredAttention::Create(
-        {table.pairs().begin(), table.pairs().end()}, {table.work().begin(), table.work().end()},
-        "spec.measured_attention");
+    absl::StatusOr<MeasuredAttention> created =
+        MeasuredAttentionFromProto(spec.measured_attention(), "spec.measured_attention");
     if (!created.ok()) return created.status();
     measured = *std::move(created);
   }

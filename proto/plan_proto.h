@@ -2,6 +2,7 @@
 #define KNAPFORMER_PROTO_PLAN_PROTO_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "knapformer/v1/planner.pb.h"
@@ -18,6 +19,12 @@ namespace knapformer {
 // InvalidArgument naming spec.cost_model for a value this build does not know.
 absl::StatusOr<CostKind> CostKindFromProto(int value);
 v1::CostModel CostKindToProto(CostKind kind);
+
+// A measured attention table to and from its message; InvalidArgument
+// naming `field` (field.pairs[i] ...) for one that is not a valid table.
+void MeasuredAttentionToProto(const MeasuredAttention& table, v1::MeasuredAttention* out);
+absl::StatusOr<MeasuredAttention> MeasuredAttentionFromProto(const v1::MeasuredAttention& table,
+                                                             const std::string& field);
 
 // The cost model a step spec names; InvalidArgument naming the spec field
 // (spec.cost_model, spec.d_model, spec.gamma).

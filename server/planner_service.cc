@@ -281,6 +281,8 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   CostModel cost = checked.cost;
   std::string gamma_note;
   std::optional<MeasuredAttention> fitted_table;  // when it plans the step
+  // The measured model's fitted part is its attention table.
+  const bool fits_table = spec.use_fitted_gamma() && cost.kind() == CostKind::kMeasured;
   if (spec.use_fitted_gamma() && cost.kind() == CostKind::kTransformer) {
     if (std::optional<CostFit> fit = gamma_fits_.FittedCost(spec.job_id(), &gamma_note)) {
       absl::StatusOr<CostModel> fitted = CostModel::Create(cost.d_model(), fit->gamma);
@@ -290,8 +292,7 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
         gamma_note = absl::StrCat("the fitted gamma is not usable: ", fitted.status().message());
       }
     }
-  } else if (spec.use_fitted_gamma() && cost.kind() == CostKind::kMeasured) {
-    // The measured model's fitted part is its attention table.
+  } else if (fits_table) {
     if (std::optional<MeasuredAttention> table =
             gamma_fits_.FittedTable(spec.job_id(), &gamma_note)) {
       absl::StatusOr<CostModel> fitted =
@@ -320,17 +321,13 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
     balance->set_gamma_note(gamma_note);
   }
   if (fitted_table.has_value()) {
-    v1::MeasuredAttention* out = balance->mutable_fitted_attention_table();
-    out->mutable_pairs()->Add(fitted_table->pairs().begin(), fitted_table->pairs().end());
-    out->mutable_work()->Add(fitted_table->work().begin(), fitted_table->work().end());
+    MeasuredAttentionToProto(*fitted_table, balance->mutable_fitted_attention_table());
   }
   std::vector<WorkSample> rank_work;
   std::vector<PairWeights> rank_weights;
   if (gamma_fits_.WantsWork(spec.job_id())) {
     rank_work = RankWork(*plan, cost.d_model(), &masks);
-    if (spec.use_fitted_gamma() && cost.kind() == CostKind::kMeasured) {
-      rank_weights = RankPairWeights(*plan, &masks);
-    }
+    if (fits_table) rank_weights = RankPairWeights(*plan, &masks);
   }
   gamma_fits_.RecordPlanned(spec, std::move(rank_work), std::move(rank_weights),
                             checked.cost.measured());
