@@ -578,6 +578,19 @@ grpc::Status PlanGroupOnce(v1::Planner::Stub* stub, const v1::PlanGroupRequest& 
   return stub->PlanGroup(&context, request, &response);
 }
 
+// Waits (at most 10 s) until `server` holds a request of `job`: its call
+// has arrived and been admitted, and the rest of its handler (counting it,
+// queueing its step) runs on that thread at once. A fixed sleep instead
+// fails where a loaded machine delivers the call later.
+void AwaitRequestOf(PlannerServer* server, const std::string& job) {
+  for (const absl::Time limit = absl::Now() + absl::Seconds(10);
+       server->service().request_memory().held_by(job) == 0 && absl::Now() < limit;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_GT(server->service().request_memory().held_by(job), 0) << job << " never arrived";
+  absl::SleepFor(absl::Milliseconds(20));
+}
+
 // Bounded before the solver: PlanGroup calls in flight per job and in all,
 // and the steps waiting for a solver thread, each RESOURCE_EXHAUSTED naming
 // its limit at once; the calls in flight still complete, and a job flooding
@@ -590,20 +603,20 @@ TEST(ServiceTest, CallsInFlightAndTheSolverQueueAreBounded) {
   options.service.limits.max_queued_solves = 2;
   // Every answer waits on the pool's timer: each call stays in flight (and
   // its step queued) that long.
-  options.service.answer_delay = [] { return absl::Milliseconds(700); };
+  options.service.answer_delay = [] { return absl::Milliseconds(1500); };
   auto server = StartServer(options);
   ASSERT_NE(server, nullptr);
   auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
 
   AsyncPlanGroup first(stub.get(), GroupRequest("flood", 0));
-  absl::SleepFor(absl::Milliseconds(100));
+  AwaitRequestOf(server.get(), "flood");
   grpc::Status status = PlanGroupOnce(stub.get(), GroupRequest("flood", 1));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(),
               HasSubstr("max_plan_group_calls_per_job: this job holds 1 PlanGroup calls in "
                         "flight, and 1 more would pass its limit of 1"));
   AsyncPlanGroup other(stub.get(), GroupRequest("other", 0));  // another job fits
-  absl::SleepFor(absl::Milliseconds(100));
+  AwaitRequestOf(server.get(), "other");
   status = PlanGroupOnce(stub.get(), GroupRequest("third", 0));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(), HasSubstr("max_plan_group_calls: all jobs hold 2 PlanGroup calls"));
@@ -614,7 +627,8 @@ TEST(ServiceTest, CallsInFlightAndTheSolverQueueAreBounded) {
   // (every rank of the refused step gets the error).
   AsyncPlanGroup a(stub.get(), GroupRequest("a", 0));
   AsyncPlanGroup b(stub.get(), GroupRequest("b", 0));
-  absl::SleepFor(absl::Milliseconds(100));
+  AwaitRequestOf(server.get(), "a");
+  AwaitRequestOf(server.get(), "b");
   StepParams params;
   params.job_id = "per-rank";
   params.topology = "g1n2";
@@ -638,7 +652,7 @@ TEST(ServiceTest, RequestMemoryIsChargedBeforeParsingAndGivenBack) {
   PlannerServerOptions options = TestOptions();
   options.service.limits.max_request_memory = 250 << 10;
   options.service.limits.max_request_memory_per_job = 200 << 10;
-  options.service.answer_delay = [] { return absl::Milliseconds(700); };
+  options.service.answer_delay = [] { return absl::Milliseconds(1500); };
   auto server = StartServer(options);
   ASSERT_NE(server, nullptr);
   auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
@@ -648,7 +662,7 @@ TEST(ServiceTest, RequestMemoryIsChargedBeforeParsingAndGivenBack) {
     return request;  // ~150 KiB parsed, as estimated
   };
   AsyncPlanGroup first(stub.get(), large("big", 0));
-  absl::SleepFor(absl::Milliseconds(100));
+  AwaitRequestOf(server.get(), "big");
   const int64_t charged = server->service().request_memory().held();
   EXPECT_GT(charged, 100 << 10);
   EXPECT_LT(charged, 200 << 10);
