@@ -436,7 +436,11 @@ int RunWorker(const SimOptions& o) {
     std::cerr << environment << "\n";
     return 2;
   }
-  if (!o.planner.empty()) balancer_options.planner.address = o.planner;
+  if (o.planner == "none") {  // local planning, whatever the environment names
+    balancer_options.planner.address.clear();
+  } else if (!o.planner.empty()) {
+    balancer_options.planner.address = o.planner;
+  }
   // Every step is balanced once per variant: per topology, and with a
   // masked stream twice, mask-blind then with the masks.
   struct Variant {

@@ -36,7 +36,10 @@ PY
 
 # Planning ahead (locally here): every step after the first was prefetched,
 # and training still matches the unbalanced run (the binary checks it).
-if ! timeout 300 "$bin" --procs 4 --steps 3 --scale 32 --plan-ahead 1 --gamma 2.5 >"$tmp/out" 2>"$tmp/err"; then
+# --planner none plans locally over a planner the environment names (one
+# that never answers: a step asking it would fall back, named in its row).
+if ! KNAPFORMER_PLANNER_ADDRESS=127.0.0.1:1 timeout 300 "$bin" --procs 4 --steps 3 --scale 32 \
+    --plan-ahead 1 --gamma 2.5 --planner none >"$tmp/out" 2>"$tmp/err"; then
   fail "train-sim --plan-ahead 1 exited non-zero: $(cat "$tmp/out" "$tmp/err")"
 fi
 python3 - "$tmp/out" <<'PY' || failures=$((failures + 1))
