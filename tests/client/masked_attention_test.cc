@@ -12,6 +12,7 @@
 
 #include <torch/torch.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/sequence_balancer.h"
 #include "client/varlen_attention.h"
@@ -174,7 +175,11 @@ const bool kMasked = RegisterScenario("masked", [](Worker& w) {
   auto balancer = SequenceBalancer::Create(Options(w), w.transport.get());
   ASSERT_TRUE(balancer.ok()) << balancer.status();
   const PlanSource source = w.args.count("planner") ? PlanSource::kService : PlanSource::kLocal;
-  for (uint64_t step = 0; step < 6; ++step) {
+  uint64_t steps = 6;  // two rounds of Lengths' three kinds of step
+  if (w.args.count("steps")) {
+    ASSERT_TRUE(absl::SimpleAtoi(w.args.at("steps"), &steps));
+  }
+  for (uint64_t step = 0; step < steps; ++step) {
     const std::vector<int64_t> lengths = Lengths(w.rank, w.size, step);
     const std::vector<AttentionMask> masks = MasksOf(w.rank, step, lengths);
     absl::Status planned = (*balancer)->PlanRouting(lengths, {}, masks);
@@ -276,12 +281,15 @@ TEST(MaskedAttention, EightRanksInBagsOfOneTwoAndFourPlannedLocally) {
   EXPECT_TRUE(run.ok()) << run.output;
 }
 
+// 3 steps, not the local runs' 6: one round of Lengths' three kinds of
+// step; what differs from the local runs is where the plans come from.
 TEST(MaskedAttention, ThroughTheServiceInEitherMode) {
   auto server = StartPlanner();
   ASSERT_TRUE(server.ok()) << server.status();
   for (const char* mode : {"group", "per-rank"}) {
     WorkerRun run = RunWorkers("masked", 8,
                                {{"topology", "g1n4+g4n1"},
+                                {"steps", "3"},
                                 {"mode", mode},
                                 {"planner", absl::StrCat("127.0.0.1:", (*server)->port())}});
     EXPECT_TRUE(run.ok()) << mode << ": " << run.output;
