@@ -302,8 +302,9 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
     response = std::move(prefetched->response);
   } else if (!refused.ok()) {
     // The rank still asks, with a length the service refuses, as a rank
-    // with a bad length does: its peers wait in the rendezvous until its
-    // timeout, then every rank learns of the refusal below.
+    // with a bad length does: the service withdraws the step, so its peers
+    // waiting in the rendezvous are answered at once (ABORTED) instead of
+    // at its timeout; then every rank learns of the refusal below.
     request = MyRequest(spec, {-1}, {}, previous);
     link->Plan(request, &response);
   } else {
@@ -661,8 +662,9 @@ absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec, const std::vector
       }
     }
     if (link != nullptr && !rep.policy.service_down()) {
-      // A refused input asks with a length the service refuses; the step's
-      // Plan reports the refusal on every rank.
+      // A refused input asks with a length the service refuses (which
+      // withdraws the step: no peer waits for it); the step's Plan reports
+      // the refusal on every rank.
       prefetched->request = refused.ok() ? rep.MyRequest(spec, lengths, masks, previous)
                                          : rep.MyRequest(spec, {-1}, {}, previous);
       prefetched->call = std::make_unique<BackgroundCall>(

@@ -236,9 +236,24 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* cont
     call->FinishWith(admitted, /*named_job=*/authorized);
     return call->Returned();
   }
-  auto checked = CheckPlanRequest(*request, options_.limits, &worlds_);
+  auto checked = CheckPlanRequestRank(*request, options_.limits, &worlds_);
   if (!checked.ok()) {
     call->FinishWith(checked.status());
+    return call->Returned();
+  }
+  if (absl::Status refused = CheckRankInput(*request, options_.limits); !refused.ok()) {
+    // The step cannot complete: its other ranks learn so now, not at the
+    // rendezvous timeout (a client whose own input check refused asks so).
+    std::optional<FailedCalls> withdrawn =
+        rendezvous_.Withdraw(request->spec(), *checked, request->rank(), refused, absl::Now());
+    SyncGammaFits();
+    if (withdrawn.has_value()) {
+      Log(LogLevel::kWarning, withdrawn->status.ToString());
+      for (PendingCall* waiting : withdrawn->calls) {
+        static_cast<PlanCall*>(waiting)->FinishWith(withdrawn->status);
+      }
+    }
+    call->FinishWith(refused);
     return call->Returned();
   }
   if (request->previous().compute_seconds() > 0) {

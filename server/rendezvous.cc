@@ -216,6 +216,12 @@ Rendezvous::Arrival Rendezvous::ArriveLocked(PendingCall* call, CheckedSpec chec
                      " was already planned and every rank was answered"));
     return arrival;
   }
+  for (const auto& [withdrawn_step, status] : group.withdrawn) {
+    if (withdrawn_step == spec.step()) {
+      arrival.status = status;
+      return arrival;
+    }
+  }
   auto step_it = group.pending.find(spec.step());
   if (step_it == group.pending.end()) {
     // Before making room: a step that would be refused takes none.
@@ -337,6 +343,44 @@ bool Rendezvous::Leave(PendingCall* call) {
     --place.job->pending;
   }
   return true;
+}
+
+std::optional<FailedCalls> Rendezvous::Withdraw(const v1::StepSpec& spec,
+                                                const CheckedSpec& checked, int32_t rank,
+                                                const absl::Status& refusal, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return std::nullopt;
+  absl::StatusOr<Place> place = FindOrCreateGroup(spec, now);
+  if (!place.ok()) return std::nullopt;  // no room for it: its ranks time out as before
+  Group& group = *place->group;
+  const uint64_t number = spec.step();
+  if (std::find(group.answered.begin(), group.answered.end(), number) != group.answered.end()) {
+    return std::nullopt;
+  }
+  for (const auto& [withdrawn_step, status] : group.withdrawn) {
+    if (withdrawn_step == number) return std::nullopt;
+  }
+  FailedCalls failed;
+  failed.job_id = spec.job_id();
+  failed.status = absl::AbortedError(
+      absl::StrCat(StepName(spec), ": rank ", rank,
+                   "'s request was refused, so the step cannot complete: ", refusal.message()));
+  auto step_it = group.pending.find(number);
+  if (step_it != group.pending.end()) {
+    Step& step = *step_it->second;
+    if (step.arrived[rank] || !CompareSpecs(step.spec, step.checked, spec, checked, rank).ok()) {
+      return std::nullopt;  // not a rank this step waits for
+    }
+    failed.calls = std::move(step.calls);
+    group.pending.erase(step_it);
+    --pending_steps_;
+    --place->job->pending;
+  }
+  group.withdrawn.emplace_back(number, failed.status);
+  while (static_cast<int32_t>(group.withdrawn.size()) > limits_.remembered_steps) {
+    group.withdrawn.pop_front();
+  }
+  return failed;
 }
 
 std::vector<FailedCalls> Rendezvous::Expire(absl::Time now) {

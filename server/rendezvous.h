@@ -6,6 +6,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,21 @@ class Rendezvous {
   // answers it, e.g. CANCELLED); false if it was already handed back.
   bool Leave(PendingCall* call);
 
+  // Rank `rank` of `spec`'s step sent a request refused for its own input
+  // (`refusal`: CheckRankInput's; its spec and rank passed, giving
+  // `checked`): the step can never complete. Rather than every other rank
+  // waiting out the rendezvous timeout, the step is withdrawn: the calls
+  // waiting in it are handed back to answer with Aborted naming the rank
+  // and the refusal, and ranks that ask for it later get that at once (the
+  // last remembered_steps withdrawn steps of each group are remembered).
+  // The refused rank may be the step's first: the job and group are made
+  // as Arrive makes them. Nothing is withdrawn for a request whose spec
+  // differs from the waiting step's, for a rank already waiting in it, or
+  // for a step already answered (nullopt then; else the calls to answer,
+  // perhaps none, and their status).
+  std::optional<FailedCalls> Withdraw(const v1::StepSpec& spec, const CheckedSpec& checked,
+                                      int32_t rank, const absl::Status& refusal, absl::Time now);
+
   // Takes out every step whose rendezvous timeout has passed at `now`, with a
   // DeadlineExceeded status naming the missing ranks.
   std::vector<FailedCalls> Expire(absl::Time now);
@@ -172,6 +188,8 @@ class Rendezvous {
     std::map<uint64_t, std::unique_ptr<Step>> pending;
     absl::Time last_activity;
     std::deque<uint64_t> answered;  // most recent last
+    // Withdrawn steps and what their ranks are answered, most recent last.
+    std::deque<std::pair<uint64_t, absl::Status>> withdrawn;
     std::vector<bool> seen;         // ranks that have sent a Plan request
     int32_t ranks_seen = 0;
     uint64_t steps_planned = 0;

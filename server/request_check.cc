@@ -141,18 +141,28 @@ absl::Status CheckTiming(const std::string& field, const v1::StepTiming& timing)
 
 }  // namespace
 
-absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
-                                             const ServiceLimits& limits, WorldCache* cache) {
+absl::StatusOr<CheckedSpec> CheckPlanRequestRank(const v1::PlanRequest& request,
+                                                 const ServiceLimits& limits, WorldCache* cache) {
   KF_ASSIGN_OR_RETURN(CheckedSpec checked, CheckStepSpec(request.spec(), limits, cache));
   if (request.rank() < 0 || request.rank() >= request.spec().world_size()) {
     return absl::InvalidArgumentError(absl::StrCat("rank: ", request.rank(),
                                                    " is outside [0, world_size = ",
                                                    request.spec().world_size(), ")"));
   }
+  return checked;
+}
+
+absl::Status CheckRankInput(const v1::PlanRequest& request, const ServiceLimits& limits) {
   KF_RETURN_IF_ERROR(CheckLengths("sequence_lengths", request.sequence_lengths(), limits));
   KF_RETURN_IF_ERROR(
       CheckProtoMasks(request.attention_masks(), request.sequence_lengths(), "attention_masks"));
-  KF_RETURN_IF_ERROR(CheckTiming("previous", request.previous()));
+  return CheckTiming("previous", request.previous());
+}
+
+absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
+                                             const ServiceLimits& limits, WorldCache* cache) {
+  KF_ASSIGN_OR_RETURN(CheckedSpec checked, CheckPlanRequestRank(request, limits, cache));
+  KF_RETURN_IF_ERROR(CheckRankInput(request, limits));
   return checked;
 }
 

@@ -43,7 +43,20 @@ class WorldCache {
 absl::StatusOr<CheckedSpec> CheckStepSpec(const v1::StepSpec& spec, const ServiceLimits& limits,
                                           WorldCache* cache = nullptr);
 
-// CheckStepSpec plus the rank and its sequence lengths.
+// CheckStepSpec plus the rank's range: the step and the rank a Plan
+// request speaks for.
+absl::StatusOr<CheckedSpec> CheckPlanRequestRank(const v1::PlanRequest& request,
+                                                 const ServiceLimits& limits,
+                                                 WorldCache* cache = nullptr);
+
+// What a Plan request gives of its own rank: its sequence lengths, their
+// masks and its timing. InvalidArgument naming the field, or
+// ResourceExhausted past max_sequences_per_rank. A request that
+// passes CheckPlanRequestRank but not this is its rank's refusal of the
+// step (Rendezvous::Withdraw).
+absl::Status CheckRankInput(const v1::PlanRequest& request, const ServiceLimits& limits);
+
+// CheckPlanRequestRank, then CheckRankInput.
 absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
                                              const ServiceLimits& limits,
                                              WorldCache* cache = nullptr);

@@ -486,6 +486,102 @@ TEST(RendezvousTest, LeaveGivesBackTheStepsSequenceBudget) {
   EXPECT_NE(last.ready, nullptr);
 }
 
+// Withdraws `spec`'s step for rank `rank`, refused for a negative length,
+// as the service does.
+std::optional<FailedCalls> Withdraw(Rendezvous& rendezvous, const v1::StepSpec& spec,
+                                    int32_t rank, absl::Time now) {
+  auto refused = Call(spec, rank, {-1});
+  auto checked = CheckPlanRequestRank(refused->request(), ServiceLimits());
+  EXPECT_TRUE(checked.ok()) << checked.status();
+  const absl::Status input = CheckRankInput(refused->request(), ServiceLimits());
+  EXPECT_FALSE(input.ok());
+  return rendezvous.Withdraw(spec, *checked, rank, input, now);
+}
+
+// A rank refused for its own input withdraws its step: the ranks waiting in
+// it are handed back at once, with Aborted naming the rank and why, and a
+// rank that asks later is refused the same at once; the group's next step
+// is a rendezvous as before.
+TEST(RendezvousTest, AWithdrawnStepHandsBackItsRanksAndRefusesLaterOnes) {
+  Rendezvous rendezvous{ServiceLimits()};
+  const v1::StepSpec spec = Spec(3);
+  auto r0 = Call(spec, 0);
+  auto r1 = Call(spec, 1);
+  ASSERT_TRUE(Arrive(rendezvous, r0.get(), kT0).status.ok());
+  ASSERT_TRUE(Arrive(rendezvous, r1.get(), kT0).status.ok());
+  std::optional<FailedCalls> withdrawn = Withdraw(rendezvous, spec, 2, kT0);
+  ASSERT_TRUE(withdrawn.has_value());
+  EXPECT_EQ(withdrawn->job_id, "job");
+  EXPECT_THAT(withdrawn->calls, UnorderedElementsAre(r0.get(), r1.get()));
+  EXPECT_EQ(withdrawn->status.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(Message(withdrawn->status),
+            "step 3 of job 'job' group '': rank 2's request was refused, so the step cannot "
+            "complete: sequence_lengths[0]: -1 is outside [0, 2147483648]");
+  EXPECT_EQ(rendezvous.pending_steps(), 0);
+  // Rank 3 comes late: refused at once, with the same status.
+  auto r3 = Call(spec, 3);
+  auto late = Arrive(rendezvous, r3.get(), kT0);
+  EXPECT_EQ(late.status, withdrawn->status);
+  EXPECT_EQ(rendezvous.pending_steps(), 0);
+  // Withdrawn once: the same refusal again hands back nothing.
+  EXPECT_FALSE(Withdraw(rendezvous, spec, 2, kT0).has_value());
+  EXPECT_EQ(CompleteStep(rendezvous, Spec(4), kT0).size(), 4u);
+}
+
+// The refused rank may be the first to ask: the step is withdrawn before
+// anyone waits in it.
+TEST(RendezvousTest, AStepWithdrawnBeforeAnyRankAskedRefusesThemAll) {
+  Rendezvous rendezvous{ServiceLimits()};
+  const v1::StepSpec spec = Spec(0);
+  std::optional<FailedCalls> withdrawn = Withdraw(rendezvous, spec, 1, kT0);
+  ASSERT_TRUE(withdrawn.has_value());
+  EXPECT_TRUE(withdrawn->calls.empty());
+  EXPECT_EQ(rendezvous.jobs(), 1);
+  for (int32_t rank : {0, 2, 3}) {
+    auto call = Call(spec, rank);
+    auto arrival = Arrive(rendezvous, call.get(), kT0);
+    EXPECT_EQ(arrival.status.code(), absl::StatusCode::kAborted) << "rank " << rank;
+    EXPECT_THAT(Message(arrival.status), HasSubstr("rank 1's request was refused"));
+  }
+  EXPECT_EQ(rendezvous.pending_steps(), 0);
+}
+
+// Only a rank the step waits for withdraws it: not one that differs from
+// its spec (another run's, or a stranger's), not a rank already waiting in
+// it (a second request for it), not a step already answered.
+TEST(RendezvousTest, OnlyARankTheStepWaitsForWithdrawsIt) {
+  Rendezvous rendezvous{ServiceLimits()};
+  const v1::StepSpec spec = Spec(7);
+  auto r0 = Call(spec, 0);
+  ASSERT_TRUE(Arrive(rendezvous, r0.get(), kT0).status.ok());
+  v1::StepSpec other = spec;
+  other.set_gamma(0.25);
+  EXPECT_FALSE(Withdraw(rendezvous, other, 1, kT0).has_value());
+  EXPECT_FALSE(Withdraw(rendezvous, spec, 0, kT0).has_value());
+  EXPECT_EQ(rendezvous.pending_steps(), 1);
+  std::vector<std::unique_ptr<FakeCall>> rest;
+  for (int32_t rank = 1; rank < 4; ++rank) {
+    rest.push_back(Call(spec, rank));
+    auto arrival = Arrive(rendezvous, rest.back().get(), kT0);
+    ASSERT_TRUE(arrival.status.ok()) << arrival.status;
+    EXPECT_EQ(arrival.ready != nullptr, rank == 3);
+  }
+  EXPECT_FALSE(Withdraw(rendezvous, spec, 2, kT0).has_value());  // answered
+}
+
+// Withdrawn steps are remembered as answered ones are: the last
+// remembered_steps of a group; an older one opens anew.
+TEST(RendezvousTest, ForgetsWithdrawnStepsBeyondRememberedSteps) {
+  ServiceLimits limits;
+  limits.remembered_steps = 2;
+  Rendezvous rendezvous{limits};
+  for (uint64_t step : {0, 1, 2}) ASSERT_TRUE(Withdraw(rendezvous, Spec(step), 0, kT0).has_value());
+  auto forgotten = Call(Spec(0), 1);
+  EXPECT_TRUE(Arrive(rendezvous, forgotten.get(), kT0).status.ok());
+  auto remembered = Call(Spec(1), 1);
+  EXPECT_EQ(Arrive(rendezvous, remembered.get(), kT0).status.code(), absl::StatusCode::kAborted);
+}
+
 TEST(RendezvousTest, ExpiresAtTheTimeoutNamingTheMissingRanks) {
   ServiceLimits limits;
   limits.rendezvous_timeout = absl::Seconds(30);

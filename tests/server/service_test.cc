@@ -458,6 +458,44 @@ TEST(ServiceTest, AnIncompleteGroupTimesOutNamingTheMissingRanks) {
   EXPECT_EQ(server->service().rendezvous().pending_steps(), 0);
 }
 
+// A rank whose request is refused for its own input (here a negative
+// length, as the client sends when its own check refused the step) withdraws
+// the step: the rank waiting in it is answered at once with ABORTED naming
+// the rank and why, not at the rendezvous timeout (60 s), and so is a rank
+// that asks later; the next step is planned as usual.
+TEST(ServiceTest, ARankRefusedForItsInputWithdrawsTheStepAtOnce) {
+  PlannerServerOptions options = TestOptions();
+  options.service.limits.rendezvous_timeout = absl::Seconds(60);
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.job_id = "withdrawn";
+  params.topology = "g1n2+g2n1";
+  const absl::Time start = absl::Now();
+  AsyncPlan waiting(stub.get(), MakeRequest(params, 4, 0, {10}));
+  AwaitPendingSteps(*server, 1);
+  const grpc::Status refused = PlanOnce(stub.get(), MakeRequest(params, 4, 1, {-1}));
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("sequence_lengths[0]: -1 is outside"));
+  ASSERT_TRUE(waiting.WaitFor(absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  const std::string withdrawn =
+      "step 0 of job 'withdrawn' group '': rank 1's request was refused, so the step cannot "
+      "complete: sequence_lengths[0]: -1 is outside";
+  EXPECT_EQ(waiting.status().error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(waiting.status().error_message(), HasSubstr(withdrawn));
+  const grpc::Status late = PlanOnce(stub.get(), MakeRequest(params, 4, 2, {30}));
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(late.error_message(), HasSubstr(withdrawn));
+  EXPECT_EQ(server->service().rendezvous().pending_steps(), 0);
+  params.step = 1;
+  for (const PlanResult& r :
+       PlanConcurrently(stub.get(), MakeGroupRequests(params, {{10}, {20}, {30}, {40}}))) {
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  }
+}
+
 TEST(ServiceTest, ACancelledRankLeavesTheRendezvous) {
   auto server = StartServer();
   ASSERT_NE(server, nullptr);
