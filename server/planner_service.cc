@@ -246,7 +246,6 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* cont
     // rendezvous timeout (a client whose own input check refused asks so).
     std::optional<FailedCalls> withdrawn =
         rendezvous_.Withdraw(request->spec(), *checked, request->rank(), refused, absl::Now());
-    SyncGammaFits();
     if (withdrawn.has_value()) {
       Log(LogLevel::kWarning, withdrawn->status.ToString());
       for (PendingCall* waiting : withdrawn->calls) {

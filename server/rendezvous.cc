@@ -201,6 +201,12 @@ Rendezvous::Arrival Rendezvous::ArriveLocked(PendingCall* call, CheckedSpec chec
     arrival.status = absl::UnavailableError("the planner is shutting down; retry elsewhere");
     return arrival;
   }
+  if (!withdrawn_.empty()) {
+    if (auto it = withdrawn_.find(KeyOf(spec)); it != withdrawn_.end()) {
+      arrival.status = it->second;
+      return arrival;
+    }
+  }
   bool created = false;
   absl::StatusOr<Place> place = FindOrCreateGroup(spec, now, &created);
   if (!place.ok()) {
@@ -215,12 +221,6 @@ Rendezvous::Arrival Rendezvous::ArriveLocked(PendingCall* call, CheckedSpec chec
         absl::StrCat("rank ", rank, ": ", StepName(spec),
                      " was already planned and every rank was answered"));
     return arrival;
-  }
-  for (const auto& [withdrawn_step, status] : group.withdrawn) {
-    if (withdrawn_step == spec.step()) {
-      arrival.status = status;
-      return arrival;
-    }
   }
   auto step_it = group.pending.find(spec.step());
   if (step_it == group.pending.end()) {
@@ -345,40 +345,47 @@ bool Rendezvous::Leave(PendingCall* call) {
   return true;
 }
 
+Rendezvous::StepKey Rendezvous::KeyOf(const v1::StepSpec& spec) {
+  return StepKey(spec.job_id(), spec.group_id(), spec.incarnation(), spec.step());
+}
+
 std::optional<FailedCalls> Rendezvous::Withdraw(const v1::StepSpec& spec,
                                                 const CheckedSpec& checked, int32_t rank,
                                                 const absl::Status& refusal, absl::Time now) {
   absl::MutexLock lock(&mu_);
-  if (closed_) return std::nullopt;
-  absl::StatusOr<Place> place = FindOrCreateGroup(spec, now);
-  if (!place.ok()) return std::nullopt;  // no room for it: its ranks time out as before
-  Group& group = *place->group;
-  const uint64_t number = spec.step();
-  if (std::find(group.answered.begin(), group.answered.end(), number) != group.answered.end()) {
-    return std::nullopt;
-  }
-  for (const auto& [withdrawn_step, status] : group.withdrawn) {
-    if (withdrawn_step == number) return std::nullopt;
-  }
+  StepKey key = KeyOf(spec);
+  if (closed_ || withdrawn_.count(key) > 0) return std::nullopt;
   FailedCalls failed;
   failed.job_id = spec.job_id();
   failed.status = absl::AbortedError(
       absl::StrCat(StepName(spec), ": rank ", rank,
                    "'s request was refused, so the step cannot complete: ", refusal.message()));
-  auto step_it = group.pending.find(number);
-  if (step_it != group.pending.end()) {
-    Step& step = *step_it->second;
-    if (step.arrived[rank] || !CompareSpecs(step.spec, step.checked, spec, checked, rank).ok()) {
-      return std::nullopt;  // not a rank this step waits for
+  const Place place = FindGroup(spec);
+  if (place.group != nullptr) {
+    Group& group = *place.group;
+    if (std::find(group.answered.begin(), group.answered.end(), spec.step()) !=
+        group.answered.end()) {
+      return std::nullopt;
     }
-    failed.calls = std::move(step.calls);
-    group.pending.erase(step_it);
-    --pending_steps_;
-    --place->job->pending;
+    auto step_it = group.pending.find(spec.step());
+    if (step_it != group.pending.end()) {
+      Step& step = *step_it->second;
+      if (step.arrived[rank] || !CompareSpecs(step.spec, step.checked, spec, checked, rank).ok()) {
+        return std::nullopt;  // not a rank this step waits for
+      }
+      failed.calls = std::move(step.calls);
+      group.pending.erase(step_it);
+      --pending_steps_;
+      --place.job->pending;
+      group.last_activity = now;
+      place.job->last_activity = now;
+    }
   }
-  group.withdrawn.emplace_back(number, failed.status);
-  while (static_cast<int32_t>(group.withdrawn.size()) > limits_.remembered_steps) {
-    group.withdrawn.pop_front();
+  withdrawn_.emplace(key, failed.status);
+  withdrawn_order_.push_back(std::move(key));
+  while (static_cast<int32_t>(withdrawn_order_.size()) > limits_.max_pending_steps) {
+    withdrawn_.erase(withdrawn_order_.front());
+    withdrawn_order_.pop_front();
   }
   return failed;
 }

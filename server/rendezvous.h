@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -79,7 +80,8 @@ struct LifetimeEvent {
 // (O(ranks) each), at most max_jobs jobs of max_groups_per_job groups are
 // remembered (each a ring of remembered_steps step numbers and a bitmap of the
 // ranks seen), and jobs idle longer than job_ttl are dropped by DropIdleJobs;
-// plus the log of lifetime events not yet taken (TakeLifetimeEvents).
+// plus the log of lifetime events not yet taken (TakeLifetimeEvents) and the
+// last max_pending_steps withdrawn steps (Withdraw).
 class Rendezvous {
  public:
   explicit Rendezvous(ServiceLimits limits) : limits_(limits) {}
@@ -114,12 +116,12 @@ class Rendezvous {
   // waiting out the rendezvous timeout, the step is withdrawn: the calls
   // waiting in it are handed back to answer with Aborted naming the rank
   // and the refusal, and ranks that ask for it later get that at once (the
-  // last remembered_steps withdrawn steps of each group are remembered).
-  // The refused rank may be the step's first: the job and group are made
-  // as Arrive makes them. Nothing is withdrawn for a request whose spec
-  // differs from the waiting step's, for a rank already waiting in it, or
-  // for a step already answered (nullopt then; else the calls to answer,
-  // perhaps none, and their status).
+  // server's last max_pending_steps withdrawn steps are remembered). The
+  // refused rank may be the step's first; a withdrawal makes no job or
+  // group (refused requests never hold one). Nothing is withdrawn for a
+  // request whose spec differs from the waiting step's, for a rank already
+  // waiting in it, or for a step already answered (nullopt then; else the
+  // calls to answer, perhaps none, and their status).
   std::optional<FailedCalls> Withdraw(const v1::StepSpec& spec, const CheckedSpec& checked,
                                       int32_t rank, const absl::Status& refusal, absl::Time now);
 
@@ -188,8 +190,6 @@ class Rendezvous {
     std::map<uint64_t, std::unique_ptr<Step>> pending;
     absl::Time last_activity;
     std::deque<uint64_t> answered;  // most recent last
-    // Withdrawn steps and what their ranks are answered, most recent last.
-    std::deque<std::pair<uint64_t, absl::Status>> withdrawn;
     std::vector<bool> seen;         // ranks that have sent a Plan request
     int32_t ranks_seen = 0;
     uint64_t steps_planned = 0;
@@ -201,6 +201,9 @@ class Rendezvous {
   };
   // A group of one incarnation of its job (StepSpec.incarnation).
   using GroupKey = std::pair<std::string, uint64_t>;
+  // A step of a group: job, group, incarnation, step.
+  using StepKey = std::tuple<std::string, std::string, uint64_t, uint64_t>;
+  static StepKey KeyOf(const v1::StepSpec& spec);
   struct Job {
     std::map<GroupKey, Group> groups;
     absl::Time last_activity;
@@ -246,6 +249,10 @@ class Rendezvous {
   std::vector<std::string> evicted_ ABSL_GUARDED_BY(mu_);  // since DropIdleJobs
   int64_t jobs_evicted_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<LifetimeEvent> lifetime_ ABSL_GUARDED_BY(mu_);  // since TakeLifetimeEvents
+  // Withdrawn steps and what their ranks are answered; the order they were
+  // withdrawn in, for forgetting the oldest past max_pending_steps.
+  std::map<StepKey, absl::Status> withdrawn_ ABSL_GUARDED_BY(mu_);
+  std::deque<StepKey> withdrawn_order_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

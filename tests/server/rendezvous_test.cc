@@ -536,7 +536,7 @@ TEST(RendezvousTest, AStepWithdrawnBeforeAnyRankAskedRefusesThemAll) {
   std::optional<FailedCalls> withdrawn = Withdraw(rendezvous, spec, 1, kT0);
   ASSERT_TRUE(withdrawn.has_value());
   EXPECT_TRUE(withdrawn->calls.empty());
-  EXPECT_EQ(rendezvous.jobs(), 1);
+  EXPECT_EQ(rendezvous.jobs(), 0);  // a refused request holds no job
   for (int32_t rank : {0, 2, 3}) {
     auto call = Call(spec, rank);
     auto arrival = Arrive(rendezvous, call.get(), kT0);
@@ -569,11 +569,11 @@ TEST(RendezvousTest, OnlyARankTheStepWaitsForWithdrawsIt) {
   EXPECT_FALSE(Withdraw(rendezvous, spec, 2, kT0).has_value());  // answered
 }
 
-// Withdrawn steps are remembered as answered ones are: the last
-// remembered_steps of a group; an older one opens anew.
-TEST(RendezvousTest, ForgetsWithdrawnStepsBeyondRememberedSteps) {
+// The server remembers its last max_pending_steps withdrawn steps; an
+// older one opens anew.
+TEST(RendezvousTest, ForgetsWithdrawnStepsBeyondMaxPendingSteps) {
   ServiceLimits limits;
-  limits.remembered_steps = 2;
+  limits.max_pending_steps = 2;
   Rendezvous rendezvous{limits};
   for (uint64_t step : {0, 1, 2}) ASSERT_TRUE(Withdraw(rendezvous, Spec(step), 0, kT0).has_value());
   auto forgotten = Call(Spec(0), 1);
