@@ -394,10 +394,10 @@ class BalancerBinding {
                            input_masks,
                            balancer_->attention_masks().empty() && input_masks.has_value()
                                ? std::optional<std::string>("[]")
-                               : MasksJson(balancer_->attention_masks())};
+                               : MasksJson(balancer_->attention_masks()),
+                           plan.fitted_table};
     absl::StatusOr<CostModel> cost = CostModelFromSpec(spec);
     if (cost.ok()) planned_->cost = *cost;
-    planned_->fitted_table = plan.fitted_table;
   }
 
   // The next step's lengths, while this one computes (PrefetchRouting).
