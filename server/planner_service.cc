@@ -248,9 +248,7 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* cont
         rendezvous_.Withdraw(request->spec(), *checked, request->rank(), refused, absl::Now());
     if (withdrawn.has_value()) {
       Log(LogLevel::kWarning, withdrawn->status.ToString());
-      for (PendingCall* waiting : withdrawn->calls) {
-        static_cast<PlanCall*>(waiting)->FinishWith(withdrawn->status);
-      }
+      FinishCalls(withdrawn->calls, withdrawn->status);
     }
     call->FinishWith(refused);
     return call->Returned();
@@ -260,11 +258,7 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* cont
   }
   Rendezvous::Arrival arrival = rendezvous_.Arrive(call, *std::move(checked), absl::Now());
   SyncGammaFits();
-  for (const FailedCalls& evicted : arrival.evicted) {
-    for (PendingCall* waiting : evicted.calls) {
-      static_cast<PlanCall*>(waiting)->FinishWith(evicted.status);
-    }
-  }
+  for (const FailedCalls& evicted : arrival.evicted) FinishCalls(evicted.calls, evicted.status);
   if (!arrival.status.ok()) {
     call->FinishWith(arrival.status);
   } else if (arrival.ready != nullptr) {
@@ -273,9 +267,7 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* cont
     SolveNowOrSchedule(request->spec().job_id(), sequences,
                        [this, ready](const absl::Status& admitted) {
                          if (!admitted.ok()) {
-                           for (PendingCall* waiting : ready->calls) {
-                             static_cast<PlanCall*>(waiting)->FinishWith(admitted);
-                           }
+                           FinishCalls(ready->calls, admitted);
                            return;
                          }
                          SolveAndAnswer(ready);
@@ -360,7 +352,7 @@ void PlannerService::SolveAndAnswer(std::shared_ptr<ReadyStep> step) {
     const absl::Status gone = absl::AbortedError(absl::StrCat(
         "rank ", step->calls[r]->request().rank(), " gave up (cancelled, or past its deadline) "
         "before a solver took step ", spec.step(), "; not solved"));
-    for (PendingCall* call : step->calls) static_cast<PlanCall*>(call)->FinishWith(gone);
+    FinishCalls(step->calls, gone);
     return;
   }
   RankLengths lengths(step->calls.size());
@@ -386,7 +378,7 @@ void PlannerService::SolveAndAnswer(std::shared_ptr<ReadyStep> step) {
   if (!plan.ok()) {
     Log(LogLevel::kWarning, absl::StrCat("job '", spec.job_id(), "' step ", spec.step(), ": ",
                                          plan.status().ToString()));
-    for (PendingCall* call : step->calls) static_cast<PlanCall*>(call)->FinishWith(plan.status());
+    FinishCalls(step->calls, plan.status());
     return;
   }
   auto balance = std::make_shared<const v1::Balance>(std::move(solved_balance));
@@ -617,16 +609,19 @@ bool PlannerService::WaitForAnswers(absl::Time deadline) {
                                      deadline);
 }
 
+void PlannerService::FinishCalls(const std::vector<PendingCall*>& calls,
+                                 const absl::Status& status) {
+  for (PendingCall* call : calls) static_cast<PlanCall*>(call)->FinishWith(status);
+}
+
 void PlannerService::Drain() {
   std::vector<PendingCall*> calls = rendezvous_.Close();
   if (!calls.empty()) {
     Log(LogLevel::kInfo,
         absl::StrCat("shutting down: failing ", calls.size(), " waiting calls with UNAVAILABLE"));
   }
-  for (PendingCall* call : calls) {
-    static_cast<PlanCall*>(call)->FinishWith(
-        absl::UnavailableError("the planner is shutting down; retry against its replacement"));
-  }
+  FinishCalls(calls,
+              absl::UnavailableError("the planner is shutting down; retry against its replacement"));
 }
 
 void PlannerService::Reap() {
@@ -641,7 +636,7 @@ void PlannerService::Reap() {
     for (FailedCalls& failed : rendezvous_.Expire(after)) {
       Log(LogLevel::kWarning, failed.status.ToString());
       metrics_.CountTimeout(failed.job_id, after);
-      for (PendingCall* call : failed.calls) static_cast<PlanCall*>(call)->FinishWith(failed.status);
+      FinishCalls(failed.calls, failed.status);
     }
     for (const std::string& job : rendezvous_.DropIdleJobs(after)) {
       Log(LogLevel::kInfo, absl::StrCat("forgot job '", job,

@@ -125,6 +125,9 @@ class PlannerService final : public PlannerServiceBase {
                                                   const RankMasks& masks, double wait_seconds,
                                                   v1::Balance* balance);
   void SolveAndAnswer(std::shared_ptr<ReadyStep> step);
+  // Answers each of `calls` (Plan calls the rendezvous handed back) with
+  // `status`.
+  static void FinishCalls(const std::vector<PendingCall*>& calls, const absl::Status& status);
   void AnswerRange(std::shared_ptr<const knapformer::Plan> plan,
                    std::shared_ptr<ReadyStep> step, std::shared_ptr<const v1::Balance> balance,
                    size_t begin, size_t end);

@@ -19,6 +19,11 @@ std::string StepName(const v1::StepSpec& spec) {
                           : std::string());
 }
 
+// Whether `step` is among a group's remembered answered steps.
+bool WasAnswered(const std::deque<uint64_t>& answered, uint64_t step) {
+  return std::find(answered.begin(), answered.end(), step) != answered.end();
+}
+
 // FailedPrecondition naming the first field where `spec` (checked as
 // `checked`) differs from the step's first request, or OK.
 absl::Status CompareSpecs(const v1::StepSpec& first, const CheckedSpec& first_checked,
@@ -215,8 +220,7 @@ Rendezvous::Arrival Rendezvous::ArriveLocked(PendingCall* call, CheckedSpec chec
   }
   Group& group = *place->group;
   Job& job = *place->job;
-  if (std::find(group.answered.begin(), group.answered.end(), spec.step()) !=
-      group.answered.end()) {
+  if (WasAnswered(group.answered, spec.step())) {
     arrival.status = absl::AlreadyExistsError(
         absl::StrCat("rank ", rank, ": ", StepName(spec),
                      " was already planned and every rank was answered"));
@@ -312,9 +316,7 @@ Rendezvous::Arrival Rendezvous::ArriveLocked(PendingCall* call, CheckedSpec chec
                                                      step.first_arrival,
                                                      std::max(step.first_arrival, now),
                                                      step.sequences});
-  group.pending.erase(step_it);
-  --pending_steps_;
-  --job.pending;
+  ErasePending(job, group, step_it);
   group.answered.push_back(ready->spec.step());
   while (static_cast<int32_t>(group.answered.size()) > limits_.remembered_steps) {
     group.answered.pop_front();
@@ -337,11 +339,7 @@ bool Rendezvous::Leave(PendingCall* call) {
   step.calls.erase(it);
   step.arrived[call->request().rank()] = false;
   step.sequences -= call->request().sequence_lengths_size();
-  if (step.calls.empty()) {
-    group.pending.erase(step_it);
-    --pending_steps_;
-    --place.job->pending;
-  }
+  if (step.calls.empty()) ErasePending(*place.job, group, step_it);
   return true;
 }
 
@@ -363,10 +361,7 @@ std::optional<FailedCalls> Rendezvous::Withdraw(const v1::StepSpec& spec,
   const Place place = FindGroup(spec);
   if (place.group != nullptr) {
     Group& group = *place.group;
-    if (std::find(group.answered.begin(), group.answered.end(), spec.step()) !=
-        group.answered.end()) {
-      return std::nullopt;
-    }
+    if (WasAnswered(group.answered, spec.step())) return std::nullopt;
     auto step_it = group.pending.find(spec.step());
     if (step_it != group.pending.end()) {
       Step& step = *step_it->second;
@@ -374,9 +369,7 @@ std::optional<FailedCalls> Rendezvous::Withdraw(const v1::StepSpec& spec,
         return std::nullopt;  // not a rank this step waits for
       }
       failed.calls = std::move(step.calls);
-      group.pending.erase(step_it);
-      --pending_steps_;
-      --place.job->pending;
+      ErasePending(*place.job, group, step_it);
       group.last_activity = now;
       place.job->last_activity = now;
     }
@@ -388,6 +381,13 @@ std::optional<FailedCalls> Rendezvous::Withdraw(const v1::StepSpec& spec,
     withdrawn_order_.pop_front();
   }
   return failed;
+}
+
+Rendezvous::PendingSteps::iterator Rendezvous::ErasePending(Job& job, Group& group,
+                                                           PendingSteps::iterator it) {
+  --pending_steps_;
+  --job.pending;
+  return group.pending.erase(it);
 }
 
 std::vector<FailedCalls> Rendezvous::Expire(absl::Time now) {
@@ -413,9 +413,7 @@ std::vector<FailedCalls> Rendezvous::Expire(absl::Time now) {
             absl::FormatDuration(limits_.rendezvous_timeout),
             "; missing ranks: ", MissingRankRanges(step.arrived)));
         failed.push_back(std::move(f));
-        it = group.pending.erase(it);
-        --pending_steps_;
-        --job.pending;
+        it = ErasePending(job, group, it);
       }
     }
   }
@@ -611,7 +609,7 @@ bool Rendezvous::MakeRoomFor(const Job& job, const v1::StepSpec& spec,
     return false;
   }
   Group* oldest_group = nullptr;
-  std::map<uint64_t, std::unique_ptr<Step>>::iterator oldest;
+  PendingSteps::iterator oldest;
   for (auto& [key, group] : holder->second.groups) {
     for (auto it = group.pending.begin(); it != group.pending.end(); ++it) {
       if (oldest_group == nullptr || it->second->first_arrival < oldest->second->first_arrival) {
@@ -629,9 +627,7 @@ bool Rendezvous::MakeRoomFor(const Job& job, const v1::StepSpec& spec,
       holder->first, "' held ", holder->second.pending, " of the server's ",
       limits_.max_pending_steps, " pending steps"));
   evicted->push_back(std::move(f));
-  oldest_group->pending.erase(oldest);
-  --holder->second.pending;
-  --pending_steps_;
+  ErasePending(holder->second, *oldest_group, oldest);
   ++steps_evicted_;
   return true;
 }

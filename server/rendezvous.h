@@ -186,8 +186,9 @@ class Rendezvous {
     int64_t sequences = 0;
     int64_t mask_spans = 0;
   };
+  using PendingSteps = std::map<uint64_t, std::unique_ptr<Step>>;  // by step number
   struct Group {
-    std::map<uint64_t, std::unique_ptr<Step>> pending;
+    PendingSteps pending;
     absl::Time last_activity;
     std::deque<uint64_t> answered;  // most recent last
     std::vector<bool> seen;         // ranks that have sent a Plan request
@@ -231,6 +232,10 @@ class Rendezvous {
   // the most (into *evicted) if it holds at least two more than `job`;
   // false when no job does.
   bool MakeRoomFor(const Job& job, const v1::StepSpec& spec, std::vector<FailedCalls>* evicted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes pending step `it` out of `group` of `job`, keeping the pending
+  // counts; returns the next pending step of the group.
+  PendingSteps::iterator ErasePending(Job& job, Group& group, PendingSteps::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Arrive's work, under the lock.
   Arrival ArriveLocked(PendingCall* call, CheckedSpec checked, absl::Time now)
