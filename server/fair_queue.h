@@ -12,21 +12,28 @@
 
 namespace knapformer {
 
-// Tasks queued by job and taken round-robin between the jobs that have any
-// (in order within a job), so that a job with many steps waiting for a
-// solver delays another job's step by at most one of its own per solver
-// thread, not by all of them. Thread-safe.
+// Tasks queued by tenant and job, taken round-robin between the tenants that
+// have any, round-robin between a tenant's jobs within its turn, and in order
+// within a job: a tenant with many steps waiting for a solver, under however
+// many job ids, delays another tenant's step by at most one of its own per
+// solver thread. Thread-safe.
 class FairQueue {
  public:
-  void Push(const std::string& job, std::function<void()> task);
-  // The next task: the oldest of the first job after the one served last
-  // (in the jobs' order, wrapping) that has any; empty when none waits.
+  void Push(const std::string& tenant, const std::string& job, std::function<void()> task);
+  // The next task: of the first tenant after the one served last (in the
+  // tenants' order, wrapping) that has any, its first job after the one it
+  // was last served (wrapping; while it has tasks), that job's oldest;
+  // empty when none waits.
   std::function<void()> Pop();
   int64_t size() const;
 
  private:
+  struct TenantQueue {
+    std::map<std::string, std::deque<std::function<void()>>> jobs;
+    std::string served_last;
+  };
   mutable absl::Mutex mu_;
-  std::map<std::string, std::deque<std::function<void()>>> queues_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, TenantQueue> tenants_ ABSL_GUARDED_BY(mu_);
   std::string served_last_ ABSL_GUARDED_BY(mu_);
   int64_t size_ ABSL_GUARDED_BY(mu_) = 0;
 };

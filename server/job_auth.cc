@@ -1,46 +1,88 @@
 #include "server/job_auth.h"
 
-#include <sys/stat.h>
-
-#include <fstream>
-#include <sstream>
-
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
+#include <utility>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/log.h"
 #include "grpcpp/grpcpp.h"
+#include "server/job_token.h"
 
 namespace knapformer {
 namespace {
 
-constexpr absl::string_view kTokenPrefix = "kf1.";
 constexpr size_t kMinKeyChars = 32;
-constexpr absl::Duration kKeyFileLook = absl::Seconds(1);
 
-// The key file's modification time and size, to tell a changed file;
-// false when it cannot be looked at.
-bool StatFile(const std::string& path, int64_t* mtime_ns, int64_t* size) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) return false;
-  *mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
-  *size = st.st_size;
+absl::StatusOr<std::vector<JobKey>> ParseJobKeys(const std::string& path,
+                                                 const FileLines& lines) {
+  std::vector<JobKey> keys;
+  for (const FileLine& line : lines.whole) {
+    const absl::string_view key = absl::StripAsciiWhitespace(line.text);
+    if (key.empty() || key[0] == '#') continue;
+    if (key.size() < kMinKeyChars) {
+      return absl::InvalidArgumentError(absl::StrCat("key file ", path, ", line ", line.number,
+                                                     ": a key of ", key.size(),
+                                                     " characters; at least ", kMinKeyChars,
+                                                     " (openssl rand -hex 32)"));
+    }
+    keys.push_back(JobKey{KeyIdOf(key), std::string(key)});
+  }
+  if (keys.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key file ", path, ": no key (one per line, each ending with a newline: openssl rand "
+        "-hex 32 >keys)",
+        lines.unterminated ? "; its last line has no newline and is not read (it may be being "
+                             "written)"
+                           : ""));
+  }
+  return keys;
+}
+
+absl::StatusOr<std::set<std::string>> ParseRevoked(const std::string& path,
+                                                   const FileLines& lines) {
+  std::set<std::string> revoked;
+  for (const FileLine& line : lines.whole) {
+    const absl::string_view id = absl::StripAsciiWhitespace(line.text);
+    if (id.empty() || id[0] == '#') continue;
+    bool hex = id.size() == 16;
+    for (char c : id) hex = hex && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
+    if (!hex) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "revocation list ", path, ", line ", line.number,
+          ": not a token id (16 hex digits, as `knapformer token` prints it)"));
+    }
+    revoked.emplace(id);
+  }
+  return revoked;
+}
+
+// The namespace a SPIFFE id spiffe://DOMAIN/ns/NS/... names when DOMAIN is
+// `trust_domain` ("" otherwise, and for any other name).
+std::string SpiffeNamespace(absl::string_view name, absl::string_view trust_domain) {
+  if (trust_domain.empty() || !absl::ConsumePrefix(&name, "spiffe://")) return "";
+  std::vector<absl::string_view> parts = absl::StrSplit(name, '/');
+  if (parts.size() < 3 || !absl::EqualsIgnoreCase(parts[0], trust_domain) || parts[1] != "ns" ||
+      parts[2].empty()) {
+    return "";
+  }
+  return std::string(parts[2]);
+}
+
+bool IsTrustDomain(absl::string_view domain) {
+  if (domain.empty()) return false;
+  for (char c : domain) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == '_')) {
+      return false;
+    }
+  }
   return true;
 }
 
-// The URI SAN spiffe://DOMAIN/ns/NS/... names namespace NS ("" otherwise).
-std::string SpiffeNamespace(absl::string_view name) {
-  if (!absl::ConsumePrefix(&name, "spiffe://")) return "";
-  std::vector<absl::string_view> parts = absl::StrSplit(name, '/');
-  if (parts.size() < 3 || parts[1] != "ns" || parts[2].empty()) return "";
-  return std::string(parts[2]);
-}
+constexpr absl::string_view kFailingClosed =
+    "the planner cannot check tokens now: its key file or revocation list is unusable (its log "
+    "says why), and every token is refused until that is fixed";
 
 }  // namespace
 
@@ -64,42 +106,12 @@ const char* AuthModeName(AuthMode mode) {
   return "?";
 }
 
-absl::StatusOr<std::vector<std::string>> ReadJobKeys(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("key file ", path, ": cannot be read"));
+absl::StatusOr<std::vector<JobKey>> ReadJobKeys(const std::string& path) {
+  absl::StatusOr<std::string> content = ReadSmallFile(path);
+  if (!content.ok()) {
+    return absl::NotFoundError(absl::StrCat("key file ", content.status().message()));
   }
-  std::vector<std::string> keys;
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    const absl::string_view key = absl::StripAsciiWhitespace(line);
-    if (key.empty() || key[0] == '#') continue;
-    if (key.size() < kMinKeyChars) {
-      return absl::InvalidArgumentError(absl::StrCat("key file ", path, ", line ", number, ": a key of ",
-                                                     key.size(), " characters; at least ",
-                                                     kMinKeyChars, " (openssl rand -hex 32)"));
-    }
-    keys.emplace_back(key);
-  }
-  if (keys.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key file ", path, ": no key (one per line, e.g. openssl rand -hex 32)"));
-  }
-  return keys;
-}
-
-std::string MintJobPrefixToken(absl::string_view key, absl::string_view prefix) {
-  return absl::StrCat(MintJobToken(key, prefix), ".", prefix);
-}
-
-std::string MintJobToken(absl::string_view key, absl::string_view job_id) {
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int mac_bytes = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(job_id.data()), job_id.size(), mac, &mac_bytes);
-  return absl::StrCat(kTokenPrefix,
-                      absl::BytesToHexString(absl::string_view(
-                          reinterpret_cast<const char*>(mac), mac_bytes)));
+  return ParseJobKeys(path, WholeLines(*content));
 }
 
 CallerCredentials CredentialsOf(const grpc::ServerContextBase& context) {
@@ -125,121 +137,214 @@ CallerCredentials CredentialsOf(const grpc::ServerContextBase& context) {
   return caller;
 }
 
-absl::StatusOr<std::unique_ptr<JobAuthorizer>> JobAuthorizer::Create(AuthMode mode,
-                                                                     const std::string& key_file,
+JobAuthorizer::JobAuthorizer(const AuthOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<JobAuthorizer>> JobAuthorizer::Create(const AuthOptions& options,
                                                                      bool client_ca_required) {
-  if (mode == AuthMode::kToken && key_file.empty()) {
+  const bool token = options.mode == AuthMode::kToken;
+  const bool mtls = options.mode == AuthMode::kMtls;
+  const std::string mode = AuthModeName(options.mode);
+  if (token && options.key_file.empty()) {
     return absl::InvalidArgumentError(
         "--auth=token needs --auth-key-file (one key per line: openssl rand -hex 32)");
   }
-  if (mode != AuthMode::kToken && !key_file.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--auth-key-file is for --auth=token, not --auth=", AuthModeName(mode)));
+  for (const auto& [flag, given] :
+       {std::pair{"--auth-key-file", !options.key_file.empty()},
+        std::pair{"--auth-revoked-file", !options.revoked_file.empty()}}) {
+    if (given && !token) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " is for --auth=token, not --auth=", mode));
+    }
   }
-  if (mode == AuthMode::kMtls && !client_ca_required) {
+  for (const auto& [flag, given] :
+       {std::pair{"--mtls-trust-domain", !options.mtls_trust_domain.empty()},
+        std::pair{"--mtls-job-names", options.mtls_job_names}}) {
+    if (given && !mtls) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " is for --auth=mtls, not --auth=", mode));
+    }
+  }
+  if (mtls && !client_ca_required) {
     return absl::InvalidArgumentError(
         "--auth=mtls needs --tls-cert, --tls-key and --tls-client-ca (clients' certificates "
         "are what names their jobs)");
   }
-  std::unique_ptr<JobAuthorizer> authorizer(new JobAuthorizer(mode, key_file));
-  if (mode == AuthMode::kToken) {
-    absl::StatusOr<std::vector<std::string>> keys = ReadJobKeys(key_file);
-    if (!keys.ok()) return keys.status();
-    absl::MutexLock lock(&authorizer->mu_);
-    authorizer->keys_ = *std::move(keys);
-    StatFile(key_file, &authorizer->file_mtime_ns_, &authorizer->file_size_);
-    authorizer->last_look_ = absl::Now();
+  if (mtls && options.mtls_trust_domain.empty() && !options.mtls_job_names) {
+    return absl::InvalidArgumentError(
+        "--auth=mtls needs --mtls-trust-domain DOMAIN (a SPIFFE id spiffe://DOMAIN/ns/NS/... "
+        "acts as the jobs 'NS/...'), or --mtls-job-names=on (a DNS or URI name equal to a job "
+        "id acts as that job), or both");
+  }
+  if (!options.mtls_trust_domain.empty() && !IsTrustDomain(options.mtls_trust_domain)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mtls-trust-domain: '", options.mtls_trust_domain,
+                     "' is not a SPIFFE trust domain (lowercase letters, digits, '.', '-', '_')"));
+  }
+  std::unique_ptr<JobAuthorizer> authorizer(new JobAuthorizer(options));
+  if (token) {
+    authorizer->keys_ = std::make_unique<WatchedFile<Keys>>(
+        options.key_file, options.file_look_interval,
+        [](const std::string& path, const FileLines& lines) { return ParseJobKeys(path, lines); });
+    absl::StatusOr<std::shared_ptr<const Keys>> keys = authorizer->keys_->Current();
+    if (!keys.ok()) {
+      return keys.status().code() == absl::StatusCode::kNotFound
+                 ? absl::InvalidArgumentError(absl::StrCat("--auth-key-file: key file ",
+                                                           keys.status().message()))
+                 : keys.status();
+    }
+    if (!options.revoked_file.empty()) {
+      authorizer->revoked_ = std::make_unique<WatchedFile<Revoked>>(
+          options.revoked_file, options.file_look_interval,
+          [](const std::string& path, const FileLines& lines) {
+            return ParseRevoked(path, lines);
+          });
+      absl::StatusOr<std::shared_ptr<const Revoked>> revoked = authorizer->revoked_->Current();
+      if (!revoked.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--auth-revoked-file: ", revoked.status().message()));
+      }
+    }
   }
   return authorizer;
 }
 
-std::vector<std::string> JobAuthorizer::CurrentKeys() {
-  absl::MutexLock lock(&mu_);
-  const absl::Time now = absl::Now();
-  if (now - last_look_ < kKeyFileLook) return keys_;
-  last_look_ = now;
-  int64_t mtime_ns = 0, size = 0;
-  if (!StatFile(key_file_, &mtime_ns, &size)) {
-    Log(LogLevel::kWarning,
-        absl::StrCat("auth: key file ", key_file_, " cannot be looked at; keeping its last keys"));
-    return keys_;
+absl::StatusOr<std::shared_ptr<const JobAuthorizer::Keys>> JobAuthorizer::CurrentKeys() {
+  bool changed = false;
+  absl::StatusOr<std::shared_ptr<const Keys>> keys = keys_->Current(&changed);
+  if (changed) {
+    if (keys.ok()) {
+      Log(LogLevel::kInfo,
+          absl::StrCat("auth: read ", (*keys)->size(), " key(s) from ", keys_->path()));
+    } else {
+      Log(LogLevel::kWarning, absl::StrCat("auth: ", keys.status().message(),
+                                           "; every token is refused until it is fixed"));
+    }
   }
-  if (mtime_ns == file_mtime_ns_ && size == file_size_) return keys_;
-  // A version of the file already found unusable is not read (or warned
-  // about) again until it changes.
-  if (mtime_ns == refused_mtime_ns_ && size == refused_size_) return keys_;
-  absl::StatusOr<std::vector<std::string>> keys = ReadJobKeys(key_file_);
-  if (!keys.ok()) {
-    refused_mtime_ns_ = mtime_ns;
-    refused_size_ = size;
-    Log(LogLevel::kWarning,
-        absl::StrCat("auth: ", keys.status().message(), "; keeping the keys last read"));
-    return keys_;
-  }
-  keys_ = *std::move(keys);
-  file_mtime_ns_ = mtime_ns;
-  file_size_ = size;
-  Log(LogLevel::kInfo, absl::StrCat("auth: read ", keys_.size(), " key(s) from ", key_file_));
-  return keys_;
+  return keys;
 }
 
-absl::Status JobAuthorizer::Authorize(const CallerCredentials& caller,
-                                      const std::string& job_id) {
-  switch (mode_) {
-    case AuthMode::kNone:
-      return absl::OkStatus();
-    case AuthMode::kToken: {
-      if (!caller.has_authorization) {
-        return absl::UnauthenticatedError(
-            "this planner needs a job token: metadata 'authorization: Bearer <token>' "
-            "(knapformer token --job ID; KNAPFORMER_PLANNER_TOKEN)");
-      }
-      absl::string_view token = caller.bearer_token;
-      // "kf1.<64 hex>" for one job, "kf1.<64 hex>.<prefix ending in />" for
-      // every job under the prefix (the MAC is of the prefix).
-      const size_t mac_end = kTokenPrefix.size() + 64;
-      const bool scoped = token.size() > mac_end + 1 && token[mac_end] == '.' &&
-                          token.back() == '/';
-      if (!caller.authorization_is_bearer || !absl::StartsWith(token, kTokenPrefix) ||
-          (token.size() != mac_end && !scoped)) {
-        return absl::UnauthenticatedError(
-            "authorization: not 'Bearer kf1.<64 hex digits>[.<job id prefix>/]' "
-            "(knapformer token --job ID)");
-      }
-      const std::string scope = scoped ? std::string(token.substr(mac_end + 1)) : job_id;
-      if (scoped && !absl::StartsWith(job_id, scope)) {
-        return absl::PermissionDeniedError(
-            "authorization: the token is not this planner's token for the job the request names");
-      }
-      const absl::string_view mac = token.substr(0, mac_end);
-      for (const std::string& key : CurrentKeys()) {
-        const std::string expected = MintJobToken(key, scope);
-        if (CRYPTO_memcmp(expected.data(), mac.data(), expected.size()) == 0) {
-          return absl::OkStatus();
-        }
-      }
-      return absl::PermissionDeniedError(
-          "authorization: the token is not this planner's token for the job the request names");
-    }
-    case AuthMode::kMtls: {
-      if (caller.certificate_names.empty()) {
-        return absl::UnauthenticatedError(
-            "this planner needs a client certificate whose DNS or URI name names the job");
-      }
-      for (const std::string& name : caller.certificate_names) {
-        if (name == job_id) return absl::OkStatus();
-        const std::string ns = SpiffeNamespace(name);
-        if (!ns.empty() && absl::StartsWith(job_id, absl::StrCat(ns, "/"))) {
-          return absl::OkStatus();
-        }
-      }
-      return absl::PermissionDeniedError(
-          "the client certificate names neither the job the request names nor its namespace "
-          "(a DNS or URI name equal to the job id, or spiffe://DOMAIN/ns/NS/... for a job "
-          "'NS/...')");
+absl::StatusOr<std::shared_ptr<const JobAuthorizer::Revoked>> JobAuthorizer::CurrentRevoked() {
+  if (revoked_ == nullptr) return std::make_shared<const Revoked>();
+  bool changed = false;
+  absl::StatusOr<std::shared_ptr<const Revoked>> revoked = revoked_->Current(&changed);
+  if (changed) {
+    if (revoked.ok()) {
+      Log(LogLevel::kInfo, absl::StrCat("auth: read ", (*revoked)->size(),
+                                        " revoked token id(s) from ", revoked_->path()));
+    } else {
+      Log(LogLevel::kWarning,
+          absl::StrCat("auth: revocation list ", revoked.status().message(),
+                       "; every token is refused until it is fixed"));
     }
   }
+  return revoked;
+}
+
+AuthFilesState JobAuthorizer::Refresh() {
+  AuthFilesState state;
+  if (keys_ == nullptr) return state;
+  absl::StatusOr<std::shared_ptr<const Keys>> keys = CurrentKeys();
+  absl::StatusOr<std::shared_ptr<const Revoked>> revoked = CurrentRevoked();
+  if (keys.ok() && revoked.ok()) {
+    state.keys = static_cast<int64_t>((*keys)->size());
+    state.revoked_tokens = static_cast<int64_t>((*revoked)->size());
+  }
+  return state;
+}
+
+absl::StatusOr<std::string> JobAuthorizer::Authorize(const grpc::ServerContextBase& context,
+                                                     const std::string& job_id) {
+  if (options_.mode == AuthMode::kNone) return job_id;
+  return Authorize(CredentialsOf(context), job_id, absl::Now());
+}
+
+absl::StatusOr<std::string> JobAuthorizer::Authorize(const CallerCredentials& caller,
+                                                     const std::string& job_id, absl::Time now) {
+  switch (options_.mode) {
+    case AuthMode::kNone:
+      return job_id;
+    case AuthMode::kToken:
+      return AuthorizeToken(caller, job_id, now);
+    case AuthMode::kMtls:
+      return AuthorizeCertificate(caller, job_id);
+  }
   return absl::InternalError("auth: unknown mode");
+}
+
+absl::StatusOr<std::string> JobAuthorizer::AuthorizeToken(const CallerCredentials& caller,
+                                                          const std::string& job_id,
+                                                          absl::Time now) {
+  if (!caller.has_authorization) {
+    return absl::UnauthenticatedError(
+        "this planner needs a job token: metadata 'authorization: Bearer <token>' "
+        "(knapformer token --job ID --ttl 30d; KNAPFORMER_PLANNER_TOKEN)");
+  }
+  if (!caller.authorization_is_bearer) {
+    return absl::UnauthenticatedError(
+        "authorization: not 'Bearer <token>' (knapformer token --job ID --ttl 30d)");
+  }
+  absl::StatusOr<JobToken> token = ParseToken(caller.bearer_token);
+  if (!token.ok()) return token.status();
+  absl::StatusOr<std::shared_ptr<const Keys>> keys = CurrentKeys();
+  absl::StatusOr<std::shared_ptr<const Revoked>> revoked = CurrentRevoked();
+  if (!keys.ok() || !revoked.ok()) return absl::UnavailableError(kFailingClosed);
+  const JobKey* key = nullptr;
+  for (const JobKey& candidate : **keys) {
+    if (candidate.id == token->key_id) key = &candidate;
+  }
+  if (key == nullptr) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "authorization: the token was minted under key ", token->key_id,
+        ", which is not one of this planner's keys (retired, or another planner's)"));
+  }
+  if (!TokenMacMatches(*token, key->secret)) {
+    return absl::UnauthenticatedError(
+        "authorization: the token's MAC does not match its fields (altered, or not minted "
+        "under this planner's key)");
+  }
+  if (now >= token->expires) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "authorization: the token expired at ",
+        absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", token->expires, absl::UTCTimeZone()),
+        " (mint a new one: knapformer token)"));
+  }
+  if ((*revoked)->count(token->token_id) != 0) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("authorization: the token ", token->token_id, " is revoked"));
+  }
+  const bool covers = token->kind == TokenKind::kJob
+                          ? job_id == token->scope
+                          : absl::StartsWith(job_id, token->scope);
+  if (!covers) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "authorization: the token is for ",
+        token->kind == TokenKind::kJob ? "job '" : "the jobs under '", token->scope,
+        "', not for job '", job_id, "' that the request names"));
+  }
+  return token->scope;
+}
+
+absl::StatusOr<std::string> JobAuthorizer::AuthorizeCertificate(const CallerCredentials& caller,
+                                                                const std::string& job_id) const {
+  if (caller.certificate_names.empty()) {
+    return absl::UnauthenticatedError(
+        "this planner needs a client certificate whose SPIFFE id or name names the job");
+  }
+  for (const std::string& name : caller.certificate_names) {
+    const std::string ns = SpiffeNamespace(name, options_.mtls_trust_domain);
+    if (!ns.empty() && absl::StartsWith(job_id, absl::StrCat(ns, "/"))) {
+      return absl::StrCat(ns, "/");
+    }
+    if (options_.mtls_job_names && name == job_id) return job_id;
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the client certificate does not name job '", job_id, "': ",
+      options_.mtls_trust_domain.empty()
+          ? std::string()
+          : absl::StrCat("a SPIFFE id spiffe://", options_.mtls_trust_domain,
+                         "/ns/NS/... names the jobs 'NS/...'"),
+      !options_.mtls_trust_domain.empty() && options_.mtls_job_names ? "; " : "",
+      options_.mtls_job_names ? "a DNS or URI name equal to the job id names it" : ""));
 }
 
 }  // namespace knapformer

@@ -1,47 +1,52 @@
 #ifndef KNAPFORMER_SERVER_JOB_AUTH_H_
 #define KNAPFORMER_SERVER_JOB_AUTH_H_
 
-// Which callers may act as a job: every RPC that names a job (Plan,
-// PlanGroup, GetJob) asks a JobAuthorizer before anything else reads the
-// request, so that a refused caller learns nothing about the job, not even
-// whether it exists.
+// Which callers may act as a job, and which tenant each acts for: every RPC
+// that names a job (Plan, PlanGroup, GetJob) asks a JobAuthorizer before
+// anything else reads the request, so that a refused caller learns nothing
+// about the job, not even whether it exists. The tenant is what the
+// service's shares are kept per (request memory, calls in flight, solver
+// turns, room in the job table): the scope of the caller's credential.
 //
 // Modes (`serve --auth`):
-//   none   every caller is every job (the sidecar and rank 0's embedded
-//          planner, which listen on loopback or inside the pod);
-//   token  the call carries "authorization: Bearer <token>" minted for the
-//          job it names: "kf1." and the hex HMAC-SHA256 of the job id under
-//          a key of the key file (MintJobToken; `knapformer token --job ID`),
-//          or for a prefix of it that ends in "/": the MAC of the prefix,
-//          "." and the prefix (MintJobPrefixToken; `--job-prefix NS/`), so
-//          that one Secret per namespace serves the jobs whose ids begin
-//          with it (deploy/k8s's ids are NAMESPACE/NAME/UID, the UID
-//          unknown before the Job exists);
+//   none   every caller is every job, and each job its own tenant (the
+//          sidecar and rank 0's embedded planner, on loopback or in the pod);
+//   token  the call carries "authorization: Bearer <token>", a version-2
+//          token (job_token.h) minted under a key of the key file for the job
+//          the request names, or for a prefix of it ending in "/" (one
+//          Secret per namespace: deploy/k8s's ids are NAMESPACE/NAME/UID),
+//          not expired, not revoked. Its tenant is its scope (the job id, or
+//          the prefix);
 //   mtls   the client's certificate (verified against --tls-client-ca)
-//          names the job: a DNS or URI subject alternative name equal to the
-//          job id, or a Kubernetes SPIFFE id spiffe://DOMAIN/ns/NS/... for a
-//          job id "NS/...", i.e. a namespace's workloads may act as that
-//          namespace's jobs.
+//          names the job: a SPIFFE id spiffe://TRUST_DOMAIN/ns/NS/... in the
+//          configured trust domain for a job id "NS/..." (tenant "NS/"),
+//          or, only where enabled, a DNS or URI name equal to the job id
+//          (tenant: the job id).
 //
-// The key file holds one key per line (at least 32 characters each, e.g.
+// The key file holds one key per line (at least 32 characters, e.g.
 // `openssl rand -hex 32`; blank lines and lines starting with # skipped).
-// The first line mints; every line verifies, so a key is rotated by adding
-// the new one first, minting new tokens, then removing the old line. The
-// file is read again when its modification time or size changes (looked at
-// most once a second); a file that has become unreadable or empty keeps the
-// keys last read, with a warning.
+// The first line mints; every line verifies (a token names its key's id), so
+// a key is rotated by adding the new one first, minting new tokens, then
+// removing the old line once its tokens are replaced. The revocation list
+// holds token ids (16 hex digits), one per line. Both are read again when
+// their content changes (looked at once a second; whole lines only: a line
+// still being written is not taken). A key file that is missing, empty or
+// unreadable, or a revocation list that is unreadable or malformed, refuses
+// every token (UNAVAILABLE) until fixed, with a warning in the log and
+// knapformer_planner_auth_keys at 0: revocation by deletion never fails
+// open.
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/watched_file.h"
 
 namespace grpc {
 class ServerContextBase;
@@ -55,16 +60,29 @@ enum class AuthMode { kNone, kToken, kMtls };
 absl::StatusOr<AuthMode> ParseAuthMode(absl::string_view name);
 const char* AuthModeName(AuthMode mode);
 
-// The keys of a key file (format above). InvalidArgument naming the file
-// and line for a short key, NotFound when unreadable, InvalidArgument when
-// it holds no key.
-absl::StatusOr<std::vector<std::string>> ReadJobKeys(const std::string& path);
+struct AuthOptions {
+  AuthMode mode = AuthMode::kNone;
+  // token: the key file (required) and the revocation list (optional).
+  std::string key_file;
+  std::string revoked_file;
+  // mtls: SPIFFE ids in this trust domain name namespaces' jobs; empty =
+  // none does. And whether a DNS or URI name equal to a job id names it.
+  // At least one of the two is required.
+  std::string mtls_trust_domain;
+  bool mtls_job_names = false;
+  // How often the key file and revocation list are looked at.
+  absl::Duration file_look_interval = absl::Seconds(1);
+};
 
-// The token for `job_id` under `key`.
-std::string MintJobToken(absl::string_view key, absl::string_view job_id);
-// The token for every job id that begins with `prefix`. REQUIRES: `prefix`
-// ends in "/" (so "team-a/" never grants "team-ab/...").
-std::string MintJobPrefixToken(absl::string_view key, absl::string_view prefix);
+struct JobKey {
+  std::string id;  // KeyIdOf(secret)
+  std::string secret;
+};
+
+// The keys of a key file (format above), the first first. InvalidArgument
+// naming the file and line for a short key, or when it holds no key;
+// NotFound when it cannot be read.
+absl::StatusOr<std::vector<JobKey>> ReadJobKeys(const std::string& path);
 
 // What a JobAuthorizer reads from a call: its bearer token ("" without
 // one) and its verified certificate's names (DNS and URI SANs).
@@ -76,41 +94,54 @@ struct CallerCredentials {
 };
 CallerCredentials CredentialsOf(const grpc::ServerContextBase& context);
 
+// The key file and revocation list as last read, for the metrics.
+struct AuthFilesState {
+  int64_t keys = 0;            // 0 while failing closed (or not in token mode)
+  int64_t revoked_tokens = 0;
+};
+
+// Thread-safe.
 class JobAuthorizer {
  public:
   // Errors: InvalidArgument for a mode without what it needs (token: a key
-  // file; mtls: `client_ca_required` false, i.e. no --tls-client-ca), and
-  // ReadJobKeys' errors.
-  static absl::StatusOr<std::unique_ptr<JobAuthorizer>> Create(AuthMode mode,
-                                                              const std::string& key_file,
+  // file; mtls: `client_ca_required` false, i.e. no --tls-client-ca, or
+  // neither a trust domain nor job names) or options of another mode, and
+  // the key file's and revocation list's errors now.
+  static absl::StatusOr<std::unique_ptr<JobAuthorizer>> Create(const AuthOptions& options,
                                                               bool client_ca_required);
 
-  AuthMode mode() const { return mode_; }
+  AuthMode mode() const { return options_.mode; }
 
-  // Ok when `caller` may act as `job_id`; else UNAUTHENTICATED (no
-  // credential of the mode's kind, or a malformed one) or PERMISSION_DENIED
-  // (a credential for another job). The messages never depend on the
-  // service's state.
-  absl::Status Authorize(const CallerCredentials& caller, const std::string& job_id);
-  absl::Status Authorize(const grpc::ServerContextBase& context, const std::string& job_id) {
-    return mode_ == AuthMode::kNone ? absl::OkStatus() : Authorize(CredentialsOf(context), job_id);
-  }
+  // The tenant `caller` acts for as `job_id` at `now`; else UNAUTHENTICATED
+  // (no credential of the mode's kind, or one that is malformed, expired,
+  // revoked or not this planner's), PERMISSION_DENIED (a credential for
+  // other jobs: the message names its scope and the job asked for) or
+  // UNAVAILABLE (failing closed: the key file or revocation list is
+  // unusable). The messages never depend on the service's state.
+  absl::StatusOr<std::string> Authorize(const CallerCredentials& caller, const std::string& job_id,
+                                        absl::Time now);
+  absl::StatusOr<std::string> Authorize(const grpc::ServerContextBase& context,
+                                        const std::string& job_id);
+
+  // Reads the files when due (logging a change) and says what they hold.
+  AuthFilesState Refresh();
 
  private:
-  JobAuthorizer(AuthMode mode, std::string key_file) : mode_(mode), key_file_(std::move(key_file)) {}
-  // Reads the key file again when it changed (at most once a second).
-  std::vector<std::string> CurrentKeys();
+  using Keys = std::vector<JobKey>;
+  using Revoked = std::set<std::string>;
+  explicit JobAuthorizer(const AuthOptions& options);
+  absl::StatusOr<std::string> AuthorizeToken(const CallerCredentials& caller,
+                                             const std::string& job_id, absl::Time now);
+  absl::StatusOr<std::string> AuthorizeCertificate(const CallerCredentials& caller,
+                                                   const std::string& job_id) const;
+  // The files' values now (read when due, a change logged); an error while
+  // either is unusable.
+  absl::StatusOr<std::shared_ptr<const Keys>> CurrentKeys();
+  absl::StatusOr<std::shared_ptr<const Revoked>> CurrentRevoked();
 
-  const AuthMode mode_;
-  const std::string key_file_;
-  absl::Mutex mu_;
-  std::vector<std::string> keys_ ABSL_GUARDED_BY(mu_);
-  int64_t file_mtime_ns_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t file_size_ ABSL_GUARDED_BY(mu_) = -1;
-  // The last version of the file that was refused (warned about once).
-  int64_t refused_mtime_ns_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t refused_size_ ABSL_GUARDED_BY(mu_) = -1;
-  absl::Time last_look_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  const AuthOptions options_;
+  std::unique_ptr<WatchedFile<Keys>> keys_;
+  std::unique_ptr<WatchedFile<Revoked>> revoked_;  // null without a list
 };
 
 }  // namespace knapformer

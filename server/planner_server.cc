@@ -20,8 +20,11 @@
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/impl/server_builder_option.h"
+#include "grpcpp/resource_quota.h"
 #include "prometheus/exposer.h"
 #include "common/log.h"
+#include "common/loopback.h"
 #include "common/pem_file.h"
 #include "server/request_scan.h"
 
@@ -103,15 +106,63 @@ void WakeListener(const std::string& host, int port) {
   freeaddrinfo(found);
 }
 
+// Sets which plugins a server builder runs: reflection or none. Reflection
+// is not registered process-wide (InitProtoReflectionServerBuilderPlugin),
+// where it reached the health-only listener too.
+class PluginsOption final : public grpc::ServerBuilderOption {
+ public:
+  explicit PluginsOption(bool reflection) : reflection_(reflection) {}
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->clear();
+    if (reflection_) {
+      plugins->push_back(std::make_unique<grpc::reflection::ProtoServerReflectionPlugin>());
+    }
+  }
+
+ private:
+  const bool reflection_;
+};
+
+// Tokens never cross a network in clear: an auth mode needs TLS, a listener
+// that stays on this machine, or a mesh that encrypts for it.
+absl::Status CheckAuthTransport(const PlannerServerOptions& options) {
+  if (options.auth.mode == AuthMode::kNone || !options.tls.cert_file.empty() ||
+      options.mesh_tls || IsLocalAddress(options.listen_address)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--auth=", AuthModeName(options.auth.mode), " without TLS on '", options.listen_address,
+      "': credentials would cross the network in clear; serve TLS (--tls-cert, --tls-key), "
+      "listen on loopback only, or give --mesh-tls where a service mesh encrypts every "
+      "connection to the planner"));
+}
+
 }  // namespace
+
+ServerQuotas ServerQuotasFor(const ServiceLimits& limits) {
+  ServerQuotas quotas;
+  quotas.memory_bytes = limits.max_request_memory + 2 * int64_t{ReceiveLimitBytes(limits)};
+  quotas.streams_per_connection = limits.max_world_size + limits.max_plan_group_calls_per_tenant;
+  return quotas;
+}
 
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     const PlannerServerOptions& options) {
   auto credentials = Credentials(options.tls);
   if (!credentials.ok()) return credentials.status();
-  absl::StatusOr<std::unique_ptr<JobAuthorizer>> authorizer = JobAuthorizer::Create(
-      options.auth, options.auth_key_file, !options.tls.client_ca_file.empty());
+  if (absl::Status transport = CheckAuthTransport(options); !transport.ok()) return transport;
+  absl::StatusOr<std::unique_ptr<JobAuthorizer>> authorizer =
+      JobAuthorizer::Create(options.auth, !options.tls.client_ca_file.empty());
   if (!authorizer.ok()) return authorizer.status();
+  for (const google::protobuf::Descriptor* request : ScannedRequests()) {
+    // What request_scan_test proves of every request message, checked once
+    // more where it matters: a field the scan cannot bound never serves.
+    if (absl::Status covered = RequestBounds(options.service.limits).Covers(request);
+        !covered.ok()) {
+      return covered;
+    }
+  }
   ServiceOptions service = options.service;
   service.authorizer = *std::move(authorizer);
 
@@ -120,8 +171,13 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   server->service_ = std::make_unique<PlannerService>(service);
 
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  builder.SetOption(std::make_unique<PluginsOption>(options.auth.mode == AuthMode::kNone));
+  const ServerQuotas quotas = ServerQuotasFor(options.service.limits);
+  grpc::ResourceQuota memory("knapformer-planner");
+  memory.Resize(static_cast<size_t>(quotas.memory_bytes));
+  builder.SetResourceQuota(memory);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, quotas.streams_per_connection);
   // A second server on the same port must fail to start, not silently take
   // half the connections (and break every rendezvous).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -147,6 +203,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   if (!options.health_address.empty()) {
     // Its own server, so that nothing but health answers in plaintext.
     grpc::ServerBuilder health_builder;
+    health_builder.SetOption(std::make_unique<PluginsOption>(/*reflection=*/false));
     health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     health_builder.AddListeningPort(options.health_address, grpc::InsecureServerCredentials(),
                                     &server->health_port_);
@@ -182,7 +239,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   Log(LogLevel::kInfo,
       absl::StrCat("planner serving on ", server->address(),
                    options.tls.cert_file.empty() ? " (plaintext" : " (TLS",
-                   ", auth ", AuthModeName(options.auth), ")",
+                   ", auth ", AuthModeName(options.auth.mode), ")",
                    server->metrics_port_ != 0
                        ? absl::StrCat(", metrics on ", HostOf(options.metrics_address), ":",
                                       server->metrics_port_, "/metrics")

@@ -43,9 +43,15 @@ struct PlannerServerOptions {
   std::string health_address;
   TlsFiles tls;
   // Who may act as which job (job_auth.h): mtls needs tls.client_ca_file,
-  // token a key file. Replaces service.authorizer.
-  AuthMode auth = AuthMode::kNone;
-  std::string auth_key_file;
+  // token a key file. Replaces service.authorizer. A mode other than none
+  // needs TLS (tls.cert_file) unless listen_address stays on this machine
+  // (loopback, a unix socket), or mesh_tls: tokens never cross a network in
+  // clear. Reflection is served only under none (its requests are parsed
+  // whole before any credential is looked at).
+  AuthOptions auth;
+  // A service mesh (a sidecar proxy) encrypts every connection to this
+  // planner: --auth over plaintext on a non-loopback address is allowed.
+  bool mesh_tls = false;
   ServiceOptions service;
   // A connection older than this is asked to close (GOAWAY; its calls
   // finish first) so that clients resolve the planner's name again: a
@@ -58,12 +64,16 @@ struct PlannerServerOptions {
 
 // The planner service in a gRPC server, with the standard health service
 // (grpc.health.v1, "" and "knapformer.v1.Planner" are SERVING while up),
-// server reflection and, optionally, Prometheus metrics on their own port.
+// server reflection (under --auth none) and, optionally, Prometheus metrics
+// on their own port. gRPC's memory for requests in transit is held to a
+// resource quota, and a connection's concurrent calls to a limit, both sized
+// from the service's limits (ServerQuotas), so that callers refused before
+// their request is read (no credential) are bounded too.
 // Embeddable: a trainer's rank 0 can host it in-process. Thread-safe.
 class PlannerServer {
  public:
   // Errors: InvalidArgument (unreadable or incomplete TLS files, an auth
-  // mode without what it needs, a bad key file),
+  // mode without what it needs or without TLS off loopback, a bad key file),
   // Unavailable (an address cannot be bound, e.g. the port is in use: the
   // server never shares a port with another process).
   static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(
@@ -108,6 +118,17 @@ class PlannerServer {
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };
+
+// What gRPC itself is held to, from the service's limits: the memory of
+// requests in transit and held (the request memory the service admits, and
+// room for two requests at the receive limit being received), and the calls
+// one connection may have open at once (a whole group's ranks in one
+// process, and its PlanGroup calls).
+struct ServerQuotas {
+  int64_t memory_bytes = 0;
+  int32_t streams_per_connection = 0;
+};
+ServerQuotas ServerQuotasFor(const ServiceLimits& limits);
 
 }  // namespace knapformer
 

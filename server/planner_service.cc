@@ -64,7 +64,9 @@ class PlannerService::CountedReactor : public grpc::ServerUnaryReactor {
   }
   void OnDone() override {
     TakeOver(this);
-    if (charged_bytes_ > 0) service_->request_memory_.Give(charged_job_, charged_bytes_);
+    if (charged_bytes_ > 0) {
+      service_->request_memory_.Give(caller_tenant_, caller_job_, charged_bytes_);
+    }
     service_->CallAnswered();
     delete this;
   }
@@ -85,10 +87,15 @@ class PlannerService::CountedReactor : public grpc::ServerUnaryReactor {
     HandOff(this);
     Finish(result);
   }
-  // Charges `bytes` of request memory to `job` until OnDone.
-  absl::Status Charge(const std::string& job, int64_t bytes) {
-    KF_RETURN_IF_ERROR(service_->request_memory_.Take(job, bytes));
-    charged_job_ = job;
+  // The tenant the caller was authorized for (Admit), and the job charged.
+  void set_caller(std::string tenant, std::string job) {
+    caller_tenant_ = std::move(tenant);
+    caller_job_ = std::move(job);
+  }
+  const std::string& caller_tenant() const { return caller_tenant_; }
+  // Charges `bytes` of request memory to the caller until OnDone.
+  absl::Status Charge(int64_t bytes) {
+    KF_RETURN_IF_ERROR(service_->request_memory_.Take(caller_tenant_, caller_job_, bytes));
     charged_bytes_ = bytes;
     return absl::OkStatus();
   }
@@ -98,7 +105,8 @@ class PlannerService::CountedReactor : public grpc::ServerUnaryReactor {
 
  private:
   grpc::ByteBuffer* const wire_response_;
-  std::string charged_job_;
+  std::string caller_tenant_;
+  std::string caller_job_;
   int64_t charged_bytes_ = 0;
 };
 
@@ -111,6 +119,7 @@ class PlannerService::PlanCall final : public CountedReactor, public PendingCall
       : CountedReactor(service, wire_response) {}
 
   const v1::PlanRequest& request() const override { return *messages_.request(); }
+  const std::string& tenant() const override { return caller_tenant(); }
   v1::PlanRequest* mutable_request() { return messages_.request(); }
 
   void Answer(const knapformer::Plan& plan, const v1::Balance& balance) {
@@ -162,18 +171,32 @@ class PlannerService::PlanGroupCall final : public CountedReactor {
   ArenaMessages<v1::PlanGroupRequest, v1::PlanGroupResponse> messages;
 };
 
+// One GetJob call.
+class PlannerService::GetJobCall final : public CountedReactor {
+ public:
+  GetJobCall(PlannerService* service, grpc::ByteBuffer* wire_response)
+      : CountedReactor(service, wire_response) {}
+
+  ArenaMessages<v1::GetJobRequest, v1::JobState> messages;
+};
+
 PlannerService::PlannerService(const ServiceOptions& options)
     : options_(options),
+      scanner_(options.limits),
       rendezvous_(options.limits),
       gamma_fits_(options.limits),
       metrics_(&rendezvous_, &gamma_fits_, options.limits.max_jobs,
                options.metrics_gauge_interval),
       plan_group_calls_("max_plan_group_calls", "PlanGroup calls in flight",
-                        options.limits.max_plan_group_calls,
-                        options.limits.max_plan_group_calls_per_job),
+                        {options.limits.max_plan_group_calls,
+                         options.limits.max_plan_group_calls_per_tenant,
+                         options.limits.max_plan_group_calls_per_job,
+                         options.limits.max_plan_group_calls / 8}),
       request_memory_("max_request_memory", "bytes of requests",
-                      options.limits.max_request_memory,
-                      options.limits.max_request_memory_per_job),
+                      {options.limits.max_request_memory,
+                       options.limits.max_request_memory_per_tenant,
+                       options.limits.max_request_memory_per_job,
+                       options.limits.max_request_memory / 8}),
       pool_(SolverThreads(options.solver_threads)),
       reaper_([this] { Reap(); }) {}
 
@@ -185,41 +208,61 @@ PlannerService::~PlannerService() {
   reaper_.join();
 }
 
-absl::Status PlannerService::Authorize(const grpc::CallbackServerContext& context,
-                                       const std::string& job_id) {
-  if (options_.authorizer == nullptr) return absl::OkStatus();
+absl::StatusOr<std::string> PlannerService::Authorize(const grpc::CallbackServerContext& context,
+                                                      const std::string& job_id) {
+  if (options_.authorizer == nullptr) return job_id;
   return options_.authorizer->Authorize(context, job_id);
 }
+
+namespace {
+
+// The job a request names, set before the rest is parsed: a refusal then
+// counts under the job.
+void SetJobId(const std::string& job_id, v1::PlanRequest* request) {
+  request->mutable_spec()->set_job_id(job_id);
+}
+void SetJobId(const std::string& job_id, v1::PlanGroupRequest* request) {
+  request->mutable_spec()->set_job_id(job_id);
+}
+void SetJobId(const std::string& job_id, v1::GetJobRequest* request) {
+  request->set_job_id(job_id);
+}
+const std::string& JobIdOf(const v1::PlanRequest& request) { return request.spec().job_id(); }
+const std::string& JobIdOf(const v1::PlanGroupRequest& request) {
+  return request.spec().job_id();
+}
+const std::string& JobIdOf(const v1::GetJobRequest& request) { return request.job_id(); }
+
+}  // namespace
 
 template <typename Request>
 absl::Status PlannerService::Admit(const grpc::CallbackServerContext& context,
                                    const grpc::ByteBuffer& wire, CountedReactor* reactor,
                                    Request* request, bool* authorized) {
-  constexpr bool group = std::is_same_v<Request, v1::PlanGroupRequest>;
   *authorized = false;
   grpc::ByteBuffer bytes(wire);  // the same slices, referenced again
   absl::StatusOr<RequestShape> shape;
   {
     grpc::ProtoBufferReader reader(&bytes);
-    shape = group ? ScanPlanGroupRequest(&reader) : ScanPlanRequest(&reader);
+    shape = scanner_.Scan(Request::descriptor(), &reader);
   }
   KF_RETURN_IF_ERROR(shape.status());
   // Before anything counts the call against the job it names.
-  KF_RETURN_IF_ERROR(Authorize(context, shape->job_id));
+  KF_ASSIGN_OR_RETURN(std::string tenant, Authorize(context, shape->job_id));
   *authorized = true;
-  // Known before the rest is parsed: a refusal below counts under the job.
-  request->mutable_spec()->set_job_id(shape->job_id);
-  KF_RETURN_IF_ERROR(CheckRequestShape(*shape, options_.limits));
-  KF_RETURN_IF_ERROR(reactor->Charge(shape->job_id, EstimatedParsedBytes(*shape)));
+  SetJobId(shape->job_id, request);
+  reactor->set_caller(std::move(tenant), shape->job_id);
+  KF_RETURN_IF_ERROR(shape->over_limit);
+  KF_RETURN_IF_ERROR(reactor->Charge(EstimatedParsedBytes(*shape)));
   grpc::ProtoBufferReader reader(&bytes);
   if (!request->ParseFromZeroCopyStream(&reader)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request: not a valid ", group ? "PlanGroupRequest" : "PlanRequest", " (", wire.Length(),
-        " bytes; a string field is not UTF-8?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("request: not a valid ", Request::descriptor()->name(), " (", wire.Length(),
+                     " bytes; a string field is not UTF-8?)"));
   }
   // The job authorized is the job the request names (the scan reads the
   // job id as the parser does; this keeps it so).
-  if (request->spec().job_id() != shape->job_id) {
+  if (JobIdOf(*request) != shape->job_id) {
     return absl::InternalError("request: the parsed job id is not the one scanned");
   }
   return absl::OkStatus();
@@ -264,7 +307,7 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* cont
   } else if (arrival.ready != nullptr) {
     std::shared_ptr<ReadyStep> ready = std::move(arrival.ready);
     const int64_t sequences = ready->sequences;
-    SolveNowOrSchedule(request->spec().job_id(), sequences,
+    SolveNowOrSchedule(ready->tenant, request->spec().job_id(), sequences,
                        [this, ready](const absl::Status& admitted) {
                          if (!admitted.ok()) {
                            FinishCalls(ready->calls, admitted);
@@ -421,10 +464,11 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
     return call->Returned();
   }
   const std::string job = request->spec().job_id();
-  if (status.ok()) status = plan_group_calls_.Take(job, 1);
+  const std::string tenant = call->caller_tenant();
+  if (status.ok()) status = plan_group_calls_.Take(tenant, job, 1);
   const bool counted = status.ok();
-  auto finish = [this, call, response, job, counted](const absl::Status& status) {
-    if (counted) plan_group_calls_.Give(job, 1);
+  auto finish = [this, call, response, tenant, job, counted](const absl::Status& status) {
+    if (counted) plan_group_calls_.Give(tenant, job, 1);
     metrics_.CountRequest(JobLabel(job), "PlanGroup", status.code(), absl::Now());
     call->FinishCall(status, response);
   };
@@ -434,7 +478,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
   }
   auto checked = CheckPlanGroupRequest(*request, options_.limits, &worlds_);
   status = checked.status();
-  if (status.ok()) status = rendezvous_.Touch(request->spec(), absl::Now());
+  if (status.ok()) status = rendezvous_.Touch(request->spec(), tenant, absl::Now());
   SyncGammaFits();
   if (!status.ok()) {
     finish(status);
@@ -448,7 +492,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
   int64_t sequences = 0;
   for (const v1::RankLengths& rank : request->ranks()) sequences += rank.sequence_lengths_size();
   auto shared_checked = std::make_shared<CheckedSpec>(*std::move(checked));
-  SolveNowOrSchedule(job, sequences, [this, context, request, response, finish,
+  SolveNowOrSchedule(tenant, job, sequences, [this, context, request, response, finish,
                                       shared_checked](const absl::Status& admitted) {
     if (!admitted.ok()) {
       finish(admitted);
@@ -501,27 +545,31 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
 }
 
 grpc::ServerUnaryReactor* PlannerService::GetJob(grpc::CallbackServerContext* context,
-                                                 const v1::GetJobRequest* request,
-                                                 v1::JobState* response) {
-  CountedReactor* reactor = new CountedReactor(this);
-  if (absl::Status allowed = Authorize(*context, request->job_id()); !allowed.ok()) {
-    metrics_.CountRequest("", "GetJob", allowed.code(), absl::Now());
-    reactor->FinishCall(allowed);
-    return reactor->Returned();
+                                                 const grpc::ByteBuffer* wire,
+                                                 grpc::ByteBuffer* wire_response) {
+  auto* call = new GetJobCall(this, wire_response);
+  const v1::GetJobRequest* request = call->messages.request();
+  bool authorized = false;
+  if (absl::Status admitted = Admit(*context, *wire, call, call->messages.request(), &authorized);
+      !admitted.ok()) {
+    metrics_.CountRequest(authorized ? JobLabel(request->job_id()) : "", "GetJob",
+                          admitted.code(), absl::Now());
+    call->FinishCall(admitted);
+    return call->Returned();
   }
-  auto answer = [this, reactor, request, response] {
+  auto answer = [this, call, request] {
     absl::StatusOr<v1::JobState> state = rendezvous_.GetJob(request->job_id(), absl::Now());
-    if (state.ok()) *response = *std::move(state);
+    if (state.ok()) *call->messages.response() = *std::move(state);
     metrics_.CountRequest(JobLabel(request->job_id()), "GetJob", state.status().code(),
                           absl::Now());
-    reactor->FinishCall(state.status());
+    call->FinishCall(state.status(), call->messages.response());
   };
   if (options_.answer_delay) {
     ScheduleAnswer(std::move(answer));
   } else {
     answer();  // cheap: on gRPC's thread
   }
-  return reactor->Returned();
+  return call->Returned();
 }
 
 void PlannerService::ScheduleAnswer(std::function<void()> task) {
@@ -534,7 +582,8 @@ void PlannerService::ScheduleAnswer(std::function<void()> task) {
   }
 }
 
-void PlannerService::SolveNowOrSchedule(const std::string& job, int64_t sequences,
+void PlannerService::SolveNowOrSchedule(const std::string& tenant, const std::string& job,
+                                        int64_t sequences,
                                         std::function<void(const absl::Status&)> solve) {
   if (!options_.answer_delay && sequences <= options_.inline_solve_max_sequences) {
     solve(absl::OkStatus());
@@ -563,8 +612,8 @@ void PlannerService::SolveNowOrSchedule(const std::string& job, int64_t sequence
   };
   // After the injected delay (if any) the step joins its job's queue; each
   // pool task then runs whichever step's turn it is.
-  ScheduleAnswer([this, job, queued = std::move(queued)]() mutable {
-    solve_queue_.Push(job, std::move(queued));
+  ScheduleAnswer([this, tenant, job, queued = std::move(queued)]() mutable {
+    solve_queue_.Push(tenant, job, std::move(queued));
     pool_.Schedule([this] { SolveNextQueued(); });
   });
 }
@@ -645,6 +694,9 @@ void PlannerService::Reap() {
     }
     SyncGammaFits();
     metrics_.DropIdleJobs(after, options_.limits.job_ttl);
+    // The key file and revocation list are looked at even without calls,
+    // so that a broken one shows in the metrics and the log at once.
+    if (options_.authorizer != nullptr) metrics_.SetAuthFiles(options_.authorizer->Refresh());
     reaper_mu_.Lock();
   }
 }

@@ -17,12 +17,12 @@
 #include "server/fair_queue.h"
 #include "server/gamma_fits.h"
 #include "server/job_auth.h"
-#include "server/job_quota.h"
 #include "server/rendezvous.h"
 #include "server/request_check.h"
 #include "server/request_scan.h"
 #include "server/service_limits.h"
 #include "server/service_metrics.h"
+#include "server/tenant_quota.h"
 #include "server/thread_pool.h"
 
 namespace knapformer {
@@ -48,17 +48,18 @@ struct ServiceOptions {
   // The metrics page's per-group gauges are a snapshot made at most this
   // often (a scrape never holds the rendezvous' lock more often).
   absl::Duration metrics_gauge_interval = absl::Seconds(1);
-  // Who may act as which job (job_auth.h); null = anyone (`--auth=none`).
-  // Asked first by every call that names a job.
+  // Who may act as which job, and for which tenant (job_auth.h); null =
+  // anyone, each job its own tenant (`--auth=none`). Asked first by every
+  // call that names a job.
   std::shared_ptr<JobAuthorizer> authorizer;
 };
 
-// Plan and PlanGroup take their requests as bytes (gRPC's raw callback
-// methods): each is scanned, authorized, checked against the limits and
-// charged to the request-memory quota before it is parsed (request_scan.h).
+// Every method takes its request as bytes (gRPC's raw callback methods):
+// each is scanned, authorized, checked against the limits and charged to
+// the request-memory quota before it is parsed (request_scan.h).
 using PlannerServiceBase = v1::Planner::WithRawCallbackMethod_Plan<
     v1::Planner::WithRawCallbackMethod_PlanGroup<
-        v1::Planner::WithCallbackMethod_GetJob<v1::Planner::Service>>>;
+        v1::Planner::WithRawCallbackMethod_GetJob<v1::Planner::Service>>>;
 
 // The knapformer.v1.Planner service on gRPC's callback API: a rank waiting in
 // a rendezvous holds no thread. Small steps are solved and answered on the
@@ -79,8 +80,8 @@ class PlannerService final : public PlannerServiceBase {
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
-                                   const v1::GetJobRequest* request,
-                                   v1::JobState* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
 
   // Fails every waiting rank with UNAVAILABLE and refuses later requests.
   // Steps already being solved are still answered.
@@ -97,25 +98,30 @@ class PlannerService final : public PlannerServiceBase {
   const GammaFits& gamma_fits() const { return gamma_fits_; }
   // Its fits are refitted as they are read (FittedCost, FittedTable).
   GammaFits& gamma_fits() { return gamma_fits_; }
-  // Bytes of requests held (estimated before parsing), in all and by job.
-  const JobQuota& request_memory() const { return request_memory_; }
+  // Bytes of requests held (estimated before parsing), in all, by tenant and
+  // by job.
+  const TenantQuota& request_memory() const { return request_memory_; }
+  const TenantQuota& plan_group_calls() const { return plan_group_calls_; }
 
  private:
   class PlanCall;
   class PlanGroupCall;
+  class GetJobCall;
   class CountedReactor;
 
   // Reads a raw call's request into `request`: scans it, authorizes the job
-  // it names (*authorized: whether it did, so the call may be counted under
-  // that job), checks it against the limits, charges its estimated memory
-  // to `reactor` and parses it. Nothing is parsed unless all passed.
-  // Request: v1::PlanRequest or v1::PlanGroupRequest.
+  // it names (giving the reactor its tenant; *authorized: whether it did,
+  // so the call may be counted under that job), checks it against the
+  // limits, charges its estimated memory to `reactor` and parses it.
+  // Nothing is parsed unless all passed. Request: v1::PlanRequest,
+  // v1::PlanGroupRequest or v1::GetJobRequest.
   template <typename Request>
   absl::Status Admit(const grpc::CallbackServerContext& context, const grpc::ByteBuffer& wire,
                      CountedReactor* reactor, Request* request, bool* authorized);
 
-  // options_.authorizer's verdict on `context` acting as `job_id`.
-  absl::Status Authorize(const grpc::CallbackServerContext& context, const std::string& job_id);
+  // options_.authorizer's tenant for `context` acting as `job_id`.
+  absl::StatusOr<std::string> Authorize(const grpc::CallbackServerContext& context,
+                                        const std::string& job_id);
 
   // Solves one step and records it in the job's state and metrics
   // (wait_seconds < 0: no rendezvous, e.g. PlanGroup); *balance on success.
@@ -135,13 +141,14 @@ class PlannerService final : public PlannerServiceBase {
   // Runs `task` on the pool after options_.answer_delay (at once without one).
   void ScheduleAnswer(std::function<void()> task);
   // Runs `solve` exactly once, with OK when it may solve, for a step of
-  // `job` of `sequences` sequences: now, on this thread, when the step is
-  // small enough (options_.inline_solve_max_sequences) and no answer delay
-  // is injected; else after the delay, on a solver thread, the job's turn
-  // come (solve_queue_). With an error instead, and nothing to solve: at
-  // once, RESOURCE_EXHAUSTED, when limits.max_queued_solves steps already
-  // wait; DEADLINE_EXCEEDED when the step waited past limits.max_solve_wait.
-  void SolveNowOrSchedule(const std::string& job, int64_t sequences,
+  // `job` of `tenant` of `sequences` sequences: now, on this thread, when
+  // the step is small enough (options_.inline_solve_max_sequences) and no
+  // answer delay is injected; else after the delay, on a solver thread, the
+  // tenant's and job's turn come (solve_queue_). With an error instead, and
+  // nothing to solve: at once, RESOURCE_EXHAUSTED, when
+  // limits.max_queued_solves steps already wait; DEADLINE_EXCEEDED when the
+  // step waited past limits.max_solve_wait.
+  void SolveNowOrSchedule(const std::string& tenant, const std::string& job, int64_t sequences,
                           std::function<void(const absl::Status&)> solve);
   // Runs the next step of solve_queue_ (one pool task per queued step).
   void SolveNextQueued();
@@ -158,6 +165,7 @@ class PlannerService final : public PlannerServiceBase {
   bool AllAnswered() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_);
 
   const ServiceOptions options_;
+  const RequestScanner scanner_;
   WorldCache worlds_;
   // Before pool_: its threads may still finish calls while it is joined.
   absl::Mutex calls_mu_;
@@ -171,10 +179,11 @@ class PlannerService final : public PlannerServiceBase {
   ServiceMetrics metrics_;
   std::atomic<int32_t> queued_solves_{0};
   // PlanGroup calls in flight (checked, queued or being solved).
-  JobQuota plan_group_calls_;
+  TenantQuota plan_group_calls_;
   // Estimated bytes of the requests of calls gRPC is not done with.
-  JobQuota request_memory_;
-  // Steps waiting for a solver thread, taken round-robin between jobs.
+  TenantQuota request_memory_;
+  // Steps waiting for a solver thread, taken round-robin between tenants,
+  // then between a tenant's jobs.
   FairQueue solve_queue_;
   ThreadPool pool_;
 

@@ -90,36 +90,58 @@ Rendezvous::Place Rendezvous::FindGroup(const v1::StepSpec& spec) {
   return Place{&job_it->second, &group_it->second};
 }
 
+std::map<std::string, Rendezvous::Job>::iterator Rendezvous::EvictionVictim(
+    const std::string& tenant, bool tenant_full, absl::Time now) {
+  std::map<std::string, int32_t> jobs_by_tenant;
+  for (const auto& [id, job] : jobs_) ++jobs_by_tenant[job.tenant];
+  const int32_t own = jobs_by_tenant[tenant];
+  // Among the jobs with nothing pending, never planned or idle past the
+  // rendezvous timeout: the tenant's own first, then those never planned,
+  // then the least recently active (ties: the smallest id).
+  auto victim = jobs_.end();
+  auto better = [&](const Job& job, const Job& than) {
+    if ((job.tenant == tenant) != (than.tenant == tenant)) return job.tenant == tenant;
+    if (job.planned != than.planned) return !job.planned;
+    return job.last_activity < than.last_activity;
+  };
+  for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+    const Job& job = it->second;
+    if (job.pending != 0) continue;
+    if (job.planned && job.last_activity + limits_.rendezvous_timeout > now) continue;
+    // Another tenant's job only to a tenant within its own limit, and only
+    // from a tenant holding more jobs than it will.
+    if (job.tenant != tenant && (tenant_full || jobs_by_tenant[job.tenant] <= own + 1)) continue;
+    if (victim == jobs_.end() || better(job, victim->second)) victim = it;
+  }
+  return victim;
+}
+
 absl::StatusOr<Rendezvous::Place> Rendezvous::FindOrCreateGroup(const v1::StepSpec& spec,
+                                                                const std::string& tenant,
                                                                 absl::Time now,
                                                                 bool* created) {
   if (created != nullptr) *created = false;
   auto job_it = jobs_.find(spec.job_id());
   if (job_it == jobs_.end()) {
-    if (static_cast<int64_t>(jobs_.size()) >= limits_.max_jobs) {
-      // Make room: forget the least recently active job with nothing
-      // pending that never had a step planned, else the least recently
-      // active one idle for longer than the rendezvous timeout (ties: the
-      // smallest id), so that a burst of job ids, stray or stale, can
-      // neither lock new jobs out for the job TTL nor push out a job that
-      // is training.
-      auto victim = jobs_.end();
-      auto better = [&](const Job& job, const Job& than) {
-        if (job.planned != than.planned) return !job.planned;
-        return job.last_activity < than.last_activity;
-      };
-      for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
-        const Job& job = it->second;
-        if (job.pending != 0) continue;
-        if (job.planned && job.last_activity + limits_.rendezvous_timeout > now) continue;
-        if (victim == jobs_.end() || better(job, victim->second)) victim = it;
-      }
+    int32_t tenant_jobs = 0;
+    for (const auto& [id, job] : jobs_) tenant_jobs += job.tenant == tenant ? 1 : 0;
+    const bool tenant_full = tenant_jobs >= limits_.max_jobs_per_tenant;
+    if (tenant_full || static_cast<int64_t>(jobs_.size()) >= limits_.max_jobs) {
+      // Make room, so that a burst of job ids, stray or stale, can neither
+      // lock new jobs out for the job TTL nor push out a job that is
+      // training, nor take another tenant's room beyond its share.
+      auto victim = EvictionVictim(tenant, tenant_full, now);
       if (victim == jobs_.end()) {
+        const std::string held =
+            tenant_full ? absl::StrCat("tenant '", tenant, "' already has ", tenant_jobs,
+                                       " jobs, its limit (max_jobs_per_tenant)")
+                        : absl::StrCat("the server already tracks ", jobs_.size(),
+                                       " jobs, its limit, and no other tenant holds more than "
+                                       "tenant '", tenant, "'");
         return absl::ResourceExhaustedError(absl::StrCat(
-            "spec.job_id: the server already tracks ", jobs_.size(),
-            " jobs, its limit, and every one has a step waiting for ranks or planned one within "
-            "the rendezvous timeout (a job with nothing pending makes room; idle jobs are "
-            "forgotten after ",
+            "spec.job_id: ", held, ", and each of its jobs has a step waiting for ranks or "
+            "planned one within the rendezvous timeout (a job with nothing pending makes room; "
+            "idle jobs are forgotten after ",
             absl::FormatDuration(limits_.job_ttl), ")"));
       }
       evicted_.push_back(victim->first);
@@ -128,6 +150,7 @@ absl::StatusOr<Rendezvous::Place> Rendezvous::FindOrCreateGroup(const v1::StepSp
       jobs_.erase(victim);
     }
     job_it = jobs_.emplace(spec.job_id(), Job()).first;
+    job_it->second.tenant = tenant;
   }
   Job& job = job_it->second;
   const GroupKey key(spec.group_id(), spec.incarnation());
@@ -213,7 +236,7 @@ Rendezvous::Arrival Rendezvous::ArriveLocked(PendingCall* call, CheckedSpec chec
     }
   }
   bool created = false;
-  absl::StatusOr<Place> place = FindOrCreateGroup(spec, now, &created);
+  absl::StatusOr<Place> place = FindOrCreateGroup(spec, call->tenant(), now, &created);
   if (!place.ok()) {
     arrival.status = place.status();
     return arrival;
@@ -310,7 +333,7 @@ Rendezvous::Arrival Rendezvous::ArriveLocked(PendingCall* call, CheckedSpec chec
   // may have read it before the first did. Its wait is then 0, not negative
   // (a negative wait is not observed at all, and the step would be missing
   // from the rendezvous-wait histogram).
-  auto ready = std::make_unique<ReadyStep>(ReadyStep{std::move(step.spec),
+  auto ready = std::make_unique<ReadyStep>(ReadyStep{std::move(step.spec), job.tenant,
                                                      std::move(step.checked),
                                                      std::move(by_rank),
                                                      step.first_arrival,
@@ -451,10 +474,11 @@ std::vector<PendingCall*> Rendezvous::Close() {
   return calls;
 }
 
-absl::Status Rendezvous::Touch(const v1::StepSpec& spec, absl::Time now) {
+absl::Status Rendezvous::Touch(const v1::StepSpec& spec, const std::string& tenant,
+                               absl::Time now) {
   absl::MutexLock lock(&mu_);
   absl::Status status = absl::UnavailableError("the planner is shutting down; retry elsewhere");
-  if (!closed_) status = FindOrCreateGroup(spec, now).status();
+  if (!closed_) status = FindOrCreateGroup(spec, tenant, now).status();
   return status;
 }
 
@@ -600,14 +624,22 @@ int64_t Rendezvous::steps_evicted() const {
 
 bool Rendezvous::MakeRoomFor(const Job& job, const v1::StepSpec& spec,
                              std::vector<FailedCalls>* evicted) {
-  auto holder = jobs_.end();
-  for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
-    if (holder == jobs_.end() || it->second.pending > holder->second.pending) holder = it;
+  std::map<std::string, int32_t> pending_by_tenant;
+  for (const auto& [id, other] : jobs_) pending_by_tenant[other.tenant] += other.pending;
+  auto tenant = pending_by_tenant.end();
+  for (auto it = pending_by_tenant.begin(); it != pending_by_tenant.end(); ++it) {
+    if (tenant == pending_by_tenant.end() || it->second > tenant->second) tenant = it;
   }
-  if (holder == jobs_.end() || &holder->second == &job ||
-      holder->second.pending < job.pending + 2) {
+  if (tenant == pending_by_tenant.end() || tenant->first == job.tenant ||
+      tenant->second < pending_by_tenant[job.tenant] + 2) {
     return false;
   }
+  auto holder = jobs_.end();
+  for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+    if (it->second.tenant != tenant->first) continue;
+    if (holder == jobs_.end() || it->second.pending > holder->second.pending) holder = it;
+  }
+  if (holder == jobs_.end()) return false;
   Group* oldest_group = nullptr;
   PendingSteps::iterator oldest;
   for (auto& [key, group] : holder->second.groups) {
@@ -623,8 +655,8 @@ bool Rendezvous::MakeRoomFor(const Job& job, const v1::StepSpec& spec,
   f.job_id = holder->first;
   f.calls = std::move(oldest->second->calls);
   f.status = absl::ResourceExhaustedError(absl::StrCat(
-      StepName(oldest->second->spec), ": given up to make room for ", StepName(spec), "; job '",
-      holder->first, "' held ", holder->second.pending, " of the server's ",
+      StepName(oldest->second->spec), ": given up to make room for ", StepName(spec),
+      "; tenant '", tenant->first, "' held ", tenant->second, " of the server's ",
       limits_.max_pending_steps, " pending steps"));
   evicted->push_back(std::move(f));
   ErasePending(holder->second, *oldest_group, oldest);

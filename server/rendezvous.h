@@ -29,11 +29,15 @@ class PendingCall {
  public:
   virtual ~PendingCall() = default;
   virtual const v1::PlanRequest& request() const = 0;
+  // The tenant the caller acts for (job_auth.h): a job it creates is that
+  // tenant's.
+  virtual const std::string& tenant() const = 0;
 };
 
 // A step whose every rank has asked: the caller solves it and answers all.
 struct ReadyStep {
   v1::StepSpec spec;  // the first arrival's
+  std::string tenant;  // the job's
   CheckedSpec checked;
   std::vector<PendingCall*> calls;  // calls[rank]
   absl::Time first_arrival;
@@ -76,6 +80,10 @@ struct LifetimeEvent {
 // about each job. Thread-safe; no method blocks on anything but its mutex,
 // and none calls back into a PendingCall except request().
 //
+// Every job belongs to the tenant whose caller created it (job_auth.h): a
+// tenant holds at most max_jobs_per_tenant jobs, and room is made for a new
+// job from its own tenant's idle jobs before any other's.
+//
 // Memory is bounded by the limits: at most max_pending_steps steps hold calls
 // (O(ranks) each), at most max_jobs jobs of max_groups_per_job groups are
 // remembered (each a ring of remembered_steps step numbers and a bitmap of the
@@ -98,8 +106,9 @@ class Rendezvous {
 
   // Adds `call`, whose request passed CheckPlanRequest (giving `checked`).
   // At max_pending_steps, a new step is opened by taking the oldest pending
-  // step of the job holding the most, if it holds at least two more than
-  // this job: a flood from a few jobs cannot keep the others' steps out.
+  // step of the tenant holding the most (of its job holding the most), if
+  // it holds at least two more than this call's tenant: a flood from a few
+  // tenants, under however many job ids, cannot keep the others' steps out.
   // Errors: AlreadyExists (rank seen for this step, or the step was answered),
   // FailedPrecondition (spec differs from the step's first request),
   // ResourceExhausted (pending steps, jobs, groups or sequences per step),
@@ -136,11 +145,11 @@ class Rendezvous {
   std::vector<PendingCall*> Close();
   bool closed() const;
 
-  // Creates the job and group if needed, for a PlanGroup request (which has
-  // no rendezvous). ResourceExhausted past max_jobs (when every job has a
-  // pending step; otherwise the least recently active idle job is evicted)
-  // or max_groups_per_job.
-  absl::Status Touch(const v1::StepSpec& spec, absl::Time now);
+  // Creates the job (as `tenant`'s) and group if needed, for a PlanGroup
+  // request (which has no rendezvous). ResourceExhausted past max_jobs or
+  // max_jobs_per_tenant when no job may make room (see FindOrCreateGroup),
+  // or past max_groups_per_job.
+  absl::Status Touch(const v1::StepSpec& spec, const std::string& tenant, absl::Time now);
 
   // Records a solved step in its group's state (no-op if the job was
   // dropped).
@@ -148,8 +157,8 @@ class Rendezvous {
                      const v1::Balance& balance, absl::Time now);
 
   // Forgets jobs without pending steps and idle for job_ttl; returns their
-  // ids, and those of the jobs evicted since the last call (at max_jobs, a
-  // new job evicts the least recently active job with nothing pending).
+  // ids, and those of the jobs evicted since the last call (see
+  // FindOrCreateGroup).
   std::vector<std::string> DropIdleJobs(absl::Time now);
   // Jobs evicted to make room for new ones, since the start.
   int64_t jobs_evicted() const;
@@ -206,6 +215,7 @@ class Rendezvous {
   using StepKey = std::tuple<std::string, std::string, uint64_t, uint64_t>;
   static StepKey KeyOf(const v1::StepSpec& spec);
   struct Job {
+    std::string tenant;
     std::map<GroupKey, Group> groups;
     absl::Time last_activity;
     int32_t pending = 0;
@@ -218,19 +228,28 @@ class Rendezvous {
     Group* group = nullptr;
   };
   Place FindGroup(const v1::StepSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Finds or creates the job and group of `spec`; *created tells whether
-  // this call created the group (and maybe its job). Creating a group
-  // forgets the job's other incarnations of it that have nothing pending:
-  // a restarted run replaces the run it restarts.
-  absl::StatusOr<Place> FindOrCreateGroup(const v1::StepSpec& spec, absl::Time now,
-                                          bool* created = nullptr)
+  // Finds or creates the job (as `tenant`'s) and group of `spec`; *created
+  // tells whether this call created the group (and maybe its job). Creating
+  // a group forgets the job's other incarnations of it that have nothing
+  // pending: a restarted run replaces the run it restarts. A new job at
+  // max_jobs, or at its tenant's max_jobs_per_tenant, takes the room of an
+  // idle job (nothing pending, and never planned or idle past the
+  // rendezvous timeout: a job training is never evicted): its own tenant's
+  // first, else, within its tenant's limit, one of a tenant holding more
+  // jobs than its own; ResourceExhausted when there is none.
+  absl::StatusOr<Place> FindOrCreateGroup(const v1::StepSpec& spec, const std::string& tenant,
+                                          absl::Time now, bool* created = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job to evict for a new job of `tenant` (jobs_.end(): none).
+  std::map<std::string, Job>::iterator EvictionVictim(const std::string& tenant,
+                                                             bool tenant_full, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Undoes a creation by FindOrCreateGroup for a refused request, so refused
   // requests never hold a job or group.
   void ForgetIfEmpty(const v1::StepSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // At max_pending_steps: fails the oldest pending step of the job holding
-  // the most (into *evicted) if it holds at least two more than `job`;
-  // false when no job does.
+  // At max_pending_steps: fails the oldest pending step of the tenant
+  // holding the most (of its job holding the most; into *evicted) if it holds
+  // at least two more than `job`'s tenant; false when no tenant does.
   bool MakeRoomFor(const Job& job, const v1::StepSpec& spec, std::vector<FailedCalls>* evicted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes pending step `it` out of `group` of `job`, keeping the pending

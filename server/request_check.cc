@@ -59,7 +59,14 @@ absl::Status CheckLengths(const std::string& field, const Lengths& lengths,
 }  // namespace
 
 absl::Status CheckJobId(const std::string& job_id) {
-  return CheckId("spec.job_id", job_id, /*may_be_empty=*/false);
+  KF_RETURN_IF_ERROR(CheckId("spec.job_id", job_id, /*may_be_empty=*/false));
+  if (job_id.back() == '/') {
+    // Tokens and certificates scope "NS/" to every job under it: a job of
+    // that name would be the scope itself.
+    return absl::InvalidArgumentError(
+        "spec.job_id: ends in '/' (a job id never does: 'NS/' names the jobs under it)");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<const World>> WorldCache::Get(const std::string& topology,

@@ -66,7 +66,8 @@ absl::StatusOr<CheckedSpec> CheckPlanGroupRequest(const v1::PlanGroupRequest& re
                                                   const ServiceLimits& limits,
                                                   WorldCache* cache = nullptr);
 
-// InvalidArgument unless `job_id` is 1-128 characters of [A-Za-z0-9._:/-].
+// InvalidArgument unless `job_id` is 1-256 characters of [A-Za-z0-9._:/-],
+// not ending in '/' (which names a prefix: job_auth.h).
 absl::Status CheckJobId(const std::string& job_id);
 
 }  // namespace knapformer

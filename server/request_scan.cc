@@ -4,348 +4,420 @@
 #include <climits>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
-#include "knapformer/v1/planner.pb.h"
-#include "planner/measured_cost.h"
-#include "planner/measured_fit.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/unknown_field_set.h"
 
 namespace knapformer {
 namespace {
 
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
 using google::protobuf::io::CodedInputStream;
 
-// Wire types (protobuf's encoding). Groups (3, 4) are in no knapformer message.
+// Wire types (protobuf's encoding). Groups (3, 4) are in no request message
+// (RequestBounds::Covers), and the scan refuses them, known or not.
 constexpr int kVarint = 0;
 constexpr int kFixed64 = 1;
 constexpr int kLengthDelimited = 2;
 constexpr int kFixed32 = 5;
 
-// Walks one request's fields as protobuf's parser would take them, counting
-// what parsing would allocate. Every method returns false on bytes the parser
-// would refuse too.
-class Scanner {
- public:
-  explicit Scanner(google::protobuf::io::ZeroCopyInputStream* input) : in_(input) {}
+// What parsing allocates, measured against glibc's heap by
+// request_scan_test (EstimateBoundsWhatParsingTakes, for the costliest
+// shape of every field). A repeated field grows by doubling and an arena
+// keeps the arrays it outgrew: at most 4 times its final size in all.
+constexpr int64_t kGrowth = 4;
+// A string the parser makes (a field's, on the arena, or an unknown
+// field's, on the heap): the object, its arena cleanup entry or malloc
+// header, and its buffer's malloc header and rounding (the characters
+// themselves are counted with the wire bytes).
+constexpr int64_t kStringBytes = sizeof(std::string) + 32;
+// An unknown field: an entry of its message's growing UnknownFieldSet
+// (heap), and the set itself the first time.
+constexpr int64_t kUnknownFieldBytes = sizeof(google::protobuf::UnknownField) * kGrowth;
+constexpr int64_t kUnknownFieldSetBytes = sizeof(google::protobuf::UnknownFieldSet) + 64;
+// A call's fixed part: the arena's first blocks and gRPC's own state.
+constexpr int64_t kCallBytes = 16 << 10;
 
-  bool PlanRequest() {
-    int64_t lengths = 0;
-    const bool ok = Fields([&](uint32_t number, int wire) {
-      switch (number) {
-        case 1: return Message(wire, [&] { return Spec(); });
-        case 2: return Scalar(wire, kVarint);  // rank
-        case 3: return Repeated(wire, &lengths);
-        case 4: return Message(wire, [&] { return Timing(); });  // previous (one)
-        case 5: return Message(wire, [&] { return Mask(); });
-        default: return Unknown(wire);
-      }
-    });
-    shape_.ranks = 1;
-    shape_.sequences = shape_.rank_sequences = lengths;
-    return ok;
+// The wire type of one value of `field`.
+int WireTypeOf(const FieldDescriptor* field) {
+  switch (field->type()) {
+    case FieldDescriptor::TYPE_DOUBLE:
+    case FieldDescriptor::TYPE_FIXED64:
+    case FieldDescriptor::TYPE_SFIXED64:
+      return kFixed64;
+    case FieldDescriptor::TYPE_FLOAT:
+    case FieldDescriptor::TYPE_FIXED32:
+    case FieldDescriptor::TYPE_SFIXED32:
+      return kFixed32;
+    case FieldDescriptor::TYPE_STRING:
+    case FieldDescriptor::TYPE_BYTES:
+    case FieldDescriptor::TYPE_MESSAGE:
+      return kLengthDelimited;
+    case FieldDescriptor::TYPE_GROUP:
+      return -1;  // never read as a field
+    default:
+      return kVarint;
   }
-
-  bool PlanGroupRequest() {
-    return Fields([&](uint32_t number, int wire) {
-      switch (number) {
-        case 1: return Message(wire, [&] { return Spec(); });
-        case 2: return Message(wire, [&] { return RankLengths(); });
-        case 3: return Scalar(wire, kVarint);  // include_rank_plans
-        case 4: return Message(wire, [&] {
-          ++shape_.timings;
-          return Timing();
-        });
-        default: return Unknown(wire);
-      }
-    });
-  }
-
-  RequestShape& shape() { return shape_; }
-  int64_t position() const { return in_.CurrentPosition(); }
-  // A job id longer than the limit (its length; 0 = none).
-  uint32_t long_job_id() const { return long_job_id_; }
-
- private:
-  // Reads fields up to the current limit (or the end of the input), calling
-  // `field(number, wire_type)` to read each one's value.
-  template <typename Field>
-  bool Fields(Field field) {
-    for (;;) {
-      const uint32_t tag = in_.ReadTag();
-      if (tag == 0) return in_.ConsumedEntireMessage();
-      if (!field(tag >> 3, static_cast<int>(tag & 7))) return false;
-    }
-  }
-
-  // A length-delimited value that `body` reads to its end.
-  template <typename Body>
-  bool Nested(Body body) {
-    uint32_t length = 0;
-    if (!in_.ReadVarint32(&length) || length > INT_MAX) return false;
-    const CodedInputStream::Limit limit = in_.PushLimit(static_cast<int>(length));
-    // A body cut short by the end of the input also stops at a tag of 0.
-    const bool ok = body() && in_.BytesUntilLimit() == 0;
-    in_.PopLimit(limit);
-    return ok;
-  }
-
-  // A message field: a nested message, or (any other wire type) unknown.
-  template <typename Body>
-  bool Message(int wire, Body body) {
-    return wire == kLengthDelimited ? Nested(body) : Unknown(wire);
-  }
-
-  // A singular field of wire type `expected`; the parser keeps one sent with
-  // another wire type as an unknown field.
-  bool Scalar(int wire, int expected) { return wire == expected ? Skip(wire) : Unknown(wire); }
-
-  // A repeated int64 or bool: packed (one length-delimited run) or one value.
-  bool Repeated(int wire, int64_t* count) {
-    if (wire == kVarint) {
-      ++*count;
-      return Skip(wire);
-    }
-    if (wire != kLengthDelimited) return Unknown(wire);
-    return Nested([&] {
-      // Each value's last byte is the one with its top bit clear.
-      while (in_.BytesUntilLimit() > 0) {
-        const void* data = nullptr;
-        int size = 0;
-        if (!in_.GetDirectBufferPointer(&data, &size)) return false;
-        const auto* bytes = static_cast<const uint8_t*>(data);
-        *count += std::count_if(bytes, bytes + size, [](uint8_t b) { return b < 0x80; });
-        in_.Skip(size);
-      }
-      return true;
-    });
-  }
-
-  bool Unknown(int wire) {
-    ++shape_.unknown_fields;
-    return Skip(wire);
-  }
-
-  bool Skip(int wire) {
-    uint64_t value64 = 0;
-    uint32_t value32 = 0;
-    switch (wire) {
-      case kVarint: return in_.ReadVarint64(&value64);
-      case kFixed64: return in_.ReadLittleEndian64(&value64);
-      case kFixed32: return in_.ReadLittleEndian32(&value32);
-      case kLengthDelimited:
-        return in_.ReadVarint32(&value32) && value32 <= INT_MAX &&
-               in_.Skip(static_cast<int>(value32));
-      default: return false;
-    }
-  }
-
-  bool Spec() {
-    return Fields([&](uint32_t number, int wire) {
-      switch (number) {
-        case 1: return JobId(wire);
-        case 2: case 5: return Scalar(wire, kLengthDelimited);  // group_id, topology
-        case 3: case 4: case 6: case 8: case 9: case 10: case 11: case 12:
-          return Scalar(wire, kVarint);
-        case 7: case 13: return Scalar(wire, kFixed64);  // gamma, incarnation
-        case 14: return Message(wire, [&] { return Machine(); });
-        default: return Unknown(wire);
-      }
-    });
-  }
-
-  bool JobId(int wire) {
-    if (wire != kLengthDelimited) return Unknown(wire);
-    uint32_t length = 0;
-    if (!in_.ReadVarint32(&length) || length > INT_MAX) return false;
-    if (length > kMaxIdLength) {  // refused unread
-      long_job_id_ = length;
-      return in_.Skip(static_cast<int>(length));
-    }
-    long_job_id_ = 0;  // the last one counts
-    return in_.ReadString(&shape_.job_id, static_cast<int>(length));
-  }
-
-  bool Machine() {
-    return Fields([&](uint32_t number, int wire) {
-      switch (number) {
-        case 1: case 2: case 3: return Scalar(wire, kFixed64);  // speeds
-        case 4: case 5: case 6: return Scalar(wire, kVarint);
-        default: return Unknown(wire);
-      }
-    });
-  }
-
-  bool Timing() {
-    return Fields([&](uint32_t number, int wire) {
-      switch (number) {
-        case 1: return Scalar(wire, kVarint);  // step
-        case 2: case 3: case 4: return Scalar(wire, kFixed64);
-        case 5: return Floats(wire, &shape_.timing_weights);  // attention_by_pair_point
-        default: return Unknown(wire);
-      }
-    });
-  }
-
-  // A repeated float: packed (4 bytes a value) or one value.
-  bool Floats(int wire, int64_t* count) {
-    if (wire == kFixed32) {
-      ++*count;
-      return Skip(wire);
-    }
-    if (wire != kLengthDelimited) return Unknown(wire);
-    uint32_t length = 0;
-    if (!in_.ReadVarint32(&length) || length > INT_MAX) return false;
-    *count += length / 4;
-    return in_.Skip(static_cast<int>(length));
-  }
-
-  bool Mask() {
-    ++shape_.masks;
-    return Fields([&](uint32_t number, int wire) {
-      switch (number) {
-        case 1: case 2: return Scalar(wire, kVarint);  // kind, window
-        case 3: return Repeated(wire, &shape_.span_lengths);
-        case 4: return Repeated(wire, &shape_.span_flags);
-        default: return Unknown(wire);
-      }
-    });
-  }
-
-  bool RankLengths() {
-    int64_t lengths = 0;
-    const bool ok = Fields([&](uint32_t number, int wire) {
-      switch (number) {
-        case 1: return Repeated(wire, &lengths);
-        case 2: return Message(wire, [&] { return Mask(); });
-        default: return Unknown(wire);
-      }
-    });
-    if (lengths > shape_.rank_sequences) {
-      shape_.rank_sequences = lengths;
-      shape_.fullest_rank = shape_.ranks;
-    }
-    shape_.sequences += lengths;
-    ++shape_.ranks;
-    return ok;
-  }
-
-  CodedInputStream in_;
-  RequestShape shape_;
-  uint32_t long_job_id_ = 0;
-};
-
-absl::Status TooMany(const std::string& field, int64_t count, const char* what, int64_t limit,
-                     const char* per) {
-  return absl::ResourceExhaustedError(absl::StrCat(field, ": ", count, " ", what,
-                                                   " exceed the limit of ", limit, per));
 }
 
-absl::StatusOr<RequestShape> Scan(google::protobuf::io::ZeroCopyInputStream* input, bool group) {
-  Scanner scanner(input);
-  const bool ok = group ? scanner.PlanGroupRequest() : scanner.PlanRequest();
-  if (!ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request: not a valid ", group ? "PlanGroupRequest" : "PlanRequest",
-                     " (malformed at byte ", scanner.position(), ")"));
+// Bytes of one value of a repeated scalar field in its parsed array.
+int64_t ArrayBytes(const FieldDescriptor* field) {
+  switch (field->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return 1;
+    case FieldDescriptor::CPPTYPE_INT64:
+    case FieldDescriptor::CPPTYPE_UINT64:
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      return 8;
+    default:  // int32, uint32, float, enum
+      return 4;
   }
-  if (scanner.long_job_id() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.job_id: ", scanner.long_job_id(),
-                                                   " characters exceed the limit of ",
-                                                   kMaxIdLength));
-  }
-  RequestShape& shape = scanner.shape();
-  shape.group = group;
-  shape.wire_bytes = scanner.position();
-  return std::move(shape);
+}
+
+// The bytes of one parsed message object of type `message`.
+int64_t ObjectBytes(const Descriptor* message) {
+  const google::protobuf::Message* prototype =
+      google::protobuf::MessageFactory::generated_factory()->GetPrototype(message);
+  return prototype == nullptr ? 1024 : static_cast<int64_t>(prototype->SpaceUsedLong());
 }
 
 }  // namespace
 
-absl::Status CheckRequestShape(const RequestShape& shape, const ServiceLimits& limits) {
-  const bool group = shape.group;
-  if (group && shape.ranks > limits.max_world_size) {
-    return TooMany("ranks", shape.ranks, "entries", limits.max_world_size, " ranks");
+// How the scan reads one message type: for each field number, its field's
+// wire form, what one value costs parsed, and its bound.
+struct RequestScanner::MessagePlan {
+  struct Field {
+    const FieldDescriptor* descriptor = nullptr;
+    int wire = kVarint;  // of one value
+    // Repeated scalars: also sent as one length-delimited run (packed);
+    // fixed_width is a value's bytes there (0: varints).
+    bool packable = false;
+    int64_t fixed_width = 0;
+    // Memory one value costs parsed: a scalar in its growing array, a
+    // message object (and its pointer), a string object.
+    int64_t parsed_bytes = 0;
+    const MessagePlan* message = nullptr;
+    const FieldBound* bound = nullptr;
+  };
+  const Descriptor* descriptor = nullptr;
+  std::vector<Field> fields;   // by the field's index in the message
+  std::vector<int> by_number;  // field number -> index in `fields`; -1: unknown
+
+  const Field* Find(uint32_t number) const {
+    if (number >= by_number.size() || by_number[number] < 0) return nullptr;
+    return &fields[by_number[number]];
   }
-  if (group && shape.timings > limits.max_world_size) {
-    return TooMany("previous", shape.timings, "entries", limits.max_world_size, " ranks");
+};
+
+// One request's walk: reads each message's fields as the parser would,
+// counting what parsing would allocate and holding each field to its bound.
+class RequestScanner::Walk {
+ public:
+  Walk(google::protobuf::io::ZeroCopyInputStream* input, RequestShape* shape)
+      : in_(input), shape_(*shape) {}
+
+  // Reads one `plan` message's fields up to the current limit (or the end
+  // of the input). False on bytes the parser refuses (or a group), and for
+  // a job id over its bound (refusal() says so).
+  bool Message(const MessagePlan& plan);
+  // The request's totals against the bounds per request.
+  void CheckTotals();
+
+  int64_t position() const { return in_.CurrentPosition(); }
+  const absl::Status& refusal() const { return refusal_; }
+
+ private:
+  // A step from the request down to a nested message: the field holding
+  // it, and its index there (repeated fields).
+  struct Step {
+    const FieldDescriptor* field = nullptr;
+    int64_t index = 0;
+  };
+  struct Total {
+    const FieldBound* bound = nullptr;
+    int64_t values = 0;
+    // Where the field was first met (for naming it), indices aside.
+    Step path[RequestBounds::kMaxDepth];
+    int depth = 0;
+  };
+
+  // "ranks[2].sequence_lengths" (with indices) or "ranks[].sequence_lengths".
+  static std::string PathOf(const Step* path, int depth, const FieldDescriptor* field,
+                            bool indices);
+  // Records the first bound passed.
+  void Over(const std::string& path, int64_t values, const FieldBound& bound, bool per_message);
+  // A length-delimited value that `body` reads to its end.
+  template <typename Body>
+  bool Nested(Body body);
+  bool KnownField(const MessagePlan::Field& field, int wire, int64_t* values);
+  bool Packed(const MessagePlan::Field& field, int64_t* values);
+  bool String(const MessagePlan::Field& field);
+  bool Unknown(int wire, bool* first_in_message);
+  bool Skip(int wire);
+
+  CodedInputStream in_;
+  RequestShape& shape_;
+  Step path_[RequestBounds::kMaxDepth];
+  int depth_ = 0;
+  std::map<const FieldDescriptor*, Total> totals_;
+  std::vector<const FieldDescriptor*> order_;  // totals_' fields as first met
+  absl::Status refusal_;
+};
+
+std::string RequestScanner::Walk::PathOf(const Step* path, int depth,
+                                         const FieldDescriptor* field, bool indices) {
+  std::string out;
+  for (int i = 0; i < depth; ++i) {
+    absl::StrAppend(&out, path[i].field->name());
+    if (path[i].field->is_repeated()) {
+      absl::StrAppend(&out, "[", indices ? absl::StrCat(path[i].index) : std::string(), "]");
+    }
+    out += '.';
   }
-  const int64_t max_weights = (group ? shape.timings : 1) * kPairGridPoints;
-  if (shape.timing_weights > max_weights) {
-    return TooMany("previous.attention_by_pair_point", shape.timing_weights, "values",
-                   max_weights, " (one per grid point per timing)");
-  }
-  if (shape.rank_sequences > limits.max_sequences_per_rank) {
-    return TooMany(group ? absl::StrCat("ranks[", shape.fullest_rank, "].sequence_lengths")
-                         : std::string("sequence_lengths"),
-                   shape.rank_sequences, "sequences", limits.max_sequences_per_rank,
-                   " per rank");
-  }
-  if (shape.sequences > limits.max_sequences_per_step) {
-    return TooMany(group ? "ranks" : "sequence_lengths", shape.sequences, "sequences",
-                   limits.max_sequences_per_step, " per step");
-  }
-  const std::string masks = group ? "ranks[].attention_masks" : "attention_masks";
-  const int64_t max_masks = group ? limits.max_sequences_per_step : limits.max_sequences_per_rank;
-  if (shape.masks > max_masks) {
-    return TooMany(masks, shape.masks, "masks", max_masks,
-                   group ? " per step (one per sequence)" : " per rank (one per sequence)");
-  }
-  const int64_t spans = std::max(shape.span_lengths, shape.span_flags);
-  if (spans > limits.max_mask_spans_per_step) {
-    return TooMany(masks, spans, "spans", limits.max_mask_spans_per_step, " per step");
-  }
-  return absl::OkStatus();
+  return out + field->name();
 }
 
-absl::StatusOr<RequestShape> ScanPlanRequest(google::protobuf::io::ZeroCopyInputStream* input) {
-  return Scan(input, /*group=*/false);
+void RequestScanner::Walk::Over(const std::string& path, int64_t values, const FieldBound& bound,
+                                bool per_message) {
+  if (!shape_.over_limit.ok()) return;
+  const std::string message =
+      absl::StrCat(path, ": ", values, " ", bound.unit, " exceed the limit of ",
+                   per_message ? bound.per_message : bound.per_request,
+                   per_message ? bound.per_message_words : bound.per_request_words);
+  shape_.over_limit = per_message && bound.malformed_when_over
+                          ? absl::InvalidArgumentError(message)
+                          : absl::ResourceExhaustedError(message);
 }
 
-absl::StatusOr<RequestShape> ScanPlanGroupRequest(
-    google::protobuf::io::ZeroCopyInputStream* input) {
-  return Scan(input, /*group=*/true);
+template <typename Body>
+bool RequestScanner::Walk::Nested(Body body) {
+  uint32_t length = 0;
+  if (!in_.ReadVarint32(&length) || length > INT_MAX) return false;
+  const CodedInputStream::Limit limit = in_.PushLimit(static_cast<int>(length));
+  // A body cut short by the end of the input also stops at a tag of 0.
+  const bool ok = body() && in_.BytesUntilLimit() == 0;
+  in_.PopLimit(limit);
+  return ok;
+}
+
+bool RequestScanner::Walk::Message(const MessagePlan& plan) {
+  // Values of each repeated field in this message, by field index.
+  absl::InlinedVector<int64_t, 16> values(plan.fields.size(), 0);
+  bool unknown_seen = false;
+  for (;;) {
+    const uint32_t tag = in_.ReadTag();
+    if (tag == 0) break;
+    const uint32_t number = tag >> 3;
+    const int wire = static_cast<int>(tag & 7);
+    if (number == 0) return false;  // the parser refuses field number 0
+    const MessagePlan::Field* field = plan.Find(number);
+    if (field == nullptr) {
+      if (!Unknown(wire, &unknown_seen)) return false;
+      continue;
+    }
+    const int index = field->descriptor->index();
+    if (wire == field->wire) {
+      if (!KnownField(*field, wire, &values[index])) return false;
+    } else if (field->packable && wire == kLengthDelimited) {
+      if (!Packed(*field, &values[index])) return false;
+    } else if (!Unknown(wire, &unknown_seen)) {  // a known field in another wire form
+      return false;
+    }
+  }
+  if (!in_.ConsumedEntireMessage()) return false;
+  for (const MessagePlan::Field& field : plan.fields) {
+    const int64_t n = values[field.descriptor->index()];
+    if (n == 0 || field.bound == nullptr || !field.descriptor->is_repeated()) continue;
+    if (n > field.bound->per_message) {
+      Over(PathOf(path_, depth_, field.descriptor, /*indices=*/true), n, *field.bound, true);
+    }
+    Total& total = totals_[field.descriptor];
+    if (total.bound == nullptr) {
+      total.bound = field.bound;
+      std::copy(path_, path_ + depth_, total.path);
+      total.depth = depth_;
+      order_.push_back(field.descriptor);
+    }
+    total.values += n;
+  }
+  return true;
+}
+
+bool RequestScanner::Walk::KnownField(const MessagePlan::Field& field, int wire,
+                                      int64_t* values) {
+  if (field.message != nullptr) {
+    if (depth_ >= RequestBounds::kMaxDepth) return false;  // Covers keeps plans shallower
+    path_[depth_++] = Step{field.descriptor, *values};
+    ++*values;
+    shape_.parsed_bytes += field.parsed_bytes;
+    const bool ok = Nested([&] { return Message(*field.message); });
+    --depth_;
+    return ok;
+  }
+  if (wire == kLengthDelimited) return String(field);
+  if (field.descriptor->is_repeated()) {
+    ++*values;
+    shape_.parsed_bytes += field.parsed_bytes;
+  }
+  return Skip(wire);
+}
+
+bool RequestScanner::Walk::Packed(const MessagePlan::Field& field, int64_t* values) {
+  const int64_t before = *values;
+  const bool ok = Nested([&] {
+    if (field.fixed_width > 0) {
+      const int64_t bytes = in_.BytesUntilLimit();
+      *values += (bytes + field.fixed_width - 1) / field.fixed_width;
+      return in_.Skip(static_cast<int>(bytes));
+    }
+    // Each varint's last byte is the one with its top bit clear.
+    while (in_.BytesUntilLimit() > 0) {
+      const void* data = nullptr;
+      int size = 0;
+      if (!in_.GetDirectBufferPointer(&data, &size)) return false;
+      const auto* bytes = static_cast<const uint8_t*>(data);
+      *values += std::count_if(bytes, bytes + size, [](uint8_t b) { return b < 0x80; });
+      in_.Skip(size);
+    }
+    return true;
+  });
+  shape_.parsed_bytes += (*values - before) * field.parsed_bytes;
+  return ok;
+}
+
+bool RequestScanner::Walk::String(const MessagePlan::Field& field) {
+  uint32_t length = 0;
+  if (!in_.ReadVarint32(&length) || length > INT_MAX) return false;
+  shape_.parsed_bytes += field.parsed_bytes;
+  const FieldBound* bound = field.bound;
+  const bool over = bound != nullptr && int64_t{length} > bound->per_message;
+  if (over) {
+    const std::string path = PathOf(path_, depth_, field.descriptor, /*indices=*/true);
+    if (bound->names_job) {  // refused unread: no caller is authorized as it
+      refusal_ = absl::InvalidArgumentError(absl::StrCat(
+          path, ": ", length, " ", bound->unit, " exceed the limit of ", bound->per_message));
+      return false;
+    }
+    Over(path, length, *bound, /*per_message=*/true);
+  }
+  if (bound != nullptr && bound->names_job && !over) {
+    return in_.ReadString(&shape_.job_id, static_cast<int>(length));  // the last one counts
+  }
+  return in_.Skip(static_cast<int>(length));
+}
+
+bool RequestScanner::Walk::Unknown(int wire, bool* first_in_message) {
+  if (wire != kVarint && wire != kFixed64 && wire != kLengthDelimited && wire != kFixed32) {
+    return false;  // a group (3, 4), or no wire type (6, 7)
+  }
+  ++shape_.unknown_fields;
+  shape_.parsed_bytes += kUnknownFieldBytes + (wire == kLengthDelimited ? kStringBytes : 0);
+  if (!*first_in_message) {
+    *first_in_message = true;
+    shape_.parsed_bytes += kUnknownFieldSetBytes;
+  }
+  return Skip(wire);
+}
+
+bool RequestScanner::Walk::Skip(int wire) {
+  uint64_t value64 = 0;
+  uint32_t value32 = 0;
+  switch (wire) {
+    case kVarint: return in_.ReadVarint64(&value64);
+    case kFixed64: return in_.ReadLittleEndian64(&value64);
+    case kFixed32: return in_.ReadLittleEndian32(&value32);
+    case kLengthDelimited:
+      return in_.ReadVarint32(&value32) && value32 <= INT_MAX &&
+             in_.Skip(static_cast<int>(value32));
+    default: return false;
+  }
+}
+
+void RequestScanner::Walk::CheckTotals() {
+  for (const FieldDescriptor* field : order_) {
+    const Total& total = totals_[field];
+    shape_.values[field] = total.values;
+    if (total.bound->per_request >= 0 && total.values > total.bound->per_request) {
+      Over(PathOf(total.path, total.depth, field, /*indices=*/false), total.values,
+           *total.bound, /*per_message=*/false);
+    }
+  }
+}
+
+RequestScanner::RequestScanner(const ServiceLimits& limits) : bounds_(limits) {
+  for (const Descriptor* request : ScannedRequests()) PlanOf(request);
+}
+
+RequestScanner::~RequestScanner() = default;
+
+const RequestScanner::MessagePlan& RequestScanner::PlanOf(const Descriptor* message) {
+  auto found = plans_.find(message);
+  if (found != plans_.end()) return *found->second;
+  MessagePlan& plan = *plans_.emplace(message, std::make_unique<MessagePlan>()).first->second;
+  plan.descriptor = message;
+  plan.fields.resize(message->field_count());
+  for (int i = 0; i < message->field_count(); ++i) {
+    const FieldDescriptor* descriptor = message->field(i);
+    MessagePlan::Field& field = plan.fields[i];
+    field.descriptor = descriptor;
+    field.wire = WireTypeOf(descriptor);
+    field.bound = bounds_.Of(descriptor);
+    if (descriptor->type() == FieldDescriptor::TYPE_MESSAGE) {
+      field.message = &PlanOf(descriptor->message_type());
+      field.parsed_bytes = ObjectBytes(descriptor->message_type()) +
+                           (descriptor->is_repeated() ? kGrowth * int64_t{sizeof(void*)} : 0);
+    } else if (field.wire == kLengthDelimited) {
+      field.parsed_bytes =
+          kStringBytes + (descriptor->is_repeated() ? kGrowth * int64_t{sizeof(void*)} : 0);
+    } else if (descriptor->is_repeated()) {
+      field.packable = descriptor->is_packable();
+      field.fixed_width = field.wire == kFixed64 ? 8 : field.wire == kFixed32 ? 4 : 0;
+      field.parsed_bytes = kGrowth * ArrayBytes(descriptor);
+    }
+    const size_t number = static_cast<size_t>(descriptor->number());
+    if (number < (1u << 16)) {
+      if (plan.by_number.size() <= number) plan.by_number.resize(number + 1, -1);
+      plan.by_number[number] = i;
+    }
+  }
+  return plan;
+}
+
+absl::StatusOr<RequestShape> RequestScanner::Scan(
+    const Descriptor* message, google::protobuf::io::ZeroCopyInputStream* input) const {
+  auto plan = plans_.find(message);
+  if (plan == plans_.end()) {
+    return absl::InternalError(absl::StrCat("request scan: ", message->full_name(),
+                                            " is not a scanned request"));
+  }
+  RequestShape shape;
+  shape.message = message;
+  Walk walk(input, &shape);
+  if (!walk.Message(*plan->second)) {
+    if (!walk.refusal().ok()) return walk.refusal();
+    return absl::InvalidArgumentError(absl::StrCat("request: not a valid ", message->name(),
+                                                   " (malformed at byte ", walk.position(),
+                                                   ")"));
+  }
+  walk.CheckTotals();
+  shape.wire_bytes = walk.position();
+  return shape;
 }
 
 int64_t EstimatedParsedBytes(const RequestShape& shape) {
-  // A repeated field grows by doubling and an arena keeps the arrays it
-  // outgrew: at most 4 times its final size in all. Unknown fields live on
-  // the heap, each an entry of a vector that grows alike. The wire bytes
-  // cover strings and unknown fields' payloads; the fixed part, the
-  // messages that are there once and the arena's first blocks.
-  // request_scan_test measures parses against this.
-  constexpr int64_t kGrowth = 4;
-  constexpr int64_t kPointer = sizeof(void*);
-  constexpr int64_t kUnknownField = 16;
-  constexpr int64_t kFixed = 16 << 10;
-  return kFixed + shape.wire_bytes + kGrowth * (8 * shape.sequences + 8 * shape.span_lengths +
-                                                shape.span_flags + 4 * shape.timing_weights +
-                                                kUnknownField * shape.unknown_fields) +
-         shape.masks * (sizeof(v1::AttentionMask) + kGrowth * kPointer) +
-         shape.ranks * (sizeof(v1::RankLengths) + kGrowth * kPointer) +
-         shape.timings * (sizeof(v1::StepTiming) + kGrowth * kPointer);
+  return kCallBytes + shape.wire_bytes + shape.parsed_bytes;
 }
 
 int64_t MaxRequestWireBytes(const ServiceLimits& limits) {
-  // Widest encodings: a tag and a length prefix take at most 1 + 5 bytes, a
-  // length (under 2^31) 5, a varint 10, a double 8. Repeated values packed,
-  // as every protobuf encoder does for proto3 (an unpacked one adds a tag
-  // per value, and a request that needs the room is refused).
-  constexpr int64_t kField = 6;
-  constexpr int64_t kLength = 5;
-  constexpr int64_t kTiming =
-      kField + 11 + 3 * 9 + kField + 4 * kPairGridPoints;  // StepTiming
-  constexpr int64_t kMask = kField + 2 * 11 + 2 * kField;             // kind, window, 2 runs
-  constexpr int64_t kRank = kField + kField + kTiming;                // RankLengths, previous
-  // The measured cost model's table: two packed runs of doubles.
-  constexpr int64_t kTable = kField + 2 * (kField + 8 * MeasuredAttention::kMaxPoints);
-  constexpr int64_t kSpecFixed = kField + 2 * (kField + kMaxIdLength) + 12 * 11 + kField +
-                                 6 * 11 + kTable;  // ids, scalars, machine, table
-  // The topology string: at most one bag term ("g1n1+") per rank, and a few.
-  const int64_t spec = kSpecFixed + kField + 8 * (int64_t{limits.max_world_size} + 4);
-  const int64_t bytes = spec + kRank * limits.max_world_size +
-                        (kLength + kMask) * limits.max_sequences_per_step +
-                        (kLength + 1) * limits.max_mask_spans_per_step + 64;
-  return std::min<int64_t>(bytes, INT_MAX);
+  const RequestBounds bounds(limits);
+  int64_t largest = 0;
+  for (const Descriptor* request : ScannedRequests()) {
+    largest = std::max(largest, bounds.MaxWireBytes(request));
+  }
+  return std::min<int64_t>(largest, INT_MAX);
 }
 
 int ReceiveLimitBytes(const ServiceLimits& limits) {

@@ -42,6 +42,8 @@ const std::vector<OptionSpec>& ServeOptions() {
         {"max-pending-steps-per-job", "N", number(limits.max_pending_steps_per_job),
          "steps waiting for ranks, one job"},
         {"max-jobs", "N", number(limits.max_jobs), "jobs tracked at once"},
+        {"max-jobs-per-tenant", "N", number(limits.max_jobs_per_tenant),
+         "jobs of one tenant (a credential's scope)"},
         {"max-groups-per-job", "N", number(limits.max_groups_per_job), "groups of one job"},
         {"max-queued-solves", "N", number(limits.max_queued_solves),
          "steps waiting for a solver; beyond, refused"},
@@ -49,12 +51,16 @@ const std::vector<OptionSpec>& ServeOptions() {
          "a step waiting longer for a solver is refused"},
         {"max-plan-group-calls", "N", number(limits.max_plan_group_calls),
          "PlanGroup calls in flight, all jobs"},
+        {"max-plan-group-calls-per-tenant", "N", number(limits.max_plan_group_calls_per_tenant),
+         "PlanGroup calls in flight, one tenant"},
         {"max-plan-group-calls-per-job", "N", number(limits.max_plan_group_calls_per_job),
          "PlanGroup calls in flight, one job"},
         {"max-message-bytes", "N", number(limits.max_message_bytes),
          "largest request gRPC accepts; 0 = what the limits admit"},
         {"max-request-memory", "BYTES", number(limits.max_request_memory),
          "parsed requests held, all jobs; beyond, refused"},
+        {"max-request-memory-per-tenant", "BYTES", number(limits.max_request_memory_per_tenant),
+         "parsed requests held, one tenant"},
         {"max-request-memory-per-job", "BYTES", number(limits.max_request_memory_per_job),
          "parsed requests held, one job"},
         {"remembered-steps", "N", number(limits.remembered_steps),
@@ -76,6 +82,13 @@ const std::vector<OptionSpec>& ServeOptions() {
         {"auth", "MODE", "none", "who may act as a job: none, token or mtls"},
         {"health-listen", "ADDR", "", "plaintext health-only listener (kubelet probes of TLS)"},
         {"auth-key-file", "FILE", "", "--auth=token: keys, one per line; reread on change"},
+        {"auth-revoked-file", "FILE", "", "--auth=token: revoked token ids; reread on change"},
+        {"mtls-trust-domain", "DOMAIN", "",
+         "--auth=mtls: spiffe://DOMAIN/ns/NS/... acts as jobs NS/..."},
+        {"mtls-job-names", "on|off", "off",
+         "--auth=mtls: a DNS or URI name equal to a job id acts as it"},
+        {"mesh-tls", "on|off", "off",
+         "a service mesh encrypts connections: --auth off loopback without TLS"},
         {"log-level", "LEVEL", kDefaultLogLevel, "debug, info, warning or error"},
         {"shutdown-grace-ms", "MS", number(absl::ToInt64Milliseconds(config.shutdown_grace)),
          "after SIGTERM, pending ranks get this long"},
@@ -149,6 +162,8 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
                       args.GetInt("max-pending-steps-per-job", limits.max_pending_steps_per_job,
                                   1, 1 << 20));
   KF_ASSIGN_OR_RETURN(limits.max_jobs, args.GetInt("max-jobs", limits.max_jobs, 1, 1 << 20));
+  KF_ASSIGN_OR_RETURN(limits.max_jobs_per_tenant,
+                      args.GetInt("max-jobs-per-tenant", limits.max_jobs_per_tenant, 1, 1 << 20));
   KF_ASSIGN_OR_RETURN(limits.max_groups_per_job,
                       args.GetInt("max-groups-per-job", limits.max_groups_per_job, 1, 1 << 20));
   KF_ASSIGN_OR_RETURN(limits.max_queued_solves,
@@ -160,6 +175,9 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
   limits.max_solve_wait = absl::Milliseconds(solve_wait_ms);
   KF_ASSIGN_OR_RETURN(limits.max_plan_group_calls,
                       args.GetInt("max-plan-group-calls", limits.max_plan_group_calls, 1, 1 << 20));
+  KF_ASSIGN_OR_RETURN(limits.max_plan_group_calls_per_tenant,
+                      args.GetInt("max-plan-group-calls-per-tenant",
+                                  limits.max_plan_group_calls_per_tenant, 1, 1 << 20));
   KF_ASSIGN_OR_RETURN(
       limits.max_plan_group_calls_per_job,
       args.GetInt("max-plan-group-calls-per-job", limits.max_plan_group_calls_per_job, 1, 1 << 20));
@@ -172,6 +190,10 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
   }
   KF_ASSIGN_OR_RETURN(limits.max_request_memory,
                       args.GetInt("max-request-memory", limits.max_request_memory, 1 << 20,
+                                  int64_t{1} << 40));
+  KF_ASSIGN_OR_RETURN(limits.max_request_memory_per_tenant,
+                      args.GetInt("max-request-memory-per-tenant",
+                                  limits.max_request_memory_per_tenant, 1 << 20,
                                   int64_t{1} << 40));
   KF_ASSIGN_OR_RETURN(limits.max_request_memory_per_job,
                       args.GetInt("max-request-memory-per-job", limits.max_request_memory_per_job,
@@ -192,8 +214,12 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
   server.tls.cert_file = args.GetString("tls-cert", "");
   server.tls.key_file = args.GetString("tls-key", "");
   server.tls.client_ca_file = args.GetString("tls-client-ca", "");
-  KF_ASSIGN_OR_RETURN(server.auth, ParseAuthMode(args.GetString("auth", "none")));
-  server.auth_key_file = args.GetString("auth-key-file", "");
+  KF_ASSIGN_OR_RETURN(server.auth.mode, ParseAuthMode(args.GetString("auth", "none")));
+  server.auth.key_file = args.GetString("auth-key-file", "");
+  server.auth.revoked_file = args.GetString("auth-revoked-file", "");
+  server.auth.mtls_trust_domain = args.GetString("mtls-trust-domain", "");
+  KF_ASSIGN_OR_RETURN(server.auth.mtls_job_names, args.GetOnOff("mtls-job-names", false));
+  KF_ASSIGN_OR_RETURN(server.mesh_tls, args.GetOnOff("mesh-tls", false));
   server.health_address = args.GetString("health-listen", "");
   KF_ASSIGN_OR_RETURN(config.log_level,
                       ParseLogLevel(args.GetString("log-level", kDefaultLogLevel)));

@@ -30,8 +30,11 @@ struct ServiceLimits {
   // from opening). A client that pipelines k steps ahead holds k per group.
   int32_t max_pending_steps = 1024;
   int32_t max_pending_steps_per_job = 256;
-  // Jobs the server tracks at once (state and metric labels), and groups per job.
+  // Jobs the server tracks at once (state and metric labels), those of one
+  // tenant (the scope of the callers' credentials, job_auth.h; under --auth
+  // none each job is its own tenant), and groups per job.
   int32_t max_jobs = 256;
+  int32_t max_jobs_per_tenant = 64;
   int32_t max_groups_per_job = 1024;
   // Steps solved on the pool (larger ones; all with an answer delay) that may
   // wait for a solver thread; a step beyond is refused at once rather than
@@ -43,19 +46,24 @@ struct ServiceLimits {
   // whose ranks still wait, not answers nobody will use. Waiting steps take
   // the solver threads round-robin between jobs (fair_queue.h).
   absl::Duration max_solve_wait = absl::Seconds(10);
-  // PlanGroup calls being checked, queued or solved, in all and per job: a
-  // job that floods the server (a retry loop, a stranger) holds at most its
-  // share, and the others' steps still get solver time.
+  // PlanGroup calls being checked, queued or solved, in all, per tenant and
+  // per job: a job that floods the server (a retry loop, a tenant's stray
+  // ids) holds at most its share, and the others' steps still get solver
+  // time. A tenant past an eighth of the total may not take the last eighth
+  // (TenantQuota's reserve, kept for tenants holding less).
   int32_t max_plan_group_calls = 256;
+  int32_t max_plan_group_calls_per_tenant = 32;
   int32_t max_plan_group_calls_per_job = 16;
   // Largest request gRPC accepts (bytes); 0 = the largest request the
   // limits above admit (MaxRequestWireBytes, request_scan.h).
   int32_t max_message_bytes = 0;
   // Memory of the requests being parsed and held (a per-rank request waits
-  // in its step's rendezvous), in all and per job, as estimated from the
-  // request's wire form before it is parsed (EstimatedParsedBytes): a call
-  // that would pass either is refused, and nothing of it is parsed.
+  // in its step's rendezvous), in all, per tenant and per job, as estimated
+  // from the request's wire form before it is parsed (EstimatedParsedBytes):
+  // a call that would pass any is refused, and nothing of it is parsed. A
+  // tenant past an eighth of the total may not take the last eighth.
   int64_t max_request_memory = int64_t{512} << 20;
+  int64_t max_request_memory_per_tenant = int64_t{256} << 20;
   int64_t max_request_memory_per_job = int64_t{256} << 20;
   // A step not complete this long after its first request fails every waiting
   // rank with DEADLINE_EXCEEDED.

@@ -196,6 +196,26 @@ ServiceMetrics::ServiceMetrics(const Rendezvous* rendezvous, const GammaFits* fi
 
 ServiceMetrics::~ServiceMetrics() = default;
 
+void ServiceMetrics::SetAuthFiles(const AuthFilesState& state) {
+  absl::MutexLock lock(&mu_);
+  if (auth_keys_ == nullptr) {
+    auth_keys_ = &prometheus::BuildGauge()
+                      .Name("knapformer_planner_auth_keys")
+                      .Help("--auth=token: usable keys in the key file as last read; 0 while "
+                            "it or the revocation list is missing, empty, unreadable or "
+                            "malformed, when every token is refused (failing closed).")
+                      .Register(*registry_)
+                      .Add({});
+    auth_revoked_ = &prometheus::BuildGauge()
+                         .Name("knapformer_planner_auth_revoked_tokens")
+                         .Help("--auth=token: token ids in the revocation list as last read.")
+                         .Register(*registry_)
+                         .Add({});
+  }
+  auth_keys_->Set(static_cast<double>(state.keys));
+  auth_revoked_->Set(static_cast<double>(state.revoked_tokens));
+}
+
 ServiceMetrics::JobSeries& ServiceMetrics::Series(const std::string& job, absl::Time now) {
   auto it = jobs_.find(job);
   if (it == jobs_.end()) {

@@ -15,9 +15,11 @@
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
+#include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "server/gamma_fits.h"
+#include "server/job_auth.h"
 #include "server/rendezvous.h"
 
 namespace knapformer {
@@ -39,6 +41,10 @@ namespace knapformer {
 //   knapformer_planner_pending_steps{job,group}, knapformer_planner_ranks_seen{job,group}
 //   knapformer_planner_jobs
 //   knapformer_planner_fitted_gamma{job,group}
+// and under --auth=token, from the key file and revocation list as last read:
+//   knapformer_planner_auth_keys               gauge, usable keys (0: every
+//                                              token refused, failing closed)
+//   knapformer_planner_auth_revoked_tokens     gauge, token ids revoked
 // Label cardinality is bounded: at most `max_jobs` job values (more are counted
 // under job=""), and series of jobs idle for the TTL are removed. Thread-safe.
 class ServiceMetrics {
@@ -65,6 +71,8 @@ class ServiceMetrics {
   void RecordStep(const std::string& job, const v1::Balance& balance, int64_t token_bytes,
                   double plan_seconds, double wait_seconds, absl::Time now);
   void CountTimeout(const std::string& job, absl::Time now);
+  // Sets the auth gauges (registered at the first call).
+  void SetAuthFiles(const AuthFilesState& state);
 
   // Removes every series of jobs not used for `ttl`.
   void DropIdleJobs(absl::Time now, absl::Duration ttl);
@@ -87,6 +95,8 @@ class ServiceMetrics {
   prometheus::Family<prometheus::Histogram>& wait_seconds_;
 
   absl::Mutex mu_;
+  prometheus::Gauge* auth_keys_ ABSL_GUARDED_BY(mu_) = nullptr;
+  prometheus::Gauge* auth_revoked_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::map<std::string, std::unique_ptr<JobSeries>> jobs_ ABSL_GUARDED_BY(mu_);
 };
 

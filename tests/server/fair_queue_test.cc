@@ -1,5 +1,6 @@
-// The solver queue's order: round-robin between jobs, in order within a job,
-// and a job that arrives late is served within one turn of the others.
+// The solver queue's order: round-robin between tenants, then between a
+// tenant's jobs, in order within a job, and a job that arrives late is
+// served within one turn of the others.
 #include "server/fair_queue.h"
 
 #include <string>
@@ -10,10 +11,11 @@
 namespace knapformer {
 namespace {
 
-// Pushes a task that appends `name` to `order`.
+// Pushes a task of `job` (its own tenant unless `tenant` is given) that
+// appends `name` to `order`.
 void PushNamed(FairQueue* queue, const std::string& job, const std::string& name,
-               std::vector<std::string>* order) {
-  queue->Push(job, [order, name] { order->push_back(name); });
+               std::vector<std::string>* order, const std::string& tenant = "") {
+  queue->Push(tenant.empty() ? job : tenant, job, [order, name] { order->push_back(name); });
 }
 
 // Runs every queued task; their names in the order run.
@@ -67,6 +69,22 @@ TEST(FairQueueTest, TheTurnOutlivesAnEmptyQueue) {
   PushNamed(&queue, "c", "c0", &order);
   RunAll(&queue);  // a served last: c first
   EXPECT_EQ(order, (std::vector<std::string>{"a0", "b0", "a1", "c0", "a2"}));
+}
+
+// One tenant's two job ids get one turn between them, not two: the other
+// tenant's steps come every other task.
+TEST(FairQueueTest, ATenantsJobsShareItsTurn) {
+  FairQueue queue;
+  std::vector<std::string> order;
+  for (int i = 0; i < 3; ++i) {
+    PushNamed(&queue, "a/1", "a1-" + std::to_string(i), &order, "a/");
+    PushNamed(&queue, "a/2", "a2-" + std::to_string(i), &order, "a/");
+  }
+  PushNamed(&queue, "b/1", "b0", &order, "b/");
+  PushNamed(&queue, "b/1", "b1", &order, "b/");
+  RunAll(&queue);
+  EXPECT_EQ(order, (std::vector<std::string>{"a1-0", "b0", "a2-0", "b1", "a1-1", "a2-1", "a1-2",
+                                             "a2-2"}));
 }
 
 }  // namespace
