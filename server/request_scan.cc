@@ -38,6 +38,9 @@ constexpr int64_t kStringBytes = sizeof(std::string) + 32;
 // (heap), and the set itself the first time.
 constexpr int64_t kUnknownFieldBytes = sizeof(google::protobuf::UnknownField) * kGrowth;
 constexpr int64_t kUnknownFieldSetBytes = sizeof(google::protobuf::UnknownFieldSet) + 64;
+// A message object made on the arena: its alignment, and its share of the
+// arena's block headers and of the room blocks leave unused.
+constexpr int64_t kArenaObjectBytes = 32;
 // A call's fixed part: the arena's first blocks and gRPC's own state.
 constexpr int64_t kCallBytes = 16 << 10;
 
@@ -154,7 +157,8 @@ class RequestScanner::Walk {
   bool Nested(Body body);
   bool KnownField(const MessagePlan::Field& field, int wire, int64_t* values);
   bool Packed(const MessagePlan::Field& field, int64_t* values);
-  bool String(const MessagePlan::Field& field);
+  // `made`: the parser makes a string object for it (else it reuses one).
+  bool String(const MessagePlan::Field& field, bool made);
   bool Unknown(int wire, bool* first_in_message);
   bool Skip(int wire);
 
@@ -204,7 +208,8 @@ bool RequestScanner::Walk::Nested(Body body) {
 }
 
 bool RequestScanner::Walk::Message(const MessagePlan& plan) {
-  // Values of each repeated field in this message, by field index.
+  // Values of each field in this message (occurrences of a singular one),
+  // by field index.
   absl::InlinedVector<int64_t, 16> values(plan.fields.size(), 0);
   bool unknown_seen = false;
   for (;;) {
@@ -248,20 +253,24 @@ bool RequestScanner::Walk::Message(const MessagePlan& plan) {
 
 bool RequestScanner::Walk::KnownField(const MessagePlan::Field& field, int wire,
                                       int64_t* values) {
+  // A singular message or string sent again is merged into (or replaces)
+  // the first: its object is made once.
+  const bool made = field.descriptor->is_repeated() || *values == 0;
   if (field.message != nullptr) {
     if (depth_ >= RequestBounds::kMaxDepth) return false;  // Covers keeps plans shallower
     path_[depth_++] = Step{field.descriptor, *values};
     ++*values;
-    shape_.parsed_bytes += field.parsed_bytes;
+    if (made) shape_.parsed_bytes += field.parsed_bytes;
     const bool ok = Nested([&] { return Message(*field.message); });
     --depth_;
     return ok;
   }
-  if (wire == kLengthDelimited) return String(field);
-  if (field.descriptor->is_repeated()) {
+  if (wire == kLengthDelimited) {
     ++*values;
-    shape_.parsed_bytes += field.parsed_bytes;
+    return String(field, made);
   }
+  if (field.descriptor->is_repeated()) shape_.parsed_bytes += field.parsed_bytes;
+  ++*values;
   return Skip(wire);
 }
 
@@ -288,10 +297,10 @@ bool RequestScanner::Walk::Packed(const MessagePlan::Field& field, int64_t* valu
   return ok;
 }
 
-bool RequestScanner::Walk::String(const MessagePlan::Field& field) {
+bool RequestScanner::Walk::String(const MessagePlan::Field& field, bool made) {
   uint32_t length = 0;
   if (!in_.ReadVarint32(&length) || length > INT_MAX) return false;
-  shape_.parsed_bytes += field.parsed_bytes;
+  if (made) shape_.parsed_bytes += field.parsed_bytes;
   const FieldBound* bound = field.bound;
   const bool over = bound != nullptr && int64_t{length} > bound->per_message;
   if (over) {
@@ -367,7 +376,7 @@ const RequestScanner::MessagePlan& RequestScanner::PlanOf(const Descriptor* mess
     field.bound = bounds_.Of(descriptor);
     if (descriptor->type() == FieldDescriptor::TYPE_MESSAGE) {
       field.message = &PlanOf(descriptor->message_type());
-      field.parsed_bytes = ObjectBytes(descriptor->message_type()) +
+      field.parsed_bytes = ObjectBytes(descriptor->message_type()) + kArenaObjectBytes +
                            (descriptor->is_repeated() ? kGrowth * int64_t{sizeof(void*)} : 0);
     } else if (field.wire == kLengthDelimited) {
       field.parsed_bytes =

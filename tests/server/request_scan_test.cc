@@ -1,43 +1,85 @@
-// The wire scan that admits a request before it is parsed: its counts are
+// The wire scan that admits a request before it is parsed: it follows the
+// request messages' descriptors (every field of every request message is
+// bounded, and a field added without a bound fails here), its counts are
 // the parser's, its refusals name the field and the limit, the memory it
-// estimates bounds what parsing takes, and the receive limit it derives
-// admits the largest valid request.
+// estimates bounds what parsing takes for the costliest form of every
+// field, and the receive limit it derives admits the largest valid request.
 #include "server/request_scan.h"
 
 #include <malloc.h>
 
 #include <cstdint>
 #include <iostream>
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/descriptor.pb.h"
+#include "google/protobuf/dynamic_message.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
 #include "knapformer/v1/planner.pb.h"
 #include "planner/measured_cost.h"
 #include "planner/measured_fit.h"
 #include "server/arena_messages.h"
+#include "server/request_bounds.h"
+#include "tests/server/costly_requests.h"
 #include "tests/server/wire_bytes.h"
 
 namespace knapformer {
 namespace {
 
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
 using ::testing::HasSubstr;
 using testing_util::Field;
 using testing_util::Tag;
 using testing_util::Varint;
 
-absl::StatusOr<RequestShape> ScanPlan(const std::string& bytes) {
+absl::StatusOr<RequestShape> ScanAs(const Descriptor* message, const std::string& bytes,
+                                    const ServiceLimits& limits = ServiceLimits()) {
+  const RequestScanner scanner(limits);
   google::protobuf::io::ArrayInputStream input(bytes.data(), static_cast<int>(bytes.size()),
                                                /*block_size=*/7);  // values cross blocks
-  return ScanPlanRequest(&input);
+  return scanner.Scan(message, &input);
 }
 
-absl::StatusOr<RequestShape> ScanGroup(const std::string& bytes) {
-  google::protobuf::io::ArrayInputStream input(bytes.data(), static_cast<int>(bytes.size()),
-                                               /*block_size=*/7);
-  return ScanPlanGroupRequest(&input);
+absl::StatusOr<RequestShape> ScanPlan(const std::string& bytes,
+                                      const ServiceLimits& limits = ServiceLimits()) {
+  return ScanAs(v1::PlanRequest::descriptor(), bytes, limits);
+}
+
+absl::StatusOr<RequestShape> ScanGroup(const std::string& bytes,
+                                       const ServiceLimits& limits = ServiceLimits()) {
+  return ScanAs(v1::PlanGroupRequest::descriptor(), bytes, limits);
+}
+
+// The values of every repeated field of `message` and the messages it
+// holds, as the parser made them (reflection: the oracle the scan's counts
+// are held to).
+void ParsedValues(const google::protobuf::Message& message,
+                  std::map<const FieldDescriptor*, int64_t>* values) {
+  const google::protobuf::Reflection* reflection = message.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  reflection->ListFields(message, &fields);
+  for (const FieldDescriptor* field : fields) {
+    if (field->is_repeated()) (*values)[field] += reflection->FieldSize(message, field);
+    if (field->type() != FieldDescriptor::TYPE_MESSAGE) continue;
+    if (field->is_repeated()) {
+      for (int i = 0; i < reflection->FieldSize(message, field); ++i) {
+        ParsedValues(reflection->GetRepeatedMessage(message, field, i), values);
+      }
+    } else {
+      ParsedValues(reflection->GetMessage(message, field), values);
+    }
+  }
+}
+
+std::map<const FieldDescriptor*, int64_t> ParsedValues(const google::protobuf::Message& message) {
+  std::map<const FieldDescriptor*, int64_t> values;
+  ParsedValues(message, &values);
+  return values;
 }
 
 v1::AttentionMask SpansMask(int spans) {
@@ -71,21 +113,17 @@ v1::PlanGroupRequest GroupRequest() {
 }
 
 TEST(RequestScanTest, CountsWhatTheParserFinds) {
-  const v1::PlanGroupRequest request = GroupRequest();
+  v1::PlanGroupRequest request = GroupRequest();
+  for (int i = 0; i < 5; ++i) request.mutable_spec()->mutable_measured_attention()->add_pairs(i);
   absl::StatusOr<RequestShape> shape = ScanGroup(request.SerializeAsString());
   ASSERT_TRUE(shape.ok()) << shape.status();
-  EXPECT_TRUE(shape->group);
+  EXPECT_TRUE(shape->over_limit.ok()) << shape->over_limit;
+  EXPECT_EQ(shape->message, v1::PlanGroupRequest::descriptor());
   EXPECT_EQ(shape->job_id, "ns/job-1");
   EXPECT_EQ(shape->wire_bytes, static_cast<int64_t>(request.ByteSizeLong()));
-  EXPECT_EQ(shape->ranks, 3);
-  EXPECT_EQ(shape->timings, 3);
-  EXPECT_EQ(shape->timing_weights, 3 * kPairGridPoints);
-  EXPECT_EQ(shape->sequences, 6);
-  EXPECT_EQ(shape->masks, 6);
-  EXPECT_EQ(shape->span_lengths, 1 + (1 + 2) + (1 + 2 + 3));
-  EXPECT_EQ(shape->span_flags, shape->span_lengths);
-  EXPECT_EQ(shape->rank_sequences, 3);
-  EXPECT_EQ(shape->fullest_rank, 2);
+  EXPECT_EQ(shape->values, ParsedValues(request));
+  const auto* ranks = v1::PlanGroupRequest::descriptor()->FindFieldByName("ranks");
+  EXPECT_EQ(shape->values.at(ranks), 3);
   EXPECT_EQ(shape->unknown_fields, 0);
 
   v1::PlanRequest plan;
@@ -96,29 +134,34 @@ TEST(RequestScanTest, CountsWhatTheParserFinds) {
   plan.mutable_previous()->set_compute_seconds(1);
   shape = ScanPlan(plan.SerializeAsString());
   ASSERT_TRUE(shape.ok()) << shape.status();
-  EXPECT_FALSE(shape->group);
-  EXPECT_EQ(shape->ranks, 1);
-  EXPECT_EQ(shape->sequences, 3);
-  EXPECT_EQ(shape->masks, 3);
-  EXPECT_EQ(shape->span_lengths, 6);
+  EXPECT_EQ(shape->values, ParsedValues(plan));
+
+  v1::GetJobRequest get_job;
+  get_job.set_job_id("ns/job-2");
+  shape = ScanAs(v1::GetJobRequest::descriptor(), get_job.SerializeAsString());
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->job_id, "ns/job-2");
 }
 
 TEST(RequestScanTest, CountsUnpackedValuesUnknownFieldsAndTheLastJobId) {
   // Lengths 5 and 300 packed, then 7 unpacked (the parser takes both); an
   // int32 field sent length-delimited and a field this server lacks are
-  // unknown; the second spec's job id is the one the parser keeps.
+  // unknown, in the request and inside the spec's measured table; the
+  // second spec's job id is the one the parser keeps.
   std::string rank = Field(1, Varint(5) + Varint(300)) + Tag(1, 0) + Varint(7);
-  std::string bytes = Field(1, Field(1, "first") + Field(4, "x")) + Field(2, rank) +
-                      Tag(99, 0) + Varint(1) + Field(1, Field(1, "second"));
+  std::string table = Tag(1, 1) + std::string(8, '\0') + Tag(7, 0) + Varint(3);
+  std::string bytes = Field(1, Field(1, "first") + Field(4, "x") + Field(15, table)) +
+                      Field(2, rank) + Tag(99, 0) + Varint(1) + Field(1, Field(1, "second"));
   v1::PlanGroupRequest parsed;
   ASSERT_TRUE(parsed.ParseFromString(bytes));
   absl::StatusOr<RequestShape> shape = ScanGroup(bytes);
   ASSERT_TRUE(shape.ok()) << shape.status();
   EXPECT_EQ(shape->job_id, parsed.spec().job_id());
   EXPECT_EQ(shape->job_id, "second");
-  EXPECT_EQ(shape->sequences, parsed.ranks(0).sequence_lengths_size());
-  EXPECT_EQ(shape->sequences, 3);
-  EXPECT_EQ(shape->unknown_fields, 2);
+  EXPECT_EQ(shape->values, ParsedValues(parsed));
+  EXPECT_EQ(parsed.ranks(0).sequence_lengths_size(), 3);
+  EXPECT_EQ(parsed.spec().measured_attention().pairs_size(), 1);
+  EXPECT_EQ(shape->unknown_fields, 3);
 }
 
 TEST(RequestScanTest, RefusesWhatTheParserRefuses) {
@@ -132,60 +175,138 @@ TEST(RequestScanTest, RefusesWhatTheParserRefuses) {
     EXPECT_EQ(shape.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(shape.status().message(), HasSubstr("not a valid PlanGroupRequest (malformed at"));
   }
-  // A group (wire type 3) is in no knapformer message.
+  // Field number 0, and wire types 6 and 7, are no protobuf at all.
+  for (const std::string& bad : {Tag(0, 0) + Varint(1), Tag(5, 6), Tag(5, 7)}) {
+    v1::PlanRequest parsed;
+    EXPECT_FALSE(parsed.ParseFromString(bad));
+    EXPECT_FALSE(ScanPlan(bad).ok());
+  }
+  // A group (wire type 3) is in no request message; the scan refuses it,
+  // known field or not, nested or not.
   EXPECT_FALSE(ScanPlan(Tag(9, 3) + Tag(9, 4)).ok());
+  EXPECT_FALSE(ScanPlan(Field(1, Tag(15, 3) + Tag(15, 4))).ok());
   // A job id longer than any valid one is refused unread.
   absl::StatusOr<RequestShape> shape = ScanPlan(Field(1, Field(1, std::string(300, 'j'))));
   ASSERT_FALSE(shape.ok());
   EXPECT_THAT(shape.status().message(),
               HasSubstr("spec.job_id: 300 characters exceed the limit of 256"));
+  shape = ScanAs(v1::GetJobRequest::descriptor(), Field(1, std::string(257, 'j')));
+  ASSERT_FALSE(shape.ok());
+  EXPECT_THAT(shape.status().message(), HasSubstr("job_id: 257 characters exceed the limit"));
 }
 
 TEST(RequestScanTest, RefusesEachLimitByName) {
   const std::string bytes = GroupRequest().SerializeAsString();
   absl::StatusOr<RequestShape> shape = ScanGroup(bytes);
   ASSERT_TRUE(shape.ok());
-  EXPECT_TRUE(CheckRequestShape(*shape, ServiceLimits()).ok());
+  EXPECT_TRUE(shape->over_limit.ok());
   struct Case {
     void (*narrow)(ServiceLimits*);
+    absl::StatusCode code;
     const char* message;
   };
   const Case cases[] = {
-      {[](ServiceLimits* l) { l->max_world_size = 2; },
+      {[](ServiceLimits* l) { l->max_world_size = 2; }, absl::StatusCode::kResourceExhausted,
        "ranks: 3 entries exceed the limit of 2 ranks"},
       {[](ServiceLimits* l) { l->max_sequences_per_rank = 2; },
+       absl::StatusCode::kResourceExhausted,
        "ranks[2].sequence_lengths: 3 sequences exceed the limit of 2 per rank"},
       {[](ServiceLimits* l) { l->max_sequences_per_step = 5; },
-       "ranks: 6 sequences exceed the limit of 5 per step"},
+       absl::StatusCode::kResourceExhausted,
+       "ranks[].sequence_lengths: 6 sequences exceed the limit of 5 per step"},
       {[](ServiceLimits* l) { l->max_mask_spans_per_step = 9; },
-       "ranks[].attention_masks: 10 spans exceed the limit of 9 per step"},
+       absl::StatusCode::kResourceExhausted,
+       "ranks[].attention_masks[].span_lengths: 10 spans exceed the limit of 9 per step"},
   };
   for (const Case& c : cases) {
     ServiceLimits limits;
     c.narrow(&limits);
-    const absl::Status status = CheckRequestShape(*shape, limits);
-    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << c.message;
+    const absl::Status status = ScanGroup(bytes, limits)->over_limit;
+    EXPECT_EQ(status.code(), c.code) << c.message;
     EXPECT_THAT(status.message(), HasSubstr(c.message));
   }
-  // A timing with more values than grid points (a PlanRequest's previous
-  // sent twice merges into one).
+  // Malformed sizes: a timing with more values than grid points (a
+  // PlanRequest's previous sent twice merges into one), a measured table
+  // over its points, a mask over its spans, a topology over its length.
   v1::PlanRequest plan;
   for (int j = 0; j <= kPairGridPoints; ++j) {
     plan.mutable_previous()->add_attention_by_pair_point(1);
   }
+  for (int i = 0; i <= MeasuredAttention::kMaxPoints; ++i) {
+    plan.mutable_spec()->mutable_measured_attention()->add_work(1);
+  }
+  v1::AttentionMask* mask = plan.add_attention_masks();
+  for (int i = 0; i <= 4096; ++i) mask->add_span_causal(true);
   shape = ScanPlan(plan.SerializeAsString());
   ASSERT_TRUE(shape.ok());
-  EXPECT_THAT(CheckRequestShape(*shape, ServiceLimits()).message(),
+  EXPECT_EQ(shape->over_limit.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(shape->over_limit.message(),
+              HasSubstr("spec.measured_attention.work: 1025 points exceed the limit of 1024 per "
+                        "table"));
+  plan.mutable_spec()->clear_measured_attention();
+  EXPECT_THAT(ScanPlan(plan.SerializeAsString())->over_limit.message(),
               HasSubstr("previous.attention_by_pair_point: 33 values exceed the limit of 32 (one "
-                        "per grid point per timing)"));
+                        "per grid point)"));
+  plan.clear_previous();
+  EXPECT_THAT(ScanPlan(plan.SerializeAsString())->over_limit.message(),
+              HasSubstr("attention_masks[0].span_causal: 4097 spans exceed the limit of 4096 per "
+                        "mask"));
+  plan.clear_attention_masks();
+  plan.mutable_spec()->set_topology(std::string(4097, 'g'));
+  EXPECT_THAT(ScanPlan(plan.SerializeAsString())->over_limit.message(),
+              HasSubstr("spec.topology: 4097 characters exceed the limit of 4096"));
   // 64 MiB of zero lengths in one rank: refused by count, nothing parsed.
   const std::string zeros = Field(2, Field(1, std::string(64 << 20, '\0')));
   shape = ScanGroup(zeros);
   ASSERT_TRUE(shape.ok());
-  EXPECT_EQ(shape->sequences, int64_t{64} << 20);
-  EXPECT_THAT(CheckRequestShape(*shape, ServiceLimits()).message(),
+  EXPECT_THAT(shape->over_limit.message(),
               HasSubstr("ranks[0].sequence_lengths: 67108864 sequences exceed the limit of 65536 "
                         "per rank"));
+}
+
+// The scan accounts for every field of every request message: each
+// repeated and string field has a bound, and none is of a kind the scan
+// cannot price.
+TEST(RequestBoundsTest, EveryFieldOfEveryRequestMessageIsBounded) {
+  const RequestBounds bounds{ServiceLimits()};
+  for (const Descriptor* request : ScannedRequests()) {
+    EXPECT_TRUE(bounds.Covers(request).ok()) << bounds.Covers(request);
+  }
+}
+
+// ...and a message with a field it cannot bound fails Covers, naming it: a
+// request message grown a repeated field, a map and a nested copy of itself.
+TEST(RequestBoundsTest, AFieldWithoutABoundIsNamed) {
+  google::protobuf::FileDescriptorProto file;
+  file.set_name("grown.proto");
+  file.set_package("grown");
+  file.set_syntax("proto3");
+  google::protobuf::DescriptorProto* message = file.add_message_type();
+  message->set_name("Request");
+  auto add = [&](const char* name, int number, google::protobuf::FieldDescriptorProto::Type type,
+                 bool repeated) {
+    google::protobuf::FieldDescriptorProto* field = message->add_field();
+    field->set_name(name);
+    field->set_number(number);
+    field->set_type(type);
+    field->set_label(repeated ? google::protobuf::FieldDescriptorProto::LABEL_REPEATED
+                              : google::protobuf::FieldDescriptorProto::LABEL_OPTIONAL);
+    return field;
+  };
+  add("lengths", 1, google::protobuf::FieldDescriptorProto::TYPE_INT64, true);
+  add("note", 2, google::protobuf::FieldDescriptorProto::TYPE_STRING, false);
+  add("again", 3, google::protobuf::FieldDescriptorProto::TYPE_MESSAGE, false)
+      ->set_type_name(".grown.Request");
+  google::protobuf::DescriptorPool pool;
+  const google::protobuf::FileDescriptor* built = pool.BuildFile(file);
+  ASSERT_NE(built, nullptr);
+  const absl::Status covered = RequestBounds(ServiceLimits()).Covers(built->message_type(0));
+  EXPECT_EQ(covered.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(covered.message(),
+              HasSubstr("grown.Request.lengths: a repeated field without a bound"));
+  EXPECT_THAT(covered.message(), HasSubstr("grown.Request.note: a string field without a bound"));
+  EXPECT_THAT(covered.message(),
+              HasSubstr("grown.Request.again: a message that holds itself (unbounded nesting)"));
 }
 
 // The heap this process holds (glibc's arenas and its mmapped chunks).
@@ -194,18 +315,27 @@ int64_t HeapBytes() {
   return static_cast<int64_t>(info.uordblks + info.hblkhd);
 }
 
-// Parses `bytes` onto an arena as the service does; the heap it took.
-template <typename Request, typename Response>
-int64_t ParsedBytes(const std::string& bytes) {
+// Parses `bytes` as a `message` onto an arena, as the service does; the
+// heap it took.
+int64_t ParsedBytes(const Descriptor* message, const std::string& bytes) {
   const int64_t before = HeapBytes();
-  auto* messages = new ArenaMessages<Request, Response>();
-  EXPECT_TRUE(messages->request()->ParseFromString(bytes));
-  const int64_t taken = HeapBytes() - before;
-  delete messages;
+  int64_t taken = 0;
+  auto measure = [&](auto* messages) {
+    EXPECT_TRUE(messages->request()->ParseFromString(bytes)) << message->name();
+    taken = HeapBytes() - before;
+    delete messages;
+  };
+  if (message == v1::PlanRequest::descriptor()) {
+    measure(new ArenaMessages<v1::PlanRequest, v1::PlanResponse>());
+  } else if (message == v1::PlanGroupRequest::descriptor()) {
+    measure(new ArenaMessages<v1::PlanGroupRequest, v1::PlanGroupResponse>());
+  } else {
+    measure(new ArenaMessages<v1::GetJobRequest, v1::JobState>());
+  }
   return taken;
 }
 
-TEST(RequestScanTest, EstimateBoundsWhatParsingTakes) {
+TEST(RequestScanTest, EstimateBoundsWhatParsingTakesForEveryFieldsCostliestForm) {
   {
     const int64_t before = HeapBytes();
     std::string probe(1 << 20, 'x');
@@ -213,38 +343,19 @@ TEST(RequestScanTest, EstimateBoundsWhatParsingTakes) {
       GTEST_SKIP() << "the heap is not glibc's (a sanitizer's allocator?): nothing to measure";
     }
   }
-  // The shapes that cost most per byte sent, each at a per-rank or per-step
-  // limit's size, and the ordinary request.
-  const int kCount = 1 << 16;
-  std::string empty_masks, spans, empty_ranks, unknown, timings;
-  for (int i = 0; i < kCount; ++i) {
-    empty_masks += Field(2, "");
-    empty_ranks += Field(2, "");
-    unknown += Tag(99, 0) + Varint(0);
-    timings += Field(4, "");
-  }
-  std::string span_run(kCount, '\1');
-  spans = Field(2, Field(2, Field(3, span_run) + Field(4, span_run)));
-  const struct {
-    const char* name;
-    std::string bytes;
-  } cases[] = {
-      {"zero lengths", Field(2, Field(1, std::string(kCount, '\0')))},
-      {"empty masks", Field(2, Field(1, std::string(kCount, '\0')) + empty_masks)},
-      {"spans", spans},
-      {"empty ranks", empty_ranks},
-      {"unknown fields", unknown},
-      {"timings", timings},
-      {"ordinary", GroupRequest().SerializeAsString()},
-  };
-  for (const auto& c : cases) {
-    absl::StatusOr<RequestShape> shape = ScanGroup(c.bytes);
+  std::vector<testing_util::CostlyRequest> cases = testing_util::CostlyRequests(1 << 16);
+  testing_util::CostlyRequest ordinary{v1::PlanGroupRequest::descriptor(), "ordinary",
+                                       GroupRequest().SerializeAsString()};
+  cases.push_back(ordinary);
+  ASSERT_GT(cases.size(), 40u);  // every field of every request message, and unknowns
+  for (const testing_util::CostlyRequest& c : cases) {
+    absl::StatusOr<RequestShape> shape = ScanAs(c.request, c.bytes);
     ASSERT_TRUE(shape.ok()) << c.name << ": " << shape.status();
     const int64_t estimate = EstimatedParsedBytes(*shape);
-    const int64_t parsed = ParsedBytes<v1::PlanGroupRequest, v1::PlanGroupResponse>(c.bytes);
-    EXPECT_GE(estimate, parsed) << c.name;
+    const int64_t parsed = ParsedBytes(c.request, c.bytes);
+    EXPECT_GE(estimate, parsed + shape->wire_bytes) << c.name;  // the call holds the bytes too
     // Not so loose that the limits it enforces mean nothing.
-    EXPECT_LE(estimate, 8 * parsed + (64 << 10)) << c.name;
+    EXPECT_LE(estimate - shape->wire_bytes, 8 * parsed + (64 << 10)) << c.name;
     std::cout << c.name << ": " << c.bytes.size() << " bytes sent, " << parsed
               << " parsed, estimated " << estimate << "\n";
   }
@@ -260,7 +371,7 @@ TEST(RequestScanTest, ReceiveLimitAdmitsTheLargestValidRequest) {
   v1::StepSpec* spec = request.mutable_spec();
   spec->set_job_id(std::string(256, 'j'));
   spec->set_group_id(std::string(256, 'g'));
-  spec->set_topology("g1n1+g1n1+g1n1+g1n1");
+  spec->set_topology(std::string(4096, 'g'));  // as long as any
   spec->set_world_size(4);
   spec->set_step(~uint64_t{0});
   spec->set_d_model(INT32_MAX);
@@ -295,14 +406,18 @@ TEST(RequestScanTest, ReceiveLimitAdmitsTheLargestValidRequest) {
     timing->set_attention_work(1);
     for (int j = 0; j < kPairGridPoints; ++j) timing->add_attention_by_pair_point(1);
   }
+  absl::StatusOr<RequestShape> shape = ScanGroup(request.SerializeAsString(), limits);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_TRUE(shape->over_limit.ok()) << shape->over_limit;  // at the limits, not past them
   EXPECT_LE(static_cast<int64_t>(request.ByteSizeLong()), MaxRequestWireBytes(limits));
   EXPECT_EQ(ReceiveLimitBytes(limits), MaxRequestWireBytes(limits));
   limits.max_message_bytes = 4096;
   EXPECT_EQ(ReceiveLimitBytes(limits), 4096);
-  // The defaults' receive limit: under gRPC's old 64 MiB, over the sizes
-  // the defaults admit.
+  // The defaults' receive limit: over the sizes the defaults admit, under
+  // 80 MiB.
   const int64_t defaults = MaxRequestWireBytes(ServiceLimits());
-  EXPECT_LT(defaults, 64 << 20);
+  std::cout << "receive limit with the default limits: " << defaults << " bytes\n";
+  EXPECT_LT(defaults, 80 << 20);
   EXPECT_GT(defaults, 5 * ServiceLimits().max_sequences_per_step);
 }
 
