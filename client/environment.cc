@@ -22,7 +22,8 @@ absl::Status ApplyClientEnvironment(PlannerClientOptions* planner, std::string* 
   }
   if (const char* group = get("KNAPFORMER_GROUP_ID")) new_group = group;
   for (auto [name, field] : {std::pair{"KNAPFORMER_REQUIRE_PLANNER", &new_planner.require_service},
-                             std::pair{"KNAPFORMER_LOG_STEPS", &new_planner.log_steps}}) {
+                             std::pair{"KNAPFORMER_LOG_STEPS", &new_planner.log_steps},
+                             std::pair{"KNAPFORMER_PLANNER_MESH_TLS", &new_planner.mesh_tls}}) {
     const char* text = get(name);
     if (text == nullptr) continue;
     const std::string value = text;

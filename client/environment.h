@@ -14,7 +14,10 @@
 //   KNAPFORMER_REQUIRE_PLANNER           1/true: a step the service does not
 //                                        plan is an error, not a local plan
 //   KNAPFORMER_PLANNER_TOKEN             the job token (serve --auth=token;
-//                                        knapformer token --job ID)
+//                                        knapformer token --job ID --ttl 30d)
+//   KNAPFORMER_PLANNER_MESH_TLS          1/true: a service mesh encrypts the
+//                                        connection, the token may go over
+//                                        plaintext (mesh_tls)
 //   KNAPFORMER_PLANNER_TLS_CA            PEM: TLS to the planner, verified
 //                                        against this CA
 //   KNAPFORMER_PLANNER_TLS_CERT, _KEY    PEM: this client's certificate and

@@ -546,6 +546,15 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
     if (absl::Status valid = CheckPlannerTarget(options.address); !valid.ok()) return valid;
   }
   if (absl::Status valid = CheckPlannerToken(options.token); !valid.ok()) return valid;
+  if (!options.token.empty() && has_service && options.credentials == nullptr &&
+      !options.tls.enabled() && !options.mesh_tls && !PlannerTargetIsLocal(options.address)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "planner_token: the token would cross the network in clear to '", options.address,
+        "' (no TLS): set planner_tls (the CA of the planner's certificate; "
+        "KNAPFORMER_PLANNER_TLS_CA), or planner_mesh_tls=True where a service mesh encrypts "
+        "the connection (KNAPFORMER_PLANNER_MESH_TLS=1); loopback and unix: addresses need "
+        "neither"));
+  }
   // Every rank reads the TLS files (not only the one that connects), so
   // that a missing file is every rank's error when the client is made.
   if (options.credentials == nullptr && options.tls.enabled()) {

@@ -57,10 +57,16 @@ struct PlannerClientOptions {
   // client is made; ignored when `credentials` is set.
   PlannerTls tls;
   // The job token of a planner run with --auth=token (`knapformer token
-  // --job ID` mints it for this job id), sent as "authorization: Bearer
-  // <token>" with every call, probes included. Over plaintext anyone on the
-  // path can read it: use TLS where the network is shared. Empty = none.
+  // --job ID --ttl 30d` mints it for this job id), sent as "authorization:
+  // Bearer <token>" with every call, probes included. Never in clear over a
+  // network: Create refuses a token without TLS (`tls`) unless the address
+  // stays on this machine (PlannerTargetIsLocal) or mesh_tls says a service
+  // mesh encrypts the connection. (Given `credentials`, the caller vouches
+  // for them.) Empty = none.
   std::string token;
+  // A service mesh (a sidecar proxy: Istio, Linkerd) encrypts the
+  // connection to the planner, so the token may leave over plaintext.
+  bool mesh_tls = false;
   // Deadline of one step's request, shared by its attempts. Keep it longer
   // than the server's rendezvous timeout, so that a missing rank is
   // reported by the server (naming it).

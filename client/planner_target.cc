@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/loopback.h"
 
 namespace knapformer {
 namespace {
@@ -155,10 +156,10 @@ int PlannerAddressReplicas(const std::vector<std::string>& addresses) {
     in6_addr a6;
     if (inet_pton(AF_INET, address.c_str(), &a4) == 1) {
       v4.insert(address);
-      all_loopback = all_loopback && (ntohl(a4.s_addr) >> 24) == 127;
+      all_loopback = all_loopback && IsLoopbackHost(address);
     } else if (inet_pton(AF_INET6, address.c_str(), &a6) == 1) {
       v6.insert(address);
-      all_loopback = all_loopback && IN6_IS_ADDR_LOOPBACK(&a6);
+      all_loopback = all_loopback && IsLoopbackHost(address);
     } else {
       all_loopback = false;
       v4.insert(address);  // not numeric: counted as itself
@@ -166,6 +167,25 @@ int PlannerAddressReplicas(const std::vector<std::string>& addresses) {
   }
   if (all_loopback) return 1;
   return std::max<int>(1, static_cast<int>(std::max(v4.size(), v6.size())));
+}
+
+bool PlannerTargetIsLocal(const std::string& target) {
+  if (absl::StartsWith(target, "unix:") || absl::StartsWith(target, "unix-abstract:")) {
+    return true;
+  }
+  if (const auto listed = ListedAddresses(target)) {
+    return !listed->empty() && std::all_of(listed->begin(), listed->end(),
+                                           [](absl::string_view address) {
+                                             return IsLoopbackHost(HostOf(address));
+                                           });
+  }
+  absl::string_view name = target;
+  if (absl::StartsWith(name, "dns:")) {
+    name = UriPath(name.substr(4));
+  } else if (name.find("://") != absl::string_view::npos) {
+    return false;
+  }
+  return IsLoopbackHost(HostOf(name));
 }
 
 int PlannerTargetReplicas(const std::string& target) {

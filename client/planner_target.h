@@ -30,6 +30,12 @@ int PlannerTargetReplicas(const std::string& target);
 // refused: it may later, and the client plans locally meanwhile.
 absl::Status CheckPlannerTarget(const std::string& target);
 
+// Whether every address `target` names stays on this machine: a unix
+// socket, or loopback hosts (localhost, 127.0.0.0/8, ::1) by name, in a
+// dns: target or in an ipv4:/ipv6: list. Other names are not, whatever they
+// resolve to now. Where a job token may go without TLS.
+bool PlannerTargetIsLocal(const std::string& target);
+
 // How many planners a resolved name's numeric addresses are: the larger of
 // its distinct IPv4 and IPv6 counts (a dual-stack host is one), 1 when all
 // are loopback, and at least 1.

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -204,6 +205,10 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     // Its own server, so that nothing but health answers in plaintext.
     grpc::ServerBuilder health_builder;
     health_builder.SetOption(std::make_unique<PluginsOption>(/*reflection=*/false));
+    // Every other method is UNIMPLEMENTED there (and the server needs a
+    // service of its own to start: health is added as it starts).
+    server->health_unimplemented_ = std::make_unique<grpc::CallbackGenericService>();
+    health_builder.RegisterCallbackGenericService(server->health_unimplemented_.get());
     health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     health_builder.AddListeningPort(options.health_address, grpc::InsecureServerCredentials(),
                                     &server->health_port_);

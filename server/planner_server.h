@@ -12,6 +12,7 @@
 #include "server/planner_service.h"
 
 namespace grpc {
+class CallbackGenericService;
 class Server;
 }  // namespace grpc
 namespace prometheus {
@@ -113,6 +114,9 @@ class PlannerServer {
   std::string metrics_wake_host_;  // where StopMetrics connects to wake civetweb
   std::unique_ptr<PlannerService> service_;  // outlives server_
   std::unique_ptr<grpc::Server> server_;
+  // Answers the health-only listener's other methods UNIMPLEMENTED;
+  // outlives health_server_.
+  std::unique_ptr<grpc::CallbackGenericService> health_unimplemented_;
   std::unique_ptr<grpc::Server> health_server_;  // health_address's
   std::unique_ptr<prometheus::Exposer> exposer_;
   absl::Mutex shutdown_mu_;

@@ -109,8 +109,8 @@ std::map<std::string, Rendezvous::Job>::iterator Rendezvous::EvictionVictim(
     if (job.pending != 0) continue;
     if (job.planned && job.last_activity + limits_.rendezvous_timeout > now) continue;
     // Another tenant's job only to a tenant within its own limit, and only
-    // from a tenant holding more jobs than it will.
-    if (job.tenant != tenant && (tenant_full || jobs_by_tenant[job.tenant] <= own + 1)) continue;
+    // from a tenant holding at least as many jobs as it will.
+    if (job.tenant != tenant && (tenant_full || jobs_by_tenant[job.tenant] <= own)) continue;
     if (victim == jobs_.end() || better(job, victim->second)) victim = it;
   }
   return victim;
@@ -132,16 +132,17 @@ absl::StatusOr<Rendezvous::Place> Rendezvous::FindOrCreateGroup(const v1::StepSp
       // training, nor take another tenant's room beyond its share.
       auto victim = EvictionVictim(tenant, tenant_full, now);
       if (victim == jobs_.end()) {
-        const std::string held =
-            tenant_full ? absl::StrCat("tenant '", tenant, "' already has ", tenant_jobs,
-                                       " jobs, its limit (max_jobs_per_tenant)")
-                        : absl::StrCat("the server already tracks ", jobs_.size(),
-                                       " jobs, its limit, and no other tenant holds more than "
-                                       "tenant '", tenant, "'");
         return absl::ResourceExhaustedError(absl::StrCat(
-            "spec.job_id: ", held, ", and each of its jobs has a step waiting for ranks or "
-            "planned one within the rendezvous timeout (a job with nothing pending makes room; "
-            "idle jobs are forgotten after ",
+            "spec.job_id: ",
+            tenant_full
+                ? absl::StrCat("tenant '", tenant, "' already has ", tenant_jobs,
+                               " jobs, its limit (max_jobs_per_tenant), and none of them may "
+                               "make room: each")
+                : absl::StrCat("the server already tracks ", jobs_.size(),
+                               " jobs, its limit, and none may make room for tenant '", tenant,
+                               "': each is another tenant's holding no more jobs than it, or"),
+            " has a step waiting for ranks or planned one within the rendezvous timeout (idle "
+            "jobs are forgotten after ",
             absl::FormatDuration(limits_.job_ttl), ")"));
       }
       evicted_.push_back(victim->first);

@@ -236,7 +236,7 @@ class Rendezvous {
   // idle job (nothing pending, and never planned or idle past the
   // rendezvous timeout: a job training is never evicted): its own tenant's
   // first, else, within its tenant's limit, one of a tenant holding more
-  // jobs than its own; ResourceExhausted when there is none.
+  // jobs than its own does; ResourceExhausted when there is none.
   absl::StatusOr<Place> FindOrCreateGroup(const v1::StepSpec& spec, const std::string& tenant,
                                           absl::Time now, bool* created = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

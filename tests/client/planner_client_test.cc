@@ -25,6 +25,7 @@
 #include "client/rank_report.pb.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
+#include "server/job_token.h"
 #include "server/planner_server.h"
 #include "tests/client/slow_connect_proxy.h"
 #include "transport/agreement.h"
@@ -249,22 +250,54 @@ TEST_P(EveryMode, AJobTokenIsSentWithEveryCall) {
   std::ofstream(keys) << key << "\n";
   PlannerServerOptions server_options;
   server_options.listen_address = "127.0.0.1:0";
-  server_options.auth = AuthMode::kToken;
-  server_options.auth_key_file = keys;
+  server_options.auth.mode = AuthMode::kToken;
+  server_options.auth.key_file = keys;
   auto server = PlannerServer::Start(server_options);
   ASSERT_TRUE(server.ok()) << server.status();
+  auto token = [&](const std::string& job) {
+    return MintToken(key, TokenKind::kJob, job, absl::Now() + absl::Hours(1), NewTokenId());
+  };
   PlannerClientOptions options;
   options.mode = GetParam();
   options.address = (*server)->address();
-  options.token = MintJobToken(key, "client-test");  // Spec's job
+  options.token = token("client-test");  // Spec's job
   ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kService);
 
-  options.token = MintJobToken(key, "another-job");
+  options.token = token("another-job");
   const auto results = RunSteps(options, 10, 1);
   ExpectCorePlans(results, 10, PlanSource::kLocal);
   for (int r = 0; r < kRanks; ++r) {
-    EXPECT_THAT(results[0][r]->local_reason, HasSubstr("not this planner's token")) << r;
+    EXPECT_THAT(results[0][r]->local_reason,
+                HasSubstr("the token is for job 'another-job', not for job 'client-test'"))
+        << r;
   }
+}
+
+// A token never leaves in clear over a network: without TLS it is refused
+// for any address but loopback and unix sockets, unless a mesh encrypts.
+TEST(PlannerClientTest, ATokenIsRefusedOverPlaintextOffThisMachine) {
+  auto transports = LocalTransport::CreateGroup(1, absl::Seconds(5));
+  PlannerClientOptions options;
+  options.token = "kf2.job.1.2.3.4.j";
+  for (const char* address : {"10.1.2.3:50051", "planner.ns.svc:50051", "dns:///planner:1"}) {
+    options.address = address;
+    auto client = PlannerClient::Create(options, transports[0].get());
+    ASSERT_FALSE(client.ok()) << address;
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(client.status().message()),
+                HasSubstr(absl::StrCat("planner_token: the token would cross the network in "
+                                       "clear to '", address, "' (no TLS)")));
+  }
+  options.mesh_tls = true;  // named as such: a mesh encrypts for it
+  EXPECT_TRUE(PlannerClient::Create(options, transports[0].get()).ok());
+  options.mesh_tls = false;
+  for (const char* address : {"127.0.0.1:50051", "[::1]:1", "unix:/run/planner.sock"}) {
+    options.address = address;
+    EXPECT_TRUE(PlannerClient::Create(options, transports[0].get()).ok()) << address;
+  }
+  options.address = "planner.ns.svc:50051";
+  options.token.clear();  // no token: plaintext is the caller's choice
+  EXPECT_TRUE(PlannerClient::Create(options, transports[0].get()).ok());
 }
 
 TEST(PlannerClientTest, UnusableCredentialsAreRefusedWhenTheClientIsMade) {

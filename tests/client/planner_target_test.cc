@@ -97,5 +97,24 @@ TEST(PlannerTargetTest, ATargetThatCanNeverWorkNamesWhyAndTheFormsExpected) {
   }
 }
 
+// Where a token may go without TLS: loopback and unix sockets only, by
+// what the target says (a name is not resolved: what it resolves to can
+// change).
+TEST(PlannerTargetTest, OnlyLoopbackAndUnixSocketsAreLocal) {
+  for (const char* local :
+       {"127.0.0.1:50051", "127.8.9.10:1", "localhost:50051", "LOCALHOST:1", "[::1]:50051",
+        "[::ffff:127.0.0.1]:1", "dns:///localhost:50051", "dns:///127.0.0.1:1",
+        "ipv4:127.0.0.1:1,127.0.0.2:2", "ipv6:[::1]:1", "unix:/run/planner.sock",
+        "unix-abstract:planner"}) {
+    EXPECT_TRUE(PlannerTargetIsLocal(local)) << local;
+  }
+  for (const char* remote :
+       {"10.0.0.1:50051", "0.0.0.0:50051", "planner.ns.svc:50051", "dns:///planner:1",
+        "ipv4:127.0.0.1:1,10.0.0.2:2", "[::]:1", "[2001:db8::1]:1", "xds:///planner",
+        "localhost.example.com:1"}) {
+    EXPECT_FALSE(PlannerTargetIsLocal(remote)) << remote;
+  }
+}
+
 }  // namespace
 }  // namespace knapformer

@@ -493,6 +493,13 @@ TEST(TokenServiceTest, AStrangerLearnsNothingAndTheJobsOwnTokenWorks) {
   // Nothing the stranger sent reached the victim's job: its steps are the
   // ones its own calls made.
   EXPECT_EQ(server->service().rendezvous().jobs(), 1);
+  // Reflection (whose requests are parsed whole before any credential is
+  // looked at) is served under --auth none only.
+  EXPECT_EQ(testing_util::ReflectionCode(channel), grpc::StatusCode::UNIMPLEMENTED);
+  auto open_server = StartServer();
+  ASSERT_NE(open_server, nullptr);
+  EXPECT_NE(testing_util::ReflectionCode(testing_util::LocalChannel(open_server->port())),
+            grpc::StatusCode::UNIMPLEMENTED);
   // The stranger's own job works with its token.
   const Calls stranger_own = CallAs(channel, "stranger", strangers, 0);
   EXPECT_TRUE(stranger_own.plan.ok()) << stranger_own.plan.error_message();

@@ -28,13 +28,18 @@ using ::testing::UnorderedElementsAre;
 const absl::Time kT0 = absl::FromUnixSeconds(1000);
 
 // A Plan call that only holds its request.
+// A rank's call; its tenant is its job unless given (as under --auth none).
 class FakeCall : public PendingCall {
  public:
-  explicit FakeCall(v1::PlanRequest request) : request_(std::move(request)) {}
+  explicit FakeCall(v1::PlanRequest request, std::string tenant = "")
+      : request_(std::move(request)),
+        tenant_(tenant.empty() ? request_.spec().job_id() : std::move(tenant)) {}
   const v1::PlanRequest& request() const override { return request_; }
+  const std::string& tenant() const override { return tenant_; }
 
  private:
   v1::PlanRequest request_;
+  std::string tenant_;
 };
 
 v1::StepSpec Spec(uint64_t step, int32_t world_size = 4, const std::string& job_id = "job",
@@ -57,6 +62,13 @@ std::unique_ptr<FakeCall> Call(const v1::StepSpec& spec, int32_t rank,
   request.set_rank(rank);
   for (int64_t length : lengths) request.add_sequence_lengths(length);
   return std::make_unique<FakeCall>(std::move(request));
+}
+
+// Creates `spec`'s job and group as a PlanGroup request of `tenant` (its
+// job unless given) does.
+absl::Status Touch(Rendezvous& rendezvous, const v1::StepSpec& spec, absl::Time now,
+                   const std::string& tenant = "") {
+  return rendezvous.Touch(spec, tenant.empty() ? spec.job_id() : tenant, now);
 }
 
 // Checks the call's request as the service does, then arrives with it.
@@ -689,7 +701,7 @@ TEST(RendezvousTest, AtTheGlobalLimitTheJobHoldingMostGivesUpItsOldestStep) {
   EXPECT_EQ(arrival.evicted[0].status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(Message(arrival.evicted[0].status),
               HasSubstr("step 1 of job 'flood' group '': given up to make room for step 1 of "
-                        "job 'good' group ''; job 'flood' held 3 of the server's 3 pending steps"));
+                        "job 'good' group ''; tenant 'flood' held 3 of the server's 3 pending steps"));
   EXPECT_FALSE(rendezvous.Leave(flood[0].get())) << "the evicted call is out of the rendezvous";
   EXPECT_EQ(rendezvous.pending_steps(), 3);
   EXPECT_EQ(rendezvous.steps_evicted(), 1);
@@ -820,9 +832,9 @@ TEST(RendezvousTest, AtMaxJobsTheLeastRecentlyActiveIdleJobMakesRoom) {
   limits.max_jobs = 2;
   limits.job_ttl = absl::Minutes(5);
   Rendezvous rendezvous{limits};
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "a"), kT0).ok());
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "b"), kT0 + absl::Seconds(1)).ok());
-  ASSERT_TRUE(rendezvous.Touch(Spec(2, 4, "a"), kT0 + absl::Seconds(2)).ok());  // a is active
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "a"), kT0).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "b"), kT0 + absl::Seconds(1)).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(2, 4, "a"), kT0 + absl::Seconds(2)).ok());  // a is active
 
   // c evicts b, the least recently active; its step then waits for ranks.
   auto c = Call(Spec(1, 4, "c"), 0);
@@ -847,10 +859,10 @@ TEST(RendezvousTest, AtMaxJobsTheLeastRecentlyActiveIdleJobMakesRoom) {
   auto refused = Arrive(rendezvous, e.get(), kT0 + absl::Seconds(7));
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(Message(refused.status),
-              HasSubstr("spec.job_id: the server already tracks 2 jobs, its limit, and every "
-                        "one has a step waiting for ranks"));
+              HasSubstr("spec.job_id: the server already tracks 2 jobs, its limit, and none may "
+                        "make room for tenant 'e'"));
   EXPECT_THAT(Message(refused.status), HasSubstr("after 5m"));
-  absl::Status touched = rendezvous.Touch(Spec(1, 4, "e"), kT0 + absl::Seconds(7));
+  absl::Status touched = Touch(rendezvous, Spec(1, 4, "e"), kT0 + absl::Seconds(7));
   EXPECT_EQ(touched.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(rendezvous.jobs(), 2);
   EXPECT_EQ(rendezvous.GetJob("e", kT0).status().code(), absl::StatusCode::kNotFound);
@@ -870,20 +882,20 @@ TEST(RendezvousTest, AtMaxJobsAJobThatIsTrainingKeepsItsPlace) {
   Rendezvous rendezvous{limits};
   auto trainer = CompleteStep(rendezvous, Spec(1, 4, "trainer"), kT0);
   rendezvous.RecordPlanned(Spec(1, 4, "trainer"), "g1n4", v1::Balance(), kT0);
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "never-planned"), kT0 + absl::Seconds(1)).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "never-planned"), kT0 + absl::Seconds(1)).ok());
   // The never-planned job goes first, though more recently active.
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "new-1"), kT0 + absl::Seconds(2)).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "new-1"), kT0 + absl::Seconds(2)).ok());
   EXPECT_EQ(rendezvous.GetJob("never-planned", kT0).status().code(),
             absl::StatusCode::kNotFound);
   // new-1 waits for ranks: the trainer, idle for 10 s only, keeps its place.
   auto waiting = Call(Spec(1, 4, "new-1"), 0);
   ASSERT_TRUE(Arrive(rendezvous, waiting.get(), kT0 + absl::Seconds(3)).status.ok());
-  absl::Status refused = rendezvous.Touch(Spec(1, 4, "new-2"), kT0 + absl::Seconds(10));
+  absl::Status refused = Touch(rendezvous, Spec(1, 4, "new-2"), kT0 + absl::Seconds(10));
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(Message(refused), HasSubstr("or planned one within the rendezvous timeout"));
   EXPECT_TRUE(rendezvous.GetJob("trainer", kT0).ok());
   // Idle for longer than the rendezvous timeout, it makes room.
-  EXPECT_TRUE(rendezvous.Touch(Spec(1, 4, "new-2"), kT0 + absl::Seconds(31)).ok());
+  EXPECT_TRUE(Touch(rendezvous, Spec(1, 4, "new-2"), kT0 + absl::Seconds(31)).ok());
   EXPECT_EQ(rendezvous.GetJob("trainer", kT0).status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -917,12 +929,12 @@ TEST(RendezvousTest, MaxGroupsPerJobRefusesNewGroups) {
   auto g0 = Call(Spec(1, 4, "job", "g0"), 0);
   auto g2 = Call(Spec(1, 4, "job", "g2"), 0);
   ASSERT_TRUE(Arrive(rendezvous, g0.get(), kT0).status.ok());
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "job", "g1"), kT0).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "job", "g1"), kT0).ok());
   auto refused = Arrive(rendezvous, g2.get(), kT0);
   EXPECT_EQ(refused.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(Message(refused.status),
               HasSubstr("spec.group_id: job 'job' already has 2 groups, the server's limit"));
-  absl::Status touched = rendezvous.Touch(Spec(1, 4, "job", "g3"), kT0);
+  absl::Status touched = Touch(rendezvous, Spec(1, 4, "job", "g3"), kT0);
   EXPECT_EQ(touched.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(rendezvous.pending_steps(), 1);
   auto job = rendezvous.GetJob("job", kT0);
@@ -934,7 +946,7 @@ TEST(RendezvousTest, MaxGroupsPerJobRefusesNewGroups) {
   // The limit is per job.
   auto other = Call(Spec(1, 4, "other", "g2"), 0);
   EXPECT_TRUE(Arrive(rendezvous, other.get(), kT0).status.ok());
-  EXPECT_TRUE(rendezvous.Touch(Spec(1, 4, "job", "g1"), kT0).ok());  // existing group
+  EXPECT_TRUE(Touch(rendezvous, Spec(1, 4, "job", "g1"), kT0).ok());  // existing group
 }
 
 TEST(RendezvousTest, JobRefusedForItsFirstGroupIsNotKept) {
@@ -1006,7 +1018,7 @@ TEST(RendezvousTest, CloseReturnsEveryWaitingCallAndRefusesLaterOnes) {
   EXPECT_EQ(arrival.status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(Message(arrival.status), HasSubstr("shutting down"));
   EXPECT_EQ(arrival.ready, nullptr);
-  absl::Status touched = rendezvous.Touch(Spec(1, 4, "new"), kT0);
+  absl::Status touched = Touch(rendezvous, Spec(1, 4, "new"), kT0);
   EXPECT_EQ(touched.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(Message(touched), HasSubstr("shutting down"));
   EXPECT_THAT(rendezvous.Close(), IsEmpty());
@@ -1017,11 +1029,11 @@ TEST(RendezvousTest, DropIdleJobsForgetsOnlyIdleJobsWithoutPendingSteps) {
   limits.job_ttl = absl::Minutes(10);
   limits.rendezvous_timeout = absl::Hours(1);
   Rendezvous rendezvous{limits};
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "idle"), kT0).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "idle"), kT0).ok());
   auto busy = Call(Spec(1, 4, "busy"), 0);
   ASSERT_TRUE(Arrive(rendezvous, busy.get(), kT0).status.ok());
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "active"), kT0).ok());
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "active"), kT0 + absl::Minutes(5)).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "active"), kT0).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "active"), kT0 + absl::Minutes(5)).ok());
   EXPECT_EQ(rendezvous.jobs(), 3);
 
   EXPECT_THAT(rendezvous.DropIdleJobs(kT0 + absl::Minutes(10) - absl::Seconds(1)), IsEmpty());
@@ -1080,7 +1092,7 @@ TEST(RendezvousTest, GetJobReportsPlannedAndPendingSteps) {
   ASSERT_TRUE(Arrive(rendezvous, r3.get(), kT0 + absl::Seconds(10)).status.ok());
   ASSERT_TRUE(Arrive(rendezvous, r1.get(), kT0 + absl::Seconds(11)).status.ok());
   // Another group of the same job, only touched.
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 8, "job", "aux"), kT0 + absl::Seconds(12)).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 8, "job", "aux"), kT0 + absl::Seconds(12)).ok());
 
   auto job = rendezvous.GetJob("job", kT0 + absl::Milliseconds(14500));
   ASSERT_TRUE(job.ok()) << job.status();
@@ -1132,7 +1144,7 @@ TEST(RendezvousTest, GetJobOfAnUnknownJobIsNotFound) {
   auto job = rendezvous.GetJob("nobody", kT0);
   EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(job.status()), HasSubstr("the server knows no job 'nobody'"));
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "somebody"), kT0).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "somebody"), kT0).ok());
   EXPECT_EQ(rendezvous.GetJob("nobody", kT0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(rendezvous.GetJob("somebody", kT0).ok());
 }
@@ -1167,7 +1179,7 @@ TEST(RendezvousTest, GaugesReportEachGroup) {
   for (FakeCall* call : {a1.get(), a1b.get(), a2.get(), b1.get()}) {
     ASSERT_TRUE(Arrive(rendezvous, call, kT0).status.ok());
   }
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "b", "y"), kT0).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "b", "y"), kT0).ok());
   rendezvous.RecordPlanned(Spec(0, 4, "b", "y"), "g1n4", SomeBalance(), kT0);
 
   std::vector<GroupGauges> gauges = rendezvous.Gauges();
@@ -1222,9 +1234,9 @@ TEST(RendezvousTest, TheLifetimeLogNamesEveryGroupAddedAndEveryGroupAndJobForgot
   limits.max_pending_steps_per_job = 1;
   limits.job_ttl = absl::Minutes(5);
   Rendezvous rendezvous{limits};
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "a"), kT0).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "a"), kT0).ok());
   EXPECT_THAT(TakeLifetime(rendezvous), ElementsAre("+a//0"));
-  ASSERT_TRUE(rendezvous.Touch(Spec(2, 4, "a"), kT0).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(2, 4, "a"), kT0).ok());
   EXPECT_THAT(TakeLifetime(rendezvous), IsEmpty());
 
   // A new incarnation replaces the group.
@@ -1238,7 +1250,7 @@ TEST(RendezvousTest, TheLifetimeLogNamesEveryGroupAddedAndEveryGroupAndJobForgot
   EXPECT_THAT(TakeLifetime(rendezvous), IsEmpty());
 
   // At max_jobs a new job evicts the idle one.
-  ASSERT_TRUE(rendezvous.Touch(Spec(1, 4, "b", "g"), kT0 + absl::Seconds(2)).ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "b", "g"), kT0 + absl::Seconds(2)).ok());
   EXPECT_THAT(TakeLifetime(rendezvous), ElementsAre("+b/g/0"));
   auto c = Call(Spec(1, 4, "c"), 0);
   arrival = Arrive(rendezvous, c.get(), kT0 + absl::Seconds(3));
@@ -1254,7 +1266,7 @@ TEST(RendezvousTest, TheLifetimeLogNamesEveryGroupAddedAndEveryGroupAndJobForgot
   auto d = Call(Spec(1, 4, "d"), 0);
   arrival = Arrive(rendezvous, d.get(), kT0 + absl::Seconds(4));
   EXPECT_EQ(arrival.status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(rendezvous.Touch(Spec(1, 4, "d"), kT0).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Touch(rendezvous, Spec(1, 4, "d"), kT0).code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(TakeLifetime(rendezvous), IsEmpty());
 
   // Idle jobs are dropped; the evicted one is reported by DropIdleJobs again

@@ -622,10 +622,10 @@ grpc::Status PlanGroupOnce(v1::Planner::Stub* stub, const v1::PlanGroupRequest& 
 // fails where a loaded machine delivers the call later.
 void AwaitRequestOf(PlannerServer* server, const std::string& job) {
   for (const absl::Time limit = absl::Now() + absl::Seconds(10);
-       server->service().request_memory().held_by(job) == 0 && absl::Now() < limit;) {
+       server->service().request_memory().held_by_job(job) == 0 && absl::Now() < limit;) {
     absl::SleepFor(absl::Milliseconds(1));
   }
-  ASSERT_GT(server->service().request_memory().held_by(job), 0) << job << " never arrived";
+  ASSERT_GT(server->service().request_memory().held_by_job(job), 0) << job << " never arrived";
   absl::SleepFor(absl::Milliseconds(20));
 }
 
@@ -651,13 +651,13 @@ TEST(ServiceTest, CallsInFlightAndTheSolverQueueAreBounded) {
   grpc::Status status = PlanGroupOnce(stub.get(), GroupRequest("flood", 1));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(),
-              HasSubstr("max_plan_group_calls_per_job: this job holds 1 PlanGroup calls in "
+              HasSubstr("max_plan_group_calls_per_job: job 'flood' holds 1 PlanGroup calls in "
                         "flight, and 1 more would pass its limit of 1"));
   AsyncPlanGroup other(stub.get(), GroupRequest("other", 0));  // another job fits
   AwaitRequestOf(server.get(), "other");
   status = PlanGroupOnce(stub.get(), GroupRequest("third", 0));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(status.error_message(), HasSubstr("max_plan_group_calls: all jobs hold 2 PlanGroup calls"));
+  EXPECT_THAT(status.error_message(), HasSubstr("max_plan_group_calls: all tenants hold 2 PlanGroup calls"));
   EXPECT_TRUE(first.Wait().ok()) << first.Wait().error_message();
   EXPECT_TRUE(other.Wait().ok()) << other.Wait().error_message();
 
@@ -707,12 +707,12 @@ TEST(ServiceTest, RequestMemoryIsChargedBeforeParsingAndGivenBack) {
   grpc::Status status = PlanGroupOnce(stub.get(), large("big", 1));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(),
-              HasSubstr(absl::StrCat("max_request_memory_per_job: this job holds ", charged,
+              HasSubstr(absl::StrCat("max_request_memory_per_job: job 'big' holds ", charged,
                                      " bytes of requests")));
   status = PlanGroupOnce(stub.get(), large("other", 0));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(),
-              HasSubstr("max_request_memory: all jobs hold " + std::to_string(charged)));
+              HasSubstr("max_request_memory: all tenants hold " + std::to_string(charged)));
   EXPECT_TRUE(PlanGroupOnce(stub.get(), GroupRequest("small", 0)).ok());  // room for it
   EXPECT_TRUE(first.Wait().ok()) << first.Said();
   for (int i = 0; i < 100 && server->service().request_memory().held() != 0; ++i) {
@@ -1380,6 +1380,8 @@ TEST_F(TlsTest, AHealthOnlyListenerAnswersProbesInPlaintext) {
   }
   EXPECT_EQ(PlanOver(server->health_port(), grpc::InsecureChannelCredentials()).error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
+  // Health and nothing else: not reflection either.
+  EXPECT_EQ(testing_util::ReflectionCode(LocalChannel(server->health_port())), grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_EQ(PlanOver(server->port(), grpc::InsecureChannelCredentials()).error_code(),
             grpc::StatusCode::UNAVAILABLE);
 }

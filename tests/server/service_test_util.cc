@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "grpcpp/generic/generic_stub.h"
 
 namespace knapformer {
 namespace testing_util {
@@ -24,6 +25,29 @@ std::shared_ptr<grpc::Channel> LocalChannel(int port, int index) {
   args.SetInt("knapformer.test_channel_index", index);
   return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
                                    grpc::InsecureChannelCredentials(), args);
+}
+
+grpc::StatusCode ReflectionCode(const std::shared_ptr<grpc::Channel>& channel) {
+  // A bidi method called as unary: a serving reflection answers (an empty
+  // request is one it reports on, then the call ends).
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty;
+  request = grpc::ByteBuffer(&empty, 1);
+  absl::Mutex mu;
+  bool done = false;
+  grpc::Status status;
+  stub.UnaryCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                 grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+                   absl::MutexLock lock(&mu);
+                   status = std::move(s);
+                   done = true;
+                 });
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(&done));
+  return status.error_code();
 }
 
 v1::PlanRequest MakeRequest(const StepParams& params, int32_t world_size, int32_t rank,

@@ -20,6 +20,10 @@ namespace testing_util {
 // count every call), and `index` makes a distinct connection per value.
 std::shared_ptr<grpc::Channel> LocalChannel(int port, int index = 0);
 
+// The code a server reachable over `channel` answers a call of gRPC's
+// reflection service with: UNIMPLEMENTED where it does not serve it.
+grpc::StatusCode ReflectionCode(const std::shared_ptr<grpc::Channel>& channel);
+
 struct StepParams {
   std::string job_id = "job";
   std::string group_id;
