@@ -61,6 +61,7 @@ struct BalancerArgs {
   std::optional<bool> log_steps;        // unset: KNAPFORMER_LOG_STEPS
   // Unset: KNAPFORMER_PLANNER_TOKEN, KNAPFORMER_PLANNER_TLS_CA, _CERT, _KEY.
   std::optional<std::string> planner_token;
+  std::optional<bool> planner_mesh_tls;
   std::optional<std::string> planner_tls_ca;
   std::optional<std::string> planner_tls_cert;
   std::optional<std::string> planner_tls_key;
@@ -272,6 +273,7 @@ SequenceBalancerOptions OptionsOf(const BalancerArgs& args) {
   if (args.require_planner.has_value()) options.planner.require_service = *args.require_planner;
   if (args.log_steps.has_value()) options.planner.log_steps = *args.log_steps;
   if (args.planner_token.has_value()) options.planner.token = *args.planner_token;
+  if (args.planner_mesh_tls.has_value()) options.planner.mesh_tls = *args.planner_mesh_tls;
   if (args.planner_tls_ca.has_value()) options.planner.tls.ca_file = *args.planner_tls_ca;
   if (args.planner_tls_cert.has_value()) options.planner.tls.cert_file = *args.planner_tls_cert;
   if (args.planner_tls_key.has_value()) options.planner.tls.key_file = *args.planner_tls_key;
@@ -751,6 +753,7 @@ void BindBalancer(py::module_& m) {
       .def_readwrite("require_planner", &BalancerArgs::require_planner)
       .def_readwrite("log_steps", &BalancerArgs::log_steps)
       .def_readwrite("planner_token", &BalancerArgs::planner_token)
+      .def_readwrite("planner_mesh_tls", &BalancerArgs::planner_mesh_tls)
       .def_readwrite("planner_tls_ca", &BalancerArgs::planner_tls_ca)
       .def_readwrite("planner_tls_cert", &BalancerArgs::planner_tls_cert)
       .def_readwrite("planner_tls_key", &BalancerArgs::planner_tls_key)

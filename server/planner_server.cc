@@ -143,7 +143,7 @@ absl::Status CheckAuthTransport(const PlannerServerOptions& options) {
 
 ServerQuotas ServerQuotasFor(const ServiceLimits& limits) {
   ServerQuotas quotas;
-  quotas.memory_bytes = limits.max_request_memory + 2 * int64_t{ReceiveLimitBytes(limits)};
+  quotas.memory_bytes = limits.max_request_memory / 2 + 2 * int64_t{ReceiveLimitBytes(limits)};
   quotas.streams_per_connection = limits.max_world_size + limits.max_plan_group_calls_per_tenant;
   return quotas;
 }

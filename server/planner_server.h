@@ -124,10 +124,11 @@ class PlannerServer {
 };
 
 // What gRPC itself is held to, from the service's limits: the memory of
-// requests in transit and held (the request memory the service admits, and
-// room for two requests at the receive limit being received), and the calls
-// one connection may have open at once (a whole group's ranks in one
-// process, and its PlanGroup calls).
+// requests in transit and held as bytes (half the request memory the
+// service admits, whose parsed part lives outside gRPC, and room for two
+// requests at the receive limit), past which gRPC sheds new calls
+// (RESOURCE_EXHAUSTED); and the calls one connection may have open at once
+// (a whole group's ranks in one process, and its PlanGroup calls).
 struct ServerQuotas {
   int64_t memory_bytes = 0;
   int32_t streams_per_connection = 0;

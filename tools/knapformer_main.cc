@@ -3,7 +3,7 @@
 //   knapformer simulate [--data D] [--world W] [--topology T[,T...]] [--steps N] ...
 //   knapformer calibrate --input FILE|- --d-model D  |  --exchanges FILE|-
 //   knapformer serve [--listen ADDR] [--metrics ADDR] ... (see server/serve_flags.cc)
-//   knapformer token --job ID --key-file FILE
+//   knapformer token --job ID | --prefix P/ --ttl DURATION --key-file FILE
 //   knapformer help [COMMAND], knapformer COMMAND --help: the usage texts
 // Exit codes: 0 success, 2 bad input (one line on stderr naming the field),
 // 1 internal error.

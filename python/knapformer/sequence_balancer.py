@@ -82,7 +82,8 @@ def _make_host_groups(group, bags):
 def _arguments(bag_specs, gamma, device, planner_address, job_id, group_id, d_model,
                max_tokens_per_gpu, cost_model, locality, planner_deadline, planner_mode,
                require_planner, first_step, use_fitted_gamma, agree_on_errors, machine,
-               planner_token=None, planner_tls=None, log_steps=None, cost_table=None):
+               planner_token=None, planner_tls=None, log_steps=None, cost_table=None,
+               planner_mesh_tls=None):
     """The C++ balancer's arguments, checked; ValueError naming a bad one."""
     if not isinstance(bag_specs, str):
         raise ValueError(f"bag_specs: needs a topology string such as 'g1n2+g2n1+g4n1', "
@@ -117,6 +118,7 @@ def _arguments(bag_specs, gamma, device, planner_address, job_id, group_id, d_mo
             raise ValueError(f"planner_token: needs a string (knapformer token --job ID), got "
                              f"{type(planner_token).__name__}")
         args.planner_token = planner_token
+    args.planner_mesh_tls = None if planner_mesh_tls is None else bool(planner_mesh_tls)
     if planner_tls is not None:
         if not isinstance(planner_tls, dict) or not set(planner_tls) <= {"ca", "cert", "key"}:
             raise ValueError(f"planner_tls: needs a dict of PEM file paths with the keys ca, "
@@ -189,8 +191,13 @@ class SequenceBalancer:
         whole group, the plan is broadcast) or "per-rank" (every rank asks
         for its own slice); see docs/service.md.
       planner_token: the job token of a planner run with --auth=token
-        (``knapformer token --job ID``), sent with every call (default: the
-        KNAPFORMER_PLANNER_TOKEN environment variable).
+        (``knapformer token --job ID --ttl 30d``), sent with every call
+        (default: the KNAPFORMER_PLANNER_TOKEN environment variable). Never
+        in clear over a network: refused without ``planner_tls`` unless the
+        address is loopback or a unix socket, or ``planner_mesh_tls``.
+      planner_mesh_tls: True where a service mesh encrypts the connection
+        to the planner, so the token may go over plaintext (default:
+        KNAPFORMER_PLANNER_MESH_TLS).
       planner_tls: TLS to the planner, a dict of PEM file paths: "ca" (the
         planner's certificate is verified against it), "cert" and "key"
         (this client's, for mutual TLS) (default: KNAPFORMER_PLANNER_TLS_CA,
@@ -247,7 +254,8 @@ class SequenceBalancer:
                  locality=True, group_id=None, planner_deadline=None, first_step=0,
                  use_fitted_gamma=False, agree_on_errors=True, planner_mode=None,
                  machine=None, require_planner=None, planner_token=None, planner_tls=None,
-                 log_steps=None, cost_table=None, _metadata_on_gloo=False):
+                 log_steps=None, cost_table=None, planner_mesh_tls=None,
+                 _metadata_on_gloo=False):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("SequenceBalancer: torch.distributed is not initialized; call "
                                "torch.distributed.init_process_group first")
@@ -266,7 +274,8 @@ class SequenceBalancer:
                               planner_deadline, planner_mode, require_planner, first_step,
                               use_fitted_gamma, agree_on_errors, machine,
                               planner_token=planner_token, planner_tls=planner_tls,
-                              log_steps=log_steps, cost_table=cost_table)
+                              log_steps=log_steps, cost_table=cost_table,
+                              planner_mesh_tls=planner_mesh_tls)
             bags = _C.multi_gpu_bags(bag_specs, group.size(), args.machine)
             replica_size = _C.replica_size(bag_specs, group.size(), args.machine)
             mine = ("ok", _C._encoded_settings(args))

@@ -1,9 +1,12 @@
 """The Python keywords of a planner that checks who may act as a job:
 planner_token= (and KNAPFORMER_PLANNER_TOKEN) reach an embedded planner run
-with auth="token"; planner_tls= names bad input precisely."""
+with auth="token"; a token is refused over plaintext off this machine unless
+planner_mesh_tls= says a mesh encrypts; planner_tls= names bad input
+precisely."""
 import hashlib
 import hmac
 import os
+import time
 
 import pytest
 import torch.distributed as dist
@@ -13,9 +16,14 @@ from knapformer.launch import run_world
 KEY = "0123456789abcdef0123456789abcdef"
 
 
-def job_token(job_id):
-    """What `knapformer token --job JOB_ID` prints for a key file holding KEY."""
-    return "kf1." + hmac.new(KEY.encode(), job_id.encode(), hashlib.sha256).hexdigest()
+def job_token(job_id, token_id="0123456789abcdef"):
+    """What `knapformer token --job JOB_ID --ttl 1h` prints for a key file
+    holding KEY (server/job_token.h's format)."""
+    mac = lambda text: hmac.new(KEY.encode(), text.encode(), hashlib.sha256).hexdigest()
+    expires = int(time.time()) + 3600
+    key_id = mac("knapformer key id")[:8]
+    signed = mac(f"knapformer token v2\njob\n{expires}\n{key_id}\n{token_id}\n{job_id}")
+    return f"kf2.job.{expires}.{key_id}.{token_id}.{signed}.{job_id}"
 
 
 def token_world(rank, size, keys):
@@ -54,7 +62,7 @@ def test_the_token_reaches_a_planner_that_checks_it(tmp_path):
         assert sources["keyword per-rank"][0] == "planner service"
         assert sources["environment"][0] == "planner service"
         source, reason = sources["another job's"]
-        assert source == "local planner" and "not this planner's token" in reason, reason
+        assert source == "local planner" and "the token is for job 'other'" in reason, reason
 
 
 def tls_world(rank, size, tls):
@@ -76,3 +84,23 @@ def tls_world(rank, size, tls):
 def test_bad_tls_settings_name_the_field(tls, text):
     for message in run_world(tls_world, 2, tls):
         assert text in message, message
+
+
+def plaintext_world(rank, size, mesh):
+    import knapformer
+
+    try:
+        knapformer.SequenceBalancer("g1n2", planner_address="planner.example:50051",
+                                    job_id="j", planner_token=job_token("j"),
+                                    planner_mesh_tls=mesh)
+    except (ValueError, RuntimeError) as error:
+        return f"{type(error).__name__}: {error}"
+    return "accepted"
+
+
+def test_a_token_is_refused_in_clear_off_this_machine_unless_a_mesh_encrypts():
+    for message in run_world(plaintext_world, 2, None):
+        assert ("planner_token: the token would cross the network in clear to "
+                "'planner.example:50051' (no TLS)") in message, message
+    for message in run_world(plaintext_world, 2, True):
+        assert message == "accepted", message

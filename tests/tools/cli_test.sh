@@ -120,32 +120,48 @@ expect replay-is-python 2 "knapformer replay is Python (it times torch)" -- "$bi
 want="unknown command 'simulte' (plan, simulate, calibrate, serve, token, help; did you mean simulate?)"
 expect unknown-command-close 2 "$want" \
   -- "$bin" simulte
-# knapformer token: the HMAC-SHA256 of the job id under the key file's
-# first key, as Python's hmac computes it; bad input names the field.
+# knapformer token: a kf2 token (server/job_token.h) under the key file's
+# first key, its MAC checked as Python's hmac computes it, its expiry the
+# TTL from now, its id on stderr; bad input names the field.
 printf '# planner keys\n%s\n%s\n' 0123456789abcdef0123456789abcdef-first \
   0123456789abcdef0123456789abcdef-second >"$tmp/keys"
-expect token 0 "" -- "$bin" token --job team-a/run-1 --key-file "$tmp/keys"
-want="kf1.$(python3 -c 'import hashlib, hmac
-print(hmac.new(b"0123456789abcdef0123456789abcdef-first", b"team-a/run-1", hashlib.sha256).hexdigest())')"
-[[ "$(cat "$tmp/out")" == "$want" ]] ||
-  { echo "FAIL token: printed '$(cat "$tmp/out")', not '$want'"; failures=$((failures + 1)); }
-expect token-no-job 2 "knapformer token: --job or --job-prefix: one of them is required" \
-  -- "$bin" token --key-file "$tmp/keys"
-expect token-prefix 0 "" -- "$bin" token --job-prefix team-a/ --key-file "$tmp/keys"
-want="kf1.$(python3 -c 'import hashlib, hmac
-print(hmac.new(b"0123456789abcdef0123456789abcdef-first", b"team-a/", hashlib.sha256).hexdigest())').team-a/"
-[[ "$(cat "$tmp/out")" == "$want" ]] ||
-  { echo "FAIL token-prefix: printed '$(cat "$tmp/out")', not '$want'"; failures=$((failures + 1)); }
-expect token-prefix-slash 2 "--job-prefix: 'team-a' must end in /" \
-  -- "$bin" token --job-prefix team-a --key-file "$tmp/keys"
+# check_token KIND SCOPE TTL_SECONDS: the token in $tmp/out is right.
+check_token() {
+  python3 - "$tmp/out" "$tmp/err" "$@" <<'PY'
+import hashlib, hmac, sys, time
+out, err, kind, scope, ttl = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+key = b"0123456789abcdef0123456789abcdef-first"
+token = open(out).read().strip()
+version, got_kind, expires, key_id, token_id, mac, got_scope = token.split(".", 6)
+mac_of = lambda message: hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+assert (version, got_kind, got_scope) == ("kf2", kind, scope), token
+assert key_id == mac_of("knapformer key id")[:8], token
+assert mac == mac_of(f"knapformer token v2\n{kind}\n{expires}\n{key_id}\n{token_id}\n{scope}"), token
+assert abs(int(expires) - (time.time() + ttl)) < 120, (expires, time.time() + ttl)
+assert f"id {token_id}" in open(err).read(), open(err).read()
+PY
+}
+expect token 0 "" -- "$bin" token --job team-a/run-1 --ttl 30d --key-file "$tmp/keys"
+check_token job team-a/run-1 $((30 * 86400)) || { echo "FAIL token"; failures=$((failures + 1)); }
+expect token-prefix 0 "" -- "$bin" token --prefix team-a/ --ttl 12h --key-file "$tmp/keys"
+check_token prefix team-a/ $((12 * 3600)) || { echo "FAIL token-prefix"; failures=$((failures + 1)); }
+expect token-no-job 2 "knapformer token: --job or --prefix: one of them is required" \
+  -- "$bin" token --ttl 1d --key-file "$tmp/keys"
+expect token-prefix-slash 2 "--prefix: 'team-a' must end in /" \
+  -- "$bin" token --prefix team-a --ttl 1d --key-file "$tmp/keys"
 expect token-bad-job 2 "--job: 'a b' is not a job id the planner accepts" \
-  -- "$bin" token --job "a b" --key-file "$tmp/keys"
-expect token-no-keys 2 "--key-file: required" -- "$bin" token --job j
+  -- "$bin" token --job "a b" --ttl 1d --key-file "$tmp/keys"
+expect token-job-slash 2 "--job: 'team-a/' is not a job id the planner accepts (spec.job_id: ends in '/'" \
+  -- "$bin" token --job team-a/ --ttl 1d --key-file "$tmp/keys"
+expect token-no-ttl 2 "--ttl: required" -- "$bin" token --job j --key-file "$tmp/keys"
+expect token-long-ttl 2 "--ttl: '400d' is not a duration in (0, 366d]" \
+  -- "$bin" token --job j --ttl 400d --key-file "$tmp/keys"
+expect token-no-keys 2 "--key-file: required" -- "$bin" token --job j --ttl 1d
 printf 'short\n' >"$tmp/short_keys"
 expect token-short-key 2 "short_keys, line 1: a key of 5 characters; at least 32" \
-  -- "$bin" token --job j --key-file "$tmp/short_keys"
+  -- "$bin" token --job j --ttl 1d --key-file "$tmp/short_keys"
 expect token-missing-keys 2 "none.keys: cannot be read" \
-  -- "$bin" token --job j --key-file "$tmp/none.keys"
+  -- "$bin" token --job j --ttl 1d --key-file "$tmp/none.keys"
 expect help 0 "" -- "$bin" help
 grep -q "^  serve " "$tmp/out" || { echo "FAIL help: no serve in the usage"; failures=$((failures + 1)); }
 

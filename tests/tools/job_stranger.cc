@@ -7,16 +7,20 @@
 // incarnation), open its next per-rank steps before its ranks do (Plan),
 // reset its group with another incarnation, and feed its gamma fit timings
 // with work values of their own (PlanGroup with previous timings), plus the
-// same without any token. Every call must be refused (PERMISSION_DENIED, or
-// UNAUTHENTICATED without a token), alike. Then it plans 8 steps of OWN_JOB
-// through PlanGroup, each with 4 ranks' timings of the previous step (a
-// gamma fit's worth), which must all be answered. Exit 0 when everything
-// answered as expected, 1 otherwise (naming the call), 2 for bad usage.
+// same without any token, and with each token of KNAPFORMER_STRANGER_BAD_TOKENS
+// (comma-separated: stretched, expired, revoked, another key's), which must
+// not act even as OWN_JOB. Every call must be refused (PERMISSION_DENIED
+// with its own token; UNAUTHENTICATED without one or with a bad one), alike.
+// Then it plans 8 steps of OWN_JOB through PlanGroup, each with 4 ranks'
+// timings of the previous step (a gamma fit's worth), which must all be
+// answered. Exit 0 when everything answered as expected, 1 otherwise (naming
+// the call), 2 for bad usage.
 #include <cstdlib>
 #include <iostream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/planner_credentials.h"
 #include "grpcpp/grpcpp.h"
@@ -41,6 +45,9 @@ class Stranger {
  public:
   Stranger(std::shared_ptr<grpc::Channel> channel, std::string token)
       : stub_(v1::Planner::NewStub(std::move(channel))), token_(std::move(token)) {}
+
+  // The token sent from now on.
+  void set_token(std::string token) { token_ = std::move(token); }
 
   // GetJob, Plan and PlanGroup calls as the victim, `with_token` or without one.
   grpc::Status GetJob(const std::string& job, bool with_token) {
@@ -98,7 +105,7 @@ class Stranger {
   }
 
   std::unique_ptr<v1::Planner::Stub> stub_;
-  const std::string token_;
+  std::string token_;
 };
 
 int Run(int port, const std::string& victim, const std::string& own, double seconds) {
@@ -119,6 +126,8 @@ int Run(int port, const std::string& victim, const std::string& own, double seco
       grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port), credentials, args),
       Env("KNAPFORMER_PLANNER_TOKEN"));
   const bool has_token = *Env("KNAPFORMER_PLANNER_TOKEN") != '\0';
+  const std::vector<std::string> bad_tokens =
+      absl::StrSplit(Env("KNAPFORMER_STRANGER_BAD_TOKENS"), ',', absl::SkipEmpty());
   int failures = 0, refused = 0;
   auto expect = [&](const grpc::Status& status, grpc::StatusCode code, const std::string& what) {
     if (status.error_code() == code) {
@@ -145,6 +154,18 @@ int Run(int port, const std::string& victim, const std::string& own, double seco
            absl::StrCat("PlanGroup of step ", round + 1, " with timings"));
     expect(stranger.PlanGroup(victim, round + 1, false), without_token,
            "PlanGroup without a token");
+    for (size_t t = 0; t < bad_tokens.size(); ++t) {
+      stranger.set_token(bad_tokens[t]);
+      for (const std::string& job : {victim, own}) {
+        const std::string what = absl::StrCat(" as ", job, " with bad token ", t);
+        expect(stranger.GetJob(job, true), grpc::StatusCode::UNAUTHENTICATED, "GetJob" + what);
+        expect(stranger.Plan(job, round, 0, true), grpc::StatusCode::UNAUTHENTICATED,
+               "Plan" + what);
+        expect(stranger.PlanGroup(job, round + 1, true), grpc::StatusCode::UNAUTHENTICATED,
+               "PlanGroup" + what);
+      }
+    }
+    stranger.set_token(Env("KNAPFORMER_PLANNER_TOKEN"));
     absl::SleepFor(absl::Milliseconds(50));
   }
   int planned = 0;

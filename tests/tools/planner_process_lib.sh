@@ -78,3 +78,29 @@ while i < len(rest):
         break
 PY
 }
+
+# Makes TLS files in directory $1 (made if missing): a CA (ca.pem), the
+# planner's certificate for 127.0.0.1 (server.pem, server.key), and for each
+# further argument NAME=SAN a client certificate NAME.pem, NAME.key with that
+# subjectAltName (e.g. victim=DNS:victim). Fails naming openssl's output.
+make_tls() {
+  local dir="$1"
+  shift
+  (
+    set -e
+    mkdir -p "$dir"
+    cd "$dir"
+    printf 'subjectAltName=IP:127.0.0.1\n' >server.ext
+    openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca -keyout ca.key -out ca.pem
+    openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout server.key -out server.csr
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
+      -extfile server.ext -out server.pem
+    for client in "$@"; do
+      local name="${client%%=*}"
+      printf 'subjectAltName=%s\n' "${client#*=}" >"$name.ext"
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=$name" -keyout "$name.key" -out "$name.csr"
+      openssl x509 -req -in "$name.csr" -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
+        -extfile "$name.ext" -out "$name.pem"
+    done
+  ) >"$dir.openssl.log" 2>&1 || { fail "openssl: $(cat "$dir.openssl.log")"; return 1; }
+}
