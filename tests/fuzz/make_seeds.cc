@@ -1,7 +1,10 @@
 // Writes the binary seed corpora of the request and response fuzzers: real
-// Plan and PlanGroup requests, and real answers with the rank header
-// plan_response_fuzzer expects. Usage: make_seeds DIR (DIR/corpus/NAME/...).
+// Plan and PlanGroup requests, real answers with the rank header
+// plan_response_fuzzer expects, and the costliest requests per byte for the
+// wire scan. Usage: make_seeds DIR (DIR/corpus/NAME/..., which must exist).
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -15,7 +18,9 @@
 #include "planner/topology.h"
 #include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
+#include "server/request_bounds.h"
 #include "tests/fuzz/seed_lengths.h"
+#include "tests/server/costly_requests.h"
 
 namespace knapformer {
 namespace {
@@ -23,6 +28,11 @@ namespace {
 void Write(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
   out << bytes;
+}
+
+std::string ReadSeed(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 v1::StepSpec Spec(const std::string& topology, int32_t world_size) {
@@ -194,6 +204,24 @@ int main(int argc, char** argv) {
     }
     Write(absl::StrCat(dir, "/corpus/rank_reports_fuzzer/plan"), reports);
     Write(absl::StrCat(dir, "/corpus/rank_reports_fuzzer/outcomes"), outcomes);
+  }
+  // The wire scan's (request_scan_fuzzer): the header byte picks the
+  // request message; every field's costliest form, and the masked step.
+  {
+    const auto& requests = ScannedRequests();
+    auto kind = [&](const google::protobuf::Descriptor* request) {
+      return std::string(
+          1, static_cast<char>(std::find(requests.begin(), requests.end(), request) -
+                               requests.begin()));
+    };
+    int i = 0;
+    for (const testing_util::CostlyRequest& c : testing_util::CostlyRequests(64)) {
+      Write(absl::StrCat(dir, "/corpus/request_scan_fuzzer/costly_", i++),
+            kind(c.request) + c.bytes);
+    }
+    const std::string masked = ReadSeed(absl::StrCat(dir, "/corpus/plan_group_request_fuzzer/masks"));
+    Write(absl::StrCat(dir, "/corpus/request_scan_fuzzer/masks"),
+          kind(v1::PlanGroupRequest::descriptor()) + masked);
   }
   return 0;
 }

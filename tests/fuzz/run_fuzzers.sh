@@ -13,7 +13,8 @@ seconds="${1:-20}"
 shift || true
 fuzzers=("$@")
 if [[ ${#fuzzers[@]} -eq 0 ]]; then
-  fuzzers=(topology_fuzzer plan_json_fuzzer plan_request_fuzzer plan_group_request_fuzzer
+  fuzzers=(topology_fuzzer plan_json_fuzzer request_scan_fuzzer plan_request_fuzzer
+    plan_group_request_fuzzer
     plan_response_fuzzer plan_group_response_fuzzer rank_reports_fuzzer timing_csv_fuzzer)
 fi
 targets=()

@@ -899,6 +899,51 @@ TEST(RendezvousTest, AtMaxJobsAJobThatIsTrainingKeepsItsPlace) {
   EXPECT_EQ(rendezvous.GetJob("trainer", kT0).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Room in the job table is shared per tenant: a tenant's burst of new job
+// ids takes room from its own idle jobs first, never past its limit, and
+// from another tenant's only while that one holds more jobs.
+TEST(RendezvousTest, ATenantsNewJobsTakeRoomFromItsOwnIdleJobsFirst) {
+  ServiceLimits limits;
+  limits.max_jobs = 4;
+  limits.max_jobs_per_tenant = 2;
+  limits.job_ttl = absl::Minutes(5);
+  Rendezvous rendezvous{limits};
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "b/1"), kT0, "b/").ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "b/2"), kT0 + absl::Seconds(1), "b/").ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "a/1"), kT0 + absl::Seconds(2), "a/").ok());
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "a/2"), kT0 + absl::Seconds(3), "a/").ok());
+  // A burst of a's new ids: each takes the room of one of a's own (b's
+  // jobs are older, and never planned either).
+  for (int i = 3; i < 10; ++i) {
+    ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, absl::StrCat("a/", i)), kT0 + absl::Seconds(i + 1),
+                      "a/")
+                    .ok())
+        << i;
+  }
+  EXPECT_EQ(rendezvous.jobs(), 4);
+  EXPECT_TRUE(rendezvous.GetJob("b/1", kT0).ok());
+  EXPECT_TRUE(rendezvous.GetJob("b/2", kT0).ok());
+  EXPECT_TRUE(rendezvous.GetJob("a/9", kT0).ok());
+  EXPECT_EQ(rendezvous.GetJob("a/1", kT0).status().code(), absl::StatusCode::kNotFound);
+  // A new tenant takes the room of an idle job of one holding more: b's
+  // oldest. Its job then waits for ranks (no longer room to give).
+  ASSERT_TRUE(Touch(rendezvous, Spec(1, 4, "c/1"), kT0 + absl::Seconds(20), "c/").ok());
+  EXPECT_EQ(rendezvous.GetJob("b/1", kT0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(rendezvous.GetJob("b/2", kT0).ok());
+  auto c1 = std::make_unique<FakeCall>(Call(Spec(2, 4, "c/1"), 0)->request(), "c/");
+  ASSERT_TRUE(Arrive(rendezvous, c1.get(), kT0 + absl::Seconds(21)).status.ok());
+  // c's second id would leave b with fewer jobs than c: it takes a's.
+  auto c2 = std::make_unique<FakeCall>(Call(Spec(2, 4, "c/2"), 0)->request(), "c/");
+  ASSERT_TRUE(Arrive(rendezvous, c2.get(), kT0 + absl::Seconds(22)).status.ok());
+  EXPECT_TRUE(rendezvous.GetJob("b/2", kT0).ok());
+  EXPECT_EQ(rendezvous.GetJob("a/8", kT0).status().code(), absl::StatusCode::kNotFound);
+  // A tenant at its limit whose jobs all wait for ranks is refused, naming it.
+  const absl::Status refused = Touch(rendezvous, Spec(1, 4, "c/3"), kT0 + absl::Seconds(23), "c/");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Message(refused), HasSubstr("spec.job_id: tenant 'c/' already has 2 jobs, its "
+                                          "limit (max_jobs_per_tenant)"));
+}
+
 // A burst of stray job ids, each leaving a step waiting: once their steps
 // expire (the rendezvous timeout), a real job gets in, without waiting out
 // the job TTL.

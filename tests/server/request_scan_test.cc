@@ -25,6 +25,7 @@
 #include "server/arena_messages.h"
 #include "server/request_bounds.h"
 #include "tests/server/costly_requests.h"
+#include "tests/server/parsed_values.h"
 #include "tests/server/wire_bytes.h"
 
 namespace knapformer {
@@ -34,6 +35,7 @@ using google::protobuf::Descriptor;
 using google::protobuf::FieldDescriptor;
 using ::testing::HasSubstr;
 using testing_util::Field;
+using testing_util::ParsedValues;
 using testing_util::Tag;
 using testing_util::Varint;
 
@@ -53,33 +55,6 @@ absl::StatusOr<RequestShape> ScanPlan(const std::string& bytes,
 absl::StatusOr<RequestShape> ScanGroup(const std::string& bytes,
                                        const ServiceLimits& limits = ServiceLimits()) {
   return ScanAs(v1::PlanGroupRequest::descriptor(), bytes, limits);
-}
-
-// The values of every repeated field of `message` and the messages it
-// holds, as the parser made them (reflection: the oracle the scan's counts
-// are held to).
-void ParsedValues(const google::protobuf::Message& message,
-                  std::map<const FieldDescriptor*, int64_t>* values) {
-  const google::protobuf::Reflection* reflection = message.GetReflection();
-  std::vector<const FieldDescriptor*> fields;
-  reflection->ListFields(message, &fields);
-  for (const FieldDescriptor* field : fields) {
-    if (field->is_repeated()) (*values)[field] += reflection->FieldSize(message, field);
-    if (field->type() != FieldDescriptor::TYPE_MESSAGE) continue;
-    if (field->is_repeated()) {
-      for (int i = 0; i < reflection->FieldSize(message, field); ++i) {
-        ParsedValues(reflection->GetRepeatedMessage(message, field, i), values);
-      }
-    } else {
-      ParsedValues(reflection->GetMessage(message, field), values);
-    }
-  }
-}
-
-std::map<const FieldDescriptor*, int64_t> ParsedValues(const google::protobuf::Message& message) {
-  std::map<const FieldDescriptor*, int64_t> values;
-  ParsedValues(message, &values);
-  return values;
 }
 
 v1::AttentionMask SpansMask(int spans) {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <random>
@@ -24,7 +25,10 @@
 #include "planner/measured_cost.h"
 #include "planner/validate.h"
 #include "proto/plan_proto.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "server/job_token.h"
 #include "server/planner_server.h"
+#include "server/request_scan.h"
 #include "tests/server/service_test_util.h"
 #include "tests/server/test_server.h"
 
@@ -572,9 +576,10 @@ v1::PlanGroupRequest GroupRequest(const std::string& job, uint64_t step) {
 class AsyncPlanGroup {
  public:
   AsyncPlanGroup(v1::Planner::Stub* stub, v1::PlanGroupRequest request,
-                 absl::Duration deadline = absl::Seconds(30))
+                 absl::Duration deadline = absl::Seconds(30), const std::string& token = "")
       : request_(std::move(request)) {
     context_.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    if (!token.empty()) context_.AddMetadata("authorization", "Bearer " + token);
     stub->async()->PlanGroup(&context_, &request_, &response_, [this](grpc::Status status) {
       status_ = std::move(status);
       finished_at_ = absl::Now();
@@ -609,10 +614,12 @@ class AsyncPlanGroup {
   absl::Time finished_at_ = absl::InfiniteFuture();
 };
 
-grpc::Status PlanGroupOnce(v1::Planner::Stub* stub, const v1::PlanGroupRequest& request) {
+grpc::Status PlanGroupOnce(v1::Planner::Stub* stub, const v1::PlanGroupRequest& request,
+                           const std::string& token = "") {
   v1::PlanGroupResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
   return stub->PlanGroup(&context, request, &response);
 }
 
@@ -720,6 +727,71 @@ TEST(ServiceTest, RequestMemoryIsChargedBeforeParsingAndGivenBack) {
   }
   EXPECT_EQ(server->service().request_memory().held(), 0);
   EXPECT_TRUE(PlanGroupOnce(stub.get(), large("other", 0)).ok());
+}
+
+// Shares are per tenant (the token's scope), not per job id: one tenant's
+// two job ids hold the tenant's share of request memory and of PlanGroup
+// calls between them, and another tenant's request still gets in (with
+// shares per job id alone, the two ids held the whole server).
+TEST(ServiceTest, ATenantsJobIdsShareItsShareAndLeaveRoomForAnotherTenant) {
+  const std::string keys = testing_util::TempPath("tenant_keys");
+  const std::string key = "0123456789abcdef0123456789abcdef-tenants";
+  std::ofstream(keys) << key << "\n";
+  auto token = [&](const std::string& prefix) {
+    return MintToken(key, TokenKind::kPrefix, prefix, absl::Now() + absl::Hours(1),
+                     NewTokenId());
+  };
+  auto large = [](const std::string& job, uint64_t step) {
+    v1::PlanGroupRequest request = GroupRequest(job, step);
+    for (int i = 0; i < 4096; ++i) request.mutable_ranks(0)->add_sequence_lengths(10);
+    return request;
+  };
+  // What one large request is charged, as the service will estimate it.
+  const std::string wire = large("team-a/1", 0).SerializeAsString();
+  google::protobuf::io::ArrayInputStream input(wire.data(), static_cast<int>(wire.size()));
+  absl::StatusOr<RequestShape> shape =
+      RequestScanner(ServiceLimits()).Scan(v1::PlanGroupRequest::descriptor(), &input);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  const int64_t charge = EstimatedParsedBytes(*shape);
+
+  PlannerServerOptions options = TestOptions();
+  options.auth.mode = AuthMode::kToken;
+  options.auth.key_file = keys;
+  // Room for two requests in all and one per job: per job alone, a
+  // tenant's two ids would take it all.
+  options.service.limits.max_request_memory = 2 * charge + charge / 2;
+  options.service.limits.max_request_memory_per_tenant = charge + charge / 2;
+  options.service.limits.max_request_memory_per_job = charge + charge / 2;
+  options.service.limits.max_plan_group_calls_per_tenant = 2;
+  options.service.answer_delay = [] { return absl::Milliseconds(1500); };
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  const std::string a = token("team-a/"), b = token("team-b/");
+
+  AsyncPlanGroup first(stub.get(), large("team-a/1", 0), absl::Seconds(30), a);
+  AwaitRequestOf(server.get(), "team-a/1");
+  EXPECT_EQ(server->service().request_memory().held_by_tenant("team-a/"), charge);
+  grpc::Status status = PlanGroupOnce(stub.get(), large("team-a/2", 0), a);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr(absl::StrCat("max_request_memory_per_tenant: tenant 'team-a/' (its jobs "
+                                     "together) holds ", charge, " bytes of requests")));
+  // Another tenant's large request gets in.
+  EXPECT_TRUE(PlanGroupOnce(stub.get(), large("team-b/1", 0), b).ok());
+  EXPECT_TRUE(first.Wait().ok()) << first.Said();
+  // Calls in flight: the tenant's two, over its two ids; the third refused.
+  AsyncPlanGroup one(stub.get(), GroupRequest("team-a/1", 1), absl::Seconds(30), a);
+  AsyncPlanGroup two(stub.get(), GroupRequest("team-a/2", 1), absl::Seconds(30), a);
+  AwaitRequestOf(server.get(), "team-a/1");
+  AwaitRequestOf(server.get(), "team-a/2");
+  status = PlanGroupOnce(stub.get(), GroupRequest("team-a/3", 0), a);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("max_plan_group_calls_per_tenant: tenant 'team-a/' (its jobs together) "
+                        "holds 2 PlanGroup calls in flight"));
+  EXPECT_TRUE(PlanGroupOnce(stub.get(), GroupRequest("team-b/2", 0), b).ok());
+  EXPECT_TRUE(one.Wait().ok()) << one.Said();
+  EXPECT_TRUE(two.Wait().ok()) << two.Said();
 }
 
 // Steps planned so far in `job`'s only group.
