@@ -177,7 +177,8 @@ def secret_mounts(doc, container):
 
 def security_problems(docs):
     """Where the shared planner (the standalone overlay) trusts its callers:
-    no TLS or job tokens from mounted Secrets, probes on the TLS port (the
+    no TLS, or job tokens' keys and revocation list not from mounted
+    Secrets, probes on the TLS port (the
     kubelet's speak no TLS), or trainers without a token from a Secret and
     the CA to verify the planner by."""
     problems = []
@@ -192,8 +193,10 @@ def security_problems(docs):
     if args.get("--auth") not in ("token", "mtls"):
         problems.append(f"planner: --auth is {args.get('--auth', 'none')}: any caller may act "
                         "as any job")
-    if args.get("--auth") == "token" and not from_secret(args.get("--auth-key-file", "")):
-        problems.append("planner: --auth-key-file is not in a mounted Secret")
+    if args.get("--auth") == "token":
+        for flag in ("--auth-key-file", "--auth-revoked-file"):
+            if not from_secret(args.get(flag, "")):
+                problems.append(f"planner: {flag} is not in a mounted Secret")
     for flag in ("--tls-cert", "--tls-key"):
         if not from_secret(args.get(flag, "")):
             problems.append(f"planner: {flag} is not in a mounted Secret (plaintext gRPC)")
@@ -316,6 +319,9 @@ def main():
             ("--auth=none", lambda p: p["args"].remove("--auth=token"), "--auth is none"),
             ("no TLS", lambda p: p["args"].remove("--tls-cert=/etc/knapformer/tls/tls.crt"),
              "--tls-cert is not in a mounted Secret"),
+            ("no revocation list",
+             lambda p: p["args"].remove("--auth-revoked-file=/etc/knapformer/auth/revoked"),
+             "--auth-revoked-file is not in a mounted Secret"),
             ("probes on the TLS port",
              lambda p: p["readinessProbe"]["grpc"].update(port=50051),
              "the readinessProbe asks port 50051"),
