@@ -31,34 +31,42 @@ int64_t TagBytes(int number) {
 // A length prefix of a message or run under 2 GiB.
 constexpr int64_t kLengthBytes = 5;
 
-// The widest encoding of one scalar value (negative int32 and enum values
-// are sign-extended to ten bytes).
-int64_t WidestValueBytes(const FieldDescriptor* field) {
-  switch (field->type()) {
-    case FieldDescriptor::TYPE_DOUBLE:
-    case FieldDescriptor::TYPE_FIXED64:
-    case FieldDescriptor::TYPE_SFIXED64:
-      return 8;
-    case FieldDescriptor::TYPE_FLOAT:
-    case FieldDescriptor::TYPE_FIXED32:
-    case FieldDescriptor::TYPE_SFIXED32:
-      return 4;
-    case FieldDescriptor::TYPE_BOOL:
-      return 1;
-    case FieldDescriptor::TYPE_UINT32:
-    case FieldDescriptor::TYPE_SINT32:
-      return 5;
-    default:  // int32, int64, uint64, sint64, enum
-      return 10;
-  }
-}
-
 bool IsString(const FieldDescriptor* field) {
   return field->type() == FieldDescriptor::TYPE_STRING ||
          field->type() == FieldDescriptor::TYPE_BYTES;
 }
 
 }  // namespace
+
+ValueForm ValueFormOf(const FieldDescriptor* field) {
+  switch (field->type()) {
+    case FieldDescriptor::TYPE_DOUBLE:
+    case FieldDescriptor::TYPE_FIXED64:
+    case FieldDescriptor::TYPE_SFIXED64:
+      return {1, 8, 8};
+    case FieldDescriptor::TYPE_FLOAT:
+    case FieldDescriptor::TYPE_FIXED32:
+    case FieldDescriptor::TYPE_SFIXED32:
+      return {5, 4, 4};
+    case FieldDescriptor::TYPE_STRING:
+    case FieldDescriptor::TYPE_BYTES:
+    case FieldDescriptor::TYPE_MESSAGE:
+      return {2, 0, 0};
+    case FieldDescriptor::TYPE_GROUP:
+      return {-1, 0, 0};
+    case FieldDescriptor::TYPE_BOOL:
+      return {0, 1, 1};
+    case FieldDescriptor::TYPE_UINT32:
+    case FieldDescriptor::TYPE_SINT32:
+      return {0, 5, 4};
+    case FieldDescriptor::TYPE_INT64:
+    case FieldDescriptor::TYPE_UINT64:
+    case FieldDescriptor::TYPE_SINT64:
+      return {0, 10, 8};
+    default:  // int32 and enum: negative values are sign-extended to ten bytes
+      return {0, 10, 4};
+  }
+}
 
 RequestBounds::RequestBounds(const ServiceLimits& limits) {
   auto at = [this](const Descriptor* message, int number) -> FieldBound& {
@@ -164,9 +172,9 @@ int64_t RequestBounds::MaxWireBytes(const Descriptor* root) const {
       } else if (IsString(field)) {
         bytes += instances * (tag + kLengthBytes + bound->per_message);
       } else if (field->is_repeated()) {  // packed: one run per message
-        bytes += instances * (tag + kLengthBytes) + values * WidestValueBytes(field);
+        bytes += instances * (tag + kLengthBytes) + values * ValueFormOf(field).widest_bytes;
       } else {
-        bytes += instances * (tag + WidestValueBytes(field));
+        bytes += instances * (tag + ValueFormOf(field).widest_bytes);
       }
     }
     return bytes;

@@ -70,6 +70,17 @@ class RequestBounds {
   std::map<const google::protobuf::FieldDescriptor*, FieldBound> bounds_;
 };
 
+// How one value of a field travels and is held: its wire type (protobuf's:
+// 0 varint, 1 fixed 64-bit, 2 length-delimited, 5 fixed 32-bit; -1 for a
+// group), its widest encoding (scalars), and its bytes in a parsed
+// repeated array (scalars).
+struct ValueForm {
+  int wire_type = 0;
+  int64_t widest_bytes = 0;
+  int64_t array_bytes = 0;
+};
+ValueForm ValueFormOf(const google::protobuf::FieldDescriptor* field);
+
 // The request messages the service reads from the wire: PlanRequest,
 // PlanGroupRequest, GetJobRequest.
 const std::vector<const google::protobuf::Descriptor*>& ScannedRequests();

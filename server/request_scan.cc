@@ -44,42 +44,6 @@ constexpr int64_t kArenaObjectBytes = 32;
 // A call's fixed part: the arena's first blocks and gRPC's own state.
 constexpr int64_t kCallBytes = 16 << 10;
 
-// The wire type of one value of `field`.
-int WireTypeOf(const FieldDescriptor* field) {
-  switch (field->type()) {
-    case FieldDescriptor::TYPE_DOUBLE:
-    case FieldDescriptor::TYPE_FIXED64:
-    case FieldDescriptor::TYPE_SFIXED64:
-      return kFixed64;
-    case FieldDescriptor::TYPE_FLOAT:
-    case FieldDescriptor::TYPE_FIXED32:
-    case FieldDescriptor::TYPE_SFIXED32:
-      return kFixed32;
-    case FieldDescriptor::TYPE_STRING:
-    case FieldDescriptor::TYPE_BYTES:
-    case FieldDescriptor::TYPE_MESSAGE:
-      return kLengthDelimited;
-    case FieldDescriptor::TYPE_GROUP:
-      return -1;  // never read as a field
-    default:
-      return kVarint;
-  }
-}
-
-// Bytes of one value of a repeated scalar field in its parsed array.
-int64_t ArrayBytes(const FieldDescriptor* field) {
-  switch (field->cpp_type()) {
-    case FieldDescriptor::CPPTYPE_BOOL:
-      return 1;
-    case FieldDescriptor::CPPTYPE_INT64:
-    case FieldDescriptor::CPPTYPE_UINT64:
-    case FieldDescriptor::CPPTYPE_DOUBLE:
-      return 8;
-    default:  // int32, uint32, float, enum
-      return 4;
-  }
-}
-
 // The bytes of one parsed message object of type `message`.
 int64_t ObjectBytes(const Descriptor* message) {
   const google::protobuf::Message* prototype =
@@ -371,8 +335,9 @@ const RequestScanner::MessagePlan& RequestScanner::PlanOf(const Descriptor* mess
   for (int i = 0; i < message->field_count(); ++i) {
     const FieldDescriptor* descriptor = message->field(i);
     MessagePlan::Field& field = plan.fields[i];
+    const ValueForm form = ValueFormOf(descriptor);
     field.descriptor = descriptor;
-    field.wire = WireTypeOf(descriptor);
+    field.wire = form.wire_type;
     field.bound = bounds_.Of(descriptor);
     if (descriptor->type() == FieldDescriptor::TYPE_MESSAGE) {
       field.message = &PlanOf(descriptor->message_type());
@@ -383,8 +348,8 @@ const RequestScanner::MessagePlan& RequestScanner::PlanOf(const Descriptor* mess
           kStringBytes + (descriptor->is_repeated() ? kGrowth * int64_t{sizeof(void*)} : 0);
     } else if (descriptor->is_repeated()) {
       field.packable = descriptor->is_packable();
-      field.fixed_width = field.wire == kFixed64 ? 8 : field.wire == kFixed32 ? 4 : 0;
-      field.parsed_bytes = kGrowth * ArrayBytes(descriptor);
+      field.fixed_width = field.wire == kVarint ? 0 : form.widest_bytes;
+      field.parsed_bytes = kGrowth * form.array_bytes;
     }
     const size_t number = static_cast<size_t>(descriptor->number());
     if (number < (1u << 16)) {

@@ -109,6 +109,11 @@ TEST(ClientEnvironment, LogStepsIsOneOfFourWords) {
   const absl::Status status =
       ApplyClientEnvironment(&planner, &job, &group, From({{"KNAPFORMER_LOG_STEPS", "on"}}));
   EXPECT_EQ(status.message(), "KNAPFORMER_LOG_STEPS: 'on' is not one of 1, true, 0, false");
+  // A mesh that encrypts for the client is said so by name.
+  ASSERT_TRUE(ApplyClientEnvironment(&planner, &job, &group,
+                                     From({{"KNAPFORMER_PLANNER_MESH_TLS", "1"}}))
+                  .ok());
+  EXPECT_TRUE(planner.mesh_tls);
 }
 
 }  // namespace

@@ -77,6 +77,9 @@ std::vector<BadRequest> BadRequests() {
        "spec.job_id", "character 2 is not one of [A-Za-z0-9._:/-]"},
       {"job_id with a non-ASCII byte", [](R& r, L&) { r.mutable_spec()->set_job_id("j\xc3\xb6"); },
        kInvalid, "spec.job_id", "character 1 is not one of"},
+      // A scope, not a job: "team-a/" names every job under it.
+      {"job_id ending in /", [](R& r, L&) { r.mutable_spec()->set_job_id("team-a/"); }, kInvalid,
+       "spec.job_id", "ends in '/'"},
       {"long group_id", [](R& r, L&) { r.mutable_spec()->set_group_id(std::string(257, 'g')); },
        kInvalid, "spec.group_id", "257 characters exceed the limit of 256"},
       {"group_id with a bad character", [](R& r, L&) { r.mutable_spec()->set_group_id("tp#0"); },
