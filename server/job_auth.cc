@@ -240,9 +240,9 @@ absl::StatusOr<std::shared_ptr<const JobAuthorizer::Revoked>> JobAuthorizer::Cur
   return revoked;
 }
 
-AuthFilesState JobAuthorizer::Refresh() {
+std::optional<AuthFilesState> JobAuthorizer::Refresh() {
+  if (keys_ == nullptr) return std::nullopt;
   AuthFilesState state;
-  if (keys_ == nullptr) return state;
   absl::StatusOr<std::shared_ptr<const Keys>> keys = CurrentKeys();
   absl::StatusOr<std::shared_ptr<const Revoked>> revoked = CurrentRevoked();
   if (keys.ok() && revoked.ok()) {

@@ -38,6 +38,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -96,7 +97,7 @@ CallerCredentials CredentialsOf(const grpc::ServerContextBase& context);
 
 // The key file and revocation list as last read, for the metrics.
 struct AuthFilesState {
-  int64_t keys = 0;            // 0 while failing closed (or not in token mode)
+  int64_t keys = 0;  // 0 while failing closed
   int64_t revoked_tokens = 0;
 };
 
@@ -123,8 +124,9 @@ class JobAuthorizer {
   absl::StatusOr<std::string> Authorize(const grpc::ServerContextBase& context,
                                         const std::string& job_id);
 
-  // Reads the files when due (logging a change) and says what they hold.
-  AuthFilesState Refresh();
+  // Reads the files when due (logging a change) and says what they hold;
+  // nullopt outside token mode (no files).
+  std::optional<AuthFilesState> Refresh();
 
  private:
   using Keys = std::vector<JobKey>;

@@ -125,6 +125,24 @@ class PluginsOption final : public grpc::ServerBuilderOption {
   const bool reflection_;
 };
 
+// What gRPC itself is held to, from the service's limits: the memory of
+// requests in transit and held as bytes (half the request memory the
+// service admits, whose parsed part lives outside gRPC, and room for two
+// requests at the receive limit), past which gRPC sheds new calls
+// (RESOURCE_EXHAUSTED); and the calls one connection may have open at once
+// (a whole group's ranks in one process, and its PlanGroup calls).
+struct ServerQuotas {
+  int64_t memory_bytes = 0;
+  int32_t streams_per_connection = 0;
+};
+
+ServerQuotas ServerQuotasFor(const ServiceLimits& limits) {
+  ServerQuotas quotas;
+  quotas.memory_bytes = limits.max_request_memory / 2 + 2 * int64_t{ReceiveLimitBytes(limits)};
+  quotas.streams_per_connection = limits.max_world_size + limits.max_plan_group_calls_per_tenant;
+  return quotas;
+}
+
 // Tokens never cross a network in clear: an auth mode needs TLS, a listener
 // that stays on this machine, or a mesh that encrypts for it.
 absl::Status CheckAuthTransport(const PlannerServerOptions& options) {
@@ -141,13 +159,6 @@ absl::Status CheckAuthTransport(const PlannerServerOptions& options) {
 
 }  // namespace
 
-ServerQuotas ServerQuotasFor(const ServiceLimits& limits) {
-  ServerQuotas quotas;
-  quotas.memory_bytes = limits.max_request_memory / 2 + 2 * int64_t{ReceiveLimitBytes(limits)};
-  quotas.streams_per_connection = limits.max_world_size + limits.max_plan_group_calls_per_tenant;
-  return quotas;
-}
-
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     const PlannerServerOptions& options) {
   auto credentials = Credentials(options.tls);
@@ -156,13 +167,11 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   absl::StatusOr<std::unique_ptr<JobAuthorizer>> authorizer =
       JobAuthorizer::Create(options.auth, !options.tls.client_ca_file.empty());
   if (!authorizer.ok()) return authorizer.status();
+  // What request_scan_test proves of every request message, checked once
+  // more where it matters: a field the scan cannot bound never serves.
+  const RequestBounds bounds(options.service.limits);
   for (const google::protobuf::Descriptor* request : ScannedRequests()) {
-    // What request_scan_test proves of every request message, checked once
-    // more where it matters: a field the scan cannot bound never serves.
-    if (absl::Status covered = RequestBounds(options.service.limits).Covers(request);
-        !covered.ok()) {
-      return covered;
-    }
+    if (absl::Status covered = bounds.Covers(request); !covered.ok()) return covered;
   }
   ServiceOptions service = options.service;
   service.authorizer = *std::move(authorizer);

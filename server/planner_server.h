@@ -68,8 +68,9 @@ struct PlannerServerOptions {
 // server reflection (under --auth none) and, optionally, Prometheus metrics
 // on their own port. gRPC's memory for requests in transit is held to a
 // resource quota, and a connection's concurrent calls to a limit, both sized
-// from the service's limits (ServerQuotas), so that callers refused before
-// their request is read (no credential) are bounded too.
+// from the service's limits (planner_server.cc, ServerQuotasFor), so that
+// callers refused before their request is read (no credential) are bounded
+// too.
 // Embeddable: a trainer's rank 0 can host it in-process. Thread-safe.
 class PlannerServer {
  public:
@@ -122,18 +123,6 @@ class PlannerServer {
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };
-
-// What gRPC itself is held to, from the service's limits: the memory of
-// requests in transit and held as bytes (half the request memory the
-// service admits, whose parsed part lives outside gRPC, and room for two
-// requests at the receive limit), past which gRPC sheds new calls
-// (RESOURCE_EXHAUSTED); and the calls one connection may have open at once
-// (a whole group's ranks in one process, and its PlanGroup calls).
-struct ServerQuotas {
-  int64_t memory_bytes = 0;
-  int32_t streams_per_connection = 0;
-};
-ServerQuotas ServerQuotasFor(const ServiceLimits& limits);
 
 }  // namespace knapformer
 

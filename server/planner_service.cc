@@ -696,7 +696,11 @@ void PlannerService::Reap() {
     metrics_.DropIdleJobs(after, options_.limits.job_ttl);
     // The key file and revocation list are looked at even without calls,
     // so that a broken one shows in the metrics and the log at once.
-    if (options_.authorizer != nullptr) metrics_.SetAuthFiles(options_.authorizer->Refresh());
+    if (options_.authorizer != nullptr) {
+      if (std::optional<AuthFilesState> files = options_.authorizer->Refresh()) {
+        metrics_.SetAuthFiles(*files);
+      }
+    }
     reaper_mu_.Lock();
   }
 }

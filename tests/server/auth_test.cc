@@ -249,7 +249,7 @@ TEST(JobAuthorizerTest, ATokenActsForItsJobUntilItExpiresOrIsRevoked) {
                                              "00000000000000aa")),
                              "job-a", kNow)
                   .ok());
-  EXPECT_EQ(auth.Refresh().revoked_tokens, 1);
+  EXPECT_EQ(auth.Refresh()->revoked_tokens, 1);
   // A malformed revocation list, or none where one was, refuses every token.
   WriteFile(revoked, "not-an-id\n");
   EXPECT_EQ(auth.Authorize(Bearer(JobToken(kKeyA, "job-a", kNow + absl::Hours(1),
@@ -259,7 +259,7 @@ TEST(JobAuthorizerTest, ATokenActsForItsJobUntilItExpiresOrIsRevoked) {
                 .code(),
             absl::StatusCode::kUnavailable);
   std::filesystem::remove(revoked);
-  EXPECT_EQ(auth.Refresh().keys, 0);
+  EXPECT_EQ(auth.Refresh()->keys, 0);
 }
 
 TEST(JobAuthorizerTest, TheKeyFileIsFollowedByContentAndFailsClosed) {
@@ -272,7 +272,7 @@ TEST(JobAuthorizerTest, TheKeyFileIsFollowedByContentAndFailsClosed) {
     return auth.Authorize(Bearer(JobToken(key, "job-a")), "job-a", kNow).status().code();
   };
   EXPECT_EQ(acts(kKeyA), absl::StatusCode::kOk);
-  EXPECT_EQ(auth.Refresh().keys, 1);
+  EXPECT_EQ(auth.Refresh()->keys, 1);
   // Rotation: the new key first; during the overlap both keys' tokens act.
   WriteFile(path, absl::StrCat(kKeyB, "\n", kKeyA, "\n"));
   EXPECT_EQ(acts(kKeyB), absl::StatusCode::kOk);
@@ -308,7 +308,7 @@ TEST(JobAuthorizerTest, TheKeyFileIsFollowedByContentAndFailsClosed) {
       EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << (broken ? broken : "deleted");
       EXPECT_THAT(refused.message(), HasSubstr("every token is refused until that is fixed"));
     }
-    EXPECT_EQ(auth.Refresh().keys, 0);
+    EXPECT_EQ(auth.Refresh()->keys, 0);
   }
   const std::string log = ::testing::internal::GetCapturedStderr();
   size_t warnings = 0;
@@ -319,7 +319,7 @@ TEST(JobAuthorizerTest, TheKeyFileIsFollowedByContentAndFailsClosed) {
   EXPECT_EQ(warnings, 3u) << log;  // once per broken version
   WriteFile(path, absl::StrCat(kKeyC, "\n"));
   EXPECT_EQ(acts(kKeyC), absl::StatusCode::kOk);
-  EXPECT_EQ(auth.Refresh().keys, 1);
+  EXPECT_EQ(auth.Refresh()->keys, 1);
 }
 
 TEST(JobAuthorizerTest, APrefixTokenActsForTheJobsUnderItsPrefixOnly) {

@@ -184,6 +184,8 @@ tls_of() {
   echo "KNAPFORMER_PLANNER_TLS_CERT=$tmp/tls/$1.pem KNAPFORMER_PLANNER_TLS_KEY=$tmp/tls/$1.key"
 }
 attack mtls team-v/victim team-s/stranger "$(tls_of team-v)" "$(tls_of stranger)"
+[[ "$(metric knapformer_planner_auth_keys "")" == none ]] ||
+  fail "(mtls) a planner without a key file exports knapformer_planner_auth_keys"
 stop_server
 
 echo "$failures failures"

@@ -10,7 +10,13 @@
 #   (zeros)   the same tenant, 8 of 48 MiB of zero lengths: refused by count;
 #   (anonymous) 8 of 32 MiB without a token: refused (by the token check, or
 #             shed by gRPC's memory quota before it);
-#   (oversize) 8 of 80 MiB: over the receive limit, refused by gRPC.
+#   (oversize) 8 of 80 MiB: over the receive limit, refused by gRPC;
+#   (held)    the flood tenant, 8 valid steps of 68 MB parsed each over its
+#             two job ids, held while the planner delays its answers (its
+#             fault injection): the tenant's share (256 MiB) holds 3, the
+#             rest are refused naming it, and another tenant's large step
+#             still gets in (with shares per job id alone, the two ids held
+#             the whole 512 MiB and it was refused).
 # The planner must stay up under the limit, and the run must finish every
 # step exactly (loss and gradients checked by the binary), planned by the
 # service before and after the floods. Prints the planner's peak RSS and the
@@ -36,8 +42,10 @@ limit=$((1 << 30))
 
 make_tls "$tmp/tls" || exit 1
 python3 -c 'import secrets; print(secrets.token_hex(32))' >"$tmp/keys"
+echo 0 >"$tmp/delay"
 prlimit --data=$limit -- "$knapformer" serve --listen 127.0.0.1:0 --metrics 127.0.0.1:0 \
   --log-level warning --port-file "$tmp/port" --auth token --auth-key-file "$tmp/keys" \
+  --answer-delay-file "$tmp/delay" \
   --tls-cert "$tmp/tls/server.pem" --tls-key "$tmp/tls/server.key" >"$tmp/server.log" 2>&1 &
 server=$!
 wait_for_port_file "$tmp/port" "$tmp/server.log" || exit 1
@@ -47,6 +55,7 @@ grep -q "^Max data size *$limit " "/proc/$server/limits" ||
 export KNAPFORMER_PLANNER_TLS_CA="$tmp/tls/ca.pem"
 run_token="$("$knapformer" token --job memory --ttl 1h --key-file "$tmp/keys" 2>/dev/null)"
 flood_token="$("$knapformer" token --prefix flood/ --ttl 1h --key-file "$tmp/keys" 2>/dev/null)"
+other_token="$("$knapformer" token --job other-tenant --ttl 1h --key-file "$tmp/keys" 2>/dev/null)"
 
 KNAPFORMER_PLANNER_TOKEN="$run_token" KNAPFORMER_JOB_ID=memory timeout 300 "$train_sim" \
   --procs 4 --scale 32 --steps 40 --planner "127.0.0.1:$port" >"$tmp/run" 2>"$tmp/run.err" &
@@ -64,6 +73,24 @@ send nested nested 30 8 "$flood_token"
 send zeros zeros 48 8 "$flood_token"
 send anonymous zeros 32 16,8 ""
 send oversize zeros 80 8 "$flood_token"
+# (held): answers delayed 5 s, calls of 3 s: an admitted step is held until
+# the answer (DEADLINE_EXCEEDED, unsolved), a refused one answered at once.
+echo 5000 >"$tmp/delay"
+KNAPFORMER_FLOOD_DEADLINE_MS=3000 KNAPFORMER_PLANNER_TOKEN="$flood_token" timeout 120 \
+  "$flood" "$port" 8 $((1200 << 10)) held 4,8 flood/a flood/b >"$tmp/held" 2>&1 &
+held=$!
+sleep 1.5  # the flood's steps arrive and are held
+KNAPFORMER_FLOOD_DEADLINE_MS=3000 KNAPFORMER_PLANNER_TOKEN="$other_token" timeout 120 \
+  "$flood" "$port" 1 $((1200 << 10)) held 4 other-tenant >"$tmp/other" 2>&1 ||
+  fail "(held) another tenant's large step was refused: $(cat "$tmp/other")"
+wait "$held" || fail "(held) the tenant's steps were neither held nor refused: $(cat "$tmp/held")"
+echo 0 >"$tmp/delay"
+admitted="$(grep -c "^request.*: 4 " "$tmp/held")"
+per_tenant="$(grep -c "max_request_memory_per_tenant: tenant 'flood/'" "$tmp/held")"
+echo "(held) the flood tenant's 8 steps: $admitted held, $per_tenant refused for its share;" \
+  "another tenant's: $(tail -1 "$tmp/other")"
+[[ "$admitted" -ge 1 && "$admitted" -le 4 && $((admitted + per_tenant)) -eq 8 ]] ||
+  fail "(held) not held to the tenant's share: $(cat "$tmp/held")"
 flood_to="$(last_step "$tmp/run")"
 kill -0 "$server" 2>/dev/null || fail "the planner died: $(cat "$tmp/server.log")"
 peak_kib="$(awk '/^VmHWM/ {print $2}' "/proc/$server/status" 2>/dev/null)"

@@ -7,14 +7,20 @@
 //           more once parsed;
 //   nested  a spec whose measured attention table holds nothing but unknown
 //           varint fields: two bytes each, an entry of a growing array
-//           parsed (the field a hand-written scan once skipped whole).
+//           parsed (the field a hand-written scan once skipped whole);
+//   held    a valid PlanGroup step of empty sequences, each with its (full)
+//           mask: three bytes each, about 200 parsed; admitted within the
+//           limits, it is held while the planner delays its answer (the
+//           test's --answer-delay-file) or until the call's deadline.
 // Each must be refused with one of EXPECTED_CODES (gRPC code numbers,
 // comma-separated: 8 RESOURCE_EXHAUSTED by gRPC's receive limit or memory
 // quota, or by the planner before parsing; 16 UNAUTHENTICATED without a
-// token). Credentials, as a
+// token; 4 DEADLINE_EXCEEDED for a held request admitted). Each call's
+// deadline: KNAPFORMER_FLOOD_DEADLINE_MS (default 60000). Credentials, as a
 // trainer's: KNAPFORMER_PLANNER_TOKEN, KNAPFORMER_PLANNER_TLS_CA. Prints one
 // line per request and the seconds until the last answer; exit 0 when all
 // were refused so, 1 otherwise, 2 for bad usage.
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <set>
@@ -47,6 +53,25 @@ const char* Env(const char* name) {
 // A PlanGroupRequest (rank 0 holding the payload) or a PlanRequest of
 // about `bytes` bytes for `job`.
 std::string Request(bool group, const std::string& shape, int64_t bytes, const std::string& job) {
+  if (shape == "held") {
+    // Ranks of at most 65536 sequences (the per-rank limit).
+    const int64_t sequences = std::max<int64_t>(1, bytes / 3);
+    const int32_t ranks = static_cast<int32_t>((sequences + 65535) / 65536);
+    v1::PlanGroupRequest request;
+    request.mutable_spec()->set_job_id(job);
+    request.mutable_spec()->set_world_size(ranks);
+    request.mutable_spec()->set_topology(absl::StrCat("g1n", ranks));
+    request.mutable_spec()->set_d_model(64);
+    for (int32_t r = 0; r < ranks; ++r) {
+      v1::RankLengths* rank = request.add_ranks();
+      const int64_t n = std::min<int64_t>(65536, sequences - int64_t{r} * 65536);
+      for (int64_t i = 0; i < n; ++i) {
+        rank->add_sequence_lengths(0);
+        rank->add_attention_masks();
+      }
+    }
+    return request.SerializeAsString();
+  }
   std::string spec = Field(v1::StepSpec::kJobIdFieldNumber, job) +
                      Tag(v1::StepSpec::kWorldSizeFieldNumber, 0) + Varint(1) +
                      Field(v1::StepSpec::kTopologyFieldNumber, "g1n1");
@@ -80,7 +105,13 @@ int Run(int port, int count, int64_t bytes, const std::string& shape,
   const std::string token = Env("KNAPFORMER_PLANNER_TOKEN");
   std::vector<std::string> bodies;
   for (int i = 0; i < count; ++i) {
-    bodies.push_back(Request(i % 2 == 0, shape, bytes, jobs[i % jobs.size()]));
+    bodies.push_back(Request(i % 2 == 0 || shape == "held", shape, bytes, jobs[i % jobs.size()]));
+  }
+  int64_t deadline_ms = 60000;
+  if (*Env("KNAPFORMER_FLOOD_DEADLINE_MS") != '\0' &&
+      !absl::SimpleAtoi(Env("KNAPFORMER_FLOOD_DEADLINE_MS"), &deadline_ms)) {
+    std::cerr << "request_flood: KNAPFORMER_FLOOD_DEADLINE_MS is not a number\n";
+    return 2;
   }
   std::vector<grpc::ByteBuffer> requests(count);
   std::vector<grpc::ByteBuffer> responses(count);
@@ -105,12 +136,12 @@ int Run(int port, int count, int64_t bytes, const std::string& shape,
         grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port), credentials, args)));
     grpc::Slice slice(bodies[i]);
     requests[i] = grpc::ByteBuffer(&slice, 1);
-    contexts[i].set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    contexts[i].set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(deadline_ms)));
     if (!token.empty()) contexts[i].AddMetadata("authorization", "Bearer " + token);
   }
   bodies.clear();  // the byte buffers hold their own copies
   for (int i = 0; i < count; ++i) {
-    const bool group = i % 2 == 0;
+    const bool group = i % 2 == 0 || shape == "held";
     stubs[i]->UnaryCall(&contexts[i],
                         group ? "/knapformer.v1.Planner/PlanGroup" : "/knapformer.v1.Planner/Plan",
                         grpc::StubOptions(), &requests[i], &responses[i],
@@ -126,7 +157,7 @@ int Run(int port, int count, int64_t bytes, const std::string& shape,
   }
   absl::MutexLock lock(&mu);
   mu.Await(absl::Condition(&answers, &Answers::All));
-  std::cout << answers.refused << " of " << count << " requests refused as expected in "
+  std::cout << answers.refused << " of " << count << " requests answered as expected in "
             << absl::ToDoubleSeconds(absl::Now() - start) << " s" << std::endl;
   return answers.refused == count ? 0 : 1;
 }
@@ -149,8 +180,9 @@ int main(int argc, char** argv) {
   }
   if (argc < 6 || !absl::SimpleAtoi(argv[1], &port) || !absl::SimpleAtoi(argv[2], &count) ||
       !absl::SimpleAtoi(argv[3], &bytes) || count < 1 || bytes < 1 ||
-      (shape != "zeros" && shape != "nested") || !codes) {
-    std::cerr << "usage: request_flood PORT COUNT BYTES zeros|nested CODE[,CODE...] [JOB...]\n";
+      (shape != "zeros" && shape != "nested" && shape != "held") || !codes) {
+    std::cerr << "usage: request_flood PORT COUNT BYTES zeros|nested|held CODE[,CODE...] "
+                 "[JOB...]\n";
     return 2;
   }
   return knapformer::Run(port, count, bytes, shape, expected,
