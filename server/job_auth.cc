@@ -46,9 +46,7 @@ absl::StatusOr<std::set<std::string>> ParseRevoked(const std::string& path,
   for (const FileLine& line : lines.whole) {
     const absl::string_view id = absl::StripAsciiWhitespace(line.text);
     if (id.empty() || id[0] == '#') continue;
-    bool hex = id.size() == 16;
-    for (char c : id) hex = hex && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
-    if (!hex) {
+    if (!IsTokenId(id)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "revocation list ", path, ", line ", line.number,
           ": not a token id (16 hex digits, as `knapformer token` prints it)"));

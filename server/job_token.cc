@@ -1,5 +1,6 @@
 #include "server/job_token.h"
 
+#include <cstdlib>
 #include <vector>
 
 #include <openssl/crypto.h>
@@ -7,7 +8,6 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -57,6 +57,8 @@ absl::Status NotAToken(absl::string_view why) {
 
 const char* TokenKindName(TokenKind kind) { return kind == TokenKind::kJob ? "job" : "prefix"; }
 
+bool IsTokenId(absl::string_view text) { return IsLowerHex(text, kTokenIdDigits); }
+
 std::string KeyIdOf(absl::string_view key) {
   return HexHmac(key, "knapformer key id").substr(0, kKeyIdDigits);
 }
@@ -103,7 +105,7 @@ absl::StatusOr<JobToken> ParseToken(absl::string_view text) {
   }
   token.expires = absl::FromUnixSeconds(expires);
   if (!IsLowerHex(parts[3], kKeyIdDigits)) return NotAToken("its key id is not 8 hex digits");
-  if (!IsLowerHex(parts[4], kTokenIdDigits)) return NotAToken("its id is not 16 hex digits");
+  if (!IsTokenId(parts[4])) return NotAToken("its id is not 16 hex digits");
   if (!IsLowerHex(parts[5], kMacDigits)) return NotAToken("its MAC is not 64 hex digits");
   token.scope = std::string(parts[6]);
   if (token.scope.empty()) return NotAToken("its scope is empty");

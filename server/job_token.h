@@ -45,6 +45,8 @@ std::string KeyIdOf(absl::string_view key);
 
 // 16 random hex digits (the system's CSPRNG).
 std::string NewTokenId();
+// Whether `text` is a token id: 16 lowercase hex digits.
+bool IsTokenId(absl::string_view text);
 
 // The token of `kind` for `scope` under `key`. REQUIRES: a prefix scope ends
 // in "/", a job scope does not; token_id is 16 hex digits.
