@@ -11,15 +11,15 @@
 #   (anonymous) 8 of 32 MiB without a token: refused (by the token check, or
 #             shed by gRPC's memory quota before it);
 #   (oversize) 8 of 80 MiB: over the receive limit, refused by gRPC;
-#   (held)    the flood tenant, 8 valid steps of 68 MB parsed each over its
-#             two job ids, held while the planner delays its answers (its
-#             fault injection): the tenant's share (256 MiB) holds 3, the
-#             rest are refused naming it, and another tenant's large step
+#   (held)    the flood tenant, 48 valid one-rank steps of 13 MB parsed
+#             each over its two job ids, waiting in the rendezvous for ranks
+#             that never come: the tenant's share (256 MiB) holds about 20,
+#             the rest are refused naming it, and another tenant's step
 #             still gets in (with shares per job id alone, the two ids held
 #             the whole 512 MiB and it was refused).
 # The planner must stay up under the limit, and the run must finish every
 # step exactly (loss and gradients checked by the binary), planned by the
-# service before and after the floods. Prints the planner's peak RSS and the
+# service before the floods, and a run after them entirely by the service. Prints the planner's peak RSS and the
 # run's planning latency before and during the floods: the figures of
 # docs/service.md ("Memory"). 127.0.0.1 only; every wait bounded; every
 # process cleaned up.
@@ -42,10 +42,8 @@ limit=$((1 << 30))
 
 make_tls "$tmp/tls" || exit 1
 python3 -c 'import secrets; print(secrets.token_hex(32))' >"$tmp/keys"
-echo 0 >"$tmp/delay"
 prlimit --data=$limit -- "$knapformer" serve --listen 127.0.0.1:0 --metrics 127.0.0.1:0 \
   --log-level warning --port-file "$tmp/port" --auth token --auth-key-file "$tmp/keys" \
-  --answer-delay-file "$tmp/delay" \
   --tls-cert "$tmp/tls/server.pem" --tls-key "$tmp/tls/server.key" >"$tmp/server.log" 2>&1 &
 server=$!
 wait_for_port_file "$tmp/port" "$tmp/server.log" || exit 1
@@ -73,37 +71,50 @@ send nested nested 30 8 "$flood_token"
 send zeros zeros 48 8 "$flood_token"
 send anonymous zeros 32 16,8 ""
 send oversize zeros 80 8 "$flood_token"
-# (held): answers delayed 5 s, calls of 3 s: an admitted step is held until
-# the answer (DEADLINE_EXCEEDED, unsolved), a refused one answered at once.
-echo 5000 >"$tmp/delay"
-KNAPFORMER_FLOOD_DEADLINE_MS=3000 KNAPFORMER_PLANNER_TOKEN="$flood_token" timeout 120 \
-  "$flood" "$port" 8 $((1200 << 10)) held 4,8 flood/a flood/b >"$tmp/held" 2>&1 &
+# (held): the tenant's 48 one-rank steps wait in the rendezvous for ranks
+# that never come, holding their memory; once its refusals stop coming,
+# another tenant's such step must get in (held too: DEADLINE_EXCEEDED, not
+# RESOURCE_EXHAUSTED). Then the flood is stopped, which frees its memory.
+KNAPFORMER_FLOOD_DEADLINE_MS=120000 KNAPFORMER_PLANNER_TOKEN="$flood_token" timeout 150 \
+  "$flood" "$port" 48 $((192 << 10)) held 4,8 flood/a flood/b >"$tmp/held" 2>&1 &
 held=$!
-sleep 1.5  # the flood's steps arrive and are held
-KNAPFORMER_FLOOD_DEADLINE_MS=3000 KNAPFORMER_PLANNER_TOKEN="$other_token" timeout 120 \
-  "$flood" "$port" 1 $((1200 << 10)) held 4 other-tenant >"$tmp/other" 2>&1 ||
-  fail "(held) another tenant's large step was refused: $(cat "$tmp/other")"
-wait "$held" || fail "(held) the tenant's steps were neither held nor refused: $(cat "$tmp/held")"
-echo 0 >"$tmp/delay"
-admitted="$(grep -c "^request.*: 4 " "$tmp/held")"
+refused=-1
+for _ in $(seq 60); do  # until the count of refusals holds still for 1 s
+  sleep 1
+  now="$(grep -c "^request.*: 8 " "$tmp/held")"
+  [[ "$now" -gt 0 && "$now" -eq "$refused" ]] && break
+  refused="$now"
+done
+KNAPFORMER_FLOOD_DEADLINE_MS=5000 KNAPFORMER_PLANNER_TOKEN="$other_token" timeout 60 \
+  "$flood" "$port" 1 $((192 << 10)) held 4 other-tenant >"$tmp/other" 2>&1 ||
+  fail "(held) another tenant's step was refused: $(cat "$tmp/other")"
+kill "$held" 2>/dev/null
+wait "$held" 2>/dev/null
+refused="$(grep -c "^request.*: 8 " "$tmp/held")"
 per_tenant="$(grep -c "max_request_memory_per_tenant: tenant 'flood/'" "$tmp/held")"
-echo "(held) the flood tenant's 8 steps: $admitted held, $per_tenant refused for its share;" \
-  "another tenant's: $(tail -1 "$tmp/other")"
-[[ "$admitted" -ge 1 && "$admitted" -le 4 && $((admitted + per_tenant)) -eq 8 ]] ||
-  fail "(held) not held to the tenant's share: $(cat "$tmp/held")"
+echo "(held) the flood tenant's 48 steps: $((48 - refused)) held, $refused refused" \
+  "($per_tenant for its share); another tenant's: $(grep "^request" "$tmp/other" | cut -c1-80)"
+[[ "$refused" -gt 0 && "$per_tenant" -eq "$refused" ]] ||
+  fail "(held) not held to the tenant's share: $(grep -v ": 4 " "$tmp/held" | head -5)"
 flood_to="$(last_step "$tmp/run")"
 kill -0 "$server" 2>/dev/null || fail "the planner died: $(cat "$tmp/server.log")"
 peak_kib="$(awk '/^VmHWM/ {print $2}' "/proc/$server/status" 2>/dev/null)"
 wait "$sim" || fail "train-sim exited non-zero: $(cat "$tmp/run.err")"
-# Every step done and exact; the service planned the run before the floods
-# and again after them. A step may fall back to the local planner while a
-# flood holds the machine: it is counted and its reason printed.
-check_run "$tmp/run" "(memory)" 0 39 0 service-after "$flood_to" service $(seq 0 "$flood_from") ||
-  fail "the run did not use the service before and after the floods: $(tail -20 "$tmp/run.err")"
+# Every step done and exact, and the service planned the run before the
+# floods. A step may fall back to the local planner while a flood holds the
+# machine: it is counted and its reason printed.
+check_run "$tmp/run" "(memory)" 0 39 0 service $(seq 0 "$flood_from") ||
+  fail "the run did not use the service before the floods: $(tail -20 "$tmp/run.err")"
 local_steps="$(grep -c "local planner" "$tmp/run")"
 echo "steps planned locally: $local_steps of 40"
 [[ "$local_steps" -eq 0 ]] || grep "local planner" "$tmp/run.err" | head -3
 kill -0 "$server" 2>/dev/null || fail "the planner died after the floods: $(cat "$tmp/server.log")"
+# After them, a new run plans every step from the service.
+KNAPFORMER_PLANNER_TOKEN="$run_token" KNAPFORMER_JOB_ID=memory timeout 120 "$train_sim" \
+  --procs 4 --scale 32 --steps 4 --planner "127.0.0.1:$port" >"$tmp/after" 2>"$tmp/after.err" ||
+  fail "the run after the floods exited non-zero: $(cat "$tmp/after.err")"
+check_run "$tmp/after" "(after the floods)" 0 3 0 service 0 1 2 3 ||
+  fail "the run after the floods did not use the service: $(tail -20 "$tmp/after.err")"
 
 # The figures: peak RSS, and the run's planning latency ("waited" per step)
 # before the floods and while they were sent and refused.

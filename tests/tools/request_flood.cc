@@ -1,17 +1,19 @@
 // Requests built to cost a planner the most memory per byte sent, all at
 // once, each on a connection of its own:
 //   request_flood PORT COUNT BYTES SHAPE EXPECTED_CODES [JOB...]
-// sends COUNT requests of about BYTES each (alternately PlanGroup and Plan),
+// sends COUNT requests of about BYTES each (alternately PlanGroup and Plan;
+// held: Plan),
 // as the jobs named (in turn; default "flood-N"), of one SHAPE:
 //   zeros   lengths that are all zero: one byte each on the wire, eight or
 //           more once parsed;
 //   nested  a spec whose measured attention table holds nothing but unknown
 //           varint fields: two bytes each, an entry of a growing array
 //           parsed (the field a hand-written scan once skipped whole);
-//   held    a valid PlanGroup step of empty sequences, each with its (full)
+//   held    one rank's valid Plan request (a step of two ranks, each
+//           request its own step) of empty sequences, each with its (full)
 //           mask: three bytes each, about 200 parsed; admitted within the
-//           limits, it is held while the planner delays its answer (the
-//           test's --answer-delay-file) or until the call's deadline.
+//           limits, it waits for the other rank in the planner's
+//           rendezvous, its memory held, until the call's deadline.
 // Each must be refused with one of EXPECTED_CODES (gRPC code numbers,
 // comma-separated: 8 RESOURCE_EXHAUSTED by gRPC's receive limit or memory
 // quota, or by the planner before parsing; 16 UNAUTHENTICATED without a
@@ -51,30 +53,28 @@ const char* Env(const char* name) {
 }
 
 // A PlanGroupRequest (rank 0 holding the payload) or a PlanRequest of
-// about `bytes` bytes for `job`.
-std::string Request(bool group, const std::string& shape, int64_t bytes, const std::string& job) {
+// about `bytes` bytes for step `step` of `job`.
+std::string Request(bool group, const std::string& shape, int64_t bytes, const std::string& job,
+                    uint64_t step) {
   if (shape == "held") {
-    // Ranks of at most 65536 sequences (the per-rank limit).
-    const int64_t sequences = std::max<int64_t>(1, bytes / 3);
-    const int32_t ranks = static_cast<int32_t>((sequences + 65535) / 65536);
-    v1::PlanGroupRequest request;
+    // One rank of two, so the step waits for the other in the planner's
+    // rendezvous (its memory held) until the call ends.
+    v1::PlanRequest request;
     request.mutable_spec()->set_job_id(job);
-    request.mutable_spec()->set_world_size(ranks);
-    request.mutable_spec()->set_topology(absl::StrCat("g1n", ranks));
+    request.mutable_spec()->set_step(step);
+    request.mutable_spec()->set_world_size(2);
+    request.mutable_spec()->set_topology("g1n2");
     request.mutable_spec()->set_d_model(64);
-    for (int32_t r = 0; r < ranks; ++r) {
-      v1::RankLengths* rank = request.add_ranks();
-      const int64_t n = std::min<int64_t>(65536, sequences - int64_t{r} * 65536);
-      for (int64_t i = 0; i < n; ++i) {
-        rank->add_sequence_lengths(0);
-        rank->add_attention_masks();
-      }
+    request.set_rank(0);
+    for (int64_t i = 0; i < std::max<int64_t>(1, bytes / 3); ++i) {
+      request.add_sequence_lengths(0);
+      request.add_attention_masks();
     }
     return request.SerializeAsString();
   }
-  std::string spec = Field(v1::StepSpec::kJobIdFieldNumber, job) +
-                     Tag(v1::StepSpec::kWorldSizeFieldNumber, 0) + Varint(1) +
-                     Field(v1::StepSpec::kTopologyFieldNumber, "g1n1");
+  const std::string spec = Field(v1::StepSpec::kJobIdFieldNumber, job) +
+                           Tag(v1::StepSpec::kWorldSizeFieldNumber, 0) + Varint(1) +
+                           Field(v1::StepSpec::kTopologyFieldNumber, "g1n1");
   if (shape == "nested") {
     std::string table;
     table.reserve(bytes);
@@ -105,7 +105,8 @@ int Run(int port, int count, int64_t bytes, const std::string& shape,
   const std::string token = Env("KNAPFORMER_PLANNER_TOKEN");
   std::vector<std::string> bodies;
   for (int i = 0; i < count; ++i) {
-    bodies.push_back(Request(i % 2 == 0 || shape == "held", shape, bytes, jobs[i % jobs.size()]));
+    bodies.push_back(Request(i % 2 == 0 && shape != "held", shape, bytes, jobs[i % jobs.size()],
+                             static_cast<uint64_t>(i)));
   }
   int64_t deadline_ms = 60000;
   if (*Env("KNAPFORMER_FLOOD_DEADLINE_MS") != '\0' &&
@@ -141,7 +142,7 @@ int Run(int port, int count, int64_t bytes, const std::string& shape,
   }
   bodies.clear();  // the byte buffers hold their own copies
   for (int i = 0; i < count; ++i) {
-    const bool group = i % 2 == 0 || shape == "held";
+    const bool group = i % 2 == 0 && shape != "held";
     stubs[i]->UnaryCall(&contexts[i],
                         group ? "/knapformer.v1.Planner/PlanGroup" : "/knapformer.v1.Planner/Plan",
                         grpc::StubOptions(), &requests[i], &responses[i],
