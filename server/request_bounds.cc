@@ -125,6 +125,10 @@ absl::Status RequestBounds::Covers(const Descriptor* root) const {
     for (int i = 0; i < message->field_count(); ++i) {
       const FieldDescriptor* field = message->field(i);
       const std::string name = field->full_name();
+      if (field->number() > kMaxFieldNumber) {
+        missing.push_back(absl::StrCat(name, ": field number ", field->number(), " over ",
+                                       kMaxFieldNumber, " (the scan's tables)"));
+      }
       if (field->type() == FieldDescriptor::TYPE_GROUP) {
         missing.push_back(absl::StrCat(name, ": a group (the scan refuses groups)"));
       } else if (field->is_map()) {

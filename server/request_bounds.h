@@ -52,8 +52,9 @@ class RequestBounds {
 
   // OK when the scan accounts for every field of `root` and of every message
   // it holds: each repeated and each string field has a bound, none is a
-  // group or a map, and messages nest at most kMaxDepth deep. Else Internal
-  // naming every field it does not.
+  // group or a map, field numbers are at most kMaxFieldNumber, and messages
+  // nest at most kMaxDepth deep. Else Internal naming every field it does
+  // not.
   absl::Status Covers(const google::protobuf::Descriptor* root) const;
 
   // The largest serialized `root` these bounds admit: every bounded field at
@@ -63,8 +64,10 @@ class RequestBounds {
   // the room is refused). REQUIRES: Covers(root) is OK.
   int64_t MaxWireBytes(const google::protobuf::Descriptor* root) const;
 
-  // Nesting of request messages the scan follows (the root is depth 1).
+  // Nesting of request messages the scan follows (the root is depth 1),
+  // and the largest field number its tables hold.
   static constexpr int kMaxDepth = 8;
+  static constexpr int kMaxFieldNumber = 1023;
 
  private:
   std::map<const google::protobuf::FieldDescriptor*, FieldBound> bounds_;

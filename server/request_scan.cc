@@ -25,8 +25,7 @@ constexpr int kLengthDelimited = 2;
 constexpr int kFixed32 = 5;
 
 // What parsing allocates, measured against glibc's heap by
-// request_scan_test (EstimateBoundsWhatParsingTakes, for the costliest
-// shape of every field). A repeated field grows by doubling and an arena
+// request_scan_test (EstimateBoundsWhatParsingTakesForEveryFieldsCostliestForm). A repeated field grows by doubling and an arena
 // keeps the arrays it outgrew: at most 4 times its final size in all.
 constexpr int64_t kGrowth = 4;
 // A string the parser makes (a field's, on the arena, or an unknown
@@ -351,8 +350,9 @@ const RequestScanner::MessagePlan& RequestScanner::PlanOf(const Descriptor* mess
       field.fixed_width = field.wire == kVarint ? 0 : form.widest_bytes;
       field.parsed_bytes = kGrowth * form.array_bytes;
     }
+    // RequestBounds::Covers keeps numbers within the table.
     const size_t number = static_cast<size_t>(descriptor->number());
-    if (number < (1u << 16)) {
+    if (number <= RequestBounds::kMaxFieldNumber) {
       if (plan.by_number.size() <= number) plan.by_number.resize(number + 1, -1);
       plan.by_number[number] = i;
     }
