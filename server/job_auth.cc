@@ -78,6 +78,23 @@ bool IsTrustDomain(absl::string_view domain) {
   return true;
 }
 
+// The value of `file` now, a new version or a new error logged (`unit`
+// names what the value counts).
+template <typename T>
+absl::StatusOr<std::shared_ptr<const T>> LoggedCurrent(WatchedFile<T>& file, const char* unit) {
+  bool changed = false;
+  absl::StatusOr<std::shared_ptr<const T>> value = file.Current(&changed);
+  if (!changed) return value;
+  if (value.ok()) {
+    Log(LogLevel::kInfo,
+        absl::StrCat("auth: read ", (*value)->size(), " ", unit, " from ", file.path()));
+  } else {
+    Log(LogLevel::kWarning, absl::StrCat("auth: ", value.status().message(),
+                                         "; every token is refused until it is fixed"));
+  }
+  return value;
+}
+
 constexpr absl::string_view kFailingClosed =
     "the planner cannot check tokens now: its key file or revocation list is unusable (its log "
     "says why), and every token is refused until that is fixed";
@@ -105,10 +122,8 @@ const char* AuthModeName(AuthMode mode) {
 }
 
 absl::StatusOr<std::vector<JobKey>> ReadJobKeys(const std::string& path) {
-  absl::StatusOr<std::string> content = ReadSmallFile(path);
-  if (!content.ok()) {
-    return absl::NotFoundError(absl::StrCat("key file ", content.status().message()));
-  }
+  absl::StatusOr<std::string> content = ReadSmallFile("key file", path);
+  if (!content.ok()) return content.status();
   return ParseJobKeys(path, WholeLines(*content));
 }
 
@@ -181,18 +196,18 @@ absl::StatusOr<std::unique_ptr<JobAuthorizer>> JobAuthorizer::Create(const AuthO
   std::unique_ptr<JobAuthorizer> authorizer(new JobAuthorizer(options));
   if (token) {
     authorizer->keys_ = std::make_unique<WatchedFile<Keys>>(
-        options.key_file, options.file_look_interval,
+        "key file", options.key_file, options.file_look_interval,
         [](const std::string& path, const FileLines& lines) { return ParseJobKeys(path, lines); });
     absl::StatusOr<std::shared_ptr<const Keys>> keys = authorizer->keys_->Current();
     if (!keys.ok()) {
       return keys.status().code() == absl::StatusCode::kNotFound
-                 ? absl::InvalidArgumentError(absl::StrCat("--auth-key-file: key file ",
-                                                           keys.status().message()))
+                 ? absl::InvalidArgumentError(
+                       absl::StrCat("--auth-key-file: ", keys.status().message()))
                  : keys.status();
     }
     if (!options.revoked_file.empty()) {
       authorizer->revoked_ = std::make_unique<WatchedFile<Revoked>>(
-          options.revoked_file, options.file_look_interval,
+          "revocation list", options.revoked_file, options.file_look_interval,
           [](const std::string& path, const FileLines& lines) {
             return ParseRevoked(path, lines);
           });
@@ -207,35 +222,12 @@ absl::StatusOr<std::unique_ptr<JobAuthorizer>> JobAuthorizer::Create(const AuthO
 }
 
 absl::StatusOr<std::shared_ptr<const JobAuthorizer::Keys>> JobAuthorizer::CurrentKeys() {
-  bool changed = false;
-  absl::StatusOr<std::shared_ptr<const Keys>> keys = keys_->Current(&changed);
-  if (changed) {
-    if (keys.ok()) {
-      Log(LogLevel::kInfo,
-          absl::StrCat("auth: read ", (*keys)->size(), " key(s) from ", keys_->path()));
-    } else {
-      Log(LogLevel::kWarning, absl::StrCat("auth: ", keys.status().message(),
-                                           "; every token is refused until it is fixed"));
-    }
-  }
-  return keys;
+  return LoggedCurrent(*keys_, "key(s)");
 }
 
 absl::StatusOr<std::shared_ptr<const JobAuthorizer::Revoked>> JobAuthorizer::CurrentRevoked() {
   if (revoked_ == nullptr) return std::make_shared<const Revoked>();
-  bool changed = false;
-  absl::StatusOr<std::shared_ptr<const Revoked>> revoked = revoked_->Current(&changed);
-  if (changed) {
-    if (revoked.ok()) {
-      Log(LogLevel::kInfo, absl::StrCat("auth: read ", (*revoked)->size(),
-                                        " revoked token id(s) from ", revoked_->path()));
-    } else {
-      Log(LogLevel::kWarning,
-          absl::StrCat("auth: revocation list ", revoked.status().message(),
-                       "; every token is refused until it is fixed"));
-    }
-  }
-  return revoked;
+  return LoggedCurrent(*revoked_, "revoked token id(s)");
 }
 
 std::optional<AuthFilesState> JobAuthorizer::Refresh() {

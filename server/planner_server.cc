@@ -136,9 +136,9 @@ struct ServerQuotas {
   int32_t streams_per_connection = 0;
 };
 
-ServerQuotas ServerQuotasFor(const ServiceLimits& limits) {
+ServerQuotas ServerQuotasFor(const ServiceLimits& limits, int receive_limit_bytes) {
   ServerQuotas quotas;
-  quotas.memory_bytes = limits.max_request_memory / 2 + 2 * int64_t{ReceiveLimitBytes(limits)};
+  quotas.memory_bytes = limits.max_request_memory / 2 + 2 * int64_t{receive_limit_bytes};
   quotas.streams_per_connection = limits.max_world_size + limits.max_plan_group_calls_per_tenant;
   return quotas;
 }
@@ -183,7 +183,8 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.SetOption(std::make_unique<PluginsOption>(options.auth.mode == AuthMode::kNone));
-  const ServerQuotas quotas = ServerQuotasFor(options.service.limits);
+  const int receive_limit = ReceiveLimitBytes(options.service.limits);
+  const ServerQuotas quotas = ServerQuotasFor(options.service.limits, receive_limit);
   grpc::ResourceQuota memory("knapformer-planner");
   memory.Resize(static_cast<size_t>(quotas.memory_bytes));
   builder.SetResourceQuota(memory);
@@ -201,7 +202,7 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
         static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(options.max_connection_age),
                                            std::numeric_limits<int>::max())));
   }
-  builder.SetMaxReceiveMessageSize(ReceiveLimitBytes(options.service.limits));
+  builder.SetMaxReceiveMessageSize(receive_limit);
   builder.AddListeningPort(options.listen_address, *credentials, &server->port_);
   builder.RegisterService(server->service_.get());
   server->server_ = builder.BuildAndStart();

@@ -91,10 +91,13 @@ Rendezvous::Place Rendezvous::FindGroup(const v1::StepSpec& spec) {
 }
 
 std::map<std::string, Rendezvous::Job>::iterator Rendezvous::EvictionVictim(
-    const std::string& tenant, bool tenant_full, absl::Time now) {
-  std::map<std::string, int32_t> jobs_by_tenant;
-  for (const auto& [id, job] : jobs_) ++jobs_by_tenant[job.tenant];
-  const int32_t own = jobs_by_tenant[tenant];
+    const std::string& tenant, const std::map<std::string, int32_t>& jobs_by_tenant,
+    bool tenant_full, absl::Time now) {
+  auto jobs_of = [&](const std::string& t) {
+    auto it = jobs_by_tenant.find(t);
+    return it == jobs_by_tenant.end() ? 0 : it->second;
+  };
+  const int32_t own = jobs_of(tenant);
   // Among the jobs with nothing pending, never planned or idle past the
   // rendezvous timeout: the tenant's own first, then those never planned,
   // then the least recently active (ties: the smallest id).
@@ -110,7 +113,7 @@ std::map<std::string, Rendezvous::Job>::iterator Rendezvous::EvictionVictim(
     if (job.planned && job.last_activity + limits_.rendezvous_timeout > now) continue;
     // Another tenant's job only to a tenant within its own limit, and only
     // from a tenant holding at least as many jobs as it will.
-    if (job.tenant != tenant && (tenant_full || jobs_by_tenant[job.tenant] <= own)) continue;
+    if (job.tenant != tenant && (tenant_full || jobs_of(job.tenant) <= own)) continue;
     if (victim == jobs_.end() || better(job, victim->second)) victim = it;
   }
   return victim;
@@ -123,14 +126,15 @@ absl::StatusOr<Rendezvous::Place> Rendezvous::FindOrCreateGroup(const v1::StepSp
   if (created != nullptr) *created = false;
   auto job_it = jobs_.find(spec.job_id());
   if (job_it == jobs_.end()) {
-    int32_t tenant_jobs = 0;
-    for (const auto& [id, job] : jobs_) tenant_jobs += job.tenant == tenant ? 1 : 0;
+    std::map<std::string, int32_t> jobs_by_tenant;
+    for (const auto& [id, job] : jobs_) ++jobs_by_tenant[job.tenant];
+    const int32_t tenant_jobs = jobs_by_tenant[tenant];
     const bool tenant_full = tenant_jobs >= limits_.max_jobs_per_tenant;
     if (tenant_full || static_cast<int64_t>(jobs_.size()) >= limits_.max_jobs) {
       // Make room, so that a burst of job ids, stray or stale, can neither
       // lock new jobs out for the job TTL nor push out a job that is
       // training, nor take another tenant's room beyond its share.
-      auto victim = EvictionVictim(tenant, tenant_full, now);
+      auto victim = EvictionVictim(tenant, jobs_by_tenant, tenant_full, now);
       if (victim == jobs_.end()) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "spec.job_id: ",

@@ -240,10 +240,11 @@ class Rendezvous {
   absl::StatusOr<Place> FindOrCreateGroup(const v1::StepSpec& spec, const std::string& tenant,
                                           absl::Time now, bool* created = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job to evict for a new job of `tenant` (jobs_.end(): none).
-  std::map<std::string, Job>::iterator EvictionVictim(const std::string& tenant,
-                                                             bool tenant_full, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job to evict for a new job of `tenant` (jobs_.end(): none), given
+  // every tenant's count of jobs and whether `tenant` is at its limit.
+  std::map<std::string, Job>::iterator EvictionVictim(
+      const std::string& tenant, const std::map<std::string, int32_t>& jobs_by_tenant,
+      bool tenant_full, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Undoes a creation by FindOrCreateGroup for a refused request, so refused
   // requests never hold a job or group.
   void ForgetIfEmpty(const v1::StepSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

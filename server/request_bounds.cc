@@ -43,28 +43,28 @@ ValueForm ValueFormOf(const FieldDescriptor* field) {
     case FieldDescriptor::TYPE_DOUBLE:
     case FieldDescriptor::TYPE_FIXED64:
     case FieldDescriptor::TYPE_SFIXED64:
-      return {1, 8, 8};
+      return {kWireFixed64, 8, 8};
     case FieldDescriptor::TYPE_FLOAT:
     case FieldDescriptor::TYPE_FIXED32:
     case FieldDescriptor::TYPE_SFIXED32:
-      return {5, 4, 4};
+      return {kWireFixed32, 4, 4};
     case FieldDescriptor::TYPE_STRING:
     case FieldDescriptor::TYPE_BYTES:
     case FieldDescriptor::TYPE_MESSAGE:
-      return {2, 0, 0};
+      return {kWireLengthDelimited, 0, 0};
     case FieldDescriptor::TYPE_GROUP:
       return {-1, 0, 0};
     case FieldDescriptor::TYPE_BOOL:
-      return {0, 1, 1};
+      return {kWireVarint, 1, 1};
     case FieldDescriptor::TYPE_UINT32:
     case FieldDescriptor::TYPE_SINT32:
-      return {0, 5, 4};
+      return {kWireVarint, 5, 4};
     case FieldDescriptor::TYPE_INT64:
     case FieldDescriptor::TYPE_UINT64:
     case FieldDescriptor::TYPE_SINT64:
-      return {0, 10, 8};
+      return {kWireVarint, 10, 8};
     default:  // int32 and enum: negative values are sign-extended to ten bytes
-      return {0, 10, 4};
+      return {kWireVarint, 10, 4};
   }
 }
 

@@ -73,8 +73,13 @@ class RequestBounds {
   std::map<const google::protobuf::FieldDescriptor*, FieldBound> bounds_;
 };
 
-// How one value of a field travels and is held: its wire type (protobuf's:
-// 0 varint, 1 fixed 64-bit, 2 length-delimited, 5 fixed 32-bit; -1 for a
+// Protobuf's wire types (groups, 3 and 4, are in no request message).
+inline constexpr int kWireVarint = 0;
+inline constexpr int kWireFixed64 = 1;
+inline constexpr int kWireLengthDelimited = 2;
+inline constexpr int kWireFixed32 = 5;
+
+// How one value of a field travels and is held: its wire type (-1 for a
 // group), its widest encoding (scalars), and its bytes in a parsed
 // repeated array (scalars).
 struct ValueForm {

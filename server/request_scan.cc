@@ -17,16 +17,13 @@ using google::protobuf::Descriptor;
 using google::protobuf::FieldDescriptor;
 using google::protobuf::io::CodedInputStream;
 
-// Wire types (protobuf's encoding). Groups (3, 4) are in no request message
-// (RequestBounds::Covers), and the scan refuses them, known or not.
-constexpr int kVarint = 0;
-constexpr int kFixed64 = 1;
-constexpr int kLengthDelimited = 2;
-constexpr int kFixed32 = 5;
+// Groups (wire types 3, 4) are in no request message (RequestBounds::Covers),
+// and the scan refuses them, known or not.
 
 // What parsing allocates, measured against glibc's heap by
-// request_scan_test (EstimateBoundsWhatParsingTakesForEveryFieldsCostliestForm). A repeated field grows by doubling and an arena
-// keeps the arrays it outgrew: at most 4 times its final size in all.
+// request_scan_test (EstimateBoundsWhatParsingTakesForEveryFieldsCostliestForm).
+// A repeated field grows by doubling and an arena keeps the arrays it
+// outgrew: at most 4 times its final size in all.
 constexpr int64_t kGrowth = 4;
 // A string the parser makes (a field's, on the arena, or an unknown
 // field's, on the heap): the object, its arena cleanup entry or malloc
@@ -57,7 +54,7 @@ int64_t ObjectBytes(const Descriptor* message) {
 struct RequestScanner::MessagePlan {
   struct Field {
     const FieldDescriptor* descriptor = nullptr;
-    int wire = kVarint;  // of one value
+    int wire = kWireVarint;  // of one value
     // Repeated scalars: also sent as one length-delimited run (packed);
     // fixed_width is a value's bytes there (0: varints).
     bool packable = false;
@@ -189,7 +186,7 @@ bool RequestScanner::Walk::Message(const MessagePlan& plan) {
     const int index = field->descriptor->index();
     if (wire == field->wire) {
       if (!KnownField(*field, wire, &values[index])) return false;
-    } else if (field->packable && wire == kLengthDelimited) {
+    } else if (field->packable && wire == kWireLengthDelimited) {
       if (!Packed(*field, &values[index])) return false;
     } else if (!Unknown(wire, &unknown_seen)) {  // a known field in another wire form
       return false;
@@ -228,7 +225,7 @@ bool RequestScanner::Walk::KnownField(const MessagePlan::Field& field, int wire,
     --depth_;
     return ok;
   }
-  if (wire == kLengthDelimited) {
+  if (wire == kWireLengthDelimited) {
     ++*values;
     return String(field, made);
   }
@@ -282,11 +279,11 @@ bool RequestScanner::Walk::String(const MessagePlan::Field& field, bool made) {
 }
 
 bool RequestScanner::Walk::Unknown(int wire, bool* first_in_message) {
-  if (wire != kVarint && wire != kFixed64 && wire != kLengthDelimited && wire != kFixed32) {
+  if (wire != kWireVarint && wire != kWireFixed64 && wire != kWireLengthDelimited && wire != kWireFixed32) {
     return false;  // a group (3, 4), or no wire type (6, 7)
   }
   ++shape_.unknown_fields;
-  shape_.parsed_bytes += kUnknownFieldBytes + (wire == kLengthDelimited ? kStringBytes : 0);
+  shape_.parsed_bytes += kUnknownFieldBytes + (wire == kWireLengthDelimited ? kStringBytes : 0);
   if (!*first_in_message) {
     *first_in_message = true;
     shape_.parsed_bytes += kUnknownFieldSetBytes;
@@ -298,10 +295,10 @@ bool RequestScanner::Walk::Skip(int wire) {
   uint64_t value64 = 0;
   uint32_t value32 = 0;
   switch (wire) {
-    case kVarint: return in_.ReadVarint64(&value64);
-    case kFixed64: return in_.ReadLittleEndian64(&value64);
-    case kFixed32: return in_.ReadLittleEndian32(&value32);
-    case kLengthDelimited:
+    case kWireVarint: return in_.ReadVarint64(&value64);
+    case kWireFixed64: return in_.ReadLittleEndian64(&value64);
+    case kWireFixed32: return in_.ReadLittleEndian32(&value32);
+    case kWireLengthDelimited:
       return in_.ReadVarint32(&value32) && value32 <= INT_MAX &&
              in_.Skip(static_cast<int>(value32));
     default: return false;
@@ -342,12 +339,12 @@ const RequestScanner::MessagePlan& RequestScanner::PlanOf(const Descriptor* mess
       field.message = &PlanOf(descriptor->message_type());
       field.parsed_bytes = ObjectBytes(descriptor->message_type()) + kArenaObjectBytes +
                            (descriptor->is_repeated() ? kGrowth * int64_t{sizeof(void*)} : 0);
-    } else if (field.wire == kLengthDelimited) {
+    } else if (field.wire == kWireLengthDelimited) {
       field.parsed_bytes =
           kStringBytes + (descriptor->is_repeated() ? kGrowth * int64_t{sizeof(void*)} : 0);
     } else if (descriptor->is_repeated()) {
       field.packable = descriptor->is_packable();
-      field.fixed_width = field.wire == kVarint ? 0 : form.widest_bytes;
+      field.fixed_width = field.wire == kWireVarint ? 0 : form.widest_bytes;
       field.parsed_bytes = kGrowth * form.array_bytes;
     }
     // RequestBounds::Covers keeps numbers within the table.

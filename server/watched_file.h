@@ -52,12 +52,14 @@ inline FileLines WholeLines(absl::string_view content) {
   return lines;
 }
 
-// The content of `path`; NotFound naming it when it cannot be read.
-inline absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
+// The content of `path`; NotFound naming it ("<what> <path>: cannot be
+// read") when it cannot be read.
+inline absl::StatusOr<std::string> ReadSmallFile(absl::string_view what,
+                                                 const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (!in.is_open() || in.bad()) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
+    return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot be read"));
   }
   return content;
 }
@@ -71,8 +73,12 @@ class WatchedFile {
   using Parse = std::function<absl::StatusOr<T>(const std::string& path,
                                                 const FileLines& lines)>;
 
-  WatchedFile(std::string path, absl::Duration interval, Parse parse)
-      : path_(std::move(path)), interval_(interval), parse_(std::move(parse)) {}
+  // `what` names the file in errors ("key file").
+  WatchedFile(std::string what, std::string path, absl::Duration interval, Parse parse)
+      : what_(std::move(what)),
+        path_(std::move(path)),
+        interval_(interval),
+        parse_(std::move(parse)) {}
 
   const std::string& path() const { return path_; }
 
@@ -87,7 +93,7 @@ class WatchedFile {
     if (looked_ && now - last_look_ < interval_) return value_;
     looked_ = true;
     last_look_ = now;
-    absl::StatusOr<std::string> content = ReadSmallFile(path_);
+    absl::StatusOr<std::string> content = ReadSmallFile(what_, path_);
     if (content.ok() && has_content_ && *content == content_) return value_;
     const absl::Status before = value_.status();
     if (!content.ok()) {
@@ -108,6 +114,7 @@ class WatchedFile {
   }
 
  private:
+  const std::string what_;
   const std::string path_;
   const absl::Duration interval_;
   const Parse parse_;

@@ -219,7 +219,8 @@ int main(int argc, char** argv) {
       Write(absl::StrCat(dir, "/corpus/request_scan_fuzzer/costly_", i++),
             kind(c.request) + c.bytes);
     }
-    const std::string masked = ReadSeed(absl::StrCat(dir, "/corpus/plan_group_request_fuzzer/masks"));
+    const std::string masked =
+        ReadSeed(absl::StrCat(dir, "/corpus/plan_group_request_fuzzer/masks"));
     Write(absl::StrCat(dir, "/corpus/request_scan_fuzzer/masks"),
           kind(v1::PlanGroupRequest::descriptor()) + masked);
   }

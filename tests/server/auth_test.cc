@@ -218,7 +218,8 @@ TEST(JobAuthorizerTest, ATokenActsForItsJobUntilItExpiresOrIsRevoked) {
       auth.Authorize(Bearer(JobToken(kKeyA, "job-b")), "job-a", kNow).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(refused.message(),
-              HasSubstr("the token is for job 'job-b', not for job 'job-a' that the request names"));
+              HasSubstr("the token is for job 'job-b', not for job 'job-a' that the request "
+                        "names"));
   EXPECT_EQ(auth.Authorize(CallerCredentials(), "job-a", kNow).status().code(),
             absl::StatusCode::kUnauthenticated);
   CallerCredentials basic;
@@ -341,7 +342,8 @@ TEST(JobAuthorizerTest, APrefixTokenActsForTheJobsUnderItsPrefixOnly) {
   // narrowed or widened) no longer matches its MAC.
   const std::string job = JobToken(kKeyA, "team-v/victim");
   for (const std::string& stretched :
-       {job + "/", job + "/1", absl::StrCat(job, ".team-v/victim/"), team + "x/", team.substr(0, team.size() - 2) + "/"}) {
+       {job + "/", job + "/1", absl::StrCat(job, ".team-v/victim/"), team + "x/",
+        team.substr(0, team.size() - 2) + "/"}) {
     const absl::Status refused =
         auth.Authorize(Bearer(stretched), "team-v/victim/1", kNow).status();
     EXPECT_NE(refused.code(), absl::StatusCode::kOk) << stretched;

@@ -40,23 +40,9 @@ std::string Costliest(const FieldDescriptor* field, int values, std::string* for
       break;
   }
   if (!field->is_repeated()) return "";
-  int width = 1;  // a zero varint
-  switch (field->cpp_type()) {
-    case FieldDescriptor::CPPTYPE_DOUBLE:
-      width = 8;
-      break;
-    case FieldDescriptor::CPPTYPE_FLOAT:
-      width = 4;
-      break;
-    default:
-      if (field->type() == FieldDescriptor::TYPE_FIXED64 ||
-          field->type() == FieldDescriptor::TYPE_SFIXED64) {
-        width = 8;
-      } else if (field->type() == FieldDescriptor::TYPE_FIXED32 ||
-                 field->type() == FieldDescriptor::TYPE_SFIXED32) {
-        width = 4;
-      }
-  }
+  // A zero varint is one byte; fixed values take their width.
+  const ValueForm value = ValueFormOf(field);
+  const int64_t width = value.wire_type == kWireVarint ? 1 : value.widest_bytes;
   *form = "packed zeros";
   return Field(number, std::string(static_cast<size_t>(values) * width, '\0'));
 }

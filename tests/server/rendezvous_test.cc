@@ -701,7 +701,8 @@ TEST(RendezvousTest, AtTheGlobalLimitTheJobHoldingMostGivesUpItsOldestStep) {
   EXPECT_EQ(arrival.evicted[0].status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(Message(arrival.evicted[0].status),
               HasSubstr("step 1 of job 'flood' group '': given up to make room for step 1 of "
-                        "job 'good' group ''; tenant 'flood' held 3 of the server's 3 pending steps"));
+                        "job 'good' group ''; tenant 'flood' held 3 of the server's 3 pending "
+                        "steps"));
   EXPECT_FALSE(rendezvous.Leave(flood[0].get())) << "the evicted call is out of the rendezvous";
   EXPECT_EQ(rendezvous.pending_steps(), 3);
   EXPECT_EQ(rendezvous.steps_evicted(), 1);
