@@ -1,6 +1,5 @@
 #include "client/row_exchange.h"
 
-#include <cstring>
 #include <numeric>
 #include <utility>
 
@@ -9,177 +8,30 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "client/exchange_agreement.h"
 #include "client/host_tensor_cache.h"
-#include "client/row_exchange.pb.h"
-#include "transport/agreement.h"
+#include "client/row_packing.h"
 
 namespace knapformer {
 namespace {
 
-int64_t Sum(const std::vector<int64_t>& values) {
-  return std::accumulate(values.begin(), values.end(), int64_t{0});
-}
+using row_packing::CopyHostRows;
+using row_packing::Empty;
+using row_packing::FromTorchError;
+using row_packing::HasHeadGroups;
+using row_packing::MovedRowBytes;
+using row_packing::OutputShape;
+using row_packing::Pack;
+using row_packing::Packed;
+using row_packing::RowAddress;
+using row_packing::Sum;
+using row_packing::Unpack;
 
 bool IsIdentity(const std::vector<int64_t>& index) {
   for (size_t i = 0; i < index.size(); ++i) {
     if (index[i] != static_cast<int64_t>(i)) return false;
   }
   return true;
-}
-
-// x as [rows, bytes per row] of kByte, sharing x's memory when it can. A
-// tensor torch calls contiguous may still have odd strides where a size is 0
-// or 1 (an expanded gradient of zero rows, say), which a byte view refuses:
-// those are copied to plain strides first.
-at::Tensor ByteRows(const at::Tensor& x) {
-  const int64_t rows = x.size(0);
-  const int64_t elements = RowElements(x);
-  at::Tensor flat = x.resolve_conj().resolve_neg().contiguous().reshape({rows, elements});
-  if (flat.stride(1) != 1 || (elements > 1 && flat.stride(0) != elements)) {
-    flat = at::empty({rows, elements}, flat.options()).copy_(flat);
-  }
-  return flat.view(at::kByte);
-}
-
-// An uninitialised contiguous tensor of `like`'s dtype and device. Host
-// memory comes from the host tensor cache: a step allocates the same few
-// large buffers every step, and fresh ones cost a page fault per page.
-at::Tensor Empty(at::IntArrayRef shape, const at::Tensor& like) {
-  if (like.device().is_cpu()) return EmptyHostTensor(shape, like.scalar_type());
-  return at::empty(shape, like.options());
-}
-
-// x's rows in `index` order (all of them, unchanged, when it is undefined).
-at::Tensor Reordered(const at::Tensor& x, const at::Tensor& index) {
-  if (!index.defined()) return x;
-  at::Tensor out = Empty(x.sizes(), x);
-  at::index_select_out(out, x, 0, index.to(x.device()));
-  return out;
-}
-
-// A torch error while preparing an exchange, as a status.
-absl::Status FromTorchError(const c10::Error& e, const char* what) {
-  const std::string message = absl::StrCat(what, ": ", e.what_without_backtrace());
-  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) {
-    return absl::ResourceExhaustedError(message);
-  }
-  return absl::InvalidArgumentError(message);
-}
-
-// ---- Agreement ----------------------------------------------------------
-
-// REQUIRES: a c10::ScalarType (AgreeOnExchange checks what peers send).
-std::string DtypeName(int dtype) { return c10::toString(static_cast<c10::ScalarType>(dtype)); }
-
-std::string ShapeText(const std::vector<int64_t>& trailing) {
-  return absl::StrCat("[", absl::StrJoin(trailing, ", "), "]");
-}
-
-client::ExchangeCheck CheckOf(const absl::Status& mine, int64_t row_bytes,
-                              const ExchangeSignature* signature) {
-  client::ExchangeCheck check;
-  *check.mutable_verdict() = VerdictOf(mine, row_bytes);
-  if (signature != nullptr && mine.ok()) {
-    check.set_has_signature(true);
-    for (const TensorSignature& t : *signature) {
-      client::TensorSignature* out = check.add_tensors();
-      out->set_dtype(t.dtype);
-      for (int64_t size : t.trailing) out->add_trailing(size);
-      out->set_requires_grad(t.requires_grad);
-    }
-  }
-  return check;
-}
-
-ExchangeSignature SignatureFrom(const client::ExchangeCheck& check) {
-  ExchangeSignature signature;
-  for (const client::TensorSignature& t : check.tensors()) {
-    signature.push_back({t.dtype(), {t.trailing().begin(), t.trailing().end()},
-                         t.requires_grad()});
-  }
-  return signature;
-}
-
-// How `theirs` (world rank `b`) differs from `ours` (world rank `a`), as
-// the error every rank returns.
-absl::Status SignatureMismatch(const RowMove& move, int a, const ExchangeSignature& ours, int b,
-                               const ExchangeSignature& theirs) {
-  const std::string call = absl::StrCat(move.what, " at step ", move.step, ": ");
-  const std::string rule =
-      " (every rank of the group must pass the same number of tensors, and each with the same "
-      "dtype, shape after dimension 0 and requires_grad)";
-  if (ours.size() != theirs.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(call, ours.size(), " tensors on rank ", a,
-                                                   " but ", theirs.size(), " on rank ", b, rule));
-  }
-  for (size_t i = 0; i < ours.size(); ++i) {
-    const std::string tensor = ours.size() == 1 ? "the tensor's " : absl::StrCat("tensor ", i, "'s ");
-    if (ours[i].dtype != theirs[i].dtype) {
-      return absl::InvalidArgumentError(absl::StrCat(call, tensor, "dtype is ",
-                                                     DtypeName(ours[i].dtype), " on rank ", a,
-                                                     " but ", DtypeName(theirs[i].dtype),
-                                                     " on rank ", b, rule));
-    }
-    if (ours[i].trailing != theirs[i].trailing) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          call, tensor, "shape after dimension 0 is ", ShapeText(ours[i].trailing), " on rank ",
-          a, " but ", ShapeText(theirs[i].trailing), " on rank ", b, rule));
-    }
-    if (ours[i].requires_grad != theirs[i].requires_grad) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(call, tensor, "requires_grad is ", ours[i].requires_grad ? "True" : "False",
-                       " on rank ", a, " but ", theirs[i].requires_grad ? "True" : "False",
-                       " on rank ", b, rule));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Collective over the move's group: every rank's verdict (`mine`, the bytes
-// per row it would move) and signature (none in a backward pass or when it
-// refuses), folded into the same status on every rank: the lowest failing
-// rank's ("rank W: ...", W its world rank), else the first rank whose
-// signature differs from the group's first rank's, else Ok.
-absl::Status AgreeOnExchange(const RowMove& move, const absl::Status& mine, int64_t row_bytes,
-                             const ExchangeSignature* signature) {
-  absl::StatusOr<std::vector<client::ExchangeCheck>> all =
-      AllGatherMessages(*move.transport, CheckOf(mine, row_bytes, signature));
-  if (!all.ok()) return all.status();
-  const int n = static_cast<int>(all->size());
-  auto world = [&](int p) {
-    return p < static_cast<int>(move.world_ranks.size()) ? move.world_ranks[p] : p;
-  };
-  for (int p = 0; p < n; ++p) {
-    absl::Status status =
-        StatusOf((*all)[p].verdict(), world(p), absl::StrCat("rank ", world(p), ": "));
-    if (!status.ok()) return status;
-  }
-  for (int p = 0; p < n; ++p) {
-    for (const client::TensorSignature& t : (*all)[p].tensors()) {
-      if (t.dtype() < 0 || t.dtype() >= static_cast<int>(c10::ScalarType::NumOptions)) {
-        return absl::InternalError(absl::StrCat("agreement: rank ", world(p), " sent dtype ",
-                                                t.dtype(), ", which is none of torch's"));
-      }
-    }
-  }
-  if ((*all)[0].has_signature()) {
-    const ExchangeSignature first = SignatureFrom((*all)[0]);
-    for (int p = 1; p < n; ++p) {
-      if (!(*all)[p].has_signature()) continue;
-      absl::Status same = SignatureMismatch(move, world(0), first, world(p), SignatureFrom((*all)[p]));
-      if (!same.ok()) return same;
-    }
-  }
-  // Backward passes carry no signature; their row sizes must still match.
-  std::vector<agreement::Verdict> verdicts;
-  for (const client::ExchangeCheck& check : *all) verdicts.push_back(check.verdict());
-  absl::Status rows = FirstFailure(verdicts);
-  if (!rows.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(move.what, " at step ", move.step, ": ",
-                                                   rows.message()));
-  }
-  return absl::OkStatus();
 }
 
 // The device of the move's transport.
@@ -191,51 +43,6 @@ c10::Device TransportDevice(const Transport& transport) {
 // Whether the transport moves segments of host memory (ExchangeSegments).
 bool MovesHostSegments(const Transport& transport) {
   return transport.MovesSegments() && TransportDevice(transport).is_cpu();
-}
-
-// ---- Head groups (RowMove::input_groups, output_groups) -------------------
-
-bool HasHeadGroups(const RowMove& move) {
-  return move.input_groups > 1 || move.output_groups > 1;
-}
-
-// Bytes of one exchanged row of x: a head group of its row when its rows
-// split into groups, else its whole row.
-int64_t MovedRowBytes(const at::Tensor& x, const RowMove& move) {
-  return RowElements(x) * static_cast<int64_t>(x.element_size()) / move.input_groups;
-}
-
-// The shape of x's output, `received` rows having arrived: [received,
-// heads / groups, ...] when x's rows split into groups, [received / groups,
-// heads * groups, ...] when the output's rows are made of groups.
-std::vector<int64_t> OutputShape(const at::Tensor& x, const RowMove& move, int64_t received) {
-  std::vector<int64_t> shape = x.sizes().vec();
-  shape[0] = received / move.output_groups;
-  if (HasHeadGroups(move)) shape[1] = shape[1] / move.input_groups * move.output_groups;
-  return shape;
-}
-
-// [T, heads, ...] -> [groups * T, heads / groups, ...]: group g of every
-// row, contiguous, where a packed exchange sends to position g (one pass).
-at::Tensor SplitHeads(const at::Tensor& x, int64_t groups) {
-  std::vector<int64_t> split = x.sizes().vec();
-  split[1] /= groups;
-  split.insert(split.begin() + 1, groups);
-  std::vector<int64_t> rows(split.begin() + 1, split.end());
-  rows[0] = groups * x.size(0);
-  const at::Tensor view = x.reshape(split).transpose(0, 1);
-  return Empty(view.sizes(), x).copy_(view).reshape(rows);
-}
-
-// The inverse: [groups * T, heads, ...] -> [T, groups * heads, ...].
-at::Tensor MergeHeads(const at::Tensor& y, int64_t groups) {
-  std::vector<int64_t> split = y.sizes().vec();
-  split[0] /= groups;
-  std::vector<int64_t> whole = split;
-  whole[1] *= groups;
-  split.insert(split.begin(), groups);
-  const at::Tensor view = y.reshape(split).transpose(0, 1);
-  return Empty(view.sizes(), y).copy_(view).reshape(whole);
 }
 
 // ---- The messages of an exchange that moves segments ---------------------
@@ -361,183 +168,6 @@ constexpr uint8_t kFailed = 1;
 constexpr uint8_t kSignatureChanged = 2;
 
 // ---- The exchange -------------------------------------------------------
-
-// The buffers of one exchange: the send buffer in send order and the
-// receive buffer; for several tensors both are [rows, row bytes] of bytes,
-// each tensor's rows in its own columns.
-struct Packed {
-  bool single = true;
-  at::Tensor send, received;
-  int64_t word = 1;  // several tensors: the columns' element size (Words)
-};
-
-// The widest element (8, 4, 2 or 1 bytes) that divides every size in
-// `bytes` and aligns every tensor's memory: copies of columns move elements
-// of this size, not one byte at a time.
-int64_t WordSize(const std::vector<int64_t>& bytes, at::TensorList tensors) {
-  for (int64_t w : {8, 4, 2}) {
-    bool fits = true;
-    for (int64_t b : bytes) fits = fits && b % w == 0;
-    for (const at::Tensor& t : tensors) {
-      fits = fits && reinterpret_cast<uintptr_t>(t.data_ptr()) % w == 0;
-    }
-    if (fits) return w;
-  }
-  return 1;
-}
-
-// A [rows, bytes] byte tensor as [rows, bytes / word] elements of `word` bytes.
-at::Tensor Words(const at::Tensor& bytes, int64_t word) {
-  switch (word) {
-    case 8:
-      return bytes.view(at::kLong);
-    case 4:
-      return bytes.view(at::kInt);
-    case 2:
-      return bytes.view(at::kShort);
-    default:
-      return bytes;
-  }
-}
-
-// One tensor moves as it is (its head groups split in one pass first);
-// several are packed side by side as bytes (so each keeps its dtype, bit for
-// bit, and Gloo's refusal of bf16 does not matter), each gathered into its
-// columns in one pass, its head groups split in the same pass.
-absl::Status Pack(at::TensorList xs, const RowMove& move, int64_t row_bytes, Packed* packed) {
-  const int64_t send_count = Sum(*move.send_rows);
-  const int64_t recv_count = Sum(*move.recv_rows);
-  const int64_t groups = move.input_groups;
-  packed->single = xs.size() == 1;
-  try {
-    if (packed->single) {
-      // Conjugate and negative views are lazy bits on the tensor, not in its
-      // bytes: resolve them before the bytes travel.
-      at::Tensor x = xs[0].resolve_conj().resolve_neg().contiguous();
-      if (groups > 1) x = SplitHeads(x, groups);
-      packed->send = Reordered(x, move.before.index);
-      std::vector<int64_t> shape = packed->send.sizes().vec();
-      shape[0] = recv_count;
-      packed->received = Empty(shape, packed->send);
-      return absl::OkStatus();
-    }
-    std::vector<at::Tensor> bytes;
-    std::vector<int64_t> sizes = {row_bytes};
-    for (const at::Tensor& x : xs) {
-      bytes.push_back(ByteRows(x));
-      sizes.push_back(bytes.back().size(1));
-      sizes.push_back(bytes.back().size(1) / groups);
-    }
-    packed->send = Empty({send_count, row_bytes}, bytes[0]);
-    packed->received = Empty({recv_count, row_bytes}, packed->send);
-    packed->word = WordSize(sizes, bytes);
-    const at::Tensor send = Words(packed->send, packed->word);
-    int64_t column = 0;
-    for (const at::Tensor& b : bytes) {
-      const at::Tensor words = Words(b, packed->word);
-      const int64_t width = words.size(1) / groups;  // of a moved row
-      at::Tensor slot = send.narrow(1, column, width);
-      column += width;
-      if (groups > 1 && !move.before.index.defined()) {
-        // Moved row g * T + t is group g of row t: one strided copy.
-        const int64_t rows = words.size(0);
-        slot.view({groups, rows, width}).copy_(words.view({rows, groups, width}).transpose(0, 1));
-        continue;
-      }
-      const at::Tensor rows = groups > 1 ? SplitHeads(words, groups) : words;
-      if (move.before.index.defined()) {
-        at::index_select_out(slot, rows, 0, move.before.index.to(rows.device()));
-      } else {
-        slot.copy_(rows);
-      }
-    }
-  } catch (const c10::Error& e) {
-    return FromTorchError(e, move.what.c_str());
-  }
-  return absl::OkStatus();
-}
-
-// The outputs of a packed exchange: each tensor's rows in `after` order,
-// its head groups merged, in one pass.
-std::vector<at::Tensor> Unpack(at::TensorList xs, const RowMove& move, const Packed& packed) {
-  const int64_t groups = move.output_groups;
-  if (packed.single) {
-    at::Tensor y = Reordered(packed.received, move.after.index);
-    return {groups > 1 ? MergeHeads(y, groups) : y};
-  }
-  const int64_t recv_count = Sum(*move.recv_rows);
-  const at::Tensor received = Words(packed.received, packed.word);
-  std::vector<at::Tensor> outputs;
-  int64_t column = 0;
-  for (const at::Tensor& x : xs) {
-    // Each output is a tensor of its own, not a view of the receive buffer,
-    // which is freed here instead of living as long as any one output.
-    at::Tensor out = Empty(OutputShape(x, move, recv_count), x);
-    const int64_t rows = out.size(0);
-    const at::Tensor out_words =
-        Words(out.view({rows, RowElements(out)}).view(at::kByte), packed.word);
-    const int64_t width = out_words.size(1) / groups;  // of a moved row
-    at::Tensor slot = received.narrow(1, column, width);
-    column += width;
-    if (move.after.index.defined()) {
-      slot = at::index_select(slot, 0, move.after.index.to(slot.device()));
-    }
-    if (groups > 1) {
-      // Output row t's group g is moved row g * T + t: one strided copy.
-      out_words.view({rows, groups, width}).transpose(0, 1).copy_(slot.view({groups, rows, width}));
-    } else {
-      out_words.copy_(slot);
-    }
-    outputs.push_back(std::move(out));
-  }
-  return outputs;
-}
-
-// Where the exchange's rows lie in one tensor's host memory: row v of the
-// exchange is `bytes` bytes at At(v). Without head groups that is row v of
-// the tensor; with them (RowMove::input_groups / output_groups) it is group
-// v / rows of tensor row v % rows.
-struct RowAddress {
-  char* base = nullptr;
-  int64_t rows = 0;    // the tensor's rows
-  int64_t stride = 0;  // bytes from one tensor row to the next
-  int64_t bytes = 0;   // bytes of one exchanged row
-  int64_t groups = 1;
-  char* At(int64_t v) const {
-    if (groups == 1) return base + v * stride;
-    return base + (v % rows) * stride + (v / rows) * bytes;
-  }
-  // Rows of `bytes` one after another from `data` (a message's).
-  static RowAddress Packed(char* data, int64_t bytes) { return {data, 0, bytes, bytes, 1}; }
-};
-
-// Host rows: for i in [0, count), exchanged row src_rows[src_begin + i] of
-// `src` to row dst_rows[dst_begin + i] of `dst` (an index that is null: the
-// row itself), one memcpy per run of rows that lie one after another on
-// both sides. Torch's index_copy_ moves one element at a time; this moves
-// the run's bytes.
-void CopyHostRows(const RowAddress& src, const int64_t* src_rows, int64_t src_begin,
-                  const RowAddress& dst, const int64_t* dst_rows, int64_t dst_begin,
-                  int64_t count) {
-  const int64_t bytes = src.bytes;
-  if (count == 0 || bytes == 0) return;
-  auto from = [&](int64_t i) {
-    return src.At(src_rows != nullptr ? src_rows[src_begin + i] : src_begin + i);
-  };
-  auto to = [&](int64_t i) {
-    return dst.At(dst_rows != nullptr ? dst_rows[dst_begin + i] : dst_begin + i);
-  };
-  for (int64_t i = 0; i < count;) {
-    const char* s = from(i);
-    char* d = to(i);
-    int64_t run = 1;
-    while (i + run < count && from(i + run) == s + run * bytes && to(i + run) == d + run * bytes) {
-      ++run;
-    }
-    std::memcpy(d, s, run * bytes);
-    i += run;
-  }
-}
 
 // The exchange in place, for transports that move segments (host memory)
 // and for a group of one rank (any device, no peer at all); this rank's own

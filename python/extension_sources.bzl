@@ -10,6 +10,7 @@ so keep them literal lists and dicts of strings, each sorted.
 # C++ sources and headers, by room.
 SOURCES = [
     "client/environment.cc",
+    "client/exchange_agreement.cc",
     "client/fallback_policy.cc",
     "client/host_tensor_cache.cc",
     "client/plan_fingerprint.cc",
@@ -20,6 +21,7 @@ SOURCES = [
     "client/rank_report.cc",
     "client/route_layout.cc",
     "client/row_exchange.cc",
+    "client/row_packing.cc",
     "client/sequence_balancer.cc",
     "client/settings_agreement.cc",
     "client/step_plan.cc",
@@ -89,6 +91,7 @@ SOURCES = [
 
 HEADERS = [
     "client/environment.h",
+    "client/exchange_agreement.h",
     "client/fallback_policy.h",
     "client/host_tensor_cache.h",
     "client/plan_fingerprint.h",
@@ -100,6 +103,7 @@ HEADERS = [
     "client/rank_report.h",
     "client/route_layout.h",
     "client/row_exchange.h",
+    "client/row_packing.h",
     "client/sequence_balancer.h",
     "client/sequence_balancer_options.h",
     "client/settings_agreement.h",
