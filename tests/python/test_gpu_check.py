@@ -61,6 +61,7 @@ def no_gpu_here():
 TORCH_NEEDS = {"fsdp2_checkpoint": fsdp2_missing(), "compiled_block": compile_missing()}
 
 
+@pytest.mark.torch_independent
 @pytest.mark.parametrize("args,option", [
     (["--device", "cpu", "--ranks", "0"], "--ranks"),
     (["--ranks", "2"], "--ranks"),  # only with --device cpu
@@ -81,6 +82,7 @@ def test_bad_arguments_exit_2_naming_the_option(args, option, tmp_path):
     assert not (tmp_path / "gpu_check.json").exists()
 
 
+@pytest.mark.torch_independent
 def test_an_unknown_fault_is_refused(tmp_path):
     status, _, err = run_cli(["--dry-run"], tmp_path, env={gpu_check.FAULT_ENV: "melt"})
     assert status == 2 and gpu_check.FAULT_ENV in err and "corrupt_route" in err, err

@@ -20,6 +20,8 @@ except ImportError:
     matplotlib = None
 
 needs_matplotlib = pytest.mark.skipif(matplotlib is None, reason="matplotlib is not installed")
+# Plans drawn: nothing here depends on the torch release.
+pytestmark = pytest.mark.torch_independent
 
 RANKS = [[300, 20], [5], [900], []]
 TOPOLOGY = "g1n2+g2n1"

@@ -38,6 +38,7 @@ def check_bookkeeping(results, lengths_of_step):
 
 
 # The masked streams' sequences are up to 128k tokens: divided by 256 on CPU.
+@pytest.mark.torch_independent
 @pytest.mark.parametrize("data,world,scale", [
     ("mixed-res", 8, 32), ("low-res", 8, 32), ("joint", 32, 32), ("video-blockcausal", 8, 256),
     ("interleaved", 8, 256), ("llm-packed", 8, 256)])
@@ -53,6 +54,7 @@ def test_every_scenario_plays_what_the_plan_says(data, world, scale):
     assert "\nadvice: --topology " in text
 
 
+@pytest.mark.torch_independent
 def test_a_lengths_file_with_masks_plays_its_masks(tmp_path):
     path = tmp_path / "mine.txt"
     path.write_text("# tokens[,mask]\n" + "".join(
@@ -83,6 +85,7 @@ def test_a_lengths_file_with_masks_plays_its_masks(tmp_path):
     assert replay.attended_pairs(100, "causal") == 5050
 
 
+@pytest.mark.torch_independent
 def test_the_picture(tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "replay.png"
@@ -91,6 +94,7 @@ def test_the_picture(tmp_path):
     assert png.stat().st_size > 1000
 
 
+@pytest.mark.torch_independent
 def test_the_fit_hfu_and_the_cli_errors(tmp_path):
     # gamma given: k alone is fitted, for the measured table and auto's rate
     # (at d_model 32 a loaded machine's times can defeat the two-term fit,
@@ -153,6 +157,7 @@ def test_the_varlen_path_attends_each_sequence_alone():
         ["--data", "interleaved", "--world", "8", "--length-scale", "256"])).step(step)[0])
 
 
+@pytest.mark.torch_independent
 def test_the_advice_names_the_fastest_and_prefers_auto_within_one_percent():
     def row(topology, model, after, comm=0.0, before=2.0):
         return {"topology": topology, "cost_model": model, "slowest_after": after,
@@ -172,6 +177,7 @@ def test_the_advice_names_the_fastest_and_prefers_auto_within_one_percent():
                                             row("g2n4", "transformer", 1.04)])
 
 
+@pytest.mark.torch_independent
 def test_the_paper_table_script_runs_on_cpu_and_keeps_its_budget(tmp_path):
     # scripts/replay_paper_table.sh, what a GPU machine runs for
     # docs/planner.md's table, here with CPU widths in place of FLUX's and
