@@ -5,7 +5,6 @@
 #include <cstring>
 #include <list>
 #include <map>
-#include <mutex>
 #include <vector>
 
 #include <ATen/EmptyTensor.h>
@@ -13,6 +12,9 @@
 #include <c10/core/DispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/version.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace knapformer {
 namespace {
@@ -55,7 +57,7 @@ class Pool {
   Block* Take(size_t n) {
     const size_t capacity = CapacityOf(n);
     if (capacity >= static_cast<size_t>(kMinCachedHostBytes)) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       auto it = by_capacity_.find(capacity);
       if (it != by_capacity_.end()) {
         Block* block = it->second;
@@ -72,7 +74,7 @@ class Pool {
       // What the cache holds may be what is missing.
       std::vector<Block*> freed;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         freed = Evict(0);
       }
       FreeAll(freed);
@@ -86,7 +88,7 @@ class Pool {
   void Give(Block* block) {
     std::vector<Block*> freed;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (block->capacity < static_cast<size_t>(kMinCachedHostBytes) ||
           static_cast<int64_t>(block->capacity) > limit_bytes_) {
         freed.push_back(block);
@@ -103,7 +105,7 @@ class Pool {
   void SetLimit(int64_t bytes) {
     std::vector<Block*> freed;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       limit_bytes_ = std::max<int64_t>(bytes, 0);
       freed = Evict(limit_bytes_);
     }
@@ -111,14 +113,14 @@ class Pool {
   }
 
   HostCacheStats Stats() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return {limit_bytes_, cached_bytes_, hits_, misses_};
   }
 
  private:
   // Unlists the oldest kept blocks until at most `limit` bytes are kept;
-  // the caller frees them, outside the lock. REQUIRES: mu_ held.
-  std::vector<Block*> Evict(int64_t limit) {
+  // the caller frees them, outside the lock.
+  std::vector<Block*> Evict(int64_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<Block*> evicted;
     while (cached_bytes_ > limit && !by_age_.empty()) {
       Block* oldest = by_age_.front();
@@ -137,13 +139,13 @@ class Pool {
     }
   }
 
-  std::mutex mu_;
-  int64_t limit_bytes_ = InitialLimit();
-  int64_t cached_bytes_ = 0;
-  int64_t hits_ = 0;
-  int64_t misses_ = 0;
-  std::list<Block*> by_age_;                    // oldest first
-  std::multimap<size_t, Block*> by_capacity_;  // kept blocks
+  absl::Mutex mu_;
+  int64_t limit_bytes_ ABSL_GUARDED_BY(mu_) = InitialLimit();
+  int64_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
+  std::list<Block*> by_age_ ABSL_GUARDED_BY(mu_);                    // oldest first
+  std::multimap<size_t, Block*> by_capacity_ ABSL_GUARDED_BY(mu_);  // kept blocks
 };
 
 // Never destroyed: tensors from the cache may be freed during static

@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/fallback_policy.h"
-#include "client/plan_fingerprint.h"
+#include "planner/plan_fingerprint.h"
 #include "client/planner_credentials.h"
 #include "client/planner_link.h"
 #include "client/planner_target.h"
@@ -581,10 +581,19 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
   // In group mode only rank 0 talks to the service.
   if (has_service && (!rep->group_mode() || rep->leader())) {
     const PlannerClientOptions& o = rep->options;
-    rep->link = std::make_unique<PlannerLink>(PlannerLinkOptions{
-        o.address, o.credentials, o.token, rep->group_mode(), o.call_deadline, o.max_attempts,
-        o.initial_backoff, o.max_backoff, o.probe_interval, o.probe_deadline,
-        o.max_answer_bytes});
+    PlannerLinkOptions link;  // by name: two durations swapped would still compile
+    link.address = o.address;
+    link.credentials = o.credentials;
+    link.token = o.token;
+    link.spread_over_replicas = rep->group_mode();
+    link.call_deadline = o.call_deadline;
+    link.max_attempts = o.max_attempts;
+    link.initial_backoff = o.initial_backoff;
+    link.max_backoff = o.max_backoff;
+    link.probe_interval = o.probe_interval;
+    link.probe_deadline = o.probe_deadline;
+    link.max_answer_bytes = o.max_answer_bytes;
+    rep->link = std::make_unique<PlannerLink>(std::move(link));
   }
   return std::unique_ptr<PlannerClient>(new PlannerClient(std::move(rep)));
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/settings_agreement.pb.h"
+#include "common/rank_ranges.h"
 #include "planner/cost_model.h"
 #include "transport/transport.h"
 
@@ -29,14 +30,7 @@ std::string MeasuredText(const std::optional<MeasuredAttention>& table) {
 
 // "rank 3", "ranks 0-2", "ranks 0, 2, 5-7".
 std::string RankList(const std::vector<int>& ranks) {
-  std::vector<std::string> runs;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    runs.push_back(j == i ? absl::StrCat(ranks[i]) : absl::StrCat(ranks[i], "-", ranks[j]));
-    i = j + 1;
-  }
-  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(runs, ", "));
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", RankRanges(ranks, ", "));
 }
 
 client::SharedSettingList ListOf(const SharedSettings& settings) {

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "proto/plan_proto.h"
-#include "server/rank_ranges.h"
+#include "common/rank_ranges.h"
 
 namespace knapformer {
 namespace {

@@ -15,23 +15,24 @@ DeadlineWatchdog::DeadlineWatchdog(Hooks hooks, absl::Duration poll_interval)
 
 DeadlineWatchdog::~DeadlineWatchdog() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  wake_.notify_all();
   thread_.join();
-  for (Item& item : items_) {
+  std::deque<Item> left;
+  {
+    absl::MutexLock lock(&mu_);
+    left.swap(items_);
+  }
+  for (Item& item : left) {
     if (item.release) item.release();
   }
 }
 
 void DeadlineWatchdog::Watch(Poll poll, std::function<void()> release, absl::Time deadline,
                              std::string what) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    items_.push_back({std::move(poll), std::move(release), deadline, std::move(what)});
-  }
-  wake_.notify_all();
+  absl::MutexLock lock(&mu_);
+  items_.push_back({std::move(poll), std::move(release), deadline, std::move(what)});
 }
 
 absl::Status DeadlineWatchdog::Check(const Item& item, bool* done) const {
@@ -66,21 +67,20 @@ absl::Status DeadlineWatchdog::Wait(const Poll& poll, absl::Time deadline,
       return failure();
     }
     if (done) return absl::OkStatus();
-    std::unique_lock<std::mutex> lock(mu_);
-    wake_.wait_for(lock, absl::ToChronoNanoseconds(sleep), [this] { return failed_; });
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&failed_), sleep);
   }
 }
 
 void DeadlineWatchdog::Fail(const absl::Status& failure) {
   if (failure.ok()) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!failed_) {
       failed_ = true;
       failure_ = failure;
     }
   }
-  wake_.notify_all();
   const absl::Status first = this->failure();
   std::call_once(on_failure_once_, [&] {
     if (hooks_.on_failure) hooks_.on_failure(first);
@@ -88,42 +88,46 @@ void DeadlineWatchdog::Fail(const absl::Status& failure) {
 }
 
 absl::Status DeadlineWatchdog::failure() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return failure_;
 }
 
 size_t DeadlineWatchdog::pending() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return items_.size() + polling_;
 }
 
 void DeadlineWatchdog::Loop() {
   if (hooks_.thread_init) hooks_.thread_init();
-  std::unique_lock<std::mutex> lock(mu_);
+  const auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || (!items_.empty() && !failed_);
+  };
+  mu_.Lock();
   while (!stopping_) {
     if (items_.empty() || failed_) {
-      wake_.wait(lock, [this] { return stopping_ || (!items_.empty() && !failed_); });
+      mu_.Await(absl::Condition(&has_work));
       continue;
     }
     // Work completes in order on one stream: the oldest item decides.
     Item item = std::move(items_.front());
     items_.pop_front();
     polling_ = 1;
-    lock.unlock();
+    mu_.Unlock();
     bool done = false;
     absl::Status status = Check(item, &done);
     if (done || !status.ok()) {
       if (item.release) item.release();
       Fail(status);  // ignores Ok
-      lock.lock();
+      mu_.Lock();
       polling_ = 0;
       continue;
     }
-    lock.lock();
+    mu_.Lock();
     polling_ = 0;
     items_.push_front(std::move(item));
-    wake_.wait_for(lock, absl::ToChronoNanoseconds(poll_interval_), [this] { return stopping_; });
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), poll_interval_);
   }
+  mu_.Unlock();
 }
 
 }  // namespace knapformer

@@ -11,15 +11,16 @@
 // waits (Wait) poll the same way instead of blocking in the driver, so no
 // wait of the transport is unbounded.
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace knapformer {
@@ -79,14 +80,15 @@ class DeadlineWatchdog {
 
   const Hooks hooks_;
   const absl::Duration poll_interval_;
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<Item> items_;
+  // Waiters wait on conditions of these (absl::Mutex::Await), which the
+  // mutex re-evaluates as it is released: no condition variable to notify.
+  mutable absl::Mutex mu_;
+  std::deque<Item> items_ ABSL_GUARDED_BY(mu_);
   // 1 while the loop polls an item outside the lock.
-  size_t polling_ = 0;
-  absl::Status failure_;
-  bool failed_ = false;
-  bool stopping_ = false;
+  size_t polling_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::once_flag on_failure_once_;
   std::thread thread_;
 };

@@ -4,7 +4,6 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -13,8 +12,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/version.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 
 namespace knapformer {
 
@@ -80,13 +81,19 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGlooGroup(c10::intrusive_ptr<c10d::Sto
 
 SubgroupFactory GlooSubgroupFactory(c10::intrusive_ptr<c10d::Store> store,
                                     GlooGroupOptions options) {
-  auto created = std::make_shared<std::pair<std::mutex, std::map<std::vector<int>, int>>>();
-  return [store = std::move(store), options = std::move(options), created](
+  // How many subgroups of each rank list this factory has made: each new one
+  // gets a store prefix of its own.
+  struct Made {
+    absl::Mutex mu;
+    std::map<std::vector<int>, int> count ABSL_GUARDED_BY(mu);
+  };
+  auto made = std::make_shared<Made>();
+  return [store = std::move(store), options = std::move(options), made](
              const std::vector<int>& global_ranks, int rank) {
     int serial = 0;
     {
-      std::lock_guard<std::mutex> lock(created->first);
-      serial = created->second[global_ranks]++;
+      absl::MutexLock lock(&made->mu);
+      serial = made->count[global_ranks]++;
     }
     const std::string prefix =
         absl::StrCat("knapformer/subgroup/", absl::StrJoin(global_ranks, ","), "/", serial);

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/plan_fingerprint.h"
+#include "planner/plan_fingerprint.h"
 #include "client/rank_report.h"
 #include "client/rank_report.pb.h"
 #include "knapformer/v1/planner.pb.h"

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "client/plan_fingerprint.h"
+#include "planner/plan_fingerprint.h"
 #include "client/rank_report.h"
 #include "client/route_layout.h"
 #include "client/step_plan.h"

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "client/plan_fingerprint.h"
+#include "planner/plan_fingerprint.h"
 #include "client/rank_report.h"
 #include "client/rank_report.pb.h"
 #include "google/protobuf/stubs/logging.h"

@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "knapformer/v1/planner.pb.h"
-#include "server/rank_ranges.h"
+#include "common/rank_ranges.h"
 #include "server/request_check.h"
 #include "server/service_limits.h"
 

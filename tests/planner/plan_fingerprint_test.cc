@@ -2,7 +2,7 @@
 // one plan agree; a share with two receive chunk lengths swapped (totals
 // kept), a bag member with another chunk table, another mask or another bag
 // is found from the fingerprints alone.
-#include "client/plan_fingerprint.h"
+#include "planner/plan_fingerprint.h"
 
 #include <utility>
 

@@ -1,5 +1,5 @@
-#ifndef KNAPFORMER_CLIENT_PLAN_FINGERPRINT_H_
-#define KNAPFORMER_CLIENT_PLAN_FINGERPRINT_H_
+#ifndef KNAPFORMER_PLANNER_PLAN_FINGERPRINT_H_
+#define KNAPFORMER_PLANNER_PLAN_FINGERPRINT_H_
 
 // In per-rank mode every rank gets its own share of the step's plan from the
 // service. Each share can be well formed while the shares disagree (two
@@ -47,4 +47,4 @@ absl::Status CheckFingerprints(const std::vector<PlanFingerprint>& fingerprints)
 
 }  // namespace knapformer
 
-#endif  // KNAPFORMER_CLIENT_PLAN_FINGERPRINT_H_
+#endif  // KNAPFORMER_PLANNER_PLAN_FINGERPRINT_H_

@@ -1,4 +1,4 @@
-#include "client/plan_fingerprint.h"
+#include "planner/plan_fingerprint.h"
 
 #include <map>
 #include <utility>

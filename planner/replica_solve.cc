@@ -1,0 +1,165 @@
+#include "planner/replica_solve.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "planner/replica_packer.h"
+
+namespace knapformer {
+namespace internal {
+
+absl::Status CheckBalancerInput(int32_t world_size, const RankLengths& lengths,
+                                const BalancerLimits& limits) {
+  if (static_cast<int64_t>(lengths.size()) != world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ranks: got sequence lengths for ", lengths.size(), " ranks, world_size is ",
+        world_size));
+  }
+  int64_t sequences = 0;
+  for (size_t rank = 0; rank < lengths.size(); ++rank) {
+    sequences += static_cast<int64_t>(lengths[rank].size());
+    if (sequences > limits.max_sequences) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "ranks: more than ", limits.max_sequences, " sequences in the world"));
+    }
+    for (size_t i = 0; i < lengths[rank].size(); ++i) {
+      const int64_t length = lengths[rank][i];
+      if (length < 0 || length > CostModel::kMaxLength) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ranks[", rank, "][", i, "]: sequence length ", length, " is outside [0, ",
+            CostModel::kMaxLength, "]"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int32_t> FirstSequences(const RankLengths& lengths) {
+  std::vector<int32_t> first(lengths.size() + 1);
+  int32_t count = 0;
+  for (size_t rank = 0; rank < lengths.size(); ++rank) {
+    first[rank] = count;
+    count += static_cast<int32_t>(lengths[rank].size());
+  }
+  first[lengths.size()] = count;
+  return first;
+}
+
+absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
+                               const BalancerOptions& options, const RankLengths& lengths,
+                               int32_t first_rank, const std::vector<int32_t>& first_sequence,
+                               std::vector<int32_t>& bag_of, const RankMasks* masks) {
+  ReplicaPacker packer(topology, cost, options.refine_rounds, options.max_tokens_per_gpu,
+                       lengths, first_rank, first_sequence, masks);
+  if (packer.empty()) return absl::OkStatus();
+  if (absl::Status status = packer.PackGreedy(); !status.ok()) return status;
+  packer.TryMultifit();
+  packer.TryAllHome();
+  if (options.locality) packer.TryLocality(options.locality_slack);
+  packer.WriteBags(bag_of);
+  return absl::OkStatus();
+}
+
+Plan EmptyPlanOf(const World& world) {
+  Plan plan;
+  plan.world_size = world.world_size();
+  plan.topology = world.spec();
+  plan.bags_per_replica = world.uniform() ? world.topology().num_bags() : 0;
+  plan.bag_first_rank.resize(world.total_bags());
+  plan.bag_gpus.resize(world.total_bags());
+  for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
+    for (const Bag& bag : world.replica_topology(replica).bags()) {
+      const int32_t global = world.first_bag(replica) + bag.id;
+      plan.bag_first_rank[global] = replica * world.group_size() + bag.first_rank;
+      plan.bag_gpus[global] = bag.gpus;
+    }
+  }
+  return plan;
+}
+
+absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
+                               const RankLengths& lengths, const BalancerLimits& limits,
+                               std::vector<int32_t> first_sequence,
+                               const std::vector<int32_t>& bag_of, const RankMasks* masks) {
+  const int32_t world_size = world.world_size();
+  const int32_t group = world.group_size();
+  const int32_t total_bags = world.total_bags();
+
+  Plan plan = EmptyPlanOf(world);
+  plan.rank_first_sequence = std::move(first_sequence);
+  if (masks != nullptr) plan.masks = *masks;
+  const int32_t num_sequences = plan.rank_first_sequence[world_size];
+
+  // Chunk count first, so an oversized plan fails before it is allocated.
+  int64_t num_chunks = 0;
+  for (int32_t rank = 0; rank < world_size; ++rank) {
+    const Topology& topology = world.replica_topology(rank / group);
+    const int32_t base = plan.rank_first_sequence[rank];
+    for (size_t i = 0; i < lengths[rank].size(); ++i) {
+      const int32_t bag = bag_of[base + i];
+      if (bag >= 0) num_chunks += std::min<int64_t>(lengths[rank][i], topology.bag(bag).gpus);
+    }
+  }
+  if (num_chunks > limits.max_chunks) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "plan: ", num_chunks, " chunks exceed the limit of ", limits.max_chunks));
+  }
+
+  // Phase 2: chunks, in (src_rank, seq_index, offset) order.
+  plan.sequences.resize(num_sequences);
+  plan.chunks.resize(num_chunks);
+  int32_t next_chunk = 0;
+  plan.workload_before.assign(world_size, 0.0);
+  plan.workload_after.assign(world_size, 0.0);
+  std::vector<int32_t> rotation(total_bags, 0);  // position of the next extra token
+  std::vector<double> bag_attention(total_bags, 0.0);
+  for (int32_t rank = 0; rank < world_size; ++rank) {
+    const int32_t first_bag = world.first_bag(rank / group);
+    const int32_t base = plan.rank_first_sequence[rank];
+    for (size_t i = 0; i < lengths[rank].size(); ++i) {
+      const int64_t length = lengths[rank][i];
+      PlacedSequence& seq = plan.sequences[base + i];
+      seq.src_rank = rank;
+      seq.seq_index = static_cast<int32_t>(i);
+      seq.length = length;
+      seq.first_chunk = next_chunk;
+      const AttentionMask* mask = MaskOf(masks, rank, i);
+      plan.workload_before[rank] += cost.Workload(length, mask);
+      if (bag_of[base + i] < 0) continue;
+      const int32_t bag = first_bag + bag_of[base + i];
+      const int32_t gpus = plan.bag_gpus[bag];
+      seq.bag = bag;
+      const int64_t share = length / gpus;
+      const int32_t extra = static_cast<int32_t>(length % gpus);
+      const int32_t start = rotation[bag];
+      int64_t offset = 0;
+      for (int32_t position = 0; position < gpus; ++position) {
+        int32_t turn = position - start;  // (position - start) mod gpus, without a division
+        if (turn < 0) turn += gpus;
+        const int64_t chunk_length = share + (turn < extra ? 1 : 0);
+        if (chunk_length == 0) continue;
+        const int32_t dst = plan.bag_first_rank[bag] + position;
+        plan.chunks[next_chunk++] = Chunk{rank, seq.seq_index, offset, chunk_length, dst};
+        plan.workload_after[dst] += cost.Linear(chunk_length);
+        offset += chunk_length;
+      }
+      rotation[bag] = (start + extra) % gpus;
+      seq.num_chunks = next_chunk - seq.first_chunk;
+      bag_attention[bag] += cost.Attention(length, mask);
+    }
+  }
+  for (int32_t bag = 0; bag < total_bags; ++bag) {
+    const double per_gpu = bag_attention[bag] / plan.bag_gpus[bag];
+    for (int32_t p = 0; p < plan.bag_gpus[bag]; ++p) {
+      plan.workload_after[plan.bag_first_rank[bag] + p] += per_gpu;
+    }
+  }
+
+  plan.IndexBags();
+  return plan;
+}
+
+}  // namespace internal
+}  // namespace knapformer
