@@ -16,7 +16,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/fallback_policy.h"
-#include "planner/plan_fingerprint.h"
 #include "client/planner_credentials.h"
 #include "client/planner_link.h"
 #include "client/planner_target.h"
@@ -25,6 +24,7 @@
 #include "client/step_requests.h"
 #include "common/log.h"
 #include "planner/attention_mask.h"
+#include "planner/plan_fingerprint.h"
 #include "proto/plan_proto.h"
 #include "transport/agreement.h"
 
@@ -342,12 +342,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
   } else if (mine.outcome() == StepOutcome::GOT_PLAN) {
     mine.set_workload_before(response.plan().workload_before());
     mine.set_workload_after(response.plan().workload_after());
-    const PlanFingerprint fingerprint = FingerprintOf(*plan, masks);
-    mine.set_sent_chunks(fingerprint.sent);
-    mine.set_expected_chunks(fingerprint.expected);
-    mine.set_bag_first(fingerprint.bag_first);
-    mine.set_bag_gpus(fingerprint.bag_gpus);
-    mine.set_bag_view(fingerprint.bag);
+    *mine.mutable_fingerprint() = FingerprintToProto(FingerprintOf(*plan, masks));
   }
   RankReport report = InStep(RankReport::PLAN, spec);
   *report.mutable_outcome() = std::move(mine);
@@ -402,8 +397,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
   // same outcomes on every rank.
   std::vector<PlanFingerprint> fingerprints;
   for (const StepOutcome& theirs : *all) {
-    fingerprints.push_back({theirs.sent_chunks(), theirs.expected_chunks(), theirs.bag_first(),
-                            theirs.bag_gpus(), theirs.bag_view()});
+    fingerprints.push_back(FingerprintFromProto(theirs.fingerprint()));
   }
   if (absl::Status agree = CheckFingerprints(fingerprints); !agree.ok()) {
     const std::string why = absl::StrCat("the planner service at ", options.address,

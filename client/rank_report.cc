@@ -195,6 +195,21 @@ absl::Status CheckOutcome(const StepOutcome& outcome, int rank) {
   return absl::OkStatus();
 }
 
+client::Fingerprint FingerprintToProto(const PlanFingerprint& fingerprint) {
+  client::Fingerprint message;
+  message.set_sent(fingerprint.sent);
+  message.set_expected(fingerprint.expected);
+  message.set_bag_first(fingerprint.bag_first);
+  message.set_bag_gpus(fingerprint.bag_gpus);
+  message.set_bag(fingerprint.bag);
+  return message;
+}
+
+PlanFingerprint FingerprintFromProto(const client::Fingerprint& message) {
+  return {message.sent(), message.expected(), message.bag_first(), message.bag_gpus(),
+          message.bag()};
+}
+
 absl::Status OutcomeStatus(const StepOutcome& outcome, const std::string& prefix) {
   return StatusOf(outcome.status(), 0, prefix);
 }

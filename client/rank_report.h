@@ -16,6 +16,7 @@
 #include "knapformer/v1/planner.pb.h"
 #include "planner/attention_mask.h"
 #include "planner/balancer.h"
+#include "planner/plan_fingerprint.h"
 #include "transport/transport.h"
 
 namespace knapformer {
@@ -74,6 +75,10 @@ client::StepOutcome OutcomeOf(int code, const std::string& message);
 // Internal naming `rank` unless `outcome` carries a known outcome, and a
 // status that is not Ok when the outcome is not GOT_PLAN.
 absl::Status CheckOutcome(const client::StepOutcome& outcome, int rank);
+
+// A fingerprint as the outcome carries it, and back.
+client::Fingerprint FingerprintToProto(const PlanFingerprint& fingerprint);
+PlanFingerprint FingerprintFromProto(const client::Fingerprint& fingerprint);
 
 // The status an outcome reports, with `prefix` before the service's message.
 // REQUIRES: CheckOutcome(outcome) passed, and the outcome is not GOT_PLAN.

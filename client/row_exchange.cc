@@ -40,7 +40,7 @@ c10::Device TransportDevice(const Transport& transport) {
   return cuda < 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, cuda);
 }
 
-// Whether the transport moves segments of host memory (ExchangeSegments).
+// Whether the transport moves segments of host memory (AllToAllOptions::Segments).
 bool MovesHostSegments(const Transport& transport) {
   return transport.MovesSegments() && TransportDevice(transport).is_cpu();
 }
@@ -138,14 +138,15 @@ absl::StatusOr<std::vector<uint8_t>> FlaggedFromScratch(
                          in += m.bytes;
                        }
                      });
-      moved = transport.ExchangeSegments(sends, recvs, row_bytes, 0, nullptr);
+      moved = transport.AllToAll(nullptr, *move.send_rows, nullptr, *move.recv_rows, row_bytes,
+                                 AllToAllOptions::Segments(&sends, &recvs));
       flags.assign(transport.size(), flag);
       for (int p = 0; p < transport.size(); ++p) {
         if (flag_of[p] != nullptr) flags[p] = *flag_of[p];
       }
     } else {
-      moved = transport.AllToAllRowsFlagged(send.data_ptr(), *move.send_rows, recv.data_ptr(),
-                                            *move.recv_rows, row_bytes, flag, &flags);
+      moved = transport.AllToAll(send.data_ptr(), *move.send_rows, recv.data_ptr(), *move.recv_rows,
+                                 row_bytes, AllToAllOptions::Flagged(flag, &flags));
     }
     if (!moved.ok()) return moved;
   } catch (const c10::Error& e) {
@@ -514,16 +515,17 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
       std::vector<SendSegment> sends;
       std::vector<RecvSegment> recvs;
       segmented->Segments(move, flag, flags != nullptr, &sends, &recvs);
-      ThrowIfError(move.transport->ExchangeSegments(sends, recvs, row_bytes, 0, nullptr));
+      ThrowIfError(move.transport->AllToAll(nullptr, *move.send_rows, nullptr, *move.recv_rows,
+                                            row_bytes, AllToAllOptions::Segments(&sends, &recvs)));
       if (flags != nullptr) *flags = segmented->ReceivedFlags(flag);
     } else if (flags != nullptr) {
-      ThrowIfError(move.transport->AllToAllRowsFlagged(
+      ThrowIfError(move.transport->AllToAll(
           packed.send.data_ptr(), *move.send_rows, packed.received.data_ptr(), *move.recv_rows,
-          row_bytes, flag, flags));
+          row_bytes, AllToAllOptions::Flagged(flag, flags)));
     } else {
-      ThrowIfError(move.transport->AllToAllRowsPrechecked(
+      ThrowIfError(move.transport->AllToAll(
           packed.send.data_ptr(), *move.send_rows, packed.received.data_ptr(), *move.recv_rows,
-          row_bytes));
+          row_bytes, AllToAllOptions::Checked()));
     }
   };
   auto outputs = [&] { return in_place ? segmented->Finish() : Unpack(xs, move, packed); };
@@ -590,40 +592,41 @@ std::vector<at::Tensor> MoveRows(at::TensorList xs, const RowMove& move) {
 // emits its own: the backward of an exchange cannot start before the
 // backward of every later exchange of the step has ended, so backward
 // exchanges run in exactly the reverse of the forward order, on every rank.
+// What a node's backward needs of its forward, kept in the node as one typed
+// value (a capsule in saved_data): the way back, ready to run.
+struct SavedMove : torch::CustomClassHolder {
+  // The way back's counts (the forward's, transposed), which `back` points to.
+  std::vector<int64_t> send_rows;
+  std::vector<int64_t> recv_rows;
+  RowMove back;
+  // The forward's chain flag (RowMove::chain_started; `back` carries none).
+  at::Tensor chain_started;
+  std::vector<int64_t> differentiable;  // the inputs that required grad
+  int64_t inputs = 0;
+  bool chained = false;  // the forward took a chain link as an input
+};
+constexpr char kSavedMove[] = "move";
+
 class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
  public:
   // Returns the moved tensors, then the chain link for the next exchange.
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 at::TensorList xs, at::TensorList chain,
                                                 const RowMove* move) {
-    std::vector<int64_t> differentiable;
+    auto saved = c10::make_intrusive<SavedMove>();
     for (size_t i = 0; i < xs.size(); ++i) {
-      if (xs[i].requires_grad()) differentiable.push_back(static_cast<int64_t>(i));
+      if (xs[i].requires_grad()) saved->differentiable.push_back(static_cast<int64_t>(i));
     }
-    ctx->saved_data["differentiable"] = differentiable;
-    ctx->saved_data["inputs"] = static_cast<int64_t>(xs.size());
+    saved->inputs = static_cast<int64_t>(xs.size());
     // The previous link, or none (an undefined tensor may not be an input).
-    ctx->saved_data["chained"] = !chain.empty();
-    ctx->saved_data["transport"] = reinterpret_cast<int64_t>(move->transport);
-    ctx->saved_data["what"] = move->what;
-    ctx->saved_data["agreement"] = static_cast<int64_t>(move->agreement);
-    ctx->saved_data["owner"] = move->owner;
-    ctx->saved_data["chain_started"] = move->chain_started;
-    ctx->saved_data["send_rows"] = *move->send_rows;
-    ctx->saved_data["recv_rows"] = *move->recv_rows;
-    ctx->saved_data["world_ranks"] =
-        std::vector<int64_t>(move->world_ranks.begin(), move->world_ranks.end());
-    ctx->saved_data["step"] = static_cast<int64_t>(move->step);
-    ctx->saved_data["input_groups"] = move->input_groups;
-    ctx->saved_data["output_groups"] = move->output_groups;
-    ctx->saved_data["before"] = move->before.index;
-    ctx->saved_data["before_inverse"] = move->before.inverse;
-    ctx->saved_data["before_host"] = move->before.host_index;
-    ctx->saved_data["before_inverse_host"] = move->before.host_inverse;
-    ctx->saved_data["after"] = move->after.index;
-    ctx->saved_data["after_inverse"] = move->after.inverse;
-    ctx->saved_data["after_host"] = move->after.host_index;
-    ctx->saved_data["after_inverse_host"] = move->after.host_inverse;
+    saved->chained = !chain.empty();
+    saved->chain_started = move->chain_started;
+    saved->back = Reversed(*move);
+    saved->send_rows = *move->recv_rows;
+    saved->recv_rows = *move->send_rows;
+    saved->back.send_rows = &saved->send_rows;
+    saved->back.recv_rows = &saved->recv_rows;
+    ctx->saved_data[kSavedMove] = at::IValue::make_capsule(std::move(saved));
     std::vector<at::Tensor> outputs = MoveRows(xs, *move);
     torch::autograd::variable_list non_differentiable;  // one call: each call replaces the set
     for (size_t i = 0; i < xs.size(); ++i) {
@@ -636,49 +639,26 @@ class MoveRowsFunction : public torch::autograd::Function<MoveRowsFunction> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const std::vector<int64_t> differentiable = ctx->saved_data["differentiable"].toIntVector();
+    const c10::intrusive_ptr<torch::CustomClassHolder> held =
+        ctx->saved_data[kSavedMove].toCapsule();
+    const SavedMove& saved = static_cast<const SavedMove&>(*held);
     // Exchanges recorded after this point start a new chain instead of
     // linking into a graph whose backward has begun (and may be freed).
-    const at::IValue& started = ctx->saved_data["chain_started"];
-    if (started.isTensor() && started.toTensor().defined()) started.toTensor().fill_(true);
-    // The forward's move, as it was, and its reverse.
-    const std::vector<int64_t> send_rows = ctx->saved_data["send_rows"].toIntVector();
-    const std::vector<int64_t> recv_rows = ctx->saved_data["recv_rows"].toIntVector();
-    RowMove forward;
-    auto tensor = [&](const char* key) {
-      const at::IValue& value = ctx->saved_data[key];
-      return value.isTensor() ? value.toTensor() : at::Tensor();
-    };
-    forward.transport = reinterpret_cast<Transport*>(ctx->saved_data["transport"].toInt());
-    forward.what = ctx->saved_data["what"].toStringRef();
-    forward.agreement = static_cast<Agreement>(ctx->saved_data["agreement"].toInt());
-    forward.owner = tensor("owner");
-    forward.send_rows = &send_rows;
-    forward.recv_rows = &recv_rows;
-    forward.before = {tensor("before"), tensor("before_inverse"), tensor("before_host"),
-                      tensor("before_inverse_host")};
-    forward.after = {tensor("after"), tensor("after_inverse"), tensor("after_host"),
-                     tensor("after_inverse_host")};
-    for (int64_t rank : ctx->saved_data["world_ranks"].toIntVector()) {
-      forward.world_ranks.push_back(static_cast<int>(rank));
-    }
-    forward.step = static_cast<uint64_t>(ctx->saved_data["step"].toInt());
-    forward.input_groups = ctx->saved_data["input_groups"].toInt();
-    forward.output_groups = ctx->saved_data["output_groups"].toInt();
-    const RowMove back = Reversed(forward);
+    if (saved.chain_started.defined()) saved.chain_started.fill_(true);
     std::vector<at::Tensor> to_send;
-    for (int64_t i : differentiable) to_send.push_back(grads[i]);
+    for (int64_t i : saved.differentiable) to_send.push_back(grads[i]);
     // A node of its own only when the backward itself is being recorded
     // (create_graph); otherwise apply runs the exchange and records nothing.
     // Double backward is not chained: it is one exchange per backward node.
     std::vector<at::Tensor> moved =
-        MoveRowsFunction::apply(at::TensorList(to_send), at::TensorList(), &back);
-    const int64_t inputs = ctx->saved_data["inputs"].toInt();
-    const bool chained = ctx->saved_data["chained"].toBool();
-    torch::autograd::variable_list result(inputs + (chained ? 1 : 0) + 1);  // xs, chain, move
-    for (size_t j = 0; j < differentiable.size(); ++j) result[differentiable[j]] = moved[j];
+        MoveRowsFunction::apply(at::TensorList(to_send), at::TensorList(), &saved.back);
+    // One gradient per forward input: xs, the chain link (if any), the move.
+    torch::autograd::variable_list result(saved.inputs + (saved.chained ? 1 : 0) + 1);
+    for (size_t j = 0; j < saved.differentiable.size(); ++j) {
+      result[saved.differentiable[j]] = moved[j];
+    }
     // Passing the link on releases the previous exchange's backward.
-    if (chained) result[inputs] = at::zeros({0});
+    if (saved.chained) result[saved.inputs] = at::zeros({0});
     return result;
   }
 };

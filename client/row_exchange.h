@@ -17,7 +17,7 @@
 //    move at once, with one status byte per rank carried with the rows (in
 //    the rows' own messages where the transport moves segments: the last
 //    byte of a message that packs a peer's rows, or a 1-byte message right
-//    behind larger ones; else Transport::AllToAllRowsFlagged). A rank whose
+//    behind larger ones; else a flagged Transport::AllToAll). A rank whose
 //    tensors differ from the call's agreed signature, or that fails on its
 //    own (its rows, its device, an allocation), still moves the agreed
 //    bytes, from scratch memory, with its flag raised: every rank sees the

@@ -178,12 +178,9 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_siz
   const int32_t max_bag = shape->max_bag;
 
   const int32_t ranks = static_cast<int32_t>(world_size);
-  if (absl::Status status = internal::CheckBalancerInput(ranks, lengths, options.limits);
+  if (absl::Status status = internal::CheckBalancerInput(ranks, lengths, options.limits, masks);
       !status.ok()) {
     return status;
-  }
-  if (masks != nullptr) {
-    if (absl::Status status = CheckRankMasks(lengths, *masks); !status.ok()) return status;
   }
   std::vector<int32_t> first_sequence = internal::FirstSequences(lengths);
   std::vector<int32_t> bag_of(first_sequence.back(), -1);

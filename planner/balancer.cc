@@ -11,12 +11,9 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                                    const RankLengths& lengths,
                                    const BalancerOptions& options, const RankMasks* masks) {
   if (absl::Status status =
-          internal::CheckBalancerInput(world.world_size(), lengths, options.limits);
+          internal::CheckBalancerInput(world.world_size(), lengths, options.limits, masks);
       !status.ok()) {
     return status;
-  }
-  if (masks != nullptr) {
-    if (absl::Status status = CheckRankMasks(lengths, *masks); !status.ok()) return status;
   }
   std::vector<int32_t> first_sequence = internal::FirstSequences(lengths);
   // Phase 1: replica-relative bag per sequence.

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "planner/least_squares.h"
 
 namespace knapformer {
 
@@ -85,17 +86,16 @@ absl::StatusOr<CostFit> FitCostScale(const std::vector<WorkSample>& samples, dou
   }
   if (absl::Status checked = CheckSamples(samples); !checked.ok()) return checked;
   // Relative least squares in k alone: minimizes sum ((k * x - t) / t)^2.
-  double xx = 0, xt = 0;
+  NormalEquations equations(1);
   for (const WorkSample& s : samples) {
     const double w = s.seconds > 0 ? 1.0 / (s.seconds * s.seconds) : 1.0;
-    const double x = s.linear + gamma * s.attention;
-    xx += w * x * x;
-    xt += w * x * s.seconds;
+    equations.AddRow({s.linear + gamma * s.attention}, s.seconds, w);
   }
-  if (!(xx > 0) || !(xt > 0)) {
+  const absl::StatusOr<std::vector<double>> solved = equations.Solve();
+  if (!solved.ok() || !((*solved)[0] > 0)) {
     return absl::InvalidArgumentError("samples: no work or no time to fit k to");
   }
-  const double k = xt / xx;
+  const double k = (*solved)[0];
   return FitFigures(samples, k, k * gamma);
 }
 
@@ -118,24 +118,21 @@ absl::StatusOr<CostFit> FitCostModel(const std::vector<WorkSample>& samples) {
   // Relative least squares (each residual divided by its time): timing
   // noise is proportional to the time, and plain least squares would let
   // the longest sequences decide alone. A zero time gets weight 1.
-  double xx = 0, xy = 0, yy = 0, xt = 0, yt = 0;
+  NormalEquations equations(2);
   for (const WorkSample& s : samples) {
     const double w = s.seconds > 0 ? 1.0 / (s.seconds * s.seconds) : 1.0;
-    const double x = s.linear / scale_linear, y = s.attention / scale_attention;
-    xx += w * x * x;
-    xy += w * x * y;
-    yy += w * y * y;
-    xt += w * x * s.seconds;
-    yt += w * y * s.seconds;
+    equations.AddRow({s.linear / scale_linear, s.attention / scale_attention}, s.seconds, w);
   }
-  const double det = xx * yy - xy * xy;
-  if (!(det > 1e-12 * xx * yy)) {
+  // Singular (relative to the columns' norms: det <= 1e-12 * xx * yy) where
+  // the two columns are proportional.
+  const absl::StatusOr<std::vector<double>> solved = equations.Solve();
+  if (!solved.ok()) {
     return absl::InvalidArgumentError(
         "samples: the linear and attention terms are proportional (e.g. a single sequence "
         "length); time at least two different lengths");
   }
-  const double a = (xt * yy - yt * xy) / det / scale_linear;     // seconds per linear unit
-  const double b = (yt * xx - xt * xy) / det / scale_attention;  // seconds per attention unit
+  const double a = (*solved)[0] / scale_linear;     // seconds per linear unit
+  const double b = (*solved)[1] / scale_attention;  // seconds per attention unit
   if (!(a > 0) || b < 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "fit: k = ", a, ", k * gamma = ", b,

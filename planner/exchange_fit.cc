@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "planner/least_squares.h"
 
 namespace knapformer {
 namespace {
@@ -13,28 +14,6 @@ struct Point {
   double sent = 0;
   double seconds = 0;
 };
-
-// Weighted least squares of seconds = a + b * sent with weights 1/seconds^2
-// (relative residuals); through the origin when `with_latency` is false.
-void Solve(const std::vector<Point>& points, bool with_latency, double* a, double* b) {
-  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (const Point& p : points) {
-    const double w = 1.0 / (p.seconds * p.seconds);
-    sw += w;
-    sx += w * p.sent;
-    sy += w * p.seconds;
-    sxx += w * p.sent * p.sent;
-    sxy += w * p.sent * p.seconds;
-  }
-  if (with_latency) {
-    const double det = sw * sxx - sx * sx;
-    *b = (sw * sxy - sx * sy) / det;
-    *a = (sy - *b * sx) / sw;
-  } else {
-    *a = 0;
-    *b = sxy / sxx;
-  }
-}
 
 absl::StatusOr<LinkFit> FitLink(const std::vector<Point>& points, const char* link) {
   double low = points.front().sent, high = low;
@@ -51,9 +30,18 @@ absl::StatusOr<LinkFit> FitLink(const std::vector<Point>& points, const char* li
         link, ": every sample sends the same bytes; time at least two sizes to tell the "
               "latency from the bandwidth"));
   }
-  double a = 0, b = 0;
-  Solve(points, /*with_latency=*/true, &a, &b);
-  if (a < 0) Solve(points, /*with_latency=*/false, &a, &b);
+  // Weighted least squares of seconds = a + b * sent with weights 1/seconds^2
+  // (relative residuals); columns 0 (a) and 1 (b).
+  NormalEquations equations(2);
+  for (const Point& p : points) {
+    equations.AddRow({1.0, p.sent}, p.seconds, 1.0 / (p.seconds * p.seconds));
+  }
+  absl::StatusOr<std::vector<double>> solved = equations.Solve();
+  // Through the origin where the latency comes out negative, or the sizes
+  // are too close to tell it from the bandwidth.
+  if (!solved.ok() || (*solved)[0] < 0) solved = equations.Solve({1});
+  const double a = solved.ok() ? (*solved)[0] : 0;
+  const double b = solved.ok() ? (*solved)[1] : std::nan("");
   if (!(b > 0) || !std::isfinite(b)) {
     return absl::FailedPreconditionError(absl::StrCat(
         link, ": the times do not grow with the bytes sent (fitted seconds per byte ", b, ")"));

@@ -26,7 +26,8 @@ struct ExchangeSample {
 // relative residuals, as FitCostModel: timing noise grows with the time.
 // The cost model has no latency term (it prices tokens), so the latency is
 // reported for judging the fit, not used; a fit whose latency comes out
-// negative is redone through the origin (latency 0).
+// negative (or whose sizes are too close to tell it) is redone through the
+// origin (latency 0).
 struct LinkFit {
   double bytes_per_second = 0;
   double latency_seconds = 0;

@@ -25,9 +25,6 @@ absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
     return absl::InvalidArgumentError(absl::StrCat("lengths: ", lengths.size(),
                                                    " ranks, the world has ", world_size));
   }
-  if (masks != nullptr) {
-    if (absl::Status status = CheckRankMasks(lengths, *masks); !status.ok()) return status;
-  }
   Plan plan = internal::EmptyPlanOf(world);
   if (masks != nullptr) plan.masks = *masks;
   const int32_t total_bags = world.total_bags();

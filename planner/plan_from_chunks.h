@@ -18,7 +18,10 @@ namespace knapformer {
 // Plan::chunks is. Internal naming the first problem unless the result is a
 // valid plan of `lengths` on `world` (ValidatePlan): the table is someone
 // else's, and a wrong one must never route a token. Cost O(S + C).
-// `masks` (null or empty: all full) price the workloads.
+// `masks` (null or empty: all full) price the workloads. REQUIRES: masks
+// accepted by CheckRankMasks (the ranks check their own where they enter
+// them, PlannerClient::Plan; the table is checked here, the masks are not
+// checked again).
 absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
                                     const RankLengths& lengths, std::vector<Chunk> chunks,
                                     const RankMasks* masks = nullptr);

@@ -11,7 +11,7 @@ namespace knapformer {
 namespace internal {
 
 absl::Status CheckBalancerInput(int32_t world_size, const RankLengths& lengths,
-                                const BalancerLimits& limits) {
+                                const BalancerLimits& limits, const RankMasks* masks) {
   if (static_cast<int64_t>(lengths.size()) != world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ranks: got sequence lengths for ", lengths.size(), " ranks, world_size is ",
@@ -33,7 +33,7 @@ absl::Status CheckBalancerInput(int32_t world_size, const RankLengths& lengths,
       }
     }
   }
-  return absl::OkStatus();
+  return masks != nullptr ? CheckRankMasks(lengths, *masks) : absl::OkStatus();
 }
 
 std::vector<int32_t> FirstSequences(const RankLengths& lengths) {

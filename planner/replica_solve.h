@@ -18,10 +18,13 @@
 namespace knapformer {
 namespace internal {
 
-// InvalidArgument unless there are world_size lists of lengths in [0,
-// CostModel::kMaxLength]; ResourceExhausted past limits.max_sequences.
+// The balancers' entry checks (BalanceGreedy, BalanceAuto), made once per
+// plan: what is inside is then trusted. InvalidArgument unless there are
+// world_size lists of lengths in [0, CostModel::kMaxLength] and `masks`
+// (null or empty: none) pass CheckRankMasks; ResourceExhausted past
+// limits.max_sequences.
 absl::Status CheckBalancerInput(int32_t world_size, const RankLengths& lengths,
-                                const BalancerLimits& limits);
+                                const BalancerLimits& limits, const RankMasks* masks);
 
 // Global id of each rank's first sequence (rank-major), and the total last.
 std::vector<int32_t> FirstSequences(const RankLengths& lengths);

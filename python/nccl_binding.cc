@@ -108,10 +108,9 @@ class PyNcclTransport {
     }
     *caller_stream_ = reinterpret_cast<cudaStream_t>(stream);
     py::gil_scoped_release no_gil;
-    ThrowIfError(transport_->AllToAllRows(send.numel() > 0 ? send.data_ptr() : nullptr,
-                                          send_rows,
-                                          recv.numel() > 0 ? recv.data_ptr() : nullptr,
-                                          recv_rows, row_bytes));
+    ThrowIfError(transport_->AllToAll(send.numel() > 0 ? send.data_ptr() : nullptr, send_rows,
+                                      recv.numel() > 0 ? recv.data_ptr() : nullptr, recv_rows,
+                                      row_bytes));
   }
 
   std::vector<py::bytes> AllGatherBytes(const py::bytes& data) {

@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <pybind11/stl.h>
 
 #include "absl/strings/str_cat.h"
+#include "planner/advice.h"
 #include "planner/auto_layout.h"
 #include "planner/balancer.h"
 #include "planner/calibration.h"
@@ -216,6 +218,27 @@ py::tuple MaskedBatch(const std::string& name, int64_t world_size, uint64_t seed
   return LengthsAndMasks(batch.lengths, batch.masks);
 }
 
+// The advice line of rows (topology, cost model, seconds, seconds before
+// balancing): planner/advice.h; `unit` "us" or "ms".
+std::string TopologyAdviceOf(
+    const std::vector<std::tuple<std::string, std::string, double, double>>& rows,
+    const std::string& unit, const std::string& seconds_note, const std::string& baseline) {
+  AdviceWording wording;
+  if (unit == "ms") {
+    wording.unit = AdviceWording::Unit::kMilliseconds;
+  } else if (unit != "us") {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat("unit: 'us' or 'ms', got '", unit, "'")));
+  }
+  wording.seconds_note = seconds_note;
+  wording.baseline = baseline;
+  std::vector<AdviceRow> advice_rows;
+  for (const auto& [topology, cost_model, seconds, seconds_before] : rows) {
+    advice_rows.push_back({topology, cost_model, seconds, seconds_before});
+  }
+  return TopologyAdvice(advice_rows, wording);
+}
+
 }  // namespace
 
 void BindPlanner(py::module_& m) {
@@ -253,6 +276,13 @@ void BindPlanner(py::module_& m) {
         "The cost model's work of a GPU's share: 24*tokens*d^2 plus head_fraction of "
         "the attention of sequences of `pairs` (query, key) pairs each, gamma*4*pairs*d "
         "or by the measured table given.");
+  m.def("topology_advice", &TopologyAdviceOf, py::arg("rows"), py::arg("unit") = "us",
+        py::arg("seconds_note") = "", py::arg("baseline") = "without balancing",
+        "The line that says which topology to use (planner/advice.h): of rows "
+        "(topology, cost model, seconds of a block on the slowest GPU, the same "
+        "without balancing), the fastest, or auto within 1% of it; --cost-model named "
+        "when the rows hold more than one; times in `unit` (us or ms). '' for no rows "
+        "or a fastest of no time.");
   m.def(
       "scenario_codes", [](const std::string& name) { return ScenarioCodes(name); },
       py::arg("name"), "The data codes of one of the paper's scenarios; '' for another name.");

@@ -184,8 +184,8 @@ PlannerService::PlannerService(const ServiceOptions& options)
     : options_(options),
       scanner_(options.limits),
       rendezvous_(options.limits),
-      gamma_fits_(options.limits),
-      metrics_(&rendezvous_, &gamma_fits_, options.limits.max_jobs,
+      cost_fits_(options.limits),
+      metrics_(&rendezvous_, &cost_fits_, options.limits.max_jobs,
                options.metrics_gauge_interval),
       plan_group_calls_("max_plan_group_calls", "PlanGroup calls in flight",
                         {options.limits.max_plan_group_calls,
@@ -297,10 +297,10 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* cont
     return call->Returned();
   }
   if (request->previous().compute_seconds() > 0) {
-    gamma_fits_.AddTiming(request->spec(), request->rank(), request->previous());
+    cost_fits_.AddTiming(request->spec(), request->rank(), request->previous());
   }
   Rendezvous::Arrival arrival = rendezvous_.Arrive(call, *std::move(checked), absl::Now());
-  SyncGammaFits();
+  SyncCostFits();
   for (const FailedCalls& evicted : arrival.evicted) FinishCalls(evicted.calls, evicted.status);
   if (!arrival.status.ok()) {
     call->FinishWith(arrival.status);
@@ -333,7 +333,7 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   // The measured model's fitted part is its attention table.
   const bool fits_table = spec.use_fitted_gamma() && cost.kind() == CostKind::kMeasured;
   if (spec.use_fitted_gamma() && cost.kind() == CostKind::kTransformer) {
-    if (std::optional<CostFit> fit = gamma_fits_.FittedCost(spec.job_id(), &gamma_note)) {
+    if (std::optional<CostFit> fit = cost_fits_.FittedCost(spec.job_id(), &gamma_note)) {
       absl::StatusOr<CostModel> fitted = CostModel::Create(cost.d_model(), fit->gamma);
       if (fitted.ok()) {
         cost = *fitted;
@@ -343,7 +343,7 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
     }
   } else if (fits_table) {
     if (std::optional<MeasuredAttention> table =
-            gamma_fits_.FittedTable(spec.job_id(), &gamma_note)) {
+            cost_fits_.FittedTable(spec.job_id(), &gamma_note)) {
       absl::StatusOr<CostModel> fitted =
           CostModel::Create(cost.d_model(), cost.gamma(), CostKind::kMeasured, &*table);
       if (fitted.ok()) {
@@ -374,11 +374,11 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   }
   std::vector<WorkSample> rank_work;
   std::vector<PairWeights> rank_weights;
-  if (gamma_fits_.WantsWork(spec.job_id())) {
+  if (cost_fits_.WantsWork(spec.job_id())) {
     rank_work = RankWork(*plan, cost.d_model(), &masks);
     if (fits_table) rank_weights = RankPairWeights(*plan, &masks);
   }
-  gamma_fits_.RecordPlanned(spec, std::move(rank_work), std::move(rank_weights),
+  cost_fits_.RecordPlanned(spec, std::move(rank_work), std::move(rank_weights),
                             checked.cost.measured());
   rendezvous_.RecordPlanned(spec, plan->topology, *balance, solved);
   metrics_.RecordStep(spec.job_id(), *balance, spec.token_bytes(),
@@ -479,14 +479,14 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
   auto checked = CheckPlanGroupRequest(*request, options_.limits, &worlds_);
   status = checked.status();
   if (status.ok()) status = rendezvous_.Touch(request->spec(), tenant, absl::Now());
-  SyncGammaFits();
+  SyncCostFits();
   if (!status.ok()) {
     finish(status);
     return call->Returned();
   }
   for (int r = 0; r < request->previous_size(); ++r) {
     if (request->previous(r).compute_seconds() > 0) {
-      gamma_fits_.AddTiming(request->spec(), r, request->previous(r));
+      cost_fits_.AddTiming(request->spec(), r, request->previous(r));
     }
   }
   int64_t sequences = 0;
@@ -623,18 +623,18 @@ void PlannerService::SolveNextQueued() {
   if (std::function<void()> solve = solve_queue_.Pop()) solve();
 }
 
-void PlannerService::SyncGammaFits() {
+void PlannerService::SyncCostFits() {
   absl::MutexLock lock(&lifetime_mu_);
   for (const LifetimeEvent& event : rendezvous_.TakeLifetimeEvents()) {
     switch (event.kind) {
       case LifetimeEvent::Kind::kGroupAdded:
-        gamma_fits_.AddGroup(event.job_id, event.group_id, event.incarnation);
+        cost_fits_.AddGroup(event.job_id, event.group_id, event.incarnation);
         break;
       case LifetimeEvent::Kind::kGroupForgotten:
-        gamma_fits_.ForgetGroup(event.job_id, event.group_id, event.incarnation);
+        cost_fits_.ForgetGroup(event.job_id, event.group_id, event.incarnation);
         break;
       case LifetimeEvent::Kind::kJobForgotten:
-        gamma_fits_.ForgetJob(event.job_id);
+        cost_fits_.ForgetJob(event.job_id);
         break;
     }
   }
@@ -692,7 +692,7 @@ void PlannerService::Reap() {
                                         "' (idle past the job TTL, or the least recently "
                                         "active when a new job needed room)"));
     }
-    SyncGammaFits();
+    SyncCostFits();
     metrics_.DropIdleJobs(after, options_.limits.job_ttl);
     // The key file and revocation list are looked at even without calls,
     // so that a broken one shows in the metrics and the log at once.

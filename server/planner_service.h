@@ -15,7 +15,7 @@
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
 #include "server/fair_queue.h"
-#include "server/gamma_fits.h"
+#include "server/cost_fits.h"
 #include "server/job_auth.h"
 #include "server/rendezvous.h"
 #include "server/request_check.h"
@@ -66,7 +66,7 @@ using PlannerServiceBase = v1::Planner::WithRawCallbackMethod_Plan<
 // gRPC thread that completed them, larger ones on the service's own thread
 // pool; a background thread expires rendezvous and idle jobs. The gamma fits
 // live beside the rendezvous, under a lock of their own, and keep each job
-// and group incarnation exactly as long as it does (SyncGammaFits).
+// and group incarnation exactly as long as it does (SyncCostFits).
 // Thread-safe. Must outlive the grpc::Server it is registered with.
 class PlannerService final : public PlannerServiceBase {
  public:
@@ -95,9 +95,9 @@ class PlannerService final : public PlannerServiceBase {
 
   ServiceMetrics& metrics() { return metrics_; }
   const Rendezvous& rendezvous() const { return rendezvous_; }
-  const GammaFits& gamma_fits() const { return gamma_fits_; }
+  const CostFits& cost_fits() const { return cost_fits_; }
   // Its fits are refitted as they are read (FittedCost, FittedTable).
-  GammaFits& gamma_fits() { return gamma_fits_; }
+  CostFits& cost_fits() { return cost_fits_; }
   // Bytes of requests held (estimated before parsing), in all, by tenant and
   // by job.
   const TenantQuota& request_memory() const { return request_memory_; }
@@ -157,7 +157,7 @@ class PlannerService final : public PlannerServiceBase {
   // Touch and DropIdleJobs, before the caller touches the fits: when it
   // returns, that call's changes and every earlier one are applied (a call
   // that finds the log empty still waits for one applying what it took).
-  void SyncGammaFits();
+  void SyncCostFits();
 
   // Counts a call from its arrival until gRPC is done with it (WaitForAnswers).
   void CallArrived();
@@ -175,7 +175,7 @@ class PlannerService final : public PlannerServiceBase {
   // fits, so that logs taken by two threads are applied in the order taken;
   // never while calling anything but those two.
   absl::Mutex lifetime_mu_;
-  GammaFits gamma_fits_;
+  CostFits cost_fits_;
   ServiceMetrics metrics_;
   std::atomic<int32_t> queued_solves_{0};
   // PlanGroup calls in flight (checked, queued or being solved).

@@ -27,7 +27,7 @@ const prometheus::Histogram::BucketBoundaries kWaitBuckets = {
 // at most once per interval.
 class GroupGaugeCollector final : public prometheus::Collectable {
  public:
-  GroupGaugeCollector(const Rendezvous* rendezvous, const GammaFits* fits,
+  GroupGaugeCollector(const Rendezvous* rendezvous, const CostFits* fits,
                       absl::Duration interval)
       : rendezvous_(rendezvous), fits_(fits), interval_(interval) {}
 
@@ -127,7 +127,7 @@ class GroupGaugeCollector final : public prometheus::Collectable {
   }
 
   const Rendezvous* rendezvous_;
-  const GammaFits* fits_;
+  const CostFits* fits_;
   const absl::Duration interval_;
   mutable absl::Mutex mu_;
   mutable std::vector<MetricFamily> snapshot_ ABSL_GUARDED_BY(mu_);
@@ -152,7 +152,7 @@ struct ServiceMetrics::JobSeries {
   int64_t moved_tokens_without_bytes = 0;
 };
 
-ServiceMetrics::ServiceMetrics(const Rendezvous* rendezvous, const GammaFits* fits,
+ServiceMetrics::ServiceMetrics(const Rendezvous* rendezvous, const CostFits* fits,
                                int32_t max_jobs, absl::Duration gauge_interval)
     : max_jobs_(max_jobs),
       registry_(std::make_shared<prometheus::Registry>()),

@@ -18,7 +18,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "server/gamma_fits.h"
+#include "server/cost_fits.h"
 #include "server/job_auth.h"
 #include "server/rendezvous.h"
 
@@ -51,7 +51,7 @@ class ServiceMetrics {
  public:
   // The per-group gauges are a snapshot of the rendezvous and the fits made
   // at most once per `gauge_interval`, whatever the scrape rate.
-  ServiceMetrics(const Rendezvous* rendezvous, const GammaFits* fits, int32_t max_jobs,
+  ServiceMetrics(const Rendezvous* rendezvous, const CostFits* fits, int32_t max_jobs,
                  absl::Duration gauge_interval = absl::Seconds(1));
   ~ServiceMetrics();
 

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "planner/advice.h"
 #include "planner/auto_layout.h"
 #include "planner/balance_stats.h"
 #include "planner/balancer.h"
@@ -15,7 +17,6 @@
 #include "planner/data_stream.h"
 #include "planner/masked_stream.h"
 #include "planner/plan_from_chunks.h"
-#include "common/status_macros.h"
 #include "planner/step_time.h"
 #include "planner/topology.h"
 #include "planner/validate.h"
@@ -439,42 +440,17 @@ std::string MaskedTable(const std::vector<TopologyResult>& results) {
   return out;
 }
 
-// Which row to use, by predicted step time: the fastest, or auto when it is
-// within 1% of it (it adapts when the data changes), and what it buys
-// against the same step without balancing.
+// Which row to use, by predicted step time (planner/advice.h), and what it
+// buys against the same step without balancing.
 std::string Advice(const std::vector<TopologyResult>& results) {
-  const TopologyResult* best = nullptr;
+  std::vector<AdviceRow> rows;
   for (const TopologyResult& r : results) {
-    if (best == nullptr || r.step_seconds.mean < best->step_seconds.mean) best = &r;
+    rows.push_back({r.topology, "", r.step_seconds.mean, r.step_seconds_before.mean});
   }
-  if (best == nullptr || best->step_seconds.mean <= 0) return "";
-  const TopologyResult* chosen = best;
-  for (const TopologyResult& r : results) {
-    if (AutoLayout::Matches(r.topology) && r.step_seconds.mean <= 1.01 * best->step_seconds.mean) {
-      chosen = &r;
-      break;
-    }
-  }
-  const TopologyResult* worst = best;
-  for (const TopologyResult& r : results) {
-    if (r.step_seconds.mean > worst->step_seconds.mean) worst = &r;
-  }
-  std::string out = absl::StrFormat(
-      "\nadvice: --topology %s: %.1fus per block on the slowest GPU, %.2fx faster than the "
-      "same step without balancing (%.1fus)",
-      chosen->topology, chosen->step_seconds.mean * 1e6,
-      chosen->step_seconds_before.mean / chosen->step_seconds.mean,
-      chosen->step_seconds_before.mean * 1e6);
-  if (chosen != best) {
-    absl::StrAppend(&out, absl::StrFormat(" (within 1%% of %s, and it adapts to the data)",
-                                          best->topology));
-  }
-  if (worst->step_seconds.mean > 1.05 * chosen->step_seconds.mean) {
-    absl::StrAppend(&out, absl::StrFormat("; %s would be %.2fx slower", worst->topology,
-                                          worst->step_seconds.mean / chosen->step_seconds.mean));
-  }
-  absl::StrAppend(&out, "\n");
-  return out;
+  AdviceWording wording;
+  wording.baseline = "the same step without balancing";
+  const std::string line = TopologyAdvice(rows, wording);
+  return line.empty() ? "" : absl::StrCat("\n", line, "\n");
 }
 
 // Each topology's predicted step time: what a user picks a topology by.

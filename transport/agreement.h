@@ -86,6 +86,35 @@ absl::Status FirstFailure(const std::vector<agreement::Verdict>& verdicts,
 absl::Status AgreeOnStatus(Transport& transport, const absl::Status& mine, int64_t row_bytes = -1,
                            NameRank name = NameRank::kYes);
 
+// The row-count verdict, every backend's (Transport::CheckRowCounts, and
+// the checked all-to-alls of the c10d and NCCL backends): each rank reports
+// what it found in kVerdictFields int64s, which travel in whatever
+// collective the backend has, and JudgeVerdicts turns everyone's reports
+// into the one status all ranks return.
+// A rank's report after the count exchange: its first disagreeing
+// (receiver, sender) pair as receiver * size + sender (kNoMismatch when
+// none), the rows it expected and got there, and its row size.
+inline constexpr int kVerdictFields = 4;
+
+// `sent_to_me[p]`: the rows peer p says it sends this rank.
+std::vector<int64_t> CountVerdict(int rank, int size, const std::vector<int64_t>& sent_to_me,
+                                  const std::vector<int64_t>& recv_rows, int64_t row_bytes);
+
+// The verdict of a rank that cannot take part (its own arguments are bad):
+// a mismatch no real count produces, so every rank fails the check.
+std::vector<int64_t> RefusingVerdict(int rank, int size);
+
+// The same status on every rank, from every rank's verdict (kVerdictFields
+// each, by rank): a refusing rank, else the first differing row size, else
+// the disagreement with the smallest receiver, then sender, else Ok.
+absl::Status JudgeVerdicts(const std::vector<int64_t>& verdicts, int size);
+
+// A verdict as the bytes of an AllGatherBytes (or a hub round), and
+// JudgeVerdicts of every rank's such bytes (by rank): Malformed for bytes
+// that are not one verdict.
+std::string VerdictBytes(const std::vector<int64_t>& verdict);
+absl::Status JudgeVerdictBytes(const std::vector<std::string>& all);
+
 }  // namespace knapformer
 
 #endif  // KNAPFORMER_TRANSPORT_AGREEMENT_H_

@@ -8,8 +8,10 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "transport/agreement.h"
+#include "transport/backend_checks.h"
 
 namespace knapformer {
 namespace {
@@ -181,53 +183,29 @@ absl::Status C10dTransport::DoCheckRowCounts(const std::vector<int64_t>& send_ro
   if (!status.ok()) return status;
   const at::Tensor sent_host = sent_to_me.to(at::kCPU);
   const int64_t* sent = sent_host.data_ptr<int64_t>();
-
-  // Every rank learns the first disagreement (smallest receiver, then
-  // sender) so that all of them return the same error, not only the one
-  // that saw it.
-  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
-  std::vector<int64_t> mine = {kNone, 0, 0};
-  for (int p = 0; p < n; ++p) {
-    if (sent[p] != recv_rows[p]) {
-      mine = {int64_t{rank()} * n + p, recv_rows[p], sent[p]};
-      break;
-    }
-  }
+  // Every rank learns every rank's verdict, so that all of them return the
+  // same error (the first disagreement), not only the one that saw it.
+  const std::vector<int64_t> mine =
+      CountVerdict(rank(), n, std::vector<int64_t>(sent, sent + n), recv_rows, 0);
   absl::StatusOr<at::Tensor> all =
       GatherToHost(at::tensor(mine, at::kLong).to(device), "all-gather of count checks");
   if (!all.ok()) return all.status();
   const int64_t* v = all->data_ptr<int64_t>();
-  int64_t first = kNone, expected = 0, got = 0;
-  for (int p = 0; p < n; ++p, v += 3) {
-    if (v[0] < first) std::tie(first, expected, got) = std::make_tuple(v[0], v[1], v[2]);
-  }
-  if (first == kNone) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "recv_rows: rank ", first / n, " expects ", expected, " rows from rank ", first % n,
-      ", which sends it ", got));
+  return JudgeVerdicts(std::vector<int64_t>(v, v + static_cast<int64_t>(n) * kVerdictFields), n);
 }
 
-absl::Status C10dTransport::AllToAllRows(const void* send, const std::vector<int64_t>& send_rows,
-                                         void* recv, const std::vector<int64_t>& recv_rows,
-                                         int64_t row_bytes) {
-  return Guard("all-to-all", options_.device, [&] {
-    return AllToAll(send, send_rows, recv, recv_rows, row_bytes, options_.check_counts);
-  });
-}
-
-absl::Status C10dTransport::AllToAllRowsPrechecked(const void* send,
-                                                   const std::vector<int64_t>& send_rows,
-                                                   void* recv,
-                                                   const std::vector<int64_t>& recv_rows,
-                                                   int64_t row_bytes) {
-  return Guard("all-to-all", options_.device, [&] {
-    return AllToAll(send, send_rows, recv, recv_rows, row_bytes, /*check_counts=*/false);
-  });
-}
-
-absl::Status C10dTransport::AllToAll(const void* send, const std::vector<int64_t>& send_rows,
+absl::Status C10dTransport::MoveRows(const void* send, const std::vector<int64_t>& send_rows,
                                      void* recv, const std::vector<int64_t>& recv_rows,
-                                     int64_t row_bytes, bool check_counts) {
+                                     int64_t row_bytes, bool counts_checked) {
+  return Guard("all-to-all", options_.device, [&] {
+    return RunAllToAll(send, send_rows, recv, recv_rows, row_bytes,
+                       options_.check_counts && !counts_checked);
+  });
+}
+
+absl::Status C10dTransport::RunAllToAll(const void* send, const std::vector<int64_t>& send_rows,
+                                        void* recv, const std::vector<int64_t>& recv_rows,
+                                        int64_t row_bytes, bool check_counts) {
   if (absl::Status usable = Usable(); !usable.ok()) return usable;
   const int n = size();
   absl::Status valid = CheckExchange(send_rows, recv_rows, row_bytes, n);
@@ -259,11 +237,11 @@ absl::Status C10dTransport::AllToAll(const void* send, const std::vector<int64_t
   });
 }
 
-absl::Status C10dTransport::ExchangeSegments(const std::vector<SendSegment>& sends,
-                                             const std::vector<RecvSegment>& recvs,
-                                             int64_t /*row_bytes*/, uint8_t mine,
-                                             std::vector<uint8_t>* flags) {
-  if (!MovesSegments()) return Transport::ExchangeSegments(sends, recvs, 0, mine, flags);
+absl::Status C10dTransport::MoveSegments(const std::vector<SendSegment>& sends,
+                                         const std::vector<RecvSegment>& recvs,
+                                         int64_t /*row_bytes*/, uint8_t mine,
+                                         std::vector<uint8_t>* flags) {
+  if (!MovesSegments()) return Transport::MoveSegments(sends, recvs, 0, mine, flags);
   if (absl::Status usable = Usable(); !usable.ok()) return usable;
   const int n = size();
   const int me = rank();

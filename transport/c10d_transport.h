@@ -39,9 +39,9 @@ using SubgroupFactory = std::function<c10::intrusive_ptr<c10d::ProcessGroup>(
     const std::vector<int>& global_ranks, int rank)>;
 
 struct C10dTransportOptions {
-  // Where the buffers given to AllToAllRows live: CPU for Gloo, the rank's
+  // Where the buffers given to AllToAll live: CPU for Gloo, the rank's
   // CUDA device for NCCL. Every tensor handed to `group` is on this device
-  // (ProcessGroupNCCL refuses CPU tensors); AllToAllRows refuses nothing
+  // (ProcessGroupNCCL refuses CPU tensors); AllToAll refuses nothing
   // itself, so its callers check their buffers against cuda_device().
   c10::Device device = c10::Device(c10::kCPU);
   // Optional: a CPU (Gloo) group over the same ranks, in the same order, for
@@ -49,11 +49,12 @@ struct C10dTransportOptions {
   // the client's error agreement). Without it they run on `group` on
   // `device`, which for NCCL means a device round trip and a host sync each.
   c10::intrusive_ptr<c10d::ProcessGroup> host_group;
-  // Cross-check every AllToAllRows' row counts against the peers' (one small
-  // all-to-all and one all-gather of 24 bytes per rank). c10d checks none:
+  // Cross-check every all-to-all's row counts against the peers' (one small
+  // all-to-all and one all-gather of 32 bytes per rank). c10d checks none:
   // Gloo leaves rows uninitialised on too few and aborts the process on too
-  // many. Turn off only for a plan source proven consistent.
-  // AllToAllRowsPrechecked never checks (its caller has, once per plan).
+  // many. Turn off only for a plan source proven consistent. An all-to-all
+  // with AllToAllOptions::counts_checked never checks (its caller has, once
+  // per plan).
   bool check_counts = true;
   // Required for Subgroup(); with host_group, new_host_subgroup too.
   SubgroupFactory new_subgroup;
@@ -69,21 +70,13 @@ class C10dTransport : public Transport {
   int rank() const override;
   int size() const override;
   int cuda_device() const override;
-  absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
-                            const std::vector<int64_t>& recv_rows, int64_t row_bytes) override;
   absl::Status CheckRowCounts(const std::vector<int64_t>& send_rows,
                               const std::vector<int64_t>& recv_rows) override;
-  absl::Status AllToAllRowsPrechecked(const void* send, const std::vector<int64_t>& send_rows,
-                                      void* recv, const std::vector<int64_t>& recv_rows,
-                                      int64_t row_bytes) override;
   // On the CPU (Gloo): every segment a point-to-point message, all posted
-  // at once (and so AllToAllRowsFlagged, whose flags go beside the rows). On
-  // a CUDA device: Unimplemented (MovesSegments() is false), and flagged
-  // all-to-alls take their flags in a host all-gather.
+  // at once (and so a flagged all-to-all's flags go beside the rows). On a
+  // CUDA device: false, and flagged all-to-alls take their flags in a host
+  // all-gather.
   bool MovesSegments() const override { return options_.device.is_cpu(); }
-  absl::Status ExchangeSegments(const std::vector<SendSegment>& sends,
-                                const std::vector<RecvSegment>& recvs, int64_t row_bytes,
-                                uint8_t mine, std::vector<uint8_t>* flags) override;
   // LibTorch 1.13 counts a collective's elements in int: at most 2^31 - 1
   // elements of the widest integer type dividing row_bytes per call.
   absl::Status CheckLimits(const std::vector<int64_t>& send_rows,
@@ -98,6 +91,14 @@ class C10dTransport : public Transport {
 
   const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return group_; }
 
+ protected:
+  absl::Status MoveRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                        const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                        bool counts_checked) override;
+  absl::Status MoveSegments(const std::vector<SendSegment>& sends,
+                            const std::vector<RecvSegment>& recvs, int64_t row_bytes,
+                            uint8_t mine, std::vector<uint8_t>* flags) override;
+
  private:
   C10dTransport(c10::intrusive_ptr<c10d::ProcessGroup> group,
                 c10::intrusive_ptr<c10d::ProcessGroup> host_group, C10dTransportOptions options,
@@ -108,9 +109,9 @@ class C10dTransport : public Transport {
   absl::StatusOr<std::string> DoBroadcastBytes(int root, absl::string_view mine);
   // Broadcasts `tensor` (on the metadata device) from `root`, in place.
   absl::Status BroadcastFrom(at::Tensor& tensor, int root, const char* op);
-  absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_rows, void* recv,
-                        const std::vector<int64_t>& recv_rows, int64_t row_bytes,
-                        bool check_counts);
+  absl::Status RunAllToAll(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                           const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                           bool check_counts);
   // Runs one collective to completion; its exceptions become a status, and
   // any failure but InvalidArgument breaks the transport.
   template <typename Collective>

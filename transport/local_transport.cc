@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "transport/backend_checks.h"
 
 namespace knapformer {
 namespace {
@@ -63,20 +64,20 @@ std::vector<std::unique_ptr<LocalTransport>> LocalTransport::CreateGroup(int siz
   return group;
 }
 
-absl::Status LocalTransport::AllToAllRows(const void* send, const std::vector<int64_t>& send_rows,
-                                          void* recv, const std::vector<int64_t>& recv_rows,
-                                          int64_t row_bytes) {
+absl::Status LocalTransport::MoveRows(const void* send, const std::vector<int64_t>& send_rows,
+                                      void* recv, const std::vector<int64_t>& recv_rows,
+                                      int64_t row_bytes, bool /*counts_checked*/) {
   const int n = size();
   if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
     return sizes;
   }
   if (row_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("AllToAllRows: row_bytes ", row_bytes));
+    return absl::InvalidArgumentError(absl::StrCat("all-to-all: row_bytes ", row_bytes));
   }
   for (int p = 0; p < n; ++p) {
     if (send_rows[p] < 0 || recv_rows[p] < 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("AllToAllRows: negative row count for rank ", p));
+          absl::StrCat("all-to-all: negative row count for rank ", p));
     }
   }
   auto all = hub_->Exchange(round_++, rank_, PackRows(send, send_rows, row_bytes));
@@ -87,7 +88,7 @@ absl::Status LocalTransport::AllToAllRows(const void* send, const std::vector<in
     std::vector<int64_t> rows(n);
     std::memcpy(rows.data(), blob.data(), sizeof(int64_t) * n);
     if (rows[rank_] != recv_rows[p]) {
-      return absl::InvalidArgumentError(absl::StrCat("AllToAllRows: rank ", rank_, " expects ",
+      return absl::InvalidArgumentError(absl::StrCat("all-to-all: rank ", rank_, " expects ",
                                                      recv_rows[p], " rows from rank ", p,
                                                      ", which sends ", rows[rank_]));
     }
@@ -100,10 +101,10 @@ absl::Status LocalTransport::AllToAllRows(const void* send, const std::vector<in
   return absl::OkStatus();
 }
 
-absl::Status LocalTransport::ExchangeSegments(const std::vector<SendSegment>& sends,
-                                              const std::vector<RecvSegment>& recvs,
-                                              int64_t /*row_bytes*/, uint8_t mine,
-                                              std::vector<uint8_t>* flags) {
+absl::Status LocalTransport::MoveSegments(const std::vector<SendSegment>& sends,
+                                          const std::vector<RecvSegment>& recvs,
+                                          int64_t /*row_bytes*/, uint8_t mine,
+                                          std::vector<uint8_t>* flags) {
   const int n = size();
   if (absl::Status valid = CheckSegments(sends, recvs, rank_, n); !valid.ok()) return valid;
   // [flag][bytes to each rank, int64 by rank][the bytes to rank 0][to rank 1]...

@@ -58,16 +58,21 @@ class LocalTransport final : public Transport {
 
   int rank() const override { return rank_; }
   int size() const override { return hub_->size(); }
-  absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
-                            const std::vector<int64_t>& recv_rows, int64_t row_bytes) override;
   // Every rank's segments to each peer, concatenated, in one round of the
-  // hub (and so AllToAllRowsFlagged, whose flags travel in that round).
+  // hub (and so a flagged all-to-all's flags travel in that round).
   bool MovesSegments() const override { return true; }
-  absl::Status ExchangeSegments(const std::vector<SendSegment>& sends,
-                                const std::vector<RecvSegment>& recvs, int64_t row_bytes,
-                                uint8_t mine, std::vector<uint8_t>* flags) override;
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override;
   absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override;
+
+ protected:
+  // The counts travel with the rows through the hub: always checked, at no
+  // cost (counts_checked changes nothing).
+  absl::Status MoveRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                        const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                        bool counts_checked) override;
+  absl::Status MoveSegments(const std::vector<SendSegment>& sends,
+                            const std::vector<RecvSegment>& recvs, int64_t row_bytes,
+                            uint8_t mine, std::vector<uint8_t>* flags) override;
 
  private:
   std::shared_ptr<LocalHub> hub_;

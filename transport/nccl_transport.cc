@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "transport/agreement.h"
+#include "transport/backend_checks.h"
 #include "transport/exchange_plan.h"
 
 namespace knapformer {
@@ -443,20 +445,6 @@ absl::Status NcclTransport::CheckCounts(const std::vector<int64_t>& send_rows,
   return JudgeVerdicts(*verdicts, size_);
 }
 
-absl::Status NcclTransport::AllToAllRows(const void* send, const std::vector<int64_t>& send_rows,
-                                         void* recv, const std::vector<int64_t>& recv_rows,
-                                         int64_t row_bytes) {
-  return AllToAll(send, send_rows, recv, recv_rows, row_bytes, options_.check_counts);
-}
-
-absl::Status NcclTransport::AllToAllRowsPrechecked(const void* send,
-                                                   const std::vector<int64_t>& send_rows,
-                                                   void* recv,
-                                                   const std::vector<int64_t>& recv_rows,
-                                                   int64_t row_bytes) {
-  return AllToAll(send, send_rows, recv, recv_rows, row_bytes, /*check_counts=*/false);
-}
-
 absl::Status NcclTransport::CheckRowCounts(const std::vector<int64_t>& send_rows,
                                            const std::vector<int64_t>& recv_rows) {
   KF_RETURN_IF_ERROR(Usable());
@@ -470,9 +458,10 @@ absl::Status NcclTransport::CheckRowCounts(const std::vector<int64_t>& send_rows
   return sizes.ok() ? status : sizes;
 }
 
-absl::Status NcclTransport::AllToAll(const void* send, const std::vector<int64_t>& send_rows,
+absl::Status NcclTransport::MoveRows(const void* send, const std::vector<int64_t>& send_rows,
                                      void* recv, const std::vector<int64_t>& recv_rows,
-                                     int64_t row_bytes, bool check_counts) {
+                                     int64_t row_bytes, bool counts_checked) {
+  const bool check_counts = options_.check_counts && !counts_checked;
   KF_RETURN_IF_ERROR(Usable());
   absl::Status valid = CheckExchange(send_rows, recv_rows, row_bytes, size_);
   if (valid.ok()) valid = CheckBuffers(send, send_rows, recv, recv_rows, row_bytes);

@@ -47,7 +47,7 @@ struct NcclTransportOptions {
   std::function<cudaStream_t()> caller_stream;
 };
 
-// Device buffers: AllToAllRows takes pointers on the communicator's CUDA
+// Device buffers: AllToAll takes pointers on the communicator's CUDA
 // device. Stream order, not host syncs: each exchange's NCCL group runs on
 // the transport's stream after an event recorded on the caller's stream
 // (so the kernel that filled `send` has ended, and memory the caching
@@ -101,18 +101,10 @@ class NcclTransport final : public Transport {
   ncclComm_t comm() const { return comm_; }
   cudaStream_t stream() const { return stream_; }
 
-  // `send` and `recv` are device pointers (null only when there is nothing
-  // to move). Rows travel as bytes: one ncclSend/ncclRecv per peer with a
-  // non-zero count, all in one NCCL group.
-  absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
-                            const std::vector<int64_t>& recv_rows, int64_t row_bytes) override;
   // The count check alone (row sizes are not compared: each later call's
-  // may differ), and the all-to-all without it.
+  // may differ).
   absl::Status CheckRowCounts(const std::vector<int64_t>& send_rows,
                               const std::vector<int64_t>& recv_rows) override;
-  absl::Status AllToAllRowsPrechecked(const void* send, const std::vector<int64_t>& send_rows,
-                                      void* recv, const std::vector<int64_t>& recv_rows,
-                                      int64_t row_bytes) override;
   // Host strings in and out (staged through a device buffer, padded to the
   // longest, since ncclAllGather moves equal sizes).
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override;
@@ -129,6 +121,14 @@ class NcclTransport final : public Transport {
   // and the members join with ncclCommInitRank.
   absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override;
 
+ protected:
+  // `send` and `recv` are device pointers (null only when there is nothing
+  // to move). Rows travel as bytes: one ncclSend/ncclRecv per peer with a
+  // non-zero count, all in one NCCL group.
+  absl::Status MoveRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                        const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                        bool counts_checked) override;
+
  private:
   NcclTransport(ncclComm_t comm, bool owned, cudaStream_t stream, int rank, int size, int device,
                 NcclTransportOptions options);
@@ -143,9 +143,6 @@ class NcclTransport final : public Transport {
   // Aborts the communicator, once (the watchdog's on_failure).
   void Abort();
 
-  absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_rows, void* recv,
-                        const std::vector<int64_t>& recv_rows, int64_t row_bytes,
-                        bool check_counts);
   absl::Status DoAllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
                               const std::vector<int64_t>& recv_rows, int64_t row_bytes);
   absl::StatusOr<std::vector<std::string>> DoAllGatherBytes(absl::string_view mine);

@@ -6,6 +6,8 @@
 #include <c10/util/Exception.h>
 
 #include "absl/strings/str_cat.h"
+#include "transport/agreement.h"
+#include "transport/backend_checks.h"
 
 namespace knapformer {
 namespace {
@@ -36,10 +38,10 @@ std::vector<std::unique_ptr<TensorHubTransport>> TensorHubTransport::CreateGroup
   return group;
 }
 
-absl::Status TensorHubTransport::AllToAllRows(const void* send,
-                                              const std::vector<int64_t>& send_rows, void* recv,
-                                              const std::vector<int64_t>& recv_rows,
-                                              int64_t row_bytes) {
+absl::Status TensorHubTransport::MoveRows(const void* send,
+                                          const std::vector<int64_t>& send_rows, void* recv,
+                                          const std::vector<int64_t>& recv_rows,
+                                          int64_t row_bytes, bool /*counts_checked*/) {
   const int n = size();
   if (absl::Status valid = CheckExchange(send_rows, recv_rows, row_bytes, n); !valid.ok()) {
     return valid;
@@ -53,24 +55,21 @@ absl::Status TensorHubTransport::AllToAllRows(const void* send,
   if (!all.ok()) return all.status();
   std::vector<const char*> from(n);
   std::vector<std::vector<int64_t>> rows(n, std::vector<int64_t>(n));
-  std::string verdict;
+  std::vector<int64_t> sent_to_me(n);
   for (int p = 0; p < n; ++p) {
     uint64_t theirs = 0;
     std::memcpy(&theirs, (*all)[p].data(), sizeof(theirs));
     from[p] = reinterpret_cast<const char*>(static_cast<uintptr_t>(theirs));
     std::memcpy(rows[p].data(), (*all)[p].data() + sizeof(theirs), sizeof(int64_t) * n);
-    if (verdict.empty() && rows[p][rank_] != recv_rows[p]) {
-      verdict = std::string(RecvRowsMismatch(rank_, p, recv_rows[p], rows[p][rank_]).message());
-    }
+    sent_to_me[p] = rows[p][rank_];
   }
-  // Round 2: every rank's count check, so that a mismatch fails every rank
-  // alike before anything is copied.
-  auto verdicts = hub_->Exchange(round_++, rank_, verdict);
+  // Round 2: every rank's count verdict, so that a mismatch fails every rank
+  // alike before anything is copied. Always: the copies below read the
+  // senders' buffers by these counts (counts_checked changes nothing).
+  auto verdicts = hub_->Exchange(
+      round_++, rank_, VerdictBytes(CountVerdict(rank_, n, sent_to_me, recv_rows, row_bytes)));
   if (!verdicts.ok()) return verdicts.status();
-  if (absl::Status agreed = FirstVerdict(*verdicts, absl::StatusCode::kInvalidArgument);
-      !agreed.ok()) {
-    return agreed;
-  }
+  if (absl::Status agreed = JudgeVerdictBytes(*verdicts); !agreed.ok()) return agreed;
   std::string failed;
   try {
     char* out = static_cast<char*>(recv);
@@ -84,7 +83,7 @@ absl::Status TensorHubTransport::AllToAllRows(const void* send,
       out += bytes;
     }
   } catch (const c10::Error& e) {
-    failed = absl::StrCat("AllToAllRows: rank ", rank_, ": ", e.what_without_backtrace());
+    failed = absl::StrCat("all-to-all: rank ", rank_, ": ", e.what_without_backtrace());
   }
   // Round 3: every copy from a sender's buffer is queued before the sender
   // returns (and may free or overwrite it).
@@ -99,8 +98,8 @@ absl::Status TensorHubTransport::CheckRowCounts(const std::vector<int64_t>& send
   if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
     return sizes;
   }
-  // Every rank's send and receive counts, so that every rank finds the same
-  // first disagreement (smallest receiver, then sender) without a second round.
+  // Every rank's send and receive counts in one round: every rank judges
+  // every rank's verdict without a second round.
   std::string mine(2 * sizeof(int64_t) * n, '\0');
   std::memcpy(mine.data(), send_rows.data(), sizeof(int64_t) * n);
   std::memcpy(mine.data() + sizeof(int64_t) * n, recv_rows.data(), sizeof(int64_t) * n);
@@ -112,14 +111,17 @@ absl::Status TensorHubTransport::CheckRowCounts(const std::vector<int64_t>& send
                 sizeof(value));
     return value;
   };
+  std::vector<int64_t> verdicts;
   for (int receiver = 0; receiver < n; ++receiver) {
+    std::vector<int64_t> sent(n), expected(n);
     for (int sender = 0; sender < n; ++sender) {
-      const int64_t expected = count(receiver, /*receives=*/true, sender);
-      const int64_t sent = count(sender, /*receives=*/false, receiver);
-      if (expected != sent) return RecvRowsMismatch(receiver, sender, expected, sent);
+      sent[sender] = count(sender, /*receives=*/false, receiver);
+      expected[sender] = count(receiver, /*receives=*/true, sender);
     }
+    const std::vector<int64_t> verdict = CountVerdict(receiver, n, sent, expected, 0);
+    verdicts.insert(verdicts.end(), verdict.begin(), verdict.end());
   }
-  return absl::OkStatus();
+  return JudgeVerdicts(verdicts, n);
 }
 
 absl::StatusOr<std::vector<std::string>> TensorHubTransport::AllGatherBytes(

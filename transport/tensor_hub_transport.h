@@ -15,7 +15,7 @@
 namespace knapformer {
 
 // A Transport between threads of one process whose rows stay where they
-// are, on one device: AllToAllRows copies the rows each peer sends this
+// are, on one device: AllToAll copies the rows each peer sends this
 // rank straight from that peer's send buffer into this rank's receive
 // buffer with torch's copy_ on the device (device to device on a GPU), after
 // one hub round that names every rank's buffer and counts. It lets one GPU
@@ -40,17 +40,21 @@ class TensorHubTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override { return hub_->size(); }
   int cuda_device() const override { return device_.is_cuda() ? device_.index() : -1; }
-  // Row counts that differ from a peer's are the same InvalidArgument on
-  // every rank, and nothing is copied.
-  absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
-                            const std::vector<int64_t>& recv_rows, int64_t row_bytes) override;
   // One hub round of every rank's counts, compared on the host. The base
-  // class's check is an AllToAllRows of host memory, which this transport's
+  // class's check is an all-to-all of host memory, which this transport's
   // device copies cannot read on a GPU.
   absl::Status CheckRowCounts(const std::vector<int64_t>& send_rows,
                               const std::vector<int64_t>& recv_rows) override;
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(absl::string_view mine) override;
   absl::StatusOr<std::unique_ptr<Transport>> Subgroup(const std::vector<int>& ranks) override;
+
+ protected:
+  // Row counts that differ from a peer's are the same InvalidArgument on
+  // every rank, and nothing is copied; checked always (the copies read the
+  // senders' buffers by them).
+  absl::Status MoveRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                        const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                        bool counts_checked) override;
 
  private:
   std::shared_ptr<LocalHub> hub_;

@@ -1,138 +1,43 @@
 #include "transport/transport.h"
 
 #include <cstring>
-#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "transport/agreement.h"
+#include "transport/backend_checks.h"
 
 namespace knapformer {
 
-absl::Status RecvRowsMismatch(int receiver, int sender, int64_t expected, int64_t sent) {
-  return absl::InvalidArgumentError(absl::StrCat("recv_rows: rank ", receiver, " expects ",
-                                                 expected, " rows from rank ", sender,
-                                                 ", which sends it ", sent));
-}
-
-absl::Status CheckRowVectorSizes(const std::vector<int64_t>& send_rows,
-                                 const std::vector<int64_t>& recv_rows, int group_size) {
-  if (static_cast<int>(send_rows.size()) != group_size ||
-      static_cast<int>(recv_rows.size()) != group_size) {
-    return absl::InvalidArgumentError(absl::StrCat("send_rows/recv_rows: ", send_rows.size(), "/",
-                                                   recv_rows.size(), " entries for a group of ",
-                                                   group_size));
-  }
-  return absl::OkStatus();
-}
-
-namespace {
-
-constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
-
-absl::Status CheckSide(const std::vector<int64_t>& rows, int64_t row_bytes,
-                       absl::string_view field) {
-  int64_t total = 0;
-  for (size_t p = 0; p < rows.size(); ++p) {
-    if (rows[p] < 0) {
+absl::Status Transport::AllToAll(const void* send, const std::vector<int64_t>& send_rows,
+                                 void* recv, const std::vector<int64_t>& recv_rows,
+                                 int64_t row_bytes, const AllToAllOptions& options) {
+  if (options.send_segments != nullptr || options.recv_segments != nullptr) {
+    if (options.send_segments == nullptr || options.recv_segments == nullptr ||
+        !options.counts_checked) {
       return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", p, "]: ", rows[p], " rows; must be >= 0"));
+          "options: a segment all-to-all needs both segment lists and checked counts");
     }
-    if (rows[p] > kMaxInt64 - total) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": the total exceeds ", kMaxInt64));
+    if (!MovesSegments()) {
+      return absl::UnimplementedError(
+          "options: segments, but this transport moves contiguous buffers only");
     }
-    total += rows[p];
+    return MoveSegments(*options.send_segments, *options.recv_segments, row_bytes, options.flag,
+                        options.flags);
   }
-  if (row_bytes > 0 && total > kMaxInt64 / row_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", total, " rows of ", row_bytes,
-                                                   " bytes exceed ", kMaxInt64, " bytes"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status CheckExchange(const std::vector<int64_t>& send_rows,
-                           const std::vector<int64_t>& recv_rows, int64_t row_bytes,
-                           int group_size) {
-  if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, group_size); !sizes.ok()) {
-    return sizes;
-  }
-  if (row_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("row_bytes: ", row_bytes, "; must be >= 0"));
-  }
-  if (absl::Status send = CheckSide(send_rows, row_bytes, "send_rows"); !send.ok()) return send;
-  return CheckSide(recv_rows, row_bytes, "recv_rows");
-}
-
-absl::Status CheckBuffers(const void* send, const std::vector<int64_t>& send_rows,
-                          const void* recv, const std::vector<int64_t>& recv_rows,
-                          int64_t row_bytes) {
-  const int64_t send_bytes = TotalRows(send_rows) * row_bytes;
-  const int64_t recv_bytes = TotalRows(recv_rows) * row_bytes;
-  if (send == nullptr && send_bytes > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("send: null, but ", send_bytes, " bytes are to move through it"));
-  }
-  if (recv == nullptr && recv_bytes > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("recv: null, but ", recv_bytes, " bytes are to move through it"));
-  }
-  return absl::OkStatus();
-}
-
-int64_t TotalRows(const std::vector<int64_t>& rows) {
-  int64_t total = 0;
-  for (int64_t r : rows) total += r;
-  return total;
-}
-
-absl::StatusOr<int> IndexInSubgroup(const std::vector<int>& ranks, int rank, int size) {
-  int index = -1;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (ranks[i] < 0 || ranks[i] >= size || (i > 0 && ranks[i] <= ranks[i - 1])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ranks: [", absl::StrJoin(ranks, ","), "] must be ascending ranks of a group of ", size));
+  if (options.flags != nullptr) {
+    if (!options.counts_checked) {
+      return absl::InvalidArgumentError("options: flags need checked counts");
     }
-    if (ranks[i] == rank) index = static_cast<int>(i);
+    return MoveRowsFlagged(send, send_rows, recv, recv_rows, row_bytes, options.flag,
+                           options.flags);
   }
-  if (index < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ranks: [", absl::StrJoin(ranks, ","), "] does not contain rank ", rank));
-  }
-  return index;
+  return MoveRows(send, send_rows, recv, recv_rows, row_bytes, options.counts_checked);
 }
 
-absl::Status Transport::CheckRowCounts(const std::vector<int64_t>& send_rows,
-                                       const std::vector<int64_t>& recv_rows) {
-  const int n = size();
-  if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
-    return sizes;
-  }
-  // One count to each peer: these counts agree by construction (and a
-  // checking AllToAllRows would call back here).
-  std::vector<int64_t> ones(n, 1), sent_to_me(n, 0);
-  absl::Status status = AllToAllRowsPrechecked(send_rows.data(), ones, sent_to_me.data(), ones,
-                                               sizeof(int64_t));
-  if (!status.ok()) return status;
-  // Everyone learns the first disagreement (smallest receiver, then sender),
-  // so that all return the same error, not only the rank that saw it.
-  absl::Status mine;
-  for (int p = 0; p < n; ++p) {
-    if (sent_to_me[p] != recv_rows[p]) {
-      mine = RecvRowsMismatch(rank(), p, recv_rows[p], sent_to_me[p]);
-      break;
-    }
-  }
-  return AgreeOnStatus(*this, mine, /*row_bytes=*/-1, NameRank::kNo);
-}
-
-absl::Status Transport::AllToAllRowsFlagged(const void* send,
-                                            const std::vector<int64_t>& send_rows, void* recv,
-                                            const std::vector<int64_t>& recv_rows,
-                                            int64_t row_bytes, uint8_t mine,
-                                            std::vector<uint8_t>* flags) {
+absl::Status Transport::MoveRowsFlagged(const void* send, const std::vector<int64_t>& send_rows,
+                                        void* recv, const std::vector<int64_t>& recv_rows,
+                                        int64_t row_bytes, uint8_t mine,
+                                        std::vector<uint8_t>* flags) {
   if (MovesSegments()) {
     if (absl::Status valid = CheckExchange(send_rows, recv_rows, row_bytes, size()); !valid.ok()) {
       return valid;
@@ -157,9 +62,10 @@ absl::Status Transport::AllToAllRowsFlagged(const void* send,
       send_offset += send_rows[p];
       recv_offset += recv_rows[p];
     }
-    return ExchangeSegments(sends, recvs, row_bytes, mine, flags);
+    return MoveSegments(sends, recvs, row_bytes, mine, flags);
   }
-  absl::Status moved = AllToAllRowsPrechecked(send, send_rows, recv, recv_rows, row_bytes);
+  absl::Status moved = MoveRows(send, send_rows, recv, recv_rows, row_bytes,
+                                /*counts_checked=*/true);
   if (!moved.ok()) return moved;
   absl::StatusOr<std::vector<std::string>> all =
       AllGatherBytes(absl::string_view(reinterpret_cast<const char*>(&mine), 1));
@@ -175,40 +81,11 @@ absl::Status Transport::AllToAllRowsFlagged(const void* send,
   return absl::OkStatus();
 }
 
-absl::Status Transport::ExchangeSegments(const std::vector<SendSegment>& /*sends*/,
-                                         const std::vector<RecvSegment>& /*recvs*/,
-                                         int64_t /*row_bytes*/, uint8_t /*mine*/,
-                                         std::vector<uint8_t>* /*flags*/) {
-  return absl::UnimplementedError("ExchangeSegments: this transport moves contiguous buffers only");
-}
-
-absl::Status CheckSegments(const std::vector<SendSegment>& sends,
-                           const std::vector<RecvSegment>& recvs, int rank, int size) {
-  for (size_t i = 0; i < sends.size(); ++i) {
-    const SendSegment& s = sends[i];
-    if (s.peer < 0 || s.peer >= size || s.peer == rank || s.bytes < 0 ||
-        (s.bytes > 0 && s.data == nullptr)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sends[", i, "]: ", s.bytes, " bytes to peer ", s.peer, " (a peer other than rank ",
-          rank, " of ", size, ", bytes >= 0, data set)"));
-    }
-  }
-  for (size_t i = 0; i < recvs.size(); ++i) {
-    const RecvSegment& r = recvs[i];
-    if (r.peer < 0 || r.peer >= size || r.peer == rank || r.bytes < 0 ||
-        (r.bytes > 0 && r.data == nullptr)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "recvs[", i, "]: ", r.bytes, " bytes from peer ", r.peer, " (a peer other than rank ",
-          rank, " of ", size, ", bytes >= 0, data set)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckBroadcastRoot(int root, int size) {
-  if (root >= 0 && root < size) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("root: ", root, " is outside the group's ranks [0, ", size, ")"));
+absl::Status Transport::MoveSegments(const std::vector<SendSegment>& /*sends*/,
+                                     const std::vector<RecvSegment>& /*recvs*/,
+                                     int64_t /*row_bytes*/, uint8_t /*mine*/,
+                                     std::vector<uint8_t>* /*flags*/) {
+  return absl::UnimplementedError("segments: this transport moves contiguous buffers only");
 }
 
 absl::StatusOr<std::string> Transport::BroadcastBytes(int root, absl::string_view mine) {

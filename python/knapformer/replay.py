@@ -551,24 +551,13 @@ def advice(results):
     """The line that says which topology (and cost model) to use: the
     fastest block on the slowest GPU, its measured compute plus the
     modelled communication; auto when within 1% of it (it adapts to the
-    data), as simulate advises."""
-    def seconds(r):
-        return r["slowest_after"] + r["comm_model_seconds"]
-    best = min(results, key=seconds)
-    chosen = next((r for r in results if r["topology"].startswith("auto")
-                   and seconds(r) <= 1.01 * seconds(best)), best)
-    model = f" --cost-model {chosen['cost_model']}" if len(
-        {r["cost_model"] for r in results}) > 1 else ""
-    line = (f"advice: --topology {chosen['topology']}{model}: {seconds(chosen) * 1e3:.3g}ms per "
-            f"block on the slowest GPU (measured compute, modelled communication), "
-            f"{chosen['slowest_before'] / seconds(chosen):.2f}x faster than without balancing "
-            f"({chosen['slowest_before'] * 1e3:.3g}ms)")
-    if chosen is not best:
-        line += f" (within 1% of {best['topology']}, and it adapts to the data)"
-    worst = max(results, key=seconds)
-    if seconds(worst) > 1.05 * seconds(chosen):
-        line += f"; {worst['topology']} would be {seconds(worst) / seconds(chosen):.2f}x slower"
-    return line
+    data). The choice and its line are simulate's (planner/advice.h); ''
+    without results or with no time."""
+    rows = [(r["topology"], r["cost_model"], r["slowest_after"] + r["comm_model_seconds"],
+             r["slowest_before"]) for r in results]
+    return _C.topology_advice(rows, unit="ms",
+                              seconds_note=" (measured compute, modelled communication)",
+                              baseline="without balancing")
 
 
 def _plot(results, path):

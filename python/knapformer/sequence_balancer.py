@@ -1,8 +1,12 @@
 """SequenceBalancer with the KnapFormer reference implementation's API, over
-the trainer's torch.distributed process group."""
+the trainer's torch.distributed process group.
 
-import json
-import math
+The class's other jobs live in modules of their own: the process groups it
+makes (_process_groups.py), its arguments' checks (_balancer_arguments.py),
+the switch to torch.compile's custom ops (_compile_switch.py, a mixin) and
+the reference implementation's attributes and tracking (_reference_view.py,
+a mixin)."""
+
 import time
 
 import torch
@@ -12,136 +16,17 @@ from knapformer import _C
 from knapformer import _compile
 from knapformer import _masks
 from knapformer import _reference_tables as reference
+from knapformer._balancer_arguments import _arguments
+from knapformer._compile_switch import CompileSwitch
+from knapformer._process_groups import _global_rank, _make_bag_groups, _make_host_groups
 from knapformer._reference_tables import tflops_estimator, workload_estimator  # noqa: F401
+from knapformer._reference_view import ReferenceView
 from knapformer._torch_compat import device_backend
 
-_COST_MODELS = ("transformer", "uniform", "linear", "measured")
-
-
-# The autograd graph task this thread runs, -1 outside a backward pass
-# (torch 2.x; on 1.13 recomputation is not checked).
-_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
-_compiling = _compile.compiling
 _Tensor = torch.Tensor
 
 
-def _global_rank(group, rank):
-    get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
-    return get(group, rank)
-
-
-def _make_bag_groups(group, bags, backend, made_for_group=None):
-    """One process group per multi-GPU bag, keyed by the bag's ranks in
-    ``group``. dist.new_group must be entered by every process of the job in
-    the same order (torch's rule), so every process makes every bag's group:
-    those of its own world directly, those of other groups (when ``group`` is
-    not the default one) after an all-gather of everyone's bags. Every group
-    made for a bag of ``group`` (this rank's or not: torch's handle for a
-    non-member) also goes into ``made_for_group``, keyed by global ranks."""
-    default = dist.distributed_c10d._get_default_group()
-    to_global = [_global_rank(group, r) for r in range(group.size())]
-    mine = {tuple(to_global[r] for r in bag): tuple(bag) for bag in bags}
-    if group is default:
-        every = list(mine)
-    else:
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, sorted(mine))
-        every = sorted({tuple(bag) for bags_of_rank in gathered for bag in bags_of_rank})
-    bag_groups = {}
-    for global_ranks in every:
-        made = dist.new_group(list(global_ranks), backend=backend)
-        if global_ranks in mine and made_for_group is not None:
-            made_for_group[global_ranks] = made
-        if global_ranks in mine and group.rank() in mine[global_ranks]:
-            bag_groups[mine[global_ranks]] = made
-    return bag_groups
-
-
-def _make_host_groups(group, bags):
-    """Gloo twins of ``group`` and of its multi-GPU bags, under the same rule
-    as _make_bag_groups: every process makes every twin, in the same order
-    (over a group other than the default one, after an all-gather of every
-    process's group)."""
-    default = dist.distributed_c10d._get_default_group()
-    mine = tuple(_global_rank(group, r) for r in range(group.size()))
-    if group is default:
-        every = [mine]
-    else:
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, mine)
-        every = sorted(set(gathered))
-    host_group = None
-    for global_ranks in every:
-        made = dist.new_group(list(global_ranks), backend="gloo")
-        if global_ranks == mine:
-            host_group = made
-    host_bag_groups = _make_bag_groups(group, bags, "gloo") if bags or group is not default else {}
-    return host_group, host_bag_groups
-
-
-def _arguments(bag_specs, gamma, device, planner_address, job_id, group_id, d_model,
-               max_tokens_per_gpu, cost_model, locality, planner_deadline, planner_mode,
-               require_planner, first_step, use_fitted_gamma, agree_on_errors, machine,
-               planner_token=None, planner_tls=None, log_steps=None, cost_table=None,
-               planner_mesh_tls=None):
-    """The C++ balancer's arguments, checked; ValueError naming a bad one."""
-    if not isinstance(bag_specs, str):
-        raise ValueError(f"bag_specs: needs a topology string such as 'g1n2+g2n1+g4n1', "
-                         f"got {type(bag_specs).__name__}")
-    if cost_model not in _COST_MODELS:
-        raise ValueError(f"cost_model: '{cost_model}' is not one of {', '.join(_COST_MODELS)}")
-    if (cost_model == "measured") != (cost_table is not None):
-        raise ValueError("cost_table: give it exactly with cost_model='measured' (the dict "
-                         "knapformer calibrate --table writes)")
-    if cost_table is not None and not isinstance(cost_table, dict):
-        raise ValueError(f"cost_table: needs a dict, got {type(cost_table).__name__}")
-    if machine is not None and not isinstance(machine, dict):
-        raise ValueError(f"machine: needs a dict of machine fields, got {type(machine).__name__}")
-    args = _C._BalancerArgs()
-    args.device = device
-    args.topology = bag_specs
-    args.gamma = float(gamma)
-    args.planner_address = planner_address
-    args.job_id = job_id
-    args.group_id = group_id
-    args.d_model = 0 if d_model is None else int(d_model)
-    args.max_tokens_per_gpu = int(max_tokens_per_gpu)
-    args.cost_model = cost_model
-    args.cost_table_json = None if cost_table is None else json.dumps(cost_table)
-    args.locality = None if locality is None else bool(locality)
-    args.planner_deadline_s = None if planner_deadline is None else float(planner_deadline)
-    args.planner_mode = None if planner_mode is None else str(planner_mode)
-    args.require_planner = None if require_planner is None else bool(require_planner)
-    args.log_steps = None if log_steps is None else bool(log_steps)
-    if planner_token is not None:
-        if not isinstance(planner_token, str):
-            raise ValueError(f"planner_token: needs a string (knapformer token --job ID), got "
-                             f"{type(planner_token).__name__}")
-        args.planner_token = planner_token
-    args.planner_mesh_tls = None if planner_mesh_tls is None else bool(planner_mesh_tls)
-    if planner_tls is not None:
-        if not isinstance(planner_tls, dict) or not set(planner_tls) <= {"ca", "cert", "key"}:
-            raise ValueError(f"planner_tls: needs a dict of PEM file paths with the keys ca, "
-                             f"cert and key (any of them), got {planner_tls!r}")
-        args.planner_tls_ca = planner_tls.get("ca")
-        args.planner_tls_cert = planner_tls.get("cert")
-        args.planner_tls_key = planner_tls.get("key")
-    args.first_step = int(first_step)
-    args.use_fitted_gamma = bool(use_fitted_gamma)
-    if agree_on_errors == "every_exchange":
-        args.agree_on_errors, args.agree_every_exchange = True, True
-    elif isinstance(agree_on_errors, bool):
-        args.agree_on_errors = agree_on_errors
-    else:
-        raise ValueError(f"agree_on_errors: needs True, False or 'every_exchange', got "
-                         f"{agree_on_errors!r}")
-    args.machine = {} if machine is None else machine
-    if d_model is not None and not 1 <= args.d_model <= 65536:
-        raise ValueError(f"d_model: {d_model} is outside [1, 65536]")
-    return args
-
-
-class SequenceBalancer:
+class SequenceBalancer(ReferenceView, CompileSwitch):
     """Balances the sequences of a training step over compute bags of ranks.
 
     ``bag_specs`` is the topology of one balancing group, e.g.
@@ -491,56 +376,6 @@ class SequenceBalancer:
             name = self._device_names[device] = str(device)
         return name
 
-    def _eager(self, what):
-        """False while torch.compile traces the call (the exchange is then
-        the custom op of knapformer/_compile.py). In eager mode, checks that
-        an exchange called during a backward pass, i.e. activation
-        checkpointing recomputing a forward, uses the plan its forward used:
-        plan_routing must not have run in between. Every rank runs the same
-        program, so every rank refuses alike (agreed, like any refusal)
-        instead of moving rows by another step's plan. One call per
-        exchange: it is on every eager exchange's path."""
-        if self._handle is not None and _compiling():
-            return False
-        if _graph_task_id() == -1:
-            self._forward_plans = self._plans
-        elif self._forward_plans != self._plans:
-            self._refuse(what, f"{what}: recomputed in a backward pass (activation "
-                               "checkpointing) after plan_routing planned step "
-                               f"{self._impl.step}, but its forward ran under the plan before: "
-                               "run the backward before the next plan_routing")
-        return True
-
-    # -- under torch.compile -------------------------------------------------
-
-    def _shape_carriers(self):
-        """The step's shape carriers (knapformer/_compile.py), by row set."""
-        device = self._device()
-        carriers = {}
-        for which in ("sequence", "chunk", "attention"):
-            lengths = self._impl.lengths(which, "cpu")
-            bag_gpus = 1 if which == "sequence" else self._impl.bag_gpus
-            carriers[which] = _compile.shape_carrier(int(lengths.sum()), lengths.numel(),
-                                                     bag_gpus, device)
-        return carriers
-
-    def _traced_exchange(self, call, tensors, to, source, features=()):
-        """``call`` as the custom op: (lengths of ``to``, moved tensors); for
-        the routes, the reference's (lengths, tensor, features) triple."""
-        if self._shapes is None:
-            # What the eager call says too (an error agreed on every rank).
-            self._impl.refuse(call, f"{call}: no plan for this step yet; call plan_routing first")
-        lengths = _compile.lengths(self._handle, to, self._shapes[to])
-        if call in ("pre_attn", "post_attn") and self._shapes[to].shape[2] == 1:
-            # A one-GPU bag: identity, as in eager mode (torch specialises a
-            # size of 1, so this is decided when tracing, not each step).
-            return lengths, list(tensors)
-        moved = _compile.exchange(self._handle, call, tensors, self._shapes[to],
-                                  self._shapes[source])
-        if call in ("route", "reverse_route"):
-            return lengths, moved[0], (moved[1:] if features is not None else None)
-        return lengths, moved
-
     # -- reporting ----------------------------------------------------------
 
     def get_routing_plan_summary(self):
@@ -572,127 +407,6 @@ class SequenceBalancer:
         prefixed with this rank (the reference logs them)."""
         for key, value in self.get_routing_plan_summary().items():
             print(f"Rank {self.this_gpu_id} {key}: {value}", flush=True)
-
-    # -- the reference's tracking of balance over a run ----------------------
-
-    def turn_on_tracking(self, num_layers=1, include_bwd=False):
-        """From the next plan_routing on, records every step's
-        per_gpu_capacity, max/min workload before and after balancing and
-        hardware TFLOPs of its balancing group (``tracked_*`` lists), as the
-        reference does; ``num_layers`` and ``include_bwd`` scale the TFLOPs
-        (tflops_estimator)."""
-        self._track_from_scratch(True)
-        self.num_layers = num_layers
-        self.include_bwd = include_bwd
-
-    def turn_off_tracking(self):
-        """Stops tracking and empties the tracked lists."""
-        self._track_from_scratch(False)
-
-    def _track_from_scratch(self, tracking):
-        self.tracking = tracking
-        self.tracked_per_gpu_capacity = []
-        self.tracked_original_imbalance_ratio = []
-        self.tracked_balanced_imbalance_ratio = []
-        self.tracked_tflops = []
-
-    def tracking_results(self):
-        """Mean and (population) standard deviation of the tracked
-        per_gpu_capacity and imbalance ratios: {name: (mean, std)}."""
-        def mean_std(values):
-            if not values:
-                return math.nan, math.nan
-            mean = sum(values) / len(values)
-            if math.isinf(mean):
-                return mean, math.nan
-            return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-        return {"Per GPU Capacity": mean_std(self.tracked_per_gpu_capacity),
-                "Original Imbalance Ratio": mean_std(self.tracked_original_imbalance_ratio),
-                "Balanced Imbalance Ratio": mean_std(self.tracked_balanced_imbalance_ratio)}
-
-    def print_tracking_results(self):
-        """Prints tracking_results(), one line per figure, as the reference
-        logs them."""
-        for name, (mean, std) in self.tracking_results().items():
-            print(f"{name}: {mean}, std: {std}", flush=True)
-
-    def _track(self):
-        tables = self._reference_tables("turn_on_tracking")
-        self.tracked_per_gpu_capacity.append(tables.per_gpu_capacity)
-        self.tracked_original_imbalance_ratio.append(
-            reference.ratio(list(tables.gpu_id2total_workload.values())))
-        self.tracked_balanced_imbalance_ratio.append(
-            reference.ratio(list(tables.balance_gpu_id2total_workload.values())))
-        d_model = self._impl.planned_d_model
-        self.tracked_tflops.append(sum(
-            tflops_estimator(length, d_model, self.num_layers, self.include_bwd)
-            for length in tables.seq_id2seq_len.values()))
-
-    def _count_step(self):
-        """The reference's run-time metrics, at the end of a step."""
-        end = time.time()
-        total_tokens = self._impl.planned_total_tokens
-        self.metrics["end_time"] = end
-        self.metrics["duration_sec"] = end - self.metrics["start_time"]
-        self.metrics["total_tokens"] = total_tokens
-        self.metrics["avg_per_gpu_tokens"] = total_tokens / self._impl.world_size
-
-    # -- the reference's plan tables -----------------------------------------
-
-    def _whole_plan(self):
-        """This step's reference tables (made on first use), or None where
-        this rank has only its slice of the plan (per-rank planner mode)."""
-        if self._tables is None:
-            flat = self._impl.tables()
-            if flat is not None:
-                self._tables = reference.ReferenceTables(flat, self._group.rank(), self._gpu_of)
-        return self._tables
-
-    def _reference_tables(self, name):
-        """This step's reference tables; AttributeError before the first
-        step, RuntimeError in the per-rank planner mode, naming `name`."""
-        if not self._impl.planned:
-            raise AttributeError(
-                f"'SequenceBalancer' object has no attribute '{name}' before the first "
-                "plan_routing (it describes a planned step)")
-        tables = self._whole_plan()
-        if tables is None:
-            raise RuntimeError(
-                f"SequenceBalancer.{name}: this rank has only its own slice of the step's "
-                "plan (planner_mode='per-rank'); the reference's whole-step tables need "
-                "planner_mode='group' (the default) or local planning")
-        return tables
-
-    def _bag_tables(self, name):
-        """The bags of this rank's balancing group: the last planned step's
-        (under auto, its chosen layout), else the topology's."""
-        if self._tables is not None:
-            return self._tables.bags
-        if self._spec_bags is not None:
-            return self._spec_bags
-        return self._reference_tables(name).bags
-
-    @property
-    def bag_id2process_group(self):
-        """Each bag of this balancing group -> its process group (None for a
-        one-GPU bag; torch's non-member handle for a bag without this rank)."""
-        bags = self._bag_tables("bag_id2process_group")
-        return {b: (self._bag_process_groups.get(tuple(members)) if len(members) > 1 else None)
-                for b, members in bags.bag_id2gpu_ids.items()}
-
-    @property
-    def local_seq_lens(self):
-        """This rank's lengths of the planned step, int32 on its device."""
-        if not self._impl.planned:
-            raise AttributeError("'SequenceBalancer' object has no attribute 'local_seq_lens' "
-                                 "before the first plan_routing (it describes a planned step)")
-        return self._impl.lengths("sequence", str(self._device()))
-
-    @property
-    def ulysses_bag(self):
-        """This rank's bag of the planned step, with the reference's
-        UlyssesBag attributes and its pre_attn / post_attn."""
-        return _UlyssesBagView(self)
 
     def _device(self):
         return torch.device("cpu") if isinstance(self.this_device, torch.device) \
@@ -738,58 +452,3 @@ class SequenceBalancer:
     @property
     def step(self):
         return self._impl.step
-
-
-class _UlyssesBagView:
-    """The reference's UlyssesBag for this rank's bag of the planned step:
-    its tables (the balancing group's, after routing), this rank's chunk and
-    attention lengths, and pre_attn / post_attn through the balancer."""
-
-    def __init__(self, balancer):
-        tables = balancer._reference_tables("ulysses_bag")
-        self._balancer = balancer
-        self.this_gpu_id = balancer.this_gpu_id
-        self.bag_id = tables.bags.gpu_id2bag_id[self.this_gpu_id]
-        self.gpu_ids = tables.bag_id2gpu_ids[self.bag_id]
-        self.gpu_id2chunk_ids = tables.balance_gpu_id2chunk_ids
-        self.gpu_id2chunk_lens = tables.balance_gpu_id2chunk_lens
-        self.chunk_id2gpu_id = tables.balance_chunk_id2gpu_id
-        self.chunk_id2chunk_len = tables.balance_chunk_id2chunk_len
-        self.chunk_id2seq_id = tables.chunk_id2seq_id
-        self.seq_id2seq_len = tables.seq_id2seq_len
-        self.process_group = balancer.bag_id2process_group[self.bag_id]
-        device = str(balancer._device())
-        self.this_chunk_lens = balancer._impl.lengths("chunk", device)
-        self.this_attn_seq_lens = balancer._impl.lengths("attention", device)
-
-    def pre_attn(self, packed_q, packed_k, packed_v):
-        return self._balancer.pre_attn(packed_q, packed_k, packed_v)
-
-    def post_attn(self, packed_chunks):
-        return self._balancer.post_attn(packed_chunks)
-
-
-def _step_attribute(name):
-    def get(self):
-        return getattr(self._reference_tables(name), name)
-    get.__name__ = name
-    get.__doc__ = (f"The reference implementation's ``{name}`` for the last planned step "
-                   "(this rank's balancing group; read-only, derived from the plan: editing "
-                   "it changes no route).")
-    return property(get)
-
-
-def _bag_attribute(name):
-    def get(self):
-        return getattr(self._bag_tables(name), name)
-    get.__name__ = name
-    get.__doc__ = (f"The reference implementation's ``{name}`` of this rank's balancing "
-                   "group (under auto: the last planned step's layout; read-only).")
-    return property(get)
-
-
-for _name in reference.STEP_ATTRIBUTES:
-    setattr(SequenceBalancer, _name, _step_attribute(_name))
-for _name in reference.BAG_ATTRIBUTES:
-    setattr(SequenceBalancer, _name, _bag_attribute(_name))
-del _name

@@ -254,7 +254,7 @@ TEST(PlannerReplicasTest, EveryReplicaFitsAMeasuredJobsTableFromTheRanksTimings)
   }
   for (const auto& replica : replicas) {
     std::optional<MeasuredAttention> table =
-        replica->service().gamma_fits().FittedTable(kJob);
+        replica->service().cost_fits().FittedTable(kJob);
     ASSERT_TRUE(table.has_value()) << replica->address();
     // At lengths the steps had (up to 400, and 1200), as gamma 2 prices them.
     for (double l : {100.0, 200.0, 300.0, 1200.0}) {

@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "planner/plan_fingerprint.h"
 #include "client/rank_report.h"
 #include "client/rank_report.pb.h"
 #include "knapformer/v1/planner.pb.h"
 #include "planner/balancer.h"
+#include "planner/plan_fingerprint.h"
 #include "planner/topology.h"
 #include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
@@ -192,12 +192,7 @@ int main(int argc, char** argv) {
       in_step.set_call(client::RankReport::PLAN);
       *in_step.mutable_spec() = ComparedSpec(spec);
       client::StepOutcome* outcome = in_step.mutable_outcome();
-      const PlanFingerprint f = FingerprintOf(plan.Slice(r), {});
-      outcome->set_sent_chunks(f.sent);
-      outcome->set_expected_chunks(f.expected);
-      outcome->set_bag_first(f.bag_first);
-      outcome->set_bag_gpus(f.bag_gpus);
-      outcome->set_bag_view(f.bag);
+      *outcome->mutable_fingerprint() = FingerprintToProto(FingerprintOf(plan.Slice(r), {}));
       const std::string outcome_bytes = in_step.SerializeAsString();
       if (outcome_bytes.size() > 255) return 1;
       outcomes += static_cast<char>(outcome_bytes.size()) + outcome_bytes;

@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "planner/plan_fingerprint.h"
 #include "client/rank_report.h"
 #include "client/rank_report.pb.h"
 #include "google/protobuf/stubs/logging.h"
+#include "planner/plan_fingerprint.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -34,8 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int r = 0; r < ranks; ++r) {
     const client::StepOutcome& o = reports[r].outcome();
     (void)CheckOutcome(o, r);
-    fingerprints.push_back(
-        {o.sent_chunks(), o.expected_chunks(), o.bag_first(), o.bag_gpus(), o.bag_view()});
+    fingerprints.push_back(FingerprintFromProto(o.fingerprint()));
   }
   (void)CheckFingerprints(fingerprints);
   (void)CheckCalls(reports, /*all_alike=*/false);

@@ -316,7 +316,7 @@ TEST_F(MetricsTest, AnIdleJobsSeriesAndStateAreDropped) {
   }
   EXPECT_THAT(page, Not(HasSubstr("short-lived")));
   EXPECT_EQ(server_->service().rendezvous().jobs(), 0);
-  EXPECT_EQ(server_->service().gamma_fits().usage().jobs, 0);
+  EXPECT_EQ(server_->service().cost_fits().usage().jobs, 0);
 }
 
 // However often it is scraped, the metrics page reads the rendezvous (under

@@ -1,13 +1,12 @@
 // `knapformer serve` as a process: it answers, reports health, serves
 // reflection, exits 0 promptly on SIGTERM after failing waiting ranks with
 // UNAVAILABLE, and refuses bad flags and busy ports with a clear message.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -15,9 +14,8 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "launch/child_process.h"
 #include "tests/server/service_test_util.h"
-
-extern char** environ;
 
 namespace knapformer {
 namespace {
@@ -35,7 +33,8 @@ using ::knapformer::testing_util::StepParams;
 using ::knapformer::testing_util::TempPath;
 using ::testing::HasSubstr;
 
-// A `knapformer serve` child; killed and reaped by the destructor if still running.
+// A `knapformer serve` child (launch/child_process.h: killed and reaped by
+// the destructor if still running), its port read from its --port-file.
 class ServeProcess {
  public:
   explicit ServeProcess(std::vector<std::string> flags) {
@@ -47,23 +46,11 @@ class ServeProcess {
     argv.insert(argv.end(), flags.begin(), flags.end());
     argv.push_back("--port-file");
     argv.push_back(port_file_);
-    std::vector<char*> raw;
-    for (std::string& a : argv) raw.push_back(a.data());
-    raw.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 2, log_file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    if (posix_spawn(&pid_, raw[0], &actions, nullptr, raw.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-  }
-
-  ~ServeProcess() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
+    ChildOutput output;
+    output.stdout_path = "/dev/null";
+    output.stderr_path = log_file_;
+    // A failed start leaves pid() at -1, which the tests check.
+    (void)child_.Spawn(argv, output);
   }
 
   // Waits (bounded) for the port file; false if the process exited first.
@@ -78,32 +65,17 @@ class ServeProcess {
   }
 
   // True once the process has exited (within `timeout`); exit_code() then.
-  bool WaitExit(absl::Duration timeout) {
-    if (exited_) return true;
-    const absl::Time limit = absl::Now() + timeout;
-    do {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_ = true;
-        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        return true;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    } while (absl::Now() < limit);
-    return false;
-  }
+  bool WaitExit(absl::Duration timeout) { return child_.WaitFor(timeout); }
 
-  void Signal(int signal_number) { kill(pid_, signal_number); }
-  pid_t pid() const { return pid_; }
+  void Signal(int signal_number) { child_.Signal(signal_number); }
+  pid_t pid() const { return child_.pid(); }
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
-  int exit_code() const { return exit_code_; }
+  int exit_code() const { return child_.exit_code(); }
   std::string log() const { return ReadFile(log_file_); }
 
  private:
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  int exit_code_ = -1;
+  ChildProcess child_;
   int port_ = 0;
   int metrics_port_ = 0;
   std::string port_file_;

@@ -1274,8 +1274,8 @@ TEST(ServiceTest, TheFittedGammaLivesAndDiesWithItsJob) {
   EXPECT_EQ(balance.gamma_note(), no_timings);
   EXPECT_EQ(balance.gamma_used(), 0.5);
   EXPECT_EQ(server->service().rendezvous().jobs(), 1);
-  EXPECT_EQ(server->service().gamma_fits().usage().jobs, 1);
-  EXPECT_EQ(server->service().gamma_fits().usage().samples, 0);
+  EXPECT_EQ(server->service().cost_fits().usage().jobs, 1);
+  EXPECT_EQ(server->service().cost_fits().usage().samples, 0);
 }
 
 // The measured model under use_fitted_gamma: the service fits the job's
@@ -1326,7 +1326,7 @@ TEST(ServiceTest, AMeasuredJobIsPlannedWithTheTableFittedFromItsSteps) {
   EXPECT_THAT(balance.gamma_note(), HasSubstr("no timed steps of this job for its table yet"));
   for (uint64_t step = 1; step < 60; ++step) std::tie(lengths, balance) = plan(step, &lengths);
   EXPECT_EQ(balance.gamma_note(), "");
-  std::optional<MeasuredAttention> table = server->service().gamma_fits().FittedTable("measured");
+  std::optional<MeasuredAttention> table = server->service().cost_fits().FittedTable("measured");
   ASSERT_TRUE(table.has_value());
   EXPECT_GE(table->pairs().size(), 8u);  // lengths up to 4096: points up to 4^12
   // At lengths that carry a step's time (the shortest weigh a millionth of

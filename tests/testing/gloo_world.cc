@@ -15,7 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "transport/fork_server.h"
+#include "launch/fork_server.h"
 
 namespace knapformer {
 namespace testing_util {

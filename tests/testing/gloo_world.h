@@ -19,7 +19,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "absl/status/status.h"
-#include "transport/local_world.h"
+#include "launch/local_world.h"
 
 namespace knapformer {
 namespace testing_util {

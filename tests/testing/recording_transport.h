@@ -53,7 +53,7 @@ class RecordingTransport final : public Transport {
   const std::vector<int64_t>& exchanges() const { return exchanges_; }
   // AllGatherBytes calls so far (the agreement's collective).
   int all_gathers() const { return all_gathers_; }
-  // AllToAllRowsFlagged calls so far (exchanges that carry their own flags).
+  // Flagged all-to-alls so far (exchanges that carry their own flags).
   int flagged() const { return flagged_; }
 
   int rank() const override { return inner_->rank(); }
@@ -62,44 +62,19 @@ class RecordingTransport final : public Transport {
     return faults_->claimed_cuda_device >= 0 ? faults_->claimed_cuda_device
                                              : inner_->cuda_device();
   }
-  absl::Status AllToAllRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
-                            const std::vector<int64_t>& recv_rows, int64_t row_bytes) override {
+  absl::Status AllToAll(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                        const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                        const AllToAllOptions& options = {}) override {
     exchanges_.push_back(row_bytes);
-    if (is_subgroup_) ++faults_->subgroup_exchanges;
-    return inner_->AllToAllRows(send, send_rows, recv, recv_rows, row_bytes);
-  }
-  absl::Status AllToAllRowsPrechecked(const void* send, const std::vector<int64_t>& send_rows,
-                                      void* recv, const std::vector<int64_t>& recv_rows,
-                                      int64_t row_bytes) override {
-    exchanges_.push_back(row_bytes);
-    if (is_subgroup_) ++faults_->subgroup_exchanges;
-    return inner_->AllToAllRowsPrechecked(send, send_rows, recv, recv_rows, row_bytes);
-  }
-  absl::Status AllToAllRowsFlagged(const void* send, const std::vector<int64_t>& send_rows,
-                                   void* recv, const std::vector<int64_t>& recv_rows,
-                                   int64_t row_bytes, uint8_t mine,
-                                   std::vector<uint8_t>* flags) override {
-    exchanges_.push_back(row_bytes);
-    ++flagged_;
+    if (options.flags != nullptr) ++flagged_;
     if (is_subgroup_) {
-      ++faults_->subgroup_flagged;
+      if (options.flags != nullptr) ++faults_->subgroup_flagged;
       ++faults_->subgroup_exchanges;
     }
-    return inner_->AllToAllRowsFlagged(send, send_rows, recv, recv_rows, row_bytes, mine, flags);
+    return inner_->AllToAll(send, send_rows, recv, recv_rows, row_bytes, options);
   }
   bool MovesSegments() const override {
     return !faults_->hide_segments && inner_->MovesSegments();
-  }
-  absl::Status ExchangeSegments(const std::vector<SendSegment>& sends,
-                                const std::vector<RecvSegment>& recvs, int64_t row_bytes,
-                                uint8_t mine, std::vector<uint8_t>* flags) override {
-    exchanges_.push_back(row_bytes);
-    if (flags != nullptr) ++flagged_;
-    if (is_subgroup_) {
-      if (flags != nullptr) ++faults_->subgroup_flagged;
-      ++faults_->subgroup_exchanges;
-    }
-    return inner_->ExchangeSegments(sends, recvs, row_bytes, mine, flags);
   }
   absl::Status CheckRowCounts(const std::vector<int64_t>& send_rows,
                               const std::vector<int64_t>& recv_rows) override {
@@ -119,6 +94,15 @@ class RecordingTransport final : public Transport {
     if (!sub.ok()) return sub.status();
     return std::unique_ptr<Transport>(
         new RecordingTransport(*std::move(sub), faults_, /*is_subgroup=*/true));
+  }
+
+ protected:
+  // Not reached: AllToAll hands every all-to-all, whole, to the inner one.
+  absl::Status MoveRows(const void* send, const std::vector<int64_t>& send_rows, void* recv,
+                        const std::vector<int64_t>& recv_rows, int64_t row_bytes,
+                        bool counts_checked) override {
+    return inner_->AllToAll(send, send_rows, recv, recv_rows, row_bytes,
+                            counts_checked ? AllToAllOptions::Checked() : AllToAllOptions());
   }
 
  private:

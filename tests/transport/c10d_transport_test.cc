@@ -45,8 +45,8 @@ const bool kUneven = RegisterScenario("uneven", [](Worker& w) {
     for (int src = 0; src < w.size; ++src) recv_rows.push_back(RowsBetween(src, w.rank));
     const int64_t total = std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0});
     std::vector<uint8_t> recv(total * kRowBytes, 0xEE);
-    ASSERT_TRUE(w.transport->AllToAllRows(send.data(), send_rows, recv.data(), recv_rows,
-                                          kRowBytes).ok());
+    ASSERT_TRUE(
+        w.transport->AllToAll(send.data(), send_rows, recv.data(), recv_rows, kRowBytes).ok());
     std::vector<uint8_t> expected;
     for (int src = 0; src < w.size; ++src) {
       for (int64_t i = 0; i < RowsBetween(src, w.rank); ++i) {
@@ -57,7 +57,7 @@ const bool kUneven = RegisterScenario("uneven", [](Worker& w) {
   }
   // Nothing at all to move is a valid exchange too.
   std::vector<int64_t> zeros(w.size, 0);
-  EXPECT_TRUE(w.transport->AllToAllRows(nullptr, zeros, nullptr, zeros, kRowBytes).ok());
+  EXPECT_TRUE(w.transport->AllToAll(nullptr, zeros, nullptr, zeros, kRowBytes).ok());
 });
 
 // The flagged exchange (point-to-point on Gloo): the same rows as the
@@ -72,8 +72,8 @@ const bool kFlagged = RegisterScenario("flagged", [](Worker& w) {
     std::vector<uint8_t> recv(total * kRowBytes, 0xEE);
     std::vector<uint8_t> flags;
     const uint8_t mine = static_cast<uint8_t>((t.rank() + round) % 3);
-    ASSERT_TRUE(t.AllToAllRowsFlagged(send.data(), send_rows, recv.data(), recv_rows, kRowBytes,
-                                      mine, &flags)
+    ASSERT_TRUE(t.AllToAll(send.data(), send_rows, recv.data(), recv_rows, kRowBytes,
+                           AllToAllOptions::Flagged(mine, &flags))
                     .ok());
     std::vector<uint8_t> expected, expected_flags;
     for (int src = 0; src < t.size(); ++src) {
@@ -95,8 +95,10 @@ const bool kFlagged = RegisterScenario("flagged", [](Worker& w) {
   for (int round = 0; round < 2; ++round) check(**pair, round);
   std::vector<int64_t> zeros(w.size, 0);
   std::vector<uint8_t> flags;
-  EXPECT_TRUE(w.transport->AllToAllRowsFlagged(nullptr, zeros, nullptr, zeros, kRowBytes, 7, &flags)
-                  .ok());
+  EXPECT_TRUE(
+      w.transport
+          ->AllToAll(nullptr, zeros, nullptr, zeros, kRowBytes, AllToAllOptions::Flagged(7, &flags))
+          .ok());
   EXPECT_EQ(flags, std::vector<uint8_t>(w.size, 7));
 });
 
@@ -124,8 +126,10 @@ const bool kSegments = RegisterScenario("segments", [](Worker& w) {
       }
     }
     std::vector<uint8_t> flags;
-    absl::Status moved = w.transport->ExchangeSegments(
-        sends, recvs, 0, static_cast<uint8_t>(w.rank + 1), round == 1 ? nullptr : &flags);
+    absl::Status moved = w.transport->AllToAll(
+        nullptr, {}, nullptr, {}, 0,
+        AllToAllOptions::Segments(&sends, &recvs, static_cast<uint8_t>(w.rank + 1),
+                                  round == 1 ? nullptr : &flags));
     ASSERT_TRUE(moved.ok()) << moved;
     size_t k = 0;
     for (int i = 0; i < 3; ++i) {
@@ -143,8 +147,13 @@ const bool kSegments = RegisterScenario("segments", [](Worker& w) {
   }
   // Its own rank is no peer.
   std::vector<uint8_t> one(1);
-  EXPECT_EQ(w.transport->ExchangeSegments({{w.rank, one.data(), 1}}, {}, 0, 0, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  const std::vector<SendSegment> to_itself = {{w.rank, one.data(), 1}};
+  const std::vector<RecvSegment> none;
+  EXPECT_EQ(
+      w.transport
+          ->AllToAll(nullptr, {}, nullptr, {}, 0, AllToAllOptions::Segments(&to_itself, &none))
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 });
 
 const bool kMismatch = RegisterScenario("mismatch", [](Worker& w) {
@@ -154,7 +163,7 @@ const bool kMismatch = RegisterScenario("mismatch", [](Worker& w) {
   if (w.rank == 1) recv_rows[2] += 1;  // rank 1 expects one row more from rank 2
   std::vector<uint8_t> recv(64 * kRowBytes);
   absl::Status status =
-      w.transport->AllToAllRows(send.data(), send_rows, recv.data(), recv_rows, kRowBytes);
+      w.transport->AllToAll(send.data(), send_rows, recv.data(), recv_rows, kRowBytes);
   // Every rank gets the same error, not only rank 1.
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_EQ(status.message(),
@@ -165,7 +174,7 @@ const bool kMismatch = RegisterScenario("mismatch", [](Worker& w) {
   if (w.rank == 1) recv_rows[2] -= 1;
   EXPECT_TRUE(w.transport->CheckRowCounts(send_rows, recv_rows).ok());
   // A wrong-sized count list is refused before any collective.
-  EXPECT_EQ(w.transport->AllToAllRows(send.data(), {1}, recv.data(), recv_rows, kRowBytes).code(),
+  EXPECT_EQ(w.transport->AllToAll(send.data(), {1}, recv.data(), recv_rows, kRowBytes).code(),
             absl::StatusCode::kInvalidArgument);
 });
 
@@ -214,7 +223,7 @@ const bool kSubgroups = RegisterScenario("subgroups", [](Worker& w) {
     // One row of 8 bytes to each member: (sender, receiver).
     int64_t send[2] = {w.rank * 10 + members[0], w.rank * 10 + members[1]};
     int64_t recv[2] = {-1, -1};
-    ASSERT_TRUE((*sub)->AllToAllRows(send, {1, 1}, recv, {1, 1}, sizeof(int64_t)).ok());
+    ASSERT_TRUE((*sub)->AllToAll(send, {1, 1}, recv, {1, 1}, sizeof(int64_t)).ok());
     EXPECT_EQ(recv[0], members[0] * 10 + w.rank);
     EXPECT_EQ(recv[1], members[1] * 10 + w.rank);
   }
@@ -284,8 +293,8 @@ const bool kDevice = RegisterScenario("device_strict", [](Worker& w) {
     auto transport = C10dTransport::Create(strict, {});
     ASSERT_TRUE(transport.ok()) << transport.status();
     EXPECT_TRUE((*transport)->CheckRowCounts(send_rows, recv_rows).ok());
-    EXPECT_TRUE((*transport)->AllToAllRows(send.data(), send_rows, recv.data(), recv_rows,
-                                           kRowBytes).ok());
+    EXPECT_TRUE(
+        (*transport)->AllToAll(send.data(), send_rows, recv.data(), recv_rows, kRowBytes).ok());
     auto all = (*transport)->AllGatherBytes(long_string);
     ASSERT_TRUE(all.ok()) << all.status();
     EXPECT_EQ((*all)[w.size - 1], std::string(200 + w.size - 1, 'x'));
@@ -304,8 +313,8 @@ const bool kDevice = RegisterScenario("device_strict", [](Worker& w) {
               absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ((*transport)->AllGatherBytes("abc").status().code(),
               absl::StatusCode::kFailedPrecondition);
-    EXPECT_FALSE((*transport)->AllToAllRows(send.data(), send_rows, recv.data(), recv_rows,
-                                            kRowBytes).ok());
+    EXPECT_FALSE(
+        (*transport)->AllToAll(send.data(), send_rows, recv.data(), recv_rows, kRowBytes).ok());
     EXPECT_EQ(strict->refused(), 0);
   }
   {  // The same with a CPU host group: counts and all-gathers run on it.
@@ -331,8 +340,8 @@ const bool kDevice = RegisterScenario("device_strict", [](Worker& w) {
             absl::StatusCode::kInvalidArgument);
   // A null buffer with rows to move is refused on every rank alike (the
   // count check is collective), not replaced by fresh memory.
-  absl::Status null_send = w.transport->AllToAllRows(nullptr, send_rows, recv.data(), recv_rows,
-                                                     kRowBytes);
+  absl::Status null_send =
+      w.transport->AllToAll(nullptr, send_rows, recv.data(), recv_rows, kRowBytes);
   if (std::accumulate(send_rows.begin(), send_rows.end(), int64_t{0}) > 0) {
     EXPECT_EQ(null_send.code(), absl::StatusCode::kInvalidArgument) << null_send;
     EXPECT_THAT(std::string(null_send.message()), testing::HasSubstr("send: null"));
@@ -340,8 +349,8 @@ const bool kDevice = RegisterScenario("device_strict", [](Worker& w) {
     EXPECT_EQ(null_send.code(), absl::StatusCode::kInvalidArgument) << null_send;
   }
   // ...and the group is still usable after it.
-  EXPECT_TRUE(w.transport->AllToAllRows(send.data(), send_rows, recv.data(), recv_rows,
-                                        kRowBytes).ok());
+  EXPECT_TRUE(
+      w.transport->AllToAll(send.data(), send_rows, recv.data(), recv_rows, kRowBytes).ok());
 });
 
 // Every row width from 1 to 16 bytes moves exactly: the transport views
@@ -365,8 +374,8 @@ const bool kEveryRowWidth = RegisterScenario("every_row_width", [](Worker& w) {
       }
     }
     std::vector<uint8_t> recv(expected.size(), 0xEE);
-    absl::Status moved = w.transport->AllToAllRows(send.data(), send_rows, recv.data(), recv_rows,
-                                                   row_bytes);
+    absl::Status moved =
+        w.transport->AllToAll(send.data(), send_rows, recv.data(), recv_rows, row_bytes);
     ASSERT_TRUE(moved.ok()) << "row of " << row_bytes << " bytes: " << moved;
     EXPECT_EQ(recv, expected) << "rank " << w.rank << ", rows of " << row_bytes << " bytes";
   }
@@ -383,7 +392,8 @@ const bool kPeerExits = RegisterScenario("peer_exits", [](Worker& w) {
   if (w.rank == 1) std::_Exit(0);
   int64_t send[4] = {1, 2, 3, 4}, recv[4] = {0, 0, 0, 0};
   const std::vector<int64_t> ones(w.size, 1);
-  absl::Status failed = w.transport->AllToAllRowsPrechecked(send, ones, recv, ones, 8);
+  absl::Status failed =
+      w.transport->AllToAll(send, ones, recv, ones, 8, AllToAllOptions::Checked());
   EXPECT_TRUE(absl::IsUnavailable(failed) || absl::IsDeadlineExceeded(failed)) << failed;
   const auto start = std::chrono::steady_clock::now();
   absl::Status later = w.transport->AllGatherBytes("after").status();

@@ -1,6 +1,6 @@
-// The raw NCCL transport's host-side bookkeeping, on the CPU: count
-// verdicts and the single error every rank derives from them, and the
-// send/recv pairs of an all-to-all.
+// The row-count verdicts every backend uses (agreement.h) and the single
+// error every rank derives from them, and the raw NCCL transport's send/recv
+// pairs of an all-to-all, on the CPU.
 #include "transport/exchange_plan.h"
 
 #include <string>
@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "transport/agreement.h"
 
 namespace knapformer {
 namespace {

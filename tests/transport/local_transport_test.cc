@@ -40,8 +40,7 @@ TEST(LocalTransportTest, AllToAllMovesUnevenRowsToTheRightPlaces) {
     int64_t total = 0;
     for (int64_t rows : recv_rows) total += rows;
     received[s].assign(total, -1);
-    status[s] = t.AllToAllRows(send.data(), send_rows, received[s].data(), recv_rows,
-                               sizeof(int32_t));
+    status[s] = t.AllToAll(send.data(), send_rows, received[s].data(), recv_rows, sizeof(int32_t));
   });
   for (int r = 0; r < n; ++r) ASSERT_TRUE(status[r].ok()) << status[r];
   // Rank 0 gets 0 rows from rank 0, 1 from rank 1 (value 100*1 + 10*0 + 0),
@@ -66,8 +65,8 @@ TEST(LocalTransportTest, FlaggedExchangeCarriesEveryRanksFlagWithTheRows) {
       for (int i = 0; i < send_rows[d]; ++i) send.push_back(100 * s + 10 * d + i);
     }
     received[s].assign(3, -1);
-    status[s] = t.AllToAllRowsFlagged(send.data(), send_rows, received[s].data(), recv_rows,
-                                      sizeof(int32_t), static_cast<uint8_t>(s * 2), &flags[s]);
+    status[s] = t.AllToAll(send.data(), send_rows, received[s].data(), recv_rows, sizeof(int32_t),
+                           AllToAllOptions::Flagged(static_cast<uint8_t>(s * 2), &flags[s]));
   });
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(status[r].ok()) << status[r];
@@ -104,7 +103,9 @@ TEST(LocalTransportTest, SegmentsPairUpInOrderAndAWrongSizeIsAnError) {
       sends.push_back({d, out.back().data(), 4});
       recvs.push_back({d, &second[s][d], 4});
     }
-    status[s] = t.ExchangeSegments(sends, recvs, 0, static_cast<uint8_t>(s), &flags[s]);
+    status[s] =
+        t.AllToAll(nullptr, {}, nullptr, {}, 0,
+                   AllToAllOptions::Segments(&sends, &recvs, static_cast<uint8_t>(s), &flags[s]));
   });
   EXPECT_THAT(std::string(status[0].message()), HasSubstr("rank 2"));
   for (int r = 1; r < n; ++r) {
@@ -125,7 +126,7 @@ TEST(LocalTransportTest, ACountMismatchIsAnErrorNamingBothRanks) {
     // Rank 1 expects 2 rows from rank 0, which sends it 1.
     std::vector<int64_t> recv_rows = r == 1 ? std::vector<int64_t>{2, 1}
                                             : std::vector<int64_t>{1, 1};
-    status[r] = t.AllToAllRows(value, {1, 1}, out, recv_rows, sizeof(int64_t));
+    status[r] = t.AllToAll(value, {1, 1}, out, recv_rows, sizeof(int64_t));
   });
   EXPECT_TRUE(status[0].ok());
   EXPECT_EQ(status[1].code(), absl::StatusCode::kInvalidArgument);

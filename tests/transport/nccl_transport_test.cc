@@ -130,14 +130,14 @@ TEST_F(NcclTransportDeviceTest, UnevenAllToAllMovesEveryRowToItsPlace) {
     for (int round = 0; round < 3; ++round) {  // the group stays usable
       DeviceBytes send(kSend[rank]);
       DeviceBytes recv(std::vector<uint8_t>(kExpected[rank].size(), 0xEE));
-      absl::Status status = transport.AllToAllRows(send.data(), kSendRows[rank], recv.data(),
-                                                   kRecvRows[rank], kRowBytes);
+      absl::Status status =
+          transport.AllToAll(send.data(), kSendRows[rank], recv.data(), kRecvRows[rank], kRowBytes);
       ASSERT_TRUE(status.ok()) << "rank " << rank << ": " << status;
       EXPECT_EQ(recv.ToHost(), kExpected[rank]) << "rank " << rank << " round " << round;
     }
     // Nothing at all to move is a valid exchange too, with null buffers.
     const std::vector<int64_t> zeros(kRanks, 0);
-    EXPECT_TRUE(transport.AllToAllRows(nullptr, zeros, nullptr, zeros, kRowBytes).ok());
+    EXPECT_TRUE(transport.AllToAll(nullptr, zeros, nullptr, zeros, kRowBytes).ok());
   });
 }
 
@@ -148,15 +148,14 @@ TEST_F(NcclTransportDeviceTest, CountMismatchIsTheSameErrorOnEveryRank) {
     DeviceBytes send(kSend[rank]);
     DeviceBytes recv(std::vector<uint8_t>(4 * kRowBytes));
     absl::Status status =
-        transport.AllToAllRows(send.data(), kSendRows[rank], recv.data(), recv_rows, kRowBytes);
+        transport.AllToAll(send.data(), kSendRows[rank], recv.data(), recv_rows, kRowBytes);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_EQ(status.message(), "recv_rows: rank 1 expects 4 rows from rank 0, which sends it 3")
         << "rank " << rank;
     // Refused before any row moved, on every rank: the group is still usable.
     DeviceBytes good(std::vector<uint8_t>(kExpected[rank].size()));
     ASSERT_TRUE(
-        transport
-            .AllToAllRows(send.data(), kSendRows[rank], good.data(), kRecvRows[rank], kRowBytes)
+        transport.AllToAll(send.data(), kSendRows[rank], good.data(), kRecvRows[rank], kRowBytes)
             .ok());
     EXPECT_EQ(good.ToHost(), kExpected[rank]);
   });
@@ -168,7 +167,7 @@ TEST_F(NcclTransportDeviceTest, DifferentRowSizesAreTheSameErrorOnEveryRank) {
     DeviceBytes send(std::vector<uint8_t>(2 * 4));
     DeviceBytes recv(std::vector<uint8_t>(2 * 4));
     absl::Status status =
-        transport.AllToAllRows(send.data(), one_each, recv.data(), one_each, rank == 0 ? 3 : 4);
+        transport.AllToAll(send.data(), one_each, recv.data(), one_each, rank == 0 ? 3 : 4);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_EQ(status.message(), "row_bytes: rank 0 moves rows of 3 bytes, rank 1 of 4");
   });
@@ -178,13 +177,13 @@ TEST_F(NcclTransportDeviceTest, BadArgumentsMoveNothingAndFailEveryRankAlike) {
   RunRanks([](int rank, NcclTransport& transport) {
     std::vector<uint8_t> unused(16);
     DeviceBytes buffer(unused);
-    EXPECT_EQ(transport.AllToAllRows(buffer.data(), {1}, buffer.data(), {1, 1}, 1).message(),
+    EXPECT_EQ(transport.AllToAll(buffer.data(), {1}, buffer.data(), {1, 1}, 1).message(),
               "send_rows/recv_rows: 1/2 entries for a group of 2");
-    EXPECT_EQ(transport.AllToAllRows(buffer.data(), {1, -1}, buffer.data(), {1, 1}, 1).message(),
+    EXPECT_EQ(transport.AllToAll(buffer.data(), {1, -1}, buffer.data(), {1, 1}, 1).message(),
               "send_rows[1]: -1 rows; must be >= 0");
-    EXPECT_EQ(transport.AllToAllRows(buffer.data(), {1, 1}, buffer.data(), {1, 1}, -2).message(),
+    EXPECT_EQ(transport.AllToAll(buffer.data(), {1, 1}, buffer.data(), {1, 1}, -2).message(),
               "row_bytes: -2; must be >= 0");
-    EXPECT_EQ(transport.AllToAllRows(nullptr, {1, 1}, buffer.data(), {1, 1}, 2).message(),
+    EXPECT_EQ(transport.AllToAll(nullptr, {1, 1}, buffer.data(), {1, 1}, 2).message(),
               "send: null, but 4 bytes are to move through it");
     // None of those moved a row: the group still works.
     auto all = transport.AllGatherBytes(std::to_string(rank));
@@ -241,7 +240,7 @@ TEST_F(NcclTransportDeviceTest, SubgroupsNeedOnlyTheirMembers) {
       // One row of one byte to each member: sender * 10 + receiver.
       DeviceBytes send({static_cast<uint8_t>(rank * 10), static_cast<uint8_t>(rank * 10 + 1)});
       DeviceBytes recv({0xEE, 0xEE});
-      ASSERT_TRUE((*sub)->AllToAllRows(send.data(), {1, 1}, recv.data(), {1, 1}, 1).ok());
+      ASSERT_TRUE((*sub)->AllToAll(send.data(), {1, 1}, recv.data(), {1, 1}, 1).ok());
       EXPECT_EQ(recv.ToHost(), (std::vector<uint8_t>{static_cast<uint8_t>(rank),
                                                      static_cast<uint8_t>(10 + rank)}));
     }
@@ -378,8 +377,10 @@ TEST_F(NcclOneDeviceTest, ASideStreamFillIsOrderedBeforeTheExchange) {
   ASSERT_EQ(cudaLaunchHostFunc(side_, SetFlag, &slept), cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(send.data(), pattern, kBytes, cudaMemcpyHostToDevice, side_),
             cudaSuccess);
-  ASSERT_TRUE(transport->AllToAllRowsPrechecked(send.data(), {kBytes}, recv.data(), {kBytes}, 1)
-                  .ok());
+  ASSERT_TRUE(
+      transport
+          ->AllToAll(send.data(), {kBytes}, recv.data(), {kBytes}, 1, AllToAllOptions::Checked())
+          .ok());
   // The data path returned without waiting for the GPU.
   EXPECT_FALSE(slept.load()) << "the all-to-all waited for the caller's stream on the host";
   std::vector<uint8_t> back(kBytes, 0);

@@ -54,8 +54,8 @@ TEST(TensorHubTransportTest, AllToAllMovesUnevenRowsOfTensorsToTheRightPlaces) {
     int64_t total = 0;
     for (int64_t rows : recv_rows) total += rows;
     received[s] = at::full({total, 2}, 7, at::kInt);
-    status[s] = t.AllToAllRows(send.data_ptr(), send_rows, received[s].data_ptr(), recv_rows,
-                               2 * sizeof(int32_t));
+    status[s] = t.AllToAll(send.data_ptr(), send_rows, received[s].data_ptr(), recv_rows,
+                           2 * sizeof(int32_t));
   });
   for (int r = 0; r < n; ++r) ASSERT_TRUE(status[r].ok()) << status[r];
   EXPECT_THAT(Values(received[0]), ElementsAre(100, -100, 200, -200, 201, -201));
@@ -76,8 +76,8 @@ TEST(TensorHubTransportTest, CountMismatchIsTheSameErrorEverywhereAndCopiesNothi
     const std::vector<int64_t> recv_rows = s == 1 ? std::vector<int64_t>{3, 2}
                                                   : std::vector<int64_t>{2, 2};
     received[s] = at::full({5}, 7, at::kInt);
-    status[s] = t.AllToAllRows(send.data_ptr(), send_rows, received[s].data_ptr(), recv_rows,
-                               sizeof(int32_t));
+    status[s] =
+        t.AllToAll(send.data_ptr(), send_rows, received[s].data_ptr(), recv_rows, sizeof(int32_t));
   });
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << status[r];
@@ -157,9 +157,9 @@ TEST(TensorHubTransportTest, SubgroupsExchangeAmongTheirRanks) {
     ASSERT_EQ(sub->rank(), s % 2);
     const at::Tensor send = at::tensor({10 * s, 10 * s + 1}, at::kInt);
     received[s] = at::empty({2}, at::kInt);
-    ASSERT_TRUE(sub->AllToAllRows(send.data_ptr(), {1, 1}, received[s].data_ptr(), {1, 1},
-                                  sizeof(int32_t))
-                    .ok());
+    ASSERT_TRUE(
+        sub->AllToAll(send.data_ptr(), {1, 1}, received[s].data_ptr(), {1, 1}, sizeof(int32_t))
+            .ok());
   });
   EXPECT_THAT(Values(received[0]), ElementsAre(0, 10));
   EXPECT_THAT(Values(received[1]), ElementsAre(1, 11));

@@ -173,11 +173,12 @@ which must then FAIL; hang stops python_step on rank 0, which must be
 reported as hung. The report names the fault.
 """
 
-# The parts, one seam each: harness (arguments and what runs here, the machine's facts,
-# the report's header, a rank's Context, the checks in order under a watchdog, the
-# worlds it starts with knapformer.launch, the modes, main), report (a result, rows
-# merged from every rank, the text, the JSON, the exit statuses), the checks inside a
-# world (cuda_checks: the CUDA path; step_checks: a balanced step, with
+# The parts, one seam each: options (arguments and what runs here), machine (the
+# machine's facts, the report's header), world (a rank's Context, the checks in order
+# under a watchdog), harness (the worlds it starts with knapformer.launch, the modes,
+# main; it re-imports the names of those three that are imported from it), report (a
+# result, rows merged from every rank, the text, the JSON, the exit statuses), the
+# checks inside a world (cuda_checks: the CUDA path; step_checks: a balanced step, with
 # knapformer.side_by_side; fsdp_checks: FSDP2 and torch.compile around the balancer;
 # hub_checks: 8 ranks played on one device; each module's WORLD_CHECKS), and
 # killed_rank (a world of its own).

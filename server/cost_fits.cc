@@ -1,4 +1,4 @@
-#include "server/gamma_fits.h"
+#include "server/cost_fits.h"
 
 #include <algorithm>
 #include <optional>
@@ -9,25 +9,25 @@
 
 namespace knapformer {
 
-void GammaFits::AddGroup(const std::string& job_id, const std::string& group_id,
+void CostFits::AddGroup(const std::string& job_id, const std::string& group_id,
                          uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
   jobs_[job_id].groups.try_emplace(GroupKey(group_id, incarnation));
 }
 
-void GammaFits::ForgetGroup(const std::string& job_id, const std::string& group_id,
+void CostFits::ForgetGroup(const std::string& job_id, const std::string& group_id,
                             uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it != jobs_.end()) it->second.groups.erase(GroupKey(group_id, incarnation));
 }
 
-void GammaFits::ForgetJob(const std::string& job_id) {
+void CostFits::ForgetJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   jobs_.erase(job_id);
 }
 
-std::deque<GammaFits::PlannedWork>* GammaFits::FindGroup(const v1::StepSpec& spec, Job** job) {
+std::deque<CostFits::PlannedWork>* CostFits::FindGroup(const v1::StepSpec& spec, Job** job) {
   auto job_it = jobs_.find(spec.job_id());
   if (job_it == jobs_.end()) return nullptr;
   auto group_it = job_it->second.groups.find(GroupKey(spec.group_id(), spec.incarnation()));
@@ -36,7 +36,7 @@ std::deque<GammaFits::PlannedWork>* GammaFits::FindGroup(const v1::StepSpec& spe
   return &group_it->second;
 }
 
-void GammaFits::RecordPlanned(const v1::StepSpec& spec, std::vector<WorkSample> rank_work,
+void CostFits::RecordPlanned(const v1::StepSpec& spec, std::vector<WorkSample> rank_work,
                               std::vector<PairWeights> rank_weights,
                               const MeasuredAttention* prior) {
   absl::MutexLock lock(&mu_);
@@ -59,7 +59,7 @@ void GammaFits::RecordPlanned(const v1::StepSpec& spec, std::vector<WorkSample> 
   Refit(*job);  // once per step, so the exported gamma keeps up
 }
 
-void GammaFits::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing) {
+void CostFits::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing) {
   absl::MutexLock lock(&mu_);
   Job* job = nullptr;
   std::deque<PlannedWork>* work = FindGroup(spec, &job);
@@ -129,13 +129,13 @@ void GammaFits::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::Step
   job->timings_changed = true;
 }
 
-bool GammaFits::WantsWork(const std::string& job_id) const {
+bool CostFits::WantsWork(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   return it != jobs_.end() && it->second.timed;
 }
 
-void GammaFits::Refit(Job& job) const {
+void CostFits::Refit(Job& job) const {
   if (!job.timings_changed) return;
   job.timings_changed = false;
   if (static_cast<int32_t>(job.timings.size()) < limits_.min_timing_samples) {
@@ -156,7 +156,7 @@ void GammaFits::Refit(Job& job) const {
   }
 }
 
-void GammaFits::RefitTable(Job& job) const {
+void CostFits::RefitTable(Job& job) const {
   if (!job.table_steps_changed) return;
   if (!job.fit.has_value()) {
     job.table_note = absl::StrCat("no gamma fit yet, whose k the table needs: ", job.fit_note);
@@ -176,7 +176,7 @@ void GammaFits::RefitTable(Job& job) const {
   }
 }
 
-std::optional<MeasuredAttention> GammaFits::FittedTable(const std::string& job_id,
+std::optional<MeasuredAttention> CostFits::FittedTable(const std::string& job_id,
                                                         std::string* note) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
@@ -193,7 +193,7 @@ std::optional<MeasuredAttention> GammaFits::FittedTable(const std::string& job_i
   return it->second.table;
 }
 
-std::optional<CostFit> GammaFits::FittedCost(const std::string& job_id, std::string* note) {
+std::optional<CostFit> CostFits::FittedCost(const std::string& job_id, std::string* note) {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
@@ -209,7 +209,7 @@ std::optional<CostFit> GammaFits::FittedCost(const std::string& job_id, std::str
   return it->second.fit;
 }
 
-std::map<std::string, double> GammaFits::FittedGammas() const {
+std::map<std::string, double> CostFits::FittedGammas() const {
   std::map<std::string, double> gammas;
   absl::MutexLock lock(&mu_);
   for (const auto& [job_id, job] : jobs_) {
@@ -218,7 +218,7 @@ std::map<std::string, double> GammaFits::FittedGammas() const {
   return gammas;
 }
 
-GammaFits::Usage GammaFits::usage() const {
+CostFits::Usage CostFits::usage() const {
   Usage usage;
   absl::MutexLock lock(&mu_);
   usage.jobs = static_cast<int32_t>(jobs_.size());

@@ -1,4 +1,4 @@
-#include "transport/local_world.h"
+#include "launch/local_world.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,7 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "transport/fork_server.h"
+#include "launch/fork_server.h"
 #include "transport/gloo_group.h"
 
 extern char** environ;

@@ -2,7 +2,7 @@
 // was given, is the launcher's to wait for and kill, and no server is made
 // where it would not be safe.
 
-#include "transport/fork_server.h"
+#include "launch/fork_server.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -1,4 +1,4 @@
-#include "server/gamma_fits.h"
+#include "server/cost_fits.h"
 
 #include <cmath>
 #include <cstdint>
@@ -85,10 +85,10 @@ void ExpectSameFit(const CostFit& got, const CostFit& want) {
 
 constexpr char kNoTimings[] = "no timings of this job yet (record_compute_seconds on every rank)";
 
-TEST(GammaFitsTest, AFitAppearsAfterEnoughTimingsAndIsCalibrationsFit) {
+TEST(CostFitsTest, AFitAppearsAfterEnoughTimingsAndIsCalibrationsFit) {
   ServiceLimits limits;
   limits.min_timing_samples = 8;
-  GammaFits fits{limits};
+  CostFits fits{limits};
   std::string note;
   EXPECT_FALSE(fits.FittedCost("job", &note).has_value());
   EXPECT_EQ(note, "no timings of this job yet");  // not even a job
@@ -130,10 +130,10 @@ TEST(GammaFitsTest, AFitAppearsAfterEnoughTimingsAndIsCalibrationsFit) {
 }
 
 // The exported gamma keeps up once per planned step: RecordPlanned refits.
-TEST(GammaFitsTest, RecordPlannedRefitsForTheExportedGamma) {
+TEST(CostFitsTest, RecordPlannedRefitsForTheExportedGamma) {
   ServiceLimits limits;
   limits.min_timing_samples = 4;
-  GammaFits fits{limits};
+  CostFits fits{limits};
   fits.AddGroup("job", "", 0);
   const std::vector<WorkSample> work = DistinctWork(1);
   fits.RecordPlanned(Spec(0), work);
@@ -146,10 +146,10 @@ TEST(GammaFitsTest, RecordPlannedRefitsForTheExportedGamma) {
   EXPECT_NEAR(fits.FittedGammas().at("job"), 3.0, 1e-6);
 }
 
-TEST(GammaFitsTest, ARetriedTimingOfTheSameStepAndRankCountsOnce) {
+TEST(CostFitsTest, ARetriedTimingOfTheSameStepAndRankCountsOnce) {
   ServiceLimits limits;
   limits.min_timing_samples = 4;
-  GammaFits fits{limits};
+  CostFits fits{limits};
   fits.AddGroup("job", "", 0);
   for (uint64_t step = 0; step < 2; ++step) {
     const std::vector<WorkSample> work = DistinctWork(step + 1);
@@ -178,10 +178,10 @@ TEST(GammaFitsTest, ARetriedTimingOfTheSameStepAndRankCountsOnce) {
 // client, planned) is a sample here too, once per (step, rank), and its
 // work is the one counted, before that of this server's own plan of the
 // step; one that carries none for a step planned elsewhere is no sample.
-TEST(GammaFitsTest, ATimingsCarriedWorkIsUsedBeforeTheServersOwnPlans) {
+TEST(CostFitsTest, ATimingsCarriedWorkIsUsedBeforeTheServersOwnPlans) {
   ServiceLimits limits;
   limits.min_timing_samples = 4;
-  GammaFits fits{limits};
+  CostFits fits{limits};
   fits.AddGroup("job", "", 0);  // this replica planned nothing
   const std::vector<WorkSample> work = DistinctWork(1);
   for (int32_t rank = 0; rank < 4; ++rank) {
@@ -259,10 +259,10 @@ TableStep MeasuredStep(uint64_t step) {
   return planned;
 }
 
-TEST(GammaFitsTest, AMeasuredJobsTimedStepsFitItsTableWhenTheRanksRanThisServersPlan) {
+TEST(CostFitsTest, AMeasuredJobsTimedStepsFitItsTableWhenTheRanksRanThisServersPlan) {
   ServiceLimits limits;
   limits.min_timing_samples = 8;
-  GammaFits fits{limits};
+  CostFits fits{limits};
   fits.AddGroup("job", "", 0);
   std::string note;
   EXPECT_FALSE(fits.FittedTable("job", &note).has_value());
@@ -331,11 +331,11 @@ TEST(GammaFitsTest, AMeasuredJobsTimedStepsFitItsTableWhenTheRanksRanThisServers
 // A timing of a step whose work is no longer kept (more than timed_steps
 // planned steps ago) or was never known, and carries none, is no sample;
 // nor is any timing of a group or job not added.
-TEST(GammaFitsTest, ATimingOfAStepTooOldOrUnknownIsIgnored) {
+TEST(CostFitsTest, ATimingOfAStepTooOldOrUnknownIsIgnored) {
   ServiceLimits limits;
   limits.timed_steps = 2;
   limits.min_timing_samples = 2;
-  GammaFits fits{limits};
+  CostFits fits{limits};
   fits.AddGroup("job", "", 0);
   for (uint64_t step = 0; step < 3; ++step) fits.RecordPlanned(Spec(step), DistinctWork(step + 1));
   EXPECT_EQ(fits.usage().planned_steps, 2);
@@ -354,18 +354,18 @@ TEST(GammaFitsTest, ATimingOfAStepTooOldOrUnknownIsIgnored) {
   fits.AddTiming(Spec(3, "stranger"), 1, Carrying(2, DistinctWork(3)[1], 2.0));
   EXPECT_FALSE(fits.WantsWork("stranger"));
   fits.RecordPlanned(Spec(3, "stranger"), DistinctWork(1));
-  const GammaFits::Usage usage = fits.usage();
+  const CostFits::Usage usage = fits.usage();
   EXPECT_EQ(usage.jobs, 1);
   EXPECT_EQ(usage.groups, 1);
   EXPECT_EQ(usage.planned_steps, 2);
   EXPECT_EQ(usage.samples, 1);
 }
 
-TEST(GammaFitsTest, AFailedRefitKeepsTheLastGoodFitWithTheNote) {
+TEST(CostFitsTest, AFailedRefitKeepsTheLastGoodFitWithTheNote) {
   ServiceLimits limits;
   limits.min_timing_samples = 4;
   limits.timing_window = 4;
-  GammaFits fits{limits};
+  CostFits fits{limits};
   fits.AddGroup("job", "", 0);
   // Every rank gets the same work: a window of four equal samples cannot
   // tell the terms apart, and the refit fails.
@@ -407,10 +407,10 @@ TEST(GammaFitsTest, AFailedRefitKeepsTheLastGoodFitWithTheNote) {
 
 // A job forgotten (idle, evicted) takes its timings and fit along; a group
 // incarnation forgotten (replaced by a newer one) its planned work only.
-TEST(GammaFitsTest, ForgettingAJobForgetsItsFitAndAGroupItsWork) {
+TEST(CostFitsTest, ForgettingAJobForgetsItsFitAndAGroupItsWork) {
   ServiceLimits limits;
   limits.min_timing_samples = 4;
-  GammaFits fits{limits};
+  CostFits fits{limits};
   fits.AddGroup("job", "", 0);
   fits.AddGroup("other", "", 0);
   const std::vector<WorkSample> work = DistinctWork(1);
@@ -440,7 +440,7 @@ TEST(GammaFitsTest, ForgettingAJobForgetsItsFitAndAGroupItsWork) {
   EXPECT_EQ(note, "no timings of this job yet");
   EXPECT_FALSE(fits.WantsWork("job"));
   EXPECT_THAT(fits.FittedGammas(), ElementsAre(Pair("other", fits.FittedCost("other")->gamma)));
-  GammaFits::Usage usage = fits.usage();
+  CostFits::Usage usage = fits.usage();
   EXPECT_EQ(usage.jobs, 1);
   EXPECT_EQ(usage.groups, 1);
   EXPECT_EQ(usage.planned_steps, 1);
@@ -464,12 +464,12 @@ TEST(GammaFitsTest, ForgettingAJobForgetsItsFitAndAGroupItsWork) {
 // Per group incarnation at most timed_steps steps' work (the server's plans'
 // and the timings' carried steps' alike), per job at most timing_window
 // samples, the most recent ones, which the fit is made of.
-TEST(GammaFitsTest, MemoryStaysBoundedByTheLimits) {
+TEST(CostFitsTest, MemoryStaysBoundedByTheLimits) {
   ServiceLimits limits;
   limits.timed_steps = 3;
   limits.timing_window = 10;
   limits.min_timing_samples = 4;
-  GammaFits fits{limits};
+  CostFits fits{limits};
   fits.AddGroup("job", "a", 0);
   fits.AddGroup("job", "b", 0);
   std::vector<WorkSample> samples;
@@ -484,11 +484,11 @@ TEST(GammaFitsTest, MemoryStaysBoundedByTheLimits) {
     // Group b's steps are planned elsewhere: its timings carry their work.
     fits.AddTiming(Spec(step + 1, "job", "b"), 0, Carrying(step, work[0], 2.0));
     samples.push_back(Sample(work[0], Seconds(work[0], 2.0)));
-    const GammaFits::Usage usage = fits.usage();
+    const CostFits::Usage usage = fits.usage();
     EXPECT_LE(usage.planned_steps, 2 * limits.timed_steps) << "step " << step;
     EXPECT_LE(usage.samples, limits.timing_window) << "step " << step;
   }
-  const GammaFits::Usage usage = fits.usage();
+  const CostFits::Usage usage = fits.usage();
   EXPECT_EQ(usage.jobs, 1);
   EXPECT_EQ(usage.groups, 2);
   EXPECT_EQ(usage.planned_steps, 6);
@@ -499,7 +499,7 @@ TEST(GammaFitsTest, MemoryStaysBoundedByTheLimits) {
 
   // Nothing is kept per step with timed_steps 0, and so no timing is a sample.
   limits.timed_steps = 0;
-  GammaFits none{limits};
+  CostFits none{limits};
   none.AddGroup("job", "", 0);
   none.RecordPlanned(Spec(0), DistinctWork(1));
   none.AddTiming(Spec(1), 0, Timing(0, DistinctWork(1)[0], 2.0));
@@ -510,10 +510,10 @@ TEST(GammaFitsTest, MemoryStaysBoundedByTheLimits) {
 
 // Ranks timing, a solver planning and fitting, and the metrics reading, all
 // at once: each (step, rank) counts once (run under TSan for the locking).
-TEST(GammaFitsTest, ConcurrentCallersCountEachTimingOnce) {
+TEST(CostFitsTest, ConcurrentCallersCountEachTimingOnce) {
   ServiceLimits limits;
   limits.min_timing_samples = 4;
-  GammaFits fits{limits};
+  CostFits fits{limits};
   fits.AddGroup("job", "", 0);
   constexpr int kSteps = 8;
   for (uint64_t step = 0; step < kSteps; ++step) fits.RecordPlanned(Spec(step), DistinctWork(1));

@@ -1,5 +1,5 @@
-#ifndef KNAPFORMER_TRANSPORT_FORK_SERVER_H_
-#define KNAPFORMER_TRANSPORT_FORK_SERVER_H_
+#ifndef KNAPFORMER_LAUNCH_FORK_SERVER_H_
+#define KNAPFORMER_LAUNCH_FORK_SERVER_H_
 
 // Copies of this process forked from a server process made at the top of
 // main, before any thread: a copy starts in the state of a process that has
@@ -39,4 +39,4 @@ absl::StatusOr<pid_t> ForkCopy(const std::vector<std::string>& env, const std::s
 
 }  // namespace knapformer
 
-#endif  // KNAPFORMER_TRANSPORT_FORK_SERVER_H_
+#endif  // KNAPFORMER_LAUNCH_FORK_SERVER_H_

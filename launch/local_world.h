@@ -1,5 +1,5 @@
-#ifndef KNAPFORMER_TRANSPORT_LOCAL_WORLD_H_
-#define KNAPFORMER_TRANSPORT_LOCAL_WORLD_H_
+#ifndef KNAPFORMER_LAUNCH_LOCAL_WORLD_H_
+#define KNAPFORMER_LAUNCH_LOCAL_WORLD_H_
 
 // A world of N copies of this binary on one machine, on a real distributed
 // engine: the launcher owns a TCPStore on 127.0.0.1 and starts the copies;
@@ -65,7 +65,7 @@ struct LaunchedWorld {
 // Starts `size` copies of this binary (/proc/self/exe) as ranks of one
 // world, on a new store. A copy that cannot start is recorded and the rest
 // are still started. Copies without arguments are forked from the fork
-// server where main started one (transport/fork_server.h).
+// server where main started one (launch/fork_server.h).
 LaunchedWorld LaunchLocalWorld(int size, const LocalWorldLaunch& launch);
 
 // Waits for every copy; those still running at `deadline` are killed.
@@ -88,4 +88,4 @@ int RunAsLocalWorld(const std::string& name, int size, const std::vector<std::st
 
 }  // namespace knapformer
 
-#endif  // KNAPFORMER_TRANSPORT_LOCAL_WORLD_H_
+#endif  // KNAPFORMER_LAUNCH_LOCAL_WORLD_H_

@@ -1,5 +1,5 @@
-#ifndef KNAPFORMER_SERVER_GAMMA_FITS_H_
-#define KNAPFORMER_SERVER_GAMMA_FITS_H_
+#ifndef KNAPFORMER_SERVER_COST_FITS_H_
+#define KNAPFORMER_SERVER_COST_FITS_H_
 
 #include <cstdint>
 #include <deque>
@@ -19,9 +19,10 @@
 
 namespace knapformer {
 
-// The online gamma fit of every job: the ranks' measured compute times of
-// their steps (PlanRequest.previous), each paired with the work that step's
-// plan gave the rank, and the cost model FitCostModel fits to them.
+// The online fits of every job's cost model (named for what it fits: gamma,
+// and a measured job's attention table): the ranks' measured compute times
+// of their steps (PlanRequest.previous), each paired with the work that
+// step's plan gave the rank, and the cost model FitCostModel fits to them.
 //
 // It keeps state only for the jobs and group incarnations added and not yet
 // forgotten. Its owner adds and forgets them as the rendezvous starts and
@@ -40,12 +41,12 @@ namespace knapformer {
 // last timed_steps steps (O(ranks) each, a plan's or a timing's; 128 bytes
 // more per rank for a table's job). Thread-safe; no method blocks on
 // anything but its own mutex.
-class GammaFits {
+class CostFits {
  public:
   // The step samples a job's table is fitted from (the most recent).
   static constexpr int32_t kTableWindow = 1024;
 
-  explicit GammaFits(ServiceLimits limits) : limits_(limits) {}
+  explicit CostFits(ServiceLimits limits) : limits_(limits) {}
 
   // Starts keeping the group incarnation, and its job if new; a no-op if kept.
   void AddGroup(const std::string& job_id, const std::string& group_id, uint64_t incarnation);
@@ -159,4 +160,4 @@ class GammaFits {
 
 }  // namespace knapformer
 
-#endif  // KNAPFORMER_SERVER_GAMMA_FITS_H_
+#endif  // KNAPFORMER_SERVER_COST_FITS_H_

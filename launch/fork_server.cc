@@ -1,4 +1,4 @@
-#include "transport/fork_server.h"
+#include "launch/fork_server.h"
 
 #include <dirent.h>
 #include <fcntl.h>
