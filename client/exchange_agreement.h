@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "client/row_exchange.h"
+#include "client/row_move.h"
 
 namespace knapformer {
 

@@ -14,7 +14,7 @@
 #include <c10/util/Exception.h>
 
 #include "absl/status/status.h"
-#include "client/row_exchange.h"
+#include "client/row_move.h"
 
 namespace knapformer::row_packing {
 

@@ -6,47 +6,12 @@
 
 #include "absl/status/statusor.h"
 #include "planner/attention_mask.h"
+#include "planner/balancer_options.h"
 #include "planner/cost_model.h"
 #include "planner/plan.h"
 #include "planner/topology.h"
 
 namespace knapformer {
-
-// Sequence lengths (tokens) per global rank: lengths[rank][seq_index].
-using RankLengths = std::vector<std::vector<int64_t>>;
-
-// Input limits. Every one has a precise InvalidArgument / ResourceExhausted
-// error naming it.
-struct BalancerLimits {
-  int64_t max_sequences = int64_t{1} << 24;  // over the whole world
-  int64_t max_chunks = int64_t{1} << 26;     // over the whole world (memory bound)
-};
-
-struct BalancerOptions {
-  BalancerLimits limits;
-  // After the paper's greedy bag assignment, up to this many rounds of local
-  // refinement (see refine.h): move or swap a sequence between the most and
-  // the least loaded bag while that lowers the larger of the two. Never makes
-  // max/mean worse; 0 gives the paper's greedy plan exactly (still subject to
-  // the guard against doing worse than no balancing, below).
-  int32_t refine_rounds = 256;
-  // Locality-aware placement after the above: a home-first packing (a
-  // sequence stays in its source rank's bag while that bag stays under the
-  // balanced plan's maximum) repaired down to a per-GPU maximum within
-  // `locality_slack` (relative) of the balanced plan's (locality.h), taken
-  // when it moves fewer tokens. Off = the balanced plan as is.
-  bool locality = true;
-  double locality_slack = 0.0005;
-  // A hard limit on the tokens any GPU computes on after routing (memory);
-  // 0 = none. A bag of G GPUs may hold G times it. Every placement
-  // considered respects it: the greedy only takes bags with room (see
-  // below), refinement is undone if it broke it, the guard and the locality
-  // candidate are only taken when they respect it. When the greedy finds no
-  // bag with room for a sequence, ResourceExhausted names the sequence, its
-  // rank and tokens, and the cap (the greedy is not exhaustive: a refusal
-  // means it found no placement, not that none exists).
-  int64_t max_tokens_per_gpu = 0;
-};
 
 // The paper's greedy planner (KnapFormer section 3.3), run independently in
 // every replica of the topology:

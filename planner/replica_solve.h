@@ -10,7 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "planner/balancer.h"
+#include "planner/attention_mask.h"
+#include "planner/balancer_options.h"
 #include "planner/cost_model.h"
 #include "planner/plan.h"
 #include "planner/topology.h"

@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "transport/transport.h"
+#include "transport/segments.h"
 
 namespace knapformer {
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "transport/segments.h"
 
 namespace knapformer {
 
@@ -22,19 +23,6 @@ namespace knapformer {
 // sends it (InvalidArgument otherwise), so a plan bug is an error, never
 // uninitialised or lost rows. Their shared local checks are
 // backend_checks.h's.
-
-// One message of a segment all-to-all (AllToAllOptions::Segments): `bytes`
-// bytes from `data` to `peer`, or from `peer` into `data`.
-struct SendSegment {
-  int peer = 0;
-  const void* data = nullptr;
-  int64_t bytes = 0;
-};
-struct RecvSegment {
-  int peer = 0;
-  void* data = nullptr;
-  int64_t bytes = 0;
-};
 
 // How one Transport::AllToAll runs. The default: a checked all-to-all of
 // contiguous buffers.
