@@ -11,6 +11,7 @@
 #include "client/settings_agreement.pb.h"
 #include "common/rank_ranges.h"
 #include "planner/cost_model.h"
+#include "transport/agreement.h"
 #include "transport/transport.h"
 
 namespace knapformer {
@@ -120,25 +121,48 @@ SharedSettings SharedSettingsOf(const SequenceBalancerOptions& options) {
 }
 
 std::string EncodeSettings(const SharedSettings& settings) {
-  return ListOf(settings).SerializeAsString();
+  client::SettingsReport report;
+  *report.mutable_verdict() = VerdictOf(absl::OkStatus());
+  *report.mutable_settings() = ListOf(settings);
+  return report.SerializeAsString();
+}
+
+std::string EncodeSettingsRefusal(const absl::Status& why) {
+  client::SettingsReport report;
+  *report.mutable_verdict() = VerdictOf(why.ok() ? absl::UnknownError("refused") : why);
+  return report.SerializeAsString();
 }
 
 std::string SettingsDisagreement(const std::vector<std::string>& encoded) {
   std::vector<client::SharedSettingList> all(encoded.size());
   for (size_t r = 0; r < encoded.size(); ++r) {
-    if (!all[r].ParseFromString(encoded[r])) {
+    client::SettingsReport report;
+    if (!report.ParseFromString(encoded[r])) {
       return absl::StrCat("rank ", r, " sent settings that do not decode");
     }
+    all[r] = std::move(*report.mutable_settings());
   }
   return Disagreement(all);
 }
 
 absl::Status CheckSettingsAgree(const std::vector<std::string>& encoded) {
+  for (size_t r = 0; r < encoded.size(); ++r) {
+    client::SettingsReport report;
+    if (!report.ParseFromString(encoded[r])) continue;  // SettingsDisagreement names it
+    const int rank = static_cast<int>(r);
+    if (absl::Status valid = CheckVerdict(report.verdict(), rank); !valid.ok()) return valid;
+    const absl::Status refused = StatusOf(report.verdict(), rank);
+    if (!refused.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", r, " refused its arguments (",
+                                                     refused.message(),
+                                                     "); every rank fails with it"));
+    }
+  }
   return Differ(SettingsDisagreement(encoded));
 }
 
 absl::Status AgreeOnSettings(Transport& world, const SharedSettings& mine) {
-  // The bytes, decoded by CheckSettingsAgree: the Python binding's path
+  // The reports, judged by CheckSettingsAgree: the Python binding's path
   // (its all-gather is torch.distributed's), so both name the same fault.
   absl::StatusOr<std::vector<std::string>> all = world.AllGatherBytes(EncodeSettings(mine));
   if (!all.ok()) return all.status();

@@ -21,19 +21,26 @@ namespace knapformer {
 using SharedSettings = std::vector<std::pair<std::string, std::string>>;
 SharedSettings SharedSettingsOf(const SequenceBalancerOptions& options);
 
-// Every rank's settings as bytes (a serialized client::SharedSettingList),
-// for an all-gather by a caller that has no Transport (the Python binding
-// all-gathers them over torch.distributed).
+// A rank's report when a balancer is made, as bytes (a serialized
+// client::SettingsReport, typed as transport/agreement.h's messages are):
+// its settings, or, refusing, why it refused its own arguments (it then
+// takes part only to fail with its peers). For an all-gather by a caller
+// that has no Transport yet (the Python binding all-gathers them over
+// torch.distributed) as for AgreeOnSettings.
 std::string EncodeSettings(const SharedSettings& settings);
+std::string EncodeSettingsRefusal(const absl::Status& why);
 
-// Empty when every rank's encoded settings are the same; else why not: the
+// Empty when every rank's reported settings are the same; else why not: the
 // first setting (in SharedSettingsOf's order) that differs, with the ranks
 // holding each value, e.g. "topology is 'g1n4' on rank 3 but 'g1n2+g2n1' on
 // ranks 0-2". Bytes that do not decode, and a list of other names or
 // another length (another knapformer version), are named too.
 std::string SettingsDisagreement(const std::vector<std::string>& encoded);
 
-// FailedPrecondition carrying SettingsDisagreement's reason, or OK.
+// Every rank's reports (by rank) judged alike on every rank: InvalidArgument
+// "rank R refused its arguments (why); every rank fails with it" for the
+// first rank that refused, Internal for a verdict that does not decode,
+// else FailedPrecondition carrying SettingsDisagreement's reason, or OK.
 absl::Status CheckSettingsAgree(const std::vector<std::string>& encoded);
 
 // Collective over `world`: all-gathers the encoded settings and returns

@@ -771,13 +771,21 @@ void BindBalancer(py::module_& m) {
         return py::bytes(EncodeSettings(SharedSettingsOf(OptionsOf(args))));
       },
       py::arg("args"),
-      "The settings every rank's balancer must share, encoded; raises on a bad argument.");
+      "This rank's report of the settings every rank's balancer must share, encoded; raises "
+      "on a bad argument.");
+  m.def(
+      "_encoded_refusal",
+      [](const std::string& why) {
+        return py::bytes(EncodeSettingsRefusal(absl::InvalidArgumentError(why)));
+      },
+      py::arg("why"), "This rank's report that it refused its own arguments, encoded.");
   m.def(
       "_check_settings_agree",
       [](const std::vector<std::string>& encoded) { ThrowIfError(CheckSettingsAgree(encoded)); },
       py::arg("encoded"),
-      "Raises (FAILED_PRECONDITION) naming the setting and the ranks unless every rank's "
-      "encoded settings are the same.");
+      "Every rank's reports, judged alike on every rank: raises ValueError naming the first "
+      "rank that refused its arguments, else (FAILED_PRECONDITION) naming the setting and the "
+      "ranks unless every rank's settings are the same.");
 
   py::class_<BalancerBinding>(m, "_SequenceBalancer")
       .def(py::init<ProcessGroupPtr, BagGroups, BalancerArgs, py::object, BagGroups>(),

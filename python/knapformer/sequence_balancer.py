@@ -17,6 +17,7 @@ from knapformer import _compile
 from knapformer import _masks
 from knapformer import _reference_tables as reference
 from knapformer._balancer_arguments import _arguments
+from knapformer._collectives import all_gather_bytes
 from knapformer._compile_switch import CompileSwitch
 from knapformer._process_groups import _global_rank, _make_bag_groups, _make_host_groups
 from knapformer._reference_tables import tflops_estimator, workload_estimator  # noqa: F401
@@ -163,20 +164,18 @@ class SequenceBalancer(ReferenceView, CompileSwitch):
                               planner_mesh_tls=planner_mesh_tls)
             bags = _C.multi_gpu_bags(bag_specs, group.size(), args.machine)
             replica_size = _C.replica_size(bag_specs, group.size(), args.machine)
-            mine = ("ok", _C._encoded_settings(args))
+            mine = _C._encoded_settings(args)
         except (ValueError, TypeError, RuntimeError) as error:
             failure = error
-            mine = ("error", f"{type(error).__name__}: {error}")
-        everyone = [None] * group.size()
-        dist.all_gather_object(everyone, mine, group=group)
+            mine = _C._encoded_refusal(f"{type(error).__name__}: {error}")
+        # Typed reports (client/settings_agreement.proto), not pickles.
+        everyone = all_gather_bytes(mine, group, device)
         if failure is not None:
             raise failure
-        refused = [(r, text) for r, (kind, text) in enumerate(everyone) if kind == "error"]
-        if refused:
-            rank, text = refused[0]
-            raise ValueError(f"SequenceBalancer: rank {rank} refused its arguments ({text}); "
-                             "every rank fails with it")
-        _C._check_settings_agree([text for _, text in everyone])
+        try:
+            _C._check_settings_agree(everyone)
+        except ValueError as refused:  # another rank refused its arguments
+            raise ValueError(f"SequenceBalancer: {refused}") from None
         default = dist.distributed_c10d._get_default_group()
         # Over a group other than the default one, every process takes part in
         # making every group's bags, bags of its own or not.

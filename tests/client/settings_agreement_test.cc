@@ -111,6 +111,16 @@ TEST(SettingsAgreement, ValuesWithNewlinesAndForeignBlobsAreSafe) {
   EXPECT_THAT(SettingsDisagreement(foreign), HasSubstr("rank 1 sent settings that do not decode"));
 }
 
+TEST(SettingsAgreement, ARankThatRefusedItsArgumentsFailsEveryRankNamingIt) {
+  std::vector<std::string> reports = WithLastRank(4, [](SequenceBalancerOptions&) {});
+  reports[2] = EncodeSettingsRefusal(absl::InvalidArgumentError("ValueError: bag_specs 'x'"));
+  reports[3] = EncodeSettingsRefusal(absl::InvalidArgumentError("ValueError: d_model"));
+  const absl::Status status = CheckSettingsAgree(reports);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "rank 2 refused its arguments (ValueError: bag_specs 'x'); every rank fails with it");
+}
+
 // The hang of the report: rank 3 with g1n4 while ranks 0-2 have g1n2+g2n1
 // (which would make a 2-GPU subgroup rank 3 never joins).
 const bool kMismatch = RegisterScenario("mismatch", [](Worker& w) {
