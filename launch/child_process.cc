@@ -34,6 +34,10 @@ std::string DescribeWaitStatus(int status) {
   return absl::StrCat("wait status ", status);
 }
 
+int ExitCodeOf(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 ChildProcess::~ChildProcess() {
   if (pid_ <= 0 || reaped_) return;
   kill(pid_, SIGKILL);
@@ -82,7 +86,7 @@ absl::Status ChildProcess::Fork(const std::function<void()>& run) {
 
 void ChildProcess::Reaped(int status, std::string how) {
   reaped_ = true;
-  exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  exit_code_ = ExitCodeOf(status);
   how_ = std::move(how);
 }
 

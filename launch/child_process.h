@@ -25,6 +25,10 @@ namespace knapformer {
 // (name)[, core dumped]", else "wait status N".
 std::string DescribeWaitStatus(int status);
 
+// A waitpid status as one exit code: the exit status, or 128 + the signal
+// that ended the process (as a shell reports it).
+int ExitCodeOf(int status);
+
 // Where a spawned child's output goes: a file (created or truncated, 0644;
 // "/dev/null" discards it), or, if empty, this process's.
 struct ChildOutput {

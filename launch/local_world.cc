@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "launch/child_process.h"
 #include "launch/fork_server.h"
 #include "transport/gloo_group.h"
 
@@ -197,7 +198,7 @@ std::vector<int> WaitLocalWorld(const LaunchedWorld& world, absl::Time deadline)
     for (size_t i = 0; i < pids.size(); ++i) {
       int status = 0;
       if (done[i] || waitpid(pids[i], &status, WNOHANG) != pids[i]) continue;
-      codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      codes[i] = ExitCodeOf(status);
       done[i] = true;
       --running;
     }

@@ -163,18 +163,21 @@ auto Guard(const char* op, const c10::Device& device, Body&& body) -> decltype(b
 absl::Status C10dTransport::CheckRowCounts(const std::vector<int64_t>& send_rows,
                                            const std::vector<int64_t>& recv_rows) {
   return Guard("row count check", metadata_device(),
-               [&] { return DoCheckRowCounts(send_rows, recv_rows); });
+               [&] { return DoCheckRowCounts(send_rows, recv_rows, /*refuse=*/false); });
 }
 
 absl::Status C10dTransport::DoCheckRowCounts(const std::vector<int64_t>& send_rows,
-                                             const std::vector<int64_t>& recv_rows) {
+                                             const std::vector<int64_t>& recv_rows, bool refuse) {
   if (absl::Status usable = Usable(); !usable.ok()) return usable;
   const int n = size();
-  if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
-    return sizes;
+  if (!refuse) {
+    if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
+      return sizes;
+    }
   }
   const c10::Device device = metadata_device();
-  at::Tensor i_send = at::tensor(send_rows, at::kLong).to(device);
+  at::Tensor i_send =
+      at::tensor(refuse ? std::vector<int64_t>(n, 0) : send_rows, at::kLong).to(device);
   at::Tensor sent_to_me = at::empty({n}, i_send.options());
   std::vector<int64_t> equal_splits;  // empty = n equal splits
   absl::Status status = Run("all-to-all of row counts", [&] {
@@ -186,7 +189,8 @@ absl::Status C10dTransport::DoCheckRowCounts(const std::vector<int64_t>& send_ro
   // Every rank learns every rank's verdict, so that all of them return the
   // same error (the first disagreement), not only the one that saw it.
   const std::vector<int64_t> mine =
-      CountVerdict(rank(), n, std::vector<int64_t>(sent, sent + n), recv_rows, 0);
+      refuse ? RefusingVerdict(rank(), n)
+             : CountVerdict(rank(), n, std::vector<int64_t>(sent, sent + n), recv_rows, 0);
   absl::StatusOr<at::Tensor> all =
       GatherToHost(at::tensor(mine, at::kLong).to(device), "all-gather of count checks");
   if (!all.ok()) return all.status();
@@ -214,14 +218,9 @@ absl::Status C10dTransport::RunAllToAll(const void* send, const std::vector<int6
   if (check_counts) {
     // Every rank takes part in the check, whatever its own arguments, so a
     // local mistake fails every rank instead of leaving them waiting.
-    std::vector<int64_t> counts = send_rows;
-    std::vector<int64_t> expected = recv_rows;
-    if (!valid.ok() || counts.size() != static_cast<size_t>(n) ||
-        expected.size() != static_cast<size_t>(n)) {
-      counts.assign(n, 0);
-      expected.assign(n, -1);  // matches no count
-    }
-    absl::Status status = CheckRowCounts(counts, expected);
+    absl::Status status = Guard("row count check", metadata_device(), [&] {
+      return DoCheckRowCounts(send_rows, recv_rows, /*refuse=*/!valid.ok());
+    });
     if (!valid.ok()) return valid;
     if (!status.ok()) return status;
   } else if (!valid.ok()) {

@@ -103,8 +103,10 @@ class C10dTransport : public Transport {
   C10dTransport(c10::intrusive_ptr<c10d::ProcessGroup> group,
                 c10::intrusive_ptr<c10d::ProcessGroup> host_group, C10dTransportOptions options,
                 std::vector<int> global_ranks);
+  // The count check; a rank whose own arguments are bad (`refuse`) still
+  // takes part with a refusing verdict, so that every rank fails it together.
   absl::Status DoCheckRowCounts(const std::vector<int64_t>& send_rows,
-                                const std::vector<int64_t>& recv_rows);
+                                const std::vector<int64_t>& recv_rows, bool refuse);
   absl::StatusOr<std::vector<std::string>> DoAllGatherBytes(absl::string_view mine);
   absl::StatusOr<std::string> DoBroadcastBytes(int root, absl::string_view mine);
   // Broadcasts `tensor` (on the metadata device) from `root`, in place.

@@ -68,17 +68,8 @@ absl::Status LocalTransport::MoveRows(const void* send, const std::vector<int64_
                                       void* recv, const std::vector<int64_t>& recv_rows,
                                       int64_t row_bytes, bool /*counts_checked*/) {
   const int n = size();
-  if (absl::Status sizes = CheckRowVectorSizes(send_rows, recv_rows, n); !sizes.ok()) {
-    return sizes;
-  }
-  if (row_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("all-to-all: row_bytes ", row_bytes));
-  }
-  for (int p = 0; p < n; ++p) {
-    if (send_rows[p] < 0 || recv_rows[p] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("all-to-all: negative row count for rank ", p));
-    }
+  if (absl::Status valid = CheckExchange(send_rows, recv_rows, row_bytes, n); !valid.ok()) {
+    return valid;
   }
   auto all = hub_->Exchange(round_++, rank_, PackRows(send, send_rows, row_bytes));
   if (!all.ok()) return all.status();
