@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/barrier.h"
+#include "absl/synchronization/mutex.h"
 #include "client/planner_client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -98,59 +98,106 @@ uint64_t StepsPlanned(const std::string& address) {
   return planned;
 }
 
+// round_robin picks only among the replicas it has connected to, which on a
+// loaded machine may be one or two of the three for the first steps; once
+// every replica has planned a step, the picks rotate over all of them.
+bool EveryReplicaPlanned(const std::vector<std::string>& addresses) {
+  for (const std::string& address : addresses) {
+    if (StepsPlanned(address) == 0) return false;
+  }
+  return true;
+}
+// The steps a test plans at most while it waits for that.
+constexpr int kMaxConnectingSteps = 200;
+
+// The ranks' threads decide together, before each step, whether to plan it:
+// the last to arrive calls `decide`, once per round (absl::Barrier is single
+// use).
+class StepRounds {
+ public:
+  explicit StepRounds(int ranks) : ranks_(ranks) {}
+
+  bool Next(const std::function<bool()>& decide) {
+    absl::MutexLock lock(&mu_);
+    const uint64_t round = round_;
+    if (++arrived_ == ranks_) {
+      arrived_ = 0;
+      decision_ = decide();
+      ++round_;
+      round_ended_.SignalAll();
+    } else {
+      while (round_ == round) round_ended_.Wait(&mu_);
+    }
+    // No later round can end before this thread arrives at it: the decision
+    // is this round's.
+    return decision_;
+  }
+
+ private:
+  const int ranks_;
+  absl::Mutex mu_;
+  absl::CondVar round_ended_;
+  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t round_ ABSL_GUARDED_BY(mu_) = 0;
+  bool decision_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 TEST(PlannerReplicasTest, GroupStepsSpreadOverReplicasAndAStoppedOneCostsNoStep) {
   std::vector<std::unique_ptr<PlannerServer>> replicas;
   std::vector<std::string> addresses;
   PlannerClientOptions options;
   ASSERT_NO_FATAL_FAILURE(StartReplicas(&replicas, &addresses, &options));
 
-  constexpr int kSteps = 12;
-  constexpr int kStopBefore = 8;  // replica 0 stops (drains) before this step
+  // The steps go on until every replica has planned one; then replica 0
+  // stops (drains) before step `stopped_at`, and kStepsAfterStop more follow.
+  constexpr int kStepsAfterStop = 4;
+  int stopped_at = -1;
   uint64_t stopped_replica_steps = 0;
+  StepRounds rounds(kRanks);
   auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
-  absl::Barrier before_stop(kRanks);
-  absl::Barrier after_stop(kRanks);
-  std::vector<std::vector<absl::StatusOr<StepPlan>>> results(
-      kSteps, std::vector<absl::StatusOr<StepPlan>>(kRanks, absl::UnknownError("not run")));
+  std::vector<std::vector<absl::StatusOr<StepPlan>>> results(kRanks);  // by rank, then step
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
       auto client = PlannerClient::Create(options, transports[r].get());
       ASSERT_TRUE(client.ok()) << client.status();
-      for (int s = 0; s < kSteps; ++s) {
-        if (s == kStopBefore) {
-          // The last barrier's thread stops the replica; the others wait.
-          if (before_stop.Block()) {
-            stopped_replica_steps = StepsPlanned(addresses[0]);
-            replicas[0]->Shutdown();
-          }
-          after_stop.Block();
-        }
-        results[s][r] = (*client)->Plan(Spec(s), Lengths(s, r));
+      for (int s = 0; rounds.Next([&] {
+             if (stopped_at >= 0) return s < stopped_at + kStepsAfterStop;
+             if (s == kMaxConnectingSteps || (s > 0 && EveryReplicaPlanned(addresses))) {
+               stopped_replica_steps = StepsPlanned(addresses[0]);
+               replicas[0]->Shutdown();
+               stopped_at = s;
+             }
+             return true;
+           });
+           ++s) {
+        results[r].push_back((*client)->Plan(Spec(s), Lengths(s, r)));
       }
     });
   }
   for (std::thread& t : threads) t.join();
 
-  for (int s = 0; s < kSteps; ++s) {
+  ASSERT_LT(stopped_at, kMaxConnectingSteps)
+      << "round_robin sent none of " << kMaxConnectingSteps << " steps to some replica";
+  const int steps = stopped_at + kStepsAfterStop;
+  for (int r = 0; r < kRanks; ++r) ASSERT_EQ(results[r].size(), static_cast<size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
     const Plan core = CorePlan(s);
     for (int r = 0; r < kRanks; ++r) {
-      ASSERT_TRUE(results[s][r].ok()) << "step " << s << " rank " << r << ": "
-                                      << results[s][r].status();
-      EXPECT_EQ(results[s][r]->source, PlanSource::kService) << "step " << s;
-      EXPECT_EQ(results[s][r]->local_steps, 0) << "step " << s;
-      EXPECT_EQ(results[s][r]->workload_after, core.workload_after) << "step " << s;
-      EXPECT_EQ(results[s][r]->moved_tokens, core.MovedTokens()) << "step " << s;
+      const absl::StatusOr<StepPlan>& result = results[r][s];
+      ASSERT_TRUE(result.ok()) << "step " << s << " rank " << r << ": " << result.status();
+      EXPECT_EQ(result->source, PlanSource::kService) << "step " << s;
+      EXPECT_EQ(result->local_steps, 0) << "step " << s;
+      EXPECT_EQ(result->workload_after, core.workload_after) << "step " << s;
+      EXPECT_EQ(result->moved_tokens, core.MovedTokens()) << "step " << s;
     }
   }
-  // Each step was planned once, by some replica; the stopped one planned
-  // only steps before its stop, and the steps went to more than one.
+  // Each step was planned once, by some replica; every replica planned
+  // some, and the stopped one only steps before its stop.
   const uint64_t others = StepsPlanned(addresses[1]) + StepsPlanned(addresses[2]);
-  EXPECT_EQ(stopped_replica_steps + others, static_cast<uint64_t>(kSteps));
-  EXPECT_LE(stopped_replica_steps, static_cast<uint64_t>(kStopBefore));
-  EXPECT_GT(stopped_replica_steps, 0u) << "round_robin never picked replica 0";
-  EXPECT_GT(StepsPlanned(addresses[1]), 0u);
-  EXPECT_GT(StepsPlanned(addresses[2]), 0u);
+  EXPECT_EQ(stopped_replica_steps + others, static_cast<uint64_t>(steps));
+  EXPECT_LE(stopped_replica_steps, static_cast<uint64_t>(stopped_at));
+  EXPECT_GT(stopped_replica_steps, 0u);
 }
 
 // What a step's plan said of the fitted cost, on one rank.
@@ -160,29 +207,39 @@ struct FittedCostUsed {
   std::optional<MeasuredAttention> fitted_table;
 };
 
-// kRanks in-process ranks plan `steps` steps through `options`, step s with
-// spec_of(s) and Lengths(s, rank), every step from the service; with each
+// kRanks in-process ranks plan steps through `options`, step s with
+// spec_of(s) and Lengths(s, rank), every step from the service: until every
+// replica at `addresses` has planned one, then `steps` more. With each
 // request a rank sends its time of the step before: its work under
 // `true_gamma`, at 1e-9 s per unit. What each step's plan said, by step and
 // rank.
 std::vector<std::vector<FittedCostUsed>> PlanTimedSteps(
-    const PlannerClientOptions& options, int steps,
+    const PlannerClientOptions& options, const std::vector<std::string>& addresses, int steps,
     const std::function<v1::StepSpec(int)>& spec_of, double true_gamma) {
   auto transports = LocalTransport::CreateGroup(kRanks, absl::Seconds(30));
-  std::vector<std::vector<FittedCostUsed>> used(steps, std::vector<FittedCostUsed>(kRanks));
+  std::vector<std::vector<FittedCostUsed>> used_by_rank(kRanks);
+  int last = -1;  // the last step, once every replica has planned one
+  StepRounds rounds(kRanks);
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
       auto client = PlannerClient::Create(options, transports[r].get());
       ASSERT_TRUE(client.ok()) << client.status();
       v1::StepTiming previous;
-      for (int s = 0; s < steps; ++s) {
+      for (int s = 0; rounds.Next([&] {
+             if (last < 0 && s > 0 &&
+                 (s == kMaxConnectingSteps || EveryReplicaPlanned(addresses))) {
+               last = s + steps - 1;
+             }
+             return last < 0 || s <= last;
+           });
+           ++s) {
         const v1::StepSpec spec = spec_of(s);
         auto step = (*client)->Plan(spec, Lengths(s, r), s > 0 ? &previous : nullptr);
         ASSERT_TRUE(step.ok()) << "step " << s << ": " << step.status();
         ASSERT_EQ(step->source, PlanSource::kService);
         ASSERT_NE(step->whole, nullptr);
-        used[s][r] = {step->gamma_used, step->gamma_note, step->fitted_table};
+        used_by_rank[r].push_back({step->gamma_used, step->gamma_note, step->fitted_table});
         const WorkSample work = RankWork(*step->whole, spec.d_model())[r];
         previous.set_step(s);
         previous.set_compute_seconds(1e-9 * (work.linear + true_gamma * work.attention));
@@ -190,6 +247,15 @@ std::vector<std::vector<FittedCostUsed>> PlanTimedSteps(
     });
   }
   for (std::thread& t : threads) t.join();
+  EXPECT_LT(last + 1 - steps, kMaxConnectingSteps)
+      << "round_robin sent none of " << kMaxConnectingSteps << " steps to some replica";
+  std::vector<std::vector<FittedCostUsed>> used(last + 1, std::vector<FittedCostUsed>(kRanks));
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(used_by_rank[r].size(), used.size()) << "rank " << r;
+    for (size_t s = 0; s < used.size() && s < used_by_rank[r].size(); ++s) {
+      used[s][r] = used_by_rank[r][s];
+    }
+  }
   return used;
 }
 
@@ -204,14 +270,15 @@ TEST(PlannerReplicasTest, EveryReplicaFitsGammaFromTimingsOfStepsOthersPlanned) 
   ASSERT_NO_FATAL_FAILURE(StartReplicas(&replicas, &addresses, &options));
   constexpr int kSteps = 24;
   constexpr double kTrueGamma = 2.0;
-  const auto used = PlanTimedSteps(options, kSteps, [](int s) {
+  const auto used = PlanTimedSteps(options, addresses, kSteps, [](int s) {
     v1::StepSpec spec = Spec(s);
     spec.set_use_fitted_gamma(true);
     return spec;
   }, kTrueGamma);
   // The last three steps went to three replicas (round_robin); each planned
   // with the fitted gamma.
-  for (int s = kSteps - 3; s < kSteps; ++s) {
+  const int steps = static_cast<int>(used.size());
+  for (int s = steps - 3; s < steps; ++s) {
     for (int r = 0; r < kRanks; ++r) {
       EXPECT_NEAR(used[s][r].gamma_used, kTrueGamma, 1e-3) << "step " << s << " rank " << r;
       EXPECT_FALSE(used[s][r].fitted_table.has_value());
@@ -231,7 +298,7 @@ TEST(PlannerReplicasTest, EveryReplicaFitsAMeasuredJobsTableFromTheRanksTimings)
   ASSERT_NO_FATAL_FAILURE(StartReplicas(&replicas, &addresses, &options));
   constexpr int kSteps = 48;
   constexpr double kTrueGamma = 2.0;
-  const auto used = PlanTimedSteps(options, kSteps, [](int s) {
+  const auto used = PlanTimedSteps(options, addresses, kSteps, [](int s) {
     v1::StepSpec spec = Spec(s);
     spec.set_use_fitted_gamma(true);
     spec.set_cost_model(v1::COST_MODEL_MEASURED);
@@ -244,7 +311,8 @@ TEST(PlannerReplicasTest, EveryReplicaFitsAMeasuredJobsTableFromTheRanksTimings)
   EXPECT_THAT(used[0][0].gamma_note, HasSubstr("no timed steps of this job for its table yet"));
   EXPECT_FALSE(used[0][0].fitted_table.has_value());
   // The last steps were planned with the fitted table, which every rank got.
-  for (int s = kSteps - 3; s < kSteps; ++s) {
+  const int steps = static_cast<int>(used.size());
+  for (int s = steps - 3; s < steps; ++s) {
     for (int r = 0; r < kRanks; ++r) {
       EXPECT_EQ(used[s][r].gamma_note, "") << "step " << s << " rank " << r;
       ASSERT_TRUE(used[s][r].fitted_table.has_value()) << "step " << s << " rank " << r;
