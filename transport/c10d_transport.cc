@@ -1,28 +1,22 @@
 #include "transport/c10d_transport.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "transport/agreement.h"
 #include "transport/backend_checks.h"
 
 namespace knapformer {
 namespace {
-
-absl::Status FromException(const char* what, const char* op) {
-  const std::string message = absl::StrCat(op, ": ", what);
-  if (absl::StrContains(what, "imed out") || absl::StrContains(what, "imeout")) {
-    return absl::DeadlineExceededError(message);
-  }
-  return absl::UnavailableError(message);
-}
 
 // LibTorch 1.13's c10d counts a collective's elements in int: one call moves
 // at most this many elements of the widest type that divides the row size.
@@ -133,18 +127,39 @@ absl::Status C10dTransport::Usable() const {
 
 template <typename Collective>
 absl::Status C10dTransport::Run(const char* op, Collective&& collective) {
-  absl::Status status;
+  // c10d's exceptions carry no kind (Gloo's own timeout, a peer gone and a
+  // refused argument are all runtime errors with a text), so the code says
+  // who ended the wait: this transport, at its collective_timeout, with the
+  // work still unfinished (DeadlineExceeded); else the backend
+  // (Unavailable, with its text).
+  const bool bounded = options_.collective_timeout != absl::InfiniteDuration();
+  const auto bound =
+      bounded ? std::chrono::milliseconds(
+                    std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.collective_timeout)))
+              : kNoTimeout;  // c10d's: wait for as long as the backend does
+  c10::intrusive_ptr<c10d::Work> work;
+  std::optional<std::string> what;  // set when the collective threw
   try {
-    c10::intrusive_ptr<c10d::Work> work = collective();
-    work->wait();
+    work = collective();
+    work->wait(bound);
   } catch (const c10::Error& e) {
-    status = FromException(e.what_without_backtrace(), op);
+    what = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    status = FromException(e.what(), op);
+    what = e.what();
+  }
+  absl::Status status;
+  if (what.has_value()) {
+    if (bounded && work && !work->isCompleted()) {
+      status = absl::DeadlineExceededError(absl::StrCat(
+          op, ": not every rank took part within ", absl::FormatDuration(options_.collective_timeout),
+          " (C10dTransportOptions.collective_timeout)"));
+    } else {
+      status = absl::UnavailableError(absl::StrCat(op, ": ", *what));
+    }
   }
   // After a failed collective the peers' states are unknown (some may have
   // finished it): no later collective can be trusted to match.
-  if (!status.ok() && !absl::IsInvalidArgument(status) && broken_.ok()) broken_ = status;
+  if (!status.ok() && broken_.ok()) broken_ = status;
   return status;
 }
 
@@ -437,9 +452,9 @@ absl::StatusOr<std::unique_ptr<Transport>> C10dTransport::Subgroup(const std::ve
     group = options_.new_subgroup(global, my_index);
     if (host_group_) host_group = options_.new_host_subgroup(global, my_index);
   } catch (const c10::Error& e) {
-    return FromException(e.what_without_backtrace(), "new subgroup");
+    return absl::UnavailableError(absl::StrCat("new subgroup: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
-    return FromException(e.what(), "new subgroup");
+    return absl::UnavailableError(absl::StrCat("new subgroup: ", e.what()));
   }
   auto wrong_shape = [&](const c10::intrusive_ptr<c10d::ProcessGroup>& g) {
     return !g || g->getSize() != static_cast<int>(ranks.size()) || g->getRank() != my_index;

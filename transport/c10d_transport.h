@@ -6,10 +6,11 @@
 // own process group. Includes c10d's headers (~6 s per translation unit):
 // include it only where the transport is built.
 //
-// Errors. A collective that throws (Gloo: a peer gone, the group's timeout;
-// NCCL with blocking wait: the timeout) becomes Unavailable or
-// DeadlineExceeded, and the transport refuses every later call with
-// Unavailable naming it. With ProcessGroupNCCL and no blocking wait
+// Errors. A collective still unfinished at the transport's own
+// collective_timeout is DeadlineExceeded; one the backend fails (Gloo: a
+// peer gone, the group's timeout; NCCL with blocking wait: the timeout) is
+// Unavailable with c10d's text. Either way the transport refuses every later
+// call with that status. With ProcessGroupNCCL and no blocking wait
 // (TORCH_NCCL_BLOCKING_WAIT / NCCL_BLOCKING_WAIT unset) work->wait() only
 // orders the current stream after the collective: a dead peer is then found
 // by torch's own watchdog, which aborts the communicator and ends the
@@ -27,6 +28,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "transport/transport.h"
 
 namespace knapformer {
@@ -56,6 +58,11 @@ struct C10dTransportOptions {
   // with AllToAllOptions::counts_checked never checks (its caller has, once
   // per plan).
   bool check_counts = true;
+  // How long a collective waits for every rank before the transport gives up
+  // on it (DeadlineExceeded naming this bound). Infinite: the group's own
+  // timeout governs, and c10d reports it (Unavailable, with its text). Keep
+  // it under the group's timeout for timeouts as their own status code.
+  absl::Duration collective_timeout = absl::InfiniteDuration();
   // Required for Subgroup(); with host_group, new_host_subgroup too.
   SubgroupFactory new_subgroup;
   SubgroupFactory new_host_subgroup;

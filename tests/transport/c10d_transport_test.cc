@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include <atomic>
 
@@ -394,12 +395,37 @@ const bool kPeerExits = RegisterScenario("peer_exits", [](Worker& w) {
   const std::vector<int64_t> ones(w.size, 1);
   absl::Status failed =
       w.transport->AllToAll(send, ones, recv, ones, 8, AllToAllOptions::Checked());
-  EXPECT_TRUE(absl::IsUnavailable(failed) || absl::IsDeadlineExceeded(failed)) << failed;
+  EXPECT_TRUE(absl::IsUnavailable(failed)) << failed;  // Gloo's failure, not a deadline
   const auto start = std::chrono::steady_clock::now();
   absl::Status later = w.transport->AllGatherBytes("after").status();
   EXPECT_TRUE(absl::IsUnavailable(later)) << later;
   EXPECT_THAT(std::string(later.message()), testing::HasSubstr("unusable after an earlier"));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+});
+
+// A peer alive but silent: a transport with a collective_timeout under the
+// group's (60 s) gives up at its bound with DeadlineExceeded, by the work's
+// state rather than c10d's text, and is unusable after it.
+const bool kPeerSilent = RegisterScenario("peer_silent", [](Worker& w) {
+  if (w.rank == 1) {  // takes no part, then leaves (its peers' work ends)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    std::_Exit(0);
+  }
+  C10dTransportOptions options;
+  options.collective_timeout = absl::Milliseconds(500);
+  auto bounded = C10dTransport::Create(w.group, options);
+  ASSERT_TRUE(bounded.ok()) << bounded.status();
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status failed = (*bounded)->AllGatherBytes("nobody answers").status();
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(failed)) << failed;
+  EXPECT_THAT(std::string(failed.message()),
+              testing::HasSubstr("within 500ms (C10dTransportOptions.collective_timeout)"));
+  EXPECT_GE(waited, std::chrono::milliseconds(500));
+  EXPECT_LT(waited, std::chrono::milliseconds(2500));  // before the peer left
+  absl::Status later = (*bounded)->AllGatherBytes("after").status();
+  EXPECT_TRUE(absl::IsUnavailable(later)) << later;
+  EXPECT_THAT(std::string(later.message()), testing::HasSubstr("collective_timeout"));
 });
 
 void ExpectRuns(const std::string& scenario) {
@@ -417,6 +443,9 @@ TEST(C10dTransport, BroadcastGivesEveryRankTheRootsBytes) { ExpectRuns("broadcas
 TEST(C10dTransport, SubgroupsAreIndependentGroups) { ExpectRuns("subgroups"); }
 TEST(C10dTransport, EveryTensorIsOnTheDeclaredDevice) { ExpectRuns("device_strict"); }
 TEST(C10dTransport, APeerThatExitsFailsEverySurvivor) { ExpectRuns("peer_exits"); }
+TEST(C10dTransport, ASilentPeerIsDeadlineExceededAtTheTransportsBound) {
+  ExpectRuns("peer_silent");
+}
 
 // The harness itself must be able to fail: a failing expectation in one
 // worker fails the run and names the rank.
