@@ -38,16 +38,14 @@ using client::RankReport;
 using client::StepOutcome;
 
 // Every rank's masks from the reports: empty when none gave any. Each rank
-// checked its own (PlannerClient::Plan); whether all gave them is decided
-// here, from the same messages on every rank.
+// checked its own (PlannerClient::Plan), and the step is checked once where
+// it is solved (BalancerInput); whether all gave them is decided here, from
+// the same messages on every rank.
 absl::StatusOr<RankMasks> GatheredMasks(const std::vector<RankReport>& reports) {
-  const int32_t ranks = static_cast<int32_t>(reports.size());
-  bool any = false;
-  for (const RankReport& report : reports) any = any || report.lengths().attention_masks_size() > 0;
-  if (!any) return RankMasks();
-  return RankMasksFromProto(
-      ranks, [&](int32_t r) -> const ProtoMasks& { return reports[r].lengths().attention_masks(); },
+  return DecodeRankMasks(
+      static_cast<int32_t>(reports.size()),
       [&](int32_t r) -> const ProtoLengths& { return reports[r].lengths().sequence_lengths(); },
+      [&](int32_t r) -> const ProtoMasks& { return reports[r].lengths().attention_masks(); },
       [](int32_t r) { return absl::StrCat("rank ", r, ": attention_masks"); });
 }
 

@@ -65,8 +65,11 @@ absl::StatusOr<StepPlan> SolveStepLocally(const v1::StepSpec& spec, const RankLe
   auto problem = StepProblemOf(spec);
   if (!problem.ok()) return problem.status();
   if (absl::Status locality = CheckLocality(spec); !locality.ok()) return locality;
-  auto solved = SolveStep(*problem, problem->cost, lengths, BalancerOptionsForSpec(balancer, spec),
-                          spec.token_bytes(), &masks);
+  // The step's one check: each rank checked only its own masks.
+  auto input = BalancerInput::Check(spec.world_size(), lengths, masks, balancer.limits);
+  if (!input.ok()) return input.status();
+  auto solved = SolveStep(*problem, problem->cost, *input, BalancerOptionsForSpec(balancer, spec),
+                          spec.token_bytes());
   if (!solved.ok()) return solved.status();
   StepPlan step = StepPlanOf(std::move(solved->plan), rank, PlanSource::kLocal);
   step.predicted_step_seconds = solved->predicted_seconds;

@@ -103,22 +103,23 @@ absl::Status CheckMaskList(const std::vector<int64_t>& lengths,
   return absl::OkStatus();
 }
 
+std::string MasksField(size_t rank) { return absl::StrCat("masks[", rank, "]"); }
+
 absl::Status CheckRankMasks(const std::vector<std::vector<int64_t>>& lengths,
-                            const RankMasks& masks, const std::string& field) {
+                            const RankMasks& masks, const RankField& field) {
   if (masks.empty()) return absl::OkStatus();
   if (masks.size() != lengths.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": got masks for ", masks.size(),
+    return absl::InvalidArgumentError(absl::StrCat("masks: got masks for ", masks.size(),
                                                    " ranks, there are ", lengths.size()));
   }
   for (size_t rank = 0; rank < masks.size(); ++rank) {
     // A rank without masks among ranks with them is refused too.
     if (masks[rank].empty() && !lengths[rank].empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, "[", rank, "]: 0 masks for ", lengths[rank].size(),
+          field(rank), ": 0 masks for ", lengths[rank].size(),
           " sequences (give one per sequence, on every rank, or none at all)"));
     }
-    absl::Status status =
-        CheckMaskList(lengths[rank], masks[rank], absl::StrCat(field, "[", rank, "]"));
+    absl::Status status = CheckMaskList(lengths[rank], masks[rank], field(rank));
     if (!status.ok()) return status;
   }
   return absl::OkStatus();

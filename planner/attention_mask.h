@@ -2,6 +2,7 @@
 #define KNAPFORMER_PLANNER_ATTENTION_MASK_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -74,12 +75,17 @@ absl::Status CheckMask(int64_t length, const AttentionMask& mask, const std::str
 absl::Status CheckMaskList(const std::vector<int64_t>& lengths,
                            const std::vector<AttentionMask>& masks, const std::string& field);
 
+// Names rank r's list in errors: "masks[3]" (MasksField), or a request's
+// "ranks[3].attention_masks".
+using RankField = std::function<std::string(size_t rank)>;
+std::string MasksField(size_t rank);
+
 // Every mask of a step: `masks` is empty, or has one list per rank of
 // `lengths` with one mask per sequence (a rank with no sequences has an
-// empty list). InvalidArgument naming "<field>[rank]" or
-// "<field>[rank][i]..." otherwise.
+// empty list). InvalidArgument naming "masks" (the count of lists),
+// field(rank) or field(rank)[i]... otherwise.
 absl::Status CheckRankMasks(const std::vector<std::vector<int64_t>>& lengths,
-                            const RankMasks& masks, const std::string& field = "masks");
+                            const RankMasks& masks, const RankField& field = MasksField);
 
 // The mask of sequence i of `rank`, or nullptr when `masks` is null or empty
 // (full attention).

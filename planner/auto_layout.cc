@@ -168,20 +168,16 @@ absl::Status AutoLayout::CheckChosen(const World& world, const Machine& machine)
   return absl::OkStatus();
 }
 
-absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_size,
-                                     const CostModel& cost, const CommPrices& prices,
-                                     const RankLengths& lengths,
-                                     const BalancerOptions& options, const RankMasks* masks) {
-  absl::StatusOr<AutoShape> shape = layout.Resolve(world_size, prices.machine());
+absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& cost,
+                                     const CommPrices& prices, const BalancerInput& input,
+                                     const BalancerOptions& options) {
+  absl::StatusOr<AutoShape> shape = layout.Resolve(input.world_size(), prices.machine());
   if (!shape.ok()) return shape.status();
   const int32_t group = shape->group;
   const int32_t max_bag = shape->max_bag;
-
-  const int32_t ranks = static_cast<int32_t>(world_size);
-  if (absl::Status status = internal::CheckBalancerInput(ranks, lengths, options.limits, masks);
-      !status.ok()) {
-    return status;
-  }
+  const int32_t ranks = input.world_size();
+  const RankLengths& lengths = input.lengths();
+  const RankMasks* masks = input.masks();
   std::vector<int32_t> first_sequence = internal::FirstSequences(lengths);
   std::vector<int32_t> bag_of(first_sequence.back(), -1);
   std::vector<int32_t> trial(first_sequence.back(), -1);
@@ -298,6 +294,21 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_siz
                                                   std::move(first_sequence), bag_of, masks);
   if (!plan.ok()) return plan.status();
   return AutoPlan{*std::move(plan), *std::move(world), predicted, considered, solved};
+}
+
+absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_size,
+                                     const CostModel& cost, const CommPrices& prices,
+                                     const RankLengths& lengths,
+                                     const BalancerOptions& options, const RankMasks* masks) {
+  if (world_size < 0 || world_size > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: ", world_size, " is outside [0, 2^31)"));
+  }
+  absl::StatusOr<BalancerInput> input =
+      BalancerInput::Check(static_cast<int32_t>(world_size), lengths,
+                           masks ? *masks : RankMasks(), options.limits);
+  if (!input.ok()) return input.status();
+  return BalanceAuto(layout, cost, prices, *input, options);
 }
 
 }  // namespace knapformer

@@ -85,6 +85,12 @@ struct AutoPlan {
 // a group that is not a whole number of nodes, and BalanceGreedy's input
 // errors; ResourceExhausted when no layout places every sequence under
 // options.max_tokens_per_gpu (the first layout's error) or past the limits.
+absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& cost,
+                                     const CommPrices& prices, const BalancerInput& input,
+                                     const BalancerOptions& options = BalancerOptions());
+
+// The same for lengths and masks not yet checked (BalancerInput::Check's
+// errors first).
 absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_size,
                                      const CostModel& cost, const CommPrices& prices,
                                      const RankLengths& lengths,

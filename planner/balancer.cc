@@ -3,18 +3,20 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "planner/replica_solve.h"
 
 namespace knapformer {
 
 absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
-                                   const RankLengths& lengths,
-                                   const BalancerOptions& options, const RankMasks* masks) {
-  if (absl::Status status =
-          internal::CheckBalancerInput(world.world_size(), lengths, options.limits, masks);
-      !status.ok()) {
-    return status;
+                                   const BalancerInput& input, const BalancerOptions& options) {
+  if (input.world_size() != world.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("ranks: got sequence lengths for ",
+                                                   input.world_size(), " ranks, world_size is ",
+                                                   world.world_size()));
   }
+  const RankLengths& lengths = input.lengths();
+  const RankMasks* masks = input.masks();
   std::vector<int32_t> first_sequence = internal::FirstSequences(lengths);
   // Phase 1: replica-relative bag per sequence.
   std::vector<int32_t> bag_of(first_sequence.back(), -1);
@@ -27,6 +29,16 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
   }
   return internal::BuildPlan(world, cost, lengths, options.limits, std::move(first_sequence),
                              bag_of, masks);
+}
+
+absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
+                                   const RankLengths& lengths, const BalancerOptions& options,
+                                   const RankMasks* masks) {
+  absl::StatusOr<BalancerInput> input =
+      BalancerInput::Check(world.world_size(), lengths, masks ? *masks : RankMasks(),
+                           options.limits);
+  if (!input.ok()) return input.status();
+  return BalanceGreedy(world, cost, *input, options);
 }
 
 }  // namespace knapformer

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "planner/attention_mask.h"
+#include "planner/balancer_input.h"
 #include "planner/balancer_options.h"
 #include "planner/cost_model.h"
 #include "planner/plan.h"
@@ -50,9 +51,16 @@ namespace knapformer {
 // the lower global id) in an O(S log S) sort. Without masks the plan is
 // exactly the unmasked one.
 //
-// Errors: InvalidArgument if lengths.size() != world size, a length is
-// outside [0, CostModel::kMaxLength] or a mask is malformed (CheckRankMasks,
-// naming masks[rank][i]); ResourceExhausted past options.limits.
+// Errors: InvalidArgument if the input is of another world size;
+// ResourceExhausted past options.limits.max_chunks or a token cap no bag
+// meets.
+absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
+                                   const BalancerInput& input,
+                                   const BalancerOptions& options = BalancerOptions());
+
+// The same for lengths and masks not yet checked: BalancerInput::Check's
+// errors first (a length outside [0, CostModel::kMaxLength], a malformed
+// mask naming masks[rank][i], more than options.limits.max_sequences).
 absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                                    const RankLengths& lengths,
                                    const BalancerOptions& options = BalancerOptions(),

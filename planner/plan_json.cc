@@ -190,7 +190,7 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
       return FieldError("masks", absl::StrCat("got masks for ", request.masks.size(),
                                               " ranks, there are ", request.ranks.size()));
     }
-    KF_RETURN_IF_ERROR(CheckRankMasks(request.ranks, request.masks, "masks"));
+    KF_RETURN_IF_ERROR(CheckRankMasks(request.ranks, request.masks));
   }
   return request;
 }

@@ -10,32 +10,6 @@
 namespace knapformer {
 namespace internal {
 
-absl::Status CheckBalancerInput(int32_t world_size, const RankLengths& lengths,
-                                const BalancerLimits& limits, const RankMasks* masks) {
-  if (static_cast<int64_t>(lengths.size()) != world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ranks: got sequence lengths for ", lengths.size(), " ranks, world_size is ",
-        world_size));
-  }
-  int64_t sequences = 0;
-  for (size_t rank = 0; rank < lengths.size(); ++rank) {
-    sequences += static_cast<int64_t>(lengths[rank].size());
-    if (sequences > limits.max_sequences) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "ranks: more than ", limits.max_sequences, " sequences in the world"));
-    }
-    for (size_t i = 0; i < lengths[rank].size(); ++i) {
-      const int64_t length = lengths[rank][i];
-      if (length < 0 || length > CostModel::kMaxLength) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "ranks[", rank, "][", i, "]: sequence length ", length, " is outside [0, ",
-            CostModel::kMaxLength, "]"));
-      }
-    }
-  }
-  return masks != nullptr ? CheckRankMasks(lengths, *masks) : absl::OkStatus();
-}
-
 std::vector<int32_t> FirstSequences(const RankLengths& lengths) {
   std::vector<int32_t> first(lengths.size() + 1);
   int32_t count = 0;

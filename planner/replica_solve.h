@@ -3,7 +3,8 @@
 
 // The balancer's two phases as separate steps, for planners that choose each
 // replica's topology themselves (auto_layout.h): phase 1 per replica, then
-// one plan for the whole world.
+// one plan for the whole world. REQUIRES of every function: its lengths and
+// masks are a BalancerInput's (checked once, balancer_input.h).
 
 #include <cstdint>
 #include <vector>
@@ -18,14 +19,6 @@
 
 namespace knapformer {
 namespace internal {
-
-// The balancers' entry checks (BalanceGreedy, BalanceAuto), made once per
-// plan: what is inside is then trusted. InvalidArgument unless there are
-// world_size lists of lengths in [0, CostModel::kMaxLength] and `masks`
-// (null or empty: none) pass CheckRankMasks; ResourceExhausted past
-// limits.max_sequences.
-absl::Status CheckBalancerInput(int32_t world_size, const RankLengths& lengths,
-                                const BalancerLimits& limits, const RankMasks* masks);
 
 // Global id of each rank's first sequence (rank-major), and the total last.
 std::vector<int32_t> FirstSequences(const RankLengths& lengths);

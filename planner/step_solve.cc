@@ -7,8 +7,13 @@
 namespace knapformer {
 
 absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel& cost,
-                                     const RankLengths& lengths, const BalancerOptions& options,
-                                     int64_t route_token_bytes, const RankMasks* masks) {
+                                     const BalancerInput& input, const BalancerOptions& options,
+                                     int64_t route_token_bytes) {
+  if (input.world_size() != problem.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("ranks: got sequence lengths for ",
+                                                   input.world_size(), " ranks, world_size is ",
+                                                   problem.world_size));
+  }
   SolvedStep solved;
   std::optional<CommPrices> prices;
   if (PricedInFlops(cost.kind())) {
@@ -22,17 +27,18 @@ absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel
       return absl::InvalidArgumentError(
           "cost_model: auto layouts need the transformer or measured model");
     }
-    absl::StatusOr<AutoPlan> chosen = BalanceAuto(*problem.auto_layout, problem.world_size, cost,
-                                                  *prices, lengths, options, masks);
+    absl::StatusOr<AutoPlan> chosen =
+        BalanceAuto(*problem.auto_layout, cost, *prices, input, options);
     if (!chosen.ok()) return chosen.status();
     solved.plan = std::move(chosen->plan);
     solved.predicted = chosen->predicted;
   } else {
-    absl::StatusOr<Plan> plan = BalanceGreedy(*problem.world, cost, lengths, options, masks);
+    absl::StatusOr<Plan> plan = BalanceGreedy(*problem.world, cost, input, options);
     if (!plan.ok()) return plan.status();
     solved.plan = *std::move(plan);
     if (prices.has_value()) {
-      solved.predicted = PredictStep(solved.plan, *problem.world, lengths, cost, *prices, masks);
+      solved.predicted = PredictStep(solved.plan, *problem.world, input.lengths(), cost, *prices,
+                                     input.masks());
     }
   }
   if (solved.predicted.has_value()) {

@@ -47,14 +47,15 @@ struct SolvedStep {
   double predicted_seconds = 0;
 };
 
-// Solves `problem` for every rank's `lengths` with `cost` (the problem's, or
-// a fitted one of the same kind), `options` (BalancerOptionsForSpec in proto/plan_proto.h) and
-// `route_token_bytes` (0 = the hidden states alone).
-// Fixed topologies are solved exactly as BalanceGreedy does; "auto" with
-// BalanceAuto. `masks` (null or empty: all full) price the attention.
+// Solves `problem` for every rank's lengths and masks in `input` (checked
+// where they entered) with `cost` (the problem's, or a fitted one of the same
+// kind), `options` (BalancerOptionsForSpec in proto/plan_proto.h) and
+// `route_token_bytes` (0 = the hidden states alone). Fixed topologies are
+// solved exactly as BalanceGreedy does; "auto" with BalanceAuto.
+// InvalidArgument for an input of another world size than the problem's.
 absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel& cost,
-                                     const RankLengths& lengths, const BalancerOptions& options,
-                                     int64_t route_token_bytes, const RankMasks* masks = nullptr);
+                                     const BalancerInput& input, const BalancerOptions& options,
+                                     int64_t route_token_bytes);
 
 // The world a plan of `problem` was made on, from its layout (an answer's
 // Balance.layout). Internal naming the layout when it is not one the

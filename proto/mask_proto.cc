@@ -89,9 +89,9 @@ absl::Status CheckProtoMasks(const ProtoMasks& masks, const ProtoLengths& length
   return absl::OkStatus();
 }
 
-absl::StatusOr<RankMasks> RankMasksFromProto(
-    int32_t ranks, const std::function<const ProtoMasks&(int32_t)>& masks_of,
-    const std::function<const ProtoLengths&(int32_t)>& lengths_of,
+absl::StatusOr<RankMasks> DecodeRankMasks(
+    int32_t ranks, const std::function<const ProtoLengths&(int32_t)>& lengths_of,
+    const std::function<const ProtoMasks&(int32_t)>& masks_of,
     const std::function<std::string(int32_t)>& field_of) {
   int32_t first_with_masks = -1;
   for (int32_t r = 0; r < ranks && first_with_masks < 0; ++r) {
@@ -101,22 +101,33 @@ absl::StatusOr<RankMasks> RankMasksFromProto(
   RankMasks masks(ranks);
   for (int32_t r = 0; r < ranks; ++r) {
     const ProtoMasks& given = masks_of(r);
-    const ProtoLengths& lengths = lengths_of(r);
-    if (given.empty() && !lengths.empty()) {
+    if (given.empty() && !lengths_of(r).empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field_of(r), ": none for ", lengths.size(), " sequences, while ",
+          field_of(r), ": none for ", lengths_of(r).size(), " sequences, while ",
           field_of(first_with_masks),
           " gives masks (in a step with masks, every rank gives one per sequence)"));
     }
-    if (absl::Status status = CheckProtoMasks(given, lengths, field_of(r)); !status.ok()) {
-      return status;
-    }
     masks[r].reserve(given.size());
-    for (const v1::AttentionMask& mask : given) {
-      masks[r].push_back(*MaskFromProto(mask, field_of(r)));
+    for (int i = 0; i < given.size(); ++i) {
+      absl::StatusOr<AttentionMask> mask =
+          MaskFromProto(given.Get(i), absl::StrCat(field_of(r), "[", i, "]"));
+      if (!mask.ok()) return mask.status();
+      masks[r].push_back(*std::move(mask));
     }
   }
   return masks;
+}
+
+absl::StatusOr<BalancerInput> BalancerInputFromProto(
+    int32_t ranks, const std::function<const ProtoLengths&(int32_t)>& lengths_of,
+    const std::function<const ProtoMasks&(int32_t)>& masks_of,
+    const std::function<std::string(int32_t)>& field_of, const BalancerLimits& limits) {
+  absl::StatusOr<RankMasks> masks = DecodeRankMasks(ranks, lengths_of, masks_of, field_of);
+  if (!masks.ok()) return masks.status();
+  RankLengths lengths(ranks);
+  for (int32_t r = 0; r < ranks; ++r) lengths[r].assign(lengths_of(r).begin(), lengths_of(r).end());
+  return BalancerInput::Check(ranks, std::move(lengths), *std::move(masks), limits,
+                              [&](size_t r) { return field_of(static_cast<int32_t>(r)); });
 }
 
 }  // namespace knapformer

@@ -8,6 +8,7 @@
 #include "google/protobuf/repeated_field.h"
 #include "knapformer/v1/planner.pb.h"
 #include "planner/attention_mask.h"
+#include "planner/balancer_input.h"
 
 namespace knapformer {
 
@@ -27,13 +28,23 @@ absl::Status CheckProtoMasks(const ProtoMasks& masks, const ProtoLengths& length
                              const std::string& field);
 
 // A step's masks from each rank's list (masks_of(r), lengths_of(r) for r in
-// [0, ranks)): empty when no rank gives any, so that a step without masks is
-// planned exactly as before. InvalidArgument naming `field_of(r)` when
-// some ranks with sequences give masks and others none, or a mask is bad.
-absl::StatusOr<RankMasks> RankMasksFromProto(
-    int32_t ranks, const std::function<const ProtoMasks&(int32_t)>& masks_of,
-    const std::function<const ProtoLengths&(int32_t)>& lengths_of,
+// [0, ranks)), decoded but not checked against their sequences (each rank
+// checked its own; BalancerInput::Check checks the step): empty when no rank
+// gives any, so that a step without masks is planned exactly as before.
+// InvalidArgument naming field_of(r) when some ranks with sequences give
+// masks and others none, or a mask does not decode (MaskFromProto).
+absl::StatusOr<RankMasks> DecodeRankMasks(
+    int32_t ranks, const std::function<const ProtoLengths&(int32_t)>& lengths_of,
+    const std::function<const ProtoMasks&(int32_t)>& masks_of,
     const std::function<std::string(int32_t)>& field_of);
+
+// A step's input from each rank's lists (lengths_of(r), masks_of(r) for r
+// in [0, ranks)): DecodeRankMasks, then checked once (BalancerInput::Check,
+// naming field_of(r) for rank r's masks).
+absl::StatusOr<BalancerInput> BalancerInputFromProto(
+    int32_t ranks, const std::function<const ProtoLengths&(int32_t)>& lengths_of,
+    const std::function<const ProtoMasks&(int32_t)>& masks_of,
+    const std::function<std::string(int32_t)>& field_of, const BalancerLimits& limits);
 
 }  // namespace knapformer
 

@@ -321,8 +321,7 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* cont
 
 absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSpec& spec,
                                                                 const CheckedSpec& checked,
-                                                                const RankLengths& lengths,
-                                                                const RankMasks& masks,
+                                                                const BalancerInput& input,
                                                                 double wait_seconds,
                                                                 v1::Balance* balance) {
   const absl::Time start = absl::Now();
@@ -358,13 +357,13 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
                               " cost model has no gamma to fit");
   }
   absl::StatusOr<SolvedStep> step =
-      SolveStep(checked, cost, lengths, balancer, spec.token_bytes(), &masks);
+      SolveStep(checked, cost, input, balancer, spec.token_bytes());
   const absl::Time solved = absl::Now();
   if (!step.ok()) return step.status();
   absl::StatusOr<knapformer::Plan> plan = std::move(step->plan);
   *balance = BalanceToProto(*plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start));
   balance->set_predicted_step_seconds(step->predicted_seconds);
-  balance->set_attention_masks(!masks.empty());
+  balance->set_attention_masks(input.masks() != nullptr);
   if (spec.use_fitted_gamma()) {
     balance->set_gamma_used(cost.gamma());
     balance->set_gamma_note(gamma_note);
@@ -375,8 +374,8 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   std::vector<WorkSample> rank_work;
   std::vector<PairWeights> rank_weights;
   if (cost_fits_.WantsWork(spec.job_id())) {
-    rank_work = RankWork(*plan, cost.d_model(), &masks);
-    if (fits_table) rank_weights = RankPairWeights(*plan, &masks);
+    rank_work = RankWork(*plan, cost.d_model(), input.masks());
+    if (fits_table) rank_weights = RankPairWeights(*plan, input.masks());
   }
   cost_fits_.RecordPlanned(spec, std::move(rank_work), std::move(rank_weights),
                             checked.cost.measured());
@@ -398,24 +397,21 @@ void PlannerService::SolveAndAnswer(std::shared_ptr<ReadyStep> step) {
     FinishCalls(step->calls, gone);
     return;
   }
-  RankLengths lengths(step->calls.size());
-  for (size_t r = 0; r < step->calls.size(); ++r) {
-    const auto& field = step->calls[r]->request().sequence_lengths();
-    lengths[r].assign(field.begin(), field.end());
-  }
-  // Each request's masks were checked on arrival; whether every rank gave
-  // them is known only now, and fails the whole step.
-  absl::StatusOr<RankMasks> masks = RankMasksFromProto(
+  // Each request was checked on arrival, alone; the step as a whole
+  // (whether every rank gave masks, the world's limits) only now, once, and
+  // it fails the whole step.
+  absl::StatusOr<BalancerInput> input = BalancerInputFromProto(
       static_cast<int32_t>(step->calls.size()),
-      [&](int32_t r) -> const ProtoMasks& { return step->calls[r]->request().attention_masks(); },
       [&](int32_t r) -> const ProtoLengths& {
         return step->calls[r]->request().sequence_lengths();
       },
-      [](int32_t r) { return absl::StrCat("rank ", r, ": attention_masks"); });
+      [&](int32_t r) -> const ProtoMasks& { return step->calls[r]->request().attention_masks(); },
+      [](int32_t r) { return absl::StrCat("rank ", r, ": attention_masks"); },
+      options_.balancer.limits);
   v1::Balance solved_balance;
   absl::StatusOr<knapformer::Plan> plan =
-      !masks.ok() ? absl::StatusOr<knapformer::Plan>(masks.status())
-                  : SolveAndRecord(spec, step->checked, lengths, *masks,
+      !input.ok() ? absl::StatusOr<knapformer::Plan>(input.status())
+                  : SolveAndRecord(spec, step->checked, *input,
                                    absl::ToDoubleSeconds(step->last_arrival - step->first_arrival),
                                    &solved_balance);
   if (!plan.ok()) {
@@ -476,7 +472,8 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
     finish(status);
     return call->Returned();
   }
-  auto checked = CheckPlanGroupRequest(*request, options_.limits, &worlds_);
+  auto checked =
+      CheckPlanGroupRequest(*request, options_.limits, options_.balancer.limits, &worlds_);
   status = checked.status();
   if (status.ok()) status = rendezvous_.Touch(request->spec(), tenant, absl::Now());
   SyncCostFits();
@@ -491,7 +488,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
   }
   int64_t sequences = 0;
   for (const v1::RankLengths& rank : request->ranks()) sequences += rank.sequence_lengths_size();
-  auto shared_checked = std::make_shared<CheckedSpec>(*std::move(checked));
+  auto shared_checked = std::make_shared<CheckedGroupRequest>(*std::move(checked));
   SolveNowOrSchedule(tenant, job, sequences, [this, context, request, response, finish,
                                       shared_checked](const absl::Status& admitted) {
     if (!admitted.ok()) {
@@ -506,21 +503,10 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
       return;
     }
     const v1::StepSpec& spec = request->spec();
-    RankLengths lengths(request->ranks_size());
-    for (int r = 0; r < request->ranks_size(); ++r) {
-      const auto& field = request->ranks(r).sequence_lengths();
-      lengths[r].assign(field.begin(), field.end());
-    }
-    absl::StatusOr<RankMasks> masks = RankMasksFromProto(
-        request->ranks_size(),
-        [&](int32_t r) -> const ProtoMasks& { return request->ranks(r).attention_masks(); },
-        [&](int32_t r) -> const ProtoLengths& { return request->ranks(r).sequence_lengths(); },
-        [](int32_t r) { return absl::StrCat("ranks[", r, "].attention_masks"); });
     v1::Balance balance;
     absl::StatusOr<knapformer::Plan> plan =
-        !masks.ok() ? absl::StatusOr<knapformer::Plan>(masks.status())
-                    : SolveAndRecord(spec, *shared_checked, lengths, *masks,
-                                     /*wait_seconds=*/-1, &balance);
+        SolveAndRecord(spec, shared_checked->spec, shared_checked->input,
+                       /*wait_seconds=*/-1, &balance);
     if (!plan.ok()) {
       finish(plan.status());
       return;

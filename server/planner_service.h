@@ -127,9 +127,8 @@ class PlannerService final : public PlannerServiceBase {
   // (wait_seconds < 0: no rendezvous, e.g. PlanGroup); *balance on success.
   absl::StatusOr<knapformer::Plan> SolveAndRecord(const v1::StepSpec& spec,
                                                   const CheckedSpec& checked,
-                                                  const RankLengths& lengths,
-                                                  const RankMasks& masks, double wait_seconds,
-                                                  v1::Balance* balance);
+                                                  const BalancerInput& input,
+                                                  double wait_seconds, v1::Balance* balance);
   void SolveAndAnswer(std::shared_ptr<ReadyStep> step);
   // Answers each of `calls` (Plan calls the rendezvous handed back) with
   // `status`.

@@ -173,9 +173,9 @@ absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
   return checked;
 }
 
-absl::StatusOr<CheckedSpec> CheckPlanGroupRequest(const v1::PlanGroupRequest& request,
-                                                  const ServiceLimits& limits,
-                                                  WorldCache* cache) {
+absl::StatusOr<CheckedGroupRequest> CheckPlanGroupRequest(
+    const v1::PlanGroupRequest& request, const ServiceLimits& limits,
+    const BalancerLimits& balancer_limits, WorldCache* cache) {
   KF_ASSIGN_OR_RETURN(CheckedSpec checked, CheckStepSpec(request.spec(), limits, cache));
   if (request.ranks_size() != request.spec().world_size()) {
     return absl::InvalidArgumentError(absl::StrCat("ranks: ", request.ranks_size(),
@@ -189,17 +189,12 @@ absl::StatusOr<CheckedSpec> CheckPlanGroupRequest(const v1::PlanGroupRequest& re
         CheckLengths(absl::StrCat("ranks[", r, "].sequence_lengths"), lengths, limits));
     sequences += lengths.size();
   }
-  // Each rank's masks, then that they are given on every rank or none.
-  KF_RETURN_IF_ERROR(RankMasksFromProto(
-                         request.ranks_size(),
-                         [&](int32_t r) -> const ProtoMasks& {
-                           return request.ranks(r).attention_masks();
-                         },
-                         [&](int32_t r) -> const ProtoLengths& {
-                           return request.ranks(r).sequence_lengths();
-                         },
-                         [](int32_t r) { return absl::StrCat("ranks[", r, "].attention_masks"); })
-                         .status());
+  if (sequences > limits.max_sequences_per_step) {
+    return absl::ResourceExhaustedError(absl::StrCat("ranks: ", sequences,
+                                                     " sequences exceed the limit of ",
+                                                     limits.max_sequences_per_step,
+                                                     " per step"));
+  }
   if (request.previous_size() != 0 && request.previous_size() != request.spec().world_size()) {
     return absl::InvalidArgumentError(absl::StrCat("previous: ", request.previous_size(),
                                                    " entries; give none or world_size = ",
@@ -208,13 +203,17 @@ absl::StatusOr<CheckedSpec> CheckPlanGroupRequest(const v1::PlanGroupRequest& re
   for (int r = 0; r < request.previous_size(); ++r) {
     KF_RETURN_IF_ERROR(CheckTiming(absl::StrCat("previous[", r, "]"), request.previous(r)));
   }
-  if (sequences > limits.max_sequences_per_step) {
-    return absl::ResourceExhaustedError(absl::StrCat("ranks: ", sequences,
-                                                     " sequences exceed the limit of ",
-                                                     limits.max_sequences_per_step,
-                                                     " per step"));
-  }
-  return checked;
+  // Each rank's masks, that they are given on every rank or none, and the
+  // whole step as the solve takes it: checked here, once.
+  KF_ASSIGN_OR_RETURN(
+      BalancerInput input,
+      BalancerInputFromProto(
+          request.ranks_size(),
+          [&](int32_t r) -> const ProtoLengths& { return request.ranks(r).sequence_lengths(); },
+          [&](int32_t r) -> const ProtoMasks& { return request.ranks(r).attention_masks(); },
+          [](int32_t r) { return absl::StrCat("ranks[", r, "].attention_masks"); },
+          balancer_limits));
+  return CheckedGroupRequest{std::move(checked), std::move(input)};
 }
 
 }  // namespace knapformer

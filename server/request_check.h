@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "knapformer/v1/planner.pb.h"
+#include "planner/balancer_input.h"
 #include "planner/topology.h"
 #include "proto/step_problem.h"
 #include "server/service_limits.h"
@@ -61,10 +62,19 @@ absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
                                              const ServiceLimits& limits,
                                              WorldCache* cache = nullptr);
 
-// CheckStepSpec plus one entry per rank and every length.
-absl::StatusOr<CheckedSpec> CheckPlanGroupRequest(const v1::PlanGroupRequest& request,
-                                                  const ServiceLimits& limits,
-                                                  WorldCache* cache = nullptr);
+// A group request as the solve takes it: its spec, and every rank's lengths
+// and masks checked once.
+struct CheckedGroupRequest {
+  CheckedSpec spec;
+  BalancerInput input;
+};
+
+// CheckStepSpec plus one entry per rank, every length and timing, then every
+// mask and the step's input against `balancer_limits`
+// (BalancerInputFromProto, naming ranks[r].attention_masks).
+absl::StatusOr<CheckedGroupRequest> CheckPlanGroupRequest(
+    const v1::PlanGroupRequest& request, const ServiceLimits& limits,
+    const BalancerLimits& balancer_limits = BalancerLimits(), WorldCache* cache = nullptr);
 
 // InvalidArgument unless `job_id` is 1-256 characters of [A-Za-z0-9._:/-],
 // not ending in '/' (which names a prefix: job_auth.h).

@@ -24,28 +24,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   v1::PlanGroupRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
   const ServiceLimits limits;
-  absl::StatusOr<CheckedSpec> checked = CheckPlanGroupRequest(request, limits);
+  absl::StatusOr<CheckedGroupRequest> checked = CheckPlanGroupRequest(request, limits);
   if (!checked.ok()) {
     fuzz::RequireNamesAField(checked.status());
     return 0;
   }
   const int32_t world_size = request.spec().world_size();
   fuzz::Require(request.ranks_size() == world_size, "one entry per rank");
+  fuzz::Require(checked->input.world_size() == world_size, "the checked input is the world's");
   if (world_size > 64) return 0;
-  RankLengths lengths(world_size);
-  for (int32_t r = 0; r < world_size; ++r) {
-    const auto& field = request.ranks(r).sequence_lengths();
-    lengths[r].assign(field.begin(), field.end());
-  }
-  // The service's own conversion: accepted masks must convert.
-  absl::StatusOr<RankMasks> masks = RankMasksFromProto(
-      world_size,
-      [&](int32_t r) -> const ProtoMasks& { return request.ranks(r).attention_masks(); },
-      [&](int32_t r) -> const ProtoLengths& { return request.ranks(r).sequence_lengths(); },
-      [](int32_t r) { return absl::StrCat("ranks[", r, "].attention_masks"); });
-  fuzz::Require(masks.ok(), "accepted masks convert", masks.status().ToString());
-  fuzz::SolveStepAndCheck(*checked, lengths,
+  fuzz::SolveStepAndCheck(checked->spec, checked->input,
                           BalancerOptionsForSpec(BalancerOptions(), request.spec()),
-                          request.spec().token_bytes(), &*masks);
+                          request.spec().token_bytes());
   return 0;
 }

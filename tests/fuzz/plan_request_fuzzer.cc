@@ -50,8 +50,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       masks[r].push_back(*std::move(mask));
     }
   }
-  fuzz::SolveStepAndCheck(*checked, lengths,
+  // Every rank alike: the step's one check passes what each request passed.
+  absl::StatusOr<BalancerInput> input =
+      BalancerInput::Check(world_size, std::move(lengths), std::move(masks), BalancerLimits());
+  fuzz::Require(input.ok(), "an accepted rank's input passes the step's check",
+                input.status().ToString());
+  fuzz::SolveStepAndCheck(*checked, *input,
                           BalancerOptionsForSpec(BalancerOptions(), request.spec()),
-                          request.spec().token_bytes(), &masks);
+                          request.spec().token_bytes());
   return 0;
 }

@@ -70,11 +70,11 @@ void SolveAndCheck(const World& world, const CostModel& cost, const RankLengths&
   CheckSolved(*plan, world, lengths);
 }
 
-void SolveStepAndCheck(const StepProblem& problem, const RankLengths& lengths,
-                       const BalancerOptions& options, int64_t route_token_bytes,
-                       const RankMasks* masks) {
+void SolveStepAndCheck(const StepProblem& problem, const BalancerInput& input,
+                       const BalancerOptions& options, int64_t route_token_bytes) {
+  const RankLengths& lengths = input.lengths();
   absl::StatusOr<SolvedStep> solved =
-      SolveStep(problem, problem.cost, lengths, options, route_token_bytes, masks);
+      SolveStep(problem, problem.cost, input, options, route_token_bytes);
   if (!solved.ok()) {
     Require(!solved.status().message().empty(), "a refused step says why");
     return;

@@ -18,11 +18,10 @@ void SolveAndCheck(const World& world, const CostModel& cost, const RankLengths&
 // The same for a request's problem, solved as the service solves it
 // (SolveStep: a fixed topology, or "auto" choosing its layout), the plan
 // checked on the world of the layout it names.
-// With `masks` (null or empty: none), every rank's slice must also name one
-// valid mask per sequence its attention sees, that sequence's own.
-void SolveStepAndCheck(const StepProblem& problem, const RankLengths& lengths,
-                       const BalancerOptions& options, int64_t route_token_bytes,
-                       const RankMasks* masks = nullptr);
+// With the input's masks, every rank's slice must also name one valid mask
+// per sequence its attention sees, that sequence's own.
+void SolveStepAndCheck(const StepProblem& problem, const BalancerInput& input,
+                       const BalancerOptions& options, int64_t route_token_bytes);
 
 }  // namespace knapformer::fuzz
 

@@ -383,10 +383,18 @@ TEST(CheckJobIdTest, RejectsEmptyLongAndBadCharacters) {
 TEST(CheckPlanGroupRequestTest, AcceptsAValidRequest) {
   auto checked = CheckPlanGroupRequest(ValidGroupRequest(), ServiceLimits());
   ASSERT_TRUE(checked.ok()) << checked.status();
-  EXPECT_EQ(checked->world->world_size(), 8);
-  EXPECT_EQ(checked->world->topology().spec(), "g1n2+g2n1");
-  EXPECT_EQ(checked->cost.d_model(), 1024);
-  EXPECT_DOUBLE_EQ(checked->cost.gamma(), 0.49);
+  EXPECT_EQ(checked->spec.world->world_size(), 8);
+  EXPECT_EQ(checked->spec.world->topology().spec(), "g1n2+g2n1");
+  EXPECT_EQ(checked->spec.cost.d_model(), 1024);
+  EXPECT_DOUBLE_EQ(checked->spec.cost.gamma(), 0.49);
+  // The step as the solve takes it, checked here once.
+  const v1::PlanGroupRequest request = ValidGroupRequest();
+  ASSERT_EQ(checked->input.world_size(), request.ranks_size());
+  for (int r = 0; r < request.ranks_size(); ++r) {
+    EXPECT_THAT(checked->input.lengths()[r],
+                testing::ElementsAreArray(request.ranks(r).sequence_lengths()));
+  }
+  EXPECT_EQ(checked->input.masks(), nullptr);
 }
 
 TEST(CheckPlanGroupRequestTest, ChecksTheSpec) {
