@@ -208,4 +208,12 @@ int32_t World::RankOf(const RankLocation& location) const {
          replica_topology(location.replica).bag(location.bag).first_rank + location.position;
 }
 
+std::vector<std::string> HomogeneousSpecs(int64_t world_size, int32_t max_bag) {
+  std::vector<std::string> specs;
+  for (int64_t g = 1; g <= max_bag && g <= world_size; g *= 2) {
+    if (world_size % g == 0) specs.push_back(absl::StrCat("g", g, "n", world_size / g));
+  }
+  return specs;
+}
+
 }  // namespace knapformer

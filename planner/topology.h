@@ -119,6 +119,11 @@ class World {
   int32_t world_size_ = 0;
 };
 
+// The one-size layouts of a world of `world_size` ranks, one group: "g1nW",
+// "g2nW/2", ... for every power of two G up to `max_bag` that divides the
+// world. What the command line compares by default, at any --world.
+std::vector<std::string> HomogeneousSpecs(int64_t world_size, int32_t max_bag);
+
 }  // namespace knapformer
 
 #endif  // KNAPFORMER_PLANNER_TOPOLOGY_H_

@@ -276,6 +276,9 @@ void BindPlanner(py::module_& m) {
         "The cost model's work of a GPU's share: 24*tokens*d^2 plus head_fraction of "
         "the attention of sequences of `pairs` (query, key) pairs each, gamma*4*pairs*d "
         "or by the measured table given.");
+  m.def("homogeneous_specs", &HomogeneousSpecs, py::arg("world_size"), py::arg("max_bag"),
+        "The one-size layouts of a world (planner/topology.h): g1nW, g2nW/2, ... for "
+        "every power of two up to max_bag that divides the world.");
   m.def("topology_advice", &TopologyAdviceOf, py::arg("rows"), py::arg("unit") = "us",
         py::arg("seconds_note") = "", py::arg("baseline") = "without balancing",
         "The line that says which topology to use (planner/advice.h): of rows "

@@ -91,7 +91,7 @@ std::vector<OptionSpec> SimulateOptionSpecs() {
       {"tokens-per-gpu", "T", "", "with --lengths: or its token budget per GPU"},
       {"shuffle", "on|off", OnOff(defaults.shuffle), "with --lengths: shuffle each epoch"},
       {"world", "N", absl::StrCat(defaults.world), "GPUs"},
-      {"topology", "T[,T...]", absl::StrJoin(defaults.topologies, ","),
+      {"topology", "T[,T...]", "g1nN..g8nN/8,auto",
        "fixed or auto[:max_bag=G][:group=T]"},
       {"steps", "N", absl::StrCat(defaults.steps), "batches per topology"},
       {"seed", "S", absl::StrCat(defaults.seed), "the data stream's seed"},

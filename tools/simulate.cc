@@ -144,8 +144,10 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
     return absl::InvalidArgumentError(
         absl::StrCat("--steps: must be in [1, 1000000], got ", options.steps));
   }
-  if (options.topologies.empty()) {
-    return absl::InvalidArgumentError("--topology: at least one topology is required");
+  std::vector<std::string> topologies = options.topologies;
+  if (topologies.empty()) {
+    topologies = HomogeneousSpecs(options.world, AutoLayout::kDefaultMaxBag);
+    topologies.push_back("auto");
   }
   const std::vector<std::string> phases = DataPhases(options);
   if (static_cast<int64_t>(phases.size()) > options.steps) {
@@ -219,7 +221,12 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
   }
 
   std::vector<Layout> layouts;
-  for (const std::string& spec : options.topologies) {
+  for (const std::string& spec : topologies) {
+    if (spec.empty()) {
+      return absl::InvalidArgumentError(
+          "--topology: an empty entry (give specs separated by commas, or leave the flag out "
+          "for the world's defaults)");
+    }
     Layout layout;
     if (AutoLayout::Matches(spec)) {
       auto parsed = AutoLayout::Parse(spec);
@@ -232,7 +239,16 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
             "transformer"));
       }
       layout.automatic = *parsed;
-      layout.name = parsed->spec();
+      // Named by the bags it may use on this world (max_bag cut to what
+      // divides a node, or the group).
+      auto shape = parsed->Resolve(options.world, options.machine);
+      if (!shape.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--topology ", spec, ": ", shape.status().message()));
+      }
+      AutoLayout named = *parsed;
+      named.max_bag = shape->max_bag;
+      layout.name = named.spec();
     } else {
       auto topology = Topology::Parse(spec);
       if (!topology.ok()) {

@@ -29,8 +29,9 @@ struct SimulateOptions {
   LoaderBatching batching;  // exactly one field > 0 with `lengths`
   bool shuffle = true;
   int64_t world = 32;
-  // Fixed specs and "auto" layouts (planner/auto_layout.h).
-  std::vector<std::string> topologies = {"g1n32", "g2n16", "g4n8", "g8n4", "auto"};
+  // Fixed specs and "auto" layouts (planner/auto_layout.h). Empty: the
+  // world's one-size layouts up to bags of 8 (HomogeneousSpecs), and auto.
+  std::vector<std::string> topologies;
   // Prices the communication of the predicted step time (transformer model
   // only); auto chooses layouts with it.
   Machine machine;

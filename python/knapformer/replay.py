@@ -39,7 +39,9 @@ from knapformer import _C
 from knapformer._masks import dense
 
 MODELS = {"flux": (3072, 24)}  # d_model, heads (the paper's FLUX block)
-DEFAULT_TOPOLOGIES = "g1n{w},g2n{w2},g4n{w4},auto"
+# The default: the world's one-size layouts with bags of up to 4 GPUs (those
+# that divide --world; bigger bags cost a real kernel run each), and auto.
+DEFAULT_MAX_BAG = 4
 
 
 class ReplayError(ValueError):
@@ -444,8 +446,10 @@ def replay(args, out=sys.stdout):
     if args.gpus_per_node is not None:
         machine["gpus_per_node"] = args.gpus_per_node
     w = args.world
-    topologies = args.topology or DEFAULT_TOPOLOGIES.format(w=w, w2=w // 2, w4=w // 4)
-    topologies = [t for t in topologies.split(",") if t]
+    if args.topology:
+        topologies = [t for t in args.topology.split(",") if t]
+    else:
+        topologies = _C.homogeneous_specs(w, DEFAULT_MAX_BAG) + ["auto"]
     print(f"replay: {data.name}, world {w}, {args.steps} steps, lengths / {data.scale}; "
           f"block d_model {d_model}, {heads} heads, {dtype} on {measured_on}, "
           f"attention {'varlen (masked: per sequence)' if varlen else 'per sequence'}"
@@ -601,7 +605,8 @@ def parse_args(argv=None):
     parser.add_argument("--shuffle", type=lambda v: v == "on", default=True,
                         help="on|off: shuffle the lengths file each epoch")
     parser.add_argument("--world", type=int, default=8, help="simulated GPUs")
-    parser.add_argument("--topology", help="comma-separated (default g1nW,g2nW/2,g4nW/4,auto)")
+    parser.add_argument("--topology", help="comma-separated (default g1nW,g2nW/2,g4nW/4,auto: "
+                        "those whose bags divide --world)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", choices=sorted(MODELS), help="a preset block")

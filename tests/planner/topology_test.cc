@@ -90,6 +90,19 @@ TEST(TopologyTest, RejectsOverlongSpecs) {
   EXPECT_THAT(std::string(topology.status().message()), HasSubstr("the limit is 4096"));
 }
 
+TEST(TopologyTest, HomogeneousSpecsAreTheOneSizeLayoutsThatDivideTheWorld) {
+  EXPECT_EQ(HomogeneousSpecs(32, 8), (std::vector<std::string>{"g1n32", "g2n16", "g4n8", "g8n4"}));
+  EXPECT_EQ(HomogeneousSpecs(4, 8), (std::vector<std::string>{"g1n4", "g2n2", "g4n1"}));
+  EXPECT_EQ(HomogeneousSpecs(6, 8), (std::vector<std::string>{"g1n6", "g2n3"}));
+  EXPECT_EQ(HomogeneousSpecs(1, 8), (std::vector<std::string>{"g1n1"}));
+  EXPECT_EQ(HomogeneousSpecs(64, 2), (std::vector<std::string>{"g1n64", "g2n32"}));
+  for (const std::string& spec : HomogeneousSpecs(96, 8)) {
+    auto topology = Topology::Parse(spec);
+    ASSERT_TRUE(topology.ok()) << spec;
+    EXPECT_TRUE(World::Create(*topology, 96).ok()) << spec;
+  }
+}
+
 TEST(WorldTest, MapsRanksToReplicaBagAndPositionAndBack) {
   auto topology = Topology::Parse("g1n2+g2n1+g4n1");
   ASSERT_TRUE(topology.ok());

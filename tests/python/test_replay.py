@@ -54,6 +54,14 @@ def test_every_scenario_plays_what_the_plan_says(data, world, scale):
     assert "\nadvice: --topology " in text
 
 
+# The default topologies follow --world: at 2 GPUs, the layouts that fit.
+@pytest.mark.torch_independent
+def test_the_default_topologies_follow_the_world():
+    results, _ = run(["--data", "llm-packed", "--world", "2", "--steps", "1", "--length-scale", "256",
+                      "--gamma", "1.0", "--cost-model", "transformer"])
+    assert [r["topology"] for r in results] == ["g1n2", "g2n1", "auto"]
+
+
 @pytest.mark.torch_independent
 def test_a_lengths_file_with_masks_plays_its_masks(tmp_path):
     path = tmp_path / "mine.txt"

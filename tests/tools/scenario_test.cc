@@ -77,10 +77,11 @@ TEST(ScenarioTest, AutoBeatsEveryFixedTopologyOnTheCurriculum) {
   SimulateOptions options;
   options.data = "curriculum";
   options.steps = 12;
-  ASSERT_EQ(options.topologies.back(), "auto");
+  ASSERT_TRUE(options.topologies.empty());  // the world's defaults
   auto results = Simulate(options);
   ASSERT_TRUE(results.ok()) << results.status();
   ASSERT_EQ(results->size(), 5u);
+  EXPECT_EQ(results->back().topology, "auto:max_bag=8");
   const TopologyResult& automatic = results->back();
   ASSERT_TRUE(automatic.predicted);
   ASSERT_EQ(automatic.phase_step_seconds.size(), 3u);
@@ -219,9 +220,29 @@ TEST(ScenarioTest, LocalityMovesFewerTokensAtTheSameMaxOverMeanInEveryStep) {
 // blind and token plans but not with the bound.
 constexpr double kOverBound = 1.01;
 
-std::vector<std::string> FixedLayouts(int64_t world) {
-  if (world == 32) return {"g1n32", "g2n16", "g4n8", "g8n4"};
-  return {"g1n256", "g2n128", "g4n64", "g8n32"};
+std::vector<std::string> FixedLayouts(int64_t world) { return HomogeneousSpecs(world, 8); }
+
+// The defaults follow --world: a small world gets the layouts that fit it,
+// and auto's row names the largest bag it may use there.
+TEST(ScenarioTest, TheDefaultTopologiesFollowTheWorld) {
+  for (const auto& [world, names] : std::vector<std::pair<int64_t, std::vector<std::string>>>{
+           {4, {"g1n4", "g2n2", "g4n1", "auto:max_bag=4"}},
+           {2, {"g1n2", "g2n1", "auto:max_bag=2"}},
+           {32, {"g1n32", "g2n16", "g4n8", "g8n4", "auto:max_bag=8"}}}) {
+    SimulateOptions options;
+    options.data = "llm-packed";  // the scenarios' codes are for 32 GPUs; a masked stream is not
+    options.world = world;
+    options.steps = 2;
+    auto results = Simulate(options);
+    ASSERT_TRUE(results.ok()) << "world " << world << ": " << results.status();
+    std::vector<std::string> got;
+    for (const TopologyResult& result : *results) got.push_back(result.topology);
+    EXPECT_EQ(got, names) << "world " << world;
+  }
+  SimulateOptions empty_entry;
+  empty_entry.topologies = {"g1n32", ""};
+  EXPECT_THAT(std::string(Simulate(empty_entry).status().message()),
+              HasSubstr("--topology: an empty entry"));
 }
 
 std::vector<TopologyResult> RunMasked(const std::string& data, int64_t world) {
