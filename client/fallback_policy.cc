@@ -35,8 +35,18 @@ void FallbackPolicy::MarkDown(uint64_t step, const std::string& why) {
   }
 }
 
+void FallbackPolicy::MarkRefused(uint64_t step, const std::string& why) {
+  local_reason_ = why;
+  service_down_ = true;
+  refused_ = true;
+  down_since_step_ = step;
+  Log(LogLevel::kError, absl::StrCat("rank ", rank_, ": ", why,
+                                     "; planning locally from step ", step,
+                                     " without asking it again in this run"));
+}
+
 bool FallbackPolicy::MaybeBackUp(uint64_t step, bool probes_answered) {
-  if (!service_down_ || !probes_answered || step + 1 < down_since_step_ + hold_steps_) {
+  if (!service_down_ || refused_ || !probes_answered || step + 1 < down_since_step_ + hold_steps_) {
     return false;
   }
   service_down_ = false;

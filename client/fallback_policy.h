@@ -38,6 +38,12 @@ class FallbackPolicy {
   // REQUIRES: the caller starts its probes.
   void MarkDown(uint64_t step, const std::string& why);
 
+  // After the service refused the job's credentials at `step` (`why`):
+  // local planning for the rest of the run, without probes. Credentials do
+  // not mend themselves; a restart with the right ones does.
+  void MarkRefused(uint64_t step, const std::string& why);
+  bool refused() const { return refused_; }
+
   // At `step` with the service down: when every probing rank's last probe
   // was answered and the hold is over, the service is asked again from the
   // next step. True when it was just brought back (the caller stops its
@@ -61,6 +67,7 @@ class FallbackPolicy {
   const int rank_;
   const bool group_mode_;
   bool service_down_ = false;
+  bool refused_ = false;
   uint64_t down_since_step_ = 0;
   uint64_t back_at_step_ = 0;
   uint64_t hold_steps_ = 0;

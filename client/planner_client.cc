@@ -219,6 +219,29 @@ struct PlannerClient::Rep {
     if (link != nullptr) link->StartProbing(spec.job_id());
   }
 
+  // After `who` (a rank) had the job's credentials refused by the service
+  // (`refused`: UNAUTHENTICATED or PERMISSION_DENIED), the same on every
+  // rank: a configuration error, not an outage. Under require_service that
+  // code on every rank; else OK, and the ranks plan locally for the rest of
+  // the run without asking or probing the service again.
+  absl::Status AfterCredentialsRefused(const v1::StepSpec& spec, const StepOutcome& refused,
+                                       const std::string& who) {
+    const std::string why = absl::StrCat(
+        who, "the planner service at ", options.address, " refused the job's credentials (",
+        absl::StatusCodeToString(static_cast<absl::StatusCode>(refused.status().code())), ": ",
+        refused.status().message(), "; sent job id '", spec.job_id(), "' with ",
+        options.token.empty() ? "no job token" : "a job token",
+        options.tls.enabled() ? " over TLS" : " in plaintext",
+        "): check the token (knapformer token) and the job id it was made for");
+    if (options.require_service) {
+      return absl::Status(static_cast<absl::StatusCode>(refused.status().code()),
+                          absl::StrCat("step ", spec.step(), ": ", why,
+                                       "; require_planner is set, so no rank plans it locally"));
+    }
+    policy.MarkRefused(spec.step(), why);
+    return absl::OkStatus();
+  }
+
   // The error of a step the service did not plan, under require_service:
   // the same on every rank (decided from shared outcomes).
   absl::Status Required(const v1::StepSpec& spec, const std::string& why) const {
@@ -352,7 +375,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
   for (RankReport& theirs : *reports) outcomes.push_back(std::move(*theirs.mutable_outcome()));
   const std::vector<StepOutcome>* all = &outcomes;
 
-  int32_t first_fallback = -1, first_conflict = -1;
+  int32_t first_fallback = -1, first_conflict = -1, first_refused = -1;
   for (size_t r = 0; r < all->size(); ++r) {
     const StepOutcome& theirs = (*all)[r];
     if (absl::Status checked = CheckOutcome(theirs, static_cast<int>(r)); !checked.ok()) {
@@ -368,6 +391,15 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
     const int32_t rank = static_cast<int32_t>(r);
     if (theirs.outcome() == StepOutcome::FALL_BACK && first_fallback < 0) first_fallback = rank;
     if (theirs.outcome() == StepOutcome::CONFLICT && first_conflict < 0) first_conflict = rank;
+    if (theirs.outcome() == StepOutcome::REFUSED_CREDENTIALS && first_refused < 0) {
+      first_refused = rank;
+    }
+  }
+  if (first_refused >= 0) {
+    absl::Status failed = AfterCredentialsRefused(spec, (*all)[first_refused],
+                                                  absl::StrCat("rank ", first_refused, ": "));
+    if (!failed.ok()) return failed;
+    return PlanLocally(spec, lengths, masks, "");
   }
   if (first_fallback < 0 && first_conflict >= 0) {
     // Planning locally compares every rank's spec: if this run's own ranks
@@ -484,6 +516,12 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::FinishGroup(const v1::StepSpec& spe
   }
   if (got->outcome() == StepOutcome::MISMATCH) {
     return absl::InternalError("rank 0 reported a prefetch mismatch in group mode");
+  }
+  if (got->outcome() == StepOutcome::REFUSED_CREDENTIALS) {
+    if (absl::Status failed = AfterCredentialsRefused(spec, *got, "rank 0: "); !failed.ok()) {
+      return failed;
+    }
+    return SolveHere(spec, gathered.lengths, gathered.masks);
   }
   if (got->outcome() == StepOutcome::CONFLICT) {
     if (options.require_service) return Required(spec, said);

@@ -161,6 +161,9 @@ StepOutcome::Outcome OutcomeOfCode(int code) {
   switch (static_cast<absl::StatusCode>(code)) {
     case absl::StatusCode::kOk:
       return StepOutcome::GOT_PLAN;
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      return StepOutcome::REFUSED_CREDENTIALS;
     case absl::StatusCode::kInvalidArgument:
       return StepOutcome::REFUSED_INPUT;
     case absl::StatusCode::kFailedPrecondition:

@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "prometheus/registry.h"
 #include "client/rank_report.pb.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
@@ -35,6 +36,7 @@ namespace knapformer {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::AllOf;
 
 constexpr int kRanks = 8;
 
@@ -240,30 +242,39 @@ TEST_P(EveryMode, WithAServiceEveryRankGetsItsSliceFromIt) {
   ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kService);
 }
 
-// A planner that checks job tokens: every call of the run carries its token
-// (every rank's in per-rank mode), so every step comes from the service;
-// another job's token gets every step planned locally, naming why.
-TEST_P(EveryMode, AJobTokenIsSentWithEveryCall) {
+constexpr char kTokenKey[] = "0123456789abcdef0123456789abcdef";
+
+// A planner on 127.0.0.1 that checks job tokens signed with kTokenKey.
+std::unique_ptr<PlannerServer> StartTokenServer() {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string keys = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/planner_keys");
-  const std::string key = "0123456789abcdef0123456789abcdef";
-  std::ofstream(keys) << key << "\n";
+  std::ofstream(keys) << kTokenKey << "\n";
   PlannerServerOptions server_options;
   server_options.listen_address = "127.0.0.1:0";
   server_options.auth.mode = AuthMode::kToken;
   server_options.auth.key_file = keys;
   auto server = PlannerServer::Start(server_options);
-  ASSERT_TRUE(server.ok()) << server.status();
-  auto token = [&](const std::string& job) {
-    return MintToken(key, TokenKind::kJob, job, absl::Now() + absl::Hours(1), NewTokenId());
-  };
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+std::string JobToken(const std::string& job) {
+  return MintToken(kTokenKey, TokenKind::kJob, job, absl::Now() + absl::Hours(1), NewTokenId());
+}
+
+// A planner that checks job tokens: every call of the run carries its token
+// (every rank's in per-rank mode), so every step comes from the service;
+// another job's token gets the step planned locally, naming why.
+TEST_P(EveryMode, AJobTokenIsSentWithEveryCall) {
+  std::unique_ptr<PlannerServer> server = StartTokenServer();
+  ASSERT_NE(server, nullptr);
   PlannerClientOptions options;
   options.mode = GetParam();
-  options.address = (*server)->address();
-  options.token = token("client-test");  // Spec's job
+  options.address = server->address();
+  options.token = JobToken("client-test");  // Spec's job
   ExpectCorePlans(RunSteps(options, 0, 3), 0, PlanSource::kService);
 
-  options.token = token("another-job");
+  options.token = JobToken("another-job");
   const auto results = RunSteps(options, 10, 1);
   ExpectCorePlans(results, 10, PlanSource::kLocal);
   for (int r = 0; r < kRanks; ++r) {
@@ -471,6 +482,64 @@ std::vector<uint64_t> StepsFrom(uint64_t first, int count) {
 }
 
 // `service` on a free port of 127.0.0.1; its address in `address`.
+// The calls `server` refused with `code`, by method.
+std::map<std::string, double> CallsRefused(PlannerServer& server, const std::string& code) {
+  std::map<std::string, double> calls;
+  for (const prometheus::MetricFamily& family : server.service().metrics().registry()->Collect()) {
+    if (family.name != "knapformer_planner_requests_total") continue;
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      std::map<std::string, std::string> labels;
+      for (const prometheus::ClientMetric::Label& label : metric.label) {
+        labels[label.name] = label.value;
+      }
+      if (labels["code"] == code) calls[labels["method"]] += metric.counter.value;
+    }
+  }
+  return calls;
+}
+
+// Another job's token is a configuration error, not an outage: the step it
+// is refused at and every later one are planned locally, each naming the
+// code, the job id sent and the credential, and the service is neither
+// asked nor probed again in the run; under require_service every rank fails
+// with that code.
+TEST_P(EveryMode, AnotherJobsTokenIsAConfigurationErrorNotAnOutage) {
+  std::unique_ptr<PlannerServer> server = StartTokenServer();
+  ASSERT_NE(server, nullptr);
+  PlannerClientOptions options;
+  options.mode = GetParam();
+  options.address = server->address();
+  options.token = JobToken("another-job");
+  const PersistentRun run = RunWithOneClientPerRank(options, StepsFrom(0, 6));
+  ExpectCorePlans(run.results, 0, PlanSource::kLocal);
+  for (size_t s = 0; s < run.results.size(); ++s) {
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_TRUE(run.results[s][r].ok()) << run.results[s][r].status();
+      EXPECT_THAT(run.results[s][r]->local_reason,
+                  AllOf(HasSubstr("refused the job's credentials (PERMISSION_DENIED: "),
+                        HasSubstr("the token is for job 'another-job', not for job 'client-test'"),
+                        HasSubstr("sent job id 'client-test' with a job token in plaintext")))
+          << "step " << s << " rank " << r;
+    }
+  }
+  // The calls of the first step (rank 0's, or each rank's in per-rank
+  // mode), and none after: no retry, no probe.
+  const bool group = GetParam() == PlannerMode::kGroup;
+  EXPECT_EQ(CallsRefused(*server, "PERMISSION_DENIED"),
+            (std::map<std::string, double>{{group ? "PlanGroup" : "Plan", group ? 1 : kRanks}}));
+
+  options.require_service = true;
+  const PersistentRun required = RunWithOneClientPerRank(options, StepsFrom(0, 1));
+  for (int r = 0; r < kRanks; ++r) {
+    const absl::Status& status = required.results[0][r].status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+    EXPECT_THAT(std::string(status.message()),
+                AllOf(HasSubstr("refused the job's credentials"),
+                      HasSubstr("require_planner is set, so no rank plans it locally")))
+        << r;
+  }
+}
+
 std::unique_ptr<grpc::Server> ServeOnFreePort(grpc::Service* service, std::string* address) {
   int port = 0;
   grpc::ServerBuilder builder;
