@@ -40,7 +40,8 @@ void FallbackPolicy::MarkRefused(uint64_t step, const std::string& why) {
   service_down_ = true;
   refused_ = true;
   down_since_step_ = step;
-  Log(LogLevel::kError, absl::StrCat("rank ", rank_, ": ", why,
+  if (rank_ != 0) return;  // the same on every rank: said once
+  Log(LogLevel::kError, absl::StrCat("rank 0: ", why,
                                      "; planning locally from step ", step,
                                      " without asking it again in this run"));
 }

@@ -52,6 +52,7 @@ constexpr char kUsage[] =
     "  calibrate  fit the cost model (or the links) to measured times\n"
     "  serve      run the planner as a gRPC service\n"
     "  token      print a job's token for a planner run with --auth=token\n"
+    "  replay     play the plans on this device's kernels (Python: below)\n"
     "  help       print this text, or a command's usage: knapformer help COMMAND\n"
     "\n"
     "knapformer COMMAND --help (or -h) lists the command's options and their defaults.\n"
