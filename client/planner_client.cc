@@ -231,7 +231,9 @@ struct PlannerClient::Rep {
         absl::StatusCodeToString(static_cast<absl::StatusCode>(refused.status().code())), ": ",
         refused.status().message(), "; sent job id '", spec.job_id(), "' with ",
         options.token.empty() ? "no job token" : "a job token",
-        options.tls.enabled() ? " over TLS" : " in plaintext",
+        options.credentials != nullptr ? " over the caller's channel credentials"
+        : options.tls.enabled()        ? " over TLS"
+                                       : " in plaintext",
         "): check the token (knapformer token) and the job id it was made for");
     if (options.require_service) {
       return absl::Status(static_cast<absl::StatusCode>(refused.status().code()),

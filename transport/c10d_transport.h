@@ -62,6 +62,9 @@ struct C10dTransportOptions {
   // on it (DeadlineExceeded naming this bound). Infinite: the group's own
   // timeout governs, and c10d reports it (Unavailable, with its text). Keep
   // it under the group's timeout for timeouts as their own status code.
+  // For CPU (Gloo) groups: on a CUDA group torch's work then waits on the
+  // host for the collective to finish (a host sync every call), which the
+  // unbounded wait does not.
   absl::Duration collective_timeout = absl::InfiniteDuration();
   // Required for Subgroup(); with host_group, new_host_subgroup too.
   SubgroupFactory new_subgroup;
