@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "common/grpc_log.h"
 
 namespace knapformer {
 namespace {
@@ -49,6 +50,7 @@ std::shared_ptr<grpc::Channel> ChannelTo(const PlannerLinkOptions& options) {
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_answer_bytes));
   auto credentials =
       options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
+  RouteGrpcLogsToLog();
   return grpc::CreateCustomChannel(options.address, credentials, args);
 }
 

@@ -24,6 +24,7 @@
 #include "grpcpp/impl/server_builder_option.h"
 #include "grpcpp/resource_quota.h"
 #include "prometheus/exposer.h"
+#include "common/grpc_log.h"
 #include "common/log.h"
 #include "common/loopback.h"
 #include "common/pem_file.h"
@@ -161,6 +162,7 @@ absl::Status CheckAuthTransport(const PlannerServerOptions& options) {
 
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     const PlannerServerOptions& options) {
+  RouteGrpcLogsToLog();
   auto credentials = Credentials(options.tls);
   if (!credentials.ok()) return credentials.status();
   if (absl::Status transport = CheckAuthTransport(options); !transport.ok()) return transport;
