@@ -42,7 +42,6 @@ class FallbackPolicy {
   // local planning for the rest of the run, without probes. Credentials do
   // not mend themselves; a restart with the right ones does.
   void MarkRefused(uint64_t step, const std::string& why);
-  bool refused() const { return refused_; }
 
   // At `step` with the service down: when every probing rank's last probe
   // was answered and the hold is over, the service is asked again from the

@@ -3,17 +3,15 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "planner/replica_solve.h"
 
 namespace knapformer {
 
 absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                                    const BalancerInput& input, const BalancerOptions& options) {
-  if (input.world_size() != world.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("ranks: got sequence lengths for ",
-                                                   input.world_size(), " ranks, world_size is ",
-                                                   world.world_size()));
+  if (absl::Status status = BalancerInput::CheckRanks(input.world_size(), world.world_size());
+      !status.ok()) {
+    return status;
   }
   const RankLengths& lengths = input.lengths();
   const RankMasks* masks = input.masks();

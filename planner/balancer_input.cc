@@ -5,13 +5,18 @@
 
 namespace knapformer {
 
+absl::Status BalancerInput::CheckRanks(int64_t ranks, int64_t world_size) {
+  if (ranks == world_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("ranks: got sequence lengths for ", ranks,
+                                                 " ranks, world_size is ", world_size));
+}
+
 absl::StatusOr<BalancerInput> BalancerInput::Check(int32_t world_size, RankLengths lengths,
                                                    RankMasks masks, const BalancerLimits& limits,
                                                    const RankField& masks_field) {
-  if (static_cast<int64_t>(lengths.size()) != world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ranks: got sequence lengths for ", lengths.size(), " ranks, world_size is ",
-        world_size));
+  if (absl::Status status = CheckRanks(static_cast<int64_t>(lengths.size()), world_size);
+      !status.ok()) {
+    return status;
   }
   int64_t sequences = 0;
   for (size_t rank = 0; rank < lengths.size(); ++rank) {
@@ -32,7 +37,7 @@ absl::StatusOr<BalancerInput> BalancerInput::Check(int32_t world_size, RankLengt
   if (absl::Status status = CheckRankMasks(lengths, masks, masks_field); !status.ok()) {
     return status;
   }
-  return BalancerInput(std::move(lengths), std::move(masks), sequences);
+  return BalancerInput(Checked{}, std::move(lengths), std::move(masks));
 }
 
 }  // namespace knapformer

@@ -30,15 +30,20 @@ class BalancerInput {
   const RankLengths& lengths() const { return lengths_; }
   // Null when no rank gave masks.
   const RankMasks* masks() const { return masks_.empty() ? nullptr : &masks_; }
-  int64_t sequences() const { return sequences_; }
+
+  // InvalidArgument unless `ranks` lists of lengths are for a world of
+  // `world_size` ranks: what takes an input checks it is its world's.
+  static absl::Status CheckRanks(int64_t ranks, int64_t world_size);
 
  private:
-  BalancerInput(RankLengths lengths, RankMasks masks, int64_t sequences)
-      : lengths_(std::move(lengths)), masks_(std::move(masks)), sequences_(sequences) {}
+  // The tag keeps a braced list of lengths and masks (as the plain-vector
+  // BalanceGreedy takes) from matching this constructor too.
+  struct Checked {};
+  BalancerInput(Checked, RankLengths lengths, RankMasks masks)
+      : lengths_(std::move(lengths)), masks_(std::move(masks)) {}
 
   RankLengths lengths_;
   RankMasks masks_;  // empty: none
-  int64_t sequences_ = 0;
 };
 
 }  // namespace knapformer

@@ -9,10 +9,9 @@ namespace knapformer {
 absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel& cost,
                                      const BalancerInput& input, const BalancerOptions& options,
                                      int64_t route_token_bytes) {
-  if (input.world_size() != problem.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("ranks: got sequence lengths for ",
-                                                   input.world_size(), " ranks, world_size is ",
-                                                   problem.world_size));
+  if (absl::Status status = BalancerInput::CheckRanks(input.world_size(), problem.world_size);
+      !status.ok()) {
+    return status;
   }
   SolvedStep solved;
   std::optional<CommPrices> prices;
