@@ -40,9 +40,10 @@ void FallbackPolicy::MarkRefused(uint64_t step, const std::string& why) {
   service_down_ = true;
   refused_ = true;
   down_since_step_ = step;
-  if (rank_ != 0) return;  // the same on every rank: said once
-  Log(LogLevel::kError, absl::StrCat("rank 0: ", why,
-                                     "; planning locally from step ", step,
+  // The same on every rank: said once, by rank 0 (`why` names the rank
+  // that was refused).
+  if (rank_ != 0) return;
+  Log(LogLevel::kError, absl::StrCat(why, "; planning locally from step ", step,
                                      " without asking it again in this run"));
 }
 

@@ -219,6 +219,24 @@ struct PlannerClient::Rep {
     if (link != nullptr) link->StartProbing(spec.job_id());
   }
 
+  // Why a step fell back: `who` could not get it from the service, which
+  // said `unreachable`. A job token over a plaintext channel adds the
+  // likeliest cause: a planner that serves TLS closes a plaintext
+  // connection, which gRPC reports only as "Socket closed".
+  std::string FellBack(const std::string& who, const StepOutcome& unreachable) const {
+    std::string why = absl::StrCat(who, " from ", options.address, ": ",
+                                   unreachable.status().message());
+    if (unreachable.status().code() == static_cast<int>(absl::StatusCode::kUnavailable) &&
+        !options.token.empty() && options.credentials == nullptr && !options.tls.enabled() &&
+        !options.mesh_tls) {
+      absl::StrAppend(&why,
+                      " (a job token is set and the channel is plaintext: if the planner serves "
+                      "TLS, give its CA as planner_tls={\"ca\": ...}, KNAPFORMER_PLANNER_TLS_CA "
+                      "or PlannerClientOptions::tls)");
+    }
+    return why;
+  }
+
   // After `who` (a rank) had the job's credentials refused by the service
   // (`refused`: UNAUTHENTICATED or PERMISSION_DENIED), the same on every
   // rank: a configuration error, not an outage. Under require_service that
@@ -231,9 +249,10 @@ struct PlannerClient::Rep {
         absl::StatusCodeToString(static_cast<absl::StatusCode>(refused.status().code())), ": ",
         refused.status().message(), "; sent job id '", spec.job_id(), "' with ",
         options.token.empty() ? "no job token" : "a job token",
-        options.credentials != nullptr ? " over the caller's channel credentials"
-        : options.tls.enabled()        ? " over TLS"
-                                       : " in plaintext",
+        // Create makes the credentials of planner_tls: TLS is named first.
+        options.tls.enabled()            ? " over TLS"
+        : options.credentials != nullptr ? " over the caller's channel credentials"
+                                         : " in plaintext",
         "): check the token (knapformer token) and the job id it was made for");
     if (options.require_service) {
       return absl::Status(static_cast<absl::StatusCode>(refused.status().code()),
@@ -419,9 +438,8 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanPerRank(const v1::StepSpec& spe
                      " (set by the caller, or copied from this run)"));
   }
   if (first_fallback >= 0) {
-    const std::string why =
-        absl::StrCat("rank ", first_fallback, " could not get its plan from ", options.address,
-                     ": ", (*all)[first_fallback].status().message());
+    const std::string why = FellBack(
+        absl::StrCat("rank ", first_fallback, " could not get its plan"), (*all)[first_fallback]);
     if (options.require_service) return Required(spec, why);
     MarkDown(spec, why);
     return PlanLocally(spec, lengths, masks, "");
@@ -544,7 +562,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::FinishGroup(const v1::StepSpec& spe
     why = absl::StrCat("rank 0's answer from ", options.address,
                        " is malformed: ", from_service.status().message());
   } else {
-    why = absl::StrCat("rank 0 could not get the plan from ", options.address, ": ", said);
+    why = FellBack("rank 0 could not get the plan", *got);
   }
   if (options.require_service) return Required(spec, why);
   MarkDown(spec, why);

@@ -153,16 +153,49 @@ wait "$sim" || fail "(rotation) train-sim exited non-zero: $(cat "$tmp/rotated.e
 check_run "$tmp/rotated" "(rotation)" 0 5 0 service 0 1 2 3 4 5 ||
   failures=$((failures + 1))
 
-# A run with no token, or the stranger's, plans every step locally, naming why.
-for case in none:"" other:"KNAPFORMER_PLANNER_TOKEN=$stranger_token"; do
-  env ${case#*:} KNAPFORMER_JOB_ID=victim timeout 120 "$train_sim" --procs 4 --scale 32 \
+# The trainer's mistakes are configuration errors, not outages. A run with no
+# token, or another job's, plans every step locally from its first, naming
+# the code, the job id sent and the credential's kind; it asks the service
+# once and never probes (the calls the service refused, counted on its
+# page); under KNAPFORMER_REQUIRE_PLANNER every rank fails with that code.
+refused_calls() {
+  python3 - "$metrics" <<'PY'
+import re, sys, urllib.request
+page = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+print(sum(float(v) for v in re.findall(
+    r'^knapformer_planner_requests_total\{[^}]*code="(?:UNAUTHENTICATED|PERMISSION_DENIED)"[^}]*\} (\S+)$',
+    page, re.M)))
+PY
+}
+for case in "none:UNAUTHENTICATED:no job token:" \
+    "other:PERMISSION_DENIED:a job token:KNAPFORMER_PLANNER_TOKEN=$stranger_token"; do
+  IFS=: read -r name code kind credential <<<"$case"
+  before="$(refused_calls)"
+  env $credential KNAPFORMER_JOB_ID=victim timeout 120 "$train_sim" --procs 4 --scale 32 \
     --steps 3 --planner "127.0.0.1:$port" >"$tmp/refused" 2>"$tmp/refused.err" ||
-    fail "(${case%%:*} token) train-sim exited non-zero: $(cat "$tmp/refused.err")"
-  check_run "$tmp/refused" "(${case%%:*} token)" 0 2 0 local 0 1 2 || failures=$((failures + 1))
-  grep -q -e UNAUTHENTICATED -e PERMISSION_DENIED -e "job token" -e "token is for" \
-    "$tmp/refused" "$tmp/refused.err" ||
-    fail "(${case%%:*} token) the run did not say why it planned locally: $(cat "$tmp/refused.err")"
+    fail "($name token) train-sim exited non-zero: $(cat "$tmp/refused.err")"
+  check_run "$tmp/refused" "($name token)" 0 2 0 local 0 1 2 || failures=$((failures + 1))
+  for said in "refused the job's credentials ($code" "sent job id 'victim' with $kind over TLS"; do
+    grep -qF "$said" "$tmp/refused" "$tmp/refused.err" ||
+      fail "($name token) the run did not say '$said': $(cat "$tmp/refused.err")"
+  done
+  calls="$(python3 -c "print(int($(refused_calls) - $before))")"
+  [[ "$calls" == 1 ]] || fail "($name token) the service refused $calls calls, not 1 (probes?)"
+  env $credential KNAPFORMER_JOB_ID=victim KNAPFORMER_REQUIRE_PLANNER=1 timeout 120 \
+    "$train_sim" --procs 4 --scale 32 --steps 3 --planner "127.0.0.1:$port" \
+    >"$tmp/required" 2>&1 && fail "($name token) a required planner's refusal did not fail the run"
+  grep -q "^$code: .*require_planner is set" "$tmp/required" ||
+    grep -q "$code: step 0: .*require_planner is set" "$tmp/required" ||
+    fail "($name token) the required run did not fail with $code: $(tail -5 "$tmp/required")"
 done
+# A token and no CA to a planner that serves TLS: gRPC says only "Socket
+# closed"; the run plans locally and says which setting gives TLS.
+KNAPFORMER_PLANNER_TLS_CA="" KNAPFORMER_PLANNER_TOKEN="$victim_token" KNAPFORMER_JOB_ID=victim \
+  timeout 120 "$train_sim" --procs 4 --scale 32 --steps 2 --planner "127.0.0.1:$port" \
+  >"$tmp/no_ca" 2>"$tmp/no_ca.err" || fail "(no CA) train-sim exited non-zero: $(cat "$tmp/no_ca.err")"
+check_run "$tmp/no_ca" "(no CA)" 0 1 0 local 0 1 || failures=$((failures + 1))
+grep -qF "if the planner serves TLS, give its CA as planner_tls" "$tmp/no_ca" "$tmp/no_ca.err" ||
+  fail "(no CA) the run did not name the TLS setting: $(cat "$tmp/no_ca.err")"
 stop_server
 
 # No token in clear off this machine: a trainer refuses to send one without
