@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "planner/auto_layout.h"
 
 namespace knapformer {
@@ -57,7 +58,35 @@ std::string TopologyAdvice(absl::Span<const AdviceRow> rows, const AdviceWording
     absl::StrAppend(&out, "; ", slowest.topology, " would be ",
                     absl::StrFormat("%.2fx", slowest.seconds / chosen.seconds), " slower");
   }
+  if (!wording.trainer_arguments.empty()) {
+    absl::StrAppend(&out, "; in the trainer: SequenceBalancer(\"", chosen.topology, "\", ",
+                    wording.trainer_arguments);
+    if (!chosen.cost_model.empty() && chosen.cost_model != "transformer") {
+      absl::StrAppend(&out, ", cost_model=\"", chosen.cost_model, "\"",
+                      chosen.cost_model == "measured" && !wording.measured_arguments.empty()
+                          ? absl::StrCat(", ", wording.measured_arguments)
+                          : "");
+    }
+    absl::StrAppend(&out, ")");
+  }
   return out;
+}
+
+std::string MachineArgument(const Machine& machine) {
+  Machine given = machine;
+  Machine defaults;
+  std::string fields;
+  for (absl::string_view name : absl::StrSplit(kMachineFieldNames, ", ")) {
+    const MachineField field = FieldOfMachine(given, std::string(name));
+    const MachineField fallback = FieldOfMachine(defaults, std::string(name));
+    if (field.rate != nullptr && *field.rate != *fallback.rate) {
+      absl::StrAppend(&fields, fields.empty() ? "" : ", ", "\"", name, "\": ",
+                      absl::StrFormat("%.10g", *field.rate));
+    } else if (field.count != nullptr && *field.count != *fallback.count) {
+      absl::StrAppend(&fields, fields.empty() ? "" : ", ", "\"", name, "\": ", *field.count);
+    }
+  }
+  return fields.empty() ? "" : absl::StrCat("machine={", fields, "}");
 }
 
 }  // namespace knapformer

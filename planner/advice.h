@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/types/span.h"
+#include "planner/machine.h"
 
 namespace knapformer {
 
@@ -48,12 +49,26 @@ struct AdviceWording {
   std::string seconds_note;
   // What "Nx faster than" compares with.
   std::string baseline = "without balancing";
+  // The arguments beside the topology with which a trainer's
+  // SequenceBalancer plans as the rows were planned, in Python's spelling
+  // (`gamma=0.49, machine={...}`), and those a measured row adds
+  // (`cost_table=...`). When `trainer_arguments` is set the line ends with
+  // the call to write: `; in the trainer: SequenceBalancer("T", <trainer
+  // arguments>[, cost_model="M", <measured arguments>])`.
+  std::string trainer_arguments;
+  std::string measured_arguments;
 };
+
+// `machine={...}` with the members of `machine` that differ from Machine's
+// defaults (what SequenceBalancer assumes without one), in Python's
+// spelling; "" when none does.
+std::string MachineArgument(const Machine& machine);
 
 // ChooseTopology's choice in one line, no newline:
 //   advice: --topology T[ --cost-model M]: <time> per block on the slowest
 //   GPU<note>, 1.93x faster than <baseline> (<time before>)[ (within 1% of
-//   F, and it adapts to the data)][; S would be 1.21x slower]
+//   F, and it adapts to the data)][; S would be 1.21x slower][; in the
+//   trainer: SequenceBalancer("T", ...)]
 // --cost-model is named when the rows hold more than one cost model.
 // "" when nothing is chosen.
 std::string TopologyAdvice(absl::Span<const AdviceRow> rows, const AdviceWording& wording);

@@ -222,7 +222,8 @@ py::tuple MaskedBatch(const std::string& name, int64_t world_size, uint64_t seed
 // balancing): planner/advice.h; `unit` "us" or "ms".
 std::string TopologyAdviceOf(
     const std::vector<std::tuple<std::string, std::string, double, double>>& rows,
-    const std::string& unit, const std::string& seconds_note, const std::string& baseline) {
+    const std::string& unit, const std::string& seconds_note, const std::string& baseline,
+    const std::string& trainer_arguments, const std::string& measured_arguments) {
   AdviceWording wording;
   if (unit == "ms") {
     wording.unit = AdviceWording::Unit::kMilliseconds;
@@ -232,6 +233,8 @@ std::string TopologyAdviceOf(
   }
   wording.seconds_note = seconds_note;
   wording.baseline = baseline;
+  wording.trainer_arguments = trainer_arguments;
+  wording.measured_arguments = measured_arguments;
   std::vector<AdviceRow> advice_rows;
   for (const auto& [topology, cost_model, seconds, seconds_before] : rows) {
     advice_rows.push_back({topology, cost_model, seconds, seconds_before});
@@ -281,11 +284,14 @@ void BindPlanner(py::module_& m) {
         "every power of two up to max_bag that divides the world.");
   m.def("topology_advice", &TopologyAdviceOf, py::arg("rows"), py::arg("unit") = "us",
         py::arg("seconds_note") = "", py::arg("baseline") = "without balancing",
+        py::arg("trainer_arguments") = "", py::arg("measured_arguments") = "",
         "The line that says which topology to use (planner/advice.h): of rows "
         "(topology, cost model, seconds of a block on the slowest GPU, the same "
         "without balancing), the fastest, or auto within 1% of it; --cost-model named "
-        "when the rows hold more than one; times in `unit` (us or ms). '' for no rows "
-        "or a fastest of no time.");
+        "when the rows hold more than one; times in `unit` (us or ms); with "
+        "trainer_arguments, ending with the SequenceBalancer call that plans so "
+        "(measured_arguments: a measured row's table). '' for no rows or a fastest of "
+        "no time.");
   m.def(
       "scenario_codes", [](const std::string& name) { return ScenarioCodes(name); },
       py::arg("name"), "The data codes of one of the paper's scenarios; '' for another name.");

@@ -98,8 +98,10 @@ class GroupGaugeCollector final : public prometheus::Collectable {
     }
     MetricFamily& predicted = family(
         "knapformer_planner_predicted_step_seconds",
-        "Predicted seconds of one transformer block's forward on the slowest GPU of the last "
-        "planned step (compute + Ulysses + route; Balance.predicted_step_seconds).");
+        "A prediction, not a measurement: seconds of one transformer block's forward on the "
+        "slowest GPU of the last planned step (compute + Ulysses + route), priced on the "
+        "machine the job's spec names (an H100 node when it names none), whatever the job "
+        "runs on (Balance.predicted_step_seconds).");
     for (const GroupGauges& g : groups) {
       if (g.has_balance && g.last_balance.predicted_step_seconds() > 0) {
         add(predicted, g, g.last_balance.predicted_step_seconds());

@@ -271,6 +271,7 @@ absl::Status ReadCostTable(const Args& args, SimulateOptions* options) {
   }
   options->d_model = table->d_model;
   options->measured_attention = std::move(table->attention);
+  options->cost_table_path = path;
   return absl::OkStatus();
 }
 

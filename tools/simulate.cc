@@ -456,15 +456,26 @@ std::string MaskedTable(const std::vector<TopologyResult>& results) {
   return out;
 }
 
-// Which row to use, by predicted step time (planner/advice.h), and what it
-// buys against the same step without balancing.
-std::string Advice(const std::vector<TopologyResult>& results) {
+// Which row to use, by predicted step time (planner/advice.h), what it
+// buys against the same step without balancing, and the trainer's
+// arguments that plan as simulate planned.
+std::string Advice(const SimulateOptions& options, const std::vector<TopologyResult>& results) {
   std::vector<AdviceRow> rows;
   for (const TopologyResult& r : results) {
-    rows.push_back({r.topology, "", r.step_seconds.mean, r.step_seconds_before.mean});
+    rows.push_back({r.topology, CostKindName(options.cost_model), r.step_seconds.mean,
+                    r.step_seconds_before.mean});
   }
   AdviceWording wording;
+  wording.seconds_note = " (predicted for the machine above)";
   wording.baseline = "the same step without balancing";
+  const std::string machine = MachineArgument(options.machine);
+  wording.trainer_arguments =
+      absl::StrCat("gamma=", absl::StrFormat("%g", options.gamma), machine.empty() ? "" : ", ",
+                   machine);
+  if (!options.cost_table_path.empty()) {
+    wording.measured_arguments =
+        absl::StrCat("cost_table=json.load(open(\"", options.cost_table_path, "\"))");
+  }
   const std::string line = TopologyAdvice(rows, wording);
   return line.empty() ? "" : absl::StrCat("\n", line, "\n");
 }
@@ -526,7 +537,7 @@ std::string PredictedTable(const SimulateOptions& options,
     }
     absl::StrAppend(&out, row, bags, "\n");
   }
-  absl::StrAppend(&out, Advice(results));
+  absl::StrAppend(&out, Advice(options, results));
   return out;
 }
 

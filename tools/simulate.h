@@ -46,6 +46,8 @@ struct SimulateOptions {
   CostKind cost_model = CostKind::kTransformer;
   // With kMeasured: its table (--cost-table, what calibrate --table wrote).
   std::optional<MeasuredAttention> measured_attention;
+  // The file --cost-table named: the advice's trainer arguments load it.
+  std::string cost_table_path;
   // Bytes one token occupies in the route's all-to-all, for the moved-bytes
   // figures; unset = 2 * d_model (one bf16 hidden state per token).
   std::optional<int64_t> token_bytes;

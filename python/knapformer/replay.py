@@ -426,10 +426,17 @@ def replay(args, out=sys.stdout):
             gamma, fit_note = fit["gamma"], f"fitted here (r^2 {fit['r_squared']:.3f})"
         if cost_table is None:
             cost_table = fit["cost_table"]
-    table_note = ""
+    table_note, table_path = "", args.cost_table
     if "measured" in models:
+        if not table_path:  # beside the report: the advice's trainer arguments load it
+            table_path = args.table_out or (
+                f"{args.json[:-5] if args.json.endswith('.json') else args.json}.cost_table.json"
+                if args.json else "replay.cost_table.json")
+            with open(table_path, "w", encoding="utf-8") as f:
+                json.dump(cost_table, f, indent=1)
         table_note = (f"; measured table of {len(cost_table['measured_attention']['pairs'])} "
-                      f"lengths ({'--cost-table' if args.cost_table else 'fitted here'})")
+                      f"lengths ({'--cost-table ' if args.cost_table else 'fitted here, in '}"
+                      f"{table_path})")
     # What auto prices communication against: this device's measured rate
     # and the links given. The planner prices a block's forward pass; the
     # fit timed forward and backward (and the recompute), about 3 (4)
@@ -456,15 +463,22 @@ def replay(args, out=sys.stdout):
           f"{', activation checkpointing' if args.checkpoint else ''}; "
           f"gamma {gamma:.3g} ({fit_note}){table_note}"
           f"{f'; auto prices links against {passes * 1e-12 / k:.4g} TFLOP/s measured' if k else ''}",
-          file=out)
+          file=out, flush=True)  # before the progress lines on stderr
 
-    # Without balancing: the same for every topology.
+    # Without balancing: the same for every topology. Its time is what each
+    # row takes again (the same tokens, played in other shares): the
+    # progress lines on stderr say how long the rest should take.
+    started = time.monotonic()
     unbalanced = []
     for lengths, masks in steps:
         unbalanced.append([time_share(block, s, args.checkpoint, args.repeat)
                            for s in unbalanced_shares(lengths, masks)])
+    rows = [(t, m) for t in topologies for m in models]
+    per_row = time.monotonic() - started
+    print(f"replay: {args.steps} steps played unbalanced in {per_row:.1f} s; {len(rows)} rows "
+          f"to play, expected about {per_row * len(rows):.0f} s", file=sys.stderr, flush=True)
     results = []
-    for topology, model in ((t, m) for t in topologies for m in models):
+    for done, (topology, model) in enumerate(rows, 1):
         table = cost_table if model == "measured" else None
         row = {"topology": topology, "cost_model": model, "steps": []}
         for (lengths, masks), before in zip(steps, unbalanced):
@@ -512,7 +526,13 @@ def replay(args, out=sys.stdout):
         row["hfu"] = (flops / (w * row["slowest_after"] * args.tflops * 1e12)
                       if args.tflops else None)
         results.append(row)
-    _print_table(results, args, out)
+        elapsed = time.monotonic() - started
+        left = (elapsed - per_row) / done * (len(rows) - done)
+        print(f"replay: row {done}/{len(rows)} ({topology}, {model}) after {elapsed:.0f} s"
+              f"{f', about {left:.0f} s left' if done < len(rows) else ''}", file=sys.stderr,
+              flush=True)
+    trainer = f"gamma={gamma!r}" + (f", machine={machine!r}" if machine else "")
+    _print_table(results, args, out, trainer, table_path)
     if args.png:
         _plot(results, args.png)
     if args.json:
@@ -524,7 +544,7 @@ def replay(args, out=sys.stdout):
     return results
 
 
-def _print_table(results, args, out):
+def _print_table(results, args, out, trainer_arguments, table_path):
     print(f"\n{'topology':<16} {'model':<11} {'slowest unbal.':>14} {'slowest bal.':>12} "
           f"{'buys':>6} "
           f"{'max/mean pred.':>14} {'measured':>9} {'miss':>7} {'comm model':>10} "
@@ -548,20 +568,23 @@ def _print_table(results, args, out):
           f"backward, priced at the link "
           f"speeds of --intra-node-gbps, --inter-node-gbps, --gpus-per-node (a model, not a "
           f"measurement; not in FBL).", file=out)
-    print(f"\n{advice(results)}", file=out)
+    print(f"\n{advice(results, trainer_arguments, table_path)}", file=out)
 
 
-def advice(results):
+def advice(results, trainer_arguments="", table_path=None):
     """The line that says which topology (and cost model) to use: the
     fastest block on the slowest GPU, its measured compute plus the
     modelled communication; auto when within 1% of it (it adapts to the
-    data). The choice and its line are simulate's (planner/advice.h); ''
-    without results or with no time."""
+    data). The choice and its line are simulate's (planner/advice.h),
+    ending with the SequenceBalancer call that plans as the replay did
+    (its gamma, the machine auto priced by, the measured table's file);
+    '' without results or with no time."""
     rows = [(r["topology"], r["cost_model"], r["slowest_after"] + r["comm_model_seconds"],
              r["slowest_before"]) for r in results]
-    return _C.topology_advice(rows, unit="ms",
-                              seconds_note=" (measured compute, modelled communication)",
-                              baseline="without balancing")
+    return _C.topology_advice(
+        rows, unit="ms", seconds_note=" (measured compute, modelled communication)",
+        baseline="without balancing", trainer_arguments=trainer_arguments,
+        measured_arguments=f"cost_table=json.load(open({table_path!r}))" if table_path else "")
 
 
 def _plot(results, path):
@@ -634,6 +657,9 @@ def parse_args(argv=None):
                         help="GB/s each way across nodes, for auto (planner's default 50)")
     parser.add_argument("--gpus-per-node", type=int, help="for auto (planner's default 8)")
     parser.add_argument("--json", help="write every figure to this file")
+    parser.add_argument("--table-out", help="where the measured table fitted here goes, for "
+                        "SequenceBalancer(cost_table=...) (default: beside --json as "
+                        "NAME.cost_table.json, else replay.cost_table.json)")
     parser.add_argument("--png", help="draw each GPU's time before and after (matplotlib)")
     parser.add_argument("--tflops", type=float,
                         help="peak TFLOP/s of one GPU in the dtype played, for HFU "

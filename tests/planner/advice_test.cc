@@ -119,6 +119,39 @@ TEST(AdviceTest, NamesTheCostModelOnlyWhenTheRowsHoldMoreThanOne) {
             0u);
 }
 
+TEST(AdviceTest, EndsWithTheTrainersCallWhenGivenItsArguments) {
+  AdviceWording wording = Replay();
+  wording.trainer_arguments = "gamma=0.8, machine={'gpus_per_node': 4}";
+  wording.measured_arguments = "cost_table=json.load(open('t.json'))";
+  const std::vector<AdviceRow> rows = {Row("g1n8", 1.0, 2.0, "transformer"),
+                                       Row("auto", 0.5, 2.0, "measured")};
+  std::string line = TopologyAdvice(rows, wording);
+  EXPECT_EQ(line.substr(line.rfind("; in the trainer")),
+            "; in the trainer: SequenceBalancer(\"auto\", gamma=0.8, machine={'gpus_per_node': 4}, "
+            "cost_model=\"measured\", cost_table=json.load(open('t.json')))");
+  // The transformer model is SequenceBalancer's default: not spelled out.
+  line = TopologyAdvice({Row("g1n8", 1.0, 2.0, "transformer"), Row("g2n4", 1.5, 2.0,
+                                                                   "transformer")}, wording);
+  EXPECT_EQ(line.substr(line.rfind("; in the trainer")),
+            "; in the trainer: SequenceBalancer(\"g1n8\", gamma=0.8, machine={'gpus_per_node': 4})");
+  // Without arguments (the default wording) the line stops at the advice.
+  EXPECT_EQ(TopologyAdvice(rows, Replay()).find("in the trainer"), std::string::npos);
+}
+
+TEST(AdviceTest, MachineArgumentNamesWhatDiffersFromTheDefault) {
+  EXPECT_EQ(MachineArgument(Machine()), "");
+  Machine cpu;
+  cpu.flops_per_second = 2.5e11;
+  cpu.gpus_per_node = 4;
+  EXPECT_EQ(MachineArgument(cpu),
+            "machine={\"flops_per_second\": 2.5e+11, \"gpus_per_node\": 4}");
+  Machine links;
+  links.inter_node_bytes_per_second = 12.5e9;
+  links.blocks_per_route = 57;
+  EXPECT_EQ(MachineArgument(links),
+            "machine={\"inter_node_bytes_per_second\": 1.25e+10, \"blocks_per_route\": 57}");
+}
+
 TEST(AdviceTest, ChoosesNothingWithoutRowsOrTimes) {
   EXPECT_FALSE(ChooseTopology({}).has_value());
   EXPECT_EQ(TopologyAdvice({}, Simulate()), "");

@@ -9,18 +9,27 @@ the advice line and scripts/replay_paper_table.sh."""
 import io
 import json
 import math
+import os
+import re
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from knapformer import replay
+from knapformer.launch import run_world
+
+
+# Where the runs that fit a measured table write it (not the runfiles).
+TABLES = tempfile.mkdtemp()
 
 
 def run(argv):
     out = io.StringIO()
+    table = [] if "--json" in argv else ["--table-out", os.path.join(TABLES, "table.json")]
     results = replay.replay(replay.parse_args(argv + ["--repeat", "1", "--d-model", "32",
-                                                      "--heads", "8"]), out)
+                                                      "--heads", "8"] + table), out)
     return results, out.getvalue()
 
 
@@ -77,7 +86,11 @@ def test_a_lengths_file_with_masks_plays_its_masks(tmp_path):
     assert [(r["topology"], r["cost_model"]) for r in results] == [
         ("g1n8", "transformer"), ("g1n8", "measured"), ("g4n2", "transformer"),
         ("g4n2", "measured")]
-    assert "measured table of" in text and "(fitted here)" in text
+    # The table fitted here is written beside the report, for cost_table=.
+    assert "measured table of" in text and f"(fitted here, in {tmp_path / 'r.cost_table.json'})" \
+        in text
+    assert json.loads((tmp_path / "r.cost_table.json").read_text()) == \
+        json.loads((tmp_path / "r.json").read_text())["cost_table"]
     check_bookkeeping(results, lambda step: data_of.step(step)[0])
     table = json.loads((tmp_path / "r.json").read_text())["cost_table"]
     assert table["cost_model"] == "measured" and table["d_model"] == 32
@@ -85,7 +98,7 @@ def test_a_lengths_file_with_masks_plays_its_masks(tmp_path):
     (tmp_path / "table.json").write_text(json.dumps(table))
     again, text = run(args[:-2] + ["--cost-model", "measured", "--cost-table",
                                    str(tmp_path / "table.json")])
-    assert "(--cost-table)" in text and "gamma 0.8 (given)" in text
+    assert f"(--cost-table {tmp_path / 'table.json'})" in text and "gamma 0.8 (given)" in text
     for first, second in zip([r for r in results if r["cost_model"] == "measured"], again):
         assert [s["predicted_workload"] for s in first["steps"]] == \
             [s["predicted_workload"] for s in second["steps"]]
@@ -211,3 +224,54 @@ def test_the_paper_table_script_runs_on_cpu_and_keeps_its_budget(tmp_path):
     assert "| joint | (not finished: replay-joint.txt) |" in (
         tmp_path / "spent" / "table.md").read_text()
     assert "not run, the budget is spent" in (tmp_path / "spent" / "replay-joint.txt").read_text()
+
+
+def plan_with_the_advised_call(rank, size, call, folder, lengths, masks, d_model):
+    import json  # the call's cost_table=json.load(...)
+
+    from knapformer import SequenceBalancer
+    os.chdir(folder)
+    balancer = eval(call, {"SequenceBalancer": SequenceBalancer, "json": json})
+    balancer.plan_routing(lengths[rank], token_dim=d_model,
+                          attn_masks=masks[rank] if masks else None)
+    summary = balancer.get_routing_plan_summary()
+    return summary["layout"], summary["workload_after"]
+
+
+def test_the_advice_pasted_into_the_trainer_plans_as_the_replay_did(tmp_path):
+    """The call the advice line ends with, pasted into a 4-process trainer
+    on the replay's first step, plans the advised layout with the replay's
+    workloads: its gamma, the machine auto priced links by (this CPU's
+    measured rate, 2 GPUs per node) and, for the measured model, the table
+    fitted here and written beside the report."""
+    lengths = tmp_path / "mine.txt"
+    lengths.write_text("".join(f"{64 + 97 * i % 900}{',causal' if i % 4 == 0 else ''}\n"
+                               for i in range(40)))
+    args = ["--lengths", str(lengths), "--samples-per-gpu", "3", "--world", "4", "--steps", "1",
+            "--length-scale", "2", "--gpus-per-node", "2", "--topology", "g1n4,g2n2,auto",
+            "--gamma", "0.7", "--json", str(tmp_path / "r.json")]
+    results, text = run(args)
+    advice = text.strip().splitlines()[-1]
+    call = advice[advice.index("SequenceBalancer("):]
+    assert "machine={'flops_per_second': " in call and "'gpus_per_node': 2}" in call, call
+    assert "gamma=0.7, " in call, call  # given (k alone is fitted: a loaded
+    # machine's times at d_model 32 can defeat the two-term fit)
+    topology = re.match(r'SequenceBalancer\("([^"]+)"', call).group(1)
+    model = "measured" if 'cost_model="measured"' in call else "transformer"
+    row = next(r for r in results if r["topology"] == topology and r["cost_model"] == model)
+    step_lengths, step_masks = replay.Data(replay.parse_args(args)).step(0)
+    got = run_world(plan_with_the_advised_call, 4, call, str(tmp_path), step_lengths,
+                    step_masks, 32)
+    for layout, workload in got:
+        assert layout == row["steps"][0]["layout"], (call, layout)
+        assert workload == pytest.approx(row["steps"][0]["predicted_workload"], rel=1e-9)
+    # Every row's call plans as its row did: the measured one loads the table.
+    measured = next(r for r in results if r["topology"] == "auto" and
+                    r["cost_model"] == "measured")
+    table = str(tmp_path / "r.cost_table.json")
+    call = (f"SequenceBalancer(\"auto\", {call[call.index('gamma='):call.index('}') + 1]}, "
+            f"cost_model=\"measured\", cost_table=json.load(open({table!r})))")
+    for layout, workload in run_world(plan_with_the_advised_call, 4, call, str(tmp_path),
+                                      step_lengths, step_masks, 32):
+        assert layout == measured["steps"][0]["layout"], (call, layout)
+        assert workload == pytest.approx(measured["steps"][0]["predicted_workload"], rel=1e-9)
