@@ -13,11 +13,14 @@
 #include <torch/csrc/autograd/graph_task.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/rank_report.h"
 #include "client/route_layout.h"
 #include "client/row_exchange.h"
 #include "client/settings_agreement.h"
+#include "common/log.h"
+#include "planner/advice.h"
 #include "planner/auto_layout.h"
 #include "planner/machine.h"
 #include "planner/topology.h"
@@ -85,6 +88,8 @@ struct SequenceBalancer::Rep {
   };
   std::map<int, PreparedBag> prepared_bags;
   bool auto_layout = false;
+  bool machine_given = false;        // options.machine is not Machine()'s
+  bool noted_one_gpu_bags = false;   // NoteOneGpuBags said its line
   int heads_multiple = 1;
   Agreement agreement = Agreement::kOncePerStep;
   std::vector<int> world_ranks;  // 0..size-1: the world's members are themselves
@@ -136,6 +141,7 @@ struct SequenceBalancer::Rep {
   std::vector<int64_t> attention_lengths;
   int64_t attention_rows = 0;
 
+  void NoteOneGpuBags();
   // Under "auto", takes this step's bag from the plan among the prepared
   // ones; Internal when the plan names a bag that was not prepared.
   absl::Status SelectBag();
@@ -267,6 +273,27 @@ struct SequenceBalancer::Rep {
   absl::Status CheckDevice(const std::vector<at::Tensor>& xs, const Transport& transport,
                            const char* what) const;
 };
+
+// Under auto with no machine given, a step of one-GPU bags only may be the
+// price of the machine assumed, not of this one: Ulysses on an H100 node's
+// links costs more than a slower GPU would save by it. Said once, by rank 0.
+void SequenceBalancer::Rep::NoteOneGpuBags() {
+  if (!auto_layout || machine_given || noted_one_gpu_bags || world->rank() != 0) return;
+  absl::StatusOr<Topology> layout = Topology::Parse(step_plan.layout);
+  if (!layout.ok() || layout->max_bag_gpus() != 1) return;
+  noted_one_gpu_bags = true;
+  const Machine assumed;
+  Log(LogLevel::kInfo,
+      absl::StrCat(
+          "step ", spec.step(), ": auto kept every GPU in a one-GPU bag (", step_plan.layout,
+          "), pricing Ulysses on the machine it assumes without machine=: ",
+          absl::StrFormat("%.4g", assumed.flops_per_second / 1e12), " TFLOP/s, ",
+          absl::StrFormat("%.4g", assumed.intra_node_bytes_per_second / 1e9),
+          " GB/s within a node of ", assumed.gpus_per_node,
+          " (an H100 node). On GPUs that compute slower against their links (a CPU, a "
+          "smaller GPU) multi-GPU bags pay sooner: pass machine={\"flops_per_second\": "
+          "<this device's rate>} (knapformer replay measures it and prints the call)"));
+}
 
 absl::Status SequenceBalancer::Rep::SelectBag() {
   if (!auto_layout) return absl::OkStatus();  // the fixed bag, checked by Derive
@@ -506,6 +533,7 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
                                                   : Agreement::kOncePerStep;
   for (int p = 0; p < world->size(); ++p) rep->world_ranks.push_back(p);
   rep->auto_layout = AutoLayout::Matches(topology);
+  rep->machine_given = !MachineArgument(options.machine).empty();
   rep->heads_multiple = heads_multiple;
   rep->spec.set_job_id(options.job_id);
   rep->spec.set_group_id(options.group_id);
@@ -614,6 +642,7 @@ absl::Status SequenceBalancer::PlanRouting(const std::vector<int64_t>& lengths,
   // Only now: its size is what the bag's peers confirmed they send.
   r.sequence_order = RowOrder::Of(AttentionIndex(r.ulysses_recv_rows, r.step_plan.plan.ulysses));
   r.planned = true;
+  r.NoteOneGpuBags();
   return absl::OkStatus();
 }
 

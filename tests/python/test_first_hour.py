@@ -221,3 +221,31 @@ def test_the_measured_models_table_is_fitted_online_from_the_ranks_times(capfd):
     log = capfd.readouterr().err
     assert "rank 0: online table fit not used at step 0: no timed steps" in log, log
     assert "is planned with the service's fitted attention table" in log, log
+
+
+def auto_world(rank, size, machine):
+    import knapformer
+
+    balancer = knapformer.SequenceBalancer("auto", gamma=1.0, d_model=64,
+                                           **({"machine": machine} if machine else {}))
+    layouts = []
+    for _ in range(2):
+        balancer.plan_routing([[1024], [64, 64], [64], [64]][rank])
+        layouts.append(balancer.get_routing_plan_summary()["layout"])
+    return layouts
+
+
+def test_auto_says_when_the_machine_it_assumes_keeps_every_gpu_alone(capfd):
+    # On the H100 node assumed without machine=, Ulysses for a 1024-token
+    # sequence at width 64 costs more than it saves: one-GPU bags, and rank
+    # 0 says once which machine it priced and what to pass instead.
+    assert run_world(auto_world, 4, None) == [["g1n4", "g1n4"]] * 4
+    log = capfd.readouterr().err
+    assert log.count("auto kept every GPU in a one-GPU bag") == 1, log
+    assert "step 0: auto kept every GPU in a one-GPU bag (g1n4), pricing Ulysses on the " \
+        "machine it assumes without machine=: 989.4 TFLOP/s, 450 GB/s within a node of 8 " \
+        "(an H100 node)" in log, log
+    assert 'pass machine={"flops_per_second": <this device\'s rate>}' in log, log
+    # With a CPU's rate the same step takes a bag of 4, and nothing is said.
+    assert run_world(auto_world, 4, {"flops_per_second": 1e9}) == [["g4n1", "g4n1"]] * 4
+    assert "auto kept" not in capfd.readouterr().err
