@@ -123,11 +123,42 @@ def torch_facts():
     try:
         return _probe_module().torch_facts()
     except ImportError as error:
+        if any("pip-build-env-" in path for path in sys.path):
+            raise ConfigureError(
+                f"cannot import torch in {sys.executable} ({error}): pip built in an isolated "
+                "environment, which has no torch (or another one). Build against the "
+                "interpreter's own torch with pip's --no-build-isolation:\n"
+                f"  {sys.executable} -m pip install --no-build-isolation .") from None
+        # The rule: pip builds against the interpreter that runs it. Suggest
+        # one that has torch, never this one again.
+        found = _interpreter_with_torch()
         raise ConfigureError(
-            f"cannot import torch in {sys.executable} ({error}). Install knapformer into the "
-            "environment that has your trainer's torch, with pip's --no-build-isolation (an "
-            "isolated build environment has no torch, or a different one):\n"
-            f"  {sys.executable} -m pip install --no-build-isolation .") from None
+            f"cannot import torch in {sys.executable} ({error}): pip builds knapformer against "
+            "the interpreter that runs it, and this one has no torch (a shell's python3 can be "
+            "another interpreter than the trainer's: a pyenv shim, a conda base). Run pip with "
+            "the interpreter of your trainer's torch"
+            + (f" ({found} has torch)" if found else
+               " (in the trainer's environment, python3 -c 'import sys, torch; "
+               "print(sys.executable)' prints it)")
+            + f":\n  {found or '<the trainer python3>'} -m pip install --no-build-isolation ."
+        ) from None
+
+
+def _interpreter_with_torch():
+    """The first of the system's usual interpreters, other than this one,
+    that imports torch; None when none does."""
+    here = os.path.realpath(sys.executable)
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if not os.path.exists(candidate) or os.path.realpath(candidate) == here:
+            continue
+        try:
+            probe = subprocess.run([candidate, "-c", "import torch"], capture_output=True,
+                                   timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if probe.returncode == 0:
+            return candidate
+    return None
 
 
 def _version_tuple(text):

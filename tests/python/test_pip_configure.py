@@ -189,10 +189,25 @@ def test_setup_refuses_at_configure_time_naming_the_package(tmp_path):
 
 
 def test_setup_without_torch_says_no_build_isolation():
-    # An isolated build environment has no torch: the import fails.
+    # An isolated build environment (pip's pip-build-env-* on the path) has
+    # no torch: the import fails, and the same interpreter will do.
+    result = run_setup(prelude="import sys; sys.modules['torch'] = None; "
+                               "sys.path.append('/tmp/pip-build-env-x1/overlay'); ")
+    assert result.returncode != 0
+    assert "cannot import torch" in result.stderr and "isolated environment" in result.stderr
+    assert f"{sys.executable} -m pip install --no-build-isolation ." in result.stderr
+
+
+def test_setup_on_an_interpreter_without_torch_names_the_rule_not_itself():
+    # A pyenv shim's python3 without torch: running pip with it again would
+    # fail again, so the suggestion is another interpreter (here none other
+    # of the usual ones has torch, or it is this one).
     result = run_setup(prelude="import sys; sys.modules['torch'] = None; ")
     assert result.returncode != 0
-    assert "cannot import torch" in result.stderr and "--no-build-isolation" in result.stderr
+    assert "pip builds knapformer against the interpreter that runs it, and this one has no " \
+        "torch" in result.stderr, result.stderr
+    assert f"{sys.executable} -m pip" not in result.stderr, result.stderr
+    assert "-m pip install --no-build-isolation ." in result.stderr
 
 
 def test_setup_answers_metadata_on_this_machine():

@@ -54,8 +54,10 @@ print("ok   train-sim --plan-ahead 1")
 PY
 # Several topologies in one run, auto among them: every step is balanced
 # with each (training matches the unbalanced run for all of them, or the
-# binary exits 1), auto's rows name the layout it chose, and the summary
-# compares auto with the best fixed topology measured in the same run.
+# binary exits 1), auto's rows name the layout it chose, auto is named by
+# the bags it may use on 4 processes (max_bag=4, as simulate names it), and
+# the summary compares auto with the best fixed topology measured in the
+# same run.
 if ! timeout 400 "$bin" --procs 4 --steps 3 --scale 32 --topology auto,g1n4,g4n1 \
     >"$tmp/out" 2>"$tmp/err"; then
   fail "train-sim --topology auto,g1n4,g4n1 exited non-zero: $(cat "$tmp/out" "$tmp/err")"
@@ -63,7 +65,7 @@ fi
 python3 - "$tmp/out" <<'PY' || failures=$((failures + 1))
 import re, sys
 text = open(sys.argv[1]).read()
-chosen = re.findall(r"^\s+balanced\s.*\(local planner, waited [\d.]+ ms\) auto:max_bag=8 -> "
+chosen = re.findall(r"^\s+balanced\s.*\(local planner, waited [\d.]+ ms\) auto:max_bag=4 -> "
                     r"(g\d+n\d+(?:\+g\d+n\d+)*)$", text, re.M)
 assert len(chosen) == 3, f"3 steps with auto's chosen layout:\n{text}"
 for layout in chosen:
@@ -71,10 +73,10 @@ for layout in chosen:
     assert sum(g * n for g, n in terms) == 4 and all(g in (1, 2, 4) for g, _ in terms), layout
 for fixed in ("g1n4", "g4n1"):
     assert len(re.findall(rf"^\s+balanced\s.*ms\) {fixed}$", text, re.M)) == 3, text
-match = re.search(r"^auto:max_bag=8 vs the best fixed topology (g1n4|g4n1): max per-rank compute "
+match = re.search(r"^auto:max_bag=4 vs the best fixed topology (g1n4|g4n1): max per-rank compute "
                   r"(\d+) ms vs (\d+) ms \(([\d.]+)x\)$", text, re.M)
 assert match, text
-assert "mean over steps 1..2 [auto:max_bag=8]" in text and "FAILED" not in text, text
+assert "mean over steps 1..2 [auto:max_bag=4]" in text and "FAILED" not in text, text
 print(f"ok   train-sim auto: {chosen}, {match.group(0)}")
 PY
 "$bin" --procs 4 --topology auto:max_bag=3 >"$tmp/out" 2>"$tmp/err"
@@ -84,7 +86,7 @@ if [[ $code -ne 2 ]] || ! grep -qF -- "--topology: topology 'auto:max_bag=3': ma
 fi
 "$bin" --procs 4 --topology auto --heads 2 --d-model 64 >"$tmp/out" 2>"$tmp/err"
 code=$?
-if [[ $code -ne 2 ]] || ! grep -qF -- "--heads: 2 heads do not split over a bag of 4 GPUs of --topology auto:max_bag=8" "$tmp/err"; then
+if [[ $code -ne 2 ]] || ! grep -qF -- "--heads: 2 heads do not split over a bag of 4 GPUs of --topology auto:max_bag=4" "$tmp/err"; then
   fail "2 heads under auto on 4 processes: exit $code, $(cat "$tmp/err")"
 fi
 
