@@ -18,8 +18,11 @@
 # one; and the stranger's own steps are answered. Under mtls the stranger's
 # certificate also carries another trust domain's SPIFFE id for team-v.
 # Also: a key rotated mid-run keeps the run's token acting (the overlap) and
-# the new key's tokens act at once; a run with no token, or another job's,
-# plans locally, with the reason; a token bound for plaintext off loopback
+# the new key's tokens act at once; a run with no token, another planner's
+# or another job's plans locally from its first step without probing, naming
+# the code, the job id and the credential's kind, and fails with that code
+# under require_planner; a token without the CA plans locally, naming the
+# TLS setting; a token bound for plaintext off loopback
 # fails the run at its start, and so does `serve --auth` without TLS off
 # loopback. 127.0.0.1 only; every wait bounded; every process cleaned up.
 set -u
@@ -154,10 +157,11 @@ check_run "$tmp/rotated" "(rotation)" 0 5 0 service 0 1 2 3 4 5 ||
   failures=$((failures + 1))
 
 # The trainer's mistakes are configuration errors, not outages. A run with no
-# token, or another job's, plans every step locally from its first, naming
-# the code, the job id sent and the credential's kind; it asks the service
-# once and never probes (the calls the service refused, counted on its
-# page); under KNAPFORMER_REQUIRE_PLANNER every rank fails with that code.
+# token, another planner's, or another job's, plans every step locally from
+# its first, naming the code, the job id sent and the credential's kind; it
+# asks the service once and never probes (the calls the service refused,
+# counted on its page); under KNAPFORMER_REQUIRE_PLANNER every rank fails
+# with that code.
 refused_calls() {
   python3 - "$metrics" <<'PY'
 import re, sys, urllib.request
@@ -168,6 +172,7 @@ print(sum(float(v) for v in re.findall(
 PY
 }
 for case in "none:UNAUTHENTICATED:no job token:" \
+    "foreign:UNAUTHENTICATED:a job token:KNAPFORMER_PLANNER_TOKEN=$foreign" \
     "other:PERMISSION_DENIED:a job token:KNAPFORMER_PLANNER_TOKEN=$stranger_token"; do
   IFS=: read -r name code kind credential <<<"$case"
   before="$(refused_calls)"
