@@ -132,11 +132,14 @@ def torch_facts():
         # The rule: pip builds against the interpreter that runs it. Suggest
         # one that has torch, never this one again.
         found = _interpreter_with_torch()
+        venv = sys.prefix != sys.base_prefix
         raise ConfigureError(
             f"cannot import torch in {sys.executable} ({error}): pip builds knapformer against "
             "the interpreter that runs it, and this one has no torch (a shell's python3 can be "
-            "another interpreter than the trainer's: a pyenv shim, a conda base). Run pip with "
-            "the interpreter of your trainer's torch"
+            "another interpreter than the trainer's: a pyenv shim, a conda base"
+            + ("; and a venv sees its base interpreter's torch only when made with "
+               "--system-site-packages" if venv else "")
+            + "). Run pip with the interpreter of your trainer's torch"
             + (f" ({found} has torch)" if found else
                " (in the trainer's environment, python3 -c 'import sys, torch; "
                "print(sys.executable)' prints it)")
@@ -145,10 +148,13 @@ def torch_facts():
 
 
 def _interpreter_with_torch():
-    """The first of the system's usual interpreters, other than this one,
-    that imports torch; None when none does."""
-    here = os.path.realpath(sys.executable)
-    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+    """The first of the usual interpreters (a venv's base, the system's),
+    other than this one, that imports torch; None when none does. A venv's
+    python links to its base interpreter, which is another one here: it
+    sees other packages."""
+    here = os.path.realpath(sys.executable) if sys.prefix == sys.base_prefix else None
+    base = os.path.join(sys.base_prefix, "bin", "python3")
+    for candidate in dict.fromkeys((base, "/usr/bin/python3", "/usr/local/bin/python3")):
         if not os.path.exists(candidate) or os.path.realpath(candidate) == here:
             continue
         try:

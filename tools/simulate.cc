@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -469,12 +470,16 @@ std::string Advice(const SimulateOptions& options, const std::vector<TopologyRes
   wording.seconds_note = " (predicted for the machine above)";
   wording.baseline = "the same step without balancing";
   const std::string machine = MachineArgument(options.machine);
-  wording.trainer_arguments =
-      absl::StrCat("gamma=", absl::StrFormat("%g", options.gamma), machine.empty() ? "" : ", ",
-                   machine);
+  wording.trainer_arguments = absl::StrCat("gamma=", absl::StrFormat("%.10g", options.gamma),
+                                           machine.empty() ? "" : ", ", machine);
   if (!options.cost_table_path.empty()) {
-    wording.measured_arguments =
-        absl::StrCat("cost_table=json.load(open(\"", options.cost_table_path, "\"))");
+    // A Python string literal (CEscape's escapes are Python's too); a table
+    // read from standard input has no file to name.
+    wording.measured_arguments = absl::StrCat(
+        "cost_table=json.load(open(\"",
+        options.cost_table_path == "-" ? "<the table given on stdin, saved to a file>"
+                                       : absl::CEscape(options.cost_table_path),
+        "\"))");
   }
   const std::string line = TopologyAdvice(rows, wording);
   return line.empty() ? "" : absl::StrCat("\n", line, "\n");

@@ -28,6 +28,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -429,11 +430,15 @@ def replay(args, out=sys.stdout):
     table_note, table_path = "", args.cost_table
     if "measured" in models:
         if not table_path:  # beside the report: the advice's trainer arguments load it
-            table_path = args.table_out or (
+            table_path = os.path.abspath(args.table_out or (
                 f"{args.json[:-5] if args.json.endswith('.json') else args.json}.cost_table.json"
-                if args.json else "replay.cost_table.json")
-            with open(table_path, "w", encoding="utf-8") as f:
-                json.dump(cost_table, f, indent=1)
+                if args.json else "replay.cost_table.json"))
+            try:
+                with open(table_path, "w", encoding="utf-8") as f:
+                    json.dump(cost_table, f, indent=1)
+            except OSError as error:
+                raise ReplayError(f"the measured table fitted here: cannot write {table_path} "
+                                  f"({error.strerror}); --table-out FILE puts it elsewhere")
         table_note = (f"; measured table of {len(cost_table['measured_attention']['pairs'])} "
                       f"lengths ({'--cost-table ' if args.cost_table else 'fitted here, in '}"
                       f"{table_path})")
@@ -659,7 +664,8 @@ def parse_args(argv=None):
     parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument("--table-out", help="where the measured table fitted here goes, for "
                         "SequenceBalancer(cost_table=...) (default: beside --json as "
-                        "NAME.cost_table.json, else replay.cost_table.json)")
+                        "NAME.cost_table.json, else replay.cost_table.json; none is written "
+                        "with --cost-table or without the measured model)")
     parser.add_argument("--png", help="draw each GPU's time before and after (matplotlib)")
     parser.add_argument("--tflops", type=float,
                         help="peak TFLOP/s of one GPU in the dtype played, for HFU "

@@ -22,7 +22,8 @@ is shortened by the HTML comments just above its fence:
     <!-- docs-test why: the reason; tests/python/pip_install_check.sh runs that -->
 
 A shortened block must say why, and every repository path the reason names
-(the test that runs the cut part) must exist.
+(the test that runs the cut part) must exist; a block cut whole is skipped,
+its reason the skip's.
 """
 import os
 import random
@@ -31,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -105,6 +107,22 @@ def folder_for(document, tmp_path_factory):
     return FOLDERS[document]
 
 
+def stop_group(group):
+    """SIGTERM to a block's process group, then SIGKILL to what is left after
+    5 s (a planner answers its calls in flight, then exits)."""
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            return
+        for _ in range(int(wait_s / 0.1)):
+            time.sleep(0.1)
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                return
+
+
 def as_run_here(commands, sed):
     if sed is not None:
         commands = subprocess.run(["sed", "-e", sed], input=commands, capture_output=True,
@@ -122,6 +140,8 @@ def test_block_runs(document, line, commands, sed, why, venv, tmp_path_factory):
         assert os.path.exists(os.path.join(SOURCE_TREE, path)), \
             f"{document}:{line}: the reason names {path}, which does not exist"
     script = as_run_here(commands, sed)
+    if not script.strip():
+        pytest.skip(f"{document}:{line}: cut whole: {why}")
     folder = folder_for(document, tmp_path_factory)
     env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}",
                VIRTUAL_ENV=str(venv))
@@ -141,10 +161,7 @@ def test_block_runs(document, line, commands, sed, why, venv, tmp_path_factory):
             pytest.fail(f"{document}:{line} ran past {BLOCK_TIMEOUT_S} s:\n{script}\n"
                         f"{log.read_text()}")
         finally:
-            try:  # what the block left running (a planner started with &)
-                os.killpg(process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            stop_group(process.pid)  # what the block left running (a planner started with &)
     output = log.read_text()
     print(f"$ {script}\n{output}")
     assert process.returncode == 0, \

@@ -296,6 +296,15 @@ printf '# tokens[,mask]\n4096\n1300,causal\n700\n16000\n' >"$tmp/lengths.txt"
 expect simulate-lengths 0 "" -- "$bin" simulate --lengths "$tmp/lengths.txt" \
   --samples-per-gpu 2 --world 8 --steps 3 --topology g1n8,g4n2,auto
 grep -q "^advice: --topology " "$tmp/out" || fail "simulate-lengths: no advice line"
+# The advice ends with the trainer's call: simulate's gamma; a machine only
+# where a flag differs from the default one (what SequenceBalancer assumes).
+grep -qE '; in the trainer: SequenceBalancer\("[^"]+", gamma=0\.49\)$' "$tmp/out" ||
+  fail "simulate-lengths: the advice does not end with the trainer's call: $(tail -n 1 "$tmp/out")"
+expect simulate-lengths-machine 0 "" -- "$bin" simulate --lengths "$tmp/lengths.txt" \
+  --samples-per-gpu 2 --world 8 --steps 2 --topology g1n8,auto --tflops 10 --gpus-per-node 4 \
+  --gamma 0.7
+grep -qE '; in the trainer: SequenceBalancer\("[^"]+", gamma=0\.7, machine=\{"flops_per_second": 1e\+13, "gpus_per_node": 4\}\)$' \
+  "$tmp/out" || fail "simulate-lengths-machine: the call lacks the machine: $(tail -n 1 "$tmp/out")"
 grep -q "4 samples, 1 with masks; 2 samples per GPU" "$tmp/out" ||
   fail "simulate-lengths: no data line"
 printf '4096\n12x\n' >"$tmp/bad-lengths.txt"
