@@ -219,6 +219,10 @@ struct PlannerClient::Rep {
     if (link != nullptr) link->StartProbing(spec.job_id());
   }
 
+  // Whether the channel is plaintext: Create makes planner_tls's
+  // credentials, so no credentials is neither TLS nor the caller's own.
+  bool Plaintext() const { return options.credentials == nullptr; }
+
   // Why a step fell back: `who` could not get it from the service, which
   // said `unreachable`. A job token over a plaintext channel adds the
   // likeliest cause: a planner that serves TLS closes a plaintext
@@ -227,8 +231,7 @@ struct PlannerClient::Rep {
     std::string why = absl::StrCat(who, " from ", options.address, ": ",
                                    unreachable.status().message());
     if (unreachable.status().code() == static_cast<int>(absl::StatusCode::kUnavailable) &&
-        !options.token.empty() && options.credentials == nullptr && !options.tls.enabled() &&
-        !options.mesh_tls) {
+        !options.token.empty() && Plaintext() && !options.mesh_tls) {
       absl::StrAppend(&why,
                       " (a job token is set and the channel is plaintext: if the planner serves "
                       "TLS, give its CA as planner_tls={\"ca\": ...}, KNAPFORMER_PLANNER_TLS_CA "
@@ -249,10 +252,9 @@ struct PlannerClient::Rep {
         absl::StatusCodeToString(static_cast<absl::StatusCode>(refused.status().code())), ": ",
         refused.status().message(), "; sent job id '", spec.job_id(), "' with ",
         options.token.empty() ? "no job token" : "a job token",
-        // Create makes the credentials of planner_tls: TLS is named first.
-        options.tls.enabled()            ? " over TLS"
-        : options.credentials != nullptr ? " over the caller's channel credentials"
-                                         : " in plaintext",
+        options.tls.enabled() ? " over TLS"
+        : Plaintext()         ? " in plaintext"
+                              : " over the caller's channel credentials",
         "): check the token (knapformer token) and the job id it was made for");
     if (options.require_service) {
       return absl::Status(static_cast<absl::StatusCode>(refused.status().code()),

@@ -122,6 +122,12 @@ std::string AutoLayout::spec() const {
   return spec;
 }
 
+std::string AutoLayout::SpecOn(const AutoShape& shape) const {
+  AutoLayout named = *this;
+  named.max_bag = shape.max_bag;
+  return named.spec();
+}
+
 absl::StatusOr<AutoShape> AutoLayout::Resolve(int64_t world_size, const Machine& machine) const {
   if (world_size < 1 || world_size > Topology::kMaxGroupSize) {
     return absl::InvalidArgumentError(absl::StrCat("world_size: ", world_size,

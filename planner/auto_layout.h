@@ -49,6 +49,9 @@ struct AutoLayout {
   // InvalidArgument naming the key and its limit.
   static absl::StatusOr<AutoLayout> Parse(absl::string_view spec);
   std::string spec() const;
+  // The spec naming the bags it may use on a world of `shape`: max_bag cut
+  // to shape's (what divides a node, or the group). What a row is labelled.
+  std::string SpecOn(const AutoShape& shape) const;
 
   // Its shape on `world_size` ranks of `machine`. InvalidArgument for a
   // world that is not a whole number of groups, or a group that is not a

@@ -247,9 +247,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
         return absl::InvalidArgumentError(
             absl::StrCat("--topology ", spec, ": ", shape.status().message()));
       }
-      AutoLayout named = *parsed;
-      named.max_bag = shape->max_bag;
-      layout.name = named.spec();
+      layout.name = parsed->SpecOn(*shape);
     } else {
       auto topology = Topology::Parse(spec);
       if (!topology.ok()) {

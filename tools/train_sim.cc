@@ -207,10 +207,7 @@ absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
         return absl::InvalidArgumentError(
             absl::StrCat("--topology/--procs: ", shape.status().message()));
       }
-      // Named by the bags it may use on --procs, as simulate names it.
-      AutoLayout named = *layout;
-      named.max_bag = shape->max_bag;
-      spec = named.spec();
+      spec = layout->SpecOn(*shape);  // as simulate names it
       max_bag = shape->max_bag;
     } else {
       auto topology = Topology::Parse(spec);
