@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "planner/rank_speeds.h"
 #include "planner/replica_solve.h"
 
 namespace knapformer {
@@ -184,6 +185,10 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& 
   const int32_t ranks = input.world_size();
   const RankLengths& lengths = input.lengths();
   const RankMasks* masks = input.masks();
+  if (absl::Status status = CheckRankSpeeds(options.rank_speeds, ranks); !status.ok()) {
+    return status;
+  }
+  const std::vector<double> speeds = NormalizedRankSpeeds(options.rank_speeds);
   std::vector<int32_t> first_sequence = internal::FirstSequences(lengths);
   std::vector<int32_t> bag_of(first_sequence.back(), -1);
   std::vector<int32_t> trial(first_sequence.back(), -1);
@@ -231,6 +236,19 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& 
         }
       }
     }
+    // The replica's total speed, slowest and fastest GPU (normalized): what
+    // its bounds divide by. One speed: group, 1, 1, so the bounds are the
+    // FLOP ones exactly.
+    double total_speed = group, slowest = 1, fastest = 1;
+    if (!speeds.empty()) {
+      total_speed = 0;
+      slowest = fastest = speeds[first_rank];
+      for (int32_t rank = first_rank; rank < first_rank + group; ++rank) {
+        total_speed += speeds[rank];
+        slowest = std::min(slowest, speeds[rank]);
+        fastest = std::max(fastest, speeds[rank]);
+      }
+    }
     std::vector<std::string> specs = homogeneous;
     for (double fill : {1.0, 1.5}) {
       const std::string spec = SpecOf(DemandShaped(workloads, total, group, max_bag, fill));
@@ -251,12 +269,17 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& 
         least_ulysses = std::min(least_ulysses, ulysses);
         auto alone = [&](int64_t length, double attention) {
           const int64_t chunk = (length + g - 1) / g;
-          return cost.Linear(chunk) + attention / g + ulysses * static_cast<double>(chunk);
+          return (cost.Linear(chunk) + attention / g) / fastest +
+                 ulysses * static_cast<double>(chunk);
         };
         longest_alone = std::min(longest_alone, alone(longest, longest_attention));
         heaviest_alone = std::min(heaviest_alone, alone(heaviest, heaviest_attention));
       }
-      const double mean = (total + least_ulysses * static_cast<double>(tokens)) / group;
+      // The slowest GPU's time is at least the speed-weighted mean of all
+      // (weights s / total_speed): total compute over total speed, plus
+      // each GPU's Ulysses time weighted by a speed of at least `slowest`.
+      const double mean =
+          (total + slowest * least_ulysses * static_cast<double>(tokens)) / total_speed;
       candidates.push_back({topology,
                             std::max({mean, longest_alone, heaviest_alone}) * kSlack,
                             static_cast<int32_t>(i)});
@@ -280,7 +303,8 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& 
         continue;
       }
       const PredictedStep step = PredictReplica(*candidate.topology, first_rank, lengths,
-                                                first_sequence, trial, cost, prices, masks);
+                                                first_sequence, trial, cost, prices, masks,
+                                                speeds);
       if (best == nullptr || step.time < best_step.time ||
           (step.time == best_step.time && candidate.order < best->order)) {
         best = &candidate;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "planner/packing_bound.h"
+#include "planner/rank_speeds.h"
 
 namespace knapformer {
 
@@ -28,14 +29,33 @@ BalanceStats ComputeBalanceStats(const std::vector<double>& workload) {
 }
 
 double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
-                             const RankLengths& lengths, const RankMasks* masks) {
+                             const RankLengths& lengths, const RankMasks* masks,
+                             const std::vector<double>& speeds) {
   const int32_t group = world.group_size();
+  const std::vector<double> normalized = NormalizedRankSpeeds(speeds);
   double total = 0;
   double bound = 0;
   std::vector<double> workloads;
+  // Per bag size: the size and the fastest bag's speed per GPU (its
+  // slowest GPU's). One speed: every size at 1, and the largest size gives
+  // the least, as it did before speeds.
+  std::vector<std::pair<int32_t, double>> sizes;
   for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
     const Topology& topology = world.replica_topology(replica);
+    const ReplicaBags bags = BagsOf(topology, replica * group, normalized);
     const int64_t gpus = topology.max_bag_gpus();
+    double total_speed = 0, fastest = 0;
+    sizes.clear();
+    for (int32_t b = 0; b < bags.size(); ++b) {
+      total_speed += bags.speed[b];
+      fastest = std::max(fastest, bags.speed[b]);
+      const double per_gpu = bags.speed[b] / bags.gpus[b];
+      if (sizes.empty() || sizes.back().first != bags.gpus[b]) {
+        sizes.emplace_back(bags.gpus[b], per_gpu);
+      } else {
+        sizes.back().second = std::max(sizes.back().second, per_gpu);
+      }
+    }
     double replica_total = 0;
     workloads.clear();
     for (int32_t rank = replica * group; rank < (replica + 1) * group; ++rank) {
@@ -45,16 +65,25 @@ double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
         const double workload = cost.Workload(length, mask);
         replica_total += workload;
         if (length > 0) workloads.push_back(workload);
-        const int64_t largest_chunk = (length + gpus - 1) / gpus;
-        bound = std::max(bound, cost.Linear(largest_chunk) + cost.Attention(length, mask) / gpus);
+        const double attention = cost.Attention(length, mask);
+        double alone = std::numeric_limits<double>::infinity();
+        for (const auto& [size, speed] : sizes) {
+          const int64_t largest_chunk = (length + size - 1) / size;
+          const double time = cost.Linear(largest_chunk) + attention / size;
+          alone = std::min(alone, speed == 1.0 ? time : time / speed);
+        }
+        bound = std::max(bound, alone);
       }
     }
     total += replica_total;
-    bound = std::max(bound, replica_total / group);
+    bound = std::max(bound, replica_total / total_speed);
     if (topology.bags().front().gpus == gpus) {
+      // A bag's time is at least its workload over the fastest bag's speed.
       std::sort(workloads.begin(), workloads.end(), std::greater<double>());
-      bound = UniformBagsLowerBound(workloads, topology.num_bags(),
-                                    static_cast<int32_t>(gpus), bound);
+      const double scale = fastest / static_cast<double>(gpus);  // 1 with one speed
+      bound = UniformBagsLowerBound(workloads, topology.num_bags(), static_cast<int32_t>(gpus),
+                                    bound * scale) /
+              scale;
     }
   }
   if (total == 0) return 1.0;

@@ -29,8 +29,15 @@ BalanceStats ComputeBalanceStats(const std::vector<double>& workload);
 // what packing its whole sequences into those bags needs (packing_bound.h:
 // pigeonhole and Martello-Toth L2).
 // `masks` (null or empty: all full) price the attention.
+//
+// With rank speeds (rank_speeds.h; empty: one speed) the bound is on the
+// slowest GPU's time (TimePerRank) over the ideal, the total workload over
+// the total speed: the busiest replica's workload over its bags' speeds, the
+// heaviest sequence alone in the fastest bag of each size (the least of
+// those), and the packing bound in bags at the fastest bag's speed.
 double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
-                             const RankLengths& lengths, const RankMasks* masks = nullptr);
+                             const RankLengths& lengths, const RankMasks* masks = nullptr,
+                             const std::vector<double>& speeds = {});
 
 }  // namespace knapformer
 

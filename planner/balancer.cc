@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "planner/rank_speeds.h"
 #include "planner/replica_solve.h"
 
 namespace knapformer {
@@ -10,6 +11,10 @@ namespace knapformer {
 absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                                    const BalancerInput& input, const BalancerOptions& options) {
   if (absl::Status status = BalancerInput::CheckRanks(input.world_size(), world.world_size());
+      !status.ok()) {
+    return status;
+  }
+  if (absl::Status status = CheckRankSpeeds(options.rank_speeds, world.world_size());
       !status.ok()) {
     return status;
   }

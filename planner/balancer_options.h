@@ -44,6 +44,12 @@ struct BalancerOptions {
   // rank and tokens, and the cap (the greedy is not exhaustive: a refusal
   // means it found no placement, not that none exists).
   int64_t max_tokens_per_gpu = 0;
+  // Relative compute speed per global rank (rank_speeds.h); empty: every
+  // rank at one speed. With speeds every phase balances time, a bag's
+  // workload over its speed (replica_bags.h), instead of workload: a rank
+  // at 0.6 gets about 0.6 of a share. The balancers refuse speeds that fail
+  // CheckRankSpeeds.
+  std::vector<double> rank_speeds;
 };
 
 }  // namespace knapformer

@@ -21,15 +21,16 @@ constexpr int32_t kEnoughPartners = 2;
 
 }  // namespace
 
-bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu,
+bool RepairToLimit(const ReplicaBags& replica, double limit_per_gpu,
                    int64_t max_tokens_per_gpu, int32_t partners, const SequenceTable& sequences,
                    std::vector<int32_t>& bag, std::vector<double>& assigned) {
-  const int32_t num_bags = static_cast<int32_t>(gpus.size());
+  const int32_t num_bags = replica.size();
+  const std::vector<int32_t>& gpus = replica.gpus;
   const std::vector<double>& workload = sequences.workload;
   std::vector<double> cap(num_bags);
   std::vector<int32_t> over;
   for (int32_t b = 0; b < num_bags; ++b) {
-    cap[b] = limit_per_gpu * gpus[b];
+    cap[b] = limit_per_gpu * replica.speed[b];
     if (assigned[b] > cap[b]) over.push_back(b);
   }
   if (over.empty()) return true;

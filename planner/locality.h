@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "planner/replica_bags.h"
 #include "planner/sequence_table.h"
 
 namespace knapformer {
@@ -16,8 +17,8 @@ inline int64_t MovedTokens(int64_t length, int32_t home_bag, int32_t bag,
   return bag == home_bag ? length - length / gpus[bag] : length;
 }
 
-// Brings every bag to at most `limit_per_gpu` per GPU (assigned[b] <=
-// limit_per_gpu * gpus[b]), for a placement that is over it in some bags
+// Brings every bag to at most `limit_per_gpu` of time (assigned[b] <=
+// limit_per_gpu * speed[b], replica_bags.h), for a placement that is over it in some bags
 // (a home-first packing): per bag over the limit, worst first, up to 8
 // moves or swaps, each with one of the `partners` bags that have the most
 // room, keeping the partner under the limit. Each step takes an action that
@@ -36,9 +37,9 @@ inline int64_t MovedTokens(int64_t length, int32_t home_bag, int32_t bag,
 // than the smallest bag, to the smallest bags), as in refinement, and with
 // max_tokens_per_gpu > 0 no action adds tokens to a bag of G GPUs beyond
 // G * max_tokens_per_gpu.
-// `gpus[b]` is the size of bag b, ascending. O(S + B log B + A * P * s log s) for S
+// `replica` holds the bags' sizes (ascending) and speeds. O(S + B log B + A * P * s log s) for S
 // sequences, B bags, A actions, P partners and s sequences per bag.
-bool RepairToLimit(const std::vector<int32_t>& gpus, double limit_per_gpu,
+bool RepairToLimit(const ReplicaBags& replica, double limit_per_gpu,
                    int64_t max_tokens_per_gpu, int32_t partners, const SequenceTable& sequences,
                    std::vector<int32_t>& bag, std::vector<double>& assigned);
 

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <tuple>
+#include <utility>
 
 namespace knapformer {
 namespace {
@@ -45,13 +47,13 @@ class RoomTree {
   std::vector<double> nodes_;
 };
 
-bool FirstFitDecreasing(const std::vector<int32_t>& gpus, const std::vector<double>& workload,
+bool FirstFitDecreasing(const ReplicaBags& replica, const std::vector<double>& workload,
                         const std::vector<int32_t>& first_usable,
                         const std::vector<int32_t>& last_usable, double capacity,
                         std::vector<int32_t>& bags, std::vector<double>& assigned) {
-  const int32_t num_bags = static_cast<int32_t>(gpus.size());
+  const int32_t num_bags = replica.size();
   std::vector<double> room(num_bags);
-  for (int32_t b = 0; b < num_bags; ++b) room[b] = capacity * gpus[b];
+  for (int32_t b = 0; b < num_bags; ++b) room[b] = capacity * replica.speed[b];
   RoomTree tree(room);
   bags.assign(workload.size(), -1);
   assigned.assign(num_bags, 0.0);
@@ -68,7 +70,7 @@ bool FirstFitDecreasing(const std::vector<int32_t>& gpus, const std::vector<doub
 
 }  // namespace
 
-bool Multifit(const std::vector<int32_t>& gpus, const std::vector<double>& workload,
+bool Multifit(const ReplicaBags& replica, const std::vector<double>& workload,
               const std::vector<int32_t>& first_usable, const std::vector<int32_t>& last_usable,
               double lo, double hi, int32_t rounds, std::vector<int32_t>& bags,
               std::vector<double>& assigned) {
@@ -77,7 +79,7 @@ bool Multifit(const std::vector<int32_t>& gpus, const std::vector<double>& workl
   bool found = false;
   for (int32_t round = 0; round < rounds && lo < hi; ++round) {
     const double capacity = lo + (hi - lo) / 2;
-    if (FirstFitDecreasing(gpus, workload, first_usable, last_usable, capacity, trial_bags,
+    if (FirstFitDecreasing(replica, workload, first_usable, last_usable, capacity, trial_bags,
                            trial_assigned)) {
       bags.swap(trial_bags);
       assigned.swap(trial_assigned);
@@ -90,15 +92,19 @@ bool Multifit(const std::vector<int32_t>& gpus, const std::vector<double>& workl
   return found;
 }
 
-void RenumberTowardHomes(const std::vector<int32_t>& gpus, const std::vector<int64_t>& length,
+void RenumberTowardHomes(const ReplicaBags& replica, const std::vector<int64_t>& length,
                          const std::vector<int32_t>& home_bag, std::vector<int32_t>& bags,
                          std::vector<double>& assigned) {
-  const int32_t num_bags = static_cast<int32_t>(gpus.size());
+  const int32_t num_bags = replica.size();
+  // Bags that can trade places: one size and one speed.
+  auto alike = [&](int32_t a, int32_t b) {
+    return replica.gpus[a] == replica.gpus[b] && replica.speed[a] == replica.speed[b];
+  };
   // (packed bag, home bag, tokens), summed per pair.
   std::vector<std::tuple<int32_t, int32_t, int64_t>> pairs;
   for (size_t k = 0; k < bags.size(); ++k) {
     const int32_t home = home_bag[k];
-    if (bags[k] >= 0 && gpus[bags[k]] == gpus[home]) pairs.emplace_back(bags[k], home, length[k]);
+    if (bags[k] >= 0 && alike(bags[k], home)) pairs.emplace_back(bags[k], home, length[k]);
   }
   std::sort(pairs.begin(), pairs.end());
   std::vector<std::tuple<int64_t, int32_t, int32_t>> by_tokens;  // (-tokens, packed, home)
@@ -119,14 +125,17 @@ void RenumberTowardHomes(const std::vector<int32_t>& gpus, const std::vector<int
     renumbered[packed] = home;
     taken[home] = 1;
   }
-  // The rest in order, within their size: each size's untaken bags match its
-  // packed bags without a number in count, and sizes come in ascending order.
-  for (int32_t packed = 0, free = 0; packed < num_bags; ++packed) {
+  // The rest in order, within their (size, speed): each one's untaken bags
+  // match its packed bags without a number in count.
+  std::map<std::pair<int32_t, double>, std::vector<int32_t>> untaken;  // in descending order
+  for (int32_t b = num_bags - 1; b >= 0; --b) {
+    if (!taken[b]) untaken[{replica.gpus[b], replica.speed[b]}].push_back(b);
+  }
+  for (int32_t packed = 0; packed < num_bags; ++packed) {
     if (renumbered[packed] >= 0) continue;
-    while (free < num_bags && (taken[free] || gpus[free] != gpus[packed])) ++free;
-    if (free == num_bags) return;  // `gpus` not ascending: leave the packing as it was
-    renumbered[packed] = free;
-    taken[free] = 1;
+    std::vector<int32_t>& free = untaken[{replica.gpus[packed], replica.speed[packed]}];
+    renumbered[packed] = free.back();
+    free.pop_back();
   }
   for (int32_t& bag : bags) {
     if (bag >= 0) bag = renumbered[bag];

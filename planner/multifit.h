@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "planner/replica_bags.h"
+
 namespace knapformer {
 
 // MULTIFIT (Coffman, Garey and Johnson, SIAM J. Comput. 7(1), 1978): the
@@ -14,24 +16,25 @@ namespace knapformer {
 // the capacity with the heaviest sequence that still fits.
 //
 // `workload[k]` is in descending order; sequence k may go to the bags
-// [first_usable[k], last_usable[k]]; `gpus[b]` is bag b's size. Tries
-// `rounds` capacities in [lo, hi] per GPU. On success (some capacity packed
+// [first_usable[k], last_usable[k]]; `replica` holds the bags' sizes and
+// speeds (replica_bags.h). Tries `rounds` capacities in [lo, hi] of time
+// (a bag of speed s holds capacity * s of workload). On success (some capacity packed
 // everything) `bags[k]` and `assigned[b]` hold the packing of the least
 // capacity that worked and it returns true; else they are untouched.
 // Deterministic; O(rounds * S * log^2 B).
-bool Multifit(const std::vector<int32_t>& gpus, const std::vector<double>& workload,
+bool Multifit(const ReplicaBags& replica, const std::vector<double>& workload,
               const std::vector<int32_t>& first_usable, const std::vector<int32_t>& last_usable,
               double lo, double hi, int32_t rounds, std::vector<int32_t>& bags,
               std::vector<double>& assigned);
 
-// REQUIRES: `gpus` ascending (bags sorted by size, as topologies are).
-// Bags of one size are interchangeable in a packing: renumbers them within
-// each size so that a bag keeps the tokens of the sequences it is home to
+// REQUIRES: sizes ascending (bags sorted by size, as topologies are).
+// Bags of one size and speed are interchangeable in a packing: renumbers them
+// within each (size, speed) so that a bag keeps the tokens of the sequences it is home to
 // (`home_bag[k]`), greedily, the pair (packed bag, home bag) with the most
 // tokens first, ties by bag ids; bags left over keep their order. `bags` and
 // `assigned` are renumbered in place; every load stays the same, since a
-// packed bag moves whole to a bag of its size. O(S log S + B).
-void RenumberTowardHomes(const std::vector<int32_t>& gpus, const std::vector<int64_t>& length,
+// packed bag moves whole to a bag of its size and speed. O(S log S + B log B).
+void RenumberTowardHomes(const ReplicaBags& replica, const std::vector<int64_t>& length,
                          const std::vector<int32_t>& home_bag, std::vector<int32_t>& bags,
                          std::vector<double>& assigned);
 

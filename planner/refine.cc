@@ -15,15 +15,17 @@ constexpr double kMinGain = 1e-12;
 
 }  // namespace
 
-void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
+void RefineBags(const ReplicaBags& replica, int32_t max_rounds,
                 const SequenceTable& sequences, std::vector<int32_t>& bag,
                 std::vector<double>& assigned, int32_t partners) {
-  const int32_t num_bags = static_cast<int32_t>(gpus.size());
+  const int32_t num_bags = replica.size();
   if (num_bags < 2) return;
+  const std::vector<int32_t>& gpus = replica.gpus;
+  const std::vector<double>& speed = replica.speed;
   const std::vector<double>& workload = sequences.workload;
   const std::vector<int32_t>& id = sequences.id;
   internal::BagMembers members(num_bags, sequences.size(), [&](int32_t i) { return bag[i]; });
-  auto load = [&](int32_t b) { return assigned[b] / gpus[b]; };
+  auto load = [&](int32_t b) { return assigned[b] / speed[b]; };
   auto fits = [&](int32_t i, int32_t b) {
     const int64_t length = sequences.length[i];
     return gpus[b] <= length || (length < gpus[0] && gpus[b] == gpus[0]);
@@ -48,8 +50,8 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
     double best = heavy_load * (1 - kMinGain);
     for (int32_t i : members.Get(heavy)) {
       if (!fits(i, light)) continue;
-      const double peak = std::max(heavy_load - workload[i] / gpus[heavy],
-                                   light_load + workload[i] / gpus[light]);
+      const double peak = std::max(heavy_load - workload[i] / speed[heavy],
+                                   light_load + workload[i] / speed[light]);
       if (peak < best ||
           (peak == best && change.move_item >= 0 && id[i] < id[change.move_item])) {
         best = peak;
@@ -59,7 +61,8 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
     // Best swap. peak(delta) is convex in delta = a - b and smallest when both
     // bags end level, at delta*; so for each a only the two sequences of the
     // light bag around a - delta* can be best: O(n log n), not O(n^2).
-    const double level_delta = (heavy_load - light_load) / (1.0 / gpus[heavy] + 1.0 / gpus[light]);
+    const double level_delta =
+        (heavy_load - light_load) / (1.0 / speed[heavy] + 1.0 / speed[light]);
     std::vector<int32_t>& candidates = members.Mutable(light);
     std::sort(candidates.begin(), candidates.end(), [&](int32_t x, int32_t y) {
       if (workload[x] != workload[y]) return workload[x] < workload[y];
@@ -76,7 +79,7 @@ void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
         if (workload[j] >= workload[i] || !fits(j, heavy)) continue;
         const double delta = workload[i] - workload[j];
         const double peak =
-            std::max(heavy_load - delta / gpus[heavy], light_load + delta / gpus[light]);
+            std::max(heavy_load - delta / speed[heavy], light_load + delta / speed[light]);
         if (peak < best) {
           best = peak;
           change.swap_heavy = i;

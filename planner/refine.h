@@ -4,11 +4,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "planner/replica_bags.h"
 #include "planner/sequence_table.h"
 
 namespace knapformer {
 
-// Local refinement of a bag assignment, per-GPU load = assigned / gpus.
+// Local refinement of a bag assignment, a bag's load = its time,
+// assigned / speed (replica_bags.h).
 // Each round takes the most loaded bag H that is not yet known to be stuck and
 // the least loaded bag L, and applies the single move (a sequence from H to L)
 // or swap (a heavier sequence of H for a lighter one of L) that lowers
@@ -18,7 +20,7 @@ namespace knapformer {
 // The sorted vector of loads only decreases, so max/mean never gets worse.
 //
 // `bag[i]` is the bag of sequence i of `sequences`, updated in place;
-// `gpus[b]` is the size of bag b (ascending); `assigned[b]` its workload,
+// `replica` the bags' sizes (ascending) and speeds; `assigned[b]` bag b's workload,
 // kept up to date. Deterministic: the same input gives the same rounds; the
 // heaviest and lightest bags tie by bag id, moves by sequence id, and swaps
 // go to the first found in the bags' member order.
@@ -27,7 +29,7 @@ namespace knapformer {
 // are tried in turn, up to `partners` in all, before H counts as stuck
 // (coarse workloads, such as block-causal video, often level only with a
 // bag other than the least loaded one).
-void RefineBags(const std::vector<int32_t>& gpus, int32_t max_rounds,
+void RefineBags(const ReplicaBags& replica, int32_t max_rounds,
                 const SequenceTable& sequences, std::vector<int32_t>& bag,
                 std::vector<double>& assigned, int32_t partners = 1);
 

@@ -9,6 +9,7 @@
 #include "planner/locality.h"
 #include "planner/min_tree.h"
 #include "planner/multifit.h"
+#include "planner/rank_speeds.h"
 #include "planner/refine.h"
 #include "planner/token_cap.h"
 
@@ -119,7 +120,7 @@ class ReplicaPacker::BagQueue {
 
   // Tokens bag b may still take under the cap. REQUIRES: a cap.
   int64_t RoomOf(int32_t b) const {
-    return TokenCapOfBag(packer_.cap_, packer_.gpus_[b]) - tokens_[b];
+    return TokenCapOfBag(packer_.cap_, packer_.bags_.gpus[b]) - tokens_[b];
   }
 
   // Whether bag b has room for `tokens_needed` more tokens (always, without
@@ -128,12 +129,8 @@ class ReplicaPacker::BagQueue {
     return packer_.cap_ <= 0 || tokens_needed <= RoomOf(b);
   }
 
-  // Bag b's workload per GPU.
-  double OccupancyOf(int32_t b) const {
-    // Dividing by one is exact, and skipping it takes a division's latency
-    // off every update in one-GPU bags.
-    return packer_.gpus_[b] == 1 ? assigned_[b] : assigned_[b] / packer_.gpus_[b];
-  }
+  // Bag b's time.
+  double OccupancyOf(int32_t b) const { return packer_.bags_.Time(b, assigned_[b]); }
 
   // Offers again every parked bag with room for `tokens_needed` tokens:
   // called before each sequence, with its length.
@@ -205,19 +202,26 @@ class ReplicaPacker::BagQueue {
 };
 
 ReplicaPacker::ReplicaPacker(const Topology& topology, const CostModel& cost, int32_t refine_rounds,
-                             int64_t max_tokens_per_gpu,
+                             int64_t max_tokens_per_gpu, const std::vector<double>& rank_speeds,
                              const std::vector<std::vector<int64_t>>& lengths, int32_t first_rank,
                              const std::vector<int32_t>& first_sequence, const RankMasks* masks)
     : first_sequence_(first_sequence),
       refine_rounds_(refine_rounds),
       cap_(max_tokens_per_gpu),
       group_(topology.group_size()),
-      num_bags_(topology.num_bags()) {
+      num_bags_(topology.num_bags()),
+      bags_(BagsOf(topology, first_rank, rank_speeds)) {
   const double total = Tabulate(topology, cost, lengths, first_rank, masks);
   if (empty()) return;
-  target_ = total / group_;
-  gpus_.resize(num_bags_);
-  for (int32_t b = 0; b < num_bags_; ++b) gpus_[b] = topology.bag(b).gpus;
+  // One speed: the sum is group_ exactly, so plans are the FLOP-balanced
+  // ones bit for bit.
+  double total_speed = 0;
+  fastest_through_.resize(num_bags_);
+  for (int32_t b = 0; b < num_bags_; ++b) {
+    total_speed += bags_.speed[b];
+    fastest_through_[b] = std::max(b > 0 ? fastest_through_[b - 1] : 0.0, bags_.speed[b]);
+  }
+  target_ = total / total_speed;
   FindUsableBags();
 }
 
@@ -288,15 +292,21 @@ void ReplicaPacker::FindUsableBags() {
   // Bags are sorted by size, so eligibility is decided per size class: the
   // classes a sequence can use are always a contiguous run of classes, hence
   // a contiguous run of bags [first_usable, last_usable]. Classes not larger
-  // than the sequence form a prefix, those with enough capacity a suffix.
+  // than the sequence form a prefix, those with enough capacity a suffix. A
+  // class's capacity is its fastest bag's (its size with one speed); the
+  // fastest bag so far, so that capacities never fall along the classes.
+  const std::vector<int32_t>& gpus = bags_.gpus;
   std::vector<int32_t> class_gpus, class_first, class_last;
+  std::vector<double> class_speed;
   for (int32_t b = 0; b < num_bags_; ++b) {
-    if (b == 0 || gpus_[b] != gpus_[b - 1]) {
-      class_gpus.push_back(gpus_[b]);
+    if (b == 0 || gpus[b] != gpus[b - 1]) {
+      class_gpus.push_back(gpus[b]);
       class_first.push_back(b);
       class_last.push_back(b);
+      class_speed.push_back(0);
     }
     class_last.back() = b;
+    class_speed.back() = fastest_through_[b];
   }
   first_usable_.resize(n);
   last_usable_.resize(n);
@@ -310,9 +320,9 @@ void ReplicaPacker::FindUsableBags() {
       lo = hi = 0;  // shorter than the smallest bag: use the smallest bags
     } else {
       lo = static_cast<int32_t>(
-          std::partition_point(class_gpus.begin(), class_gpus.end(),
-                               [&](int32_t g) { return g * target_ < table_.workload[k]; }) -
-          class_gpus.begin());
+          std::partition_point(class_speed.begin(), class_speed.end(),
+                               [&](double s) { return s * target_ < table_.workload[k]; }) -
+          class_speed.begin());
       if (lo > hi) lo = hi;  // too big for any: the largest usable bags
     }
     first_usable_[k] = class_first[lo];
@@ -333,7 +343,7 @@ bool ReplicaPacker::FitsCap(const std::vector<int32_t>& bags) const {
   if (cap_ <= 0) return true;
   const std::vector<int64_t> tokens = TokensOf(bags);
   for (int32_t b = 0; b < num_bags_; ++b) {
-    if (tokens[b] > TokenCapOfBag(cap_, gpus_[b])) return false;
+    if (tokens[b] > TokenCapOfBag(cap_, bags_.gpus[b])) return false;
   }
   return true;
 }
@@ -343,7 +353,7 @@ void ReplicaPacker::Refine(std::vector<int32_t>& bags, std::vector<double>& assi
   // Refinement balances workload only: under a cap, undo it if it broke one.
   std::vector<int32_t> bags_before = cap_ > 0 ? bags : std::vector<int32_t>();
   std::vector<double> assigned_before = cap_ > 0 ? assigned : std::vector<double>();
-  RefineBags(gpus_, refine_rounds_, table_, bags, assigned, masked_ ? kMaskedRefinePartners : 1);
+  RefineBags(bags_, refine_rounds_, table_, bags, assigned, masked_ ? kMaskedRefinePartners : 1);
   if (cap_ > 0 && !FitsCap(bags)) {
     bags.swap(bags_before);
     assigned.swap(assigned_before);
@@ -363,7 +373,7 @@ bool ReplicaPacker::Pack(double home_cap, std::vector<int32_t>& bags,
     if (home_cap > 0) {
       const int32_t home = table_.home_bag[k];
       if (home >= first_usable_[k] && home <= last_usable_[k] &&
-          (assigned[home] + workload[k]) / gpus_[home] <= home_cap &&
+          bags_.Time(home, assigned[home] + workload[k]) <= home_cap &&
           queue.RoomFor(home, length[k])) {
         bag = home;
       }
@@ -382,7 +392,7 @@ bool ReplicaPacker::Pack(double home_cap, std::vector<int32_t>& bags,
 
 double ReplicaPacker::MaxPerGpu(const std::vector<double>& assigned) const {
   double worst = 0;
-  for (int32_t b = 0; b < num_bags_; ++b) worst = std::max(worst, assigned[b] / gpus_[b]);
+  for (int32_t b = 0; b < num_bags_; ++b) worst = std::max(worst, bags_.Time(b, assigned[b]));
   return worst;
 }
 
@@ -391,7 +401,7 @@ int64_t ReplicaPacker::MovedTokensBound(const std::vector<int32_t>& bags, bool a
   const std::vector<int64_t>& length = table_.length;
   int64_t moved = 0;
   for (int32_t k = 0; k < n; ++k) {
-    const int32_t g = gpus_[bags[k]];
+    const int32_t g = bags_.gpus[bags[k]];
     const int64_t kept = bags[k] != table_.home_bag[k] ? 0
                          : at_least                    ? (length[k] + g - 1) / g
                                                        : length[k] / g;
@@ -425,19 +435,19 @@ void ReplicaPacker::TryMultifit() {
   // plans under a token cap stay as they were.
   if (!masked_ || cap_ > 0) return;
   const int32_t n = table_.size();
-  double lowest = target_;  // no packing's maximum per GPU is below this
+  double lowest = target_;  // no packing's maximum time is below this
   for (int32_t k = 0; k < n; ++k) {
-    lowest = std::max(lowest, table_.workload[k] / gpus_[last_usable_[k]]);
+    lowest = std::max(lowest, table_.workload[k] / fastest_through_[last_usable_[k]]);
   }
   if (planned_max_ > lowest * (1 + kMultifitMinGap)) {
     std::vector<int32_t> packed;
     std::vector<double> packed_assigned;
-    if (Multifit(gpus_, table_.workload, first_usable_, last_usable_, lowest, planned_max_,
+    if (Multifit(bags_, table_.workload, first_usable_, last_usable_, lowest, planned_max_,
                  kMultifitRounds, packed, packed_assigned)) {
       Refine(packed, packed_assigned);
       const double packed_max = MaxPerGpu(packed_assigned);
       if (packed_max < planned_max_) {
-        RenumberTowardHomes(gpus_, table_.length, table_.home_bag, packed, packed_assigned);
+        RenumberTowardHomes(bags_, table_.length, table_.home_bag, packed, packed_assigned);
         chosen_.swap(packed);
         assigned_.swap(packed_assigned);
         planned_max_ = packed_max;
@@ -486,7 +496,7 @@ void ReplicaPacker::TryLocality(double slack) {
   if (Pack(planned_max_, near_home, near_assigned)) {
     bool within = MaxPerGpu(near_assigned) <= limit;
     if (!within &&
-        RepairToLimit(gpus_, limit, cap_, kRepairPartners, table_, near_home, near_assigned)) {
+        RepairToLimit(bags_, limit, cap_, kRepairPartners, table_, near_home, near_assigned)) {
       within = MaxPerGpu(near_assigned) <= limit && FitsCap(near_home);
     }
     if (within && MovedTokensBound(near_home, /*at_least=*/false) <

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "planner/attention_mask.h"
 #include "planner/cost_model.h"
+#include "planner/replica_bags.h"
 #include "planner/sequence_table.h"
 #include "planner/topology.h"
 
@@ -30,12 +31,14 @@ class ReplicaPacker {
   // lengths[rank][i] (RankLengths, balancer.h) are its sequences' tokens,
   // first_sequence[rank] the global id of each rank's first sequence
   // (FirstSequences), `masks` (null or empty: all full) price each one's
-  // attention. `refine_rounds` and `max_tokens_per_gpu` are
-  // BalancerOptions' (0: no refinement, no cap).
+  // attention. `refine_rounds`, `max_tokens_per_gpu` and `rank_speeds`
+  // are BalancerOptions' (0: no refinement, no cap; empty: one speed).
+  // Every workload compared per bag is its time (replica_bags.h).
   // REQUIRES: the input passed CheckBalancerInput and, with masks,
   // CheckRankMasks.
   ReplicaPacker(const Topology& topology, const CostModel& cost, int32_t refine_rounds,
-                int64_t max_tokens_per_gpu, const std::vector<std::vector<int64_t>>& lengths,
+                int64_t max_tokens_per_gpu, const std::vector<double>& rank_speeds,
+                const std::vector<std::vector<int64_t>>& lengths,
                 int32_t first_rank, const std::vector<int32_t>& first_sequence,
                 const RankMasks* masks);
 
@@ -83,7 +86,7 @@ class ReplicaPacker {
   double Tabulate(const Topology& topology, const CostModel& cost,
                   const std::vector<std::vector<int64_t>>& lengths, int32_t first_rank,
                   const RankMasks* masks);
-  // Sets first_usable_ and last_usable_ from gpus_, target_ and table_.
+  // Sets first_usable_ and last_usable_ from bags_, target_ and table_.
   void FindUsableBags();
 
   // Tokens per bag of a placement (-1: not placed, counts nothing).
@@ -103,7 +106,8 @@ class ReplicaPacker {
   // unplaced_, when no bag has room (`bags` and `assigned` are then partly
   // filled).
   bool Pack(double home_cap, std::vector<int32_t>& bags, std::vector<double>& assigned);
-  // The largest workload per GPU of a bag (0 with no bags).
+  // The largest time of a bag (0 with no bags): its workload per GPU at
+  // speed 1.
   double MaxPerGpu(const std::vector<double>& assigned) const;
   // Tokens a complete placement sends to other ranks, bounded both ways: in
   // its home bag a sequence's source rank keeps floor(l/G) or ceil(l/G) of
@@ -119,7 +123,9 @@ class ReplicaPacker {
   const int64_t cap_;
   const int32_t group_;  // GPUs (ranks) in the replica
   const int32_t num_bags_;
-  std::vector<int32_t> gpus_;  // gpus_[b]: bag b's size, ascending
+  ReplicaBags bags_;  // sizes (ascending) and speeds
+  // fastest_through_[b]: the highest bag speed among bags 0..b.
+  std::vector<double> fastest_through_;
 
   // Whether any sequence has a mask other than full: masks that are all full
   // plan exactly as none.
@@ -127,7 +133,7 @@ class ReplicaPacker {
   // Every per-sequence vector below and every placement is indexed by
   // position in the table's order.
   SequenceTable table_;
-  double target_ = 0;  // fair share of one GPU: total workload / group_
+  double target_ = 0;  // fair time: total workload / the bags' total speed
   // The bags sequence k may use: [first_usable_[k], last_usable_[k]].
   std::vector<int32_t> first_usable_, last_usable_;
 

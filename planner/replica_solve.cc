@@ -26,7 +26,7 @@ absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
                                int32_t first_rank, const std::vector<int32_t>& first_sequence,
                                std::vector<int32_t>& bag_of, const RankMasks* masks) {
   ReplicaPacker packer(topology, cost, options.refine_rounds, options.max_tokens_per_gpu,
-                       lengths, first_rank, first_sequence, masks);
+                       options.rank_speeds, lengths, first_rank, first_sequence, masks);
   if (packer.empty()) return absl::OkStatus();
   if (absl::Status status = packer.PackGreedy(); !status.ok()) return status;
   packer.TryMultifit();

@@ -8,7 +8,8 @@ PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
                              const RankLengths& lengths,
                              const std::vector<int32_t>& first_sequence,
                              const std::vector<int32_t>& bag_of, const CostModel& cost,
-                             const CommPrices& prices, const RankMasks* masks) {
+                             const CommPrices& prices, const RankMasks* masks,
+                             const std::vector<double>& speeds) {
   const int32_t group = topology.group_size();
   const int32_t num_bags = topology.num_bags();
   struct BagState {
@@ -63,10 +64,16 @@ PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
     const double attention = state.attention / gpus;
     const double in_intra = static_cast<double>(state.in_intra) / gpus;
     const double in_inter = static_cast<double>(state.in_inter) / gpus;
+    double slowest_speed = 1.0;  // the bag runs at its slowest GPU's pace
+    if (!speeds.empty()) {
+      slowest_speed = speeds[bag_first];
+      for (int32_t p = 1; p < gpus; ++p) slowest_speed = std::min(slowest_speed, speeds[bag_first + p]);
+    }
     for (int32_t p = 0; p < gpus; ++p) {
       const int64_t tokens = state.shares + state.extras / gpus + (p < state.extras % gpus ? 1 : 0);
       const int32_t local = bag.first_rank + p;
-      const double compute = cost.Linear(tokens) + attention;
+      double compute = cost.Linear(tokens) + attention;
+      if (slowest_speed != 1.0) compute /= slowest_speed;
       const double ulysses = ulysses_price * static_cast<double>(tokens);
       const double route =
           prices.RoutePerToken(false) *
@@ -95,7 +102,7 @@ PredictedStep Slower(const PredictedStep& earlier, const PredictedStep& later) {
 
 PredictedStep PredictStep(const Plan& plan, const World& world, const RankLengths& lengths,
                           const CostModel& cost, const CommPrices& prices,
-                          const RankMasks* masks) {
+                          const RankMasks* masks, const std::vector<double>& speeds) {
   const int32_t group = world.group_size();
   std::vector<int32_t> bag_of(plan.sequences.size(), -1);
   for (size_t id = 0; id < plan.sequences.size(); ++id) {
@@ -106,7 +113,7 @@ PredictedStep PredictStep(const Plan& plan, const World& world, const RankLength
   for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
     const PredictedStep step =
         PredictReplica(world.replica_topology(replica), replica * group, lengths,
-                       plan.rank_first_sequence, bag_of, cost, prices, masks);
+                       plan.rank_first_sequence, bag_of, cost, prices, masks, speeds);
     slowest = replica == 0 ? step : Slower(slowest, step);
   }
   return slowest;

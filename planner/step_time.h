@@ -16,7 +16,10 @@ namespace knapformer {
 // cost model's units (FLOPs; divide by Machine::flops_per_second for
 // seconds). A GPU's time is
 //  - compute: the linear work of the tokens it holds after routing plus its
-//    1/G of its bag's attention (the cost model, as Plan::workload_after);
+//    1/G of its bag's attention (the cost model, as Plan::workload_after),
+//    over its bag's slowest speed when the ranks have speeds (rank_speeds.h;
+//    `speeds` below: normalized, NormalizedRankSpeeds, or empty for one
+//    speed);
 //  - ulysses: its tokens times CommPrices::UlyssesPerToken of its bag;
 //  - route: the larger of the tokens it sends and receives in the route,
 //    within its node and across nodes, times CommPrices::RoutePerToken.
@@ -40,7 +43,8 @@ PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
                              const RankLengths& lengths,
                              const std::vector<int32_t>& first_sequence,
                              const std::vector<int32_t>& bag_of, const CostModel& cost,
-                             const CommPrices& prices, const RankMasks* masks = nullptr);
+                             const CommPrices& prices, const RankMasks* masks = nullptr,
+                             const std::vector<double>& speeds = {});
 
 // The slower of two parts of one world, `earlier` covering lower ranks
 // (ties: `earlier`), with the max_compute of both.
@@ -51,7 +55,8 @@ PredictedStep Slower(const PredictedStep& earlier, const PredictedStep& later);
 // `masks` (null or empty: all full) price the attention.
 PredictedStep PredictStep(const Plan& plan, const World& world, const RankLengths& lengths,
                           const CostModel& cost, const CommPrices& prices,
-                          const RankMasks* masks = nullptr);
+                          const RankMasks* masks = nullptr,
+                          const std::vector<double>& speeds = {});
 
 }  // namespace knapformer
 
