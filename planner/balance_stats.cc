@@ -28,6 +28,13 @@ BalanceStats ComputeBalanceStats(const std::vector<double>& workload) {
   return stats;
 }
 
+BalanceStats ComputeTimeStats(const std::vector<double>& time, double ideal) {
+  BalanceStats stats = ComputeBalanceStats(time);
+  stats.mean = ideal;
+  stats.max_over_mean = stats.max > 0 && ideal > 0 ? stats.max / ideal : 1.0;
+  return stats;
+}
+
 double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
                              const RankLengths& lengths, const RankMasks* masks,
                              const std::vector<double>& speeds) {

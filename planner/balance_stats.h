@@ -22,6 +22,12 @@ struct BalanceStats {
 
 BalanceStats ComputeBalanceStats(const std::vector<double>& workload);
 
+// The same for times per rank (rank_speeds.h: TimePerRank, TimeAtHome):
+// max, min and wir of the times, and max_over_mean against `ideal`, the
+// time of a perfectly balanced step (the total workload over the total
+// speed: the mean workload under normalized speeds), which `mean` holds.
+BalanceStats ComputeTimeStats(const std::vector<double>& time, double ideal);
+
 // A lower bound on max/mean that no plan on `world` can beat: the max is at
 // least the mean of the busiest replica, and at least what the heaviest
 // sequence puts on one GPU of the largest bag (ceil(l/G) tokens of linear work

@@ -59,7 +59,13 @@ ReplicaBags BagsOf(const Topology& topology, int32_t first_rank,
                    const std::vector<double>& speeds) {
   std::vector<int32_t> gpus(topology.num_bags());
   for (const Bag& bag : topology.bags()) gpus[bag.id] = bag.gpus;
-  if (speeds.empty()) return ReplicaBags(std::move(gpus));
+  // One speed over the replica plans as none: exactly, not to rounding.
+  const auto first = speeds.begin() + std::min<size_t>(first_rank, speeds.size());
+  const auto last = speeds.begin() + std::min<size_t>(first_rank + topology.group_size(),
+                                                       speeds.size());
+  if (first == last || std::all_of(first, last, [&](double s) { return s == *first; })) {
+    return ReplicaBags(std::move(gpus));
+  }
   std::vector<double> speed(topology.num_bags());
   for (const Bag& bag : topology.bags()) {
     speed[bag.id] = BagSpeed(speeds, first_rank + bag.first_rank, bag.gpus);
@@ -76,6 +82,14 @@ std::vector<double> TimePerRank(const Plan& plan, const std::vector<double>& spe
     const double slowest = BagSpeed(normalized, first, gpus) / gpus;
     for (int32_t p = 0; p < gpus; ++p) time[first + p] /= slowest;
   }
+  return time;
+}
+
+std::vector<double> TimeAtHome(const Plan& plan, const std::vector<double>& speeds) {
+  std::vector<double> time = plan.workload_before;
+  if (speeds.empty()) return time;
+  const std::vector<double> normalized = NormalizedRankSpeeds(speeds);
+  for (size_t rank = 0; rank < time.size(); ++rank) time[rank] /= normalized[rank];
   return time;
 }
 

@@ -37,7 +37,8 @@ absl::Status CheckRankSpeeds(const std::vector<double>& speeds, int64_t world_si
 std::vector<double> NormalizedRankSpeeds(const std::vector<double>& speeds);
 
 // The bags of the replica of `topology` whose ranks start at `first_rank`,
-// with their speeds under `speeds` (empty: sizes).
+// with their speeds under `speeds`: their sizes when the speeds are empty or
+// all one value over the replica (which then plans exactly as none).
 ReplicaBags BagsOf(const Topology& topology, int32_t first_rank,
                    const std::vector<double>& speeds);
 
@@ -46,6 +47,10 @@ ReplicaBags BagsOf(const Topology& topology, int32_t first_rank,
 // With no speeds, exactly workload_after. REQUIRES: checked speeds, of the
 // plan's world.
 std::vector<double> TimePerRank(const Plan& plan, const std::vector<double>& speeds);
+
+// Each rank's time computing its own sequences, unmoved (no balancing):
+// workload_before over its own normalized speed.
+std::vector<double> TimeAtHome(const Plan& plan, const std::vector<double>& speeds);
 
 // The parseable form of speeds on the command line and in the docs:
 // "0.6,1,1,1" or, for a few ranks of an otherwise even world, "R:F,R:F"

@@ -1,6 +1,7 @@
 #ifndef KNAPFORMER_PLANNER_REPLICA_BAGS_H_
 #define KNAPFORMER_PLANNER_REPLICA_BAGS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -24,6 +25,13 @@ struct ReplicaBags {
       : gpus(std::move(sizes)), speed(std::move(speeds)) {}
 
   int32_t size() const { return static_cast<int32_t>(gpus.size()); }
+  // Whether some bag's speed is not its size: GPUs of unequal speeds.
+  bool uneven() const {
+    for (size_t b = 0; b < gpus.size(); ++b) {
+      if (speed[b] != gpus[b]) return true;
+    }
+    return false;
+  }
   // Bag b's time for `workload`. Dividing by one is exact, and skipping it
   // takes a division's latency off the packing's hottest loop.
   double Time(int32_t b, double workload) const {

@@ -56,10 +56,10 @@ class ReplicaPacker {
   // REQUIRES: !empty().
   absl::Status PackGreedy();
 
-  // Under masks and without a token cap, MULTIFIT (multifit.h), refined,
-  // replaces the chosen placement when its maximum per GPU is strictly
-  // lower. Does nothing unmasked, under a cap, or when the chosen
-  // placement is within kMultifitMinGap of the simple lower bound.
+  // Under masks or on GPUs of unequal speeds, and without a token cap,
+  // MULTIFIT (multifit.h), refined, replaces the chosen placement when its
+  // maximum time is strictly lower. Does nothing otherwise, or when the
+  // chosen placement is within kMultifitMinGap of the simple lower bound.
   // REQUIRES: PackGreedy succeeded.
   void TryMultifit();
 
@@ -130,6 +130,8 @@ class ReplicaPacker {
   // Whether any sequence has a mask other than full: masks that are all full
   // plan exactly as none.
   bool masked_ = false;
+  // Whether the bags' GPUs run at unequal speeds (ReplicaBags::uneven).
+  bool uneven_ = false;
   // Every per-sequence vector below and every placement is indexed by
   // position in the table's order.
   SequenceTable table_;

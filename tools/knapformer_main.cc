@@ -31,6 +31,7 @@
 #include "planner/cost_model.h"
 #include "planner/lengths_file.h"
 #include "planner/plan_json.h"
+#include "planner/rank_speeds.h"
 #include "planner/topology.h"
 #include "planner/validate.h"
 #include "server/serve_flags.h"
@@ -106,6 +107,8 @@ std::vector<OptionSpec> SimulateOptionSpecs() {
       {"cost-table", "FILE", "", "with --cost-model measured: calibrate --table's output"},
       {"max-tokens-per-gpu", "N", "0", "cap on the tokens of one GPU; 0 = no cap"},
       {"token-bytes", "B", "2 x d-model", "bytes a routed token occupies"},
+      {"rank-speeds", "S,S,...|R:S,...", "",
+       "relative GPU speeds (every rank's, or R:S for a few, the rest at 1): plan by time"},
   };
   for (OptionSpec& option : MachineFlagOptions(defaults.machine)) {
     options.push_back(std::move(option));
@@ -298,6 +301,12 @@ int RunSimulate(const std::vector<std::string>& argv) {
   auto world = args->GetInt("world", options.world, 1, 1 << 20);
   if (!world.ok()) return Fail(world.status());
   options.world = *world;
+  if (args->Has("rank-speeds")) {
+    auto speeds = ParseRankSpeeds(args->GetString("rank-speeds", ""), options.world,
+                                  "--rank-speeds");
+    if (!speeds.ok()) return Fail(speeds.status());
+    options.rank_speeds = *std::move(speeds);
+  }
   if (args->Has("topology")) {
     options.topologies = absl::StrSplit(args->GetString("topology", ""), ',');
   }

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <optional>
 
 #include "absl/status/status.h"
@@ -18,6 +19,7 @@
 #include "planner/data_stream.h"
 #include "planner/masked_stream.h"
 #include "planner/plan_from_chunks.h"
+#include "planner/rank_speeds.h"
 #include "planner/step_time.h"
 #include "planner/topology.h"
 #include "planner/validate.h"
@@ -268,13 +270,23 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
     return absl::InvalidArgumentError(absl::StrCat(
         "--max-tokens-per-gpu: must be >= 0 (0 = no cap), got ", options.max_tokens_per_gpu));
   }
+  if (absl::Status status = CheckRankSpeeds(options.rank_speeds, options.world, "--rank-speeds");
+      !status.ok()) {
+    return status;
+  }
+  const std::vector<double>& speeds = options.rank_speeds;
+  const std::vector<double> normalized = NormalizedRankSpeeds(speeds);
   BalancerOptions balancer_options;
   balancer_options.refine_rounds = options.refine_rounds;
   balancer_options.locality = options.locality;
   balancer_options.max_tokens_per_gpu = options.max_tokens_per_gpu;
+  // The same without speeds: the FLOP-balanced plan they are compared with.
+  const BalancerOptions flops_options = balancer_options;
+  balancer_options.rank_speeds = speeds;
   struct Samples {
     std::vector<double> wir_before, wir_after, mom_before, mom_after, bound, micros, moved,
-        moved_tokens, moved_bytes, seconds, comm_share, seconds_before, blind_true, tokens_true;
+        moved_tokens, moved_bytes, seconds, comm_share, seconds_before, blind_true, tokens_true,
+        flops_balanced;
     std::vector<std::vector<double>> phase_seconds;
     std::vector<double> gpus_by_size = std::vector<double>(21, 0.0);
   };
@@ -323,14 +335,43 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
       if (absl::Status valid = ValidatePlan(*plan, world, lengths); !valid.ok()) {
         return valid;
       }
-      const BalanceStats before = ComputeBalanceStats(plan->workload_before);
-      const BalanceStats after = ComputeBalanceStats(plan->workload_after);
+      // With speeds, figures of time against the ideal (the mean workload,
+      // speeds normalized to mean 1).
+      const double ideal = ComputeBalanceStats(plan->workload_after).mean;
+      const BalanceStats before =
+          speeds.empty() ? ComputeBalanceStats(plan->workload_before)
+                         : ComputeTimeStats(TimeAtHome(*plan, speeds), ideal);
+      const BalanceStats after = speeds.empty()
+                                     ? ComputeBalanceStats(plan->workload_after)
+                                     : ComputeTimeStats(TimePerRank(*plan, speeds), ideal);
       Samples& s = samples[t];
+      if (!speeds.empty()) {
+        absl::StatusOr<Plan> flops;
+        std::optional<World> flops_world;
+        if (layout.fixed.has_value()) {
+          flops = BalanceGreedy(*layout.fixed, *cost, lengths, flops_options, masks);
+        } else {
+          auto chosen = BalanceAuto(layout.automatic, options.world, *cost, *prices, lengths,
+                                    flops_options, masks);
+          if (chosen.ok()) {
+            flops = std::move(chosen->plan);
+          } else {
+            flops = chosen.status();
+          }
+        }
+        if (!flops.ok()) {
+          return absl::Status(flops.status().code(),
+                              absl::StrCat("step ", step, ", topology ", layout.name,
+                                           " (FLOP-balanced): ", flops.status().message()));
+        }
+        s.flops_balanced.push_back(
+            ComputeTimeStats(TimePerRank(*flops, speeds), ideal).max_over_mean);
+      }
       s.wir_before.push_back(before.wir);
       s.wir_after.push_back(after.wir);
       s.mom_before.push_back(before.max_over_mean);
       s.mom_after.push_back(after.max_over_mean);
-      s.bound.push_back(MaxOverMeanLowerBound(world, *cost, lengths, masks));
+      s.bound.push_back(MaxOverMeanLowerBound(world, *cost, lengths, masks, speeds));
       s.micros.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
       const int64_t total = plan->TotalTokens();
       const int64_t moved = plan->MovedTokens();
@@ -339,7 +380,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
       s.moved_bytes.push_back(static_cast<double>(plan->MovedBytes(token_bytes)));
       if (prices.has_value()) {
         const PredictedStep predicted =
-            PredictStep(*plan, world, lengths, *cost, *prices, masks);
+            PredictStep(*plan, world, lengths, *cost, *prices, masks, normalized);
         const double seconds = predicted.time / options.machine.flops_per_second;
         s.seconds.push_back(seconds);
         s.phase_seconds[phase].push_back(seconds);
@@ -393,6 +434,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
       result.blind_true = Summarize(samples[t].blind_true);
       result.tokens_true = Summarize(samples[t].tokens_true);
     }
+    result.flops_balanced = Summarize(samples[t].flops_balanced);
     result.gpus_in_bags_of_size = samples[t].gpus_by_size;
     while (!result.gpus_in_bags_of_size.empty() && result.gpus_in_bags_of_size.back() == 0) {
       result.gpus_in_bags_of_size.pop_back();
@@ -422,6 +464,25 @@ std::string BalanceTable(const std::vector<TopologyResult>& results) {
                               Decimal(r.moved_tokens.mean), Decimal(r.moved_bytes.mean),
                               absl::StrFormat("%.0f/%.0f", r.plan_micros.mean,
                                               r.plan_micros.max)));
+  }
+  return out;
+}
+
+// With rank speeds: each layout's plan by time against the same layout's
+// FLOP-balanced plan, both timed on the speeds.
+std::string SpeedTable(const std::vector<TopologyResult>& results) {
+  std::string out =
+      "\nby time on these speeds: the plans above (speed-aware) and the plans made without "
+      "the speeds (FLOP-balanced)\n";
+  constexpr char kRow[] = "%-16s %-12s %-8s %-14s %s\n";
+  absl::StrAppend(&out, absl::StrFormat(kRow, "topology", "speed-aware", "bound",
+                                        "FLOP-balanced", "speed-aware buys"));
+  for (const TopologyResult& r : results) {
+    absl::StrAppend(
+        &out, absl::StrFormat(kRow, r.topology, Ratio(r.max_over_mean_after.mean),
+                              Ratio(r.lower_bound.mean), Ratio(r.flops_balanced.mean),
+                              absl::StrFormat("%.3fx", r.flops_balanced.mean /
+                                                           r.max_over_mean_after.mean)));
   }
   return out;
 }
@@ -544,6 +605,22 @@ std::string PredictedTable(const SimulateOptions& options,
   return out;
 }
 
+// The header's line on the speeds: how many GPUs at each speed.
+std::string SpeedsLine(const std::vector<double>& speeds) {
+  std::map<double, int64_t> count;
+  for (double s : speeds) ++count[s];
+  std::string out = "rank speeds ";
+  bool first = true;
+  for (const auto& [speed, ranks] : count) {
+    absl::StrAppend(&out, first ? "" : ", ", absl::StrFormat("%g", speed), " x", ranks);
+    first = false;
+  }
+  absl::StrAppend(&out, ": plans balance time (workload / speed; a bag at its slowest GPU's "
+                        "pace), and WIR, max/mean and bound are of time against the ideal, "
+                        "total workload / total speed\n");
+  return out;
+}
+
 }  // namespace
 
 std::string FormatSimulation(const SimulateOptions& options,
@@ -584,9 +661,11 @@ std::string FormatSimulation(const SimulateOptions& options,
       options.token_bytes.has_value() ? "" : " (2 x d_model: one bf16 hidden state)",
       "; moved = sent to another rank by the route (the reverse route sends it back)\n",
       "figures: mean ±std ^max over steps; WIR = max/min per-GPU workload; "
-      "bound = lowest max/mean any plan can reach\n\n");
+      "bound = lowest max/mean any plan can reach\n",
+      options.rank_speeds.empty() ? "" : SpeedsLine(options.rank_speeds), "\n");
   const bool masked = !results.empty() && results.front().masked;
   absl::StrAppend(&out, masked ? MaskedTable(results) : BalanceTable(results));
+  if (!options.rank_speeds.empty()) absl::StrAppend(&out, SpeedTable(results));
   if (results.empty() || !results.front().predicted) return out;
   absl::StrAppend(&out, PredictedTable(options, results));
   return out;

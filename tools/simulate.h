@@ -51,6 +51,10 @@ struct SimulateOptions {
   // Bytes one token occupies in the route's all-to-all, for the moved-bytes
   // figures; unset = 2 * d_model (one bf16 hidden state per token).
   std::optional<int64_t> token_bytes;
+  // Relative speed per GPU (planner/rank_speeds.h; --rank-speeds): plans
+  // balance time, and every figure is of time, workload over speed, against
+  // the ideal (total workload over total speed). Empty: one speed.
+  std::vector<double> rank_speeds;
 
   int64_t TokenBytes() const { return token_bytes.value_or(2 * d_model); }
 };
@@ -98,6 +102,9 @@ struct TopologyResult {
   Summary masked_true;
   Summary blind_true;
   Summary tokens_true;
+  // With rank speeds: the max/mean by time of the plan made without them
+  // (balanced by FLOPs) on the same layout, beside max_over_mean_after.
+  Summary flops_balanced;
 };
 
 // The phases of the data: SimulateOptions::data's ';'-separated parts, with

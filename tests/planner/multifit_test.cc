@@ -158,5 +158,34 @@ TEST(MultifitTest, RandomPackingsAreCompleteAndWithinTheCapacityFound) {
   }
 }
 
+TEST(MultifitTest, FillsEachBagToItsSpeedsCapacity) {
+  // One GPU at 0.5, two at 1. The least loaded rule hands the 4 to bag 0,
+  // the slow one (time 8); the best is 6 (at most a 2 on the slow GPU, 4 + 2
+  // and 2 + 2 on the others, or nothing and 4 + 2, 2 + 2 + 2).
+  const ReplicaBags replica({1, 1, 1}, {0.5, 1, 1});
+  const std::vector<double> workload = {4, 2, 2, 2, 2};
+  const std::vector<int32_t> first(5, 0), last(5, 2);
+  std::vector<int32_t> bags;
+  std::vector<double> assigned;
+  ASSERT_TRUE(Multifit(replica, workload, first, last, 12.0 / 2.5, 8.0, 20, bags, assigned));
+  double worst = 0;
+  for (int32_t b = 0; b < 3; ++b) worst = std::max(worst, replica.Time(b, assigned[b]));
+  EXPECT_DOUBLE_EQ(worst, 6.0);
+  EXPECT_NE(bags[0], 0);
+}
+
+TEST(MultifitTest, RenumberingOnlyTradesBagsOfOneSizeAndSpeed) {
+  // Bags 0 and 1 are one size but not one speed: the packing stays as it
+  // is, though each holds the other's home sequences. Bags 2 and 3 trade.
+  const ReplicaBags replica({1, 1, 1, 1}, {0.5, 1, 1, 1});
+  const std::vector<int64_t> length = {100, 50, 70, 60};
+  const std::vector<int32_t> home = {1, 0, 3, 2};
+  std::vector<int32_t> bags = {0, 1, 2, 3};
+  std::vector<double> assigned = {100, 50, 70, 60};
+  RenumberTowardHomes(replica, length, home, bags, assigned);
+  EXPECT_EQ(bags, (std::vector<int32_t>{0, 1, 3, 2}));
+  EXPECT_EQ(assigned, (std::vector<double>{100, 50, 60, 70}));
+}
+
 }  // namespace
 }  // namespace knapformer
