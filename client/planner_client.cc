@@ -7,6 +7,7 @@
 
 #include "client/planner_client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -25,6 +26,8 @@
 #include "common/log.h"
 #include "planner/attention_mask.h"
 #include "planner/plan_fingerprint.h"
+#include "planner/rank_speeds.h"
+#include "planner/speed_learner.h"
 #include "proto/plan_proto.h"
 #include "transport/agreement.h"
 
@@ -103,7 +106,9 @@ struct PlannerClient::Rep {
   // Why the online gamma fit is not used, as last logged (a fit that never
   // comes is otherwise silent).
   std::optional<std::string> logged_gamma_note;
-  GroupRequests group_requests;  // rank 0 in group mode
+  GroupRequests group_requests;  // rank 0 in group mode; every rank when learning speeds
+  // Under learn_rank_speeds.
+  std::optional<SpeedLearner> speed_learner;
 
   bool group_mode() const { return options.mode == PlannerMode::kGroup; }
   bool leader() const { return transport->rank() == 0; }
@@ -174,10 +179,40 @@ struct PlannerClient::Rep {
   }
 
   // The step solved here, from every rank's lengths (every rank computes
-  // the identical plan).
+  // the identical plan), by the declared or learned speeds.
   absl::StatusOr<StepPlan> SolveHere(const v1::StepSpec& spec, const RankLengths& lengths,
                                      const RankMasks& masks) const {
-    return SolveStepLocally(spec, lengths, masks, options.balancer, transport->rank());
+    if (!speed_learner.has_value()) {
+      return SolveStepLocally(spec, lengths, masks, options.balancer, transport->rank());
+    }
+    BalancerOptions balancer = options.balancer;
+    balancer.rank_speeds = speed_learner->PlanningSpeeds();
+    return SolveStepLocally(spec, lengths, masks, balancer, transport->rank());
+  }
+
+  // Under learn_rank_speeds: the ranks' timings the all-gather brought,
+  // each with the work its step's plan gave the rank (kept by
+  // group_requests), are a step of the learner's, on every rank alike.
+  void LearnSpeeds(const v1::StepSpec& spec, const Gathered& gathered) {
+    if (!speed_learner.has_value() || !gathered.any_timing) return;
+    // Timings of one step normally; one observation per step they name.
+    std::vector<uint64_t> steps;
+    for (const v1::StepTiming& timing : gathered.timings) {
+      if (timing.compute_seconds() > 0 &&
+          std::find(steps.begin(), steps.end(), timing.step()) == steps.end()) {
+        steps.push_back(timing.step());
+      }
+    }
+    for (uint64_t step : steps) {
+      const std::vector<WorkSample>* work = group_requests.WorkOf(step);
+      if (work == nullptr || work->size() != gathered.timings.size()) continue;
+      std::vector<WorkSample> samples = *work;
+      for (size_t r = 0; r < samples.size(); ++r) {
+        const v1::StepTiming& timing = gathered.timings[r];
+        samples[r].seconds = timing.step() == step ? timing.compute_seconds() : 0;
+      }
+      speed_learner->Observe(samples, spec.gamma());
+    }
   }
 
   absl::Status CheckWorldSize(const v1::StepSpec& spec) const {
@@ -491,9 +526,13 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanGroup(const v1::StepSpec& spec,
     if (!all.ok()) return all.status();
     gathered = *std::move(all);
   }
+  LearnSpeeds(spec, gathered);
+  const bool keep_work = leader() || speed_learner.has_value();
   if (!has_service) {
     policy.LogSource(PlanSource::kLocal, spec.step(), "no planner service configured");
-    return SolveHere(spec, gathered.lengths, gathered.masks);
+    absl::StatusOr<StepPlan> local = SolveHere(spec, gathered.lengths, gathered.masks);
+    if (local.ok()) group_requests.KeepWork(spec, gathered, *local, keep_work);
+    return local;
   }
   absl::StatusOr<StepPlan> result;
   if (policy.service_down()) {
@@ -502,7 +541,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanGroup(const v1::StepSpec& spec,
   } else {
     result = FinishGroup(spec, gathered, prefetched.get());
   }
-  if (result.ok()) group_requests.KeepWork(spec, gathered, *result, leader());
+  if (result.ok()) group_requests.KeepWork(spec, gathered, *result, keep_work);
   return result;
 }
 
@@ -631,7 +670,27 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
           "answers) or one replica's address"));
     }
   }
+  if (options.learn_rank_speeds && !options.balancer.rank_speeds.empty()) {
+    return absl::InvalidArgumentError(
+        "rank_speeds: declared speeds and learned ones; give one (\"learned\" or a list)");
+  }
+  if (absl::Status speeds = CheckRankSpeeds(options.balancer.rank_speeds, transport->size());
+      !speeds.ok()) {
+    return speeds;
+  }
+  if (has_service && (options.learn_rank_speeds || !options.balancer.rank_speeds.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank_speeds: the planner service at ", options.address,
+        " plans by FLOPs and does not take speeds yet; leave planner_address unset to plan "
+        "locally by speed, or leave rank_speeds unset"));
+  }
+  if (options.learn_rank_speeds && options.mode != PlannerMode::kGroup) {
+    return absl::InvalidArgumentError(
+        "rank_speeds=\"learned\": needs group mode, whose all-gather brings every rank's "
+        "timing");
+  }
   auto rep = std::make_unique<Rep>(std::move(options), transport);
+  if (rep->options.learn_rank_speeds) rep->speed_learner.emplace(transport->size());
   // In group mode only rank 0 talks to the service.
   if (has_service && (!rep->group_mode() || rep->leader())) {
     const PlannerClientOptions& o = rep->options;

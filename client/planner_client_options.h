@@ -109,8 +109,15 @@ struct PlannerClientOptions {
   // where the plan came from, the bags, max/mean before and after, the
   // tokens moved and the time the step waited for its plan.
   bool log_steps = false;
-  // For local planning (the service uses its own).
+  // For local planning (the service uses its own). balancer.rank_speeds:
+  // declared relative speeds of the ranks (planner/rank_speeds.h).
   BalancerOptions balancer;
+  // Learn each rank's speed from the ranks' timings (the `previous` of each
+  // Plan, planner/speed_learner.h) and plan by them; every rank learns the
+  // same from the timings the step's all-gather brings. Instead of declared
+  // speeds. Local planning only, for now: refused with a planner address
+  // (the service plans by FLOPs).
+  bool learn_rank_speeds = false;
 };
 
 }  // namespace knapformer

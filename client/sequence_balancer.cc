@@ -23,6 +23,7 @@
 #include "planner/advice.h"
 #include "planner/auto_layout.h"
 #include "planner/machine.h"
+#include "planner/rank_speeds.h"
 #include "planner/topology.h"
 #include "proto/plan_proto.h"
 #include "transport/agreement.h"
@@ -512,6 +513,10 @@ absl::StatusOr<std::unique_ptr<SequenceBalancer>> SequenceBalancer::Create(
     return agreed;
   }
   if (absl::Status machine = CheckMachine(options.machine); !machine.ok()) return machine;
+  if (absl::Status speeds = CheckRankSpeeds(options.planner.balancer.rank_speeds, world->size());
+      !speeds.ok()) {
+    return speeds;
+  }
   std::string topology;
   int heads_multiple = 1;
   absl::StatusOr<std::vector<BagMembers>> bags =

@@ -88,6 +88,15 @@ absl::Status Differ(const std::string& reason) {
       "; every rank must create its SequenceBalancer with the same settings"));
 }
 
+// "learned", "one speed", or every declared speed exactly.
+std::string RankSpeedsText(const PlannerClientOptions& planner) {
+  if (planner.learn_rank_speeds) return "learned";
+  if (planner.balancer.rank_speeds.empty()) return "one speed";
+  std::string text;
+  for (double s : planner.balancer.rank_speeds) absl::StrAppend(&text, text.empty() ? "" : ",", Exact(s));
+  return text;
+}
+
 }  // namespace
 
 SharedSettings SharedSettingsOf(const SequenceBalancerOptions& options) {
@@ -101,6 +110,7 @@ SharedSettings SharedSettingsOf(const SequenceBalancerOptions& options) {
       {"locality", options.locality.has_value() ? (*options.locality ? "on" : "off")
                                                 : "the planner's"},
       {"max_tokens_per_gpu", absl::StrCat(options.max_tokens_per_gpu)},
+      {"rank_speeds", RankSpeedsText(options.planner)},
       {"planner_address", options.planner.address},
       {"planner_mode", PlannerModeName(options.planner.mode)},
       {"require_planner", options.planner.require_service ? "true" : "false"},

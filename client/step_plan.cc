@@ -1,5 +1,7 @@
 #include "client/step_plan.h"
 
+#include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +9,7 @@
 #include "client/rank_report.h"
 #include "planner/balance_stats.h"
 #include "planner/plan_from_chunks.h"
+#include "planner/rank_speeds.h"
 #include "planner/step_solve.h"
 #include "proto/plan_proto.h"
 #include "proto/step_problem.h"
@@ -24,6 +27,26 @@ std::optional<MeasuredAttention> FittedTableOf(const v1::Balance& balance) {
   return *std::move(valid);
 }
 
+// "speeds: rank 3 0.60, rank 7 1.10": the ranks not at 1, the four furthest
+// from it, and how many more.
+std::string SlowAndFastRanks(const std::vector<double>& speeds) {
+  std::vector<int32_t> off;
+  for (size_t r = 0; r < speeds.size(); ++r) {
+    if (std::abs(speeds[r] - 1.0) >= 0.005) off.push_back(static_cast<int32_t>(r));
+  }
+  if (off.empty()) return "speeds: all 1";
+  std::stable_sort(off.begin(), off.end(), [&](int32_t a, int32_t b) {
+    return std::abs(speeds[a] - 1.0) > std::abs(speeds[b] - 1.0);
+  });
+  constexpr size_t kShown = 4;
+  std::string out = "speeds:";
+  for (size_t i = 0; i < off.size() && i < kShown; ++i) {
+    absl::StrAppend(&out, i ? "," : "", absl::StrFormat(" rank %d %.2f", off[i], speeds[off[i]]));
+  }
+  if (off.size() > kShown) absl::StrAppend(&out, " and ", off.size() - kShown, " more");
+  return out;
+}
+
 }  // namespace
 
 const char* PlanSourceName(PlanSource source) {
@@ -37,6 +60,7 @@ std::string StepLine(uint64_t step, const StepPlan& plan) {
       plan.max_over_mean_before, plan.max_over_mean_after, plan.moved_tokens, plan.total_tokens,
       plan.total_tokens > 0 ? 100.0 * plan.moved_tokens / plan.total_tokens : 0.0,
       plan.wait_seconds * 1e3);
+  if (!plan.rank_speeds.empty()) absl::StrAppend(&line, ", ", SlowAndFastRanks(plan.rank_speeds));
   if (plan.source == PlanSource::kLocal && plan.local_steps > 0) {
     absl::StrAppend(&line, " (", plan.local_steps, " steps planned locally so far: ",
                     plan.local_reason, ")");
@@ -71,8 +95,20 @@ absl::StatusOr<StepPlan> SolveStepLocally(const v1::StepSpec& spec, const RankLe
   auto solved = SolveStep(*problem, problem->cost, *input, BalancerOptionsForSpec(balancer, spec),
                           spec.token_bytes());
   if (!solved.ok()) return solved.status();
+  const std::vector<double>& speeds = balancer.rank_speeds;
+  // By time with speeds, against the ideal (the mean workload).
+  const double ideal = ComputeBalanceStats(solved->plan.workload_after).mean;
+  const double before =
+      speeds.empty() ? 0 : ComputeTimeStats(TimeAtHome(solved->plan, speeds), ideal).max_over_mean;
+  const double after =
+      speeds.empty() ? 0 : ComputeTimeStats(TimePerRank(solved->plan, speeds), ideal).max_over_mean;
   StepPlan step = StepPlanOf(std::move(solved->plan), rank, PlanSource::kLocal);
   step.predicted_step_seconds = solved->predicted_seconds;
+  if (!speeds.empty()) {
+    step.rank_speeds = NormalizedRankSpeeds(speeds);
+    step.max_over_mean_before = before;
+    step.max_over_mean_after = after;
+  }
   return step;
 }
 

@@ -65,6 +65,10 @@ struct StepPlan {
   // the step with (under use_fitted_gamma), when it did and sent a valid
   // one (Balance.fitted_attention_table).
   std::optional<MeasuredAttention> fitted_table;
+  // The relative speeds the step was planned with (planner/rank_speeds.h),
+  // normalized to mean 1; empty: one speed (FLOP-balanced). With speeds,
+  // max_over_mean_before/after are of time against the ideal.
+  std::vector<double> rank_speeds;
   // Whether the step was requested ahead (PlannerClient::Prefetch).
   bool prefetched = false;
   // Wall time this rank spent in Plan for the step: what the step waited

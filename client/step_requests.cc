@@ -59,9 +59,9 @@ v1::PlanGroupRequest GroupRequests::Request(const v1::StepSpec& spec, uint64_t i
 }
 
 void GroupRequests::KeepWork(const v1::StepSpec& spec, const Gathered& gathered,
-                             const StepPlan& step, bool leader) {
+                             const StepPlan& step, bool keep) {
   if (gathered.any_timing) ranks_send_timings_ = true;
-  if (!leader || !ranks_send_timings_ || step.whole == nullptr) return;
+  if (!keep || !ranks_send_timings_ || step.whole == nullptr) return;
   const RankMasks* masks = gathered.masks.empty() ? nullptr : &gathered.masks;
   StepWork kept{spec.step(), RankWork(*step.whole, spec.d_model(), masks), {}};
   if (spec.cost_model() == v1::COST_MODEL_MEASURED && spec.use_fitted_gamma()) {
@@ -69,6 +69,13 @@ void GroupRequests::KeepWork(const v1::StepSpec& spec, const Gathered& gathered,
   }
   recent_work_.push_back(std::move(kept));
   while (recent_work_.size() > kKeptSteps) recent_work_.pop_front();
+}
+
+const std::vector<WorkSample>* GroupRequests::WorkOf(uint64_t step) const {
+  for (const StepWork& kept : recent_work_) {
+    if (kept.step == step) return &kept.work;
+  }
+  return nullptr;
 }
 
 }  // namespace knapformer

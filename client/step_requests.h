@@ -44,10 +44,14 @@ class GroupRequests {
   // step's `gathered` has some, or an earlier one had), keeps the work its
   // plan gives every rank, for the last kKeptSteps steps, and under the
   // measured cost model with use_fitted_gamma each rank's attention by grid
-  // point (the service fits the table from them). On rank 0 only
-  // (`leader`); a plan without the whole group's (step.whole) is skipped.
+  // point (the service fits the table from them). Where `keep` (rank 0 in
+  // group mode, every rank when the ranks learn speeds); a plan without the
+  // whole group's (step.whole) is skipped.
   void KeepWork(const v1::StepSpec& spec, const Gathered& gathered, const StepPlan& step,
-                bool leader);
+                bool keep);
+
+  // The work kept for `step`, per rank; null when not kept.
+  const std::vector<WorkSample>* WorkOf(uint64_t step) const;
 
   static constexpr size_t kKeptSteps = 16;
 

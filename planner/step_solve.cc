@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "planner/rank_speeds.h"
 
 namespace knapformer {
 
@@ -37,7 +38,7 @@ absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel
     solved.plan = *std::move(plan);
     if (prices.has_value()) {
       solved.predicted = PredictStep(solved.plan, *problem.world, input.lengths(), cost, *prices,
-                                     input.masks());
+                                     input.masks(), NormalizedRankSpeeds(options.rank_speeds));
     }
   }
   if (solved.predicted.has_value()) {

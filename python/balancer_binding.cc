@@ -24,6 +24,7 @@
 #include "planner/attention_mask.h"
 #include "planner/cost_model.h"
 #include "planner/plan_json.h"
+#include "planner/rank_speeds.h"
 #include "planner/mask_json.h"
 #include "planner/plan.h"
 #include "planner/topology.h"
@@ -70,6 +71,9 @@ struct BalancerArgs {
   bool agree_on_errors = true;
   bool agree_every_exchange = false;
   Machine machine;  // set from a dict (python/machine_arg.h)
+  // rank_speeds= (planner/rank_speeds.h): declared, or learned online.
+  std::vector<double> rank_speeds;
+  bool learn_rank_speeds = false;
 };
 
 // An integer through __index__ (Python ints, numpy integers, 0-d integer
@@ -168,6 +172,7 @@ struct PlannedStep {
   std::vector<int64_t> seq_lens, chunk_lens, attention_seq_lens;
   std::string layout;  // the bags it was planned on (auto: the chosen ones)
   double predicted_step_seconds = 0;
+  std::vector<double> rank_speeds;  // StepPlan::rank_speeds
   std::shared_ptr<const Plan> whole;  // null in per-rank mode (StepPlan::whole)
   std::optional<CostModel> cost;      // the spec's, for per-sequence workloads
   int64_t local_steps = 0;            // StepPlan::local_steps, local_reason
@@ -315,6 +320,8 @@ SequenceBalancerOptions OptionsOf(const BalancerArgs& args) {
   options.agree_every_exchange = args.agree_every_exchange;
   options.locality = args.locality;
   options.machine = args.machine;
+  options.planner.balancer.rank_speeds = args.rank_speeds;
+  options.planner.learn_rank_speeds = args.learn_rank_speeds;
   return options;
 }
 
@@ -387,6 +394,7 @@ class BalancerBinding {
                            balancer_->attention_lengths(),
                            plan.layout,
                            plan.predicted_step_seconds,
+                           plan.rank_speeds,
                            plan.whole,
                            std::nullopt,
                            plan.local_steps,
@@ -501,8 +509,13 @@ class BalancerBinding {
           "get_routing_plan_summary: no step has been planned yet; call plan_routing first"));
     }
     const PlannedStep& p = *planned_;
-    const BalanceStats before = ComputeBalanceStats(p.workload_before);
-    const BalanceStats after = ComputeBalanceStats(p.workload_after);
+    // By time against the ideal where the step was planned by speed.
+    BalanceStats before = ComputeBalanceStats(p.workload_before);
+    BalanceStats after = ComputeBalanceStats(p.workload_after);
+    if (!p.rank_speeds.empty() && p.whole != nullptr) {
+      before = ComputeTimeStats(TimeAtHome(*p.whole, p.rank_speeds), after.mean);
+      after = ComputeTimeStats(TimePerRank(*p.whole, p.rank_speeds), after.mean);
+    }
     // What this step's route moved per token, once it has run.
     const int64_t token_bytes = balancer_->step() == p.step && balancer_->routed_token_bytes() > 0
                                     ? balancer_->routed_token_bytes()
@@ -531,6 +544,9 @@ class BalancerBinding {
     summary["attention_seq_lens"] = p.attention_seq_lens;
     summary["layout"] = p.layout;
     summary["predicted_step_seconds"] = p.predicted_step_seconds;
+    // The speeds the step was planned with (mean 1); all 1 without.
+    summary["rank_speeds"] =
+        p.rank_speeds.empty() ? std::vector<double>(world_->size(), 1.0) : p.rank_speeds;
     summary["local_steps"] = p.local_steps;
     summary["local_reason"] = p.local_reason;
     summary["gamma_note"] = p.gamma_note;
@@ -745,6 +761,8 @@ void BindBalancer(py::module_& m) {
       .def_readwrite("group_id", &BalancerArgs::group_id)
       .def_readwrite("d_model", &BalancerArgs::d_model)
       .def_readwrite("max_tokens_per_gpu", &BalancerArgs::max_tokens_per_gpu)
+      .def_readwrite("rank_speeds", &BalancerArgs::rank_speeds)
+      .def_readwrite("learn_rank_speeds", &BalancerArgs::learn_rank_speeds)
       .def_readwrite("cost_model", &BalancerArgs::cost_model)
       .def_readwrite("cost_table_json", &BalancerArgs::cost_table_json)
       .def_readwrite("locality", &BalancerArgs::locality)

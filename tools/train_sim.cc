@@ -29,6 +29,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -47,6 +48,7 @@
 #include "planner/auto_layout.h"
 #include "planner/calibration.h"
 #include "planner/data_stream.h"
+#include "planner/rank_speeds.h"
 #include "planner/topology.h"
 #include "tools/machine_flags.h"
 #include "tools/sim_data.h"
@@ -74,6 +76,22 @@ struct SimOptions {
   int first_step = 0;
   int timeout_seconds = 900;
   bool masked = false;  // --data names a masked stream
+  // --rank-speeds: "" (one speed), "learned", or a list (declared). With
+  // either, each step is balanced by speed and by FLOPs, and compared.
+  std::string rank_speeds;
+  std::vector<double> declared_speeds;
+  // --slow-rank R:F[:FROM-TO]: rank R computes at fraction F of its speed
+  // during steps FROM..TO (all steps without a range): its measured times
+  // are divided by F, as a GPU at that speed would take.
+  int slow_rank = -1;
+  double slow_fraction = 1;
+  int slow_from = 0;
+  int slow_to = std::numeric_limits<int>::max();
+
+  // Rank `rank`'s speed at `step` (1 but on the slow rank in its steps).
+  double SpeedAt(int rank, int step) const {
+    return rank == slow_rank && step >= slow_from && step <= slow_to ? slow_fraction : 1.0;
+  }
 };
 
 // The simulation's own machine: CPU processes, float32, one node.
@@ -110,6 +128,10 @@ const std::vector<OptionSpec>& Options() {
         {"timeout-seconds", "S", absl::StrCat(o.timeout_seconds), "the whole run's limit"},
         {"plan-ahead", "0|1", absl::StrCat(o.plan_ahead ? 1 : 0),
          "1: prefetch step N+1's plan while step N computes"},
+        {"slow-rank", "R:F[:FROM-TO]", "",
+         "rank R computes at fraction F of its speed (in steps FROM..TO)"},
+        {"rank-speeds", "learned|S,S,...", "",
+         "balance by speed too (learned, or declared), beside by FLOPs"},
     };
     for (OptionSpec& option : MachineFlagOptions(SimulatedMachine(o.procs, o.layers))) {
       // These two follow other flags rather than a fixed number.
@@ -140,6 +162,47 @@ std::string Usage() {
 
 // At most this many topologies per run (a fixed-size record per rank and step).
 constexpr int kMaxTopologies = 8;
+
+// --slow-rank and --rank-speeds into `o` (its procs and masked set).
+absl::Status ParseSpeedOptions(const Args& args, SimOptions& o) {
+  if (args.Has("slow-rank")) {
+    const std::string text = args.GetString("slow-rank", "");
+    const std::vector<std::string> parts = absl::StrSplit(text, ':');
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--slow-rank: '", text, "' ", why, " (R:F or R:F:FROM-TO)"));
+    };
+    if (parts.size() != 2 && parts.size() != 3) return bad("is not");
+    if (!absl::SimpleAtoi(parts[0], &o.slow_rank) || o.slow_rank < 0 ||
+        o.slow_rank >= o.procs) {
+      return bad(absl::StrCat("names no rank of --procs ", o.procs));
+    }
+    if (!absl::SimpleAtod(parts[1], &o.slow_fraction) || !(o.slow_fraction >= 0.05) ||
+        !(o.slow_fraction <= 1)) {
+      return bad("has a fraction outside [0.05, 1]");
+    }
+    if (parts.size() == 3) {
+      const std::vector<std::string> range = absl::StrSplit(parts[2], '-');
+      if (range.size() != 2 || !absl::SimpleAtoi(range[0], &o.slow_from) ||
+          !absl::SimpleAtoi(range[1], &o.slow_to) || o.slow_from < 0 ||
+          o.slow_to < o.slow_from) {
+        return bad("has no step range FROM-TO with 0 <= FROM <= TO");
+      }
+    }
+  }
+  if (!args.Has("rank-speeds")) return absl::OkStatus();
+  o.rank_speeds = args.GetString("rank-speeds", "");
+  if (o.masked) {
+    return absl::InvalidArgumentError(
+        "--rank-speeds: not with a masked stream (one comparison per run: by speed against by "
+        "FLOPs, or masked against mask-blind)");
+  }
+  if (o.rank_speeds != "learned") {
+    KF_ASSIGN_OR_RETURN(o.declared_speeds,
+                        ParseRankSpeeds(o.rank_speeds, o.procs, "--rank-speeds"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
   KF_ASSIGN_OR_RETURN(Args args, Args::ParseOptions(argv, Options()));
@@ -186,13 +249,17 @@ absl::StatusOr<SimOptions> ParseOptions(const std::vector<std::string>& argv) {
   // Checked here, once, rather than in every worker.
   KF_RETURN_IF_ERROR(SimData::Create(o.data, o.procs, o.seed, o.scale).status());
   KF_ASSIGN_OR_RETURN(o.machine, ParseMachineFlags(args, SimulatedMachine(o.procs, o.layers)));
+  KF_RETURN_IF_ERROR(ParseSpeedOptions(args, o));
   // A masked stream balances every step twice per topology: mask-blind and
   // with the masks.
-  const size_t max_topologies = o.masked ? kMaxTopologies / 2 : kMaxTopologies;
+  const size_t max_topologies =
+      o.masked || !o.rank_speeds.empty() ? kMaxTopologies / 2 : kMaxTopologies;
   if (o.topologies.size() > max_topologies) {
     return absl::InvalidArgumentError(absl::StrCat("--topology: ", o.topologies.size(),
                                                    " topologies, at most ", max_topologies,
-                                                   o.masked ? " with a masked stream" : ""));
+                                                   o.masked                ? " with a masked stream"
+                                                   : !o.rank_speeds.empty() ? " with --rank-speeds"
+                                                                            : ""));
   }
   for (std::string& spec : o.topologies) {
     // The largest bag this topology may use.
@@ -374,10 +441,29 @@ absl::StatusOr<CostFit> FitGamma(const SimOptions& o, const Block& block,
   return FitCostModel(samples);
 }
 
+double Mean(const std::vector<double>& values) {
+  return values.empty() ? 0 : std::accumulate(values.begin(), values.end(), 0.0) / values.size();
+}
+
+// "speeds: rank 1 0.60": the ranks a step was planned slower or faster.
+std::string SpeedsOf(const StepPlan& plan) {
+  std::vector<std::string> off;
+  for (size_t r = 0; r < plan.rank_speeds.size(); ++r) {
+    // Relative to the fastest (the healthy ranks), as --slow-rank says it.
+    const double fastest = *std::max_element(plan.rank_speeds.begin(), plan.rank_speeds.end());
+    const double relative = plan.rank_speeds[r] / fastest;
+    if (relative < 0.995) off.push_back(absl::StrFormat("rank %d %.2f", r, relative));
+  }
+  return off.empty() ? "speeds all 1" : absl::StrCat("speeds ", absl::StrJoin(off, ", "));
+}
+
 // Rank 0's sums over the counted steps, per topology.
 struct TopologySummary {
   double sum_max = 0, sum_wir = 0;
   std::vector<double> plan_waits, service_waits, computes;  // the slowest rank's, per step
+  // With --rank-speeds: every step's slowest rank over the ideal (the
+  // total work at speed 1 over the total speed), warm-up included.
+  std::vector<double> over_ideal;
 };
 
 int RunWorker(const SimOptions& o) {
@@ -443,16 +529,21 @@ int RunWorker(const SimOptions& o) {
   }
   // Every step is balanced once per variant: per topology, and with a
   // masked stream twice, mask-blind then with the masks.
+  // With --rank-speeds twice, by FLOPs then by speed.
   struct Variant {
     int topology;
     bool masks;
     std::string name;  // a row's label beside its topology
+    bool by_speed = false;
   };
   std::vector<Variant> variants;
   for (int t = 0; t < static_cast<int>(o.topologies.size()); ++t) {
     if (o.masked) {
       variants.push_back({t, false, "mask-blind"});
       variants.push_back({t, true, "masked"});
+    } else if (!o.rank_speeds.empty()) {
+      variants.push_back({t, false, "by FLOPs"});
+      variants.push_back({t, false, "by speed", true});
     } else {
       variants.push_back({t, false, "balanced"});
     }
@@ -464,6 +555,10 @@ int RunWorker(const SimOptions& o) {
     SequenceBalancerOptions options = balancer_options;
     options.topology = o.topologies[variants[t].topology];
     if (kinds > 1) options.job_id = absl::StrCat(balancer_options.job_id, "-", t);
+    if (variants[t].by_speed) {
+      options.planner.balancer.rank_speeds = o.declared_speeds;
+      options.planner.learn_rank_speeds = o.declared_speeds.empty();
+    }
     auto balancer = SequenceBalancer::Create(options, transport);
     if (!balancer.ok()) {
       std::cerr << "rank " << rank << ": " << balancer.status() << "\n";
@@ -512,10 +607,12 @@ int RunWorker(const SimOptions& o) {
     at::manual_seed(o.seed * 1000003 + step * 1009 + rank);
     at::Tensor x = at::randn({tokens, o.d_model});
 
+    // This rank's speed: its times are a GPU's at that speed.
+    const double speed = o.SpeedAt(rank, step);
     double start = ThreadUserSeconds();
     at::Tensor loss_unbalanced = Step(o, blocks, x, batch, rank, world_tokens, nullptr);
     tools::RankStep mine;
-    mine.set_unbalanced_seconds(ThreadUserSeconds() - start);
+    mine.set_unbalanced_seconds((ThreadUserSeconds() - start) / speed);
     at::Tensor grad_unbalanced = TakeGradients(blocks, *group);
 
     at::Tensor grad_balanced;
@@ -534,7 +631,8 @@ int RunWorker(const SimOptions& o) {
         return 1;
       }
       at::Tensor loss_balanced = Step(o, blocks, x, batch, rank, world_tokens, &balancer);
-      result.set_seconds(ThreadUserSeconds() - start);
+      result.set_seconds((ThreadUserSeconds() - start) / speed);
+      if (variants[t].by_speed) balancer.RecordComputeSeconds(result.seconds());
       grad_balanced = TakeGradients(blocks, *group);
       result.set_plan_wait_seconds(balancer.step_plan().wait_seconds);
       result.set_service_wait_seconds(balancer.step_plan().service_wait_seconds);
@@ -588,9 +686,13 @@ int RunWorker(const SimOptions& o) {
     }
     for (int t = 0; t < kinds; ++t) {
       double max_b = 0, min_b = 1e30, max_plan = 0, max_service = 0;
+      double work = 0, total_speed = 0;  // at speed 1, for the ideal
       std::vector<std::string> b_ms;
-      for (const tools::RankStep& s : ranks) {
+      for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+        const tools::RankStep& s = ranks[r];
         const tools::BalancedStep& b = s.balanced(t);
+        work += b.seconds() * o.SpeedAt(r, step);
+        total_speed += o.SpeedAt(r, step);
         max_b = std::max(max_b, b.seconds());
         min_b = std::min(min_b, b.seconds());
         max_plan = std::max(max_plan, b.plan_wait_seconds());
@@ -608,11 +710,19 @@ int RunWorker(const SimOptions& o) {
               : absl::StrCat(" ", topology,
                              AutoLayout::Matches(topology) ? absl::StrCat(" -> ", plan.layout)
                                                            : "");
-      std::cout << absl::StrFormat("%-5s %-10s %-28s %-7.2f %-9.0f %s (%s%s, waited %.2f ms)%s\n",
+      const double over_ideal = max_b / (work / total_speed);
+      std::cout << absl::StrFormat("%-5s %-10s %-28s %-7.2f %-9.0f %s (%s%s, waited %.2f ms)%s%s\n",
                                    "", variants[t].name, absl::StrJoin(b_ms, " "), max_b / min_b,
                                    max_b * 1e3, absl::StrFormat("%.3f", plan.max_over_mean_after),
                                    PlanSourceName(plan.source), plan.prefetched ? ", ahead" : "",
-                                   max_plan * 1e3, which);
+                                   max_plan * 1e3, which,
+                                   o.rank_speeds.empty()
+                                       ? ""
+                                       : absl::StrFormat("; %.2fx the ideal%s", over_ideal,
+                                                         plan.rank_speeds.empty()
+                                                             ? ""
+                                                             : absl::StrCat("; ", SpeedsOf(plan))));
+      summaries[t].over_ideal.push_back(over_ideal);
       if (count) {
         TopologySummary& summary = summaries[t];
         summary.sum_max += max_b;
@@ -673,6 +783,53 @@ int RunWorker(const SimOptions& o) {
           topology_of(t), topology_of(best_fixed), summaries[t].sum_max / counted * 1e3,
           summaries[best_fixed].sum_max / counted * 1e3,
           summaries[t].sum_max / summaries[best_fixed].sum_max);
+    }
+    // By speed against by FLOPs: the same weights and tokens, only the plan
+    // differs; the steps' slowest ranks over the ideal, from the first.
+    for (int t = 0; t + 1 < kinds && !o.rank_speeds.empty(); t += 2) {
+      std::cout << absl::StrFormat(
+          "by speed vs by FLOPs [%s]: max per-rank compute %.0f ms vs %.0f ms (%.3fx); "
+          "slowest rank over the ideal %.3f vs %.3f\n",
+          topology_of(t), summaries[t + 1].sum_max / counted * 1e3,
+          summaries[t].sum_max / counted * 1e3, summaries[t].sum_max / summaries[t + 1].sum_max,
+          Mean(summaries[t + 1].over_ideal), Mean(summaries[t].over_ideal));
+      std::vector<std::string> by_step;
+      for (double v : summaries[t + 1].over_ideal) by_step.push_back(absl::StrFormat("%.2f", v));
+      std::cout << "by speed, slowest rank over the ideal per step: " << absl::StrJoin(by_step, " ")
+                << "\n";
+      // The two phases: a slow rank learned (from its 10th step
+      // slow), and the same rank recovered (from the 10th step after).
+      auto phase = [&](int variant, int from, int to) {
+        std::vector<double> values;
+        for (int step = std::max(from, o.first_step); step <= to && step < end_step; ++step) {
+          values.push_back(summaries[variant].over_ideal[step - o.first_step]);
+        }
+        return values;
+      };
+      constexpr int kSettle = 10;
+      if (o.slow_rank >= 0) {
+        const std::vector<double> slow_speed = phase(t + 1, o.slow_from + kSettle, o.slow_to);
+        const std::vector<double> slow_flops = phase(t, o.slow_from + kSettle, o.slow_to);
+        if (!slow_speed.empty()) {
+          std::cout << absl::StrFormat(
+              "rank %d at %.2f, steps %d..%d: slowest rank over the ideal %.3f by speed, %.3f by "
+              "FLOPs (%.2fx faster)\n",
+              o.slow_rank, o.slow_fraction, std::max(o.slow_from + kSettle, o.first_step),
+              std::min(o.slow_to, end_step - 1), Mean(slow_speed), Mean(slow_flops),
+              Mean(slow_flops) / Mean(slow_speed));
+        }
+        const std::vector<double> back_speed =
+            phase(t + 1, o.slow_to + kSettle, std::numeric_limits<int>::max());
+        const std::vector<double> back_flops =
+            phase(t, o.slow_to + kSettle, std::numeric_limits<int>::max());
+        if (o.slow_to < end_step && !back_speed.empty()) {
+          std::cout << absl::StrFormat(
+              "recovered, steps %d..%d: slowest rank over the ideal %.3f by speed, %.3f by FLOPs "
+              "(%.3fx)\n",
+              o.slow_to + kSettle, end_step - 1, Mean(back_speed), Mean(back_flops),
+              Mean(back_speed) / Mean(back_flops));
+        }
+      }
     }
     // Planned with the masks against planned blind: the same attention, the
     // same weights and tokens, only the plan differs.

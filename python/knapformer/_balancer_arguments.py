@@ -18,7 +18,7 @@ def _arguments(bag_specs, gamma, device, planner_address, job_id, group_id, d_mo
                max_tokens_per_gpu, cost_model, locality, planner_deadline, planner_mode,
                require_planner, first_step, use_fitted_gamma, agree_on_errors, machine,
                planner_token=None, planner_tls=None, log_steps=None, cost_table=None,
-               planner_mesh_tls=None):
+               planner_mesh_tls=None, rank_speeds=None):
     """The C++ balancer's arguments, checked; ValueError naming a bad one."""
     if not isinstance(bag_specs, str):
         raise ValueError(f"bag_specs: needs a topology string such as 'g1n2+g2n1+g4n1', "
@@ -71,6 +71,17 @@ def _arguments(bag_specs, gamma, device, planner_address, job_id, group_id, d_mo
         raise ValueError(f"agree_on_errors: needs True, False or 'every_exchange', got "
                          f"{agree_on_errors!r}")
     args.machine = {} if machine is None else machine
+    if isinstance(rank_speeds, str):
+        if rank_speeds != "learned":
+            raise ValueError(f"rank_speeds: '{rank_speeds}' is not 'learned' (or give a list of "
+                             f"speeds, one per rank)")
+        args.learn_rank_speeds = True
+    elif rank_speeds is not None:
+        try:
+            args.rank_speeds = [float(s) for s in rank_speeds]
+        except (TypeError, ValueError):
+            raise ValueError(f"rank_speeds: needs 'learned' or a list of numbers, one per rank, "
+                             f"got {rank_speeds!r}") from None
     if d_model is not None and not 1 <= args.d_model <= 65536:
         raise ValueError(f"d_model: {d_model} is outside [1, 65536]")
     return args

@@ -105,6 +105,13 @@ class SequenceBalancer(ReferenceView, CompileSwitch):
         locally), the bags, max/mean before and after, the tokens moved and
         how long the step waited for its plan. Default: the
         KNAPFORMER_LOG_STEPS environment variable (1/true), else False.
+      rank_speeds: balance time, not FLOPs, on GPUs of unequal speeds: a
+        list of relative speeds, one per rank (any scale; [1, 1, 0.5, 1]
+        gives rank 2 half a share), or "learned": each rank's speed learned
+        online from record_compute_seconds (a rank that runs slow gets
+        less work within a few steps, and its share back when it recovers).
+        Default: one speed. Local planning only for now (no planner
+        address); docs/planner.md#speeds.
       agree_on_errors: one rank's mistake in an exchange raises on every
         rank at once (default True): the first exchange of each call agrees
         on every rank's verdict and tensors in one small all-gather, later
@@ -140,7 +147,7 @@ class SequenceBalancer(ReferenceView, CompileSwitch):
                  locality=True, group_id=None, planner_deadline=None, first_step=0,
                  use_fitted_gamma=False, agree_on_errors=True, planner_mode=None,
                  machine=None, require_planner=None, planner_token=None, planner_tls=None,
-                 log_steps=None, cost_table=None, planner_mesh_tls=None,
+                 log_steps=None, cost_table=None, planner_mesh_tls=None, rank_speeds=None,
                  _metadata_on_gloo=False):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("SequenceBalancer: torch.distributed is not initialized; call "
@@ -161,7 +168,7 @@ class SequenceBalancer(ReferenceView, CompileSwitch):
                               use_fitted_gamma, agree_on_errors, machine,
                               planner_token=planner_token, planner_tls=planner_tls,
                               log_steps=log_steps, cost_table=cost_table,
-                              planner_mesh_tls=planner_mesh_tls)
+                              planner_mesh_tls=planner_mesh_tls, rank_speeds=rank_speeds)
             bags = _C.multi_gpu_bags(bag_specs, group.size(), args.machine)
             replica_size = _C.replica_size(bag_specs, group.size(), args.machine)
             mine = _C._encoded_settings(args)

@@ -124,6 +124,49 @@ if [[ $code -ne 2 ]] || ! grep -qF -- "--topology: 5 topologies, at most 4 with 
   fail "5 topologies with a masked stream: exit $code, $(cat "$tmp/err")"
 fi
 
+# A slow rank (its times divided by 0.5, as a GPU at half speed takes):
+# every step balanced by FLOPs and by speeds learned from the ranks'
+# timings; the speeds learned name rank 1 slow within a few steps, and the
+# summary compares the two by the ideal (figures, not asserted faster: 4
+# processes on 2 cores).
+if ! timeout 400 "$bin" --procs 4 --steps 6 --scale 32 --layers 1 --topology g1n4 \
+    --data g2b16i512f1s0,g2b4i1024f1s0 --rank-speeds learned --slow-rank 1:0.5 \
+    >"$tmp/out" 2>"$tmp/err"; then
+  fail "train-sim --slow-rank exited non-zero: $(cat "$tmp/out" "$tmp/err")"
+fi
+python3 - "$tmp/out" <<'PY' || failures=$((failures + 1))
+import re, sys
+text = open(sys.argv[1]).read()
+flops = re.findall(r"^\s+by FLOPs\s+(?:\d+ ){3}\d+\s.*the ideal$", text, re.M)
+speed = re.findall(r"^\s+by speed\s+(?:\d+ ){3}\d+\s.*the ideal(.*)$", text, re.M)
+assert len(flops) == 6 and len(speed) == 6, f"both plans every step:\n{text}"
+slow = [re.search(r"rank 1 (0\.\d+)", s) for s in speed[3:]]
+assert all(m and float(m.group(1)) < 0.75 for m in slow), f"rank 1 learned slow:\n{text}"
+assert "speeds" not in speed[0], f"nothing learned before a timing:\n{text}"
+assert re.search(r"by speed vs by FLOPs \[g1n4\]: max per-rank compute \d+ ms vs \d+ ms "
+                 r"\([\d.]+x\); slowest rank over the ideal [\d.]+ vs [\d.]+", text), text
+match = re.search(r"largest relative loss difference ([\d.e+-]+), gradient ([\d.e+-]+)", text)
+assert match and float(match.group(1)) <= 1e-4 and float(match.group(2)) <= 1e-3, text
+print("ok   train-sim --slow-rank --rank-speeds learned")
+PY
+for bad in "--slow-rank 4:0.5|--slow-rank: '4:0.5' names no rank of --procs 4" \
+           "--slow-rank 1:0|--slow-rank: '1:0' has a fraction outside [0.05, 1]" \
+           "--slow-rank 1:0.5:9-3|has no step range FROM-TO" \
+           "--rank-speeds 1,1|--rank-speeds: 2 speeds for a world of 4 ranks" \
+           "--rank-speeds fast|--rank-speeds: 'fast' is not a number"; do
+  IFS='|' read -r flags message <<<"$bad"
+  # shellcheck disable=SC2086  # the flags are words
+  "$bin" --procs 4 $flags >"$tmp/out" 2>"$tmp/err"
+  code=$?
+  if [[ $code -ne 2 ]] || ! grep -qF -- "$message" "$tmp/err"; then
+    fail "$flags: exit $code, $(cat "$tmp/err")"
+  fi
+done
+"$bin" --procs 4 --data interleaved --rank-speeds learned >"$tmp/out" 2>"$tmp/err"
+if [[ $? -ne 2 ]] || ! grep -qF -- "--rank-speeds: not with a masked stream" "$tmp/err"; then
+  fail "--rank-speeds with a masked stream: $(cat "$tmp/err")"
+fi
+
 "$bin" --procs 4 --gamma fast >"$tmp/out" 2>"$tmp/err"
 code=$?
 if [[ $code -ne 2 ]] || ! grep -qF -- "--gamma: 'fast' is neither fit nor a finite number >= 0" "$tmp/err"; then
