@@ -39,6 +39,8 @@ CASES = {
     "job_id": ({}, {"job_id": "other"}, "'other' on rank 3"),
     "first_step": ({}, {"first_step": 7}, "'7' on rank 3"),
     "machine.gpus_per_node": ({}, {"machine": {"gpus_per_node": 4}}, "'4' on rank 3"),
+    "rank_speeds": ({}, {"rank_speeds": "learned"}, "'learned' on rank 3 but 'one speed' on "
+                    "ranks 0-2"),
 }
 
 
