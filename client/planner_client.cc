@@ -178,6 +178,12 @@ struct PlannerClient::Rep {
     return RankRequest(spec, incarnation, transport->rank(), lengths, masks, previous);
   }
 
+  // The speeds to plan with: learned, or declared (empty: one speed).
+  std::vector<double> RankSpeeds() const {
+    return speed_learner.has_value() ? speed_learner->PlanningSpeeds()
+                                     : options.balancer.rank_speeds;
+  }
+
   // The step solved here, from every rank's lengths (every rank computes
   // the identical plan), by the declared or learned speeds.
   absl::StatusOr<StepPlan> SolveHere(const v1::StepSpec& spec, const RankLengths& lengths,
@@ -186,7 +192,7 @@ struct PlannerClient::Rep {
       return SolveStepLocally(spec, lengths, masks, options.balancer, transport->rank());
     }
     BalancerOptions balancer = options.balancer;
-    balancer.rank_speeds = speed_learner->PlanningSpeeds();
+    balancer.rank_speeds = RankSpeeds();
     return SolveStepLocally(spec, lengths, masks, balancer, transport->rank());
   }
 
@@ -527,11 +533,11 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanGroup(const v1::StepSpec& spec,
     gathered = *std::move(all);
   }
   LearnSpeeds(spec, gathered);
-  const bool keep_work = leader() || speed_learner.has_value();
+  const bool learning = speed_learner.has_value();
   if (!has_service) {
     policy.LogSource(PlanSource::kLocal, spec.step(), "no planner service configured");
     absl::StatusOr<StepPlan> local = SolveHere(spec, gathered.lengths, gathered.masks);
-    if (local.ok()) group_requests.KeepWork(spec, gathered, *local, keep_work);
+    if (local.ok()) group_requests.KeepWork(spec, gathered, *local, learning, learning);
     return local;
   }
   absl::StatusOr<StepPlan> result;
@@ -541,7 +547,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanGroup(const v1::StepSpec& spec,
   } else {
     result = FinishGroup(spec, gathered, prefetched.get());
   }
-  if (result.ok()) group_requests.KeepWork(spec, gathered, *result, keep_work);
+  if (result.ok()) group_requests.KeepWork(spec, gathered, *result, leader() || learning, learning);
   return result;
 }
 
@@ -561,7 +567,8 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::FinishGroup(const v1::StepSpec& spe
     } else if (absl::Status drawn = EnsureIncarnation(RankReport::PLAN, spec); !drawn.ok()) {
       status = grpc::Status(grpc::StatusCode::INTERNAL, std::string(drawn.message()));
     } else {
-      status = link->PlanGroup(group_requests.Request(spec, incarnation, gathered), &asked_now);
+      status = link->PlanGroup(group_requests.Request(spec, incarnation, gathered, RankSpeeds()),
+                               &asked_now);
     }
     service_wait_seconds = SecondsSince(asked);
     answer = OutcomeOf(status.error_code(), status.error_message());
@@ -678,16 +685,11 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
       !speeds.ok()) {
     return speeds;
   }
-  if (has_service && (options.learn_rank_speeds || !options.balancer.rank_speeds.empty())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank_speeds: the planner service at ", options.address,
-        " plans by FLOPs and does not take speeds yet; leave planner_address unset to plan "
-        "locally by speed, or leave rank_speeds unset"));
-  }
-  if (options.learn_rank_speeds && options.mode != PlannerMode::kGroup) {
+  if ((options.learn_rank_speeds || !options.balancer.rank_speeds.empty()) &&
+      options.mode != PlannerMode::kGroup) {
     return absl::InvalidArgumentError(
-        "rank_speeds=\"learned\": needs group mode, whose all-gather brings every rank's "
-        "timing");
+        "rank_speeds: needs group mode (the default), whose all-gather brings every rank's "
+        "timing and whose request carries the speeds; per-rank mode sends none");
   }
   auto rep = std::make_unique<Rep>(std::move(options), transport);
   if (rep->options.learn_rank_speeds) rep->speed_learner.emplace(transport->size());
@@ -780,7 +782,7 @@ absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec, const std::vector
         return drawn;
       }
       auto request = std::make_shared<const v1::PlanGroupRequest>(
-          rep.group_requests.Request(spec, rep.incarnation, *p->gathered));
+          rep.group_requests.Request(spec, rep.incarnation, *p->gathered, rep.RankSpeeds()));
       prefetched->call = std::make_unique<BackgroundCall>([link, p, request](CancelToken* token) {
         return link->PlanGroup(*request, &p->group_response, token);
       });

@@ -115,8 +115,9 @@ struct PlannerClientOptions {
   // Learn each rank's speed from the ranks' timings (the `previous` of each
   // Plan, planner/speed_learner.h) and plan by them; every rank learns the
   // same from the timings the step's all-gather brings. Instead of declared
-  // speeds. Local planning only, for now: refused with a planner address
-  // (the service plans by FLOPs).
+  // speeds. Declared or learned, speeds need group mode: rank 0's request
+  // carries them (PlanGroupRequest.rank_speeds), so any planner replica
+  // plans by them, and a local plan uses the same.
   bool learn_rank_speeds = false;
 };
 

@@ -27,21 +27,22 @@ std::optional<MeasuredAttention> FittedTableOf(const v1::Balance& balance) {
   return *std::move(valid);
 }
 
-// "speeds: rank 3 0.60, rank 7 1.10": the ranks not at 1, the four furthest
-// from it, and how many more.
+// "speeds: rank 3 0.60, rank 7 0.80": the ranks slower than the fastest,
+// relative to it, the four slowest, and how many more.
 std::string SlowAndFastRanks(const std::vector<double>& speeds) {
+  const double fastest = *std::max_element(speeds.begin(), speeds.end());
   std::vector<int32_t> off;
   for (size_t r = 0; r < speeds.size(); ++r) {
-    if (std::abs(speeds[r] - 1.0) >= 0.005) off.push_back(static_cast<int32_t>(r));
+    if (speeds[r] / fastest < 0.995) off.push_back(static_cast<int32_t>(r));
   }
-  if (off.empty()) return "speeds: all 1";
-  std::stable_sort(off.begin(), off.end(), [&](int32_t a, int32_t b) {
-    return std::abs(speeds[a] - 1.0) > std::abs(speeds[b] - 1.0);
-  });
+  if (off.empty()) return "speeds: all alike";
+  std::stable_sort(off.begin(), off.end(),
+                   [&](int32_t a, int32_t b) { return speeds[a] < speeds[b]; });
   constexpr size_t kShown = 4;
   std::string out = "speeds:";
   for (size_t i = 0; i < off.size() && i < kShown; ++i) {
-    absl::StrAppend(&out, i ? "," : "", absl::StrFormat(" rank %d %.2f", off[i], speeds[off[i]]));
+    absl::StrAppend(&out, i ? "," : "",
+                    absl::StrFormat(" rank %d %.2f", off[i], speeds[off[i]] / fastest));
   }
   if (off.size() > kShown) absl::StrAppend(&out, " and ", off.size() - kShown, " more");
   return out;
@@ -147,6 +148,13 @@ absl::StatusOr<StepPlan> StepPlanOfGroupAnswer(const v1::StepSpec& spec, const G
                                response.workload_before().end());
   plan->workload_after.assign(response.workload_after().begin(), response.workload_after().end());
   StepPlan step = StepPlanOf(*std::move(plan), rank, PlanSource::kService);
+  if (!response.balance().rank_speeds().empty()) {
+    // Planned by speed: the service's figures are of time.
+    step.rank_speeds.assign(response.balance().rank_speeds().begin(),
+                            response.balance().rank_speeds().end());
+    step.max_over_mean_before = response.balance().max_over_mean_before();
+    step.max_over_mean_after = response.balance().max_over_mean_after();
+  }
   step.predicted_step_seconds = response.balance().predicted_step_seconds();
   step.gamma_note = response.balance().gamma_note();
   step.gamma_used = response.balance().gamma_used();

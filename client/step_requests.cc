@@ -26,9 +26,11 @@ v1::PlanRequest RankRequest(const v1::StepSpec& spec, uint64_t incarnation, int 
 }
 
 v1::PlanGroupRequest GroupRequests::Request(const v1::StepSpec& spec, uint64_t incarnation,
-                                            const Gathered& gathered) const {
+                                            const Gathered& gathered,
+                                            const std::vector<double>& rank_speeds) const {
   v1::PlanGroupRequest request;
   *request.mutable_spec() = WithIncarnation(spec, incarnation);
+  request.mutable_rank_speeds()->Add(rank_speeds.begin(), rank_speeds.end());
   request.mutable_ranks()->Reserve(static_cast<int>(gathered.lengths.size()));
   for (size_t r = 0; r < gathered.lengths.size(); ++r) {
     v1::RankLengths* rank = request.add_ranks();
@@ -59,9 +61,9 @@ v1::PlanGroupRequest GroupRequests::Request(const v1::StepSpec& spec, uint64_t i
 }
 
 void GroupRequests::KeepWork(const v1::StepSpec& spec, const Gathered& gathered,
-                             const StepPlan& step, bool keep) {
+                             const StepPlan& step, bool keep, bool from_the_start) {
   if (gathered.any_timing) ranks_send_timings_ = true;
-  if (!keep || !ranks_send_timings_ || step.whole == nullptr) return;
+  if (!keep || !(ranks_send_timings_ || from_the_start) || step.whole == nullptr) return;
   const RankMasks* masks = gathered.masks.empty() ? nullptr : &gathered.masks;
   StepWork kept{spec.step(), RankWork(*step.whole, spec.d_model(), masks), {}};
   if (spec.cost_model() == v1::COST_MODEL_MEASURED && spec.use_fitted_gamma()) {

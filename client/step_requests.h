@@ -34,21 +34,24 @@ v1::PlanRequest RankRequest(const v1::StepSpec& spec, uint64_t incarnation, int 
 // plans that rides with the ranks' timings. Not thread-safe.
 class GroupRequests {
  public:
-  // The group's request: every rank's lengths and masks, and every rank's
+  // The group's request: every rank's lengths and masks, every rank's
   // timing (when any rank sent one) with the work its step's plan gave that
-  // rank, where that step is among the kept ones.
+  // rank, where that step is among the kept ones, and the ranks' speeds
+  // (declared or learned; empty: one speed).
   v1::PlanGroupRequest Request(const v1::StepSpec& spec, uint64_t incarnation,
-                               const Gathered& gathered) const;
+                               const Gathered& gathered,
+                               const std::vector<double>& rank_speeds = {}) const;
 
   // After `step` of `spec` was planned: once the ranks send timings (this
   // step's `gathered` has some, or an earlier one had), keeps the work its
   // plan gives every rank, for the last kKeptSteps steps, and under the
   // measured cost model with use_fitted_gamma each rank's attention by grid
   // point (the service fits the table from them). Where `keep` (rank 0 in
-  // group mode, every rank when the ranks learn speeds); a plan without the
-  // whole group's (step.whole) is skipped.
+  // group mode, every rank when the ranks learn speeds); `from_the_start`
+  // keeps it before any timing came too (the learner uses the first one);
+  // a plan without the whole group's (step.whole) is skipped.
   void KeepWork(const v1::StepSpec& spec, const Gathered& gathered, const StepPlan& step,
-                bool keep);
+                bool keep, bool from_the_start = false);
 
   // The work kept for `step`, per rank; null when not kept.
   const std::vector<WorkSample>* WorkOf(uint64_t step) const;

@@ -49,16 +49,20 @@ double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
   std::vector<std::pair<int32_t, double>> sizes;
   for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
     const Topology& topology = world.replica_topology(replica);
-    const ReplicaBags bags = BagsOf(topology, replica * group, normalized);
     const int64_t gpus = topology.max_bag_gpus();
+    // Each bag at its slowest GPU's normalized speed: across replicas too,
+    // so a replica of slow GPUs is bounded by its own speed.
     double total_speed = 0, fastest = 0;
     sizes.clear();
-    for (int32_t b = 0; b < bags.size(); ++b) {
-      total_speed += bags.speed[b];
-      fastest = std::max(fastest, bags.speed[b]);
-      const double per_gpu = bags.speed[b] / bags.gpus[b];
-      if (sizes.empty() || sizes.back().first != bags.gpus[b]) {
-        sizes.emplace_back(bags.gpus[b], per_gpu);
+    for (const Bag& bag : topology.bags()) {
+      const double per_gpu =
+          normalized.empty() ? 1.0
+                             : SlowestSpeed(normalized, replica * group + bag.first_rank, bag.gpus);
+      const double speed = bag.gpus * per_gpu;
+      total_speed += speed;
+      fastest = std::max(fastest, speed);
+      if (sizes.empty() || sizes.back().first != bag.gpus) {
+        sizes.emplace_back(bag.gpus, per_gpu);
       } else {
         sizes.back().second = std::max(sizes.back().second, per_gpu);
       }

@@ -35,7 +35,10 @@ absl::Status CheckRankSpeeds(const std::vector<double>& speeds, int64_t world_si
 }
 
 std::vector<double> NormalizedRankSpeeds(const std::vector<double>& speeds) {
-  if (speeds.empty()) return {};
+  if (speeds.empty() ||
+      std::all_of(speeds.begin(), speeds.end(), [&](double s) { return s == speeds[0]; })) {
+    return {};
+  }
   double sum = 0;
   for (double s : speeds) sum += s;
   const double mean = sum / static_cast<double>(speeds.size());
@@ -44,31 +47,29 @@ std::vector<double> NormalizedRankSpeeds(const std::vector<double>& speeds) {
   return normalized;
 }
 
-namespace {
-
-// Speed of the bag of `gpus` GPUs from `first_rank`: G times its slowest.
-double BagSpeed(const std::vector<double>& speeds, int32_t first_rank, int32_t gpus) {
+double SlowestSpeed(const std::vector<double>& speeds, int32_t first_rank, int32_t gpus) {
   double slowest = speeds[first_rank];
   for (int32_t p = 1; p < gpus; ++p) slowest = std::min(slowest, speeds[first_rank + p]);
-  return gpus * slowest;
+  return slowest;
 }
-
-}  // namespace
 
 ReplicaBags BagsOf(const Topology& topology, int32_t first_rank,
                    const std::vector<double>& speeds) {
   std::vector<int32_t> gpus(topology.num_bags());
   for (const Bag& bag : topology.bags()) gpus[bag.id] = bag.gpus;
-  // One speed over the replica plans as none: exactly, not to rounding.
-  const auto first = speeds.begin() + std::min<size_t>(first_rank, speeds.size());
-  const auto last = speeds.begin() + std::min<size_t>(first_rank + topology.group_size(),
-                                                       speeds.size());
-  if (first == last || std::all_of(first, last, [&](double s) { return s == *first; })) {
+  if (speeds.empty()) return ReplicaBags(std::move(gpus));
+  std::vector<double> pace(topology.num_bags());
+  for (const Bag& bag : topology.bags()) {
+    pace[bag.id] = SlowestSpeed(speeds, first_rank + bag.first_rank, bag.gpus);
+  }
+  const double fastest = *std::max_element(pace.begin(), pace.end());
+  if (std::all_of(pace.begin(), pace.end(), [&](double p) { return p == fastest; })) {
     return ReplicaBags(std::move(gpus));
   }
   std::vector<double> speed(topology.num_bags());
-  for (const Bag& bag : topology.bags()) {
-    speed[bag.id] = BagSpeed(speeds, first_rank + bag.first_rank, bag.gpus);
+  for (int32_t b = 0; b < topology.num_bags(); ++b) {
+    // The fastest bags exactly at their size.
+    speed[b] = pace[b] == fastest ? gpus[b] : gpus[b] * (pace[b] / fastest);
   }
   return ReplicaBags(std::move(gpus), std::move(speed));
 }
@@ -77,9 +78,10 @@ std::vector<double> TimePerRank(const Plan& plan, const std::vector<double>& spe
   std::vector<double> time = plan.workload_after;
   if (speeds.empty()) return time;
   const std::vector<double> normalized = NormalizedRankSpeeds(speeds);
+  if (normalized.empty()) return time;
   for (size_t bag = 0; bag < plan.bag_gpus.size(); ++bag) {
     const int32_t first = plan.bag_first_rank[bag], gpus = plan.bag_gpus[bag];
-    const double slowest = BagSpeed(normalized, first, gpus) / gpus;
+    const double slowest = SlowestSpeed(normalized, first, gpus);
     for (int32_t p = 0; p < gpus; ++p) time[first + p] /= slowest;
   }
   return time;
@@ -89,6 +91,7 @@ std::vector<double> TimeAtHome(const Plan& plan, const std::vector<double>& spee
   std::vector<double> time = plan.workload_before;
   if (speeds.empty()) return time;
   const std::vector<double> normalized = NormalizedRankSpeeds(speeds);
+  if (normalized.empty()) return time;
   for (size_t rank = 0; rank < time.size(); ++rank) time[rank] /= normalized[rank];
   return time;
 }

@@ -33,12 +33,21 @@ inline constexpr double kMaxRankSpeedRatio = 100.0;
 absl::Status CheckRankSpeeds(const std::vector<double>& speeds, int64_t world_size,
                              absl::string_view field = "rank_speeds");
 
-// `speeds` divided by their mean (empty stays empty). REQUIRES: checked.
+// `speeds` divided by their mean; empty when they are empty or all one
+// value (one speed: figures then are exactly the workloads', not a last
+// digit off). REQUIRES: checked.
 std::vector<double> NormalizedRankSpeeds(const std::vector<double>& speeds);
 
+// The slowest of the `gpus` speeds from `first_rank`: the pace of the bag
+// they form. REQUIRES: in range.
+double SlowestSpeed(const std::vector<double>& speeds, int32_t first_rank, int32_t gpus);
+
 // The bags of the replica of `topology` whose ranks start at `first_rank`,
-// with their speeds under `speeds`: their sizes when the speeds are empty or
-// all one value over the replica (which then plans exactly as none).
+// as its packing sees them: scale-free, each bag's speed its size times
+// its slowest GPU's speed over the fastest such speed of the replica (the
+// fastest bags at their size). Exactly their sizes when `speeds` is empty
+// or every bag's slowest GPU has one speed, which then plans exactly as no
+// speeds.
 ReplicaBags BagsOf(const Topology& topology, int32_t first_rank,
                    const std::vector<double>& speeds);
 

@@ -59,7 +59,8 @@ void CostFits::RecordPlanned(const v1::StepSpec& spec, std::vector<WorkSample> r
   Refit(*job);  // once per step, so the exported gamma keeps up
 }
 
-void CostFits::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing) {
+void CostFits::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing,
+                         double speed) {
   absl::MutexLock lock(&mu_);
   Job* job = nullptr;
   std::deque<PlannedWork>* work = FindGroup(spec, &job);
@@ -100,7 +101,8 @@ void CostFits::AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepT
     return;
   }
   planned->timed[rank] = true;
-  sample.seconds = timing.compute_seconds();
+  // As a GPU at speed 1 would have timed it (SpeedLearner::AtUnitSpeed).
+  sample.seconds = timing.compute_seconds() * speed;
   // A sample of the table needs the rank's attention by grid point in the
   // plan it ran: carried with the work (group mode: any replica), else
   // this server's plan's, when the rank ran it (the work it carries, if

@@ -78,8 +78,12 @@ class CostFits {
   // It is a sample of the job's table too when the timing carries the
   // rank's attention by grid point with its work, or when this server's
   // plan of the step kept it and is the plan the rank ran (no carried
-  // work, or this plan's).
-  void AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing);
+  // work, or this plan's). `speed`: the rank's relative speed, normalized
+  // (PlanGroupRequest.rank_speeds); its seconds are taken times it, as a
+  // GPU at speed 1 would have timed the step, so that a slow rank does not
+  // bias the fit.
+  void AddTiming(const v1::StepSpec& spec, int32_t rank, const v1::StepTiming& timing,
+                 double speed = 1.0);
 
   // Whether the job's ranks send timings (so its steps' work is worth keeping).
   bool WantsWork(const std::string& job_id) const;

@@ -9,7 +9,9 @@
 #include "absl/time/clock.h"
 #include "planner/calibration.h"
 #include "planner/cost_model.h"
+#include "planner/balance_stats.h"
 #include "planner/measured_fit.h"
+#include "planner/rank_speeds.h"
 #include "planner/step_solve.h"
 #include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
@@ -323,9 +325,11 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
                                                                 const CheckedSpec& checked,
                                                                 const BalancerInput& input,
                                                                 double wait_seconds,
-                                                                v1::Balance* balance) {
+                                                                v1::Balance* balance,
+                                                                const std::vector<double>& rank_speeds) {
   const absl::Time start = absl::Now();
-  const BalancerOptions balancer = BalancerOptionsForSpec(options_.balancer, spec);
+  BalancerOptions balancer = BalancerOptionsForSpec(options_.balancer, spec);
+  balancer.rank_speeds = rank_speeds;
   CostModel cost = checked.cost;
   std::string gamma_note;
   std::optional<MeasuredAttention> fitted_table;  // when it plans the step
@@ -364,6 +368,17 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   *balance = BalanceToProto(*plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start));
   balance->set_predicted_step_seconds(step->predicted_seconds);
   balance->set_attention_masks(input.masks() != nullptr);
+  if (const std::vector<double> speeds = NormalizedRankSpeeds(rank_speeds); !speeds.empty()) {
+    // By time against the ideal: what sets the step's time on these GPUs.
+    const double ideal = ComputeBalanceStats(plan->workload_after).mean;
+    const BalanceStats before = ComputeTimeStats(TimeAtHome(*plan, rank_speeds), ideal);
+    const BalanceStats after = ComputeTimeStats(TimePerRank(*plan, rank_speeds), ideal);
+    balance->set_wir_before(before.wir);
+    balance->set_wir_after(after.wir);
+    balance->set_max_over_mean_before(before.max_over_mean);
+    balance->set_max_over_mean_after(after.max_over_mean);
+    balance->mutable_rank_speeds()->Add(speeds.begin(), speeds.end());
+  }
   if (spec.use_fitted_gamma()) {
     balance->set_gamma_used(cost.gamma());
     balance->set_gamma_note(gamma_note);
@@ -481,9 +496,11 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
     finish(status);
     return call->Returned();
   }
+  const std::vector<double> speeds = NormalizedRankSpeeds(checked->rank_speeds);
   for (int r = 0; r < request->previous_size(); ++r) {
     if (request->previous(r).compute_seconds() > 0) {
-      cost_fits_.AddTiming(request->spec(), r, request->previous(r));
+      cost_fits_.AddTiming(request->spec(), r, request->previous(r),
+                           speeds.empty() ? 1.0 : speeds[r]);
     }
   }
   int64_t sequences = 0;
@@ -506,7 +523,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
     v1::Balance balance;
     absl::StatusOr<knapformer::Plan> plan =
         SolveAndRecord(spec, shared_checked->spec, shared_checked->input,
-                       /*wait_seconds=*/-1, &balance);
+                       /*wait_seconds=*/-1, &balance, shared_checked->rank_speeds);
     if (!plan.ok()) {
       finish(plan.status());
       return;

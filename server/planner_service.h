@@ -125,10 +125,12 @@ class PlannerService final : public PlannerServiceBase {
 
   // Solves one step and records it in the job's state and metrics
   // (wait_seconds < 0: no rendezvous, e.g. PlanGroup); *balance on success.
+  // `rank_speeds` (checked; empty: one speed) plan by time.
   absl::StatusOr<knapformer::Plan> SolveAndRecord(const v1::StepSpec& spec,
                                                   const CheckedSpec& checked,
                                                   const BalancerInput& input,
-                                                  double wait_seconds, v1::Balance* balance);
+                                                  double wait_seconds, v1::Balance* balance,
+                                                  const std::vector<double>& rank_speeds = {});
   void SolveAndAnswer(std::shared_ptr<ReadyStep> step);
   // Answers each of `calls` (Plan calls the rendezvous handed back) with
   // `status`.

@@ -84,6 +84,7 @@ RequestBounds::RequestBounds(const ServiceLimits& limits) {
   const FieldBound ranks{limits.max_world_size, -1, "entries", " ranks"};
   at(v1::PlanGroupRequest::descriptor(), v1::PlanGroupRequest::kRanksFieldNumber) = ranks;
   at(v1::PlanGroupRequest::descriptor(), v1::PlanGroupRequest::kPreviousFieldNumber) = ranks;
+  at(v1::PlanGroupRequest::descriptor(), v1::PlanGroupRequest::kRankSpeedsFieldNumber) = ranks;
 
   const FieldBound sequences{limits.max_sequences_per_rank, limits.max_sequences_per_step,
                              "sequences", " per rank", " per step"};

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "planner/measured_fit.h"
+#include "planner/rank_speeds.h"
 #include "proto/mask_proto.h"
 #include "proto/plan_proto.h"
 
@@ -203,6 +204,8 @@ absl::StatusOr<CheckedGroupRequest> CheckPlanGroupRequest(
   for (int r = 0; r < request.previous_size(); ++r) {
     KF_RETURN_IF_ERROR(CheckTiming(absl::StrCat("previous[", r, "]"), request.previous(r)));
   }
+  std::vector<double> speeds(request.rank_speeds().begin(), request.rank_speeds().end());
+  KF_RETURN_IF_ERROR(CheckRankSpeeds(speeds, request.spec().world_size(), "rank_speeds"));
   // Each rank's masks, that they are given on every rank or none, and the
   // whole step as the solve takes it: checked here, once.
   KF_ASSIGN_OR_RETURN(
@@ -213,7 +216,7 @@ absl::StatusOr<CheckedGroupRequest> CheckPlanGroupRequest(
           [&](int32_t r) -> const ProtoMasks& { return request.ranks(r).attention_masks(); },
           [](int32_t r) { return absl::StrCat("ranks[", r, "].attention_masks"); },
           balancer_limits));
-  return CheckedGroupRequest{std::move(checked), std::move(input)};
+  return CheckedGroupRequest{std::move(checked), std::move(input), std::move(speeds)};
 }
 
 }  // namespace knapformer

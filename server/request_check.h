@@ -67,9 +67,11 @@ absl::StatusOr<CheckedSpec> CheckPlanRequest(const v1::PlanRequest& request,
 struct CheckedGroupRequest {
   CheckedSpec spec;
   BalancerInput input;
+  std::vector<double> rank_speeds;  // PlanGroupRequest.rank_speeds, checked
 };
 
-// CheckStepSpec plus one entry per rank, every length and timing, then every
+// CheckStepSpec plus one entry per rank, every length, timing and speed
+// (CheckRankSpeeds, naming rank_speeds), then every
 // mask and the step's input against `balancer_limits`
 // (BalancerInputFromProto, naming ranks[r].attention_masks).
 absl::StatusOr<CheckedGroupRequest> CheckPlanGroupRequest(

@@ -1,8 +1,11 @@
 #include "server/service_metrics.h"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "planner/plan.h"
@@ -105,6 +108,25 @@ class GroupGaugeCollector final : public prometheus::Collectable {
     for (const GroupGauges& g : groups) {
       if (g.has_balance && g.last_balance.predicted_step_seconds() > 0) {
         add(predicted, g, g.last_balance.predicted_step_seconds());
+      }
+    }
+    MetricFamily& speed = family(
+        "knapformer_rank_speed",
+        "Relative compute speed of a rank in the last planned step (PlanGroupRequest.rank_speeds, "
+        "declared or learned by the ranks), over the group's median rank: only ranks 5% or more "
+        "away from it (a slow GPU the plans balance around).");
+    for (const GroupGauges& g : groups) {
+      if (!g.has_balance || g.last_balance.rank_speeds().empty()) continue;
+      const auto& speeds = g.last_balance.rank_speeds();
+      std::vector<double> sorted(speeds.begin(), speeds.end());
+      std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+      const double median = sorted[sorted.size() / 2];
+      for (int r = 0; r < speeds.size(); ++r) {
+        const double relative = speeds[r] / median;
+        if (std::abs(relative - 1.0) < 0.05) continue;
+        add(speed, g, relative);
+        auto& labels = speed.metric.back().label;  // names sorted: rank last
+        labels.push_back({"rank", std::to_string(r)});
       }
     }
     MetricFamily& bag_gpus = family(

@@ -41,6 +41,8 @@ namespace knapformer {
 //   knapformer_planner_pending_steps{job,group}, knapformer_planner_ranks_seen{job,group}
 //   knapformer_planner_jobs
 //   knapformer_planner_fitted_gamma{job,group}
+//   knapformer_rank_speed{job,group,rank}    a rank's speed over its group's median, for
+//                                            ranks 5% or more away (PlanGroupRequest.rank_speeds)
 // and under --auth=token, from the key file and revocation list as last read:
 //   knapformer_planner_auth_keys               gauge, usable keys (0: every
 //                                              token refused, failing closed)

@@ -799,34 +799,36 @@ int RunWorker(const SimOptions& o) {
                 << "\n";
       // The two phases: a slow rank learned (from its 10th step
       // slow), and the same rank recovered (from the 10th step after).
-      auto phase = [&](int variant, int from, int to) {
+      // In 64 bits: slow_to is INT_MAX without a range.
+      auto phase = [&](int variant, int64_t from, int64_t to) {
         std::vector<double> values;
-        for (int step = std::max(from, o.first_step); step <= to && step < end_step; ++step) {
+        for (int64_t step = std::max<int64_t>(from, o.first_step); step <= to && step < end_step;
+             ++step) {
           values.push_back(summaries[variant].over_ideal[step - o.first_step]);
         }
         return values;
       };
-      constexpr int kSettle = 10;
+      constexpr int64_t kSettle = 10;
       if (o.slow_rank >= 0) {
-        const std::vector<double> slow_speed = phase(t + 1, o.slow_from + kSettle, o.slow_to);
-        const std::vector<double> slow_flops = phase(t, o.slow_from + kSettle, o.slow_to);
+        const int64_t settled = int64_t{o.slow_from} + kSettle;
+        const std::vector<double> slow_speed = phase(t + 1, settled, o.slow_to);
+        const std::vector<double> slow_flops = phase(t, settled, o.slow_to);
         if (!slow_speed.empty()) {
           std::cout << absl::StrFormat(
               "rank %d at %.2f, steps %d..%d: slowest rank over the ideal %.3f by speed, %.3f by "
               "FLOPs (%.2fx faster)\n",
-              o.slow_rank, o.slow_fraction, std::max(o.slow_from + kSettle, o.first_step),
+              o.slow_rank, o.slow_fraction, std::max<int64_t>(settled, o.first_step),
               std::min(o.slow_to, end_step - 1), Mean(slow_speed), Mean(slow_flops),
               Mean(slow_flops) / Mean(slow_speed));
         }
-        const std::vector<double> back_speed =
-            phase(t + 1, o.slow_to + kSettle, std::numeric_limits<int>::max());
-        const std::vector<double> back_flops =
-            phase(t, o.slow_to + kSettle, std::numeric_limits<int>::max());
-        if (o.slow_to < end_step && !back_speed.empty()) {
+        const int64_t recovered = int64_t{o.slow_to} + kSettle;
+        const std::vector<double> back_speed = phase(t + 1, recovered, end_step);
+        const std::vector<double> back_flops = phase(t, recovered, end_step);
+        if (!back_speed.empty()) {
           std::cout << absl::StrFormat(
               "recovered, steps %d..%d: slowest rank over the ideal %.3f by speed, %.3f by FLOPs "
               "(%.3fx)\n",
-              o.slow_to + kSettle, end_step - 1, Mean(back_speed), Mean(back_flops),
+              recovered, end_step - 1, Mean(back_speed), Mean(back_flops),
               Mean(back_speed) / Mean(back_flops));
         }
       }

@@ -1,7 +1,9 @@
 // Drives a running planner so that every metric the dashboard and the rules
 // read has data:
 //   drive_planner PORT JOB STEPS   STEPS complete steps of JOB (8 ranks,
-//                                  mixed lengths), numbered from 0
+//                                  mixed lengths), numbered from 0, the last
+//                                  one a PlanGroup with rank 5 at 0.6 of the
+//                                  others' speed (knapformer_rank_speed)
 //   drive_planner PORT JOB faults  one refused request (INVALID_ARGUMENT)
 //                                  and one step that times out waiting for
 //                                  ranks (give the server a short
@@ -14,6 +16,7 @@
 // Two calls, so that Prometheus can see a job's counters at 0 before the
 // faults raise them (increase() needs two samples). Exit 0 when every call
 // answered as expected, 1 otherwise (naming it).
+#include <chrono>
 #include <iostream>
 
 #include "absl/strings/numbers.h"
@@ -38,6 +41,23 @@ int DriveSteps(v1::Planner::Stub* stub, const std::string& job, int steps) {
   params.token_bytes = 1024;
   for (int step = 0; step < steps; ++step) {
     params.step = step;
+    if (step == steps - 1) {
+      v1::PlanGroupRequest request;
+      *request.mutable_spec() = MakeRequest(params, kRanks, 0, {}).spec();
+      for (const auto& rank : RandomLengths(kRanks, step)) {
+        request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
+      }
+      for (int r = 0; r < kRanks; ++r) request.add_rank_speeds(r == 5 ? 0.6 : 1.0);
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      v1::PlanGroupResponse response;
+      const grpc::Status status = stub->PlanGroup(&context, request, &response);
+      if (!status.ok()) {
+        std::cerr << "step " << step << " (PlanGroup): " << status.error_message() << "\n";
+        return 1;
+      }
+      continue;
+    }
     auto results = PlanConcurrently(stub, MakeGroupRequests(params, RandomLengths(kRanks, step)));
     for (size_t r = 0; r < results.size(); ++r) {
       if (!results[r].status.ok()) {

@@ -15,6 +15,7 @@ WANTED = {  # a metric (or recording rule) each group of panels must read
     "rendezvous wait": "knapformer_planner_rendezvous_wait_seconds_bucket",
     "errors": "knapformer_planner_requests_total",
     "bytes moved": "knapformer_planner_moved_bytes_total",
+    "slow ranks": "knapformer_rank_speed",
 }
 
 

@@ -113,6 +113,8 @@ TEST(RankSpeedsTest, OneSpeedForAllPlansExactlyAsNoSpeeds) {
       even.rank_speeds.assign(32, 2.5);  // any one speed: only ratios count
       const Plan a = PlanOrDie(world, cost, lengths, plain);
       const Plan b = PlanOrDie(world, cost, lengths, even);
+      // 0.7 / mean(0.7) is not 1 in floating point: one speed is none.
+      EXPECT_TRUE(NormalizedRankSpeeds(std::vector<double>(32, 0.7)).empty());
       ASSERT_EQ(a.chunks.size(), b.chunks.size()) << spec;
       for (size_t i = 0; i < a.chunks.size(); ++i) {
         EXPECT_EQ(a.chunks[i].dst_rank, b.chunks[i].dst_rank) << spec << " chunk " << i;
@@ -220,6 +222,52 @@ TEST(RankSpeedsTest, MixedFleetsPlanAtTheBoundInBagsOfFourAndEight) {
       }
     }
   }
+}
+
+// Replicas of one speed each, but not the same one: each replica's packing
+// is scale-free (its slow GPUs plan as fast ones would), and the bound
+// divides each replica's work by its own speed.
+TEST(RankSpeedsTest, ReplicasOfDifferentSpeedsAreBoundedByTheirOwn) {
+  const CostModel cost = Flux();
+  const World world = MakeWorld("g1n32", 64);
+  RankLengths lengths = JointBatch(32, 1);
+  const RankLengths second = JointBatch(32, 2);
+  for (const auto& rank : second) lengths.push_back(rank);
+  std::vector<double> speeds(64, 1.0);
+  for (int32_t r = 0; r < 32; ++r) speeds[r] = 0.5;
+  BalancerOptions options;
+  options.rank_speeds = speeds;
+  const Plan timed = PlanOrDie(world, cost, lengths, options);
+  const Plan flops = PlanOrDie(world, cost, lengths, BalancerOptions());
+  // Within a replica one speed: the plan is the FLOP-balanced one.
+  EXPECT_EQ(timed.workload_after, flops.workload_after);
+  const double bound = MaxOverMeanLowerBound(world, cost, lengths, nullptr, speeds);
+  EXPECT_GE(TimeOverIdeal(timed, speeds), bound * (1 - 1e-12));
+  // The slow replica's work over its speed bounds it from below.
+  double slow_work = 0, total = 0;
+  for (int32_t r = 0; r < 64; ++r) {
+    total += timed.workload_after[r];
+    if (r < 32) slow_work += timed.workload_after[r];
+  }
+  const std::vector<double> normalized = NormalizedRankSpeeds(speeds);
+  EXPECT_GE(bound, slow_work / (32 * normalized[0]) / (total / 64) * (1 - 1e-12));
+}
+
+TEST(RankSpeedsTest, PlansDependOnRatiosNotScale) {
+  const CostModel cost = Flux();
+  const World world = MakeWorld("g2n16", 32);
+  const RankLengths lengths = JointBatch(32, 4);
+  BalancerOptions small, large;
+  for (int32_t r = 0; r < 32; ++r) {
+    small.rank_speeds.push_back(r % 2 == 0 ? 1.0 : 1.5);  // every bag at its slower GPU, 1
+    large.rank_speeds.push_back(r % 2 == 0 ? 2.0 : 3.0);
+  }
+  const Plan a = PlanOrDie(world, cost, lengths, small);
+  const Plan b = PlanOrDie(world, cost, lengths, large);
+  const Plan none = PlanOrDie(world, cost, lengths, BalancerOptions());
+  EXPECT_EQ(a.workload_after, b.workload_after);
+  // Every bag runs at one pace: the FLOP-balanced plan exactly.
+  EXPECT_EQ(a.workload_after, none.workload_after);
 }
 
 TEST(RankSpeedsTest, TokenCapsAndMasksHoldWithSpeeds) {

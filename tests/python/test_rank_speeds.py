@@ -1,11 +1,13 @@
 """Balancing time on GPUs of unequal speeds (docs/planner.md#speeds): a
 rank that really computes slower is learned from record_compute_seconds
-and given less work, declared speeds plan by time on every rank alike, and
-a bad rank_speeds is a clear error."""
+and given less work, planned locally and by a planner service in group mode;
+declared speeds plan by time on every rank alike; a bad rank_speeds is a
+clear error."""
 import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from knapformer.launch import run_world
 
@@ -22,11 +24,18 @@ def compute(x, weight, repeats):
     return y, time.thread_time() - start
 
 
-def learned_world(rank, size, steps, slow_rank):
+def learned_world(rank, size, steps, slow_rank, served=False):
     import knapformer
 
+    server, address = None, None
+    if served:  # an embedded planner on rank 0, its address on every rank
+        server = knapformer.PlannerServer("127.0.0.1:0") if rank == 0 else None
+        shared = [server.address if server else None]
+        dist.broadcast_object_list(shared, src=0)
+        address = shared[0]
     balancer = knapformer.SequenceBalancer("g1n4", gamma=1.0, d_model=D_MODEL,
-                                           rank_speeds="learned")
+                                           rank_speeds="learned", planner_address=address,
+                                           require_planner=served, job_id="speeds")
     torch.manual_seed(rank)
     weight = torch.randn(D_MODEL, D_MODEL) / D_MODEL ** 0.5
     # 24 sequences per rank, 48..94 tokens: any share can be balanced.
@@ -43,12 +52,19 @@ def learned_world(rank, size, steps, slow_rank):
         assert back.shape == x.shape
         balancer.record_compute_seconds(seconds)
         summary = balancer.get_routing_plan_summary()
+        assert summary["source"] == ("planner service" if served else "local planner")
         rows.append((summary["rank_speeds"], routed.shape[0], summary["max_over_mean_after"]))
+    dist.barrier()
+    if server:
+        server.shutdown(grace=1)
     return rows
 
 
-def test_a_rank_that_really_computes_slower_gets_less_work():
-    results = run_world(learned_world, 4, 10, 2)
+@pytest.mark.parametrize("served", [False, True], ids=["local", "served"])
+def test_a_rank_that_really_computes_slower_gets_less_work(served):
+    # Served: rank 0's request carries the speeds the ranks learned
+    # (PlanGroupRequest.rank_speeds), and the service plans by them.
+    results = run_world(learned_world, 4, 10, 2, served)
     # Every rank plans with the same speeds, every step.
     for step in range(10):
         assert len({tuple(r[step][0]) for r in results}) == 1, results
@@ -100,8 +116,8 @@ def refused_world(rank, size, kwargs):
     ({"rank_speeds": [1, "x", 1, 1]}, "ValueError: rank_speeds: needs 'learned' or a list"),
     ({"rank_speeds": [1, 1]}, "rank_speeds: 2 speeds for a world of 4 ranks"),
     ({"rank_speeds": [1, 1, 0, 1]}, "rank_speeds[2] is 0: a speed must be finite and > 0"),
-    ({"rank_speeds": "learned", "planner_address": "127.0.0.1:1"},
-     "rank_speeds: the planner service at 127.0.0.1:1 plans by FLOPs"),
+    ({"rank_speeds": "learned", "planner_address": "127.0.0.1:1", "planner_mode": "per-rank"},
+     "rank_speeds: needs group mode (the default)"),
 ])
 def test_bad_rank_speeds_are_every_ranks_clear_error(kwargs, message):
     for error in run_world(refused_world, 4, kwargs):

@@ -241,6 +241,79 @@ TEST_P(WhereSolvedTest, PlanGroupMatchesTheCoreAndThePerRankPlans) {
   EXPECT_THAT(status.error_message(), HasSubstr("ranks: 15 entries, but world_size is 16"));
 }
 
+// PlanGroupRequest.rank_speeds: the plan balances time, as the core does
+// with the same speeds; the answer, GetJob and the metrics page carry
+// them; bad speeds are INVALID_ARGUMENT naming them.
+TEST(ServiceTest, PlanGroupPlansByTheRanksSpeeds) {
+  PlannerServerOptions options = TestOptions();
+  options.metrics_address = "127.0.0.1:0";
+  auto server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Planner::NewStub(LocalChannel(server->port()));
+  StepParams params;
+  params.job_id = "speed-job";
+  params.topology = "g1n8";
+  RankLengths lengths(8);
+  for (int32_t r = 0; r < 8; ++r) {
+    for (int i = 0; i < 16; ++i) lengths[r].push_back(500 + 37 * ((r * 5 + i * 3) % 17));
+  }
+  const std::vector<double> speeds = {1, 1, 1, 0.5, 1, 1, 1, 1};
+  BalancerOptions core_options;
+  core_options.rank_speeds = speeds;
+  const Plan expected = CorePlan(params, lengths, core_options);
+
+  v1::PlanGroupRequest request;
+  *request.mutable_spec() = MakeRequest(params, 8, 0, {}).spec();
+  for (const auto& rank : lengths) {
+    request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
+  }
+  request.mutable_rank_speeds()->Add(speeds.begin(), speeds.end());
+  v1::PlanGroupResponse response;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    const grpc::Status status = stub->PlanGroup(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  ASSERT_EQ(response.workload_after_size(), 8);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(response.workload_after(r), expected.workload_after[r]);
+  EXPECT_NEAR(response.workload_after(3), response.workload_after(0) / 2,
+              0.1 * response.workload_after(0));
+  const v1::Balance& balance = response.balance();
+  ASSERT_EQ(balance.rank_speeds_size(), 8);
+  EXPECT_DOUBLE_EQ(balance.rank_speeds(3), 0.5 / (7.5 / 8));
+  EXPECT_LT(balance.max_over_mean_after(), 1.03);    // by time, against the ideal
+  EXPECT_GT(balance.max_over_mean_before(), 1.5);    // rank 3's own share at half speed
+
+  {
+    v1::GetJobRequest get;
+    get.set_job_id("speed-job");
+    v1::JobState state;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    ASSERT_TRUE(stub->GetJob(&context, get, &state).ok());
+    ASSERT_EQ(state.groups_size(), 1);
+    EXPECT_EQ(state.groups(0).last_balance().rank_speeds_size(), 8);
+  }
+  auto page = testing_util::HttpGet(server->metrics_port(), "/metrics");
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_THAT(*page, HasSubstr("knapformer_rank_speed{group=\"\",job_id=\"speed-job\",rank=\"3\"} 0.5"));
+  EXPECT_THAT(*page, ::testing::Not(HasSubstr("rank=\"2\"")));
+
+  for (const auto& [bad, message] :
+       std::vector<std::pair<std::vector<double>, std::string>>{
+           {{1, 1, 1}, "rank_speeds: 3 speeds for a world of 8 ranks"},
+           {{1, 0, 1, 1, 1, 1, 1, 1}, "rank_speeds[1] is 0: a speed must be finite and > 0"}}) {
+    request.clear_rank_speeds();
+    request.mutable_rank_speeds()->Add(bad.begin(), bad.end());
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    const grpc::Status status = stub->PlanGroup(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr(message));
+  }
+}
+
 // StepSpec.locality overrides the service's --locality setting, either way.
 TEST(ServiceTest, TheSpecsLocalityOverridesTheServersSetting) {
   for (bool server_locality : {true, false}) {
