@@ -110,8 +110,8 @@ class SequenceBalancer(ReferenceView, CompileSwitch):
         gives rank 2 half a share), or "learned": each rank's speed learned
         online from record_compute_seconds (a rank that runs slow gets
         less work within a few steps, and its share back when it recovers).
-        Default: one speed. Local planning only for now (no planner
-        address); docs/planner.md#speeds.
+        Default: one speed. Needs group mode with a planner (the default);
+        docs/planner.md, "Speeds".
       agree_on_errors: one rank's mistake in an exchange raises on every
         rank at once (default True): the first exchange of each call agrees
         on every rank's verdict and tensors in one small all-gather, later
