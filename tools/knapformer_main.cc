@@ -107,8 +107,8 @@ std::vector<OptionSpec> SimulateOptionSpecs() {
       {"cost-table", "FILE", "", "with --cost-model measured: calibrate --table's output"},
       {"max-tokens-per-gpu", "N", "0", "cap on the tokens of one GPU; 0 = no cap"},
       {"token-bytes", "B", "2 x d-model", "bytes a routed token occupies"},
-      {"rank-speeds", "S,S,...|R:S,...", "",
-       "relative GPU speeds (every rank's, or R:S for a few, the rest at 1): plan by time"},
+      {"rank-speeds", "SPEEDS", "",
+       "plan by time: every rank's speed (S,S,...) or a few (R:S,...)"},
   };
   for (OptionSpec& option : MachineFlagOptions(defaults.machine)) {
     options.push_back(std::move(option));

@@ -128,10 +128,8 @@ const std::vector<OptionSpec>& Options() {
         {"timeout-seconds", "S", absl::StrCat(o.timeout_seconds), "the whole run's limit"},
         {"plan-ahead", "0|1", absl::StrCat(o.plan_ahead ? 1 : 0),
          "1: prefetch step N+1's plan while step N computes"},
-        {"slow-rank", "R:F[:FROM-TO]", "",
-         "rank R computes at fraction F of its speed (in steps FROM..TO)"},
-        {"rank-speeds", "learned|S,S,...", "",
-         "balance by speed too (learned, or declared), beside by FLOPs"},
+        {"slow-rank", "R:F[:A-B]", "", "rank R at F of its speed (steps A..B)"},
+        {"rank-speeds", "MODE", "", "learned or S,S,...: by speed, beside by FLOPs"},
     };
     for (OptionSpec& option : MachineFlagOptions(SimulatedMachine(o.procs, o.layers))) {
       // These two follow other flags rather than a fixed number.

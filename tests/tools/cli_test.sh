@@ -287,6 +287,24 @@ expect serve-bad-retain 2 "--retain-freed-memory: must be on or off, got 'yes'" 
 expect simulate-ok 0 "" -- "$bin" simulate --data low-res --steps 2 --topology g1n32,g8n4
 grep -q "^g8n4 " "$tmp/out" || { echo "FAIL simulate-ok: no g8n4 row"; failures=$((failures + 1)); }
 expect simulate-bad-data 2 "--data: data code 'g1b1i256f1s9': s exceeds the limit of 1" -- "$bin" simulate --data g1b1i256f1s9
+# A declared fleet: the plans by time beside the FLOP-balanced ones, every
+# figure of time, and bad speeds named.
+expect simulate-rank-speeds 0 "" -- "$bin" simulate --data low-res --steps 2 \
+  --topology g1n32 --rank-speeds 3:0.5
+python3 - "$tmp/out" <<'PY' || failures=$((failures + 1))
+import re, sys
+text = open(sys.argv[1]).read()
+assert "rank speeds 0.5 x1, 1 x31: plans balance time" in text, text
+row = re.search(r"^g1n32\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", text, re.M)
+assert row, text
+aware, bound, flops, buys = map(float, row.groups())
+assert bound <= aware < 1.01 * bound and flops > 1.5 and buys > 1.4, text
+print("ok   simulate-rank-speeds figures")
+PY
+expect simulate-rank-speeds-rank 2 "--rank-speeds: rank 32 in '32:0.5' is outside [0, 32)" \
+  -- "$bin" simulate --rank-speeds 32:0.5
+expect simulate-rank-speeds-count 2 "--rank-speeds: 2 speeds for a world of 32 ranks" \
+  -- "$bin" simulate --rank-speeds 1,0.5
 expect simulate-bad-world 2 "--world: world: 30 must be a positive multiple" -- "$bin" simulate --world 30
 expect simulate-bad-topology 2 "--topology g4n3: world_size: 32 is not a multiple of the group size 12" -- "$bin" simulate --topology g4n3
 expect simulate-bad-steps 2 "--steps: 'x' is not a whole number" -- "$bin" simulate --steps x
