@@ -129,6 +129,41 @@ TEST(CostFitsTest, AFitAppearsAfterEnoughTimingsAndIsCalibrationsFit) {
   EXPECT_THAT(fits.FittedGammas(), ElementsAre(Pair("job", want->gamma)));
 }
 
+// A rank at 0.6 of its peers' speed times 1/0.6 of the model: given its
+// normalized speed (PlanGroupRequest.rank_speeds), its timings count as a
+// GPU at speed 1 would have timed them, and gamma is fitted as with no
+// slow rank; without it, gamma is biased.
+TEST(CostFitsTest, TimingsAtSpeedOneKeepASlowRankFromBiasingGamma) {
+  const std::vector<double> normalized = {1 / 0.9, 1 / 0.9, 0.6 / 0.9, 1 / 0.9};  // mean 1
+  // The same noisy timings: rank 2 at 0.6 (or not), the speeds given (or not).
+  auto fitted_gamma = [&](bool slow_rank, bool with_speeds) {
+    ServiceLimits limits;
+    limits.min_timing_samples = 8;
+    CostFits fits{limits};
+    fits.AddGroup("job", "", 0);
+    for (uint64_t step = 0; step < 6; ++step) {
+      const std::vector<WorkSample> work = DistinctWork(step + 1);
+      fits.RecordPlanned(Spec(step), work);
+      for (int32_t rank = 0; rank < 4; ++rank) {
+        const double noise = 1 + 0.01 * ((3 * rank + 5 * static_cast<int>(step)) % 5 - 2);
+        const double speed = slow_rank && rank == 2 ? 0.6 : 1.0;
+        v1::StepTiming timing = Timing(step, work[rank], 2.0, noise / speed);
+        // Seconds x the normalized speed: the healthy ranks' 1/0.9 scales k
+        // alone, whatever it is.
+        fits.AddTiming(Spec(step + 1), rank, timing, with_speeds ? normalized[rank] : 1.0);
+      }
+    }
+    std::optional<CostFit> fit = fits.FittedCost("job");
+    EXPECT_TRUE(fit.has_value());
+    return fit.has_value() ? fit->gamma : 0.0;
+  };
+  const double none = fitted_gamma(false, false);
+  const double corrected = fitted_gamma(true, true);
+  const double biased = fitted_gamma(true, false);
+  EXPECT_NEAR(corrected, none, 0.05 * none);
+  EXPECT_GT(std::abs(biased - none), 0.2 * none) << biased << " vs " << none;
+}
+
 // The exported gamma keeps up once per planned step: RecordPlanned refits.
 TEST(CostFitsTest, RecordPlannedRefitsForTheExportedGamma) {
   ServiceLimits limits;
