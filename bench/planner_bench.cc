@@ -160,7 +160,8 @@ constexpr int64_t kRankCounts[] = {32, 256, 1024, 4096};
 // Where the default planner also runs under a binding token cap.
 constexpr int64_t kCappedRanks = 4096;
 // (refine rounds, locality): the default; without locality; the paper's greedy.
-constexpr std::pair<int32_t, bool> kVariants[] = {
+// const, not constexpr: BalancerOptions holds a vector (rank_speeds).
+const std::pair<int32_t, bool> kVariants[] = {
     {BalancerOptions().refine_rounds, true},
     {BalancerOptions().refine_rounds, false},
     {0, false},

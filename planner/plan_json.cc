@@ -13,6 +13,7 @@
 #include "planner/balance_stats.h"
 #include "planner/cost_model.h"
 #include "planner/mask_json.h"
+#include "planner/rank_speeds.h"
 #include "common/status_macros.h"
 #include "planner/topology.h"
 #include "planner/validate.h"
@@ -115,10 +116,11 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
   for (const auto& item : root.items()) {
     const std::string& key = item.key();
     if (key != "topology" && key != "d_model" && key != "gamma" && key != "token_bytes" &&
-        key != "machine" && key != "ranks" && key != "masks" && key != "measured_attention") {
+        key != "machine" && key != "ranks" && key != "masks" && key != "measured_attention" &&
+        key != "rank_speeds") {
       return FieldError(key,
                         "unknown field (expected topology, d_model, gamma, token_bytes, machine, "
-                        "ranks, masks, measured_attention)");
+                        "ranks, masks, measured_attention, rank_speeds)");
     }
   }
   PlanRequest request;
@@ -191,6 +193,18 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(absl::string_view json_text) {
                                               " ranks, there are ", request.ranks.size()));
     }
     KF_RETURN_IF_ERROR(CheckRankMasks(request.ranks, request.masks));
+  }
+  if (root.contains("rank_speeds")) {
+    const json& speeds = root["rank_speeds"];
+    if (!speeds.is_array()) return FieldError("rank_speeds", "must be an array of numbers");
+    for (size_t r = 0; r < speeds.size(); ++r) {
+      if (!speeds[r].is_number()) {
+        return FieldError(absl::StrCat("rank_speeds[", r, "]"), "must be a number");
+      }
+      request.rank_speeds.push_back(speeds[r].get<double>());
+    }
+    KF_RETURN_IF_ERROR(
+        CheckRankSpeeds(request.rank_speeds, static_cast<int64_t>(request.ranks.size())));
   }
   return request;
 }
@@ -272,8 +286,17 @@ std::string PlanToJson(const PlanRequest& request, const Plan& plan, double lowe
   out["moved_tokens"] = plan.MovedTokens();
   out["token_bytes"] = request.token_bytes;
   out["moved_bytes"] = plan.MovedBytes(request.token_bytes);
-  out["before"] = StatsJson(ComputeBalanceStats(plan.workload_before));
-  out["after"] = StatsJson(ComputeBalanceStats(plan.workload_after));
+  if (const std::vector<double> speeds = NormalizedRankSpeeds(request.rank_speeds);
+      !speeds.empty()) {
+    // By time against the ideal (the mean workload under speeds of mean 1).
+    const double ideal = ComputeBalanceStats(plan.workload_after).mean;
+    out["before"] = StatsJson(ComputeTimeStats(TimeAtHome(plan, request.rank_speeds), ideal));
+    out["after"] = StatsJson(ComputeTimeStats(TimePerRank(plan, request.rank_speeds), ideal));
+    out["rank_speeds"] = speeds;
+  } else {
+    out["before"] = StatsJson(ComputeBalanceStats(plan.workload_before));
+    out["after"] = StatsJson(ComputeBalanceStats(plan.workload_after));
+  }
   out["lower_bound_max_over_mean"] = lower_bound;
   if (predicted != nullptr) {
     const double flops = request.machine.flops_per_second;
@@ -362,25 +385,29 @@ absl::StatusOr<std::string> PlanRequestToJson(absl::string_view request_json, Co
   if (layout.has_value() || PricedInFlops(cost.kind())) {
     KF_ASSIGN_OR_RETURN(prices, CommPrices::Create(request.machine, cost, request.token_bytes));
   }
+  BalancerOptions by_speed = options;
+  by_speed.rank_speeds = request.rank_speeds;
   Plan plan;
   if (layout.has_value()) {
     KF_ASSIGN_OR_RETURN(AutoPlan chosen,
-                        BalanceAuto(*layout, ranks, cost, *prices, request.ranks, options,
+                        BalanceAuto(*layout, ranks, cost, *prices, request.ranks, by_speed,
                                     &request.masks));
     plan = std::move(chosen.plan);
     world = std::move(chosen.world);
   } else {
     KF_ASSIGN_OR_RETURN(plan,
-                        BalanceGreedy(*world, cost, request.ranks, options, &request.masks));
+                        BalanceGreedy(*world, cost, request.ranks, by_speed, &request.masks));
   }
   KF_RETURN_IF_ERROR(ValidatePlan(plan, *world, request.ranks));
   if (rank.has_value()) return RankPlanToJson(plan.Slice(static_cast<int32_t>(*rank)));
   std::optional<PredictedStep> predicted;
   if (prices.has_value()) {
-    predicted = PredictStep(plan, *world, request.ranks, cost, *prices, &request.masks);
+    predicted = PredictStep(plan, *world, request.ranks, cost, *prices, &request.masks,
+                            NormalizedRankSpeeds(request.rank_speeds));
   }
   return PlanToJson(request, plan,
-                    MaxOverMeanLowerBound(*world, cost, request.ranks, &request.masks),
+                    MaxOverMeanLowerBound(*world, cost, request.ranks, &request.masks,
+                                          request.rank_speeds),
                     predicted.has_value() ? &*predicted : nullptr);
 }
 

@@ -26,7 +26,10 @@ namespace knapformer {
 // of mask_json.h); without it every sequence attends fully.
 // measured_attention, {"pairs": [...], "work": [...]} as `knapformer
 // calibrate --table` writes it, is the measured cost model's table: given
-// exactly when the plan is made with that model.
+// exactly when the plan is made with that model. rank_speeds, optional, one
+// relative speed per rank (planner/rank_speeds.h), plans by time: the
+// answer's "before" and "after" are then of time against the ideal, its
+// "rank_speeds" the speeds normalized to mean 1.
 struct PlanRequest {
   // The largest token_bytes accepted: 16 MiB a token is far past any model
   // (d_model 65536 in float64 is 512 KiB), and keeps the products in range.
@@ -42,6 +45,7 @@ struct PlanRequest {
   RankLengths ranks;
   RankMasks masks;  // empty: all full
   std::optional<MeasuredAttention> measured_attention;
+  std::vector<double> rank_speeds;  // empty: one speed
 };
 
 // What `knapformer calibrate --table` writes: a cost table for one d_model,

@@ -79,7 +79,8 @@ std::string PlanUsage() {
   return FormatUsage(
       "knapformer plan --input FILE|- [options]",
       "Read a plan request, {\"topology\", \"ranks\": [[lengths]...], \"d_model\", \"gamma\",\n"
-      "\"token_bytes\", \"machine\", \"measured_attention\"}, and print the plan as JSON:\n"
+      "\"token_bytes\", \"machine\", \"measured_attention\", \"rank_speeds\"}, and print the\n"
+      "plan as JSON:\n"
       "chunks, workloads before and after, balance figures, moved tokens (docs/cli.md).",
       PlanOptions());
 }

@@ -19,7 +19,7 @@ def _lengths_json(value):
 
 def plan(ranks, topology, d_model=3072, gamma=0.49, *, token_bytes=None, locality=True,
          max_tokens_per_gpu=0, cost_model="transformer", refine_rounds=256, rank=None,
-         machine=None, attn_masks=None, cost_table=None):
+         machine=None, attn_masks=None, cost_table=None, rank_speeds=None):
     """Plans one step for a whole world, like ``knapformer plan``.
 
     ``ranks[r]`` lists rank r's sequence lengths (a list of ints or a 1-D
@@ -40,7 +40,9 @@ def plan(ranks, topology, d_model=3072, gamma=0.49, *, token_bytes=None, localit
     and a rank's slice lists the ``attention_masks`` of what it attends.
     ``cost_model="measured"`` plans by ``cost_table``, the measured cost
     model (a dict as ``knapformer calibrate --table`` writes it; its d_model
-    must be ``d_model``).
+    must be ``d_model``). ``rank_speeds`` (one relative speed per rank)
+    plans by time, as SequenceBalancer's ``rank_speeds`` does: ``before``
+    and ``after`` are then of time against the ideal.
     Raises ValueError naming the field for bad input (e.g.
     ``ranks[1][0]: sequence length -2 is outside ...``).
     """
@@ -52,6 +54,8 @@ def plan(ranks, topology, d_model=3072, gamma=0.49, *, token_bytes=None, localit
         request["machine"] = machine
     if attn_masks is not None:
         request["masks"] = [list(rank) for rank in attn_masks]
+    if rank_speeds is not None:
+        request["rank_speeds"] = list(rank_speeds)
     if cost_table is not None:
         if cost_table.get("d_model") != d_model:
             raise ValueError(f"d_model: {d_model}, but cost_table was measured at d_model "

@@ -370,6 +370,21 @@ def _read_cost_table(path, d_model):
 # --- the run ------------------------------------------------------------------------------
 
 
+def _slow_rank_speeds(text, world):
+    """--slow-rank R:F as every simulated GPU's speed (1 but R's)."""
+    try:
+        rank, fraction = text.split(":")
+        rank, fraction = int(rank), float(fraction)
+    except ValueError:
+        raise ReplayError(f"--slow-rank: '{text}' is not R:F (a GPU and its fraction of the "
+                          f"others' speed)") from None
+    if not 0 <= rank < world:
+        raise ReplayError(f"--slow-rank: GPU {rank} is outside [0, {world}) (--world {world})")
+    if not 0.05 <= fraction <= 1:
+        raise ReplayError(f"--slow-rank: fraction {fraction} is outside [0.05, 1]")
+    return [fraction if g == rank else 1.0 for g in range(world)]
+
+
 def device_name(device):
     """What the figures were measured on: the GPU's name, or the CPU's."""
     if device.type == "cuda":
@@ -458,6 +473,7 @@ def replay(args, out=sys.stdout):
     if args.gpus_per_node is not None:
         machine["gpus_per_node"] = args.gpus_per_node
     w = args.world
+    speeds = _slow_rank_speeds(args.slow_rank, w) if args.slow_rank else None
     if args.topology:
         topologies = [t for t in args.topology.split(",") if t]
     else:
@@ -478,20 +494,27 @@ def replay(args, out=sys.stdout):
     for lengths, masks in steps:
         unbalanced.append([time_share(block, s, args.checkpoint, args.repeat)
                            for s in unbalanced_shares(lengths, masks)])
-    rows = [(t, m) for t in topologies for m in models]
+    if speeds:  # the slowed GPU's played times, unbalanced too
+        unbalanced = [[t / speeds[g] for g, t in enumerate(step)] for step in unbalanced]
+    # With a slowed GPU each row twice: planned by FLOPs, then by its speed.
+    rows = [(t, m, by) for t in topologies for m in models
+            for by in ((None, speeds) if speeds else (None,))]
     per_row = time.monotonic() - started
     print(f"replay: {args.steps} steps played unbalanced in {per_row:.1f} s; {len(rows)} rows "
           f"to play, expected about {per_row * len(rows):.0f} s", file=sys.stderr, flush=True)
     results = []
-    for done, (topology, model) in enumerate(rows, 1):
+    for done, (topology, model, by_speed) in enumerate(rows, 1):
         table = cost_table if model == "measured" else None
-        row = {"topology": topology, "cost_model": model, "steps": []}
+        row = {"topology": topology, "cost_model": model, "steps": [],
+               "planned_by": "speed" if by_speed else "FLOPs"}
         for (lengths, masks), before in zip(steps, unbalanced):
             plan = knapformer.plan(lengths, topology, d_model=d_model, gamma=gamma,
                                    attn_masks=masks, machine=machine or None,
-                                   cost_model=model, cost_table=table)
+                                   cost_model=model, cost_table=table, rank_speeds=by_speed)
             shares = balanced_shares(plan, lengths, masks, w)
             after = [time_share(block, s, args.checkpoint, args.repeat) for s in shares]
+            if speeds:
+                after = [t / speeds[g] for g, t in enumerate(after)]
             tokens = [s.tokens for s in shares]
             pairs = [s.pairs() for s in shares]  # dense masks: counted once
             row["steps"].append({
@@ -537,6 +560,8 @@ def replay(args, out=sys.stdout):
               f"{f', about {left:.0f} s left' if done < len(rows) else ''}", file=sys.stderr,
               flush=True)
     trainer = f"gamma={gamma!r}" + (f", machine={machine!r}" if machine else "")
+    if speeds:
+        trainer += f", rank_speeds={speeds!r}"
     _print_table(results, args, out, trainer, table_path)
     if args.png:
         _plot(results, args.png)
@@ -550,10 +575,11 @@ def replay(args, out=sys.stdout):
 
 
 def _print_table(results, args, out, trainer_arguments, table_path):
+    slowed = bool(args.slow_rank)  # a last column: what each row was planned by
     print(f"\n{'topology':<16} {'model':<11} {'slowest unbal.':>14} {'slowest bal.':>12} "
           f"{'buys':>6} "
           f"{'max/mean pred.':>14} {'measured':>9} {'miss':>7} {'comm model':>10} "
-          f"{'FBL':>9} {'TPS':>10} {'HFU':>6}", file=out)
+          f"{'FBL':>9} {'TPS':>10} {'HFU':>6}{' planned by' if slowed else ''}", file=out)
     for r in results:
         hfu = "-" if r["hfu"] is None else f"{100 * r['hfu']:.1f}%"
         print(f"{r['topology']:<16} {r['cost_model']:<11} {r['slowest_before'] * 1e3:>12.2f}ms "
@@ -561,7 +587,12 @@ def _print_table(results, args, out, trainer_arguments, table_path):
               f"{r['predicted_max_over_mean']:>14.3f} {r['measured_max_over_mean']:>9.3f} "
               f"{100 * r['miss']:>+6.1f}% {r['comm_model_seconds'] * 1e3:>8.3g}ms "
               f"{r['fbl_seconds']:>8.3f}s {r['tps']:>10.0f} "
-              f"{hfu:>6}", file=out)
+              f"{hfu:>6}{' ' + r['planned_by'] if slowed else ''}", file=out)
+    if slowed:
+        print(f"\n--slow-rank {args.slow_rank}: that GPU's played times are divided by its "
+              f"fraction, unbalanced and balanced; each row is planned by FLOPs and by speed "
+              f"(rank_speeds), and the advice is of the rows planned by speed.", file=out)
+        results = [r for r in results if r["planned_by"] == "speed"]
     print(f"\nslowest = the slowest simulated GPU's block, forward and backward, mean over "
           f"steps; FBL = it times {args.blocks} blocks; TPS = tokens per step / FBL; miss = "
           f"measured max/mean against the plan's predicted one (the cost model's error on "
@@ -667,6 +698,9 @@ def parse_args(argv=None):
                         "NAME.cost_table.json, else replay.cost_table.json; none is written "
                         "with --cost-table or without the measured model)")
     parser.add_argument("--png", help="draw each GPU's time before and after (matplotlib)")
+    parser.add_argument("--slow-rank", help="R:F: simulated GPU R runs at fraction F of the "
+                        "others' speed (its played times / F); every row is then planned by "
+                        "FLOPs and by speed (rank_speeds), and both are played")
     parser.add_argument("--tflops", type=float,
                         help="peak TFLOP/s of one GPU in the dtype played, for HFU "
                              "(default: 989.4 on CUDA, an H100's bf16; none on CPU)")

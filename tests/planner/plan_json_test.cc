@@ -1,7 +1,10 @@
 #include "planner/plan_json.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -138,6 +141,34 @@ TEST(PlanJsonTest, WritesChunksWorkloadsAndNullForUnboundedRatios) {
 
 // "topology": "auto" answers with the layout chosen for the lengths: even
 // lengths keep one-GPU bags, one sequence that outweighs the rest does not.
+// "rank_speeds" plans by time: rank 1 at half speed holds half the work,
+// and the figures are of time; bad speeds name the field.
+TEST(PlanJsonTest, RankSpeedsPlanByTime) {
+  const std::string request =
+      R"({"topology": "g1n4", "d_model": 64, "gamma": 0,
+          "ranks": [[100, 100, 100, 100, 100, 100], [100, 100, 100, 100, 100, 100], [], []],
+          "rank_speeds": [1, 0.5, 1, 1]})";
+  auto text = PlanRequestToJson(request, CostKind::kTransformer, BalancerOptions(), std::nullopt);
+  ASSERT_TRUE(text.ok()) << text.status();
+  const nlohmann::json plan = nlohmann::json::parse(*text);
+  const std::vector<double> work = plan["gpu_workload"].get<std::vector<double>>();
+  EXPECT_DOUBLE_EQ(work[1], work[0] / 2);  // 12 sequences: 4, 2, 3, 3 ... by time
+  EXPECT_EQ(plan["rank_speeds"].size(), 4u);
+  EXPECT_DOUBLE_EQ(plan["rank_speeds"][1].get<double>(), 0.5 / 0.875);
+  EXPECT_LT(plan["after"]["max_over_mean"].get<double>(), 1.2);
+  EXPECT_GE(plan["after"]["max_over_mean"].get<double>(),
+            plan["lower_bound_max_over_mean"].get<double>() - 1e-12);
+  for (const auto& [speeds, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"([1, "x", 1, 1])", "rank_speeds[1]: must be a number"},
+           {R"([1, 1])", "rank_speeds: 2 speeds for a world of 4 ranks"},
+           {R"(2)", "rank_speeds: must be an array of numbers"}}) {
+    auto bad = ParsePlanRequest(
+        absl::StrCat(R"({"topology": "g1n4", "ranks": [[1], [1], [1], [1]], "rank_speeds": )",
+                     speeds, "}"));
+    EXPECT_THAT(bad.status().message(), HasSubstr(message)) << speeds;
+  }
+}
+
 TEST(PlanJsonTest, AutoAnswersTheChosenLayout) {
   const std::string even =
       R"({"topology": "auto", "d_model": 3072, "gamma": 0.49, "ranks": [[4096], [4096], [4096], )"

@@ -116,6 +116,34 @@ def test_the_picture(tmp_path):
 
 
 @pytest.mark.torch_independent
+# A slowed simulated GPU: its played times are divided by its fraction, each
+# row is planned by FLOPs and by speed (the bookkeeping holds for both), the
+# plan by speed gives that GPU fewer tokens, and the advice is of the rows
+# planned by speed, with the speeds in the trainer's call.
+@pytest.mark.torch_independent
+def test_a_slowed_gpu_is_planned_around_by_speed():
+    args = ["--data", "low-res", "--world", "8", "--steps", "1", "--length-scale", "32",
+            "--gamma", "1.0", "--topology", "g1n8", "--cost-model", "transformer",
+            "--slow-rank", "3:0.5"]
+    results, text = run(args)
+    data_of = replay.Data(replay.parse_args(args))
+    check_bookkeeping(results, lambda step: data_of.step(step)[0])
+    assert [(r["topology"], r["planned_by"]) for r in results] == [("g1n8", "FLOPs"),
+                                                                     ("g1n8", "speed")]
+    flops, speed = (r["steps"][0] for r in results)
+    others = [t for g, t in enumerate(speed["tokens"]) if g != 3]
+    assert speed["tokens"][3] < 0.7 * min(others), speed["tokens"]
+    assert flops["tokens"][3] > 0.8 * min(t for g, t in enumerate(flops["tokens"]) if g != 3)
+    # The slowed GPU's unbalanced time is its own, doubled: the same in both rows.
+    assert flops["seconds_before"] == speed["seconds_before"]
+    assert "planned by" in text and "--slow-rank 3:0.5: that GPU's played times" in text
+    assert "rank_speeds=[1.0, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0, 1.0]" in text, text
+    with pytest.raises(replay.ReplayError, match="--slow-rank: GPU 8 is outside"):
+        run(args[:-1] + ["8:0.5"])
+    with pytest.raises(replay.ReplayError, match="--slow-rank: '3' is not R:F"):
+        run(args[:-1] + ["3"])
+
+
 def test_the_fit_hfu_and_the_cli_errors(tmp_path):
     # gamma given: k alone is fitted, for the measured table and auto's rate
     # (at d_model 32 a loaded machine's times can defeat the two-term fit,
