@@ -10,8 +10,9 @@
 # step-time cost (the plan wait of the steps it touched, above the run's
 # median) is printed, and each SIGTERM's exit time is bounded. The same
 # kill and restart against one replica shows the steps it loses (planned
-# locally, still exact). 127.0.0.1 only; every wait bounded; every process
-# cleaned up.
+# locally, still exact). Then speeds learned by the ranks plan every step
+# whichever replica answers (issue 65). 127.0.0.1 only; every wait
+# bounded; every process cleaned up.
 set -u
 knapformer="$1"
 train_sim="$2"
@@ -153,6 +154,23 @@ done
 wait "$sim" || fail "three replicas: train-sim exited non-zero: $(cat "$tmp/three.err")"
 check_run "$tmp/three" "three replicas" 50 service "${events[@]}" || failures=$((failures + 1))
 echo "SIGTERM to exit, ms (each replica of the rolling update): $(tr '\n' ' ' <"$tmp/exits")"
+
+# Speeds across replicas: rank 0's request carries the speeds the ranks
+# learned, so whichever replica answers (round robin over the three) plans
+# by them. Every "by speed" step is the service's, and from the fourth
+# step on names rank 1 slow.
+run_sim "$tmp/speeds" speeds-job "$target" --steps 8 --topology g1n4 \
+  --data g2b16i512f1s0,g2b4i1024f1s0 --rank-speeds learned --slow-rank 1:0.3 ||
+  fail "speeds over three replicas: train-sim exited non-zero: $(cat "$tmp/speeds.err")"
+python3 - "$tmp/speeds" <<'PY' || failures=$((failures + 1))
+import re, sys
+text = open(sys.argv[1]).read()
+rows = re.findall(r"^\s+by speed\s+.*\((local planner|planner service)[^)]*\)(.*)$", text, re.M)
+assert len(rows) == 8 and all(src == "planner service" for src, _ in rows), text
+slow = [re.search(r"rank 1 (0\.\d+)", tail) for _, tail in rows[3:]]
+assert all(m and float(m.group(1)) < 0.6 for m in slow), text
+print("speeds over three replicas: every step planned by the service, rank 1 slow from step 3")
+PY
 
 # Prints the first step that run output $1 shows planned by the service
 # after a step after $2 planned locally (bounded wait; nothing if none).
