@@ -7,7 +7,6 @@
 
 #include "client/planner_client.h"
 
-#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -21,13 +20,12 @@
 #include "client/planner_link.h"
 #include "client/planner_target.h"
 #include "client/rank_report.h"
+#include "client/rank_speed_source.h"
 #include "client/step_plan.h"
 #include "client/step_requests.h"
 #include "common/log.h"
 #include "planner/attention_mask.h"
 #include "planner/plan_fingerprint.h"
-#include "planner/rank_speeds.h"
-#include "planner/speed_learner.h"
 #include "proto/plan_proto.h"
 #include "transport/agreement.h"
 
@@ -107,8 +105,7 @@ struct PlannerClient::Rep {
   // comes is otherwise silent).
   std::optional<std::string> logged_gamma_note;
   GroupRequests group_requests;  // rank 0 in group mode; every rank when learning speeds
-  // Under learn_rank_speeds.
-  std::optional<SpeedLearner> speed_learner;
+  RankSpeedSource speeds{options, transport->size()};
 
   bool group_mode() const { return options.mode == PlannerMode::kGroup; }
   bool leader() const { return transport->rank() == 0; }
@@ -178,47 +175,16 @@ struct PlannerClient::Rep {
     return RankRequest(spec, incarnation, transport->rank(), lengths, masks, previous);
   }
 
-  // The speeds to plan with: learned, or declared (empty: one speed).
-  std::vector<double> RankSpeeds() const {
-    return speed_learner.has_value() ? speed_learner->PlanningSpeeds()
-                                     : options.balancer.rank_speeds;
-  }
-
   // The step solved here, from every rank's lengths (every rank computes
   // the identical plan), by the declared or learned speeds.
   absl::StatusOr<StepPlan> SolveHere(const v1::StepSpec& spec, const RankLengths& lengths,
                                      const RankMasks& masks) const {
-    if (!speed_learner.has_value()) {
+    if (!speeds.learning()) {
       return SolveStepLocally(spec, lengths, masks, options.balancer, transport->rank());
     }
     BalancerOptions balancer = options.balancer;
-    balancer.rank_speeds = RankSpeeds();
+    balancer.rank_speeds = speeds.Speeds();
     return SolveStepLocally(spec, lengths, masks, balancer, transport->rank());
-  }
-
-  // Under learn_rank_speeds: the ranks' timings the all-gather brought,
-  // each with the work its step's plan gave the rank (kept by
-  // group_requests), are a step of the learner's, on every rank alike.
-  void LearnSpeeds(const v1::StepSpec& spec, const Gathered& gathered) {
-    if (!speed_learner.has_value() || !gathered.any_timing) return;
-    // Timings of one step normally; one observation per step they name.
-    std::vector<uint64_t> steps;
-    for (const v1::StepTiming& timing : gathered.timings) {
-      if (timing.compute_seconds() > 0 &&
-          std::find(steps.begin(), steps.end(), timing.step()) == steps.end()) {
-        steps.push_back(timing.step());
-      }
-    }
-    for (uint64_t step : steps) {
-      const std::vector<WorkSample>* work = group_requests.WorkOf(step);
-      if (work == nullptr || work->size() != gathered.timings.size()) continue;
-      std::vector<WorkSample> samples = *work;
-      for (size_t r = 0; r < samples.size(); ++r) {
-        const v1::StepTiming& timing = gathered.timings[r];
-        samples[r].seconds = timing.step() == step ? timing.compute_seconds() : 0;
-      }
-      speed_learner->Observe(samples, spec.gamma());
-    }
   }
 
   absl::Status CheckWorldSize(const v1::StepSpec& spec) const {
@@ -532,8 +498,8 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::PlanGroup(const v1::StepSpec& spec,
     if (!all.ok()) return all.status();
     gathered = *std::move(all);
   }
-  LearnSpeeds(spec, gathered);
-  const bool learning = speed_learner.has_value();
+  speeds.Learn(spec, gathered, group_requests);
+  const bool learning = speeds.learning();
   if (!has_service) {
     policy.LogSource(PlanSource::kLocal, spec.step(), "no planner service configured");
     absl::StatusOr<StepPlan> local = SolveHere(spec, gathered.lengths, gathered.masks);
@@ -567,7 +533,7 @@ absl::StatusOr<StepPlan> PlannerClient::Rep::FinishGroup(const v1::StepSpec& spe
     } else if (absl::Status drawn = EnsureIncarnation(RankReport::PLAN, spec); !drawn.ok()) {
       status = grpc::Status(grpc::StatusCode::INTERNAL, std::string(drawn.message()));
     } else {
-      status = link->PlanGroup(group_requests.Request(spec, incarnation, gathered, RankSpeeds()),
+      status = link->PlanGroup(group_requests.Request(spec, incarnation, gathered, speeds.Speeds()),
                                &asked_now);
     }
     service_wait_seconds = SecondsSince(asked);
@@ -677,22 +643,10 @@ absl::StatusOr<std::unique_ptr<PlannerClient>> PlannerClient::Create(PlannerClie
           "answers) or one replica's address"));
     }
   }
-  if (options.learn_rank_speeds && !options.balancer.rank_speeds.empty()) {
-    return absl::InvalidArgumentError(
-        "rank_speeds: declared speeds and learned ones; give one (\"learned\" or a list)");
-  }
-  if (absl::Status speeds = CheckRankSpeeds(options.balancer.rank_speeds, transport->size());
-      !speeds.ok()) {
+  if (absl::Status speeds = RankSpeedSource::Check(options, transport->size()); !speeds.ok()) {
     return speeds;
   }
-  if ((options.learn_rank_speeds || !options.balancer.rank_speeds.empty()) &&
-      options.mode != PlannerMode::kGroup) {
-    return absl::InvalidArgumentError(
-        "rank_speeds: needs group mode (the default), whose all-gather brings every rank's "
-        "timing and whose request carries the speeds; per-rank mode sends none");
-  }
   auto rep = std::make_unique<Rep>(std::move(options), transport);
-  if (rep->options.learn_rank_speeds) rep->speed_learner.emplace(transport->size());
   // In group mode only rank 0 talks to the service.
   if (has_service && (!rep->group_mode() || rep->leader())) {
     const PlannerClientOptions& o = rep->options;
@@ -782,7 +736,7 @@ absl::Status PlannerClient::Prefetch(const v1::StepSpec& spec, const std::vector
         return drawn;
       }
       auto request = std::make_shared<const v1::PlanGroupRequest>(
-          rep.group_requests.Request(spec, rep.incarnation, *p->gathered, rep.RankSpeeds()));
+          rep.group_requests.Request(spec, rep.incarnation, *p->gathered, rep.speeds.Speeds()));
       prefetched->call = std::make_unique<BackgroundCall>([link, p, request](CancelToken* token) {
         return link->PlanGroup(*request, &p->group_response, token);
       });
