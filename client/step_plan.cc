@@ -27,9 +27,9 @@ std::optional<MeasuredAttention> FittedTableOf(const v1::Balance& balance) {
   return *std::move(valid);
 }
 
-// "speeds: rank 3 0.60, rank 7 0.80": the ranks slower than the fastest,
-// relative to it, the four slowest, and how many more.
-std::string SlowAndFastRanks(const std::vector<double>& speeds) {
+}  // namespace
+
+std::string SpeedsText(const std::vector<double>& speeds) {
   const double fastest = *std::max_element(speeds.begin(), speeds.end());
   std::vector<int32_t> off;
   for (size_t r = 0; r < speeds.size(); ++r) {
@@ -48,7 +48,6 @@ std::string SlowAndFastRanks(const std::vector<double>& speeds) {
   return out;
 }
 
-}  // namespace
 
 const char* PlanSourceName(PlanSource source) {
   return source == PlanSource::kService ? "planner service" : "local planner";
@@ -61,7 +60,7 @@ std::string StepLine(uint64_t step, const StepPlan& plan) {
       plan.max_over_mean_before, plan.max_over_mean_after, plan.moved_tokens, plan.total_tokens,
       plan.total_tokens > 0 ? 100.0 * plan.moved_tokens / plan.total_tokens : 0.0,
       plan.wait_seconds * 1e3);
-  if (!plan.rank_speeds.empty()) absl::StrAppend(&line, ", ", SlowAndFastRanks(plan.rank_speeds));
+  if (!plan.rank_speeds.empty()) absl::StrAppend(&line, ", ", SpeedsText(plan.rank_speeds));
   if (plan.source == PlanSource::kLocal && plan.local_steps > 0) {
     absl::StrAppend(&line, " (", plan.local_steps, " steps planned locally so far: ",
                     plan.local_reason, ")");
@@ -96,20 +95,13 @@ absl::StatusOr<StepPlan> SolveStepLocally(const v1::StepSpec& spec, const RankLe
   auto solved = SolveStep(*problem, problem->cost, *input, BalancerOptionsForSpec(balancer, spec),
                           spec.token_bytes());
   if (!solved.ok()) return solved.status();
-  const std::vector<double>& speeds = balancer.rank_speeds;
-  // By time with speeds, against the ideal (the mean workload).
-  const double ideal = ComputeBalanceStats(solved->plan.workload_after).mean;
-  const double before =
-      speeds.empty() ? 0 : ComputeTimeStats(TimeAtHome(solved->plan, speeds), ideal).max_over_mean;
-  const double after =
-      speeds.empty() ? 0 : ComputeTimeStats(TimePerRank(solved->plan, speeds), ideal).max_over_mean;
+  // By time on speeds, against the ideal.
+  const PlanBalance balance = BalanceOf(solved->plan, balancer.rank_speeds);
   StepPlan step = StepPlanOf(std::move(solved->plan), rank, PlanSource::kLocal);
   step.predicted_step_seconds = solved->predicted_seconds;
-  if (!speeds.empty()) {
-    step.rank_speeds = NormalizedRankSpeeds(speeds);
-    step.max_over_mean_before = before;
-    step.max_over_mean_after = after;
-  }
+  step.rank_speeds = NormalizedRankSpeeds(balancer.rank_speeds);
+  step.max_over_mean_before = balance.before.max_over_mean;
+  step.max_over_mean_after = balance.after.max_over_mean;
   return step;
 }
 

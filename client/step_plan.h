@@ -81,6 +81,11 @@ struct StepPlan {
   double service_wait_seconds = 0;
 };
 
+// "speeds: rank 3 0.60, rank 7 0.80": the ranks slower than the fastest,
+// each relative to it, the four slowest and how many more ("speeds: all
+// alike" when none is). REQUIRES: `speeds` non-empty.
+std::string SpeedsText(const std::vector<double>& speeds);
+
 // The opt-in per-step log line (PlannerClientOptions::log_steps), e.g.
 // "step 12: planner service, g1n2+g2n1+g4n1, max/mean 1.83 -> 1.01, moved
 // 123456 of 400000 tokens (30.9%), plan wait 1.2 ms"; a local plan made

@@ -35,6 +35,16 @@ BalanceStats ComputeTimeStats(const std::vector<double>& time, double ideal) {
   return stats;
 }
 
+PlanBalance BalanceOf(const Plan& plan, const std::vector<double>& speeds) {
+  PlanBalance balance{ComputeBalanceStats(plan.workload_before),
+                      ComputeBalanceStats(plan.workload_after)};
+  if (NormalizedRankSpeeds(speeds).empty()) return balance;
+  const double ideal = balance.after.mean;
+  balance.before = ComputeTimeStats(TimeAtHome(plan, speeds), ideal);
+  balance.after = ComputeTimeStats(TimePerRank(plan, speeds), ideal);
+  return balance;
+}
+
 double MaxOverMeanLowerBound(const World& world, const CostModel& cost,
                              const RankLengths& lengths, const RankMasks* masks,
                              const std::vector<double>& speeds) {

@@ -28,6 +28,16 @@ BalanceStats ComputeBalanceStats(const std::vector<double>& workload);
 // speed: the mean workload under normalized speeds), which `mean` holds.
 BalanceStats ComputeTimeStats(const std::vector<double>& time, double ideal);
 
+// A plan's balance without balancing (each rank on its own sequences) and
+// under the plan: of its workloads when `speeds` is empty or one value, else
+// of time on them (TimeAtHome, TimePerRank) against the ideal, the mean
+// workload (speeds normalized to mean 1).
+struct PlanBalance {
+  BalanceStats before;
+  BalanceStats after;
+};
+PlanBalance BalanceOf(const Plan& plan, const std::vector<double>& speeds);
+
 // A lower bound on max/mean that no plan on `world` can beat: the max is at
 // least the mean of the busiest replica, and at least what the heaviest
 // sequence puts on one GPU of the largest bag (ceil(l/G) tokens of linear work

@@ -286,16 +286,13 @@ std::string PlanToJson(const PlanRequest& request, const Plan& plan, double lowe
   out["moved_tokens"] = plan.MovedTokens();
   out["token_bytes"] = request.token_bytes;
   out["moved_bytes"] = plan.MovedBytes(request.token_bytes);
+  // By time on speeds, against the ideal.
+  const PlanBalance balance = BalanceOf(plan, request.rank_speeds);
+  out["before"] = StatsJson(balance.before);
+  out["after"] = StatsJson(balance.after);
   if (const std::vector<double> speeds = NormalizedRankSpeeds(request.rank_speeds);
       !speeds.empty()) {
-    // By time against the ideal (the mean workload under speeds of mean 1).
-    const double ideal = ComputeBalanceStats(plan.workload_after).mean;
-    out["before"] = StatsJson(ComputeTimeStats(TimeAtHome(plan, request.rank_speeds), ideal));
-    out["after"] = StatsJson(ComputeTimeStats(TimePerRank(plan, request.rank_speeds), ideal));
     out["rank_speeds"] = speeds;
-  } else {
-    out["before"] = StatsJson(ComputeBalanceStats(plan.workload_before));
-    out["after"] = StatsJson(ComputeBalanceStats(plan.workload_after));
   }
   out["lower_bound_max_over_mean"] = lower_bound;
   if (predicted != nullptr) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "planner/rank_speeds.h"
+
 namespace knapformer {
 
 PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
@@ -64,11 +66,8 @@ PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
     const double attention = state.attention / gpus;
     const double in_intra = static_cast<double>(state.in_intra) / gpus;
     const double in_inter = static_cast<double>(state.in_inter) / gpus;
-    double slowest_speed = 1.0;  // the bag runs at its slowest GPU's pace
-    if (!speeds.empty()) {
-      slowest_speed = speeds[bag_first];
-      for (int32_t p = 1; p < gpus; ++p) slowest_speed = std::min(slowest_speed, speeds[bag_first + p]);
-    }
+    // The bag runs at its slowest GPU's pace.
+    const double slowest_speed = speeds.empty() ? 1.0 : SlowestSpeed(speeds, bag_first, gpus);
     for (int32_t p = 0; p < gpus; ++p) {
       const int64_t tokens = state.shares + state.extras / gpus + (p < state.extras % gpus ? 1 : 0);
       const int32_t local = bag.first_rank + p;

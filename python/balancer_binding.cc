@@ -513,8 +513,9 @@ class BalancerBinding {
     BalanceStats before = ComputeBalanceStats(p.workload_before);
     BalanceStats after = ComputeBalanceStats(p.workload_after);
     if (!p.rank_speeds.empty() && p.whole != nullptr) {
-      before = ComputeTimeStats(TimeAtHome(*p.whole, p.rank_speeds), after.mean);
-      after = ComputeTimeStats(TimePerRank(*p.whole, p.rank_speeds), after.mean);
+      const PlanBalance timed = BalanceOf(*p.whole, p.rank_speeds);
+      before = timed.before;
+      after = timed.after;
     }
     // What this step's route moved per token, once it has run.
     const int64_t token_bytes = balancer_->step() == p.step && balancer_->routed_token_bytes() > 0

@@ -370,9 +370,7 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSp
   balance->set_attention_masks(input.masks() != nullptr);
   if (const std::vector<double> speeds = NormalizedRankSpeeds(rank_speeds); !speeds.empty()) {
     // By time against the ideal: what sets the step's time on these GPUs.
-    const double ideal = ComputeBalanceStats(plan->workload_after).mean;
-    const BalanceStats before = ComputeTimeStats(TimeAtHome(*plan, rank_speeds), ideal);
-    const BalanceStats after = ComputeTimeStats(TimePerRank(*plan, rank_speeds), ideal);
+    const auto [before, after] = BalanceOf(*plan, rank_speeds);
     balance->set_wir_before(before.wir);
     balance->set_wir_after(after.wir);
     balance->set_max_over_mean_before(before.max_over_mean);

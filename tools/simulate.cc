@@ -335,15 +335,8 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
       if (absl::Status valid = ValidatePlan(*plan, world, lengths); !valid.ok()) {
         return valid;
       }
-      // With speeds, figures of time against the ideal (the mean workload,
-      // speeds normalized to mean 1).
-      const double ideal = ComputeBalanceStats(plan->workload_after).mean;
-      const BalanceStats before =
-          speeds.empty() ? ComputeBalanceStats(plan->workload_before)
-                         : ComputeTimeStats(TimeAtHome(*plan, speeds), ideal);
-      const BalanceStats after = speeds.empty()
-                                     ? ComputeBalanceStats(plan->workload_after)
-                                     : ComputeTimeStats(TimePerRank(*plan, speeds), ideal);
+      // With speeds, figures of time against the ideal.
+      const auto [before, after] = BalanceOf(*plan, speeds);
       Samples& s = samples[t];
       if (!speeds.empty()) {
         absl::StatusOr<Plan> flops;
@@ -365,7 +358,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
                                            " (FLOP-balanced): ", flops.status().message()));
         }
         s.flops_balanced.push_back(
-            ComputeTimeStats(TimePerRank(*flops, speeds), ideal).max_over_mean);
+            ComputeTimeStats(TimePerRank(*flops, speeds), after.mean).max_over_mean);
       }
       s.wir_before.push_back(before.wir);
       s.wir_after.push_back(after.wir);

@@ -443,18 +443,6 @@ double Mean(const std::vector<double>& values) {
   return values.empty() ? 0 : std::accumulate(values.begin(), values.end(), 0.0) / values.size();
 }
 
-// "speeds: rank 1 0.60": the ranks a step was planned slower or faster.
-std::string SpeedsOf(const StepPlan& plan) {
-  std::vector<std::string> off;
-  for (size_t r = 0; r < plan.rank_speeds.size(); ++r) {
-    // Relative to the fastest (the healthy ranks), as --slow-rank says it.
-    const double fastest = *std::max_element(plan.rank_speeds.begin(), plan.rank_speeds.end());
-    const double relative = plan.rank_speeds[r] / fastest;
-    if (relative < 0.995) off.push_back(absl::StrFormat("rank %d %.2f", r, relative));
-  }
-  return off.empty() ? "speeds all 1" : absl::StrCat("speeds ", absl::StrJoin(off, ", "));
-}
-
 // Rank 0's sums over the counted steps, per topology.
 struct TopologySummary {
   double sum_max = 0, sum_wir = 0;
@@ -719,7 +707,7 @@ int RunWorker(const SimOptions& o) {
                                        : absl::StrFormat("; %.2fx the ideal%s", over_ideal,
                                                          plan.rank_speeds.empty()
                                                              ? ""
-                                                             : absl::StrCat("; ", SpeedsOf(plan))));
+                                                             : absl::StrCat("; ", SpeedsText(plan.rank_speeds))));
       summaries[t].over_ideal.push_back(over_ideal);
       if (count) {
         TopologySummary& summary = summaries[t];
