@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -123,20 +124,24 @@ std::string ChildProcess::Stop(absl::Duration grace) {
   return how_;
 }
 
-int64_t ChildProcess::RssBytes() const {
+int64_t ChildProcess::StatusBytes(absl::string_view key) const {
   std::ifstream in(absl::StrCat("/proc/", pid_, "/status"));
   std::string line;
   while (std::getline(in, line)) {
     int64_t kb = 0;
-    if (line.rfind("VmRSS:", 0) == 0 &&
-        absl::SimpleAtoi(absl::StripAsciiWhitespace(
-                             absl::StripSuffix(absl::string_view(line).substr(6), "kB")),
+    if (absl::StartsWith(line, key) &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(
+                             absl::string_view(line).substr(key.size()), "kB")),
                          &kb)) {
       return kb * 1024;
     }
   }
   return -1;
 }
+
+int64_t ChildProcess::RssBytes() const { return StatusBytes("VmRSS:"); }
+
+int64_t ChildProcess::PeakRssBytes() const { return StatusBytes("VmHWM:"); }
 
 int ChildProcess::OpenFds() const {
   const std::string dir = absl::StrCat("/proc/", pid_, "/fd");

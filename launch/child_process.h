@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace knapformer {
@@ -79,8 +80,10 @@ class ChildProcess {
   // before (or if it never started).
   int exit_code() const { return exit_code_; }
 
-  // Its resident set (VmRSS), bytes; -1 if unreadable.
+  // Its resident set (VmRSS), and the most it has been (VmHWM), bytes; -1
+  // if unreadable.
   int64_t RssBytes() const;
+  int64_t PeakRssBytes() const;
   // Its open file descriptors; -1 if unreadable.
   int OpenFds() const;
   // utime + stime of the child (all its threads), seconds; nullopt once
@@ -88,6 +91,9 @@ class ChildProcess {
   std::optional<double> CpuSeconds() const;
 
  private:
+  // The /proc/<pid>/status line that starts with `key` ("VmRSS:"), in
+  // bytes; -1 if unreadable.
+  int64_t StatusBytes(absl::string_view key) const;
   // Records a reaped child's wait status and `how` it ended.
   void Reaped(int status, std::string how);
 

@@ -9,6 +9,14 @@
 namespace knapformer {
 namespace {
 
+// The bisection stops once its interval is this share of its upper end: a
+// packing it could still find would be at most that much better. Rounds
+// then follow the gap, not the world: a plan 0.2% over the simple bound
+// (refinement's rounds spread over thousands of bags) takes 5 packings, a
+// 24% gap (mixed bag sizes, block-causal video) 12, where every bisection
+// took all 16 before.
+constexpr double kResolution = 1e-4;
+
 // Room left in each bag, and the first bag of a range with at least some room.
 class RoomTree {
  public:
@@ -26,21 +34,30 @@ class RoomTree {
   }
 
   // The first bag in [lo, hi] whose room is at least `need`; -1 if none.
+  // The range's O(log B) covering nodes, left to right, then one descent
+  // into the first that has the room: O(log B), where recursing into every
+  // covering node's subtree was O(log^2 B).
   int32_t FirstWithRoom(int32_t lo, int32_t hi, double need) const {
-    return Find(1, 0, size_ - 1, lo, hi, need);
+    int32_t left[64], right[64];
+    int32_t num_left = 0, num_right = 0;
+    for (int32_t l = lo + size_, r = hi + size_ + 1; l < r; l /= 2, r /= 2) {
+      if (l & 1) left[num_left++] = l++;
+      if (r & 1) right[num_right++] = --r;
+    }
+    int32_t node = -1;
+    for (int32_t i = 0; i < num_left && node < 0; ++i) {
+      if (nodes_[left[i]] >= need) node = left[i];
+    }
+    for (int32_t i = num_right - 1; i >= 0 && node < 0; --i) {
+      if (nodes_[right[i]] >= need) node = right[i];
+    }
+    if (node < 0) return -1;
+    while (node < size_) node = nodes_[2 * node] >= need ? 2 * node : 2 * node + 1;
+    return node - size_;
   }
 
  private:
   void Pull(int32_t node) { nodes_[node] = std::max(nodes_[2 * node], nodes_[2 * node + 1]); }
-
-  int32_t Find(int32_t node, int32_t begin, int32_t end, int32_t lo, int32_t hi,
-               double need) const {
-    if (end < lo || begin > hi || nodes_[node] < need) return -1;
-    if (begin == end) return begin;
-    const int32_t middle = begin + (end - begin) / 2;
-    const int32_t left = Find(2 * node, begin, middle, lo, hi, need);
-    return left >= 0 ? left : Find(2 * node + 1, middle + 1, end, lo, hi, need);
-  }
 
   int32_t n_;
   int32_t size_ = 1;
@@ -72,12 +89,21 @@ bool FirstFitDecreasing(const ReplicaBags& replica, const std::vector<double>& w
 
 bool Multifit(const ReplicaBags& replica, const std::vector<double>& workload,
               const std::vector<int32_t>& first_usable, const std::vector<int32_t>& last_usable,
-              double lo, double hi, int32_t rounds, std::vector<int32_t>& bags,
-              std::vector<double>& assigned) {
+              double lo, double hi, int32_t rounds, double min_gain,
+              std::vector<int32_t>& bags, std::vector<double>& assigned) {
   std::vector<int32_t> trial_bags;
   std::vector<double> trial_assigned;
+  // One packing first at the least gain worth having: where it fails, the
+  // bisection could only find packings less than min_gain better than hi
+  // (first-fit decreasing fails at every lower capacity but for rare
+  // anomalies), and the other rounds are saved. Where it packs, the
+  // bisection runs as without it, so that it finds the same packing.
+  if (min_gain > 0 && !FirstFitDecreasing(replica, workload, first_usable, last_usable,
+                                          hi / (1 + min_gain), trial_bags, trial_assigned)) {
+    return false;
+  }
   bool found = false;
-  for (int32_t round = 0; round < rounds && lo < hi; ++round) {
+  for (int32_t round = 0; round < rounds && hi - lo > hi * kResolution; ++round) {
     const double capacity = lo + (hi - lo) / 2;
     if (FirstFitDecreasing(replica, workload, first_usable, last_usable, capacity, trial_bags,
                            trial_assigned)) {

@@ -21,11 +21,14 @@ namespace knapformer {
 // (a bag of speed s holds capacity * s of workload). On success (some capacity packed
 // everything) `bags[k]` and `assigned[b]` hold the packing of the least
 // capacity that worked and it returns true; else they are untouched.
-// Deterministic; O(rounds * S * log^2 B).
+// `min_gain` > 0: first packs at capacity hi / (1 + min_gain) and gives up
+// (false) when that fails, so that a bisection that could gain less than
+// min_gain costs one packing, not `rounds` (where it packs, the result is
+// the same as with 0). Deterministic; O(rounds * S * log^2 B).
 bool Multifit(const ReplicaBags& replica, const std::vector<double>& workload,
               const std::vector<int32_t>& first_usable, const std::vector<int32_t>& last_usable,
-              double lo, double hi, int32_t rounds, std::vector<int32_t>& bags,
-              std::vector<double>& assigned);
+              double lo, double hi, int32_t rounds, double min_gain,
+              std::vector<int32_t>& bags, std::vector<double>& assigned);
 
 // REQUIRES: sizes ascending (bags sorted by size, as topologies are).
 // Bags of one size and speed are interchangeable in a packing: renumbers them

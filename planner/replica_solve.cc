@@ -83,7 +83,9 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
 
   // Phase 2: chunks, in (src_rank, seq_index, offset) order.
   plan.sequences.resize(num_sequences);
-  plan.chunks.resize(num_chunks);
+  // Reserved, not resized: zeroing what is written next cost a pass over
+  // 64 MiB of chunks in g8 at 65,536 GPUs.
+  plan.chunks.reserve(num_chunks);
   int32_t next_chunk = 0;
   plan.workload_before.assign(world_size, 0.0);
   plan.workload_after.assign(world_size, 0.0);
@@ -115,7 +117,8 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
         const int64_t chunk_length = share + (turn < extra ? 1 : 0);
         if (chunk_length == 0) continue;
         const int32_t dst = plan.bag_first_rank[bag] + position;
-        plan.chunks[next_chunk++] = Chunk{rank, seq.seq_index, offset, chunk_length, dst};
+        plan.chunks.push_back(Chunk{rank, seq.seq_index, offset, chunk_length, dst});
+        ++next_chunk;
         plan.workload_after[dst] += cost.Linear(chunk_length);
         offset += chunk_length;
       }

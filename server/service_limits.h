@@ -16,9 +16,11 @@ inline constexpr int64_t kMaxIdLength = 256;
 // `knapformer serve`; exceeding one is RESOURCE_EXHAUSTED (a count or size)
 // or DEADLINE_EXCEEDED (the rendezvous timeout), with a message naming it.
 struct ServiceLimits {
-  // Ranks in one group. Memory per pending step is O(world_size / 8) bytes
-  // plus the requests themselves.
-  int32_t max_world_size = 16384;
+  // Ranks in one group: the largest clusters (docs/service.md, "Groups of
+  // 65,536 ranks"). Memory per pending step is O(world_size / 8) bytes plus
+  // the requests themselves, which the request memory limits below bound
+  // before they are parsed.
+  int32_t max_world_size = 65536;
   // Sequences in one rank's request, and in one step of a group (summed
   // over its ranks, or in one PlanGroup request).
   int64_t max_sequences_per_rank = 1 << 16;

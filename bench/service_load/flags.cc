@@ -24,7 +24,7 @@ bool ParsePositive(const std::string& text, int64_t min_value, int64_t* out) {
 void PrintUsage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--ranks 32,256,1024,4096] [--steps 100] [--warmup 5]\n"
-               "          [--soak-minutes M [--sample-seconds 60]] [--overload]\n"
+               "          [--soak-minutes M [--sample-seconds 60]] [--overload] [--group-only]\n"
                "  --ranks   comma-separated group sizes (multiples of 32)\n"
                "  --steps   measured steps per group size (default 100, 30 at 4096 ranks)\n"
                "  --warmup  unmeasured steps before them (default 5)\n"
@@ -32,8 +32,10 @@ void PrintUsage(const char* argv0) {
                "                  minutes, printing every --sample-seconds the server's RSS,\n"
                "                  open fds, CPU and the window's step latency\n"
                "  --overload      instead: the first group size steps while stray requests\n"
-               "                  flood the server with 10x its pending-step and job limits\n",
-               argv0);
+               "                  flood the server with 10x its pending-step and job limits\n"
+               "  --group-only    the group-mode table alone: one PlanGroup per step, up to\n"
+               "                  %d ranks (per-rank mode holds a call per rank)\n",
+               argv0, kMaxWorldSize);
 }
 
 bool ParseFlags(int argc, char** argv, Flags* flags) {
@@ -42,6 +44,10 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
     if (arg == "-h" || arg == "--help") return false;
     if (arg == "--overload") {
       flags->overload = true;
+      continue;
+    }
+    if (arg == "--group-only") {
+      flags->group_only = true;
       continue;
     }
     std::string name = arg;

@@ -20,6 +20,7 @@ struct Flags {
   int64_t soak_minutes = 0;  // 0: the table; else the soak, at the first --ranks
   int64_t sample_seconds = 60;
   bool overload = false;  // instead: the overload run, at the first --ranks
+  bool group_only = false;  // the group-mode table alone (no per-rank mode)
 };
 
 void PrintUsage(const char* argv0);

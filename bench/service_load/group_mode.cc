@@ -17,10 +17,13 @@
 #include "bench/service_load/problem.h"
 #include "bench/service_load/settings.h"
 #include "common/sample_stats.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "grpcpp/grpcpp.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/plan_from_chunks.h"
 #include "proto/plan_proto.h"
+#include "server/request_scan.h"
+#include "server/service_limits.h"
 
 namespace knapformer {
 namespace service_load {
@@ -38,6 +41,10 @@ struct GroupRow {
   double core_solve_ms = NAN;
   double server_cpu_ms_per_step = NAN;
   double request_kib = NAN, answer_kib = NAN;
+  double server_peak_mib = NAN;  // the server child's peak RSS after the steps
+  // What the server charges the request against its memory limits before
+  // parsing it (EstimatedParsedBytes), MiB.
+  double charged_mib = NAN;
   int64_t failed = 0;
 };
 
@@ -92,6 +99,11 @@ bool MeasureGroup(int port, ServerProcess& server, const Problem& problem, int64
     }
     if (!measured) continue;
     if (step == warmup) {
+      const std::string wire = request.SerializeAsString();
+      google::protobuf::io::ArrayInputStream input(wire.data(), static_cast<int>(wire.size()));
+      const absl::StatusOr<RequestShape> shape =
+          RequestScanner(ServiceLimits()).Scan(v1::PlanGroupRequest::descriptor(), &input);
+      if (shape.ok()) row->charged_mib = static_cast<double>(EstimatedParsedBytes(*shape)) / 1048576.0;
       row->request_kib = static_cast<double>(request.ByteSizeLong()) / 1024.0;
       row->answer_kib = static_cast<double>(broadcast.size()) / 1024.0;
     }
@@ -109,6 +121,7 @@ bool MeasureGroup(int port, ServerProcess& server, const Problem& problem, int64
   if (cpu_start && cpu_end && row->steps > 0) {
     row->server_cpu_ms_per_step = 1000.0 * (*cpu_end - *cpu_start) / row->steps;
   }
+  row->server_peak_mib = static_cast<double>(server.PeakRssBytes()) / 1048576.0;
   const absl::StatusOr<double> solve_ms = CoreSolveMs(problem, warmup, row->steps);
   if (!solve_ms.ok()) return false;
   row->core_solve_ms = *solve_ms;
@@ -116,7 +129,8 @@ bool MeasureGroup(int port, ServerProcess& server, const Problem& problem, int64
 }
 
 void PrintGroupRow(const GroupRow& row, double per_rank_server_cpu_ms) {
-  std::printf("| %lld | %lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+  std::printf(
+      "| %lld | %lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
               static_cast<long long>(row.ranks), static_cast<long long>(row.steps),
               Fixed(Percentile(row.step_ms, 0.5), 2).c_str(),
               Fixed(Percentile(row.step_ms, 0.99), 2).c_str(),
@@ -126,7 +140,8 @@ void PrintGroupRow(const GroupRow& row, double per_rank_server_cpu_ms) {
               Fixed(Median(row.rebuild_ms), 2).c_str(),
               Fixed(row.server_cpu_ms_per_step, 2).c_str(),
               Fixed(per_rank_server_cpu_ms / row.server_cpu_ms_per_step, 1).c_str(),
-              Fixed(row.request_kib, 0).c_str(), Fixed(row.answer_kib, 0).c_str(),
+              Fixed(row.request_kib, 0).c_str(), Fixed(row.charged_mib, 1).c_str(),
+              Fixed(row.answer_kib, 0).c_str(), Fixed(row.server_peak_mib, 0).c_str(),
               row.failed > 0 ? "yes" : "no");
   std::fflush(stdout);
 }
@@ -140,8 +155,8 @@ bool RunGroupModeTable(const Flags& flags, const PerRankRun& per_rank, ServerPro
       "| ranks | steps | step p50 (ms) | step p99 (ms) | core solve p50 (ms) "
       "| step / solve | RPC p50 (ms) | serialize + parse p50 (ms) "
       "| rebuild + slice p50 (ms) | server CPU/step (ms) | per-rank server CPU / group's "
-      "| request KiB | answer KiB | failed |\n"
-      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+      "| request KiB | charged MiB | answer KiB | server peak RSS MiB | failed |\n"
+      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   bool ok = true;
   for (const Problem& problem : per_rank.problems) {
     GroupRow row;
@@ -149,7 +164,9 @@ bool RunGroupModeTable(const Flags& flags, const PerRankRun& per_rank, ServerPro
                       flags.warmup, &row)) {
       ok = false;
     }
-    PrintGroupRow(row, per_rank.server_cpu_per_step.at(problem.ranks));
+    const auto per_rank_cpu = per_rank.server_cpu_per_step.find(problem.ranks);
+    PrintGroupRow(row, per_rank_cpu == per_rank.server_cpu_per_step.end() ? NAN
+                                                                           : per_rank_cpu->second);
   }
   return ok;
 }

@@ -14,8 +14,9 @@
 namespace knapformer {
 namespace service_load {
 
-// Prints the table's header and a row per problem the per-rank table
-// measured. False if any failed.
+// Prints the table's header and a row per problem of `per_rank` (the
+// per-rank table's, or with --group-only the group sizes alone, with no
+// per-rank figures to compare). False if any failed.
 bool RunGroupModeTable(const Flags& flags, const PerRankRun& per_rank, ServerProcess& server);
 
 }  // namespace service_load

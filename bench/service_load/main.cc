@@ -91,7 +91,8 @@ int Main(int argc, char** argv) {
   ServerProcess server(ServerKind::kPlanner);
   if (!server.Start()) return 1;
   ServerProcess bare_server(ServerKind::kBareRendezvous);
-  if (table && !bare_server.Start()) return 1;
+  const bool per_rank_table = table && !flags.group_only;
+  if (per_rank_table && !bare_server.Start()) return 1;
 
   std::printf(
       "service_load_bench: nproc %d; server pid %d on 127.0.0.1:%d (in a child "
@@ -122,6 +123,17 @@ int Main(int argc, char** argv) {
               : RunSoak(client, server, *problem, flags.soak_minutes, flags.sample_seconds);
       if (outcome == Outcome::kStuck) EndStuck(server, nullptr);
       if (outcome != Outcome::kOk) exit_code = 1;
+    } else if (flags.group_only) {
+      PerRankRun problems;  // the group sizes alone: no per-rank figures
+      for (const int64_t ranks : flags.ranks) {
+        absl::StatusOr<Problem> problem = MakeProblem(*codes, ranks);
+        if (!problem.ok()) {
+          std::fprintf(stderr, "%s\n", problem.status().ToString().c_str());
+          return 1;
+        }
+        problems.problems.push_back(*std::move(problem));
+      }
+      if (!RunGroupModeTable(flags, problems, server)) exit_code = 1;
     } else {
       LoadClient bare_client(bare_server.port());
       if (!bare_client.Connect()) {
@@ -142,7 +154,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "server child %s\n", how.c_str());
     exit_code = 1;
   }
-  if (table) {
+  if (per_rank_table) {
     const std::string bare_how = bare_server.Stop();
     if (bare_how != "exited with status 0") {
       std::fprintf(stderr, "bare rendezvous child %s\n", bare_how.c_str());

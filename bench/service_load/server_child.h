@@ -36,6 +36,7 @@ class ServerProcess {
 
   // The child's /proc figures (ChildProcess's).
   int64_t RssBytes() const { return child_.RssBytes(); }
+  int64_t PeakRssBytes() const { return child_.PeakRssBytes(); }
   int OpenFds() const { return child_.OpenFds(); }
   std::optional<double> CpuSeconds() const { return child_.CpuSeconds(); }
 

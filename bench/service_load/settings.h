@@ -27,7 +27,7 @@ constexpr int64_t kDefaultWarmup = 5;
 inline const std::vector<int64_t> kDefaultRanks = {32, 256, 1024, 4096};
 
 // Server side.
-constexpr int32_t kMaxWorldSize = 16384;
+constexpr int32_t kMaxWorldSize = 65536;
 constexpr absl::Duration kRendezvousTimeout = absl::Seconds(120);
 constexpr absl::Duration kServerShutdownGrace = absl::Seconds(2);
 

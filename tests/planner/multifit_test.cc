@@ -24,7 +24,7 @@ TEST(MultifitTest, LevelsWhatTheLeastLoadedRuleLeavesApart) {
   const std::vector<int32_t> first(5, 0), last(5, 1);
   std::vector<int32_t> bags;
   std::vector<double> assigned;
-  ASSERT_TRUE(Multifit(gpus, workload, first, last, 6.0, 7.0, 16, bags, assigned));
+  ASSERT_TRUE(Multifit(gpus, workload, first, last, 6.0, 7.0, 16, 0.0, bags, assigned));
   EXPECT_DOUBLE_EQ(MaxOf(assigned, gpus), 6.0);
   std::vector<double> sums(2, 0.0);
   for (size_t k = 0; k < workload.size(); ++k) {
@@ -41,10 +41,30 @@ TEST(MultifitTest, NoCapacityFitsLeavesTheOutputAlone) {
   std::vector<int32_t> bags = {7, 7};
   std::vector<double> assigned = {9};
   // Every capacity tried is below the heaviest sequence.
-  EXPECT_FALSE(Multifit(gpus, workload, first, last, 3.0, 4.0, 16, bags, assigned));
+  EXPECT_FALSE(Multifit(gpus, workload, first, last, 3.0, 4.0, 16, 0.0, bags, assigned));
   EXPECT_EQ(bags, (std::vector<int32_t>{7, 7}));
   EXPECT_EQ(assigned, (std::vector<double>{9}));
-  EXPECT_FALSE(Multifit(gpus, workload, first, last, 4.0, 4.0, 16, bags, assigned));
+  EXPECT_FALSE(Multifit(gpus, workload, first, last, 4.0, 4.0, 16, 0.0, bags, assigned));
+}
+
+TEST(MultifitTest, AMinimumGainGivesUpAfterOnePackingOrFindsTheSamePacking) {
+  // 3 + 3 | 2 + 2 + 2 packs at 6: from hi 6.3, a gain of 4% is there (6.3 /
+  // 1.04 > 6), one of 10% is not (6.3 / 1.1 < 6: every sequence would have
+  // to fit bags of 5.73).
+  const std::vector<int32_t> gpus = {1, 1};
+  const std::vector<double> workload = {3, 3, 2, 2, 2};
+  const std::vector<int32_t> first(5, 0), last(5, 1);
+  std::vector<int32_t> bags = {7}, plain_bags;
+  std::vector<double> assigned = {9}, plain_assigned;
+  EXPECT_FALSE(Multifit(gpus, workload, first, last, 5.0, 6.3, 16, 0.10, bags, assigned));
+  EXPECT_EQ(bags, (std::vector<int32_t>{7}));
+  EXPECT_EQ(assigned, (std::vector<double>{9}));
+  ASSERT_TRUE(Multifit(gpus, workload, first, last, 5.0, 6.3, 16, 0.04, bags, assigned));
+  ASSERT_TRUE(
+      Multifit(gpus, workload, first, last, 5.0, 6.3, 16, 0.0, plain_bags, plain_assigned));
+  EXPECT_EQ(bags, plain_bags);
+  EXPECT_EQ(assigned, plain_assigned);
+  EXPECT_DOUBLE_EQ(MaxOf(assigned, gpus), 6.0);
 }
 
 TEST(MultifitTest, SequencesStayInTheirUsableBagsAndShareBigBagsPerGpu) {
@@ -54,7 +74,7 @@ TEST(MultifitTest, SequencesStayInTheirUsableBagsAndShareBigBagsPerGpu) {
   const std::vector<int32_t> first = {2, 0, 0, 0, 0}, last = {2, 2, 2, 2, 2};
   std::vector<int32_t> bags;
   std::vector<double> assigned;
-  ASSERT_TRUE(Multifit(gpus, workload, first, last, 5.0, 10.0, 20, bags, assigned));
+  ASSERT_TRUE(Multifit(gpus, workload, first, last, 5.0, 10.0, 20, 0.0, bags, assigned));
   EXPECT_EQ(bags[0], 2);
   for (size_t k = 0; k < workload.size(); ++k) {
     EXPECT_GE(bags[k], first[k]);
@@ -130,7 +150,7 @@ TEST(MultifitTest, RandomPackingsAreCompleteAndWithinTheCapacityFound) {
     }
     std::vector<int32_t> bags;
     std::vector<double> assigned;
-    if (!Multifit(gpus, workload, first, last, 0.0, total, 24, bags, assigned)) continue;
+    if (!Multifit(gpus, workload, first, last, 0.0, total, 24, 0.0, bags, assigned)) continue;
     std::vector<double> sums(num_bags, 0.0);
     for (size_t k = 0; k < workload.size(); ++k) {
       ASSERT_GE(bags[k], first[k]) << "trial " << trial;
@@ -167,7 +187,7 @@ TEST(MultifitTest, FillsEachBagToItsSpeedsCapacity) {
   const std::vector<int32_t> first(5, 0), last(5, 2);
   std::vector<int32_t> bags;
   std::vector<double> assigned;
-  ASSERT_TRUE(Multifit(replica, workload, first, last, 12.0 / 2.5, 8.0, 20, bags, assigned));
+  ASSERT_TRUE(Multifit(replica, workload, first, last, 12.0 / 2.5, 8.0, 20, 0.0, bags, assigned));
   double worst = 0;
   for (int32_t b = 0; b < 3; ++b) worst = std::max(worst, replica.Time(b, assigned[b]));
   EXPECT_DOUBLE_EQ(worst, 6.0);

@@ -241,6 +241,56 @@ TEST_P(WhereSolvedTest, PlanGroupMatchesTheCoreAndThePerRankPlans) {
   EXPECT_THAT(status.error_message(), HasSubstr("ranks: 15 entries, but world_size is 16"));
 }
 
+// The default limits take a group of the largest clusters, 65,536 ranks in
+// one replica of 8-GPU bags, planned as the core plans it, and refuse a
+// larger one by its count before parsing it.
+TEST(ServiceTest, ADefaultServerPlansAGroupOf65536Ranks) {
+  constexpr int32_t kRanks = 65536;
+  ASSERT_EQ(ServiceLimits().max_world_size, kRanks);
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  // The answer is about 11 MB, over gRPC's default 4 MiB receive limit: the
+  // client's own limit (PlannerClientOptions::max_answer_bytes, 256 MiB).
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  auto stub = v1::Planner::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", server->port()), grpc::InsecureChannelCredentials(), args));
+  StepParams params;
+  params.job_id = "largest-cluster";
+  params.topology = absl::StrCat("g8n", kRanks / 8);
+  const RankLengths lengths = RandomLengths(kRanks, 65, /*max_sequences=*/4);
+  const Plan expected = CorePlan(params, lengths);
+
+  v1::PlanGroupRequest request;
+  *request.mutable_spec() = MakeRequest(params, kRanks, 0, {}).spec();
+  for (const auto& rank : lengths) {
+    request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  v1::PlanGroupResponse response;
+  grpc::Status status = stub->PlanGroup(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.chunks().src_rank_size(), static_cast<int>(expected.chunks.size()));
+  ASSERT_EQ(response.workload_after_size(), kRanks);
+  int32_t differing = 0;
+  for (int32_t r = 0; r < kRanks; ++r) {
+    if (response.workload_after(r) != expected.workload_after[r]) ++differing;
+  }
+  EXPECT_EQ(differing, 0);
+
+  // 8 more ranks: refused by the request's count, before it is parsed.
+  const int32_t over = kRanks + 8;
+  request.mutable_spec()->set_world_size(over);
+  request.mutable_spec()->set_topology(absl::StrCat("g8n", over / 8));
+  for (int32_t r = kRanks; r < over; ++r) request.add_ranks();
+  grpc::ClientContext over_context;
+  over_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  status = stub->PlanGroup(&over_context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("ranks: 65544 entries exceed the limit of 65536"));
+}
+
 // PlanGroupRequest.rank_speeds: the plan balances time, as the core does
 // with the same speeds; the answer, GetJob and the metrics page carry
 // them; bad speeds are INVALID_ARGUMENT naming them.
