@@ -6,6 +6,9 @@
 //     [--min-gpus 32] [--max-gpus 65536] [--families g1,g2,g4,g8,mixed,auto]
 //     [--data plain,masked] [--threads 1] [--refine-rounds 256] [--locality on]
 //
+// --threads N lets the solver use N threads (BalancerOptions::threads:
+// auto's candidate layouts at once; the plans are the same for any N).
+//
 // The data: 4 samples per GPU, as a loader of mixed captions, images and
 // video clips deals them: 35% captions (16..400 tokens), 50% images (256,
 // 1024, 4096 or 16384 visual tokens, aspect 0.96..1.04, and a caption of up
@@ -179,6 +182,7 @@ const std::vector<OptionSpec>& Options() {
       {"refine-rounds", "N", "256", "BalancerOptions::refine_rounds"},
       {"locality", "on|off", "on", "BalancerOptions::locality"},
       {"seed", "N", "0", "data seed"},
+      {"threads", "N", "1", "BalancerOptions::threads (the plans are the same for any)"},
   };
   return options;
 }
@@ -201,9 +205,11 @@ int Run(int argc, char** argv) {
   absl::StatusOr<int64_t> refine = args->GetInt("refine-rounds", 256, 0, 1 << 20);
   absl::StatusOr<bool> locality = args->GetOnOff("locality", true);
   absl::StatusOr<int64_t> seed = args->GetInt("seed", 0, 0, INT64_MAX);
+  absl::StatusOr<int64_t> threads =
+      args->GetInt("threads", 1, 1, BalancerOptions::kMaxThreads);
   for (const absl::Status& status :
        {min_gpus.status(), max_gpus.status(), refine.status(), locality.status(),
-        seed.status()}) {
+        seed.status(), threads.status()}) {
     if (!status.ok()) {
       std::fprintf(stderr, "planner_curve: %s\n", std::string(status.message()).c_str());
       return 2;
@@ -228,6 +234,7 @@ int Run(int argc, char** argv) {
   BalancerOptions options;
   options.refine_rounds = static_cast<int32_t>(*refine);
   options.locality = *locality;
+  options.threads = static_cast<int32_t>(*threads);
 
   std::printf("%-7s %-6s %7s %10s %10s %8s %10s %8s %7s\n", "data", "family", "GPUs",
               "mean ms", "p99 ms", "x prev", "max/mean", "bound", "moved");

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "planner/parallel_for.h"
 #include "planner/rank_speeds.h"
 #include "planner/replica_solve.h"
 
@@ -188,10 +189,12 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& 
   if (absl::Status status = CheckRankSpeeds(options.rank_speeds, ranks); !status.ok()) {
     return status;
   }
+  if (absl::Status status = CheckThreads(options); !status.ok()) return status;
   const std::vector<double> speeds = NormalizedRankSpeeds(options.rank_speeds);
   std::vector<int32_t> first_sequence = internal::FirstSequences(lengths);
   std::vector<int32_t> bag_of(first_sequence.back(), -1);
-  std::vector<int32_t> trial(first_sequence.back(), -1);
+  // One placement per candidate solved at once (below).
+  std::vector<std::vector<int32_t>> trials(1, std::vector<int32_t>(first_sequence.back(), -1));
 
   // Parsed once: the homogeneous layouts serve every replica, the shaped
   // ones often repeat.
@@ -292,27 +295,65 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& 
     const Candidate* best = nullptr;
     PredictedStep best_step;
     absl::Status first_error;
-    for (const Candidate& candidate : candidates) {
-      if (best != nullptr && candidate.lower_bound >= best_step.time) break;
-      ++solved;
-      absl::Status assigned = internal::AssignReplicaBags(*candidate.topology, cost, options,
-                                                          lengths, first_rank, first_sequence,
-                                                          trial, masks);
-      if (!assigned.ok()) {
-        if (first_error.ok()) first_error = assigned;
-        continue;
+    // Candidates are solved in waves of up to `threads`, the next ones that
+    // the best so far does not bound out, and their results are taken in
+    // order as one thread would have solved them: a candidate that an
+    // earlier one of its wave bounds out ends the replica, its result (and
+    // the rest of the wave's) unused. So the choice, `solved` included, is
+    // the same for any thread count.
+    const int32_t threads = internal::SolverThreads(
+        options, first_sequence[first_rank + group] - first_sequence[first_rank]);
+    while (static_cast<int32_t>(trials.size()) < threads) trials.push_back(trials[0]);
+    struct Outcome {
+      absl::Status status;
+      PredictedStep step;
+    };
+    std::vector<Outcome> outcomes;
+    auto bounded_out = [&](const Candidate& candidate) {
+      return best != nullptr && candidate.lower_bound >= best_step.time;
+    };
+    bool ended = false;
+    for (size_t next = 0; next < candidates.size() && !ended;) {
+      size_t end = next;
+      while (end < candidates.size() && end - next < static_cast<size_t>(threads) &&
+             !bounded_out(candidates[end])) {
+        ++end;
       }
-      const PredictedStep step = PredictReplica(*candidate.topology, first_rank, lengths,
-                                                first_sequence, trial, cost, prices, masks,
-                                                speeds);
-      if (best == nullptr || step.time < best_step.time ||
-          (step.time == best_step.time && candidate.order < best->order)) {
-        best = &candidate;
-        best_step = step;
-        std::copy(trial.begin() + first_sequence[first_rank],
-                  trial.begin() + first_sequence[first_rank + group],
-                  bag_of.begin() + first_sequence[first_rank]);
+      if (end == next) break;
+      outcomes.assign(end - next, Outcome());
+      internal::ParallelFor(static_cast<int32_t>(end - next), threads, [&](int32_t i) {
+        const Candidate& candidate = candidates[next + i];
+        std::vector<int32_t>& trial = trials[i];
+        outcomes[i].status = internal::AssignReplicaBags(*candidate.topology, cost, options,
+                                                         lengths, first_rank, first_sequence,
+                                                         trial, masks);
+        if (outcomes[i].status.ok()) {
+          outcomes[i].step = PredictReplica(*candidate.topology, first_rank, lengths,
+                                            first_sequence, trial, cost, prices, masks, speeds);
+        }
+      });
+      for (size_t i = 0; i < outcomes.size(); ++i) {
+        const Candidate& candidate = candidates[next + i];
+        if (bounded_out(candidate)) {
+          ended = true;
+          break;
+        }
+        ++solved;
+        if (!outcomes[i].status.ok()) {
+          if (first_error.ok()) first_error = outcomes[i].status;
+          continue;
+        }
+        const PredictedStep& step = outcomes[i].step;
+        if (best == nullptr || step.time < best_step.time ||
+            (step.time == best_step.time && candidate.order < best->order)) {
+          best = &candidate;
+          best_step = step;
+          std::copy(trials[i].begin() + first_sequence[first_rank],
+                    trials[i].begin() + first_sequence[first_rank + group],
+                    bag_of.begin() + first_sequence[first_rank]);
+        }
       }
+      next = end;
     }
     if (best == nullptr) return first_error;
     chosen.push_back(*best->topology);

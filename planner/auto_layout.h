@@ -83,6 +83,8 @@ struct AutoPlan {
 // or what the longest sequence alone puts on one GPU) is not below the best
 // found is not solved: it could not win. So the result is never predicted
 // slower than any fixed homogeneous layout solved with the same options.
+// With options.threads > 1 (from 4096 sequences in a replica), up to that
+// many candidates are solved at once; the choice is the same.
 //
 // Errors: InvalidArgument for a world that is not a whole number of groups,
 // a group that is not a whole number of nodes, and BalanceGreedy's input

@@ -1,12 +1,32 @@
 #include "planner/balancer.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "planner/parallel_for.h"
 #include "planner/rank_speeds.h"
 #include "planner/replica_solve.h"
 
 namespace knapformer {
+
+absl::Status CheckThreads(const BalancerOptions& options) {
+  if (options.threads < 1 || options.threads > BalancerOptions::kMaxThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("threads: ", options.threads,
+                                                   " is outside [1, ",
+                                                   BalancerOptions::kMaxThreads, "]"));
+  }
+  return absl::OkStatus();
+}
+
+namespace internal {
+
+int32_t SolverThreads(const BalancerOptions& options, int64_t sequences) {
+  return sequences >= kParallelMinSequences ? options.threads : 1;
+}
+
+}  // namespace internal
 
 absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                                    const BalancerInput& input, const BalancerOptions& options) {
@@ -18,17 +38,25 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
       !status.ok()) {
     return status;
   }
+  if (absl::Status status = CheckThreads(options); !status.ok()) return status;
   const RankLengths& lengths = input.lengths();
   const RankMasks* masks = input.masks();
   std::vector<int32_t> first_sequence = internal::FirstSequences(lengths);
-  // Phase 1: replica-relative bag per sequence.
+  // Phase 1: replica-relative bag per sequence. Replicas are independent and
+  // each writes only its own sequences' entries; the first failing one (in
+  // replica order) is the error, however many threads ran them.
   std::vector<int32_t> bag_of(first_sequence.back(), -1);
   const int32_t group = world.group_size();
-  for (int32_t replica = 0; replica < world.num_replicas(); ++replica) {
-    absl::Status assigned =
-        internal::AssignReplicaBags(world.replica_topology(replica), cost, options, lengths,
-                                    replica * group, first_sequence, bag_of, masks);
-    if (!assigned.ok()) return assigned;
+  std::vector<absl::Status> assigned(world.num_replicas());
+  internal::ParallelFor(
+      world.num_replicas(), internal::SolverThreads(options, first_sequence.back()),
+      [&](int32_t replica) {
+        assigned[replica] =
+            internal::AssignReplicaBags(world.replica_topology(replica), cost, options, lengths,
+                                        replica * group, first_sequence, bag_of, masks);
+      });
+  for (const absl::Status& status : assigned) {
+    if (!status.ok()) return status;
   }
   return internal::BuildPlan(world, cost, lengths, options.limits, std::move(first_sequence),
                              bag_of, masks);

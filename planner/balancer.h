@@ -54,6 +54,23 @@ namespace knapformer {
 // Errors: InvalidArgument if the input is of another world size;
 // ResourceExhausted past options.limits.max_chunks or a token cap no bag
 // meets.
+// InvalidArgument naming `threads` unless options.threads is in
+// [1, BalancerOptions::kMaxThreads].
+absl::Status CheckThreads(const BalancerOptions& options);
+
+namespace internal {
+
+// Below this many sequences a step is solved on the caller's thread alone:
+// starting a thread costs tens of microseconds, a whole solve of 4096
+// sequences about a millisecond.
+inline constexpr int64_t kParallelMinSequences = 4096;
+
+// The threads to solve `sequences` sequences with: options.threads, or 1
+// below kParallelMinSequences.
+int32_t SolverThreads(const BalancerOptions& options, int64_t sequences);
+
+}  // namespace internal
+
 absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                                    const BalancerInput& input,
                                    const BalancerOptions& options = BalancerOptions());

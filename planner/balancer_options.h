@@ -50,6 +50,12 @@ struct BalancerOptions {
   // at 0.6 gets about 0.6 of a share. The balancers refuse speeds that fail
   // CheckRankSpeeds.
   std::vector<double> rank_speeds;
+  // Threads the solver may use, the caller's included, for work that is
+  // independent: a world's replicas, and the candidate layouts of auto
+  // (auto_layout.h). The plan is the same for any count, bit for bit.
+  // In [1, kMaxThreads]; the balancers refuse others naming the field.
+  int32_t threads = 1;
+  static constexpr int32_t kMaxThreads = 256;
 };
 
 }  // namespace knapformer

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/data_stream.h"
+#include "planner/masked_stream.h"
 #include "planner/validate.h"
 
 namespace knapformer {
@@ -142,6 +143,74 @@ RandomWorld MakeRandomWorld(std::mt19937_64& rng) {
   }
   w.cap = pick(0, 9) == 0 ? pick(1, 400000) : 0;
   return w;
+}
+
+// The same plan, bit for bit, however many threads solve it: auto's
+// candidates in waves (a wave may hold candidates the earlier ones bound
+// out), and a world's replicas in BalanceGreedy. Past kParallelMinSequences,
+// so that the threads are used.
+TEST(BalanceAutoTest, ThreadsChangeNothing) {
+  const CostModel cost = *CostModel::Create(3072, 0.49);
+  const CommPrices prices = Prices(cost);
+  auto same = [](const Plan& a, const Plan& b) {
+    if (a.topology != b.topology || a.chunks.size() != b.chunks.size() ||
+        a.workload_after != b.workload_after) {
+      return false;
+    }
+    for (size_t c = 0; c < a.chunks.size(); ++c) {
+      const Chunk &x = a.chunks[c], &y = b.chunks[c];
+      if (x.src_rank != y.src_rank || x.seq_index != y.seq_index || x.offset != y.offset ||
+          x.length != y.length || x.dst_rank != y.dst_rank) {
+        return false;
+      }
+    }
+    return true;
+  };
+  const MaskedStream video = *MaskedStream::Create("video-blockcausal", 2048, 7);
+  const MaskedStream::Step masked = video.Batch(0);
+  const RankLengths plain = DataStream::Create(*ParseDataCodes(ScenarioCodes("joint")), 2048, 3)
+                                ->Batch(0);
+  int64_t sequences = 0;
+  for (const auto& rank : masked.lengths) sequences += static_cast<int64_t>(rank.size());
+  ASSERT_GE(sequences, internal::kParallelMinSequences);
+  for (const int32_t group : {0, 256}) {
+    for (const bool with_masks : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("group ", group, with_masks ? ", masked" : ", plain"));
+      const RankLengths& lengths = with_masks ? masked.lengths : plain;
+      const RankMasks* masks = with_masks ? &masked.masks : nullptr;
+      AutoLayout layout;
+      layout.group = group;
+      BalancerOptions options;
+      auto one = BalanceAuto(layout, 2048, cost, prices, lengths, options, masks);
+      ASSERT_TRUE(one.ok()) << one.status();
+      for (const int32_t threads : {2, 5}) {
+        options.threads = threads;
+        auto many = BalanceAuto(layout, 2048, cost, prices, lengths, options, masks);
+        ASSERT_TRUE(many.ok()) << many.status();
+        EXPECT_TRUE(same(one->plan, many->plan)) << threads << " threads";
+        EXPECT_EQ(one->solved, many->solved);
+        EXPECT_EQ(one->predicted.time, many->predicted.time);
+      }
+    }
+  }
+  const World replicas = *World::Create(*Topology::Parse("g1n2+g2n1+g4n1"), 2048);
+  BalancerOptions options;
+  auto one = BalanceGreedy(replicas, cost, masked.lengths, options, &masked.masks);
+  ASSERT_TRUE(one.ok()) << one.status();
+  options.threads = 3;
+  auto many = BalanceGreedy(replicas, cost, masked.lengths, options, &masked.masks);
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_TRUE(same(*one, *many));
+
+  // Out of range: refused naming the field.
+  for (const int32_t threads : {0, BalancerOptions::kMaxThreads + 1}) {
+    options.threads = threads;
+    auto refused = BalanceGreedy(replicas, cost, masked.lengths, options);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(refused.status().message(), HasSubstr(absl::StrCat("threads: ", threads)));
+    auto refused_auto = BalanceAuto(AutoLayout(), 2048, cost, prices, plain, options);
+    EXPECT_THAT(refused_auto.status().message(), HasSubstr("threads"));
+  }
 }
 
 TEST(BalanceAutoPropertyTest, ValidAlignedDeterministicAndNeverSlowerThanHomogeneous) {
