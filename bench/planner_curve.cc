@@ -215,9 +215,15 @@ int Run(int argc, char** argv) {
       return 2;
     }
   }
+  if ((*min_gpus & (*min_gpus - 1)) != 0) {
+    std::fprintf(stderr, "planner_curve: --min-gpus: %lld is not a power of two\n",
+                 static_cast<long long>(*min_gpus));
+    return 2;
+  }
   const std::vector<std::string> families =
       absl::StrSplit(args->GetString("families", "g1,g2,g4,g8,mixed,auto"), ',');
-  const std::vector<std::string> data = absl::StrSplit(args->GetString("data", "plain,masked"), ',');
+  const std::vector<std::string> data =
+      absl::StrSplit(args->GetString("data", "plain,masked"), ',');
   for (const std::string& family : families) {
     if (family != "g1" && family != "g2" && family != "g4" && family != "g8" &&
         family != "mixed" && family != "auto") {

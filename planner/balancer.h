@@ -14,6 +14,23 @@
 
 namespace knapformer {
 
+// InvalidArgument naming `threads` unless options.threads is in
+// [1, BalancerOptions::kMaxThreads].
+absl::Status CheckThreads(const BalancerOptions& options);
+
+namespace internal {
+
+// Below this many sequences a step is solved on the caller's thread alone:
+// starting a thread costs tens of microseconds, a whole solve of 4096
+// sequences about a millisecond.
+inline constexpr int64_t kParallelMinSequences = 4096;
+
+// The threads to solve `sequences` sequences with: options.threads, or 1
+// below kParallelMinSequences.
+int32_t SolverThreads(const BalancerOptions& options, int64_t sequences);
+
+}  // namespace internal
+
 // The paper's greedy planner (KnapFormer section 3.3), run independently in
 // every replica of the topology:
 //  1. Bags. Sequences sorted by length descending (so by workload; ties:
@@ -48,29 +65,15 @@ namespace knapformer {
 // Attention masks: `masks` (attention_mask.h; null or empty: every sequence
 // attends fully) price each sequence's attention by the pairs it attends.
 // Sequences then go heaviest first by that workload (ties: the longer, then
-// the lower global id) in an O(S log S) sort. Without masks the plan is
+// the lower global id), a second radix sort. Without masks the plan is
 // exactly the unmasked one.
 //
-// Errors: InvalidArgument if the input is of another world size;
-// ResourceExhausted past options.limits.max_chunks or a token cap no bag
-// meets.
-// InvalidArgument naming `threads` unless options.threads is in
-// [1, BalancerOptions::kMaxThreads].
-absl::Status CheckThreads(const BalancerOptions& options);
-
-namespace internal {
-
-// Below this many sequences a step is solved on the caller's thread alone:
-// starting a thread costs tens of microseconds, a whole solve of 4096
-// sequences about a millisecond.
-inline constexpr int64_t kParallelMinSequences = 4096;
-
-// The threads to solve `sequences` sequences with: options.threads, or 1
-// below kParallelMinSequences.
-int32_t SolverThreads(const BalancerOptions& options, int64_t sequences);
-
-}  // namespace internal
-
+// options.threads: replicas are solved at once (from kParallelMinSequences
+// sequences); the plan is the same for any count.
+//
+// Errors: InvalidArgument if the input is of another world size or
+// options.threads is out of range; ResourceExhausted past
+// options.limits.max_chunks or a token cap no bag meets.
 absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                                    const BalancerInput& input,
                                    const BalancerOptions& options = BalancerOptions());

@@ -17,14 +17,15 @@ namespace knapformer {
 //
 // `workload[k]` is in descending order; sequence k may go to the bags
 // [first_usable[k], last_usable[k]]; `replica` holds the bags' sizes and
-// speeds (replica_bags.h). Tries `rounds` capacities in [lo, hi] of time
-// (a bag of speed s holds capacity * s of workload). On success (some capacity packed
+// speeds (replica_bags.h). Tries up to `rounds` capacities in [lo, hi] of
+// time (a bag of speed s holds capacity * s of workload), bisecting until the
+// interval is within 1e-4 of its upper end. On success (some capacity packed
 // everything) `bags[k]` and `assigned[b]` hold the packing of the least
 // capacity that worked and it returns true; else they are untouched.
 // `min_gain` > 0: first packs at capacity hi / (1 + min_gain) and gives up
 // (false) when that fails, so that a bisection that could gain less than
 // min_gain costs one packing, not `rounds` (where it packs, the result is
-// the same as with 0). Deterministic; O(rounds * S * log^2 B).
+// the same as with 0). Deterministic; O(rounds * S * log B).
 bool Multifit(const ReplicaBags& replica, const std::vector<double>& workload,
               const std::vector<int32_t>& first_usable, const std::vector<int32_t>& last_usable,
               double lo, double hi, int32_t rounds, double min_gain,

@@ -58,8 +58,9 @@ class ReplicaPacker {
 
   // Under masks or on GPUs of unequal speeds, and without a token cap,
   // MULTIFIT (multifit.h), refined, replaces the chosen placement when its
-  // maximum time is strictly lower. Does nothing otherwise, or when the
-  // chosen placement is within kMultifitMinGap of the simple lower bound.
+  // maximum time is strictly lower. Does nothing otherwise, when the chosen
+  // placement is within kMultifitMinGap of the simple lower bound, or when
+  // first-fit decreasing fails at that gain under it (one packing).
   // REQUIRES: PackGreedy succeeded.
   void TryMultifit();
 

@@ -103,7 +103,9 @@ bool MeasureGroup(int port, ServerProcess& server, const Problem& problem, int64
       google::protobuf::io::ArrayInputStream input(wire.data(), static_cast<int>(wire.size()));
       const absl::StatusOr<RequestShape> shape =
           RequestScanner(ServiceLimits()).Scan(v1::PlanGroupRequest::descriptor(), &input);
-      if (shape.ok()) row->charged_mib = static_cast<double>(EstimatedParsedBytes(*shape)) / 1048576.0;
+      if (shape.ok()) {
+        row->charged_mib = static_cast<double>(EstimatedParsedBytes(*shape)) / 1048576.0;
+      }
       row->request_kib = static_cast<double>(request.ByteSizeLong()) / 1024.0;
       row->answer_kib = static_cast<double>(broadcast.size()) / 1024.0;
     }
