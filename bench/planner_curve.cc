@@ -41,6 +41,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/args.h"
 #include "common/malloc_policy.h"
@@ -231,6 +232,12 @@ int Run(int argc, char** argv) {
       return 2;
     }
   }
+  for (const std::string& kind : data) {
+    if (kind != "plain" && kind != "masked") {
+      std::fprintf(stderr, "planner_curve: --data: unknown kind '%s'\n", kind.c_str());
+      return 2;
+    }
+  }
   if (absl::Status retained = RetainFreedMemory(); !retained.ok()) {
     std::fprintf(stderr, "planner_curve: %s\n", std::string(retained.message()).c_str());
     return 1;
@@ -245,10 +252,6 @@ int Run(int argc, char** argv) {
   std::printf("%-7s %-6s %7s %10s %10s %8s %10s %8s %7s\n", "data", "family", "GPUs",
               "mean ms", "p99 ms", "x prev", "max/mean", "bound", "moved");
   for (const std::string& kind : data) {
-    if (kind != "plain" && kind != "masked") {
-      std::fprintf(stderr, "planner_curve: --data: unknown kind '%s'\n", kind.c_str());
-      return 2;
-    }
     for (const std::string& family : families) {
       double previous = 0;
       for (int64_t gpus = *min_gpus; gpus <= *max_gpus; gpus *= 2) {
@@ -266,9 +269,7 @@ int Run(int argc, char** argv) {
         const double p99 = Percentile(row.seconds, 0.99);
         std::printf("%-7s %-6s %7lld %10.3f %10.3f %8s %10.6f %8.6f %6.1f%%\n", kind.c_str(),
                     family.c_str(), static_cast<long long>(gpus), mean * 1e3, p99 * 1e3,
-                    previous > 0 ? absl::StrCat(static_cast<int>(mean / previous * 100) / 100.0)
-                                       .c_str()
-                                 : "",
+                    previous > 0 ? absl::StrFormat("%.2f", mean / previous).c_str() : "",
                     row.max_over_mean, row.bound, 100 * row.moved);
         std::fflush(stdout);
         previous = mean;

@@ -86,7 +86,8 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
   // Reserved, not resized: zeroing what is written next cost a pass over
   // 64 MiB of chunks in g8 at 65,536 GPUs.
   plan.chunks.reserve(num_chunks);
-  int32_t next_chunk = 0;
+  // The index the next chunk gets (PlacedSequence holds chunk indexes as int32).
+  auto next_chunk = [&plan] { return static_cast<int32_t>(plan.chunks.size()); };
   plan.workload_before.assign(world_size, 0.0);
   plan.workload_after.assign(world_size, 0.0);
   std::vector<int32_t> rotation(total_bags, 0);  // position of the next extra token
@@ -100,7 +101,7 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
       seq.src_rank = rank;
       seq.seq_index = static_cast<int32_t>(i);
       seq.length = length;
-      seq.first_chunk = next_chunk;
+      seq.first_chunk = next_chunk();
       const AttentionMask* mask = MaskOf(masks, rank, i);
       plan.workload_before[rank] += cost.Workload(length, mask);
       if (bag_of[base + i] < 0) continue;
@@ -118,12 +119,11 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
         if (chunk_length == 0) continue;
         const int32_t dst = plan.bag_first_rank[bag] + position;
         plan.chunks.push_back(Chunk{rank, seq.seq_index, offset, chunk_length, dst});
-        ++next_chunk;
         plan.workload_after[dst] += cost.Linear(chunk_length);
         offset += chunk_length;
       }
       rotation[bag] = (start + extra) % gpus;
-      seq.num_chunks = next_chunk - seq.first_chunk;
+      seq.num_chunks = next_chunk() - seq.first_chunk;
       bag_attention[bag] += cost.Attention(length, mask);
     }
   }

@@ -321,12 +321,9 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* cont
   return call->Returned();
 }
 
-absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(const v1::StepSpec& spec,
-                                                                const CheckedSpec& checked,
-                                                                const BalancerInput& input,
-                                                                double wait_seconds,
-                                                                v1::Balance* balance,
-                                                                const std::vector<double>& rank_speeds) {
+absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(
+    const v1::StepSpec& spec, const CheckedSpec& checked, const BalancerInput& input,
+    double wait_seconds, v1::Balance* balance, const std::vector<double>& rank_speeds) {
   const absl::Time start = absl::Now();
   BalancerOptions balancer = BalancerOptionsForSpec(options_.balancer, spec);
   balancer.rank_speeds = rank_speeds;

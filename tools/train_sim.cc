@@ -697,17 +697,20 @@ int RunWorker(const SimOptions& o) {
                              AutoLayout::Matches(topology) ? absl::StrCat(" -> ", plan.layout)
                                                            : "");
       const double over_ideal = max_b / (work / total_speed);
+      // With speeds: how far the slowest rank is from the ideal, and the
+      // speeds the step was planned by.
+      std::string ideal_note;
+      if (!o.rank_speeds.empty()) {
+        ideal_note = absl::StrFormat("; %.2fx the ideal", over_ideal);
+        if (!plan.rank_speeds.empty()) {
+          absl::StrAppend(&ideal_note, "; ", SpeedsText(plan.rank_speeds));
+        }
+      }
       std::cout << absl::StrFormat("%-5s %-10s %-28s %-7.2f %-9.0f %s (%s%s, waited %.2f ms)%s%s\n",
                                    "", variants[t].name, absl::StrJoin(b_ms, " "), max_b / min_b,
                                    max_b * 1e3, absl::StrFormat("%.3f", plan.max_over_mean_after),
                                    PlanSourceName(plan.source), plan.prefetched ? ", ahead" : "",
-                                   max_plan * 1e3, which,
-                                   o.rank_speeds.empty()
-                                       ? ""
-                                       : absl::StrFormat("; %.2fx the ideal%s", over_ideal,
-                                                         plan.rank_speeds.empty()
-                                                             ? ""
-                                                             : absl::StrCat("; ", SpeedsText(plan.rank_speeds))));
+                                   max_plan * 1e3, which, ideal_note);
       summaries[t].over_ideal.push_back(over_ideal);
       if (count) {
         TopologySummary& summary = summaries[t];

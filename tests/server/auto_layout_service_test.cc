@@ -25,6 +25,7 @@ using ::knapformer::testing_util::AsyncPlan;
 using ::knapformer::testing_util::AwaitPendingSteps;
 using ::knapformer::testing_util::LocalChannel;
 using ::knapformer::testing_util::MakeGroupRequests;
+using ::knapformer::testing_util::MakePlanGroupRequest;
 using ::knapformer::testing_util::MakeRequest;
 using ::knapformer::testing_util::PlanConcurrently;
 using ::knapformer::testing_util::PlanResult;
@@ -67,12 +68,7 @@ AutoPlan CoreAutoPlan(const StepParams& params, const RankLengths& lengths) {
 }
 
 v1::PlanGroupRequest GroupRequest(const StepParams& params, const RankLengths& lengths) {
-  v1::PlanGroupRequest request;
-  *request.mutable_spec() =
-      MakeRequest(params, static_cast<int32_t>(lengths.size()), 0, {}).spec();
-  for (const auto& rank : lengths) {
-    request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
-  }
+  v1::PlanGroupRequest request = MakePlanGroupRequest(params, lengths);
   request.set_include_rank_plans(true);
   return request;
 }

@@ -24,6 +24,7 @@ using ::knapformer::testing_util::AsyncPlan;
 using ::knapformer::testing_util::HttpGet;
 using ::knapformer::testing_util::LocalChannel;
 using ::knapformer::testing_util::MakeGroupRequests;
+using ::knapformer::testing_util::MakePlanGroupRequest;
 using ::knapformer::testing_util::MakeRequest;
 using ::knapformer::testing_util::PlanConcurrently;
 using ::knapformer::testing_util::PlanResult;
@@ -187,11 +188,7 @@ TEST_F(MetricsTest, GroupModeCountsRanksAndTheFirstStepsBytes) {
     params.step = step;
     params.token_bytes = step == 0 ? 0 : 100;
     const RankLengths lengths = RandomLengths(8, 20 + step);
-    v1::PlanGroupRequest request;
-    *request.mutable_spec() = MakeRequest(params, 8, 0, {}).spec();
-    for (const auto& rank : lengths) {
-      request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
-    }
+    v1::PlanGroupRequest request = MakePlanGroupRequest(params, lengths);
     grpc::ClientContext context;
     v1::PlanGroupResponse response;
     ASSERT_TRUE(stub_->PlanGroup(&context, request, &response).ok());

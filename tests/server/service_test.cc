@@ -41,6 +41,7 @@ using ::knapformer::testing_util::AwaitPendingSteps;
 using ::knapformer::testing_util::IdleClientWithHealthWatch;
 using ::knapformer::testing_util::LocalChannel;
 using ::knapformer::testing_util::MakeGroupRequests;
+using ::knapformer::testing_util::MakePlanGroupRequest;
 using ::knapformer::testing_util::MakeRequest;
 using ::knapformer::testing_util::PlanConcurrently;
 using ::knapformer::testing_util::PlanResult;
@@ -196,11 +197,7 @@ TEST_P(WhereSolvedTest, PlanGroupMatchesTheCoreAndThePerRankPlans) {
   const RankLengths lengths = RandomLengths(16, 42);
   const Plan expected = CorePlan(params, lengths);
 
-  v1::PlanGroupRequest request;
-  *request.mutable_spec() = MakeRequest(params, 16, 0, {}).spec();
-  for (const auto& rank : lengths) {
-    request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
-  }
+  v1::PlanGroupRequest request = MakePlanGroupRequest(params, lengths);
   request.set_include_rank_plans(true);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -261,11 +258,7 @@ TEST(ServiceTest, ADefaultServerPlansAGroupOf65536Ranks) {
   const RankLengths lengths = RandomLengths(kRanks, 65, /*max_sequences=*/4);
   const Plan expected = CorePlan(params, lengths);
 
-  v1::PlanGroupRequest request;
-  *request.mutable_spec() = MakeRequest(params, kRanks, 0, {}).spec();
-  for (const auto& rank : lengths) {
-    request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
-  }
+  v1::PlanGroupRequest request = MakePlanGroupRequest(params, lengths);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
   v1::PlanGroupResponse response;
@@ -312,11 +305,7 @@ TEST(ServiceTest, PlanGroupPlansByTheRanksSpeeds) {
   core_options.rank_speeds = speeds;
   const Plan expected = CorePlan(params, lengths, core_options);
 
-  v1::PlanGroupRequest request;
-  *request.mutable_spec() = MakeRequest(params, 8, 0, {}).spec();
-  for (const auto& rank : lengths) {
-    request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
-  }
+  v1::PlanGroupRequest request = MakePlanGroupRequest(params, lengths);
   request.mutable_rank_speeds()->Add(speeds.begin(), speeds.end());
   v1::PlanGroupResponse response;
   {
@@ -347,7 +336,8 @@ TEST(ServiceTest, PlanGroupPlansByTheRanksSpeeds) {
   }
   auto page = testing_util::HttpGet(server->metrics_port(), "/metrics");
   ASSERT_TRUE(page.ok()) << page.status();
-  EXPECT_THAT(*page, HasSubstr("knapformer_rank_speed{group=\"\",job_id=\"speed-job\",rank=\"3\"} 0.5"));
+  EXPECT_THAT(*page,
+              HasSubstr("knapformer_rank_speed{group=\"\",job_id=\"speed-job\",rank=\"3\"} 0.5"));
   EXPECT_THAT(*page, ::testing::Not(HasSubstr("rank=\"2\"")));
 
   for (const auto& [bad, message] :
@@ -379,13 +369,9 @@ TEST(ServiceTest, TheSpecsLocalityOverridesTheServersSetting) {
     for (v1::Locality locality : {v1::LOCALITY_PLANNER_DEFAULT, v1::LOCALITY_ON, v1::LOCALITY_OFF}) {
       SCOPED_TRACE(absl::StrCat("server locality ", server_locality, ", spec ",
                                 v1::Locality_Name(locality)));
-      v1::PlanGroupRequest request;
-      *request.mutable_spec() = MakeRequest(params, 16, 0, {}).spec();
+      v1::PlanGroupRequest request = MakePlanGroupRequest(params, lengths);
       request.mutable_spec()->set_step(params.step++);
       request.mutable_spec()->set_locality(locality);
-      for (const auto& rank : lengths) {
-        request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
-      }
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
       v1::PlanGroupResponse response;
@@ -1351,13 +1337,9 @@ TEST(ServiceTest, TheFittedGammaLivesAndDiesWithItsJob) {
     StepParams params;
     params.job_id = job;
     params.step = step;
-    v1::PlanGroupRequest request;
-    *request.mutable_spec() = MakeRequest(params, 8, 0, {}).spec();
+    v1::PlanGroupRequest request = MakePlanGroupRequest(params, RandomLengths(8, step + 1));
     request.mutable_spec()->set_incarnation(incarnation);
     request.mutable_spec()->set_use_fitted_gamma(true);
-    for (const auto& rank : RandomLengths(8, step + 1)) {
-      request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
-    }
     for (int r = 0; r < 8 && timed_ranks > 0; ++r) {
       *request.add_previous() = timing(step - 1, r, r < timed_ranks);
     }

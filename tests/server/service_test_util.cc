@@ -75,6 +75,17 @@ std::vector<v1::PlanRequest> MakeGroupRequests(const StepParams& params,
   return requests;
 }
 
+v1::PlanGroupRequest MakePlanGroupRequest(const StepParams& params, const RankLengths& lengths) {
+  v1::PlanGroupRequest request;
+  *request.mutable_spec() =
+      MakeRequest(params, static_cast<int32_t>(lengths.size()), 0, {}).spec();
+  request.mutable_ranks()->Reserve(static_cast<int>(lengths.size()));
+  for (const auto& rank : lengths) {
+    request.add_ranks()->mutable_sequence_lengths()->Add(rank.begin(), rank.end());
+  }
+  return request;
+}
+
 RankLengths RandomLengths(int32_t world_size, uint64_t seed, int max_sequences,
                           int64_t max_length) {
   uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;

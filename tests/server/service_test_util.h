@@ -41,6 +41,10 @@ v1::PlanRequest MakeRequest(const StepParams& params, int32_t world_size, int32_
 std::vector<v1::PlanRequest> MakeGroupRequests(const StepParams& params,
                                                const RankLengths& lengths);
 
+// The group's one PlanGroup request: the spec of MakeRequest for
+// lengths.size() ranks and every rank's lengths.
+v1::PlanGroupRequest MakePlanGroupRequest(const StepParams& params, const RankLengths& lengths);
+
 // Up to `max_sequences` sequences per rank of 0..max_length tokens, from `seed`.
 RankLengths RandomLengths(int32_t world_size, uint64_t seed, int max_sequences = 6,
                           int64_t max_length = 4096);
