@@ -178,6 +178,55 @@ TEST(MultifitTest, RandomPackingsAreCompleteAndWithinTheCapacityFound) {
   }
 }
 
+TEST(MultifitTest, EverySequenceGoesToTheFirstUsableBagWithRoom) {
+  // First-fit decreasing, replayed: at the one capacity tried (one round:
+  // the middle of [lo, hi]), sequence k must be in the first bag of
+  // [first[k], last[k]] with room for it then. Bag counts around the
+  // search tree's fan-out and its powers, where its padding starts.
+  uint64_t state = 7;
+  auto next = [&](int range) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<int32_t>((state >> 33) % range);
+  };
+  int packed = 0;
+  for (int32_t num_bags : {1, 7, 8, 9, 63, 64, 65, 511, 512, 513, 4097}) {
+    for (int trial = 0; trial < 4; ++trial) {
+      const std::vector<int32_t> gpus(num_bags, 1);
+      std::vector<double> workload;
+      for (int32_t i = 3 * num_bags; i > 0; --i) workload.push_back(1 + next(1000));
+      std::sort(workload.begin(), workload.end(), std::greater<double>());
+      std::vector<int32_t> first(workload.size()), last(workload.size());
+      double total = 0;
+      for (size_t k = 0; k < workload.size(); ++k) {
+        // Mostly every bag; some from a later bag, some short of the last
+        // (first fit fills from the left: the right half keeps room).
+        first[k] = next(4) == 0 ? next(num_bags) : 0;
+        const int32_t rest = num_bags - first[k];
+        last[k] = next(4) == 0 ? first[k] + rest / 2 + next(rest - rest / 2) : num_bags - 1;
+        total += workload[k];
+      }
+      const double capacity = 2 * total / num_bags + 1000;
+      std::vector<int32_t> bags;
+      std::vector<double> assigned;
+      // lo = hi = capacity: the one round tries exactly it.
+      if (!Multifit(gpus, workload, first, last, capacity, capacity * (1 + 1e-3), 1, 0.0, bags,
+                    assigned)) {
+        continue;
+      }
+      ++packed;
+      const double tried = capacity + capacity * 1e-3 / 2;
+      std::vector<double> room(num_bags, tried);
+      for (size_t k = 0; k < workload.size(); ++k) {
+        int32_t expected = first[k];
+        while (expected <= last[k] && room[expected] < workload[k]) ++expected;
+        ASSERT_EQ(bags[k], expected) << num_bags << " bags, trial " << trial << ", sequence " << k;
+        room[expected] -= workload[k];
+      }
+    }
+  }
+  EXPECT_GE(packed, 40);  // of 44: the check above must have run
+}
+
 TEST(MultifitTest, FillsEachBagToItsSpeedsCapacity) {
   // One GPU at 0.5, two at 1. The least loaded rule hands the 4 to bag 0,
   // the slow one (time 8); the best is 6 (at most a 2 on the slow GPU, 4 + 2
