@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "planner/parallel_for.h"
 #include "planner/rank_speeds.h"
+#include "planner/replica_packer.h"
 #include "planner/replica_solve.h"
 
 namespace knapformer {
@@ -301,6 +302,10 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& 
     // earlier one of its wave bounds out ends the replica, its result (and
     // the rest of the wave's) unused. So the choice, `solved` included, is
     // the same for any thread count.
+    // One sort for all the candidates: the order does not depend on the
+    // layout (each packer takes a copy and adds its home bags).
+    const SortedSequences sorted = internal::SortReplicaSequences(
+        cost, lengths, first_rank, group, first_sequence, masks);
     const int32_t threads = internal::SolverThreads(
         options, first_sequence[first_rank + group] - first_sequence[first_rank]);
     while (static_cast<int32_t>(trials.size()) < threads) trials.push_back(trials[0]);
@@ -324,9 +329,8 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& 
       internal::ParallelFor(static_cast<int32_t>(end - next), threads, [&](int32_t i) {
         const Candidate& candidate = candidates[next + i];
         std::vector<int32_t>& trial = trials[i];
-        outcomes[i].status = internal::AssignReplicaBags(*candidate.topology, cost, options,
-                                                         lengths, first_rank, first_sequence,
-                                                         trial, masks);
+        outcomes[i].status = internal::AssignReplicaBags(*candidate.topology, options, sorted,
+                                                         first_rank, first_sequence, trial);
         if (outcomes[i].status.ok()) {
           outcomes[i].step = PredictReplica(*candidate.topology, first_rank, lengths,
                                             first_sequence, trial, cost, prices, masks, speeds);

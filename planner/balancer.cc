@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "planner/parallel_for.h"
 #include "planner/rank_speeds.h"
+#include "planner/replica_packer.h"
 #include "planner/replica_solve.h"
 
 namespace knapformer {
@@ -51,9 +52,12 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
   internal::ParallelFor(
       world.num_replicas(), internal::SolverThreads(options, first_sequence.back()),
       [&](int32_t replica) {
-        assigned[replica] =
-            internal::AssignReplicaBags(world.replica_topology(replica), cost, options, lengths,
-                                        replica * group, first_sequence, bag_of, masks);
+        const int32_t first_rank = replica * group;
+        assigned[replica] = internal::AssignReplicaBags(
+            world.replica_topology(replica), options,
+            internal::SortReplicaSequences(cost, lengths, first_rank, group, first_sequence,
+                                           masks),
+            first_rank, first_sequence, bag_of);
       });
   for (const absl::Status& status : assigned) {
     if (!status.ok()) return status;

@@ -118,6 +118,65 @@ bool AnyMasked(const RankMasks* masks, int32_t first_rank, int32_t group) {
 
 }  // namespace
 
+SortedSequences SortReplicaSequences(const CostModel& cost,
+                                     const std::vector<std::vector<int64_t>>& lengths,
+                                     int32_t first_rank, int32_t group,
+                                     const std::vector<int32_t>& first_sequence,
+                                     const RankMasks* masks) {
+  // 24 bytes with the length in it: the sorts read their keys in order,
+  // where looking the length up by id was a cache miss per item and pass.
+  struct Item {
+    double workload;
+    uint32_t length;  // at most CostModel::kMaxLength (2^31)
+    int32_t id;       // global sequence id
+    int32_t rank;     // source rank, relative to first_rank
+  };
+  SortedSequences sorted;
+  std::vector<Item> items;
+  items.reserve(first_sequence[first_rank + group] - first_sequence[first_rank]);
+  for (int32_t rank = first_rank; rank < first_rank + group; ++rank) {
+    for (size_t i = 0; i < lengths[rank].size(); ++i) {
+      const int64_t length = lengths[rank][i];
+      if (length == 0) continue;
+      const double workload = cost.Workload(length, MaskOf(masks, rank, i));
+      sorted.total += workload;
+      items.push_back({workload, static_cast<uint32_t>(length),
+                       first_sequence[rank] + static_cast<int32_t>(i), rank - first_rank});
+    }
+  }
+  if (items.empty()) return sorted;
+  // Workload never falls as length grows (it grows strictly under the
+  // transformer and linear models; the uniform one prices all alike), so
+  // (length desc, id asc) orders by workload descending; a stable radix sort
+  // on lengths of items already in id order gives it in O(S), several times
+  // faster than std::sort here.
+  // Masks that are all full price exactly as none: the unmasked order and
+  // refinement, so that the plan is exactly the unmasked one.
+  sorted.masked = AnyMasked(masks, first_rank, group);
+  RadixSortDescending(items, [](const Item& item) { return uint64_t{item.length}; });
+  if (sorted.masked) {
+    // Under masks a longer sequence may cost less (causal vs full): by
+    // workload itself, ties by length (the linear part, for the uniform
+    // model) and id, as unmasked plans are ordered. A stable sort on the
+    // length order; std::sort with that comparison took 28% of planning
+    // masked data in g8 at 16384 GPUs (bench/planner_curve).
+    RadixSortDescending(items, [](const Item& item) { return BitsOf(item.workload); });
+  }
+  const int32_t n = static_cast<int32_t>(items.size());
+  SequenceTable& table = sorted.table;
+  table.workload.resize(n);
+  table.length.resize(n);
+  table.id.resize(n);
+  sorted.rank.resize(n);
+  for (int32_t k = 0; k < n; ++k) {
+    table.workload[k] = items[k].workload;
+    table.length[k] = items[k].length;
+    table.id[k] = items[k].id;
+    sorted.rank[k] = items[k].rank;
+  }
+  return sorted;
+}
+
 // The bags of one Pack, ordered by occupancy (workload per GPU) in a
 // MinTree, and under a token cap their tokens and the bags parked for want
 // of room. Reads and updates the pack's `assigned` (the bags' workloads);
@@ -217,18 +276,22 @@ class ReplicaPacker::BagQueue {
   std::priority_queue<std::pair<int64_t, int32_t>> parked_by_room_;
 };
 
-ReplicaPacker::ReplicaPacker(const Topology& topology, const CostModel& cost, int32_t refine_rounds,
+ReplicaPacker::ReplicaPacker(const Topology& topology, int32_t refine_rounds,
                              int64_t max_tokens_per_gpu, const std::vector<double>& rank_speeds,
-                             const std::vector<std::vector<int64_t>>& lengths, int32_t first_rank,
-                             const std::vector<int32_t>& first_sequence, const RankMasks* masks)
+                             SortedSequences sorted, int32_t first_rank,
+                             const std::vector<int32_t>& first_sequence)
     : first_sequence_(first_sequence),
       refine_rounds_(refine_rounds),
       cap_(max_tokens_per_gpu),
       group_(topology.group_size()),
       num_bags_(topology.num_bags()),
-      bags_(BagsOf(topology, first_rank, rank_speeds)) {
-  const double total = Tabulate(topology, cost, lengths, first_rank, masks);
+      bags_(BagsOf(topology, first_rank, rank_speeds)),
+      masked_(sorted.masked),
+      table_(std::move(sorted.table)) {
   if (empty()) return;
+  const int32_t n = table_.size();
+  table_.home_bag.resize(n);
+  for (int32_t k = 0; k < n; ++k) table_.home_bag[k] = topology.BagOfRank(sorted.rank[k]);
   // One speed: the sum is group_ exactly, so plans are the FLOP-balanced
   // ones bit for bit.
   double total_speed = 0;
@@ -237,67 +300,9 @@ ReplicaPacker::ReplicaPacker(const Topology& topology, const CostModel& cost, in
     total_speed += bags_.speed[b];
     fastest_through_[b] = std::max(b > 0 ? fastest_through_[b - 1] : 0.0, bags_.speed[b]);
   }
-  target_ = total / total_speed;
+  target_ = sorted.total / total_speed;
   uneven_ = bags_.uneven();
   FindUsableBags();
-}
-
-double ReplicaPacker::Tabulate(const Topology& topology, const CostModel& cost,
-                               const std::vector<std::vector<int64_t>>& lengths, int32_t first_rank,
-                               const RankMasks* masks) {
-  // 24 bytes with the length in it: the sorts read their keys in order,
-  // where looking the length up by id was a cache miss per item and pass.
-  struct Item {
-    double workload;
-    uint32_t length;   // at most CostModel::kMaxLength (2^31)
-    int32_t id;        // global sequence id
-    int32_t home_bag;  // the bag of its source rank
-  };
-  const int32_t first_id = first_sequence_[first_rank];
-  std::vector<Item> items;
-  items.reserve(first_sequence_[first_rank + group_] - first_id);
-  double total = 0;
-  for (int32_t rank = first_rank; rank < first_rank + group_; ++rank) {
-    const int32_t home_bag = topology.BagOfRank(rank - first_rank);
-    for (size_t i = 0; i < lengths[rank].size(); ++i) {
-      const int64_t length = lengths[rank][i];
-      if (length == 0) continue;
-      const double workload = cost.Workload(length, MaskOf(masks, rank, i));
-      total += workload;
-      items.push_back({workload, static_cast<uint32_t>(length),
-                       first_sequence_[rank] + static_cast<int32_t>(i), home_bag});
-    }
-  }
-  if (items.empty()) return total;
-  // Workload never falls as length grows (it grows strictly under the
-  // transformer and linear models; the uniform one prices all alike), so
-  // (length desc, id asc) orders by workload descending; a stable radix sort
-  // on lengths of items already in id order gives it in O(S), several times
-  // faster than std::sort here.
-  // Masks that are all full price exactly as none: the unmasked order and
-  // refinement, so that the plan is exactly the unmasked one.
-  masked_ = AnyMasked(masks, first_rank, group_);
-  RadixSortDescending(items, [](const Item& item) { return uint64_t{item.length}; });
-  if (masked_) {
-    // Under masks a longer sequence may cost less (causal vs full): by
-    // workload itself, ties by length (the linear part, for the uniform
-    // model) and id, as unmasked plans are ordered. A stable sort on the
-    // length order; std::sort with that comparison took 28% of planning
-    // masked data in g8 at 16384 GPUs (bench/planner_curve).
-    RadixSortDescending(items, [](const Item& item) { return BitsOf(item.workload); });
-  }
-  const int32_t n = static_cast<int32_t>(items.size());
-  table_.workload.resize(n);
-  table_.length.resize(n);
-  table_.id.resize(n);
-  table_.home_bag.resize(n);
-  for (int32_t k = 0; k < n; ++k) {
-    table_.workload[k] = items[k].workload;
-    table_.length[k] = items[k].length;
-    table_.id[k] = items[k].id;
-    table_.home_bag[k] = items[k].home_bag;
-  }
-  return total;
 }
 
 void ReplicaPacker::FindUsableBags() {

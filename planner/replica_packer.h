@@ -14,6 +14,17 @@
 namespace knapformer {
 namespace internal {
 
+// The non-empty sequences of the `group` ranks from `first_rank`,
+// heaviest first: workload (priced by `cost`, under `masks`: null or
+// empty, all full) descending, ties by length descending, then id
+// ascending. Masks that are all full order exactly as none. O(S) (radix
+// sorts). REQUIRES: the input passed CheckBalancerInput.
+SortedSequences SortReplicaSequences(const CostModel& cost,
+                                     const std::vector<std::vector<int64_t>>& lengths,
+                                     int32_t first_rank, int32_t group,
+                                     const std::vector<int32_t>& first_sequence,
+                                     const RankMasks* masks);
+
 // Phase 1 of BalanceGreedy (balancer.h) for one replica: chooses a bag for
 // each of its non-empty sequences. AssignReplicaBags (replica_solve.h) runs
 // the phases in this order, each on the placement the last one chose:
@@ -27,20 +38,18 @@ namespace internal {
 // thread-safe; one per replica and planning call.
 class ReplicaPacker {
  public:
-  // The replica of `topology` whose ranks start at `first_rank`:
-  // lengths[rank][i] (RankLengths, balancer.h) are its sequences' tokens,
-  // first_sequence[rank] the global id of each rank's first sequence
-  // (FirstSequences), `masks` (null or empty: all full) price each one's
-  // attention. `refine_rounds`, `max_tokens_per_gpu` and `rank_speeds`
-  // are BalancerOptions' (0: no refinement, no cap; empty: one speed).
-  // Every workload compared per bag is its time (replica_bags.h).
+  // The replica of `topology` whose ranks start at `first_rank`, its
+  // sequences as SortReplicaSequences gave them (taken over: auto passes
+  // each layout a copy of one sort); first_sequence[rank] the global id of
+  // each rank's first sequence (FirstSequences). `refine_rounds`,
+  // `max_tokens_per_gpu` and `rank_speeds` are BalancerOptions' (0: no
+  // refinement, no cap; empty: one speed). Every workload compared per bag
+  // is its time (replica_bags.h).
   // REQUIRES: the input passed CheckBalancerInput and, with masks,
   // CheckRankMasks.
-  ReplicaPacker(const Topology& topology, const CostModel& cost, int32_t refine_rounds,
-                int64_t max_tokens_per_gpu, const std::vector<double>& rank_speeds,
-                const std::vector<std::vector<int64_t>>& lengths,
-                int32_t first_rank, const std::vector<int32_t>& first_sequence,
-                const RankMasks* masks);
+  ReplicaPacker(const Topology& topology, int32_t refine_rounds, int64_t max_tokens_per_gpu,
+                const std::vector<double>& rank_speeds, SortedSequences sorted,
+                int32_t first_rank, const std::vector<int32_t>& first_sequence);
 
   ReplicaPacker(const ReplicaPacker&) = delete;
   ReplicaPacker& operator=(const ReplicaPacker&) = delete;
@@ -82,11 +91,6 @@ class ReplicaPacker {
  private:
   class BagQueue;
 
-  // Fills table_, heaviest first, and masked_; returns the sequences' total
-  // workload. Leaves table_ empty when the replica has no non-empty sequence.
-  double Tabulate(const Topology& topology, const CostModel& cost,
-                  const std::vector<std::vector<int64_t>>& lengths, int32_t first_rank,
-                  const RankMasks* masks);
   // Sets first_usable_ and last_usable_ from bags_, target_ and table_.
   void FindUsableBags();
 

@@ -53,12 +53,12 @@ std::vector<int32_t> FirstSequences(const RankLengths& lengths) {
   return first;
 }
 
-absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
-                               const BalancerOptions& options, const RankLengths& lengths,
-                               int32_t first_rank, const std::vector<int32_t>& first_sequence,
-                               std::vector<int32_t>& bag_of, const RankMasks* masks) {
-  ReplicaPacker packer(topology, cost, options.refine_rounds, options.max_tokens_per_gpu,
-                       options.rank_speeds, lengths, first_rank, first_sequence, masks);
+absl::Status AssignReplicaBags(const Topology& topology, const BalancerOptions& options,
+                               SortedSequences sorted, int32_t first_rank,
+                               const std::vector<int32_t>& first_sequence,
+                               std::vector<int32_t>& bag_of) {
+  ReplicaPacker packer(topology, options.refine_rounds, options.max_tokens_per_gpu,
+                       options.rank_speeds, std::move(sorted), first_rank, first_sequence);
   if (packer.empty()) return absl::OkStatus();
   if (absl::Status status = packer.PackGreedy(); !status.ok()) return status;
   packer.TryMultifit();

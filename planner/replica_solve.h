@@ -15,6 +15,7 @@
 #include "planner/balancer_options.h"
 #include "planner/cost_model.h"
 #include "planner/plan.h"
+#include "planner/sequence_table.h"
 #include "planner/topology.h"
 
 namespace knapformer {
@@ -24,14 +25,14 @@ namespace internal {
 std::vector<int32_t> FirstSequences(const RankLengths& lengths);
 
 // Phase 1 of BalanceGreedy for the replica of `topology` that starts at
-// `first_rank`: sets bag_of[id], for every non-empty sequence id of its
-// ranks, to a bag id of `topology` (replica-relative). ResourceExhausted
-// naming the sequence that fits under no bag's token cap. `masks` (null or
-// empty: all full) price each sequence's attention.
-absl::Status AssignReplicaBags(const Topology& topology, const CostModel& cost,
-                               const BalancerOptions& options, const RankLengths& lengths,
-                               int32_t first_rank, const std::vector<int32_t>& first_sequence,
-                               std::vector<int32_t>& bag_of, const RankMasks* masks = nullptr);
+// `first_rank`, whose sequences SortReplicaSequences (replica_packer.h)
+// gave as `sorted`: sets bag_of[id], for every non-empty sequence id of
+// its ranks, to a bag id of `topology` (replica-relative).
+// ResourceExhausted naming the sequence that fits under no bag's token cap.
+absl::Status AssignReplicaBags(const Topology& topology, const BalancerOptions& options,
+                               SortedSequences sorted, int32_t first_rank,
+                               const std::vector<int32_t>& first_sequence,
+                               std::vector<int32_t>& bag_of);
 
 // A plan of `world` with no sequences yet: its size, layout spec and global
 // bag tables (bag_first_rank, bag_gpus).

@@ -19,6 +19,17 @@ struct SequenceTable {
   int32_t size() const { return static_cast<int32_t>(workload.size()); }
 };
 
+// The same sequences before any layout: a SequenceTable in the packer's
+// order without home_bag, and each one's source rank (relative to its
+// replica's first). The order depends only on lengths, masks and the cost
+// model, so every layout auto tries for a replica shares one sort.
+struct SortedSequences {
+  SequenceTable table;        // home_bag empty
+  std::vector<int32_t> rank;  // rank[k]: sequence k's source rank in the replica
+  double total = 0;           // the sum of their workloads
+  bool masked = false;        // whether any has a mask other than full
+};
+
 }  // namespace knapformer
 
 #endif  // KNAPFORMER_PLANNER_SEQUENCE_TABLE_H_
