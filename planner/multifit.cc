@@ -1,6 +1,8 @@
 #include "planner/multifit.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -62,14 +64,14 @@ class RoomTree {
   int32_t FirstWithRoom(int32_t lo, int32_t hi, double need) const {
     size_t node = static_cast<size_t>(lo);
     size_t level = 0;
-    // After a level fails, node is the end of its group: node / kFanOut is
-    // the next node to the right one level up.
-    for (;; ++level, node /= kFanOut) {
-      if (level == levels_.size()) return -1;
+    for (;; ++level) {
+      // Past a level's end there is nothing to the right above it either.
+      if (level == levels_.size() || node >= levels_[level].size()) return -1;
       const std::vector<double>& nodes = levels_[level];
-      const size_t group_end = std::min(nodes.size(), (node / kFanOut + 1) * kFanOut);
+      const size_t group_end = (node / kFanOut + 1) * kFanOut;
       while (node < group_end && nodes[node] < need) ++node;
       if (node < group_end) break;
+      node = group_end / kFanOut;  // the next node to the right, one level up
     }
     for (; level > 0; --level) {
       node *= kFanOut;
@@ -83,10 +85,10 @@ class RoomTree {
   static constexpr size_t kFanOut = 8;
 
   double MaxOfChildren(size_t level, size_t node) const {
-    const double* child = &levels_[level - 1][node * kFanOut];
-    double value = child[0];
-    for (size_t i = 1; i < kFanOut; ++i) value = std::max(value, child[i]);
-    return value;
+    const double* c = &levels_[level - 1][node * kFanOut];
+    // Pairwise, so that the maxima do not wait on one another.
+    return std::max(std::max(std::max(c[0], c[1]), std::max(c[2], c[3])),
+                    std::max(std::max(c[4], c[5]), std::max(c[6], c[7])));
   }
 
   std::vector<std::vector<double>> levels_;
