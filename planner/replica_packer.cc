@@ -52,31 +52,40 @@ constexpr int32_t kRepairPartners = 8;
 // Stable LSD radix sort by an unsigned 64-bit key, descending. A digit all
 // keys share moves nothing and is skipped: lengths (under 2^31) take at
 // most 3 passes, and workloads, whose bits as an integer order like the
-// positive doubles they are, only the digits in which they differ.
+// positive doubles they are, only the digits in which they differ. Every
+// digit's counts come from one pass before the first move (counts do not
+// depend on the order): a counting pass per digit was half the passes.
 template <typename T, typename KeyFn>
 void RadixSortDescending(std::vector<T>& items, KeyFn key) {
   if (items.size() < 2) return;
   constexpr int kBits = 11;
   constexpr uint32_t kBuckets = 1u << kBits;
+  constexpr int kDigits = (64 + kBits - 1) / kBits;
+  // Descending: bucket by the complement of the digit.
+  auto digit = [](uint64_t k, int shift) {
+    return (kBuckets - 1) - static_cast<uint32_t>((k >> shift) & (kBuckets - 1));
+  };
   uint64_t all_bits = 0;
   for (const T& item : items) all_bits |= key(item);
+  int digits = 0;
+  while (digits < kDigits && (all_bits >> (digits * kBits)) != 0) ++digits;
+  std::vector<uint32_t> count(static_cast<size_t>(digits) * kBuckets, 0);
+  for (const T& item : items) {
+    const uint64_t k = key(item);
+    for (int d = 0; d < digits; ++d) ++count[d * kBuckets + digit(k, d * kBits)];
+  }
   std::vector<T> scratch(items.size());
-  std::vector<uint32_t> count(kBuckets);
-  for (int shift = 0; shift < 64 && (all_bits >> shift) != 0; shift += kBits) {
-    std::fill(count.begin(), count.end(), 0);
-    // Descending: bucket by the complement of the digit.
-    auto digit = [&](const T& item) {
-      return (kBuckets - 1) - static_cast<uint32_t>((key(item) >> shift) & (kBuckets - 1));
-    };
-    for (const T& item : items) ++count[digit(item)];
-    if (count[digit(items.front())] == items.size()) continue;
+  for (int d = 0; d < digits; ++d) {
+    const int shift = d * kBits;
+    uint32_t* bucket = &count[d * kBuckets];
+    if (bucket[digit(key(items.front()), shift)] == items.size()) continue;
     uint32_t sum = 0;
-    for (uint32_t& c : count) {
-      const uint32_t n = c;
-      c = sum;
+    for (uint32_t b = 0; b < kBuckets; ++b) {
+      const uint32_t n = bucket[b];
+      bucket[b] = sum;
       sum += n;
     }
-    for (const T& item : items) scratch[count[digit(item)]++] = item;
+    for (const T& item : items) scratch[bucket[digit(key(item), shift)]++] = item;
     items.swap(scratch);
   }
 }
@@ -123,25 +132,28 @@ SortedSequences SortReplicaSequences(const CostModel& cost,
                                      int32_t first_rank, int32_t group,
                                      const std::vector<int32_t>& first_sequence,
                                      const RankMasks* masks) {
-  // 24 bytes with the length in it: the sorts read their keys in order,
-  // where looking the length up by id was a cache miss per item and pass.
+  // 16 bytes with the length in it: the sorts read their keys in order
+  // (looking the length up by id was a cache miss per item and pass) and
+  // move little; the source rank is looked up once, after them.
   struct Item {
     double workload;
     uint32_t length;  // at most CostModel::kMaxLength (2^31)
     int32_t id;       // global sequence id
-    int32_t rank;     // source rank, relative to first_rank
   };
   SortedSequences sorted;
+  const int32_t first_id = first_sequence[first_rank];
   std::vector<Item> items;
-  items.reserve(first_sequence[first_rank + group] - first_sequence[first_rank]);
+  items.reserve(first_sequence[first_rank + group] - first_id);
+  std::vector<int32_t> rank_of(first_sequence[first_rank + group] - first_id);
   for (int32_t rank = first_rank; rank < first_rank + group; ++rank) {
     for (size_t i = 0; i < lengths[rank].size(); ++i) {
       const int64_t length = lengths[rank][i];
       if (length == 0) continue;
       const double workload = cost.Workload(length, MaskOf(masks, rank, i));
       sorted.total += workload;
-      items.push_back({workload, static_cast<uint32_t>(length),
-                       first_sequence[rank] + static_cast<int32_t>(i), rank - first_rank});
+      const int32_t id = first_sequence[rank] + static_cast<int32_t>(i);
+      items.push_back({workload, static_cast<uint32_t>(length), id});
+      rank_of[id - first_id] = rank - first_rank;
     }
   }
   if (items.empty()) return sorted;
@@ -172,7 +184,7 @@ SortedSequences SortReplicaSequences(const CostModel& cost,
     table.workload[k] = items[k].workload;
     table.length[k] = items[k].length;
     table.id[k] = items[k].id;
-    sorted.rank[k] = items[k].rank;
+    sorted.rank[k] = rank_of[items[k].id - first_id];
   }
   return sorted;
 }
