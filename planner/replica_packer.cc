@@ -249,11 +249,19 @@ class ReplicaPacker::BagQueue {
     }
   }
 
-  // Adds sequence k of the table to bag b.
-  void Take(int32_t b, int32_t k) {
+  // Adds sequence k of the table to bag b. With `rekey_now`, b's key is
+  // updated at once: a bag LeastOccupied just returned is the tree's
+  // minimum, so marking it stale would only make the next query find it,
+  // update it and ask again (the greedy's every sequence); the home-first
+  // pack adds to homes that may never surface, and marks them.
+  void Take(int32_t b, int32_t k, bool rekey_now) {
     if (packer_.cap_ > 0) tokens_[b] += packer_.table_.length[k];
     assigned_[b] += packer_.table_.workload[k];
-    stale_[b] = 1;
+    if (rekey_now) {
+      occupancy_.Set(b, OccupancyOf(b));
+    } else {
+      stale_[b] = 1;
+    }
   }
 
  private:
@@ -409,13 +417,14 @@ bool ReplicaPacker::Pack(double home_cap, std::vector<int32_t>& bags,
         bag = home;
       }
     }
+    const bool home = bag >= 0;
     if (bag < 0) bag = queue.LeastOccupied(first_usable_[k], last_usable_[k], length[k]);
     if (bag < 0 && first_usable_[k] > 0) bag = queue.LeastOccupied(0, last_usable_[k], length[k]);
     if (bag < 0) {
       unplaced_ = k;
       return false;
     }
-    queue.Take(bag, k);
+    queue.Take(bag, k, /*rekey_now=*/!home);
     bags[k] = bag;
   }
   return true;
