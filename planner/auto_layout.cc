@@ -177,9 +177,13 @@ absl::Status AutoLayout::CheckChosen(const World& world, const Machine& machine)
   return absl::OkStatus();
 }
 
-absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& cost,
-                                     const CommPrices& prices, const BalancerInput& input,
-                                     const BalancerOptions& options) {
+namespace {
+
+// BalanceAuto's plan without plan.masks (BuildPlan leaves them to the caller).
+absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const CostModel& cost,
+                                              const CommPrices& prices,
+                                              const BalancerInput& input,
+                                              const BalancerOptions& options) {
   absl::StatusOr<AutoShape> shape = layout.Resolve(input.world_size(), prices.machine());
   if (!shape.ok()) return shape.status();
   const int32_t group = shape->group;
@@ -371,6 +375,16 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& 
   return AutoPlan{*std::move(plan), *std::move(world), predicted, considered, solved};
 }
 
+}  // namespace
+
+absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& cost,
+                                     const CommPrices& prices, const BalancerInput& input,
+                                     const BalancerOptions& options) {
+  absl::StatusOr<AutoPlan> planned = AutoPlanWithoutMasks(layout, cost, prices, input, options);
+  if (planned.ok() && input.masks() != nullptr) planned->plan.masks = *input.masks();
+  return planned;
+}
+
 absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_size,
                                      const CostModel& cost, const CommPrices& prices,
                                      const RankLengths& lengths,
@@ -383,7 +397,9 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_siz
       BalancerInput::Check(static_cast<int32_t>(world_size), lengths,
                            masks ? *masks : RankMasks(), options.limits);
   if (!input.ok()) return input.status();
-  return BalanceAuto(layout, cost, prices, *input, options);
+  absl::StatusOr<AutoPlan> planned = AutoPlanWithoutMasks(layout, cost, prices, *input, options);
+  if (planned.ok()) planned->plan.masks = std::move(*input).TakeMasks();
+  return planned;
 }
 
 }  // namespace knapformer

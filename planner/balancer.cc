@@ -29,8 +29,12 @@ int32_t SolverThreads(const BalancerOptions& options, int64_t sequences) {
 
 }  // namespace internal
 
-absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
-                                   const BalancerInput& input, const BalancerOptions& options) {
+namespace {
+
+// BalanceGreedy's plan without plan.masks (BuildPlan leaves them to the caller).
+absl::StatusOr<Plan> PlanWithoutMasks(const World& world, const CostModel& cost,
+                                      const BalancerInput& input,
+                                      const BalancerOptions& options) {
   if (absl::Status status = BalancerInput::CheckRanks(input.world_size(), world.world_size());
       !status.ok()) {
     return status;
@@ -66,6 +70,15 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                              bag_of, masks);
 }
 
+}  // namespace
+
+absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
+                                   const BalancerInput& input, const BalancerOptions& options) {
+  absl::StatusOr<Plan> plan = PlanWithoutMasks(world, cost, input, options);
+  if (plan.ok() && input.masks() != nullptr) plan->masks = *input.masks();
+  return plan;
+}
+
 absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                                    const RankLengths& lengths, const BalancerOptions& options,
                                    const RankMasks* masks) {
@@ -73,7 +86,9 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
       BalancerInput::Check(world.world_size(), lengths, masks ? *masks : RankMasks(),
                            options.limits);
   if (!input.ok()) return input.status();
-  return BalanceGreedy(world, cost, *input, options);
+  absl::StatusOr<Plan> plan = PlanWithoutMasks(world, cost, *input, options);
+  if (plan.ok()) plan->masks = std::move(*input).TakeMasks();
+  return plan;
 }
 
 }  // namespace knapformer

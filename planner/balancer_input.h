@@ -30,6 +30,9 @@ class BalancerInput {
   const RankLengths& lengths() const { return lengths_; }
   // Null when no rank gave masks.
   const RankMasks* masks() const { return masks_.empty() ? nullptr : &masks_; }
+  // The masks, moved out: for a caller done with the input (a plan keeps
+  // them) that would otherwise copy every one.
+  RankMasks TakeMasks() && { return std::move(masks_); }
 
   // InvalidArgument unless `ranks` lists of lengths are for a world of
   // `world_size` ranks: what takes an input checks it is its world's.

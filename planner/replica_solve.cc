@@ -95,7 +95,6 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
 
   Plan plan = EmptyPlanOf(world);
   plan.rank_first_sequence = std::move(first_sequence);
-  if (masks != nullptr) plan.masks = *masks;
   const int32_t num_sequences = plan.rank_first_sequence[world_size];
 
   // Chunk count first, so an oversized plan fails before it is allocated.
@@ -139,7 +138,9 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
       seq.length = length;
       seq.first_chunk = next_chunk();
       const AttentionMask* mask = MaskOf(masks, rank, i);
-      plan.workload_before[rank] += cost.Workload(length, mask);
+      // Workload(length, mask) exactly, its attention priced once.
+      const double attention = cost.Attention(length, mask);
+      plan.workload_before[rank] += cost.Linear(length) + attention;
       if (bag_of[base + i] < 0) continue;
       const int32_t bag = first_bag + bag_of[base + i];
       const int32_t gpus = plan.bag_gpus[bag];
@@ -165,7 +166,7 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
       }
       rotation[bag] = (start + extra) % gpus;
       seq.num_chunks = next_chunk() - seq.first_chunk;
-      bag_attention[bag] += cost.Attention(length, mask);
+      bag_attention[bag] += attention;
     }
   }
   for (int32_t bag = 0; bag < total_bags; ++bag) {

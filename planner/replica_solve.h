@@ -39,7 +39,10 @@ absl::Status AssignReplicaBags(const Topology& topology, const BalancerOptions& 
 Plan EmptyPlanOf(const World& world);
 
 // Phase 2: the plan (chunks, workloads, indexes) of replica-relative bags
-// `bag_of` on `world`. ResourceExhausted past limits.max_chunks.
+// `bag_of` on `world`, `masks` pricing the workloads. plan.masks is left
+// empty for the caller to fill: by a move where it owns the input (one
+// copy of every mask less, 9% of planning masked data in g1 at 65,536
+// GPUs was copying them twice). ResourceExhausted past limits.max_chunks.
 absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
                                const RankLengths& lengths, const BalancerLimits& limits,
                                std::vector<int32_t> first_sequence,

@@ -72,6 +72,34 @@ double TrueMaxOverMean(const Plan& plan) {
   return ComputeBalanceStats(plan.workload_after).max_over_mean;
 }
 
+TEST(MaskedBalancerTest, EveryWayInGivesThePlanItsMasks) {
+  // The plan keeps the masks (each rank's slice hands them to its attention
+  // kernel): copied from a checked input the caller keeps, moved from the
+  // input the lengths overloads check themselves, for both balancers.
+  const World world = MakeWorld("g1n2+g2n1+g4n1", 16);
+  const CostModel cost = *CostModel::Create(2048, 0.49);
+  const MaskedStep step = RandomStep(16, 3);
+  const BalancerInput input = *BalancerInput::Check(16, step.lengths, step.masks, BalancerLimits());
+  const AutoLayout layout = *AutoLayout::Parse("auto:max_bag=4");
+  const CommPrices prices = *CommPrices::Create(Machine(), cost, 2 * 3072);
+  auto from_lengths = BalanceGreedy(world, cost, step.lengths, BalancerOptions(), &step.masks);
+  auto from_input = BalanceGreedy(world, cost, input, BalancerOptions());
+  auto auto_lengths =
+      BalanceAuto(layout, 16, cost, prices, step.lengths, BalancerOptions(), &step.masks);
+  auto auto_input = BalanceAuto(layout, cost, prices, input, BalancerOptions());
+  ASSERT_TRUE(from_lengths.ok() && from_input.ok() && auto_lengths.ok() && auto_input.ok());
+  EXPECT_EQ(from_lengths->masks, step.masks);
+  EXPECT_EQ(from_input->masks, step.masks);
+  EXPECT_EQ(auto_lengths->plan.masks, step.masks);
+  EXPECT_EQ(auto_input->plan.masks, step.masks);
+  EXPECT_EQ(*input.masks(), step.masks);  // the caller's input keeps its own
+  EXPECT_FALSE(from_lengths->Slice(0).attention_masks.empty());
+  // Without masks the plan has none.
+  auto plain = BalanceGreedy(world, cost, step.lengths);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->masks.empty());
+}
+
 TEST(MaskedBalancerTest, FullMasksGiveExactlyTheUnmaskedPlan) {
   const World world = MakeWorld("g1n2+g2n1+g4n1", 16);
   const CostModel cost = *CostModel::Create(2048, 0.49);
