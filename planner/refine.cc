@@ -63,11 +63,17 @@ void RefineBags(const ReplicaBags& replica, int32_t max_rounds,
     // light bag around a - delta* can be best: O(n log n), not O(n^2).
     const double level_delta =
         (heavy_load - light_load) / (1.0 / speed[heavy] + 1.0 / speed[light]);
+    // A bag stays sorted until it takes a sequence (relocate appends), and
+    // the lightest bags are tried round after round: checking first is
+    // O(n), sorting again O(n log n) with two loads per comparison.
     std::vector<int32_t>& candidates = members.Mutable(light);
-    std::sort(candidates.begin(), candidates.end(), [&](int32_t x, int32_t y) {
+    auto lighter = [&](int32_t x, int32_t y) {
       if (workload[x] != workload[y]) return workload[x] < workload[y];
       return id[x] < id[y];
-    });
+    };
+    if (!std::is_sorted(candidates.begin(), candidates.end(), lighter)) {
+      std::sort(candidates.begin(), candidates.end(), lighter);
+    }
     for (int32_t i : members.Get(heavy)) {
       if (!fits(i, light)) continue;
       const double want = workload[i] - level_delta;
