@@ -297,6 +297,10 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
                        return a.lower_bound < b.lower_bound;
                      });
     considered += static_cast<int32_t>(candidates.size());
+    // One sort for all the candidates: the order does not depend on the
+    // layout (each packer takes a copy and adds its home bags).
+    const SortedSequences sorted = internal::SortReplicaSequences(
+        cost, lengths, first_rank, group, first_sequence, masks);
     const Candidate* best = nullptr;
     PredictedStep best_step;
     absl::Status first_error;
@@ -306,10 +310,6 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
     // earlier one of its wave bounds out ends the replica, its result (and
     // the rest of the wave's) unused. So the choice, `solved` included, is
     // the same for any thread count.
-    // One sort for all the candidates: the order does not depend on the
-    // layout (each packer takes a copy and adds its home bags).
-    const SortedSequences sorted = internal::SortReplicaSequences(
-        cost, lengths, first_rank, group, first_sequence, masks);
     const int32_t threads = internal::SolverThreads(
         options, first_sequence[first_rank + group] - first_sequence[first_rank]);
     while (static_cast<int32_t>(trials.size()) < threads) trials.push_back(trials[0]);

@@ -28,14 +28,14 @@ constexpr double kResolution = 1e-4;
 class RoomTree {
  public:
   explicit RoomTree(const std::vector<double>& room) {
-    // levels_[0] the bags (padded with -inf, which fits nothing), up to a
-    // level of one node.
+    // levels_[0] the bags, each level padded to whole groups of kFanOut
+    // with -inf (which fits nothing), up to a level of one group.
     size_t size = room.size();
     do {
       size = (size + kFanOut - 1) / kFanOut * kFanOut;
       levels_.emplace_back(size, -std::numeric_limits<double>::infinity());
       size /= kFanOut;
-    } while (levels_.size() < 2 || levels_.back().size() > kFanOut);
+    } while (levels_.back().size() > kFanOut);
     std::copy(room.begin(), room.end(), levels_[0].begin());
     for (size_t level = 1; level < levels_.size(); ++level) {
       // Nodes past the children below (padding) stay -inf.
