@@ -1,0 +1,93 @@
+#include "planner/refine.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "planner/replica_bags.h"
+#include "planner/sequence_table.h"
+
+namespace knapformer {
+namespace {
+
+// Sequences of the given workloads (heaviest first, as packers hand them
+// over), each long enough for any bag, ids in order.
+SequenceTable TableOf(const std::vector<double>& workload) {
+  SequenceTable table;
+  table.workload = workload;
+  for (size_t i = 0; i < workload.size(); ++i) {
+    table.length.push_back(1024);
+    table.id.push_back(static_cast<int32_t>(i));
+    table.home_bag.push_back(0);
+  }
+  return table;
+}
+
+std::vector<double> AssignedOf(const SequenceTable& table, const std::vector<int32_t>& bag,
+                               int32_t num_bags) {
+  std::vector<double> assigned(num_bags, 0.0);
+  for (int32_t i = 0; i < table.size(); ++i) assigned[bag[i]] += table.workload[i];
+  return assigned;
+}
+
+TEST(RefineTest, MovesFromTheHeaviestBagToTheLightest) {
+  // 6 + 2 | 1: moving the 2 levels them at 6 | 3.
+  const ReplicaBags bags({1, 1});
+  const SequenceTable table = TableOf({6, 2, 1});
+  std::vector<int32_t> bag = {0, 0, 1};
+  std::vector<double> assigned = AssignedOf(table, bag, 2);
+  RefineBags(bags, 256, table, bag, assigned);
+  EXPECT_EQ(bag, (std::vector<int32_t>{0, 1, 1}));
+  EXPECT_EQ(assigned, (std::vector<double>{6, 3}));
+}
+
+TEST(RefineTest, EndsWhenTheHeaviestBagGainsNothing) {
+  // Bag 0 holds one sequence of 10: no move or swap lowers it, so the
+  // maximum is final and refinement ends there. Bags 1 (6 + 1) and 3 (1)
+  // could still trade the 1, but that would lower no maximum; the bags stay
+  // exactly as they came.
+  const ReplicaBags bags({1, 1, 1, 1});
+  const SequenceTable table = TableOf({10, 6, 3, 1, 1});
+  const std::vector<int32_t> before = {0, 1, 2, 1, 3};
+  for (int32_t partners : {1, 4}) {
+    std::vector<int32_t> bag = before;
+    std::vector<double> assigned = AssignedOf(table, bag, 4);
+    RefineBags(bags, 256, table, bag, assigned, partners);
+    EXPECT_EQ(bag, before) << partners << " partners";
+    EXPECT_EQ(assigned, (std::vector<double>{10, 7, 3, 1})) << partners << " partners";
+  }
+}
+
+TEST(RefineTest, TriesTheNextPartnersBeforeItEnds) {
+  // Bag 0 = 7 + 3 (10) gains nothing with the least loaded bag 1 = 4 + 4
+  // (8): a move leaves 11 or more, a swap 7 <-> 4 gives 7 | 11. With bag
+  // 2 = 6 + 2.5 (8.5), the second least loaded, a swap lowers it to 9.5.
+  const ReplicaBags bags({1, 1, 1});
+  const SequenceTable table = TableOf({7, 6, 4, 4, 3, 2.5});
+  const std::vector<int32_t> before = {0, 2, 1, 1, 0, 2};
+  std::vector<int32_t> bag = before;
+  std::vector<double> assigned = AssignedOf(table, bag, 3);
+  RefineBags(bags, 256, table, bag, assigned, /*partners=*/1);
+  EXPECT_EQ(bag, before);
+
+  RefineBags(bags, 256, table, bag, assigned, /*partners=*/2);
+  EXPECT_LE(*std::max_element(assigned.begin(), assigned.end()), 9.5);
+  EXPECT_EQ(assigned, AssignedOf(table, bag, 3));
+}
+
+TEST(RefineTest, StopsAfterMaxRounds) {
+  // 4 + 4 + 4 + 4 | 0 | 0 | 0: each round moves one 4 to the lightest bag
+  // and takes one round; after one round, 12 | 4 | 0 | 0.
+  const ReplicaBags bags({1, 1, 1, 1});
+  const SequenceTable table = TableOf({4, 4, 4, 4, 0.5});
+  std::vector<int32_t> bag = {0, 0, 0, 0, 1};
+  std::vector<double> assigned = AssignedOf(table, bag, 4);
+  RefineBags(bags, 1, table, bag, assigned);
+  EXPECT_EQ(assigned[0], 12);
+  RefineBags(bags, 256, table, bag, assigned);
+  EXPECT_EQ(assigned[0], 4);
+}
+
+}  // namespace
+}  // namespace knapformer
