@@ -76,6 +76,19 @@ TEST(RefineTest, TriesTheNextPartnersBeforeItEnds) {
   EXPECT_EQ(assigned, AssignedOf(table, bag, 3));
 }
 
+TEST(RefineTest, OfEquallyLoadedBagsTheHighestIdIsTheHeaviest) {
+  // Bags 0 (one sequence of 5) and 1 (3 + 2) tie at 5. Bag 1 counts as the
+  // heaviest and gives its 2 to bag 2 (1 + 2 = 3); then bag 0 is the
+  // heaviest, with nothing to gain, and refinement ends.
+  const ReplicaBags bags({1, 1, 1});
+  const SequenceTable table = TableOf({5, 3, 2, 1});
+  std::vector<int32_t> bag = {0, 1, 1, 2};
+  std::vector<double> assigned = AssignedOf(table, bag, 3);
+  RefineBags(bags, 256, table, bag, assigned, /*partners=*/4);
+  EXPECT_EQ(bag, (std::vector<int32_t>{0, 1, 2, 2}));
+  EXPECT_EQ(assigned, (std::vector<double>{5, 3, 3}));
+}
+
 TEST(RefineTest, StopsAfterMaxRounds) {
   // 4 + 4 + 4 + 4 | 0 | 0 | 0: each round moves one 4 to the lightest bag
   // and takes one round; after one round, 12 | 4 | 0 | 0.
