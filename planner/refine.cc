@@ -30,6 +30,12 @@ void RefineBags(const ReplicaBags& replica, int32_t max_rounds,
     const int64_t length = sequences.length[i];
     return gpus[b] <= length || (length < gpus[0] && gpus[b] == gpus[0]);
   };
+  // Built from a sorted vector: linear, where inserting bag by bag is not.
+  std::vector<std::pair<double, int32_t>> by_load(num_bags);
+  for (int32_t b = 0; b < num_bags; ++b) by_load[b] = {load(b), b};
+  std::sort(by_load.begin(), by_load.end());
+  std::set<std::pair<double, int32_t>> order(by_load.begin(), by_load.end());
+  std::vector<char> stuck(num_bags, 0);
 
   // The best move or swap between `heavy` and `light`, or none.
   struct Change {
@@ -90,14 +96,29 @@ void RefineBags(const ReplicaBags& replica, int32_t max_rounds,
     return change;
   };
 
-  // The first change for `heavy` with the bags of [first, last), (load, id)
-  // ascending: the least loaded first, then the next ones up to `partners`;
-  // `light` is its partner, -1 if none.
-  auto level = [&](int32_t heavy, auto first, auto last, int32_t& light) {
-    light = -1;
+  for (int32_t round = 0; round < max_rounds; ++round) {
+    int32_t heavy = -1;
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      if (!stuck[it->second]) {
+        heavy = it->second;
+        break;
+      }
+    }
+    if (heavy < 0 || heavy == order.begin()->second) break;
+    // The least loaded bag first, then the next ones up to `partners`, for
+    // the heaviest bag of all, whose load is the plan's maximum. Once it is
+    // stuck the maximum is final (it is never tried again, and a change
+    // leaves both its bags below the larger load they had), and the bags
+    // below it are levelled with the least loaded bag alone: searching
+    // every partner for each of them in turn, until each was stuck, never
+    // changed the maximum and was quadratic in the bags up to `partners` of
+    // them: 2.6-3.1x per doubling of the masked layouts from 64 to 512 GPUs
+    // (bench/planner_curve).
+    const int32_t tries = heavy == order.rbegin()->second ? std::max(1, partners) : 1;
+    int32_t light = -1;
     Change change;
     int32_t tried = 0;
-    for (auto it = first; it != last && tried < std::max(1, partners); ++it) {
+    for (auto it = order.begin(); it != order.end() && tried < tries; ++it) {
       if (it->second == heavy) break;  // the rest are at least as loaded
       ++tried;
       change = best_change(heavy, it->second);
@@ -106,43 +127,10 @@ void RefineBags(const ReplicaBags& replica, int32_t max_rounds,
         break;
       }
     }
-    return change;
-  };
-
-  if (max_rounds <= 0) return;
-  std::vector<std::pair<double, int32_t>> by_load(num_bags);
-  for (int32_t b = 0; b < num_bags; ++b) by_load[b] = {load(b), b};
-  {
-    // The first round needs only the heaviest bag and the few lightest.
-    // Where it finds nothing (a plan at its bound, whose heaviest bag is one
-    // sequence: g1, g2 and g4 on the bench's data), refinement ends without
-    // ordering every bag, which was 15% of planning g1 at 65,536 GPUs.
-    const int32_t heavy = std::max_element(by_load.begin(), by_load.end())->second;
-    // One more than `partners`: the heaviest may be among them.
-    const auto lightest = by_load.begin() + std::min<int64_t>(std::max(1, partners) + 1, num_bags);
-    std::partial_sort(by_load.begin(), lightest, by_load.end());
-    if (heavy == by_load.front().second) return;
-    int32_t light;
-    level(heavy, by_load.begin(), lightest, light);
-    if (light < 0) return;
-  }
-  // Built from a sorted vector: linear, where inserting bag by bag is not.
-  std::sort(by_load.begin(), by_load.end());
-  std::set<std::pair<double, int32_t>> order(by_load.begin(), by_load.end());
-  // The rounds, the first one again (it finds the same change).
-  for (int32_t round = 0; round < max_rounds; ++round) {
-    const int32_t heavy = order.rbegin()->second;
-    if (heavy == order.begin()->second) break;
-    int32_t light;
-    const Change change = level(heavy, order.begin(), order.end(), light);
-    // The heaviest bag can gain nothing with its partners, so refinement
-    // ends: the maximum is where it stays. It once went on to level the
-    // bags below, each in turn until it too gained nothing, which never
-    // lowered the maximum (a bag found stuck was never tried again) and
-    // cost a search of every partner per bag: quadratic in the bags up to
-    // `partners` of them, 2.6-2.7x per doubling of the masked layouts from
-    // 64 to 512 GPUs (bench/planner_curve).
-    if (light < 0) break;
+    if (light < 0) {
+      stuck[heavy] = 1;
+      continue;
+    }
 
     order.erase({load(heavy), heavy});
     order.erase({load(light), light});

@@ -42,24 +42,36 @@ TEST(RefineTest, MovesFromTheHeaviestBagToTheLightest) {
   EXPECT_EQ(assigned, (std::vector<double>{6, 3}));
 }
 
-TEST(RefineTest, EndsWhenTheHeaviestBagGainsNothing) {
-  // Bag 0 holds one sequence of 10: no move or swap lowers it, so the
-  // maximum is final and refinement ends there. Bags 1 (6 + 1) and 3 (1)
-  // could still trade the 1, but that would lower no maximum; the bags stay
-  // exactly as they came.
+TEST(RefineTest, LevelsTheBagsBelowAStuckHeaviestWithTheLightest) {
+  // Bag 0 holds one sequence of 10: no move or swap lowers it, so it is
+  // stuck and the maximum is final. Bag 1 (6 + 1) then gives its 1 to the
+  // lightest bag, 3 (1 + 1 = 2): the minimum rises, the maximum stays.
   const ReplicaBags bags({1, 1, 1, 1});
   const SequenceTable table = TableOf({10, 6, 3, 1, 1});
-  const std::vector<int32_t> before = {0, 1, 2, 1, 3};
-  for (int32_t partners : {1, 4}) {
-    std::vector<int32_t> bag = before;
-    std::vector<double> assigned = AssignedOf(table, bag, 4);
-    RefineBags(bags, 256, table, bag, assigned, partners);
-    EXPECT_EQ(bag, before) << partners << " partners";
-    EXPECT_EQ(assigned, (std::vector<double>{10, 7, 3, 1})) << partners << " partners";
-  }
+  std::vector<int32_t> bag = {0, 1, 2, 1, 3};
+  std::vector<double> assigned = AssignedOf(table, bag, 4);
+  RefineBags(bags, 256, table, bag, assigned);
+  EXPECT_EQ(bag, (std::vector<int32_t>{0, 1, 2, 3, 3}));
+  EXPECT_EQ(assigned, (std::vector<double>{10, 6, 3, 2}));
 }
 
-TEST(RefineTest, TriesTheNextPartnersBeforeItEnds) {
+TEST(RefineTest, OnlyTheHeaviestBagTriesMorePartners) {
+  // Bag 0 (one sequence of 11) is stuck. Bag 1 = 7 + 3 (10) gains nothing
+  // with the least loaded bag 2 = 4 + 4 (8), but would with bag 3 = 6 + 2.5
+  // (8.5): a swap to 9.5. The maximum (11) is final by then, so bag 1 tries
+  // the least loaded bag alone, however many partners the heaviest may try,
+  // and nothing moves.
+  const ReplicaBags bags({1, 1, 1, 1});
+  const SequenceTable table = TableOf({11, 7, 6, 4, 4, 3, 2.5});
+  const std::vector<int32_t> before = {0, 1, 3, 2, 2, 1, 3};
+  std::vector<int32_t> bag = before;
+  std::vector<double> assigned = AssignedOf(table, bag, 4);
+  RefineBags(bags, 256, table, bag, assigned, /*partners=*/4);
+  EXPECT_EQ(bag, before);
+  EXPECT_EQ(assigned, (std::vector<double>{11, 10, 8, 8.5}));
+}
+
+TEST(RefineTest, TheHeaviestBagTriesTheNextPartners) {
   // Bag 0 = 7 + 3 (10) gains nothing with the least loaded bag 1 = 4 + 4
   // (8): a move leaves 11 or more, a swap 7 <-> 4 gives 7 | 11. With bag
   // 2 = 6 + 2.5 (8.5), the second least loaded, a swap lowers it to 9.5.
@@ -79,7 +91,7 @@ TEST(RefineTest, TriesTheNextPartnersBeforeItEnds) {
 TEST(RefineTest, OfEquallyLoadedBagsTheHighestIdIsTheHeaviest) {
   // Bags 0 (one sequence of 5) and 1 (3 + 2) tie at 5. Bag 1 counts as the
   // heaviest and gives its 2 to bag 2 (1 + 2 = 3); then bag 0 is the
-  // heaviest, with nothing to gain, and refinement ends.
+  // heaviest, with nothing to gain, and bags 1 and 2 are level.
   const ReplicaBags bags({1, 1, 1});
   const SequenceTable table = TableOf({5, 3, 2, 1});
   std::vector<int32_t> bag = {0, 1, 1, 2};
