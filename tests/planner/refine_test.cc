@@ -102,8 +102,8 @@ TEST(RefineTest, OfEquallyLoadedBagsTheHighestIdIsTheHeaviest) {
 }
 
 TEST(RefineTest, StopsAfterMaxRounds) {
-  // 4 + 4 + 4 + 4 | 0 | 0 | 0: each round moves one 4 to the lightest bag
-  // and takes one round; after one round, 12 | 4 | 0 | 0.
+  // 4 + 4 + 4 + 4 | 0.5 | 0 | 0: a round moves one 4 to the least loaded
+  // bag, so one round leaves 12 | 0.5 | 4 | 0, and the rest level bag 0 at 4.
   const ReplicaBags bags({1, 1, 1, 1});
   const SequenceTable table = TableOf({4, 4, 4, 4, 0.5});
   std::vector<int32_t> bag = {0, 0, 0, 0, 1};
