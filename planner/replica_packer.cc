@@ -417,14 +417,14 @@ bool ReplicaPacker::Pack(double home_cap, std::vector<int32_t>& bags,
         bag = home;
       }
     }
-    const bool home = bag >= 0;
+    const bool at_home = bag >= 0;
     if (bag < 0) bag = queue.LeastOccupied(first_usable_[k], last_usable_[k], length[k]);
     if (bag < 0 && first_usable_[k] > 0) bag = queue.LeastOccupied(0, last_usable_[k], length[k]);
     if (bag < 0) {
       unplaced_ = k;
       return false;
     }
-    queue.Take(bag, k, /*rekey_now=*/!home);
+    queue.Take(bag, k, /*rekey_now=*/!at_home);
     bags[k] = bag;
   }
   return true;

@@ -18,7 +18,8 @@ namespace internal {
 // heaviest first: workload (priced by `cost`, under `masks`: null or
 // empty, all full) descending, ties by length descending, then id
 // ascending. Masks that are all full order exactly as none. O(S) (radix
-// sorts). REQUIRES: the input passed CheckBalancerInput.
+// sorts). REQUIRES: the input passed CheckBalancerInput and, with masks,
+// CheckRankMasks.
 SortedSequences SortReplicaSequences(const CostModel& cost,
                                      const std::vector<std::vector<int64_t>>& lengths,
                                      int32_t first_rank, int32_t group,
@@ -45,8 +46,6 @@ class ReplicaPacker {
   // `max_tokens_per_gpu` and `rank_speeds` are BalancerOptions' (0: no
   // refinement, no cap; empty: one speed). Every workload compared per bag
   // is its time (replica_bags.h).
-  // REQUIRES: the input passed CheckBalancerInput and, with masks,
-  // CheckRankMasks.
   ReplicaPacker(const Topology& topology, int32_t refine_rounds, int64_t max_tokens_per_gpu,
                 const std::vector<double>& rank_speeds, SortedSequences sorted,
                 int32_t first_rank, const std::vector<int32_t>& first_sequence);
