@@ -2,8 +2,9 @@
 //
 // Figures only, nothing is asserted. Every case plans one replica spanning the
 // whole world (world_size == group size) with 16 mixed-resolution sequences per
-// rank, once with the default refinement and once with refine_rounds = 0 (the
-// paper's greedy exactly), so the price of refinement is visible side by side.
+// rank, with the defaults, without locality, and as the paper's greedy exactly
+// (GreedyRule::kLeastOccupied, refine_rounds = 0, no locality), so the price
+// of each phase is visible side by side.
 //
 // Counters (measured on one extra, untimed call per case):
 //   peak_heap_MB  highest live heap above the level before the call, MiB
@@ -159,12 +160,18 @@ constexpr double kMiB = 1024.0 * 1024.0;
 constexpr int64_t kRankCounts[] = {32, 256, 1024, 4096};
 // Where the default planner also runs under a binding token cap.
 constexpr int64_t kCappedRanks = 4096;
-// (refine rounds, locality): the default; without locality; the paper's greedy.
+// The default; without locality; the paper's greedy (its rule, no
+// refinement, no locality).
 // const, not constexpr: BalancerOptions holds a vector (rank_speeds).
-const std::pair<int32_t, bool> kVariants[] = {
-    {BalancerOptions().refine_rounds, true},
-    {BalancerOptions().refine_rounds, false},
-    {0, false},
+struct Variant {
+  GreedyRule greedy;
+  int32_t refine_rounds;
+  bool locality;
+};
+const Variant kVariants[] = {
+    {BalancerOptions().greedy, BalancerOptions().refine_rounds, true},
+    {BalancerOptions().greedy, BalancerOptions().refine_rounds, false},
+    {GreedyRule::kLeastOccupied, 0, false},
 };
 
 // Visual token counts of the four resolutions a mixed-resolution batch draws
@@ -329,8 +336,9 @@ bool RegisterAll(std::vector<std::unique_ptr<Case>>& cases) {
             ->Arg(ranks)
             ->Unit(benchmark::kMicrosecond);
       }
-      for (const auto& [refine, locality] : kVariants) {
+      for (const auto& [greedy, refine, locality] : kVariants) {
         BalancerOptions options;
+        options.greedy = greedy;
         options.refine_rounds = refine;
         options.locality = locality;
         cases.push_back(std::make_unique<Case>(

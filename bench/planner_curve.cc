@@ -5,6 +5,7 @@
 //   bazel build -c opt //bench:planner_curve && bazel-bin/bench/planner_curve
 //     [--min-gpus 32] [--max-gpus 65536] [--families g1,g2,g4,g8,mixed,auto]
 //     [--data plain,masked] [--threads 1] [--refine-rounds 256] [--locality on]
+//     [--greedy earliest-finish]
 //
 // --threads N lets the solver use N threads (BalancerOptions::threads:
 // auto's candidate layouts at once; the plans are the same for any N).
@@ -180,6 +181,7 @@ const std::vector<OptionSpec>& Options() {
       {"max-gpus", "N", "65536", "the largest world"},
       {"families", "LIST", "g1,g2,g4,g8,mixed,auto", "layout families"},
       {"data", "LIST", "plain,masked", "data kinds"},
+      {"greedy", "RULE", "earliest-finish", "BalancerOptions::greedy (or least-occupied)"},
       {"refine-rounds", "N", "256", "BalancerOptions::refine_rounds"},
       {"locality", "on|off", "on", "BalancerOptions::locality"},
       {"seed", "N", "0", "data seed"},
@@ -205,12 +207,14 @@ int Run(int argc, char** argv) {
   absl::StatusOr<int64_t> max_gpus = args->GetInt("max-gpus", 65536, 32, 1 << 20);
   absl::StatusOr<int64_t> refine = args->GetInt("refine-rounds", 256, 0, 1 << 20);
   absl::StatusOr<bool> locality = args->GetOnOff("locality", true);
+  absl::StatusOr<GreedyRule> greedy =
+      ParseGreedyRule(args->GetString("greedy", "earliest-finish"), "--greedy");
   absl::StatusOr<int64_t> seed = args->GetInt("seed", 0, 0, INT64_MAX);
   absl::StatusOr<int64_t> threads =
       args->GetInt("threads", 1, 1, BalancerOptions::kMaxThreads);
   for (const absl::Status& status :
-       {min_gpus.status(), max_gpus.status(), refine.status(), locality.status(),
-        seed.status(), threads.status()}) {
+       {min_gpus.status(), max_gpus.status(), greedy.status(), refine.status(),
+        locality.status(), seed.status(), threads.status()}) {
     if (!status.ok()) {
       std::fprintf(stderr, "planner_curve: %s\n", std::string(status.message()).c_str());
       return 2;
@@ -245,6 +249,7 @@ int Run(int argc, char** argv) {
   const CostModel cost = *CostModel::Create(kDModel, kGamma);
   const CommPrices prices = *CommPrices::Create(Machine(), cost);
   BalancerOptions options;
+  options.greedy = *greedy;
   options.refine_rounds = static_cast<int32_t>(*refine);
   options.locality = *locality;
   options.threads = static_cast<int32_t>(*threads);

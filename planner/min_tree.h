@@ -8,9 +8,10 @@
 namespace knapformer {
 namespace internal {
 
-// A segment tree answering "which index in [lo, hi] has the smallest key" in
-// O(log n), ties going to the lowest index; keys change in O(log n). This is
-// what turns the greedy's scan over all bags into O(log B) per sequence.
+// A tournament tree answering "which index has the smallest key" in O(1),
+// ties going to the lowest index; keys change in O(log n). This is what
+// turns the greedy's scan over all bags into O(log B) per sequence: one
+// tree per bag size, whose root is the least occupied bag of that size.
 //
 // Keys must be >= 0 (loads): the bits of a non-negative double order like the
 // double, so (key, index) packs into one 128-bit integer and every comparison
@@ -18,10 +19,11 @@ namespace internal {
 class MinTree {
  public:
   // REQUIRES: every key >= 0. O(n).
-  explicit MinTree(const std::vector<double>& keys) : n_(static_cast<int32_t>(keys.size())) {
-    while (size_ < n_) size_ *= 2;
+  explicit MinTree(const std::vector<double>& keys) {
+    const int32_t n = static_cast<int32_t>(keys.size());
+    while (size_ < n) size_ *= 2;
     nodes_.assign(2 * size_, ~Packed{0});  // padding past n: larger than any node
-    for (int32_t i = 0; i < n_; ++i) nodes_[size_ + i] = Pack(keys[i], i);
+    for (int32_t i = 0; i < n; ++i) nodes_[size_ + i] = Pack(keys[i], i);
     for (int32_t node = size_ - 1; node >= 1; --node) Pull(node);
   }
 
@@ -39,16 +41,8 @@ class MinTree {
     }
   }
 
-  // REQUIRES: 0 <= lo <= hi < n.
-  int32_t ArgMin(int32_t lo, int32_t hi) const {
-    if (lo == 0 && hi == n_ - 1) return Index(nodes_[1]);
-    Packed best = ~Packed{0};
-    for (int32_t l = lo + size_, r = hi + size_ + 1; l < r; l /= 2, r /= 2) {
-      if (l & 1) best = Min(best, nodes_[l++]);
-      if (r & 1) best = Min(best, nodes_[--r]);
-    }
-    return Index(best);
-  }
+  // The index of the smallest key of all. REQUIRES: n > 0.
+  int32_t ArgMin() const { return Index(nodes_[1]); }
 
  private:
   using Packed = unsigned __int128;
@@ -62,7 +56,6 @@ class MinTree {
   static Packed Min(Packed a, Packed b) { return a < b ? a : b; }
   void Pull(int32_t node) { nodes_[node] = Min(nodes_[2 * node], nodes_[2 * node + 1]); }
 
-  int32_t n_;
   int32_t size_ = 1;
   std::vector<Packed> nodes_;
 };

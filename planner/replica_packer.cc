@@ -44,6 +44,15 @@ constexpr int32_t kMultifitRounds = 16;
 // images and clips in g1+g2+g4 at 8192 GPUs (bench/planner_curve).
 constexpr double kMultifitMinGap = 1e-3;
 
+// Replicas of fewer sequences than this also try the other greedy rule
+// under masks or unequal speeds (TryOtherRule). On the masked mix of
+// bench/planner_curve the least occupied rule, refined, beat the earliest
+// finish by up to 0.33% max/mean from 64 to 512 GPUs (4 sequences a GPU),
+// where a second packing costs up to a quarter of a millisecond; tried at
+// every size, it changed no mean max/mean from 4,096 GPUs up and cost
+// 15-20% of planning from 16,384 up.
+constexpr int32_t kOtherRuleMaxSequences = 4096;
+
 // Partners RepairToLimit tries per bag over the locality limit: enough to
 // find a fitting move or swap among nearly level bags (4 did in every
 // benchmark case, 2 did not), few enough to cost little.
@@ -189,21 +198,33 @@ SortedSequences SortReplicaSequences(const CostModel& cost,
   return sorted;
 }
 
-// The bags of one Pack, ordered by occupancy (workload per GPU) in a
-// MinTree, and under a token cap their tokens and the bags parked for want
+// The bags of one Pack, ordered by occupancy (time) in a MinTree per size
+// class, and under a token cap their tokens and the bags parked for want
 // of room. Reads and updates the pack's `assigned` (the bags' workloads);
 // the placements themselves are the caller's.
 class ReplicaPacker::BagQueue {
  public:
   // The bags as `bags` (a partial placement) and `assigned` leave them.
-  BagQueue(const ReplicaPacker& packer, const std::vector<int32_t>& bags,
+  BagQueue(const ReplicaPacker& packer, GreedyRule rule, const std::vector<int32_t>& bags,
            std::vector<double>& assigned)
       : packer_(packer),
+        rule_(rule),
         assigned_(assigned),
         tokens_(packer.cap_ > 0 ? packer.TokensOf(bags) : std::vector<int64_t>()),
-        occupancy_(InitialKeys()),
+        single_class_(packer.class_first_.size() == 1),
         stale_(packer.num_bags_, 0),
-        parked_(packer.num_bags_, 0) {}
+        parked_(packer.num_bags_, 0) {
+    const std::vector<int32_t>& first = packer.class_first_;
+    class_of_.resize(packer.num_bags_);
+    for (size_t c = 0; c < first.size(); ++c) {
+      std::vector<double> keys;
+      for (int32_t b = first[c]; b <= packer.class_last_[c]; ++b) {
+        keys.push_back(OccupancyOf(b));
+        class_of_[b] = static_cast<int32_t>(c);
+      }
+      occupancy_.emplace_back(keys);
+    }
+  }
 
   // Tokens bag b may still take under the cap. REQUIRES: a cap.
   int64_t RoomOf(int32_t b) const {
@@ -225,22 +246,49 @@ class ReplicaPacker::BagQueue {
     while (!parked_by_room_.empty() && parked_by_room_.top().first >= tokens_needed) {
       const int32_t b = parked_by_room_.top().second;
       parked_by_room_.pop();
-      occupancy_.Set(b, OccupancyOf(b));
+      SetKey(b, OccupancyOf(b));
       parked_[b] = 0;
     }
   }
 
-  // The least occupied bag in [lo, hi] with room for `tokens_needed`
+  // The bag the greedy gives sequence k among the bags in [lo, hi] (whole
+  // size classes) with room for it, by the packer's rule (GreedyRule): of
+  // each size's least occupied bag, the one where k ends first, or the
+  // least occupied. -1 if no bag has room.
+  int32_t Choose(int32_t lo, int32_t hi, int32_t k) {
+    const int64_t tokens_needed = packer_.table_.length[k];
+    if (single_class_) return LeastOccupied(0, tokens_needed);
+    if (class_of_[lo] == class_of_[hi]) return LeastOccupied(class_of_[lo], tokens_needed);
+    const bool earliest_finish = rule_ == GreedyRule::kEarliestFinish;
+    const double workload = earliest_finish ? packer_.table_.workload[k] : 0;
+    int32_t best = -1;
+    double best_key = 0;
+    // Classes in ascending size (and id): a tie keeps the earlier one.
+    for (int32_t c = class_of_[lo]; c <= class_of_[hi]; ++c) {
+      const int32_t b = LeastOccupied(c, tokens_needed);
+      if (b < 0) continue;
+      const double key = packer_.bags_.Time(b, assigned_[b] + workload);
+      if (best < 0 || key < best_key) {
+        best = b;
+        best_key = key;
+      }
+    }
+    return best;
+  }
+
+  // The least occupied bag of size class c with room for `tokens_needed`
   // tokens, ties to the lowest id; -1 if none.
-  int32_t LeastOccupied(int32_t lo, int32_t hi, int64_t tokens_needed) {
+  int32_t LeastOccupied(int32_t c, int64_t tokens_needed) {
+    const MinTree& tree = occupancy_[c];
+    const int32_t first = single_class_ ? 0 : packer_.class_first_[c];
     for (;;) {
-      const int32_t b = occupancy_.ArgMin(lo, hi);
+      const int32_t b = first + tree.ArgMin();
       if (parked_[b]) return -1;  // +inf is the minimum: all parked
       if (stale_[b]) {
-        occupancy_.Set(b, OccupancyOf(b));
+        SetKey(b, OccupancyOf(b));
         stale_[b] = 0;
       } else if (!RoomFor(b, tokens_needed)) {
-        occupancy_.Set(b, kParked);
+        SetKey(b, kParked);
         parked_[b] = 1;
         parked_by_room_.emplace(RoomOf(b), b);
       } else {
@@ -258,7 +306,7 @@ class ReplicaPacker::BagQueue {
     if (packer_.cap_ > 0) tokens_[b] += packer_.table_.length[k];
     assigned_[b] += packer_.table_.workload[k];
     if (rekey_now) {
-      occupancy_.Set(b, OccupancyOf(b));
+      SetKey(b, OccupancyOf(b));
     } else {
       stale_[b] = 1;
     }
@@ -277,16 +325,25 @@ class ReplicaPacker::BagQueue {
   // O(S * B) (240 ms at 4096 ranks under a binding cap).
   static constexpr double kParked = std::numeric_limits<double>::infinity();
 
-  std::vector<double> InitialKeys() const {
-    std::vector<double> keys(packer_.num_bags_);
-    for (int32_t b = 0; b < packer_.num_bags_; ++b) keys[b] = OccupancyOf(b);
-    return keys;
+  void SetKey(int32_t b, double key) {
+    if (single_class_) {
+      occupancy_[0].Set(b, key);
+      return;
+    }
+    const int32_t c = class_of_[b];
+    occupancy_[c].Set(b - packer_.class_first_[c], key);
   }
 
   const ReplicaPacker& packer_;
+  const GreedyRule rule_;
   std::vector<double>& assigned_;
   std::vector<int64_t> tokens_;  // per bag, under a cap only
-  MinTree occupancy_;
+  // One tree per size class (a query always asks for whole classes, and
+  // a whole tree's minimum is its root, where a range inside one tree took
+  // O(log B)); class_of_[b] is bag b's.
+  std::vector<MinTree> occupancy_;
+  std::vector<int32_t> class_of_;
+  const bool single_class_;  // a layout of one size: one tree, ids as they are
   // A placement marks its bag stale instead of updating the tree: keys
   // only grow, so a stale key is a lower bound, and a minimum whose key is
   // current is the true minimum. A bag is updated when it surfaces as the
@@ -296,11 +353,12 @@ class ReplicaPacker::BagQueue {
   std::priority_queue<std::pair<int64_t, int32_t>> parked_by_room_;
 };
 
-ReplicaPacker::ReplicaPacker(const Topology& topology, int32_t refine_rounds,
+ReplicaPacker::ReplicaPacker(const Topology& topology, GreedyRule greedy, int32_t refine_rounds,
                              int64_t max_tokens_per_gpu, const std::vector<double>& rank_speeds,
                              SortedSequences sorted, int32_t first_rank,
                              const std::vector<int32_t>& first_sequence)
     : first_sequence_(first_sequence),
+      greedy_(greedy),
       refine_rounds_(refine_rounds),
       cap_(max_tokens_per_gpu),
       group_(topology.group_size()),
@@ -334,16 +392,16 @@ void ReplicaPacker::FindUsableBags() {
   // class's capacity is its fastest bag's (its size with one speed); the
   // fastest bag so far, so that capacities never fall along the classes.
   const std::vector<int32_t>& gpus = bags_.gpus;
-  std::vector<int32_t> class_gpus, class_first, class_last;
+  std::vector<int32_t> class_gpus;
   std::vector<double> class_speed;
   for (int32_t b = 0; b < num_bags_; ++b) {
     if (b == 0 || gpus[b] != gpus[b - 1]) {
       class_gpus.push_back(gpus[b]);
-      class_first.push_back(b);
-      class_last.push_back(b);
+      class_first_.push_back(b);
+      class_last_.push_back(b);
       class_speed.push_back(0);
     }
-    class_last.back() = b;
+    class_last_.back() = b;
     class_speed.back() = fastest_through_[b];
   }
   first_usable_.resize(n);
@@ -363,8 +421,8 @@ void ReplicaPacker::FindUsableBags() {
           class_speed.begin());
       if (lo > hi) lo = hi;  // too big for any: the largest usable bags
     }
-    first_usable_[k] = class_first[lo];
-    last_usable_[k] = class_last[hi];
+    first_usable_[k] = class_first_[lo];
+    last_usable_[k] = class_last_[hi];
   }
 }
 
@@ -399,12 +457,12 @@ void ReplicaPacker::Refine(std::vector<int32_t>& bags, std::vector<double>& assi
   }
 }
 
-bool ReplicaPacker::Pack(double home_cap, std::vector<int32_t>& bags,
+bool ReplicaPacker::Pack(GreedyRule rule, double home_cap, std::vector<int32_t>& bags,
                          std::vector<double>& assigned) {
   const int32_t n = table_.size();
   const std::vector<double>& workload = table_.workload;
   const std::vector<int64_t>& length = table_.length;
-  BagQueue queue(*this, bags, assigned);
+  BagQueue queue(*this, rule, bags, assigned);
   for (int32_t k = 0; k < n; ++k) {
     if (bags[k] >= 0) continue;
     queue.Unpark(length[k]);
@@ -418,8 +476,8 @@ bool ReplicaPacker::Pack(double home_cap, std::vector<int32_t>& bags,
       }
     }
     const bool at_home = bag >= 0;
-    if (bag < 0) bag = queue.LeastOccupied(first_usable_[k], last_usable_[k], length[k]);
-    if (bag < 0 && first_usable_[k] > 0) bag = queue.LeastOccupied(0, last_usable_[k], length[k]);
+    if (bag < 0) bag = queue.Choose(first_usable_[k], last_usable_[k], k);
+    if (bag < 0 && first_usable_[k] > 0) bag = queue.Choose(0, last_usable_[k], k);
     if (bag < 0) {
       unplaced_ = k;
       return false;
@@ -454,7 +512,7 @@ absl::Status ReplicaPacker::PackGreedy() {
   const int32_t n = table_.size();
   chosen_.assign(n, -1);
   assigned_.assign(num_bags_, 0.0);
-  if (!Pack(0, chosen_, assigned_)) {
+  if (!Pack(greedy_, 0, chosen_, assigned_)) {
     int64_t used = 0;
     for (int32_t k = 0; k < n; ++k) used += table_.length[k];
     return CapError(first_sequence_, table_.id[unplaced_], table_.length[unplaced_], cap_, used,
@@ -463,6 +521,26 @@ absl::Status ReplicaPacker::PackGreedy() {
   Refine(chosen_, assigned_);
   planned_max_ = MaxPerGpu(assigned_);
   return absl::OkStatus();
+}
+
+void ReplicaPacker::TryOtherRule() {
+  if (!(masked_ || uneven_) || cap_ > 0 || class_first_.size() < 2 ||
+      table_.size() >= kOtherRuleMaxSequences) {
+    return;
+  }
+  const GreedyRule other = greedy_ == GreedyRule::kEarliestFinish
+                               ? GreedyRule::kLeastOccupied
+                               : GreedyRule::kEarliestFinish;
+  std::vector<int32_t> packed(table_.size(), -1);
+  std::vector<double> packed_assigned(num_bags_, 0.0);
+  if (!Pack(other, 0, packed, packed_assigned)) return;
+  Refine(packed, packed_assigned);
+  const double packed_max = MaxPerGpu(packed_assigned);
+  if (packed_max < planned_max_) {
+    chosen_.swap(packed);
+    assigned_.swap(packed_assigned);
+    planned_max_ = packed_max;
+  }
 }
 
 void ReplicaPacker::TryMultifit() {
@@ -539,7 +617,7 @@ void ReplicaPacker::TryLocality(double slack) {
   const int32_t n = table_.size();
   std::vector<int32_t> near_home(n, -1);
   std::vector<double> near_assigned(num_bags_, 0.0);
-  if (Pack(planned_max_, near_home, near_assigned)) {
+  if (Pack(greedy_, planned_max_, near_home, near_assigned)) {
     bool within = MaxPerGpu(near_assigned) <= limit;
     if (!within &&
         RepairToLimit(bags_, limit, cap_, kRepairPartners, table_, near_home, near_assigned)) {

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "planner/attention_mask.h"
+#include "planner/balancer_options.h"
 #include "planner/cost_model.h"
 #include "planner/replica_bags.h"
 #include "planner/sequence_table.h"
@@ -29,7 +30,7 @@ SortedSequences SortReplicaSequences(const CostModel& cost,
 // Phase 1 of BalanceGreedy (balancer.h) for one replica: chooses a bag for
 // each of its non-empty sequences. AssignReplicaBags (replica_solve.h) runs
 // the phases in this order, each on the placement the last one chose:
-//   PackGreedy, TryMultifit, TryAllHome, TryLocality (with
+//   PackGreedy, TryOtherRule, TryMultifit, TryAllHome, TryLocality (with
 //   options.locality), WriteBags.
 // A candidate replaces the chosen placement only where the comments below
 // say; every one respects the token cap. Deterministic: the same input
@@ -42,13 +43,14 @@ class ReplicaPacker {
   // The replica of `topology` whose ranks start at `first_rank`, its
   // sequences as SortReplicaSequences gave them (taken over: auto passes
   // each layout a copy of one sort); first_sequence[rank] the global id of
-  // each rank's first sequence (FirstSequences). `refine_rounds`,
-  // `max_tokens_per_gpu` and `rank_speeds` are BalancerOptions' (0: no
-  // refinement, no cap; empty: one speed). Every workload compared per bag
-  // is its time (replica_bags.h).
-  ReplicaPacker(const Topology& topology, int32_t refine_rounds, int64_t max_tokens_per_gpu,
-                const std::vector<double>& rank_speeds, SortedSequences sorted,
-                int32_t first_rank, const std::vector<int32_t>& first_sequence);
+  // each rank's first sequence (FirstSequences). `greedy`,
+  // `refine_rounds`, `max_tokens_per_gpu` and `rank_speeds` are
+  // BalancerOptions' (0: no refinement, no cap; empty: one speed). Every
+  // workload compared per bag is its time (replica_bags.h).
+  ReplicaPacker(const Topology& topology, GreedyRule greedy, int32_t refine_rounds,
+                int64_t max_tokens_per_gpu, const std::vector<double>& rank_speeds,
+                SortedSequences sorted, int32_t first_rank,
+                const std::vector<int32_t>& first_sequence);
 
   ReplicaPacker(const ReplicaPacker&) = delete;
   ReplicaPacker& operator=(const ReplicaPacker&) = delete;
@@ -57,12 +59,19 @@ class ReplicaPacker {
   // place, and no phase may run.
   bool empty() const { return table_.size() == 0; }
 
-  // The paper's greedy (Pack with no home cap) and then refinement (Refine):
-  // the first chosen placement. ResourceExhausted naming the sequence the
+  // The greedy by the packer's rule (Pack with no home cap) and then
+  // refinement (Refine): the first chosen placement. ResourceExhausted naming the sequence the
   // greedy found no bag with room for under the token cap; nothing is
   // chosen then, and no later phase may run.
   // REQUIRES: !empty().
   absl::Status PackGreedy();
+
+  // Under masks or on GPUs of unequal speeds, without a token cap, in a
+  // layout of several bag sizes and a replica of fewer than 4096 sequences,
+  // the greedy by the other rule (GreedyRule), refined, replaces the chosen
+  // placement when its maximum time is strictly lower: with coarse masked
+  // workloads neither rule wins every step. REQUIRES: PackGreedy succeeded.
+  void TryOtherRule();
 
   // Under masks or on GPUs of unequal speeds, and without a token cap,
   // MULTIFIT (multifit.h), refined, replaces the chosen placement when its
@@ -90,7 +99,8 @@ class ReplicaPacker {
  private:
   class BagQueue;
 
-  // Sets first_usable_ and last_usable_ from bags_, target_ and table_.
+  // Sets class_first_, class_last_, first_usable_ and last_usable_ from
+  // bags_, target_ and table_.
   void FindUsableBags();
 
   // Tokens per bag of a placement (-1: not placed, counts nothing).
@@ -101,15 +111,15 @@ class ReplicaPacker {
   // the token cap. No-op with refine_rounds_ <= 0.
   void Refine(std::vector<int32_t>& bags, std::vector<double>& assigned) const;
   // Places every sequence without a bag yet (-1), heaviest first, on top of
-  // what `assigned` holds. The paper's greedy (home_cap 0): the usable bag
-  // of lowest occupancy. Home-first (home_cap > 0): its home bag while that
+  // what `assigned` holds. The greedy (home_cap 0): the usable bag `rule`
+  // chooses. Home-first (home_cap > 0): its home bag while that
   // is usable and stays at or under home_cap per GPU, else the same. Under
-  // a cap on tokens, only bags with room count: the least occupied usable
-  // bag with room, else the least occupied bag with room among all the
-  // sequence's bag sizes (below its usable range too); false, setting
-  // unplaced_, when no bag has room (`bags` and `assigned` are then partly
-  // filled).
-  bool Pack(double home_cap, std::vector<int32_t>& bags, std::vector<double>& assigned);
+  // a cap on tokens, only bags with room count: the rule's usable bag with
+  // room, else its bag with room among all the sequence's bag sizes (below
+  // its usable range too); false, setting unplaced_, when no bag has room
+  // (`bags` and `assigned` are then partly filled).
+  bool Pack(GreedyRule rule, double home_cap, std::vector<int32_t>& bags,
+            std::vector<double>& assigned);
   // The largest time of a bag (0 with no bags): its workload per GPU at
   // speed 1.
   double MaxPerGpu(const std::vector<double>& assigned) const;
@@ -120,6 +130,7 @@ class ReplicaPacker {
   int64_t MovedTokensBound(const std::vector<int32_t>& bags, bool at_least) const;
 
   const std::vector<int32_t>& first_sequence_;  // for the cap's error message
+  const GreedyRule greedy_;
   const int32_t refine_rounds_;
   // A hard cap on tokens per GPU (0: none): chunking spreads a bag's tokens
   // over its GPUs to within one token, so a bag of G GPUs may hold cap * G
@@ -142,10 +153,14 @@ class ReplicaPacker {
   double target_ = 0;  // fair time: total workload / the bags' total speed
   // The bags sequence k may use: [first_usable_[k], last_usable_[k]].
   std::vector<int32_t> first_usable_, last_usable_;
+  // The bags of each size, ascending: class c is bags
+  // [class_first_[c], class_last_[c]].
+  std::vector<int32_t> class_first_, class_last_;
 
   int32_t unplaced_ = -1;        // the first item a pack could not place under the cap
   std::vector<int32_t> chosen_;  // the placement chosen so far: chosen_[k] is k's bag
-  // The bags' workloads under chosen_ as PackGreedy and TryMultifit leave
+  // The bags' workloads under chosen_ as PackGreedy, TryOtherRule and
+  // TryMultifit leave
   // it; TryAllHome does not update it (no later phase reads it).
   std::vector<double> assigned_;
   double planned_max_ = 0;  // the largest workload per GPU under chosen_

@@ -58,10 +58,11 @@ absl::Status AssignReplicaBags(const Topology& topology, const BalancerOptions& 
                                SortedSequences sorted, int32_t first_rank,
                                const std::vector<int32_t>& first_sequence,
                                std::vector<int32_t>& bag_of) {
-  ReplicaPacker packer(topology, options.refine_rounds, options.max_tokens_per_gpu,
+  ReplicaPacker packer(topology, options.greedy, options.refine_rounds, options.max_tokens_per_gpu,
                        options.rank_speeds, std::move(sorted), first_rank, first_sequence);
   if (packer.empty()) return absl::OkStatus();
   if (absl::Status status = packer.PackGreedy(); !status.ok()) return status;
+  packer.TryOtherRule();
   packer.TryMultifit();
   packer.TryAllHome();
   if (options.locality) packer.TryLocality(options.locality_slack);

@@ -39,6 +39,7 @@ SOURCES = [
     "planner/balance_stats.cc",
     "planner/balancer.cc",
     "planner/balancer_input.cc",
+    "planner/balancer_options.cc",
     "planner/calibration.cc",
     "planner/cost_model.cc",
     "planner/data_stream.cc",

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/args.h"
 #include "common/status_macros.h"
+#include "planner/balancer_options.h"
 
 namespace knapformer {
 
@@ -65,6 +66,8 @@ const std::vector<OptionSpec>& ServeOptions() {
          "parsed requests held, one job"},
         {"remembered-steps", "N", number(limits.remembered_steps),
          "answered steps remembered per group"},
+        {"greedy", "RULE", GreedyRuleName(server.service.balancer.greedy),
+         "the paper's rule is least-occupied"},
         {"refine-rounds", "N", number(server.service.balancer.refine_rounds),
          "local refinement rounds per plan"},
         {"locality", "on|off", OnOff(server.service.balancer.locality),
@@ -205,6 +208,10 @@ absl::StatusOr<ServeConfig> ParseServeArgs(const std::vector<std::string>& argv)
                       args.GetInt("timing-window", limits.timing_window, 1, 1 << 20));
   KF_ASSIGN_OR_RETURN(limits.min_timing_samples,
                       args.GetInt("min-timing-samples", limits.min_timing_samples, 2, 1 << 20));
+  KF_ASSIGN_OR_RETURN(
+      server.service.balancer.greedy,
+      ParseGreedyRule(args.GetString("greedy", GreedyRuleName(server.service.balancer.greedy)),
+                      "--greedy"));
   KF_ASSIGN_OR_RETURN(server.service.balancer.refine_rounds,
                       args.GetInt("refine-rounds", server.service.balancer.refine_rounds, 0,
                                   1 << 20));

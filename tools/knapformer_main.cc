@@ -100,8 +100,10 @@ std::vector<OptionSpec> SimulateOptionSpecs() {
       {"seed", "S", absl::StrCat(defaults.seed), "the data stream's seed"},
       {"d-model", "D", absl::StrCat(defaults.d_model), "the model width (cost model)"},
       {"gamma", "G", absl::StrFormat("%g", defaults.gamma), "the cost model's attention weight"},
+      {"greedy", "RULE", GreedyRuleName(defaults.greedy),
+       "earliest-finish or least-occupied (the paper's)"},
       {"refine-rounds", "N", absl::StrCat(defaults.refine_rounds),
-       "local refinement; 0 with --locality off = the paper's greedy"},
+       "local refinement rounds (the paper's greedy: docs/cli.md)"},
       {"locality", "on|off", OnOff(defaults.locality),
        "move as few tokens as possible at the same max/mean"},
       {"cost-model", "KIND", "transformer", "transformer, uniform, linear or measured"},
@@ -324,6 +326,10 @@ int RunSimulate(const std::vector<std::string>& argv) {
   if (!gamma.ok()) return Fail(gamma.status());
   options.gamma = *gamma;
   if (absl::Status read = ReadCostTable(*args, &options); !read.ok()) return Fail(read);
+  auto greedy = ParseGreedyRule(args->GetString("greedy", GreedyRuleName(options.greedy)),
+                                "--greedy");
+  if (!greedy.ok()) return Fail(greedy.status());
+  options.greedy = *greedy;
   auto rounds = args->GetInt("refine-rounds", options.refine_rounds, 0, 1 << 24);
   if (!rounds.ok()) return Fail(rounds.status());
   options.refine_rounds = static_cast<int32_t>(*rounds);

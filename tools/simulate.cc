@@ -277,6 +277,7 @@ absl::StatusOr<std::vector<TopologyResult>> Simulate(const SimulateOptions& opti
   const std::vector<double>& speeds = options.rank_speeds;
   const std::vector<double> normalized = NormalizedRankSpeeds(speeds);
   BalancerOptions balancer_options;
+  balancer_options.greedy = options.greedy;
   balancer_options.refine_rounds = options.refine_rounds;
   balancer_options.locality = options.locality;
   balancer_options.max_tokens_per_gpu = options.max_tokens_per_gpu;
@@ -643,9 +644,11 @@ std::string FormatSimulation(const SimulateOptions& options,
           ? absl::StrCat(" (attention measured at ", options.measured_attention->pairs().size(),
                          " sizes)")
           : absl::StrCat(", gamma ", options.gamma),
-      ", refine rounds ",
-      options.refine_rounds,
-      options.refine_rounds == 0 && !options.locality ? " (the paper's greedy)" : "",
+      ", greedy ", GreedyRuleName(options.greedy), ", refine rounds ", options.refine_rounds,
+      options.greedy == GreedyRule::kLeastOccupied && options.refine_rounds == 0 &&
+              !options.locality
+          ? " (the paper's greedy)"
+          : "",
       ", locality ", options.locality ? "on" : "off",
       options.max_tokens_per_gpu > 0
           ? absl::StrCat(", at most ", options.max_tokens_per_gpu, " tokens per GPU")

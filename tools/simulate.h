@@ -39,7 +39,8 @@ struct SimulateOptions {
   uint64_t seed = 0;
   int64_t d_model = 3072;
   double gamma = 0.49;
-  // 0 = the paper's greedy exactly.
+  GreedyRule greedy = BalancerOptions().greedy;
+  // 0, with greedy kLeastOccupied and locality off = the paper's greedy exactly.
   int32_t refine_rounds = BalancerOptions().refine_rounds;
   bool locality = BalancerOptions().locality;
   int64_t max_tokens_per_gpu = 0;  // 0 = no cap

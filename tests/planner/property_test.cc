@@ -5,6 +5,7 @@
 // greedy on max/mean.
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
@@ -139,14 +140,14 @@ TEST(PlannerPropertyTest, RandomWorldsGiveValidDeterministicNeverWorsePlans) {
   EXPECT_GT(fewer_moved, kCases / 4);  // locality does something
 }
 
-// The paper's greedy as balancer.h words it, by a scan over every bag per
-// sequence (O(S * B), nothing shared with the planner's segment tree, lazy
+// The greedy as balancer_options.h words `rule`, by a scan over every bag
+// per sequence (O(S * B), nothing shared with the planner's trees, lazy
 // updates, parking or size-class ranges), then the guard against doing
 // worse than leaving the data where it is. Under a token cap (cap > 0) only
 // bags with room count: the usable ones first, then every bag of at most
 // the sequence's usable size; nullopt when a sequence fits nowhere.
 std::optional<std::vector<int32_t>> NaiveGreedyBags(const World& world, const CostModel& cost,
-                                                    const RankLengths& lengths,
+                                                    const RankLengths& lengths, GreedyRule rule,
                                                     int64_t cap = 0) {
   const Topology& topology = world.topology();
   const int32_t group = topology.group_size();
@@ -193,11 +194,24 @@ std::optional<std::vector<int32_t>> NaiveGreedyBags(const World& world, const Co
       }
       int32_t best = -1;
       for (const int32_t lowest : {min_gpus, 0}) {
+        // The least occupied bag of each size (the lowest id of equals) ...
+        std::map<int32_t, int32_t> least;  // size -> bag
         for (const Bag& bag : topology.bags()) {
           if (bag.gpus < lowest || bag.gpus > max_gpus || !room_for(bag, seq.length)) continue;
-          if (best < 0 ||
-              assigned[bag.id] / bag.gpus < assigned[best] / topology.bag(best).gpus) {
-            best = bag.id;
+          auto it = least.find(bag.gpus);
+          if (it == least.end() || assigned[bag.id] / bag.gpus < assigned[it->second] / bag.gpus) {
+            least[bag.gpus] = bag.id;
+          }
+        }
+        // ... then the least occupied of those, or the one where the
+        // sequence ends first (the smaller size of equals).
+        const double added = rule == GreedyRule::kEarliestFinish ? seq.workload : 0.0;
+        double best_key = 0;
+        for (const auto& [gpus, bag] : least) {
+          const double key = (assigned[bag] + added) / gpus;
+          if (best < 0 || key < best_key) {
+            best = bag;
+            best_key = key;
           }
         }
         if (best >= 0) break;
@@ -252,20 +266,32 @@ std::optional<std::vector<int32_t>> NaiveGreedyBags(const World& world, const Co
   return ::testing::AssertionSuccess();
 }
 
-TEST(PlannerPropertyTest, ThePapersGreedyIsExactlyTheDocumentedRule) {
+// Both rules, on layouts of one size and of several (where they differ:
+// the generator must reach such cases).
+TEST(PlannerPropertyTest, TheGreedyIsExactlyTheDocumentedRule) {
   std::mt19937_64 rng(20261123);
-  BalancerOptions paper;
-  paper.refine_rounds = 0;
-  paper.locality = false;
+  int rules_differ = 0;
   for (int n = 0; n < 1000; ++n) {
     const Case c = RandomCase(rng);
     SCOPED_TRACE(absl::StrCat("case ", n, ": ", c.spec, " world ", c.world_size));
     const World world = *World::Create(*Topology::Parse(c.spec), c.world_size);
     const CostModel cost = *CostModel::Create(c.d_model, c.gamma);
-    auto plan = BalanceGreedy(world, cost, c.lengths, paper);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    ASSERT_TRUE(SameBags(*plan, *NaiveGreedyBags(world, cost, c.lengths)));
+    std::vector<int32_t> expected[2];
+    int i = 0;
+    for (const GreedyRule rule : {GreedyRule::kEarliestFinish, GreedyRule::kLeastOccupied}) {
+      SCOPED_TRACE(GreedyRuleName(rule));
+      BalancerOptions greedy;
+      greedy.greedy = rule;
+      greedy.refine_rounds = 0;
+      greedy.locality = false;
+      auto plan = BalanceGreedy(world, cost, c.lengths, greedy);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      expected[i] = *NaiveGreedyBags(world, cost, c.lengths, rule);
+      ASSERT_TRUE(SameBags(*plan, expected[i++]));
+    }
+    rules_differ += expected[0] != expected[1];
   }
+  EXPECT_GT(rules_differ, 50);
 }
 
 // Tokens on the most loaded GPU of `plan`.
@@ -292,38 +318,44 @@ std::optional<int64_t> CapTowardPeak(const World& world, const RankLengths& leng
   return floor + (peak - floor) * (n % 50) / 50;
 }
 
-// Under a token cap, the paper's greedy is the same scan restricted to bags
-// with room: the planner's parked bags (a heap by room beside the segment
-// tree) must give exactly the bags, and refuse exactly when, the scan does.
-TEST(PlannerPropertyTest, ThePapersGreedyUnderACapIsExactlyTheDocumentedRule) {
-  std::mt19937_64 rng(20261124);
-  BalancerOptions paper;
-  paper.refine_rounds = 0;
-  paper.locality = false;
-  int met = 0, refused = 0;
-  for (int n = 0; n < 1500; ++n) {
-    const Case c = RandomCase(rng);
-    SCOPED_TRACE(absl::StrCat("case ", n, ": ", c.spec, " world ", c.world_size));
-    const World world = *World::Create(*Topology::Parse(c.spec), c.world_size);
-    const CostModel cost = *CostModel::Create(c.d_model, c.gamma);
-    auto free_plan = BalanceGreedy(world, cost, c.lengths, paper);
-    ASSERT_TRUE(free_plan.ok());
-    const std::optional<int64_t> cap = CapTowardPeak(world, c.lengths, PeakTokens(*free_plan), n);
-    if (!cap) continue;
-    BalancerOptions capped = paper;
-    capped.max_tokens_per_gpu = *cap;
-    auto plan = BalanceGreedy(world, cost, c.lengths, capped);
-    const auto expected = NaiveGreedyBags(world, cost, c.lengths, capped.max_tokens_per_gpu);
-    ASSERT_EQ(plan.ok(), expected.has_value()) << plan.status();
-    if (!plan.ok()) {
-      ++refused;
-      continue;
+// Under a token cap, each rule is the same scan restricted to bags with
+// room: the planner's parked bags (a heap by room beside the trees) must
+// give exactly the bags, and refuse exactly when, the scan does.
+TEST(PlannerPropertyTest, TheGreedyUnderACapIsExactlyTheDocumentedRule) {
+  for (const GreedyRule rule : {GreedyRule::kEarliestFinish, GreedyRule::kLeastOccupied}) {
+    SCOPED_TRACE(GreedyRuleName(rule));
+    std::mt19937_64 rng(20261124);
+    BalancerOptions greedy;
+    greedy.greedy = rule;
+    greedy.refine_rounds = 0;
+    greedy.locality = false;
+    int met = 0, refused = 0;
+    for (int n = 0; n < 1500; ++n) {
+      const Case c = RandomCase(rng);
+      SCOPED_TRACE(absl::StrCat("case ", n, ": ", c.spec, " world ", c.world_size));
+      const World world = *World::Create(*Topology::Parse(c.spec), c.world_size);
+      const CostModel cost = *CostModel::Create(c.d_model, c.gamma);
+      auto free_plan = BalanceGreedy(world, cost, c.lengths, greedy);
+      ASSERT_TRUE(free_plan.ok());
+      const std::optional<int64_t> cap =
+          CapTowardPeak(world, c.lengths, PeakTokens(*free_plan), n);
+      if (!cap) continue;
+      BalancerOptions capped = greedy;
+      capped.max_tokens_per_gpu = *cap;
+      auto plan = BalanceGreedy(world, cost, c.lengths, capped);
+      const auto expected =
+          NaiveGreedyBags(world, cost, c.lengths, rule, capped.max_tokens_per_gpu);
+      ASSERT_EQ(plan.ok(), expected.has_value()) << plan.status();
+      if (!plan.ok()) {
+        ++refused;
+        continue;
+      }
+      ++met;
+      ASSERT_TRUE(SameBags(*plan, *expected));
     }
-    ++met;
-    ASSERT_TRUE(SameBags(*plan, *expected));
+    EXPECT_GT(met, 100);
+    EXPECT_GT(refused, 100);
   }
-  EXPECT_GT(met, 100);
-  EXPECT_GT(refused, 100);
 }
 
 // A cap below what the uncapped plan needs is either met on every GPU or
