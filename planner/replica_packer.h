@@ -60,9 +60,9 @@ class ReplicaPacker {
   bool empty() const { return table_.size() == 0; }
 
   // The greedy by the packer's rule (Pack with no home cap) and then
-  // refinement (Refine): the first chosen placement. ResourceExhausted naming the sequence the
-  // greedy found no bag with room for under the token cap; nothing is
-  // chosen then, and no later phase may run.
+  // refinement (Refine): the first chosen placement. ResourceExhausted
+  // naming the sequence the greedy found no bag with room for under the
+  // token cap; nothing is chosen then, and no later phase may run.
   // REQUIRES: !empty().
   absl::Status PackGreedy();
 
@@ -112,9 +112,9 @@ class ReplicaPacker {
   void Refine(std::vector<int32_t>& bags, std::vector<double>& assigned) const;
   // Places every sequence without a bag yet (-1), heaviest first, on top of
   // what `assigned` holds. The greedy (home_cap 0): the usable bag `rule`
-  // chooses. Home-first (home_cap > 0): its home bag while that
-  // is usable and stays at or under home_cap per GPU, else the same. Under
-  // a cap on tokens, only bags with room count: the rule's usable bag with
+  // chooses. Home-first (home_cap > 0): its home bag while that is usable
+  // and stays at or under home_cap per GPU, else the same. Under a cap on
+  // tokens, only bags with room count: the rule's usable bag with
   // room, else its bag with room among all the sequence's bag sizes (below
   // its usable range too); false, setting unplaced_, when no bag has room
   // (`bags` and `assigned` are then partly filled).
@@ -160,8 +160,8 @@ class ReplicaPacker {
   int32_t unplaced_ = -1;        // the first item a pack could not place under the cap
   std::vector<int32_t> chosen_;  // the placement chosen so far: chosen_[k] is k's bag
   // The bags' workloads under chosen_ as PackGreedy, TryOtherRule and
-  // TryMultifit leave
-  // it; TryAllHome does not update it (no later phase reads it).
+  // TryMultifit leave it; TryAllHome does not update it (no later phase
+  // reads it).
   std::vector<double> assigned_;
   double planned_max_ = 0;  // the largest workload per GPU under chosen_
   double home_max_ = 0;     // the same with every sequence in its home bag

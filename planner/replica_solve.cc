@@ -58,8 +58,9 @@ absl::Status AssignReplicaBags(const Topology& topology, const BalancerOptions& 
                                SortedSequences sorted, int32_t first_rank,
                                const std::vector<int32_t>& first_sequence,
                                std::vector<int32_t>& bag_of) {
-  ReplicaPacker packer(topology, options.greedy, options.refine_rounds, options.max_tokens_per_gpu,
-                       options.rank_speeds, std::move(sorted), first_rank, first_sequence);
+  ReplicaPacker packer(topology, options.greedy, options.refine_rounds,
+                       options.max_tokens_per_gpu, options.rank_speeds, std::move(sorted),
+                       first_rank, first_sequence);
   if (packer.empty()) return absl::OkStatus();
   if (absl::Status status = packer.PackGreedy(); !status.ok()) return status;
   packer.TryOtherRule();
