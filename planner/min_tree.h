@@ -43,6 +43,13 @@ class MinTree {
 
   // The index of the smallest key of all. REQUIRES: n > 0.
   int32_t ArgMin() const { return Index(nodes_[1]); }
+  // The smallest key of all. REQUIRES: n > 0.
+  double MinKey() const {
+    const uint64_t bits = static_cast<uint64_t>(nodes_[1] >> 32);
+    double key;
+    std::memcpy(&key, &bits, sizeof(key));
+    return key;
+  }
 
  private:
   using Packed = unsigned __int128;

@@ -265,6 +265,11 @@ class ReplicaPacker::BagQueue {
     double best_key = 0;
     // Classes in ascending size (and id): a tie keeps the earlier one.
     for (int32_t c = class_of_[lo]; c <= class_of_[hi]; ++c) {
+      // Every key of a size is at least its root's (a stale key is below
+      // its bag's occupancy, a parked one infinite), and a bag's time with
+      // the sequence at least its occupancy: a size whose root is not below
+      // the best so far cannot win, nor take a tie from an earlier size.
+      if (best >= 0 && occupancy_[c].MinKey() >= best_key) continue;
       const int32_t b = LeastOccupied(c, tokens_needed);
       if (b < 0) continue;
       const double key = packer_.bags_.Time(b, assigned_[b] + workload);
