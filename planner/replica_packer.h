@@ -99,8 +99,8 @@ class ReplicaPacker {
  private:
   class BagQueue;
 
-  // Sets class_first_, class_last_, first_usable_ and last_usable_ from
-  // bags_, target_ and table_.
+  // Sets class_first_, class_last_, class_of_, first_usable_ and
+  // last_usable_ from bags_, target_ and table_.
   void FindUsableBags();
 
   // Tokens per bag of a placement (-1: not placed, counts nothing).
@@ -154,8 +154,8 @@ class ReplicaPacker {
   // The bags sequence k may use: [first_usable_[k], last_usable_[k]].
   std::vector<int32_t> first_usable_, last_usable_;
   // The bags of each size, ascending: class c is bags
-  // [class_first_[c], class_last_[c]].
-  std::vector<int32_t> class_first_, class_last_;
+  // [class_first_[c], class_last_[c]]; class_of_[b] is bag b's class.
+  std::vector<int32_t> class_first_, class_last_, class_of_;
 
   int32_t unplaced_ = -1;        // the first item a pack could not place under the cap
   std::vector<int32_t> chosen_;  // the placement chosen so far: chosen_[k] is k's bag
