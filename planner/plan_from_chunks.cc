@@ -63,6 +63,7 @@ absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
   // takes the bag of its first chunk's destination (ValidatePlan then checks
   // that the others stay in it).
   std::vector<double> bag_attention(total_bags, 0.0);
+  std::vector<int64_t> tokens_after(world_size, 0);  // priced once each, as BuildPlan does
   int64_t next_sequence = 0;  // every sequence before it has its first_chunk set
   for (size_t c = 0; c < chunks.size(); ++c) {
     const Chunk& chunk = chunks[c];
@@ -83,13 +84,18 @@ absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
       plan.sequences[next_sequence++].first_chunk = static_cast<int32_t>(c);
     }
     PlacedSequence& seq = plan.sequences[id];
+    // Checked here, not only by ValidatePlan after: the sums below stay in range.
+    if (chunk.length < 0 || chunk.length > seq.length) {
+      return Malformed(absl::StrCat("chunk ", c, " has length ", chunk.length, ", outside [0, ",
+                                    seq.length, "] (its sequence's)"));
+    }
     if (seq.num_chunks == 0) {
       seq.bag = bag_of_rank[chunk.dst_rank];
       bag_attention[seq.bag] +=
           cost.Attention(seq.length, MaskOf(masks, chunk.src_rank, chunk.seq_index));
     }
     ++seq.num_chunks;
-    plan.workload_after[chunk.dst_rank] += cost.Linear(chunk.length);
+    tokens_after[chunk.dst_rank] += chunk.length;
   }
   while (next_sequence < num_sequences) {
     plan.sequences[next_sequence++].first_chunk = static_cast<int32_t>(chunks.size());
@@ -97,7 +103,8 @@ absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
   for (int32_t bag = 0; bag < total_bags; ++bag) {
     const double per_gpu = bag_attention[bag] / plan.bag_gpus[bag];
     for (int32_t p = 0; p < plan.bag_gpus[bag]; ++p) {
-      plan.workload_after[plan.bag_first_rank[bag] + p] += per_gpu;
+      const int32_t rank = plan.bag_first_rank[bag] + p;
+      plan.workload_after[rank] = cost.Linear(tokens_after[rank]) + per_gpu;
     }
   }
   plan.chunks = std::move(chunks);

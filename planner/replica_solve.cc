@@ -129,6 +129,10 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
   plan.workload_before.assign(world_size, 0.0);
   plan.workload_after.assign(world_size, 0.0);
   std::vector<int32_t> rotation(total_bags, 0);  // position of the next extra token
+  // Per bag: every sequence's tokens per GPU rounded down, and the extra
+  // tokens dealt one a GPU from position 0 on; each GPU's tokens follow
+  // from them at the end, not one addition per chunk.
+  std::vector<int64_t> bag_shares(total_bags, 0), bag_extras(total_bags, 0);
   std::vector<double> bag_attention(total_bags, 0.0);
   for (int32_t rank = 0; rank < world_size; ++rank) {
     const int32_t first_bag = world.first_bag(rank / group);
@@ -164,18 +168,22 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
         chunk.offset = offset;
         chunk.length = chunk_length;
         chunk.dst_rank = dst;
-        plan.workload_after[dst] += cost.Linear(chunk_length);
         offset += chunk_length;
       }
       rotation[bag] = (start + extra) % gpus;
       seq.num_chunks = next_chunk() - seq.first_chunk;
+      bag_shares[bag] += share;
+      bag_extras[bag] += extra;
       bag_attention[bag] += attention;
     }
   }
   for (int32_t bag = 0; bag < total_bags; ++bag) {
-    const double per_gpu = bag_attention[bag] / plan.bag_gpus[bag];
-    for (int32_t p = 0; p < plan.bag_gpus[bag]; ++p) {
-      plan.workload_after[plan.bag_first_rank[bag] + p] += per_gpu;
+    const int32_t gpus = plan.bag_gpus[bag];
+    const double per_gpu = bag_attention[bag] / gpus;
+    for (int32_t p = 0; p < gpus; ++p) {
+      const int64_t tokens =
+          bag_shares[bag] + bag_extras[bag] / gpus + (p < bag_extras[bag] % gpus ? 1 : 0);
+      plan.workload_after[plan.bag_first_rank[bag] + p] = cost.Linear(tokens) + per_gpu;
     }
   }
 

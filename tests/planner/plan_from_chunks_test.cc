@@ -4,6 +4,7 @@
 // turned into a plan that loses or duplicates a token.
 #include "planner/plan_from_chunks.h"
 
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -57,7 +58,9 @@ void ExpectSamePlan(const Plan& got, const Plan& want) {
   EXPECT_EQ(got.topology, want.topology);
   ASSERT_EQ(got.workload_after.size(), want.workload_after.size());
   for (size_t r = 0; r < got.workload_after.size(); ++r) {
-    EXPECT_DOUBLE_EQ(got.workload_after[r], want.workload_after[r]) << "rank " << r;
+    // Both price a GPU's tokens once, then add its share of its bag's
+    // attention in the same order: equal to the bit.
+    EXPECT_EQ(got.workload_after[r], want.workload_after[r]) << "rank " << r;
     EXPECT_DOUBLE_EQ(got.workload_before[r], want.workload_before[r]) << "rank " << r;
   }
 }
@@ -124,6 +127,15 @@ TEST_F(DamagedTable, ChunksOutOfOrderAreRefused) {
 TEST_F(DamagedTable, ATokenCountThatDoesNotCoverTheSequenceIsRefused) {
   chunks_[0].length += 1;
   EXPECT_EQ(Rebuild().code(), absl::StatusCode::kInternal);
+}
+
+TEST_F(DamagedTable, AChunkLongerThanItsSequenceIsRefusedByName) {
+  // Lengths that would overflow the tokens summed per GPU are refused first.
+  chunks_[0].length = std::numeric_limits<int64_t>::max();
+  chunks_[1].length = std::numeric_limits<int64_t>::max();
+  EXPECT_THAT(Rebuild().message(), HasSubstr("chunk 0 has length 9223372036854775807, outside"));
+  chunks_[0].length = -1;
+  EXPECT_THAT(Rebuild().message(), HasSubstr("chunk 0 has length -1, outside"));
 }
 
 TEST_F(DamagedTable, LengthsForAnotherWorldSizeAreInvalid) {
