@@ -21,13 +21,16 @@
 // fully. Step s of rank r depends only on (seed, s, r).
 //
 // Each row plans `steps` distinct steps (fewer as the world grows, at least
-// 8) after one untimed warm-up, timing BalanceGreedy / BalanceAuto exactly
-// as `knapformer simulate` does (the unchecked-input entry: the check and
-// copy of the input included). Columns: mean and p99 (nearest rank) of the
-// step's planning time, the mean over this family's previous row (the
-// doubling ratio), the plan's max/mean per-GPU workload (mean over steps),
-// the lower bound of max/mean any plan could reach (MaxOverMeanLowerBound;
-// for auto, of the layout it chose), and the tokens moved to other ranks.
+// 8) after one untimed warm-up, timing what the service does with a step's
+// input: its check (BalancerInput::Check, the step's lengths and masks
+// moved in) and BalanceGreedy / BalanceAuto taking it (its masks move into
+// the plan). `knapformer simulate` keeps each step's input for its next
+// layout, so it times a copy of it too. Columns: mean and p99 (nearest
+// rank) of the step's planning time, the mean over this family's previous
+// row (the doubling ratio), the plan's max/mean per-GPU workload (mean over
+// steps), the lower bound of max/mean any plan could reach
+// (MaxOverMeanLowerBound; for auto, of the layout it chose), and the tokens
+// moved to other ranks.
 
 #include <algorithm>
 #include <chrono>
@@ -146,16 +149,19 @@ absl::Status RunRow(const std::string& family, bool masked, int64_t gpus,
     fixed = *std::move(world);
   }
   for (int64_t s = -1; s < steps; ++s) {  // step -1: the untimed warm-up
-    const Step step = MakeStep(gpus, s + 1, masked, seed);
-    const RankMasks* masks = masked ? &step.masks : nullptr;
+    Step step = MakeStep(gpus, s + 1, masked, seed);
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<Plan> plan;
     std::optional<World> chosen;
+    absl::StatusOr<BalancerInput> input =
+        BalancerInput::Check(static_cast<int32_t>(gpus), std::move(step.lengths),
+                             std::move(step.masks), options.limits);
+    if (!input.ok()) return input.status();
     if (fixed.has_value()) {
-      plan = BalanceGreedy(*fixed, cost, step.lengths, options, masks);
+      plan = BalanceGreedy(*fixed, cost, std::move(*input), options);
     } else {
       absl::StatusOr<AutoPlan> automatic =
-          BalanceAuto(AutoLayout(), gpus, cost, prices, step.lengths, options, masks);
+          BalanceAuto(AutoLayout(), cost, prices, std::move(*input), options);
       if (!automatic.ok()) return automatic.status();
       plan = std::move(automatic->plan);
       chosen = std::move(automatic->world);
@@ -166,8 +172,10 @@ absl::Status RunRow(const std::string& family, bool masked, int64_t gpus,
     if (s < 0) continue;
     row.seconds.push_back(seconds);
     row.max_over_mean += ComputeBalanceStats(plan->workload_after).max_over_mean / steps;
-    row.bound += MaxOverMeanLowerBound(chosen.has_value() ? *chosen : *fixed, cost, step.lengths,
-                                       masks) /
+    // The input kept its lengths; its masks are the plan's now.
+    const RankMasks* masks = plan->masks.empty() ? nullptr : &plan->masks;
+    row.bound += MaxOverMeanLowerBound(chosen.has_value() ? *chosen : *fixed, cost,
+                                       input->lengths(), masks) /
                  steps;
     row.moved += static_cast<double>(plan->MovedTokens()) /
                  static_cast<double>(plan->TotalTokens()) / steps;

@@ -92,8 +92,8 @@ absl::StatusOr<StepPlan> SolveStepLocally(const v1::StepSpec& spec, const RankLe
   // The step's one check: each rank checked only its own masks.
   auto input = BalancerInput::Check(spec.world_size(), lengths, masks, balancer.limits);
   if (!input.ok()) return input.status();
-  auto solved = SolveStep(*problem, problem->cost, *input, BalancerOptionsForSpec(balancer, spec),
-                          spec.token_bytes());
+  auto solved = SolveStep(*problem, problem->cost, *std::move(input),
+                          BalancerOptionsForSpec(balancer, spec), spec.token_bytes());
   if (!solved.ok()) return solved.status();
   // By time on speeds, against the ideal.
   const PlanBalance balance = BalanceOf(solved->plan, balancer.rank_speeds);

@@ -385,6 +385,14 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& 
   return planned;
 }
 
+absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& cost,
+                                     const CommPrices& prices, BalancerInput&& input,
+                                     const BalancerOptions& options) {
+  absl::StatusOr<AutoPlan> planned = AutoPlanWithoutMasks(layout, cost, prices, input, options);
+  if (planned.ok()) planned->plan.masks = std::move(input).TakeMasks();
+  return planned;
+}
+
 absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_size,
                                      const CostModel& cost, const CommPrices& prices,
                                      const RankLengths& lengths,
@@ -397,9 +405,7 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_siz
       BalancerInput::Check(static_cast<int32_t>(world_size), lengths,
                            masks ? *masks : RankMasks(), options.limits);
   if (!input.ok()) return input.status();
-  absl::StatusOr<AutoPlan> planned = AutoPlanWithoutMasks(layout, cost, prices, *input, options);
-  if (planned.ok()) planned->plan.masks = std::move(*input).TakeMasks();
-  return planned;
+  return BalanceAuto(layout, cost, prices, *std::move(input), options);
 }
 
 }  // namespace knapformer

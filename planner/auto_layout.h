@@ -94,6 +94,12 @@ absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& 
                                      const CommPrices& prices, const BalancerInput& input,
                                      const BalancerOptions& options = BalancerOptions());
 
+// The same for a caller done with the input's masks: they move into the
+// plan instead of being copied (BalanceGreedy). `input` keeps its lengths.
+absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, const CostModel& cost,
+                                     const CommPrices& prices, BalancerInput&& input,
+                                     const BalancerOptions& options = BalancerOptions());
+
 // The same for lengths and masks not yet checked (BalancerInput::Check's
 // errors first).
 absl::StatusOr<AutoPlan> BalanceAuto(const AutoLayout& layout, int64_t world_size,

@@ -80,15 +80,20 @@ absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
 }
 
 absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
+                                   BalancerInput&& input, const BalancerOptions& options) {
+  absl::StatusOr<Plan> plan = PlanWithoutMasks(world, cost, input, options);
+  if (plan.ok()) plan->masks = std::move(input).TakeMasks();
+  return plan;
+}
+
+absl::StatusOr<Plan> BalanceGreedy(const World& world, const CostModel& cost,
                                    const RankLengths& lengths, const BalancerOptions& options,
                                    const RankMasks* masks) {
   absl::StatusOr<BalancerInput> input =
       BalancerInput::Check(world.world_size(), lengths, masks ? *masks : RankMasks(),
                            options.limits);
   if (!input.ok()) return input.status();
-  absl::StatusOr<Plan> plan = PlanWithoutMasks(world, cost, *input, options);
-  if (plan.ok()) plan->masks = std::move(*input).TakeMasks();
-  return plan;
+  return BalanceGreedy(world, cost, *std::move(input), options);
 }
 
 }  // namespace knapformer

@@ -31,7 +31,7 @@ class BalancerInput {
   // Null when no rank gave masks.
   const RankMasks* masks() const { return masks_.empty() ? nullptr : &masks_; }
   // The masks, moved out: for a caller done with the input (a plan keeps
-  // them) that would otherwise copy every one.
+  // them) that would otherwise copy every one. The lengths stay.
   RankMasks TakeMasks() && { return std::move(masks_); }
 
   // InvalidArgument unless `ranks` lists of lengths are for a world of

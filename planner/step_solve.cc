@@ -8,7 +8,7 @@
 namespace knapformer {
 
 absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel& cost,
-                                     const BalancerInput& input, const BalancerOptions& options,
+                                     BalancerInput&& input, const BalancerOptions& options,
                                      int64_t route_token_bytes) {
   if (absl::Status status = BalancerInput::CheckRanks(input.world_size(), problem.world_size);
       !status.ok()) {
@@ -28,17 +28,19 @@ absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel
           "cost_model: auto layouts need the transformer or measured model");
     }
     absl::StatusOr<AutoPlan> chosen =
-        BalanceAuto(*problem.auto_layout, cost, *prices, input, options);
+        BalanceAuto(*problem.auto_layout, cost, *prices, std::move(input), options);
     if (!chosen.ok()) return chosen.status();
     solved.plan = std::move(chosen->plan);
     solved.predicted = chosen->predicted;
   } else {
-    absl::StatusOr<Plan> plan = BalanceGreedy(*problem.world, cost, input, options);
+    absl::StatusOr<Plan> plan = BalanceGreedy(*problem.world, cost, std::move(input), options);
     if (!plan.ok()) return plan.status();
     solved.plan = *std::move(plan);
     if (prices.has_value()) {
+      // The input's lengths stayed; its masks are the plan's now.
+      const RankMasks* masks = solved.plan.masks.empty() ? nullptr : &solved.plan.masks;
       solved.predicted = PredictStep(solved.plan, *problem.world, input.lengths(), cost, *prices,
-                                     input.masks(), NormalizedRankSpeeds(options.rank_speeds));
+                                     masks, NormalizedRankSpeeds(options.rank_speeds));
     }
   }
   if (solved.predicted.has_value()) {

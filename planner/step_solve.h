@@ -51,10 +51,12 @@ struct SolvedStep {
 // where they entered) with `cost` (the problem's, or a fitted one of the same
 // kind), `options` (BalancerOptionsForSpec in proto/plan_proto.h) and
 // `route_token_bytes` (0 = the hidden states alone). Fixed topologies are
-// solved exactly as BalanceGreedy does; "auto" with BalanceAuto.
+// solved exactly as BalanceGreedy does; "auto" with BalanceAuto. The input's
+// masks move into the plan (its lengths stay): a caller that still needs
+// them passes a copy.
 // InvalidArgument for an input of another world size than the problem's.
 absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel& cost,
-                                     const BalancerInput& input, const BalancerOptions& options,
+                                     BalancerInput&& input, const BalancerOptions& options,
                                      int64_t route_token_bytes);
 
 // The world a plan of `problem` was made on, from its layout (an answer's

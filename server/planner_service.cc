@@ -322,7 +322,7 @@ grpc::ServerUnaryReactor* PlannerService::Plan(grpc::CallbackServerContext* cont
 }
 
 absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(
-    const v1::StepSpec& spec, const CheckedSpec& checked, const BalancerInput& input,
+    const v1::StepSpec& spec, const CheckedSpec& checked, BalancerInput&& input,
     double wait_seconds, v1::Balance* balance, const std::vector<double>& rank_speeds) {
   const absl::Time start = absl::Now();
   BalancerOptions balancer = BalancerOptionsForSpec(options_.balancer, spec);
@@ -358,13 +358,15 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(
                               " cost model has no gamma to fit");
   }
   absl::StatusOr<SolvedStep> step =
-      SolveStep(checked, cost, input, balancer, spec.token_bytes());
+      SolveStep(checked, cost, std::move(input), balancer, spec.token_bytes());
   const absl::Time solved = absl::Now();
   if (!step.ok()) return step.status();
   absl::StatusOr<knapformer::Plan> plan = std::move(step->plan);
+  // The input's masks moved into the plan.
+  const RankMasks* masks = plan->masks.empty() ? nullptr : &plan->masks;
   *balance = BalanceToProto(*plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start));
   balance->set_predicted_step_seconds(step->predicted_seconds);
-  balance->set_attention_masks(input.masks() != nullptr);
+  balance->set_attention_masks(masks != nullptr);
   if (const std::vector<double> speeds = NormalizedRankSpeeds(rank_speeds); !speeds.empty()) {
     // By time against the ideal: what sets the step's time on these GPUs.
     const auto [before, after] = BalanceOf(*plan, rank_speeds);
@@ -384,8 +386,8 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(
   std::vector<WorkSample> rank_work;
   std::vector<PairWeights> rank_weights;
   if (cost_fits_.WantsWork(spec.job_id())) {
-    rank_work = RankWork(*plan, cost.d_model(), input.masks());
-    if (fits_table) rank_weights = RankPairWeights(*plan, input.masks());
+    rank_work = RankWork(*plan, cost.d_model(), masks);
+    if (fits_table) rank_weights = RankPairWeights(*plan, masks);
   }
   cost_fits_.RecordPlanned(spec, std::move(rank_work), std::move(rank_weights),
                             checked.cost.measured());
@@ -421,7 +423,7 @@ void PlannerService::SolveAndAnswer(std::shared_ptr<ReadyStep> step) {
   v1::Balance solved_balance;
   absl::StatusOr<knapformer::Plan> plan =
       !input.ok() ? absl::StatusOr<knapformer::Plan>(input.status())
-                  : SolveAndRecord(spec, step->checked, *input,
+                  : SolveAndRecord(spec, step->checked, *std::move(input),
                                    absl::ToDoubleSeconds(step->last_arrival - step->first_arrival),
                                    &solved_balance);
   if (!plan.ok()) {
@@ -517,7 +519,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
     const v1::StepSpec& spec = request->spec();
     v1::Balance balance;
     absl::StatusOr<knapformer::Plan> plan =
-        SolveAndRecord(spec, shared_checked->spec, shared_checked->input,
+        SolveAndRecord(spec, shared_checked->spec, std::move(shared_checked->input),
                        /*wait_seconds=*/-1, &balance, shared_checked->rank_speeds);
     if (!plan.ok()) {
       finish(plan.status());

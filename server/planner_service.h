@@ -128,7 +128,7 @@ class PlannerService final : public PlannerServiceBase {
   // `rank_speeds` (checked; empty: one speed) plan by time.
   absl::StatusOr<knapformer::Plan> SolveAndRecord(const v1::StepSpec& spec,
                                                   const CheckedSpec& checked,
-                                                  const BalancerInput& input,
+                                                  BalancerInput&& input,
                                                   double wait_seconds, v1::Balance* balance,
                                                   const std::vector<double>& rank_speeds = {});
   void SolveAndAnswer(std::shared_ptr<ReadyStep> step);

@@ -74,7 +74,7 @@ void SolveStepAndCheck(const StepProblem& problem, const BalancerInput& input,
                        const BalancerOptions& options, int64_t route_token_bytes) {
   const RankLengths& lengths = input.lengths();
   absl::StatusOr<SolvedStep> solved =
-      SolveStep(problem, problem.cost, input, options, route_token_bytes);
+      SolveStep(problem, problem.cost, BalancerInput(input), options, route_token_bytes);
   if (!solved.ok()) {
     Require(!solved.status().message().empty(), "a refused step says why");
     return;
