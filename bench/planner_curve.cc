@@ -24,7 +24,9 @@
 // 8) after one untimed warm-up, timing what the service does with a step's
 // input: its check (BalancerInput::Check, the step's lengths and masks
 // moved in) and BalanceGreedy / BalanceAuto taking it (its masks move into
-// the plan). `knapformer simulate` keeps each step's input for its next
+// the plan), each plan's chunk table given back to a ChunkTableCache for
+// the next (what the service does once it has answered; outside the
+// time). `knapformer simulate` keeps each step's input for its next
 // layout, so it times a copy of it too. Columns: mean and p99 (nearest
 // rank) of the step's planning time, the mean over this family's previous
 // row (the doubling ratio), the plan's max/mean per-GPU workload (mean over
@@ -53,6 +55,7 @@
 #include "planner/auto_layout.h"
 #include "planner/balance_stats.h"
 #include "planner/balancer.h"
+#include "planner/chunk_table_cache.h"
 #include "planner/cost_model.h"
 #include "planner/machine.h"
 #include "planner/splitmix64.h"
@@ -169,16 +172,19 @@ absl::Status RunRow(const std::string& family, bool masked, int64_t gpus,
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (!plan.ok()) return plan.status();
-    if (s < 0) continue;
-    row.seconds.push_back(seconds);
-    row.max_over_mean += ComputeBalanceStats(plan->workload_after).max_over_mean / steps;
-    // The input kept its lengths; its masks are the plan's now.
-    const RankMasks* masks = plan->masks.empty() ? nullptr : &plan->masks;
-    row.bound += MaxOverMeanLowerBound(chosen.has_value() ? *chosen : *fixed, cost,
-                                       input->lengths(), masks) /
-                 steps;
-    row.moved += static_cast<double>(plan->MovedTokens()) /
-                 static_cast<double>(plan->TotalTokens()) / steps;
+    if (s >= 0) {
+      row.seconds.push_back(seconds);
+      row.max_over_mean += ComputeBalanceStats(plan->workload_after).max_over_mean / steps;
+      // The input kept its lengths; its masks are the plan's now.
+      const RankMasks* masks = plan->masks.empty() ? nullptr : &plan->masks;
+      row.bound += MaxOverMeanLowerBound(chosen.has_value() ? *chosen : *fixed, cost,
+                                         input->lengths(), masks) /
+                   steps;
+      row.moved += static_cast<double>(plan->MovedTokens()) /
+                   static_cast<double>(plan->TotalTokens()) / steps;
+    }
+    // As the service does once it has answered.
+    options.chunk_tables->GiveBack(std::move(plan->chunks));
   }
   return absl::OkStatus();
 }
@@ -261,6 +267,8 @@ int Run(int argc, char** argv) {
   options.refine_rounds = static_cast<int32_t>(*refine);
   options.locality = *locality;
   options.threads = static_cast<int32_t>(*threads);
+  ChunkTableCache chunk_tables;  // as the service keeps one
+  options.chunk_tables = &chunk_tables;
 
   std::printf("%-7s %-6s %7s %10s %10s %8s %10s %8s %7s\n", "data", "family", "GPUs",
               "mean ms", "p99 ms", "x prev", "max/mean", "bound", "moved");

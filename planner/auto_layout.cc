@@ -369,7 +369,7 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
   }
   absl::StatusOr<World> world = World::FromReplicas(std::move(chosen));
   if (!world.ok()) return world.status();
-  absl::StatusOr<Plan> plan = internal::BuildPlan(*world, cost, lengths, options.limits,
+  absl::StatusOr<Plan> plan = internal::BuildPlan(*world, cost, lengths, options,
                                                   std::move(first_sequence), bag_of, masks);
   if (!plan.ok()) return plan.status();
   return AutoPlan{*std::move(plan), *std::move(world), predicted, considered, solved};

@@ -66,7 +66,7 @@ absl::StatusOr<Plan> PlanWithoutMasks(const World& world, const CostModel& cost,
   for (const absl::Status& status : assigned) {
     if (!status.ok()) return status;
   }
-  return internal::BuildPlan(world, cost, lengths, options.limits, std::move(first_sequence),
+  return internal::BuildPlan(world, cost, lengths, options, std::move(first_sequence),
                              bag_of, masks);
 }
 

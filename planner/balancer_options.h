@@ -13,6 +13,8 @@
 
 namespace knapformer {
 
+class ChunkTableCache;  // chunk_table_cache.h
+
 // Sequence lengths (tokens) per global rank: lengths[rank][seq_index].
 using RankLengths = std::vector<std::vector<int64_t>>;
 
@@ -80,6 +82,10 @@ struct BalancerOptions {
   // In [1, kMaxThreads]; the balancers refuse others naming the field.
   int32_t threads = 1;
   static constexpr int32_t kMaxThreads = 256;
+  // Where a plan takes its chunk table from, for its owner to give back
+  // once done with the plan (chunk_table_cache.h); null: every plan
+  // allocates its own. Not owned; it must outlive the call.
+  ChunkTableCache* chunk_tables = nullptr;
 };
 
 }  // namespace knapformer

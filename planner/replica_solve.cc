@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "planner/chunk_table_cache.h"
 #include "planner/replica_packer.h"
 
 namespace knapformer {
@@ -89,7 +90,7 @@ Plan EmptyPlanOf(const World& world) {
 }
 
 absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
-                               const RankLengths& lengths, const BalancerLimits& limits,
+                               const RankLengths& lengths, const BalancerOptions& options,
                                std::vector<int32_t> first_sequence,
                                const std::vector<int32_t>& bag_of, const RankMasks* masks) {
   const int32_t world_size = world.world_size();
@@ -110,20 +111,30 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
       if (bag >= 0) num_chunks += std::min<int64_t>(lengths[rank][i], topology.bag(bag).gpus);
     }
   }
-  if (num_chunks > limits.max_chunks) {
+  if (num_chunks > options.limits.max_chunks) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "plan: ", num_chunks, " chunks exceed the limit of ", limits.max_chunks));
+        "plan: ", num_chunks, " chunks exceed the limit of ", options.limits.max_chunks));
   }
 
   // Phase 2: chunks, in (src_rank, seq_index, offset) order.
   plan.sequences.resize(num_sequences);
-  // Reserved, not resized: zeroing what is written next cost a pass over
-  // 64 MiB of chunks in g8 at 65,536 GPUs. Each chunk is written field by
-  // field in place: a Chunk{...} temporary was built on the stack and
-  // copied with loads that straddled its stores (a store-forwarding stall
-  // per chunk).
-  plan.chunks.reserve(num_chunks);
-  AdviseHugePages(plan.chunks.data(), num_chunks * sizeof(Chunk));
+  // Reserved (or taken from the cache), not resized: zeroing what is
+  // written next cost a pass over 64 MiB of chunks in g8 at 65,536 GPUs.
+  // Each chunk is written field by field in place: a Chunk{...} temporary
+  // was built on the stack and copied with loads that straddled its stores
+  // (a store-forwarding stall per chunk).
+  if (options.chunk_tables != nullptr) plan.chunks = options.chunk_tables->Take(num_chunks);
+  if (plan.chunks.capacity() < static_cast<size_t>(num_chunks)) {
+    // A table kept for the next plans gets room for a slightly larger step
+    // too: sized to this one alone, half the next steps would not fit it.
+    const int64_t room =
+        options.chunk_tables == nullptr
+            ? num_chunks
+            : std::max(num_chunks, std::min(num_chunks + num_chunks / 16,
+                                            options.limits.max_chunks));
+    plan.chunks.reserve(room);
+    AdviseHugePages(plan.chunks.data(), room * sizeof(Chunk));
+  }
   // The index the next chunk gets (PlacedSequence holds chunk indexes as int32).
   auto next_chunk = [&plan] { return static_cast<int32_t>(plan.chunks.size()); };
   plan.workload_before.assign(world_size, 0.0);

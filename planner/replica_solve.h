@@ -42,9 +42,11 @@ Plan EmptyPlanOf(const World& world);
 // `bag_of` on `world`, `masks` pricing the workloads. plan.masks is left
 // empty for the caller to fill: by a move where it owns the input (one
 // copy of every mask less, 9% of planning masked data in g1 at 65,536
-// GPUs was copying them twice). ResourceExhausted past limits.max_chunks.
+// GPUs was copying them twice). The chunk table comes from
+// options.chunk_tables when it has one with room. ResourceExhausted past
+// options.limits.max_chunks.
 absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
-                               const RankLengths& lengths, const BalancerLimits& limits,
+                               const RankLengths& lengths, const BalancerOptions& options,
                                std::vector<int32_t> first_sequence,
                                const std::vector<int32_t>& bag_of,
                                const RankMasks* masks = nullptr);

@@ -327,6 +327,7 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(
   const absl::Time start = absl::Now();
   BalancerOptions balancer = BalancerOptionsForSpec(options_.balancer, spec);
   balancer.rank_speeds = rank_speeds;
+  balancer.chunk_tables = &chunk_tables_;
   CostModel cost = checked.cost;
   std::string gamma_note;
   std::optional<MeasuredAttention> fitted_table;  // when it plans the step
@@ -433,7 +434,12 @@ void PlannerService::SolveAndAnswer(std::shared_ptr<ReadyStep> step) {
     return;
   }
   auto balance = std::make_shared<const v1::Balance>(std::move(solved_balance));
-  auto shared_plan = std::make_shared<const knapformer::Plan>(*std::move(plan));
+  // Its chunk table goes back to the cache once the last answer is sent.
+  std::shared_ptr<const knapformer::Plan> shared_plan(
+      new knapformer::Plan(*std::move(plan)), [this](knapformer::Plan* answered) {
+        chunk_tables_.GiveBack(std::move(answered->chunks));
+        delete answered;
+      });
 
   // Slicing and sending R answers costs ~10 us each: spread them over the pool.
   const size_t n = step->calls.size();
@@ -539,6 +545,7 @@ grpc::ServerUnaryReactor* PlannerService::PlanGroup(grpc::CallbackServerContext*
         RankPlanToProto(plan->Slice(r), response->add_rank_plans());
       }
     }
+    chunk_tables_.GiveBack(std::move(plan->chunks));
     finish(absl::OkStatus());
   });
   return call->Returned();

@@ -14,6 +14,7 @@
 #include "grpcpp/grpcpp.h"
 #include "knapformer/v1/planner.grpc.pb.h"
 #include "planner/balancer.h"
+#include "planner/chunk_table_cache.h"
 #include "server/fair_queue.h"
 #include "server/cost_fits.h"
 #include "server/job_auth.h"
@@ -96,6 +97,7 @@ class PlannerService final : public PlannerServiceBase {
   ServiceMetrics& metrics() { return metrics_; }
   const Rendezvous& rendezvous() const { return rendezvous_; }
   const CostFits& cost_fits() const { return cost_fits_; }
+  const ChunkTableCache& chunk_tables() const { return chunk_tables_; }
   // Its fits are refitted as they are read (FittedCost, FittedTable).
   CostFits& cost_fits() { return cost_fits_; }
   // Bytes of requests held (estimated before parsing), in all, by tenant and
@@ -186,6 +188,10 @@ class PlannerService final : public PlannerServiceBase {
   // Steps waiting for a solver thread, taken round-robin between tenants,
   // then between a tenant's jobs.
   FairQueue solve_queue_;
+  // The last answered plan's chunk table, for the next plan to fill (its
+  // pages stay mapped: chunk_table_cache.h). Before pool_: answers on its
+  // threads give tables back while it is joined.
+  ChunkTableCache chunk_tables_;
   ThreadPool pool_;
 
   absl::Mutex reaper_mu_;

@@ -220,6 +220,9 @@ TEST_P(WhereSolvedTest, PlanGroupMatchesTheCoreAndThePerRankPlans) {
     EXPECT_EQ(response.workload_after(r), expected.workload_after[r]);
   }
   ASSERT_EQ(response.rank_plans_size(), 16);
+  // Answered, the plan's chunk table waits for the next plan.
+  const int64_t table_bytes = static_cast<int64_t>(expected.chunks.size() * sizeof(Chunk));
+  EXPECT_GE(server->service().chunk_tables().kept_bytes(), table_bytes);
 
   // The same step asked rank by rank (as another step number) gives the same slices.
   params.step = 4;
@@ -229,6 +232,14 @@ TEST_P(WhereSolvedTest, PlanGroupMatchesTheCoreAndThePerRankPlans) {
     const int32_t rank = result.response.plan().rank();
     EXPECT_TRUE(MessageDifferencer::Equals(result.response.plan(), response.rank_plans(rank)));
   }
+  // That plan took the table and gives it back once its last answer is
+  // sent, which may be just after the ranks have theirs.
+  const absl::Time given_back_by = absl::Now() + absl::Seconds(10);
+  while (server->service().chunk_tables().kept_bytes() < table_bytes &&
+         absl::Now() < given_back_by) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_GE(server->service().chunk_tables().kept_bytes(), table_bytes);
 
   // Wrong number of ranks.
   request.mutable_ranks()->RemoveLast();
