@@ -14,8 +14,8 @@ namespace knapformer {
 //
 // Why: a plan of 65,536 GPUs has a chunk table of 32 MiB (g4) to 64 MiB
 // (g8), past the largest block glibc's malloc serves from its heap (32 MiB,
-// common/malloc_policy.h), so every step maps a fresh one and the kernel
-// clears its pages: about a tenth of planning there (bench/planner_curve).
+// common/malloc_policy.h), so every step mapped a fresh one and the kernel
+// cleared its pages: 3-16% of planning g4 and g8 there (bench/planner_curve).
 // A planner that plans step after step (the service) gives each plan's
 // table back once it has answered, and the next plan writes into pages
 // already mapped.
