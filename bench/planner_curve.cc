@@ -176,9 +176,8 @@ absl::Status RunRow(const std::string& family, bool masked, int64_t gpus,
       row.seconds.push_back(seconds);
       row.max_over_mean += ComputeBalanceStats(plan->workload_after).max_over_mean / steps;
       // The input kept its lengths; its masks are the plan's now.
-      const RankMasks* masks = plan->masks.empty() ? nullptr : &plan->masks;
       row.bound += MaxOverMeanLowerBound(chosen.has_value() ? *chosen : *fixed, cost,
-                                         input->lengths(), masks) /
+                                         input->lengths(), plan->MasksOrNull()) /
                    steps;
       row.moved += static_cast<double>(plan->MovedTokens()) /
                    static_cast<double>(plan->TotalTokens()) / steps;
@@ -195,7 +194,8 @@ const std::vector<OptionSpec>& Options() {
       {"max-gpus", "N", "65536", "the largest world"},
       {"families", "LIST", "g1,g2,g4,g8,mixed,auto", "layout families"},
       {"data", "LIST", "plain,masked", "data kinds"},
-      {"greedy", "RULE", "earliest-finish", "BalancerOptions::greedy (or least-occupied)"},
+      {"greedy", "RULE", GreedyRuleName(BalancerOptions().greedy),
+       "BalancerOptions::greedy (earliest-finish or least-occupied)"},
       {"refine-rounds", "N", "256", "BalancerOptions::refine_rounds"},
       {"locality", "on|off", "on", "BalancerOptions::locality"},
       {"seed", "N", "0", "data seed"},
@@ -222,7 +222,8 @@ int Run(int argc, char** argv) {
   absl::StatusOr<int64_t> refine = args->GetInt("refine-rounds", 256, 0, 1 << 20);
   absl::StatusOr<bool> locality = args->GetOnOff("locality", true);
   absl::StatusOr<GreedyRule> greedy =
-      ParseGreedyRule(args->GetString("greedy", "earliest-finish"), "--greedy");
+      ParseGreedyRule(args->GetString("greedy", GreedyRuleName(BalancerOptions().greedy)),
+                      "--greedy");
   absl::StatusOr<int64_t> seed = args->GetInt("seed", 0, 0, INT64_MAX);
   absl::StatusOr<int64_t> threads =
       args->GetInt("threads", 1, 1, BalancerOptions::kMaxThreads);

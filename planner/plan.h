@@ -122,6 +122,10 @@ struct Plan {
   // The slice of `rank`. REQUIRES: 0 <= rank < world_size.
   RankPlan Slice(int32_t rank) const;
 
+  // `masks` as the functions that price attention take them: null when
+  // every sequence attends fully (as BalancerInput::masks()).
+  const RankMasks* MasksOrNull() const { return masks.empty() ? nullptr : &masks; }
+
   // Tokens that leave their source rank (each is moved twice per step: route
   // and reverse).
   int64_t MovedTokens() const;

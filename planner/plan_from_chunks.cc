@@ -47,7 +47,6 @@ absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
   plan.rank_first_sequence[world_size] = static_cast<int32_t>(num_sequences);
   plan.sequences.resize(num_sequences);
   plan.workload_before.assign(world_size, 0.0);
-  plan.workload_after.assign(world_size, 0.0);
   for (int32_t rank = 0; rank < world_size; ++rank) {
     const int32_t base = plan.rank_first_sequence[rank];
     for (size_t i = 0; i < lengths[rank].size(); ++i) {
@@ -63,7 +62,7 @@ absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
   // takes the bag of its first chunk's destination (ValidatePlan then checks
   // that the others stay in it).
   std::vector<double> bag_attention(total_bags, 0.0);
-  std::vector<int64_t> tokens_after(world_size, 0);  // priced once each, as BuildPlan does
+  std::vector<int64_t> tokens_after(world_size, 0);
   int64_t next_sequence = 0;  // every sequence before it has its first_chunk set
   for (size_t c = 0; c < chunks.size(); ++c) {
     const Chunk& chunk = chunks[c];
@@ -100,13 +99,7 @@ absl::StatusOr<Plan> PlanFromChunks(const World& world, const CostModel& cost,
   while (next_sequence < num_sequences) {
     plan.sequences[next_sequence++].first_chunk = static_cast<int32_t>(chunks.size());
   }
-  for (int32_t bag = 0; bag < total_bags; ++bag) {
-    const double per_gpu = bag_attention[bag] / plan.bag_gpus[bag];
-    for (int32_t p = 0; p < plan.bag_gpus[bag]; ++p) {
-      const int32_t rank = plan.bag_first_rank[bag] + p;
-      plan.workload_after[rank] = cost.Linear(tokens_after[rank]) + per_gpu;
-    }
-  }
+  internal::PriceWorkloadAfter(cost, tokens_after, bag_attention, plan);
   plan.chunks = std::move(chunks);
   plan.IndexBags();
   if (absl::Status valid = ValidatePlan(plan, world, lengths); !valid.ok()) {

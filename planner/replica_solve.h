@@ -38,6 +38,14 @@ absl::Status AssignReplicaBags(const Topology& topology, const BalancerOptions& 
 // bag tables (bag_first_rank, bag_gpus).
 Plan EmptyPlanOf(const World& world);
 
+// Sets plan.workload_after: each rank's `tokens_after` priced once
+// (cost.Linear), plus its 1/G of its bag's `bag_attention`. BuildPlan and
+// PlanFromChunks both end with it, so a plan and its rebuild from the chunk
+// table agree to the bit. REQUIRES: plan's bag tables set (EmptyPlanOf),
+// one entry of tokens_after per rank and of bag_attention per bag.
+void PriceWorkloadAfter(const CostModel& cost, const std::vector<int64_t>& tokens_after,
+                        const std::vector<double>& bag_attention, Plan& plan);
+
 // Phase 2: the plan (chunks, workloads, indexes) of replica-relative bags
 // `bag_of` on `world`, `masks` pricing the workloads. plan.masks is left
 // empty for the caller to fill: by a move where it owns the input (one

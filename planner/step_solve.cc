@@ -38,9 +38,9 @@ absl::StatusOr<SolvedStep> SolveStep(const StepProblem& problem, const CostModel
     solved.plan = *std::move(plan);
     if (prices.has_value()) {
       // The input's lengths stayed; its masks are the plan's now.
-      const RankMasks* masks = solved.plan.masks.empty() ? nullptr : &solved.plan.masks;
-      solved.predicted = PredictStep(solved.plan, *problem.world, input.lengths(), cost, *prices,
-                                     masks, NormalizedRankSpeeds(options.rank_speeds));
+      solved.predicted =
+          PredictStep(solved.plan, *problem.world, input.lengths(), cost, *prices,
+                      solved.plan.MasksOrNull(), NormalizedRankSpeeds(options.rank_speeds));
     }
   }
   if (solved.predicted.has_value()) {

@@ -364,7 +364,7 @@ absl::StatusOr<knapformer::Plan> PlannerService::SolveAndRecord(
   if (!step.ok()) return step.status();
   absl::StatusOr<knapformer::Plan> plan = std::move(step->plan);
   // The input's masks moved into the plan.
-  const RankMasks* masks = plan->masks.empty() ? nullptr : &plan->masks;
+  const RankMasks* masks = plan->MasksOrNull();
   *balance = BalanceToProto(*plan, spec.token_bytes(), absl::ToInt64Microseconds(solved - start));
   balance->set_predicted_step_seconds(step->predicted_seconds);
   balance->set_attention_masks(masks != nullptr);
