@@ -216,6 +216,7 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
   chosen.reserve(ranks / group);
   PredictedStep predicted;
   int32_t considered = 0, solved = 0;
+  int64_t num_chunks = 0;  // the chosen placements' chunks
   std::vector<double> workloads;
   for (int32_t replica = 0; replica < ranks / group; ++replica) {
     const int32_t first_rank = replica * group;
@@ -303,6 +304,7 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
         cost, lengths, first_rank, group, first_sequence, masks);
     const Candidate* best = nullptr;
     PredictedStep best_step;
+    int64_t best_chunks = 0;
     absl::Status first_error;
     // Candidates are solved in waves of up to `threads`, the next ones that
     // the best so far does not bound out, and their results are taken in
@@ -314,7 +316,7 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
         options, first_sequence[first_rank + group] - first_sequence[first_rank]);
     while (static_cast<int32_t>(trials.size()) < threads) trials.push_back(trials[0]);
     struct Outcome {
-      absl::Status status;
+      absl::StatusOr<int64_t> chunks;  // AssignReplicaBags' answer
       PredictedStep step;
     };
     std::vector<Outcome> outcomes;
@@ -333,9 +335,9 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
       internal::ParallelFor(static_cast<int32_t>(end - next), threads, [&](int32_t i) {
         const Candidate& candidate = candidates[next + i];
         std::vector<int32_t>& trial = trials[i];
-        outcomes[i].status = internal::AssignReplicaBags(*candidate.topology, options, sorted,
+        outcomes[i].chunks = internal::AssignReplicaBags(*candidate.topology, options, sorted,
                                                          first_rank, first_sequence, trial);
-        if (outcomes[i].status.ok()) {
+        if (outcomes[i].chunks.ok()) {
           outcomes[i].step = PredictReplica(*candidate.topology, first_rank, lengths,
                                             first_sequence, trial, cost, prices, masks, speeds);
         }
@@ -347,8 +349,8 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
           break;
         }
         ++solved;
-        if (!outcomes[i].status.ok()) {
-          if (first_error.ok()) first_error = outcomes[i].status;
+        if (!outcomes[i].chunks.ok()) {
+          if (first_error.ok()) first_error = outcomes[i].chunks.status();
           continue;
         }
         const PredictedStep& step = outcomes[i].step;
@@ -356,6 +358,7 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
             (step.time == best_step.time && candidate.order < best->order)) {
           best = &candidate;
           best_step = step;
+          best_chunks = *outcomes[i].chunks;
           std::copy(trials[i].begin() + first_sequence[first_rank],
                     trials[i].begin() + first_sequence[first_rank + group],
                     bag_of.begin() + first_sequence[first_rank]);
@@ -365,12 +368,14 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
     }
     if (best == nullptr) return first_error;
     chosen.push_back(*best->topology);
+    num_chunks += best_chunks;
     predicted = replica == 0 ? best_step : Slower(predicted, best_step);
   }
   absl::StatusOr<World> world = World::FromReplicas(std::move(chosen));
   if (!world.ok()) return world.status();
-  absl::StatusOr<Plan> plan = internal::BuildPlan(*world, cost, lengths, options,
-                                                  std::move(first_sequence), bag_of, masks);
+  absl::StatusOr<Plan> plan =
+      internal::BuildPlan(*world, cost, lengths, options, std::move(first_sequence), bag_of,
+                          num_chunks, masks);
   if (!plan.ok()) return plan.status();
   return AutoPlan{*std::move(plan), *std::move(world), predicted, considered, solved};
 }

@@ -52,7 +52,7 @@ absl::StatusOr<Plan> PlanWithoutMasks(const World& world, const CostModel& cost,
   // replica order) is the error, however many threads ran them.
   std::vector<int32_t> bag_of(first_sequence.back(), -1);
   const int32_t group = world.group_size();
-  std::vector<absl::Status> assigned(world.num_replicas());
+  std::vector<absl::StatusOr<int64_t>> assigned(world.num_replicas());
   internal::ParallelFor(
       world.num_replicas(), internal::SolverThreads(options, first_sequence.back()),
       [&](int32_t replica) {
@@ -63,11 +63,13 @@ absl::StatusOr<Plan> PlanWithoutMasks(const World& world, const CostModel& cost,
                                            masks),
             first_rank, first_sequence, bag_of);
       });
-  for (const absl::Status& status : assigned) {
-    if (!status.ok()) return status;
+  int64_t num_chunks = 0;
+  for (const absl::StatusOr<int64_t>& chunks : assigned) {
+    if (!chunks.ok()) return chunks.status();
+    num_chunks += *chunks;
   }
   return internal::BuildPlan(world, cost, lengths, options, std::move(first_sequence),
-                             bag_of, masks);
+                             bag_of, num_chunks, masks);
 }
 
 }  // namespace

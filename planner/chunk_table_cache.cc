@@ -15,7 +15,7 @@ std::vector<Chunk> ChunkTableCache::Take(int64_t count) {
   std::lock_guard<std::mutex> lock(mu_);
   if (count >= 0 && kept_.capacity() >= static_cast<size_t>(count)) {
     table.swap(kept_);
-    table.clear();
+    table.resize(count);
   }
   return table;
 }

@@ -29,8 +29,11 @@ class ChunkTableCache {
   // it then frees; else frees `chunks`.
   void GiveBack(std::vector<Chunk> chunks);
 
-  // The kept table, emptied, when it has room for `count` chunks (it is then
-  // no longer kept); else an empty table with no room reserved.
+  // The kept table, holding `count` chunks, when it has room for them (it
+  // is then no longer kept); else an empty table with no room reserved.
+  // The chunks are the old plan's where it had that many (zeroed past its
+  // end): only cut or grown at its end, so that the next plan writes each
+  // chunk in place without a pass that clears 64 MiB first.
   std::vector<Chunk> Take(int64_t count);
 
   // The room of the table kept, in bytes (0: none).

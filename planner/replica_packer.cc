@@ -636,9 +636,14 @@ void ReplicaPacker::TryLocality(double slack) {
   }
 }
 
-void ReplicaPacker::WriteBags(std::vector<int32_t>& bag_of) const {
+int64_t ReplicaPacker::WriteBags(std::vector<int32_t>& bag_of) const {
   const int32_t n = table_.size();
-  for (int32_t k = 0; k < n; ++k) bag_of[table_.id[k]] = chosen_[k];
+  int64_t chunks = 0;
+  for (int32_t k = 0; k < n; ++k) {
+    bag_of[table_.id[k]] = chosen_[k];
+    chunks += std::min<int64_t>(table_.length[k], bags_.gpus[chosen_[k]]);
+  }
+  return chunks;
 }
 
 }  // namespace internal

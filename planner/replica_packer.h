@@ -93,8 +93,10 @@ class ReplicaPacker {
   void TryLocality(double slack);
 
   // Sets bag_of[id] to the chosen bag (replica-relative) of every non-empty
-  // sequence id of the replica. REQUIRES: PackGreedy succeeded.
-  void WriteBags(std::vector<int32_t>& bag_of) const;
+  // sequence id of the replica, and returns the chunks they make: each
+  // sequence one per GPU of its bag, fewer when shorter (BuildPlan's table
+  // size). REQUIRES: PackGreedy succeeded.
+  int64_t WriteBags(std::vector<int32_t>& bag_of) const;
 
  private:
   class BagQueue;
