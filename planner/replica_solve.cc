@@ -103,9 +103,9 @@ std::vector<int32_t> FirstSequences(const RankLengths& lengths) {
 
 absl::StatusOr<int64_t> AssignReplicaBags(const Topology& topology,
                                           const BalancerOptions& options,
-                               SortedSequences sorted, int32_t first_rank,
-                               const std::vector<int32_t>& first_sequence,
-                               std::vector<int32_t>& bag_of) {
+                                          SortedSequences sorted, int32_t first_rank,
+                                          const std::vector<int32_t>& first_sequence,
+                                          std::vector<int32_t>& bag_of) {
   ReplicaPacker packer(topology, options.greedy, options.refine_rounds,
                        options.max_tokens_per_gpu, options.rank_speeds, std::move(sorted),
                        first_rank, first_sequence);
@@ -161,6 +161,9 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
   const int32_t num_sequences = plan.rank_first_sequence[world_size];
 
   // The chunk count is checked before the table is allocated.
+  if (num_chunks < 0) {
+    return absl::InternalError(absl::StrCat("plan: num_chunks ", num_chunks, " is negative"));
+  }
   if (num_chunks > options.limits.max_chunks) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "plan: ", num_chunks, " chunks exceed the limit of ", options.limits.max_chunks));

@@ -31,10 +31,11 @@ std::vector<int32_t> FirstSequences(const RankLengths& lengths);
 // chunks that placement makes (BuildPlan's num_chunks, summed over the
 // replicas). ResourceExhausted naming the sequence that fits under no
 // bag's token cap.
-absl::StatusOr<int64_t> AssignReplicaBags(const Topology& topology, const BalancerOptions& options,
-                               SortedSequences sorted, int32_t first_rank,
-                               const std::vector<int32_t>& first_sequence,
-                               std::vector<int32_t>& bag_of);
+absl::StatusOr<int64_t> AssignReplicaBags(const Topology& topology,
+                                          const BalancerOptions& options,
+                                          SortedSequences sorted, int32_t first_rank,
+                                          const std::vector<int32_t>& first_sequence,
+                                          std::vector<int32_t>& bag_of);
 
 // A plan of `world` with no sequences yet: its size, layout spec and global
 // bag tables (bag_first_rank, bag_gpus).

@@ -138,7 +138,7 @@ TEST(ChunkTableCache, BuildPlanRefusesAChunkCountThatIsNotBagOfs) {
       internal::BuildPlan(world, cost, lengths, options, first_sequence, bag_of, 7);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->chunks.size(), 7u);
-  for (int64_t wrong : {6, 8, 0}) {
+  for (int64_t wrong : {6, 8, 0, -1}) {
     cache.GiveBack(StaleTable(16, 16));
     const absl::StatusOr<Plan> refused =
         internal::BuildPlan(world, cost, lengths, options, first_sequence, bag_of, wrong);
