@@ -99,8 +99,8 @@ void RadixSortDescending(std::vector<T>& items, KeyFn key) {
   }
 }
 
-uint64_t BitsOf(double value) {
-  uint64_t bits;
+uint32_t BitsOf(float value) {
+  uint32_t bits;
   std::memcpy(&bits, &value, sizeof(bits));
   return bits;
 }
@@ -174,14 +174,39 @@ SortedSequences SortReplicaSequences(const CostModel& cost,
   // Masks that are all full price exactly as none: the unmasked order and
   // refinement, so that the plan is exactly the unmasked one.
   sorted.masked = AnyMasked(masks, first_rank, group);
-  RadixSortDescending(items, [](const Item& item) { return uint64_t{item.length}; });
-  if (sorted.masked) {
+  if (!sorted.masked) {
+    RadixSortDescending(items, [](const Item& item) { return uint64_t{item.length}; });
+  } else {
     // Under masks a longer sequence may cost less (causal vs full): by
     // workload itself, ties by length (the linear part, for the uniform
-    // model) and id, as unmasked plans are ordered. A stable sort on the
-    // length order; std::sort with that comparison took 28% of planning
-    // masked data in g8 at 16384 GPUs (bench/planner_curve).
-    RadixSortDescending(items, [](const Item& item) { return BitsOf(item.workload); });
+    // model) and id, as unmasked plans are ordered. First by the workload
+    // rounded to a float (rounding never reverses an order, so only runs
+    // of one float can be out of order): 3 radix passes where the
+    // double's bits took 6 and the lengths before them 2. Then each run of
+    // one float whose workloads or lengths differ is sorted by the whole
+    // order; a run of equal sequences is in id order already (the sort is
+    // stable on items in id order). std::sort over all took 28% of
+    // planning masked data in g8 at 16384 GPUs (bench/planner_curve).
+    RadixSortDescending(items, [](const Item& item) {
+      return uint64_t{BitsOf(static_cast<float>(item.workload))};
+    });
+    auto before = [](const Item& a, const Item& b) {
+      if (a.workload != b.workload) return a.workload > b.workload;
+      if (a.length != b.length) return a.length > b.length;
+      return a.id < b.id;
+    };
+    for (size_t begin = 0; begin < items.size();) {
+      const float key = static_cast<float>(items[begin].workload);
+      size_t end = begin + 1;
+      bool alike = true;
+      while (end < items.size() && static_cast<float>(items[end].workload) == key) {
+        alike = alike && items[end].workload == items[begin].workload &&
+                items[end].length == items[begin].length;
+        ++end;
+      }
+      if (!alike) std::sort(items.begin() + begin, items.begin() + end, before);
+      begin = end;
+    }
   }
   const int32_t n = static_cast<int32_t>(items.size());
   SequenceTable& table = sorted.table;

@@ -1,7 +1,9 @@
 // Plans under attention masks: unchanged without them, priced by the pairs
 // they attend with them, and better balanced than mask-blind plans by the
 // GPUs' true work.
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +15,8 @@
 #include "planner/balance_stats.h"
 #include "planner/balancer.h"
 #include "planner/plan_from_chunks.h"
+#include "planner/replica_packer.h"
+#include "planner/replica_solve.h"
 #include "planner/step_time.h"
 #include "planner/validate.h"
 #include "tests/planner/make_world.h"
@@ -204,6 +208,55 @@ TEST(MaskedBalancerTest, MalformedMasksAreRefusedBeforeAnythingIsPlanned) {
                               .status()
                               .message()),
               HasSubstr("masks[0][1].window: must be at least 1, got -1"));
+}
+
+// The packer's order under masks is workload descending, then length
+// descending, then id: the sort keys on the workload rounded to a float,
+// then orders each run of one float, so near ties (workloads one float
+// apart or less), equal workloads of different lengths (the uniform model
+// prices every sequence alike) and equal sequences must all come out as a
+// comparison sort puts them.
+TEST(MaskedBalancerTest, SequencesAreOrderedByWorkloadThenLengthThenId) {
+  MaskedStep step = RandomStep(64, 11);
+  // Lengths next to each other past 2^24 tokens: workloads that differ in
+  // the double but not in the float.
+  for (int64_t length : {int64_t{1} << 30, (int64_t{1} << 30) + 1, (int64_t{1} << 30) + 2,
+                         (int64_t{1} << 26) + 3, (int64_t{1} << 26) + 4}) {
+    step.lengths[length % 64].push_back(length);
+    step.masks[length % 64].push_back(AttentionMask::Causal());
+  }
+  // Equal sequences on several ranks (ties broken by id).
+  for (int32_t r = 0; r < 64; r += 3) {
+    step.lengths[r].push_back(4096);
+    step.masks[r].push_back(AttentionMask::Causal());
+  }
+  const std::vector<int32_t> first = internal::FirstSequences(step.lengths);
+  for (CostKind kind : {CostKind::kTransformer, CostKind::kUniform}) {
+    const CostModel cost = *CostModel::Create(1024, 1.0, kind);
+    const SortedSequences sorted =
+        internal::SortReplicaSequences(cost, step.lengths, 0, 64, first, &step.masks);
+    ASSERT_TRUE(sorted.masked);
+    std::vector<int32_t> want(first.back());
+    std::iota(want.begin(), want.end(), 0);
+    std::vector<double> workload(first.back());
+    std::vector<int64_t> length(first.back());
+    for (int32_t r = 0; r < 64; ++r) {
+      for (size_t i = 0; i < step.lengths[r].size(); ++i) {
+        length[first[r] + i] = step.lengths[r][i];
+        workload[first[r] + i] = cost.Workload(step.lengths[r][i], &step.masks[r][i]);
+      }
+    }
+    std::sort(want.begin(), want.end(), [&](int32_t a, int32_t b) {
+      if (workload[a] != workload[b]) return workload[a] > workload[b];
+      if (length[a] != length[b]) return length[a] > length[b];
+      return a < b;
+    });
+    EXPECT_EQ(sorted.table.id, want) << static_cast<int>(kind);
+    for (size_t k = 0; k < want.size(); ++k) {
+      EXPECT_EQ(sorted.table.workload[k], workload[want[k]]) << k;
+      EXPECT_EQ(sorted.table.length[k], length[want[k]]) << k;
+    }
+  }
 }
 
 }  // namespace
