@@ -59,9 +59,9 @@ constexpr int32_t kOtherRuleMaxSequences = 4096;
 constexpr int32_t kRepairPartners = 8;
 
 // Stable LSD radix sort by an unsigned 64-bit key, descending. A digit all
-// keys share moves nothing and is skipped: lengths (under 2^31) take at
-// most 3 passes, and workloads, whose bits as an integer order like the
-// positive doubles they are, only the digits in which they differ. Every
+// keys share moves nothing and is skipped: lengths (under 2^31) and
+// workloads rounded to floats (whose bits as an integer order like the
+// positive floats they are) take at most 3 passes. Every
 // digit's counts come from one pass before the first move (counts do not
 // depend on the order): a counting pass per digit was half the passes.
 template <typename T, typename KeyFn>
