@@ -50,7 +50,7 @@ void AdviseHugePages(void* data, size_t bytes) {
 // has them (x86-64 always does). Why: a chunk table too large for the
 // caches (64 MiB in g8 at 65,536 GPUs) written with ordinary stores is
 // read into the cache line by line before each line is overwritten, twice
-// the memory traffic; streaming stores skip that read, 4-7% of planning g8
+// the memory traffic; streaming stores skip that read, 4-8% of planning g8
 // there (bench/planner_curve). Every byte of the chunk is written (its
 // padding as zeros). Readers on other threads need StreamedChunksDone()
 // first.
