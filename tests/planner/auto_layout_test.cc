@@ -5,6 +5,7 @@
 
 #include "planner/auto_layout.h"
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "planner/data_stream.h"
 #include "planner/masked_stream.h"
+#include "planner/step_time.h"
 #include "planner/validate.h"
 
 namespace knapformer {
@@ -149,6 +151,65 @@ RandomWorld MakeRandomWorld(std::mt19937_64& rng) {
 // candidates in waves (a wave may hold candidates the earlier ones bound
 // out), and a world's replicas in BalanceGreedy. Past kParallelMinSequences,
 // so that the threads are used.
+// PredictStep against the model it documents (step_time.h), worked out
+// from the plan's chunk table: each GPU's tokens, its bag's attention
+// split evenly, Ulysses per token, and the route: tokens a source sends
+// away (every chunk not kept on it) against its bag's tokens received per
+// GPU, between nodes where the source's node is not the bag's or the bag
+// spans nodes. Bags of mixed sizes, some spanning nodes, and sequences
+// shorter than their bag.
+TEST(PredictStepTest, MatchesTheModelWorkedOutFromTheChunks) {
+  const CostModel cost = *CostModel::Create(1024, 1.0);
+  std::mt19937_64 random(5);
+  for (int32_t per_node : {1, 2, 4, 8}) {
+    const CommPrices prices = Prices(cost, per_node);
+    const World world = *World::Create(*Topology::Parse("g1n2+g2n1+g4n1"), 8);
+    RankLengths lengths(8);
+    for (std::vector<int64_t>& rank : lengths) {
+      for (int i = 0; i < 3; ++i) rank.push_back(1 + static_cast<int64_t>(random() % 5000));
+    }
+    const absl::StatusOr<Plan> plan = BalanceGreedy(world, cost, lengths, BalancerOptions());
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int32_t bags = static_cast<int32_t>(plan->bag_gpus.size());
+    auto node = [&](int32_t rank) { return rank / per_node; };
+    auto crosses = [&](int32_t bag) {
+      return node(plan->bag_first_rank[bag]) !=
+             node(plan->bag_first_rank[bag] + plan->bag_gpus[bag] - 1);
+    };
+    std::vector<int32_t> bag_of_rank(8);
+    for (int32_t b = 0; b < bags; ++b) {
+      for (int32_t p = 0; p < plan->bag_gpus[b]; ++p) bag_of_rank[plan->bag_first_rank[b] + p] = b;
+    }
+    std::vector<int64_t> tokens(8, 0), out_intra(8, 0), out_inter(8, 0);
+    std::vector<int64_t> in_intra(bags, 0), in_inter(bags, 0);
+    std::vector<double> attention(bags, 0.0);
+    for (const PlacedSequence& seq : plan->sequences) {
+      if (seq.bag >= 0) attention[seq.bag] += cost.Attention(seq.length);
+    }
+    for (const Chunk& chunk : plan->chunks) {
+      tokens[chunk.dst_rank] += chunk.length;
+      if (chunk.src_rank == chunk.dst_rank) continue;
+      const int32_t bag = bag_of_rank[chunk.dst_rank];
+      const bool inter = node(chunk.src_rank) != node(plan->bag_first_rank[bag]) || crosses(bag);
+      (inter ? out_inter : out_intra)[chunk.src_rank] += chunk.length;
+      (inter ? in_inter : in_intra)[bag] += chunk.length;
+    }
+    double slowest = 0;
+    for (int32_t gpu = 0; gpu < 8; ++gpu) {
+      const int32_t bag = bag_of_rank[gpu];
+      const double g = plan->bag_gpus[bag];
+      const double time =
+          cost.Linear(tokens[gpu]) + attention[bag] / g +
+          prices.UlyssesPerToken(plan->bag_gpus[bag], crosses(bag)) * tokens[gpu] +
+          prices.RoutePerToken(false) * std::max<double>(out_intra[gpu], in_intra[bag] / g) +
+          prices.RoutePerToken(true) * std::max<double>(out_inter[gpu], in_inter[bag] / g);
+      slowest = std::max(slowest, time);
+    }
+    const PredictedStep predicted = PredictStep(*plan, world, lengths, cost, prices);
+    EXPECT_NEAR(predicted.time, slowest, slowest * 1e-12) << "gpus per node " << per_node;
+  }
+}
+
 TEST(BalanceAutoTest, ThreadsChangeNothing) {
   const CostModel cost = *CostModel::Create(3072, 0.49);
   const CommPrices prices = Prices(cost);
