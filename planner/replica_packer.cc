@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "planner/bag_split.h"
 #include "planner/locality.h"
 #include "planner/min_tree.h"
 #include "planner/multifit.h"
@@ -666,7 +667,7 @@ int64_t ReplicaPacker::WriteBags(std::vector<int32_t>& bag_of) const {
   int64_t chunks = 0;
   for (int32_t k = 0; k < n; ++k) {
     bag_of[table_.id[k]] = chosen_[k];
-    chunks += std::min<int64_t>(table_.length[k], bags_.gpus[chosen_[k]]);
+    chunks += ChunksOverBag(table_.length[k], bags_.gpus[chosen_[k]]);
   }
   return chunks;
 }

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "planner/bag_split.h"
 #include "planner/chunk_table_cache.h"
 #include "planner/replica_packer.h"
 
@@ -215,27 +216,24 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
       const int32_t bag = first_bag + bag_of[base + i];
       const int32_t gpus = plan.bag_gpus[bag];
       seq.bag = bag;
-      if (num_chunks - written < std::min<int64_t>(length, gpus)) {
+      if (num_chunks - written < ChunksOverBag(length, gpus)) {
         return absl::InternalError(absl::StrCat("plan: num_chunks ", num_chunks,
                                                 " is fewer than bag_of makes"));
       }
-      const int64_t share = length / gpus;
-      const int32_t extra = static_cast<int32_t>(length % gpus);
+      const BagSplit split = SplitOverBag(length, gpus);
       const int32_t start = rotation[bag];
       int64_t offset = 0;
       for (int32_t position = 0; position < gpus; ++position) {
-        int32_t turn = position - start;  // (position - start) mod gpus, without a division
-        if (turn < 0) turn += gpus;
-        const int64_t chunk_length = share + (turn < extra ? 1 : 0);
+        const int64_t chunk_length = ChunkAt(split, position, start, gpus);
         if (chunk_length == 0) continue;
         const int32_t dst = plan.bag_first_rank[bag] + position;
         StreamChunk(&chunks[written++], rank, seq.seq_index, offset, chunk_length, dst);
         offset += chunk_length;
       }
-      rotation[bag] = (start + extra) % gpus;
+      rotation[bag] = NextRotation(start, split, gpus);
       seq.num_chunks = written - seq.first_chunk;
-      bag_shares[bag] += share;
-      bag_extras[bag] += extra;
+      bag_shares[bag] += split.share;
+      bag_extras[bag] += split.extra;
       bag_attention[bag] += attention;
     }
   }
@@ -249,7 +247,7 @@ absl::StatusOr<Plan> BuildPlan(const World& world, const CostModel& cost,
     const int32_t gpus = plan.bag_gpus[bag];
     for (int32_t p = 0; p < gpus; ++p) {
       tokens_after[plan.bag_first_rank[bag] + p] =
-          bag_shares[bag] + bag_extras[bag] / gpus + (p < bag_extras[bag] % gpus ? 1 : 0);
+          TokensAt(bag_shares[bag], bag_extras[bag], gpus, p);
     }
   }
   PriceWorkloadAfter(cost, tokens_after, bag_attention, plan);

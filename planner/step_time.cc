@@ -1,8 +1,8 @@
 #include "planner/step_time.h"
 
 #include <algorithm>
-#include <limits>
 
+#include "planner/bag_split.h"
 #include "planner/rank_speeds.h"
 
 namespace knapformer {
@@ -45,31 +45,14 @@ PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
       const Bag& bag = topology.bag(b);
       const int32_t gpus = bag.gpus;
       BagState& state = bags[b];
-      // 32-bit division where the length allows (every checked one does,
-      // CostModel::kMaxLength): a 64-bit one costs about twice as much.
-      int64_t share;
-      int32_t extra;
-      if (length <= std::numeric_limits<uint32_t>::max()) {
-        const uint32_t length32 = static_cast<uint32_t>(length);
-        share = length32 / static_cast<uint32_t>(gpus);
-        extra = static_cast<int32_t>(length32 % static_cast<uint32_t>(gpus));
-      } else {
-        share = length / gpus;
-        extra = static_cast<int32_t>(length % gpus);
-      }
-      // The chunk the source keeps when it is a GPU of the bag (as BuildPlan
-      // cuts it: positions start..start+extra-1, cyclically, get one more).
+      const BagSplit split = SplitOverBag(length, gpus);
+      // The chunk the source keeps when it is a GPU of the bag.
       int64_t kept = 0;
       const int32_t position = rank - first_rank - bag.first_rank;
-      if (position >= 0 && position < gpus) {
-        int32_t turn = position - state.rotation;
-        if (turn < 0) turn += gpus;
-        kept = share + (turn < extra ? 1 : 0);
-      }
-      state.rotation += extra;  // both under gpus: one subtraction, not a division
-      if (state.rotation >= gpus) state.rotation -= gpus;
-      state.shares += share;
-      state.extras += extra;
+      if (position >= 0 && position < gpus) kept = ChunkAt(split, position, state.rotation, gpus);
+      state.rotation = NextRotation(state.rotation, split, gpus);
+      state.shares += split.share;
+      state.extras += split.extra;
       state.attention += cost.Attention(length, MaskOf(masks, rank, i));
       const int64_t moved = length - kept;
       const bool inter = node != bag_node[b] || bag_crosses[b];
@@ -90,7 +73,7 @@ PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
     // The bag runs at its slowest GPU's pace.
     const double slowest_speed = speeds.empty() ? 1.0 : SlowestSpeed(speeds, bag_first, gpus);
     for (int32_t p = 0; p < gpus; ++p) {
-      const int64_t tokens = state.shares + state.extras / gpus + (p < state.extras % gpus ? 1 : 0);
+      const int64_t tokens = TokensAt(state.shares, state.extras, gpus, p);
       const int32_t local = bag.first_rank + p;
       double compute = cost.Linear(tokens) + attention;
       if (slowest_speed != 1.0) compute /= slowest_speed;

@@ -136,6 +136,7 @@ HEADERS = [
     "planner/attention_mask.h",
     "planner/auto_layout.h",
     "planner/bag_members.h",
+    "planner/bag_split.h",
     "planner/balance_stats.h",
     "planner/balancer.h",
     "planner/balancer_input.h",
