@@ -16,13 +16,6 @@
 namespace knapformer {
 namespace {
 
-std::vector<Chunk> TableWithRoom(size_t room) {
-  std::vector<Chunk> table;
-  table.reserve(room);
-  table.emplace_back();
-  return table;
-}
-
 // A table of `size` chunks no plan makes (every field -7), with `room`:
 // what a plan's table holds when given back.
 std::vector<Chunk> StaleTable(size_t size, size_t room) {
@@ -52,8 +45,8 @@ TEST(ChunkTableCache, AnEmptyCacheGivesATableWithNoRoom) {
 
 TEST(ChunkTableCache, KeepsTheTableOfMostRoomAndGivesItSized) {
   ChunkTableCache cache;
-  cache.GiveBack(TableWithRoom(100));
-  cache.GiveBack(TableWithRoom(40));  // less room: freed, the 100 stay
+  cache.GiveBack(StaleTable(1, 100));
+  cache.GiveBack(StaleTable(1, 40));  // less room: freed, the 100 stay
   EXPECT_EQ(cache.kept_bytes(), static_cast<int64_t>(100 * sizeof(Chunk)));
   EXPECT_EQ(cache.Take(101).capacity(), 0u);  // too small: still kept
   EXPECT_EQ(cache.kept_bytes(), static_cast<int64_t>(100 * sizeof(Chunk)));
@@ -62,7 +55,7 @@ TEST(ChunkTableCache, KeepsTheTableOfMostRoomAndGivesItSized) {
   EXPECT_EQ(taken.size(), 100u);  // the one chunk it held, then zeroed ones
   EXPECT_EQ(cache.kept_bytes(), 0);  // taken, no longer kept
   cache.GiveBack(std::move(taken));
-  cache.GiveBack(TableWithRoom(300));  // more room: kept instead
+  cache.GiveBack(StaleTable(1, 300));  // more room: kept instead
   EXPECT_EQ(cache.kept_bytes(), static_cast<int64_t>(300 * sizeof(Chunk)));
 }
 
@@ -98,7 +91,7 @@ TEST(ChunkTableCache, PlansFillTheKeptTableAndAreTheSame) {
 
   // A table too small is left kept; the plan allocates its own, with room
   // for a slightly larger step, since a cache keeps it for the next.
-  cache.GiveBack(TableWithRoom(1));
+  cache.GiveBack(StaleTable(1, 1));
   absl::StatusOr<Plan> fresh = BalanceGreedy(world, cost, lengths, options);
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_EQ(cache.kept_bytes(), static_cast<int64_t>(sizeof(Chunk)));
