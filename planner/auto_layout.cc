@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "planner/parallel_for.h"
+#include "planner/placement_bound.h"
 #include "planner/rank_speeds.h"
 #include "planner/replica_packer.h"
 #include "planner/replica_solve.h"
@@ -72,6 +73,11 @@ struct Candidate {
   const Topology* topology;
   double lower_bound;
   int32_t order;
+  bool shaped;  // by the data (DemandShaped), not one bag size
+  // EveryPlacementSlower's answer for the best time it was last asked
+  // with (0: not asked yet).
+  double asked_with = 0;
+  bool slower = false;
 };
 
 }  // namespace
@@ -291,10 +297,15 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
           (total + slowest * least_ulysses * static_cast<double>(tokens)) / total_speed;
       candidates.push_back({topology,
                             std::max({mean, longest_alone, heaviest_alone}) * kSlack,
-                            static_cast<int32_t>(i)});
+                            static_cast<int32_t>(i), i >= homogeneous.size()});
     }
+    // The one-size layouts first, each kind by its bound: a data-shaped
+    // layout that loses usually loses by its packing, which only
+    // EveryPlacementSlower sees, and only against a time already solved.
+    // The order changes what is solved, never what is chosen (below).
     std::stable_sort(candidates.begin(), candidates.end(),
                      [](const Candidate& a, const Candidate& b) {
+                       if (a.shaped != b.shaped) return b.shaped;
                        return a.lower_bound < b.lower_bound;
                      });
     considered += static_cast<int32_t>(candidates.size());
@@ -306,12 +317,15 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
     PredictedStep best_step;
     int64_t best_chunks = 0;
     absl::Status first_error;
-    // Candidates are solved in waves of up to `threads`, the next ones that
-    // the best so far does not bound out, and their results are taken in
-    // order as one thread would have solved them: a candidate that an
-    // earlier one of its wave bounds out ends the replica, its result (and
-    // the rest of the wave's) unused. So the choice, `solved` included, is
-    // the same for any thread count.
+    // A candidate is skipped when the best so far rules it out: its lower
+    // bound, or a packing argument, proves it slower. Both only grow
+    // stricter as the best falls, so whatever is skipped would lose, and
+    // the choice is the fastest candidate (ties: the earliest in `specs`)
+    // in any order. Candidates are solved in waves of up to `threads`,
+    // the next ones the best so far does not rule out, and their results
+    // taken in order as one thread would have solved them: a candidate
+    // that an earlier one of its wave rules out is dropped unused. So the
+    // choice, `solved` included, is the same for any thread count.
     const int32_t threads = internal::SolverThreads(
         options, first_sequence[first_rank + group] - first_sequence[first_rank]);
     while (static_cast<int32_t>(trials.size()) < threads) trials.push_back(trials[0]);
@@ -320,20 +334,26 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
       PredictedStep step;
     };
     std::vector<Outcome> outcomes;
-    auto bounded_out = [&](const Candidate& candidate) {
-      return best != nullptr && candidate.lower_bound >= best_step.time;
-    };
-    bool ended = false;
-    for (size_t next = 0; next < candidates.size() && !ended;) {
-      size_t end = next;
-      while (end < candidates.size() && end - next < static_cast<size_t>(threads) &&
-             !bounded_out(candidates[end])) {
-        ++end;
+    auto ruled_out = [&](Candidate& candidate) {
+      if (best == nullptr) return false;
+      if (candidate.lower_bound >= best_step.time) return true;
+      if (candidate.asked_with != best_step.time) {
+        candidate.asked_with = best_step.time;
+        candidate.slower = EveryPlacementSlower(*candidate.topology, sorted.table, cost, prices,
+                                                fastest, best_step.time);
       }
-      if (end == next) break;
-      outcomes.assign(end - next, Outcome());
-      internal::ParallelFor(static_cast<int32_t>(end - next), threads, [&](int32_t i) {
-        const Candidate& candidate = candidates[next + i];
+      return candidate.slower;
+    };
+    std::vector<size_t> wave;
+    for (size_t next = 0; next < candidates.size();) {
+      wave.clear();
+      for (; next < candidates.size() && static_cast<int32_t>(wave.size()) < threads; ++next) {
+        if (!ruled_out(candidates[next])) wave.push_back(next);
+      }
+      if (wave.empty()) break;
+      outcomes.assign(wave.size(), Outcome());
+      internal::ParallelFor(static_cast<int32_t>(wave.size()), threads, [&](int32_t i) {
+        const Candidate& candidate = candidates[wave[i]];
         std::vector<int32_t>& trial = trials[i];
         outcomes[i].chunks = internal::AssignReplicaBags(*candidate.topology, options, sorted,
                                                          first_rank, first_sequence, trial);
@@ -342,12 +362,9 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
                                             first_sequence, trial, cost, prices, masks, speeds);
         }
       });
-      for (size_t i = 0; i < outcomes.size(); ++i) {
-        const Candidate& candidate = candidates[next + i];
-        if (bounded_out(candidate)) {
-          ended = true;
-          break;
-        }
+      for (size_t i = 0; i < wave.size(); ++i) {
+        Candidate& candidate = candidates[wave[i]];
+        if (ruled_out(candidate)) continue;
         ++solved;
         if (!outcomes[i].chunks.ok()) {
           if (first_error.ok()) first_error = outcomes[i].chunks.status();
@@ -364,7 +381,6 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
                     bag_of.begin() + first_sequence[first_rank]);
         }
       }
-      next = end;
     }
     if (best == nullptr) return first_error;
     chosen.push_back(*best->topology);

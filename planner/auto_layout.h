@@ -70,7 +70,7 @@ struct AutoPlan {
   World world;      // each replica's chosen topology
   PredictedStep predicted;  // == PredictStep(plan, world, ...)
   int32_t candidates = 0;   // layouts considered, over all replicas
-  int32_t solved = 0;       // of those, solved (the others were bounded out)
+  int32_t solved = 0;       // of those, solved (the others were ruled out)
 };
 
 // Plans one step under `layout` on `world_size` ranks: for each replica, it
@@ -79,10 +79,13 @@ struct AutoPlan {
 // sequences that need that size fill, the rest one-GPU bags), solves each
 // with the greedy balancer and `options` (balancer.h), and keeps the one of
 // least predicted step time (step_time.h; ties: the earlier layout in that
-// order). A layout whose lower bound (its mean load with Ulysses priced in,
-// or what the longest sequence alone puts on one GPU) is not below the best
-// found is not solved: it could not win. So the result is never predicted
-// slower than any fixed homogeneous layout solved with the same options.
+// order). A layout is not solved when it could not win against the best
+// found: its lower bound (its mean load with Ulysses priced in, or what
+// the longest sequence alone puts on one GPU) is not below it, or a
+// packing argument proves every placement slower (placement_bound.h). So
+// the result is never predicted slower than any fixed homogeneous layout
+// solved with the same options, and does not depend on the order the
+// layouts are solved in (the one-size layouts first).
 // With options.threads > 1 (from 4096 sequences in a replica), up to that
 // many candidates are solved at once; the choice is the same.
 //
