@@ -1,5 +1,9 @@
 #include "planner/multifit.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -59,30 +63,60 @@ class RoomTree {
   }
 
   // The first bag in [lo, hi] whose room is at least `need`; -1 if none.
-  // Up from lo, each level's siblings to the right of the path, until one
-  // has the room; then down, into the first child that has it.
+  // From lo = 0 (every sequence that may use the smallest bags), down
+  // from the top; else up from lo, each level's siblings to the right of
+  // the path, until one has the room, then down. Each step finds its
+  // child among 8 with one compare of all 8 (Fits), where a scan, child by
+  // child, mispredicted a branch on every level.
   int32_t FirstWithRoom(int32_t lo, int32_t hi, double need) const {
     size_t node = static_cast<size_t>(lo);
     size_t level = 0;
-    for (;; ++level) {
-      // Past a level's end there is nothing to the right above it either.
-      if (level == levels_.size() || node >= levels_[level].size()) return -1;
-      const std::vector<double>& nodes = levels_[level];
-      const size_t group_end = (node / kFanOut + 1) * kFanOut;
-      while (node < group_end && nodes[node] < need) ++node;
-      if (node < group_end) break;
-      node = group_end / kFanOut;  // the next node to the right, one level up
+    if (lo == 0) {
+      level = levels_.size() - 1;  // one group
+      const uint32_t fits = Fits(levels_[level].data(), need);
+      if (fits == 0) return -1;
+      node = static_cast<size_t>(__builtin_ctz(fits));
+    } else {
+      for (;; ++level) {
+        // Past a level's end there is nothing to the right above it either.
+        if (level == levels_.size() || node >= levels_[level].size()) return -1;
+        const size_t first = node / kFanOut * kFanOut;
+        const uint32_t fits =
+            Fits(&levels_[level][first], need) & (~uint32_t{0} << (node - first));
+        if (fits != 0) {
+          node = first + static_cast<size_t>(__builtin_ctz(fits));
+          break;
+        }
+        node = first / kFanOut + 1;  // the next node to the right, one level up
+      }
     }
+    // A node's room is its largest child's, so one child has it.
     for (; level > 0; --level) {
       node *= kFanOut;
-      const std::vector<double>& children = levels_[level - 1];
-      while (children[node] < need) ++node;
+      node += static_cast<size_t>(__builtin_ctz(Fits(&levels_[level - 1][node], need)));
     }
     return node <= static_cast<size_t>(hi) ? static_cast<int32_t>(node) : -1;
   }
 
  private:
   static constexpr size_t kFanOut = 8;
+
+  // Bit i set when group[i] >= need, for a group of kFanOut rooms.
+  static uint32_t Fits(const double* group, double need) {
+    static_assert(kFanOut == 8, "Fits compares 8 rooms");
+#if defined(__SSE2__)
+    const __m128d at_least = _mm_set1_pd(need);
+    auto pair = [&](int i) {
+      return static_cast<uint32_t>(
+          _mm_movemask_pd(_mm_cmpge_pd(_mm_loadu_pd(group + i), at_least)));
+    };
+    return pair(0) | pair(2) << 2 | pair(4) << 4 | pair(6) << 6;
+#else
+    uint32_t fits = 0;
+    for (size_t i = 0; i < kFanOut; ++i) fits |= uint32_t{group[i] >= need} << i;
+    return fits;
+#endif
+  }
 
   double MaxOfChildren(size_t level, size_t node) const {
     const double* c = &levels_[level - 1][node * kFanOut];
