@@ -282,13 +282,10 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
         if (b > 0 && g == topology->bag(b - 1).gpus) continue;
         const double ulysses = prices.UlyssesPerToken(g, false);
         least_ulysses = std::min(least_ulysses, ulysses);
-        auto alone = [&](int64_t length, double attention) {
-          const int64_t chunk = (length + g - 1) / g;
-          return (cost.Linear(chunk) + attention / g) / fastest +
-                 ulysses * static_cast<double>(chunk);
-        };
-        longest_alone = std::min(longest_alone, alone(longest, longest_attention));
-        heaviest_alone = std::min(heaviest_alone, alone(heaviest, heaviest_attention));
+        longest_alone = std::min(
+            longest_alone, ChunkAloneTime(cost, longest, longest_attention, g, ulysses, fastest));
+        heaviest_alone = std::min(heaviest_alone, ChunkAloneTime(cost, heaviest, heaviest_attention,
+                                                                 g, ulysses, fastest));
       }
       // The slowest GPU's time is at least the speed-weighted mean of all
       // (weights s / total_speed): total compute over total speed, plus

@@ -75,11 +75,9 @@ bool EveryPlacementSlower(const Topology& topology, const SequenceTable& table,
     const double attention = w - cost.Linear(l);
     int32_t smallest = 0;
     for (; smallest < sizes; ++smallest) {
-      const int32_t g = gpus[smallest];
-      const int64_t chunk = (l + g - 1) / g;
-      const double alone =
-          (cost.Linear(chunk) + attention / g) / fastest + price[smallest] * chunk;
-      if (alone < t) break;
+      if (ChunkAloneTime(cost, l, attention, gpus[smallest], price[smallest], fastest) < t) {
+        break;
+      }
     }
     if (smallest == sizes) return true;  // too slow in every size
     for (int32_t c = 0; c < sizes; ++c) {
