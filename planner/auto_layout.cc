@@ -72,8 +72,7 @@ BagCounts DemandShaped(const std::vector<double>& workloads, double total, int32
 struct Candidate {
   const Topology* topology;
   double lower_bound;
-  int32_t order;
-  bool shaped;  // by the data (DemandShaped), not one bag size
+  int32_t order;  // in `specs`: the one-size layouts, then the data-shaped
   // EveryPlacementSlower's answer for the best time it was last asked
   // with (0: not asked yet).
   double asked_with = 0;
@@ -294,15 +293,18 @@ absl::StatusOr<AutoPlan> AutoPlanWithoutMasks(const AutoLayout& layout, const Co
           (total + slowest * least_ulysses * static_cast<double>(tokens)) / total_speed;
       candidates.push_back({topology,
                             std::max({mean, longest_alone, heaviest_alone}) * kSlack,
-                            static_cast<int32_t>(i), i >= homogeneous.size()});
+                            static_cast<int32_t>(i)});
     }
     // The one-size layouts first, each kind by its bound: a data-shaped
     // layout that loses usually loses by its packing, which only
     // EveryPlacementSlower sees, and only against a time already solved.
     // The order changes what is solved, never what is chosen (below).
+    const int32_t one_size = static_cast<int32_t>(homogeneous.size());
     std::stable_sort(candidates.begin(), candidates.end(),
-                     [](const Candidate& a, const Candidate& b) {
-                       if (a.shaped != b.shaped) return b.shaped;
+                     [one_size](const Candidate& a, const Candidate& b) {
+                       const bool a_shaped = a.order >= one_size;
+                       const bool b_shaped = b.order >= one_size;
+                       if (a_shaped != b_shaped) return b_shaped;
                        return a.lower_bound < b.lower_bound;
                      });
     considered += static_cast<int32_t>(candidates.size());

@@ -10,6 +10,18 @@
 
 namespace knapformer {
 
+// What a sequence of `length` tokens and `attention` puts on one GPU of a
+// bag of `gpus` at least, alone: its largest chunk's linear work and its
+// share of the attention at the speed `fastest`, and the chunk's Ulysses
+// time at `ulysses_price` a token. A bound on any placement's step that
+// puts it in such a bag (BalanceAuto's bounds, and the argument below).
+inline double ChunkAloneTime(const CostModel& cost, int64_t length, double attention,
+                             int32_t gpus, double ulysses_price, double fastest) {
+  const int64_t chunk = (length + gpus - 1) / gpus;
+  return (cost.Linear(chunk) + attention / gpus) / fastest +
+         ulysses_price * static_cast<double>(chunk);
+}
+
 // Whether every placement of one replica's sequences on `topology` is
 // predicted (PredictReplica, step_time.h) slower than `time`: what lets
 // BalanceAuto skip a candidate layout without solving it, once another
@@ -39,18 +51,6 @@ namespace knapformer {
 //
 // Monotone: true for a time is true for every lower one. O(S * K) for S
 // sequences and K bag sizes, most sequences screened out by one compare.
-// What a sequence of `length` tokens and `attention` puts on one GPU of a
-// bag of `gpus` at least, alone: its largest chunk's linear work and its
-// share of the attention at the speed `fastest`, and the chunk's Ulysses
-// time at `ulysses_price` a token. A bound on any placement's step that
-// puts it in such a bag (BalanceAuto's bounds, and the argument above).
-inline double ChunkAloneTime(const CostModel& cost, int64_t length, double attention,
-                             int32_t gpus, double ulysses_price, double fastest) {
-  const int64_t chunk = (length + gpus - 1) / gpus;
-  return (cost.Linear(chunk) + attention / gpus) / fastest +
-         ulysses_price * static_cast<double>(chunk);
-}
-
 bool EveryPlacementSlower(const Topology& topology, const SequenceTable& table,
                           const CostModel& cost, const CommPrices& prices, double fastest,
                           double time);

@@ -66,7 +66,7 @@ PredictedStep PredictReplica(const Topology& topology, int32_t first_rank,
     const BagState& state = bags[bag.id];
     const int32_t gpus = bag.gpus;
     const int32_t bag_first = first_rank + bag.first_rank;
-    const double ulysses_price = prices.UlyssesPerToken(gpus, prices.CrossesNodes(bag_first, gpus));
+    const double ulysses_price = prices.UlyssesPerToken(gpus, bag_crosses[bag.id]);
     const double attention = state.attention / gpus;
     const double in_intra = static_cast<double>(state.in_intra) / gpus;
     const double in_inter = static_cast<double>(state.in_inter) / gpus;
