@@ -227,6 +227,129 @@ TEST(MultifitTest, EverySequenceGoesToTheFirstUsableBagWithRoom) {
   EXPECT_GE(packed, 40);  // of 44: the check above must have run
 }
 
+// The bisection as Multifit documents it, every capacity packed whole by a
+// plain first fit: what Multifit must return, though it stops a packing
+// once the rest surely fits and packs only the least capacity that did.
+bool WholePackingsBisection(const ReplicaBags& replica, const std::vector<double>& workload,
+                            const std::vector<int32_t>& first, const std::vector<int32_t>& last,
+                            double lo, double hi, int32_t rounds, double min_gain,
+                            std::vector<int32_t>& bags, std::vector<double>& assigned) {
+  auto first_fit = [&](double capacity, std::vector<int32_t>& packed,
+                       std::vector<double>& loads) {
+    std::vector<double> room(replica.size());
+    for (int32_t b = 0; b < replica.size(); ++b) room[b] = capacity * replica.speed[b];
+    packed.assign(workload.size(), -1);
+    loads.assign(replica.size(), 0.0);
+    for (size_t k = 0; k < workload.size(); ++k) {
+      int32_t b = first[k];
+      while (b <= last[k] && room[b] < workload[k]) ++b;
+      if (b > last[k]) return false;
+      packed[k] = b;
+      loads[b] += workload[k];
+      room[b] -= workload[k];
+    }
+    return true;
+  };
+  std::vector<int32_t> trial;
+  std::vector<double> trial_loads;
+  if (min_gain > 0 && !first_fit(hi / (1 + min_gain), trial, trial_loads)) return false;
+  bool found = false;
+  for (int32_t round = 0; round < rounds && hi - lo > hi * 1e-4; ++round) {
+    const double capacity = lo + (hi - lo) / 2;
+    if (first_fit(capacity, trial, trial_loads)) {
+      bags = trial;
+      assigned = trial_loads;
+      found = true;
+      hi = capacity;
+    } else {
+      lo = capacity;
+    }
+  }
+  return found;
+}
+
+TEST(MultifitTest, FindsThePackingWholePackingsWouldFind) {
+  // Hundreds to thousands of sequences, so that Multifit's check that the
+  // rest surely fits (every 64 sequences) runs many times a packing: heavy
+  // sequences restricted to the larger bags (as the packer restricts
+  // them), in some trials a few to a run short of the last bag, at one
+  // speed or unequal ones, from a loose lower bound or a tighter one.
+  uint64_t state = 2024;
+  auto next = [&](int range) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<int32_t>((state >> 33) % range);
+  };
+  int found = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    std::vector<int32_t> gpus;
+    for (int32_t size : {1, 2, 4, 8}) {
+      for (int32_t i = next(40); i > 0; --i) gpus.push_back(size);
+    }
+    if (gpus.empty()) gpus.push_back(1);
+    const int32_t num_bags = static_cast<int32_t>(gpus.size());
+    std::vector<double> speeds(gpus.begin(), gpus.end());
+    if (trial % 3 == 0) {
+      for (int32_t b = 0; b < num_bags; ++b) speeds[b] *= 0.5 + next(100) / 100.0;
+    }
+    const ReplicaBags replica(gpus, speeds);
+    std::vector<double> workload;
+    for (int i = 64 + next(30 * num_bags); i > 0; --i) {
+      // Many light sequences, a few up to 50 times heavier.
+      workload.push_back(next(8) == 0 ? 1 + next(5000) : 1 + next(100));
+    }
+    std::sort(workload.begin(), workload.end(), std::greater<double>());
+    std::vector<int32_t> first(workload.size()), last(workload.size());
+    double total = 0, speed = 0;
+    for (double s : speeds) speed += s;
+    for (size_t k = 0; k < workload.size(); ++k) {
+      // The heavier, the larger the smallest bag it may use.
+      const int32_t need = workload[k] > 2500 ? 8 : workload[k] > 1000 ? 4 : 1;
+      first[k] = static_cast<int32_t>(std::lower_bound(gpus.begin(), gpus.end(), need) -
+                                      gpus.begin());
+      if (first[k] == num_bags) first[k] = 0;
+      const int32_t rest = num_bags - first[k];
+      last[k] = trial % 5 == 1 && need == 1 && next(50) == 0
+                    ? first[k] + rest / 2 + next(rest - rest / 2)
+                    : num_bags - 1;
+      total += workload[k];
+    }
+    const double mean = total / speed;
+    const double lo = trial % 2 == 0 ? mean : 1.02 * mean;
+    const double hi = (1.1 + next(40) / 100.0) * mean;
+    const double min_gain = trial % 4 == 0 ? 0.0 : 1e-3;
+    std::vector<int32_t> bags = {-2}, expected_bags = {-2};
+    std::vector<double> assigned = {-2}, expected_assigned = {-2};
+    const bool packed =
+        Multifit(replica, workload, first, last, lo, hi, 16, min_gain, bags, assigned);
+    const bool expected = WholePackingsBisection(replica, workload, first, last, lo, hi, 16,
+                                                 min_gain, expected_bags, expected_assigned);
+    ASSERT_EQ(packed, expected) << "trial " << trial;
+    ASSERT_EQ(bags, expected_bags) << "trial " << trial;
+    ASSERT_EQ(assigned, expected_assigned) << "trial " << trial;
+    found += packed;
+  }
+  EXPECT_GE(found, 30);  // the comparison above must have covered packings
+}
+
+TEST(MultifitTest, ASequenceNoBagHasRoomForFailsThoughTheTotalWouldFit) {
+  // 64 bags; 65 sequences of 60 and 1000 of 1. Below a capacity of 120 no
+  // bag holds two of the 60s, so first fit fails on the 65th, though the
+  // total (4900) is far under 64 bags of 100: a packing stopped early on
+  // the total alone would say it fits. The bisection must end at 120.
+  const std::vector<int32_t> gpus(64, 1);
+  std::vector<double> workload(65, 60.0);
+  workload.resize(65 + 1000, 1.0);
+  const std::vector<int32_t> first(workload.size(), 0), last(workload.size(), 63);
+  std::vector<int32_t> bags, expected_bags;
+  std::vector<double> assigned, expected_assigned;
+  ASSERT_TRUE(Multifit(gpus, workload, first, last, 90.0, 130.0, 16, 0.0, bags, assigned));
+  ASSERT_TRUE(WholePackingsBisection(gpus, workload, first, last, 90.0, 130.0, 16, 0.0,
+                                     expected_bags, expected_assigned));
+  EXPECT_EQ(bags, expected_bags);
+  EXPECT_EQ(assigned, expected_assigned);
+  EXPECT_GE(*std::max_element(assigned.begin(), assigned.end()), 120.0);
+}
+
 TEST(MultifitTest, FillsEachBagToItsSpeedsCapacity) {
   // One GPU at 0.5, two at 1. The least loaded rule hands the 4 to bag 0,
   // the slow one (time 8); the best is 6 (at most a 2 on the slow GPU, 4 + 2
