@@ -152,11 +152,28 @@ class FitCertainty {
                const std::vector<int32_t>& first_usable, const std::vector<int32_t>& last_usable)
       : segment_of_(replica.size()) {
     const int32_t num_bags = replica.size();
+    // One pass from the last sequence back: where segments start, and per
+    // check the common range (as bags, first > last when empty) and the
+    // workload left.
     std::vector<char> starts(num_bags + 1, 0);
     starts[0] = 1;
-    for (size_t k = 0; k < workload.size(); ++k) {
+    const size_t checks = (workload.size() + kStride - 1) / kStride;
+    first_segment_.resize(checks);
+    last_segment_.resize(checks);
+    workload_left_.resize(checks);
+    int32_t first = 0, last = num_bags - 1;
+    double left = 0;
+    for (size_t k = workload.size(); k-- > 0;) {
       starts[first_usable[k]] = 1;
       starts[last_usable[k] + 1] = 1;
+      first = std::max(first, first_usable[k]);
+      last = std::min(last, last_usable[k]);
+      left += workload[k];
+      if (k % kStride == 0) {
+        first_segment_[k / kStride] = first;
+        last_segment_[k / kStride] = last;
+        workload_left_[k / kStride] = left;
+      }
     }
     for (int32_t b = 0; b < num_bags; ++b) {
       if (starts[b]) {
@@ -167,20 +184,13 @@ class FitCertainty {
       speed_.back() += replica.speed[b];
       ++bags_.back();
     }
-    const size_t checks = (workload.size() + kStride - 1) / kStride;
-    first_segment_.resize(checks);
-    last_segment_.resize(checks);
-    workload_left_.resize(checks);
-    int32_t first = 0, last = num_bags - 1;
-    double left = 0;
-    for (size_t k = workload.size(); k-- > 0;) {
-      first = std::max(first, first_usable[k]);
-      last = std::min(last, last_usable[k]);
-      left += workload[k];
-      if (k % kStride == 0) {
-        first_segment_[k / kStride] = first <= last ? segment_of_[first] : 1;
-        last_segment_[k / kStride] = first <= last ? segment_of_[last] : 0;
-        workload_left_[k / kStride] = left;
+    for (size_t check = 0; check < checks; ++check) {
+      if (first_segment_[check] > last_segment_[check]) {
+        first_segment_[check] = 1;  // an empty run of segments
+        last_segment_[check] = 0;
+      } else {
+        first_segment_[check] = segment_of_[first_segment_[check]];
+        last_segment_[check] = segment_of_[last_segment_[check]];
       }
     }
   }

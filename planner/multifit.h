@@ -21,7 +21,10 @@ namespace knapformer {
 // time (a bag of speed s holds capacity * s of workload), bisecting until the
 // interval is within 1e-4 of its upper end. On success (some capacity packed
 // everything) `bags[k]` and `assigned[b]` hold the packing of the least
-// capacity that worked and it returns true; else they are untouched.
+// capacity that worked and it returns true; else they are untouched. A
+// capacity's packing stops where the sequences left surely fit, and only
+// the least capacity that packed is packed whole: the answer is the one
+// whole packings at every capacity would give.
 // `min_gain` > 0: first packs at capacity hi / (1 + min_gain) and gives up
 // (false) when that fails, so that a bisection that could gain less than
 // min_gain costs one packing, not `rounds` (where it packs, the result is
