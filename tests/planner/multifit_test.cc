@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -274,11 +275,8 @@ TEST(MultifitTest, FindsThePackingWholePackingsWouldFind) {
   // sequences restricted to the larger bags (as the packer restricts
   // them), in some trials a few to a run short of the last bag, at one
   // speed or unequal ones, from a loose lower bound or a tighter one.
-  uint64_t state = 2024;
-  auto next = [&](int range) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    return static_cast<int32_t>((state >> 33) % range);
-  };
+  std::mt19937_64 random(2024);
+  auto next = [&](int range) { return static_cast<int32_t>(random() % range); };
   int found = 0;
   for (int trial = 0; trial < 120; ++trial) {
     std::vector<int32_t> gpus;
