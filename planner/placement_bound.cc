@@ -80,19 +80,18 @@ bool EveryPlacementSlower(const Topology& topology, const SequenceTable& table,
       }
     }
     if (smallest == sizes) return true;  // too slow in every size
-    for (int32_t c = 0; c < sizes; ++c) {
-      big[c] = w / fastest + price[c] * static_cast<double>(l) > gpus[c] * t / 2;
-    }
-    for (int32_t c = 1; c <= smallest; ++c) {
-      forced[c] += w / fastest + price[c] * static_cast<double>(l);
-    }
+    // Its compute and Ulysses time in a bag of size c, summed over the
+    // bag's GPUs: what it takes of that bag's G * t.
+    auto volume = [&](int32_t c) { return w / fastest + price[c] * static_cast<double>(l); };
+    for (int32_t c = 0; c < sizes; ++c) big[c] = volume(c) > gpus[c] * t / 2;
+    for (int32_t c = 1; c <= smallest; ++c) forced[c] += volume(c);
     int32_t from = sizes;  // big in every size from `from` up
     while (from > 0 && big[from - 1]) --from;
     for (int32_t c = from; c <= smallest; ++c) ++big_above[c];
     if (big[smallest]) {
       ++big_at[smallest];
       if (smallest + 1 < sizes) {
-        spill[smallest].push_back(w / fastest + price[smallest + 1] * static_cast<double>(l));
+        spill[smallest].push_back(volume(smallest + 1));
       }
     }
   }
