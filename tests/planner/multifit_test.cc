@@ -179,6 +179,26 @@ TEST(MultifitTest, RandomPackingsAreCompleteAndWithinTheCapacityFound) {
   }
 }
 
+// First-fit decreasing at `capacity`, bag by bag from each sequence's
+// first usable one: the packing Multifit's first fit must give.
+bool PlainFirstFit(const ReplicaBags& replica, const std::vector<double>& workload,
+                   const std::vector<int32_t>& first, const std::vector<int32_t>& last,
+                   double capacity, std::vector<int32_t>& bags, std::vector<double>& loads) {
+  std::vector<double> room(replica.size());
+  for (int32_t b = 0; b < replica.size(); ++b) room[b] = capacity * replica.speed[b];
+  bags.assign(workload.size(), -1);
+  loads.assign(replica.size(), 0.0);
+  for (size_t k = 0; k < workload.size(); ++k) {
+    int32_t b = first[k];
+    while (b <= last[k] && room[b] < workload[k]) ++b;
+    if (b > last[k]) return false;
+    bags[k] = b;
+    loads[b] += workload[k];
+    room[b] -= workload[k];
+  }
+  return true;
+}
+
 TEST(MultifitTest, EverySequenceGoesToTheFirstUsableBagWithRoom) {
   // First-fit decreasing, replayed: at the one capacity tried (one round:
   // the middle of [lo, hi]), sequence k must be in the first bag of
@@ -216,12 +236,12 @@ TEST(MultifitTest, EverySequenceGoesToTheFirstUsableBagWithRoom) {
       }
       ++packed;
       const double tried = capacity + capacity * 1e-3 / 2;
-      std::vector<double> room(num_bags, tried);
+      std::vector<int32_t> expected;
+      std::vector<double> expected_loads;
+      ASSERT_TRUE(PlainFirstFit(gpus, workload, first, last, tried, expected, expected_loads));
       for (size_t k = 0; k < workload.size(); ++k) {
-        int32_t expected = first[k];
-        while (expected <= last[k] && room[expected] < workload[k]) ++expected;
-        ASSERT_EQ(bags[k], expected) << num_bags << " bags, trial " << trial << ", sequence " << k;
-        room[expected] -= workload[k];
+        ASSERT_EQ(bags[k], expected[k])
+            << num_bags << " bags, trial " << trial << ", sequence " << k;
       }
     }
   }
@@ -235,29 +255,16 @@ bool WholePackingsBisection(const ReplicaBags& replica, const std::vector<double
                             const std::vector<int32_t>& first, const std::vector<int32_t>& last,
                             double lo, double hi, int32_t rounds, double min_gain,
                             std::vector<int32_t>& bags, std::vector<double>& assigned) {
-  auto first_fit = [&](double capacity, std::vector<int32_t>& packed,
-                       std::vector<double>& loads) {
-    std::vector<double> room(replica.size());
-    for (int32_t b = 0; b < replica.size(); ++b) room[b] = capacity * replica.speed[b];
-    packed.assign(workload.size(), -1);
-    loads.assign(replica.size(), 0.0);
-    for (size_t k = 0; k < workload.size(); ++k) {
-      int32_t b = first[k];
-      while (b <= last[k] && room[b] < workload[k]) ++b;
-      if (b > last[k]) return false;
-      packed[k] = b;
-      loads[b] += workload[k];
-      room[b] -= workload[k];
-    }
-    return true;
-  };
   std::vector<int32_t> trial;
   std::vector<double> trial_loads;
-  if (min_gain > 0 && !first_fit(hi / (1 + min_gain), trial, trial_loads)) return false;
+  if (min_gain > 0 &&
+      !PlainFirstFit(replica, workload, first, last, hi / (1 + min_gain), trial, trial_loads)) {
+    return false;
+  }
   bool found = false;
   for (int32_t round = 0; round < rounds && hi - lo > hi * 1e-4; ++round) {
     const double capacity = lo + (hi - lo) / 2;
-    if (first_fit(capacity, trial, trial_loads)) {
+    if (PlainFirstFit(replica, workload, first, last, capacity, trial, trial_loads)) {
       bags = trial;
       assigned = trial_loads;
       found = true;
